@@ -1,0 +1,96 @@
+/* pi.h: the whole boundary between Python (cffi) and the C kernels.
+ *
+ * cffi reads this file with preprocessor lines stripped (csrc/build_ffi.py), so declarations here must be
+ * plain C that cffi's parser accepts: no macros in declarations, no inline bodies.
+ *
+ * Conventions (see DESIGN.md):
+ *   - `pi_<op>_<type>` names; one .c file per op family.
+ *   - Shapes are given in elements, row-major, last dimension contiguous. `n_*` are counts, `*_dim` sizes.
+ *   - Weight types use ggml's numbering (enum pi_type). Quantized rows are arrays of blocks in llama.cpp's
+ *     layout: Q8_0 = {f16 d; int8 qs[32]} (34 B), Q4_0 = {f16 d; uint8 qs[16]} (18 B, element j in the low
+ *     nibble of qs[j] for j < 16, element j+16 in the high nibble; value = (nibble - 8) * d).
+ *   - C trusts its arguments: Python validates shapes, types, contiguity and bounds before calling.
+ *   - Every multi-threaded kernel takes the pool as its first argument; no kernel keeps hidden global state.
+ */
+#ifndef PI_H
+#define PI_H
+#include <stddef.h>
+#include <stdint.h>
+
+enum pi_type {
+    PI_F32 = 0,
+    PI_F16 = 1,
+    PI_Q4_0 = 2,
+    PI_Q8_0 = 8,
+    PI_BF16 = 30
+};
+
+/* ---- thread pool (threadpool.c) ------------------------------------------------------------------------
+ * A pool of n_threads - 1 workers plus the calling thread. Kernels split their work into chunks that
+ * the threads take in a fixed order. The pool also owns a scratch buffer that kernels may use for
+ * quantized activations; it grows on demand and is freed with the pool. */
+typedef struct pi_pool pi_pool;
+pi_pool *pi_pool_new(int n_threads);
+void pi_pool_free(pi_pool *pool);
+int pi_pool_n_threads(const pi_pool *pool);
+
+/* ---- types and quantization (quant.c) ------------------------------------------------------------------ */
+int64_t pi_block_size(int type);                 /* elements per block: 1 for float types, 32 for Q4_0/Q8_0 */
+int64_t pi_row_size(int type, int64_t n_cols);   /* bytes of one row of n_cols elements */
+/* src f32 [n_rows, n_cols] -> dst rows of `type` (F32, F16, BF16, Q8_0, Q4_0). Returns bytes written. */
+int64_t pi_quantize(int type, const float *src, void *dst, int64_t n_rows, int64_t n_cols);
+/* src rows of `type` -> dst f32 [n_rows, n_cols] */
+void pi_dequantize(int type, const void *src, float *dst, int64_t n_rows, int64_t n_cols);
+/* Embedding lookup: out[i, :] = dequantized row ids[i] of w (n_cols per row). */
+void pi_get_rows(int type, const void *w, int64_t n_cols, const int32_t *ids, int64_t n_ids, float *out);
+
+/* ---- dense matrix products (matmul.c) ------------------------------------------------------------------
+ * y[t, r] = sum_c w[r, c] * x[t, c]   for t < n_tok, r < n_rows, c < n_cols.
+ * w: n_rows rows of `type`, each pi_row_size(type, n_cols) bytes, contiguous.
+ * x: f32 [n_tok, n_cols]; y: f32 [n_tok, n_rows].
+ * For Q8_0 and Q4_0 the activations are first quantized to Q8_0 blocks (as llama.cpp does) and the dot
+ * products run in integers. n_tok == 1 is the decode mat-vec; n_tok > 1 reuses each weight block for all
+ * tokens while it is in cache. */
+void pi_matmul(pi_pool *pool, int type, const void *w, int64_t n_rows, int64_t n_cols,
+               const float *x, int64_t n_tok, float *y);
+
+/* Read-bandwidth probe (matmul.c): reads `bytes` bytes of buf on all threads of the pool (a wide sum, so
+ * nothing can be skipped) and returns the sum so the compiler keeps the loads. Used by benchmarks to print
+ * kernel GB/s beside what this machine can read. */
+double pi_read_probe(pi_pool *pool, const void *buf, int64_t bytes);
+
+/* ---- norms (norm.c) ------------------------------------------------------------------------------------
+ * x, y: f32 [n_tok, dim] (y may alias x). w, b: f32 [dim] or NULL (NULL = 1 for w, 0 for b). */
+void pi_rmsnorm(pi_pool *pool, const float *x, const float *w, float eps, int64_t n_tok, int64_t dim, float *y);
+void pi_layernorm(pi_pool *pool, const float *x, const float *w, const float *b, float eps,
+                  int64_t n_tok, int64_t dim, float *y);
+
+/* ---- rotary position embedding (rope.c) ----------------------------------------------------------------
+ * x: f32 [n_tok, n_head, head_dim], rotated in place. pos: int32 [n_tok]. Only the first n_rot dims of each
+ * head rotate. theta_i = pos * freq_scale * freq_base^(-2i/n_rot).
+ * neox == 0: pairs are (x[2i], x[2i+1]) (llama.cpp "normal", GGUF llama Q/K are permuted for it);
+ * neox != 0: pairs are (x[i], x[i + n_rot/2]) (NeoX / HF layout: qwen2, gemma3, falcon). */
+void pi_rope(pi_pool *pool, float *x, const int32_t *pos, int64_t n_tok, int64_t n_head, int64_t head_dim,
+             int64_t n_rot, float freq_base, float freq_scale, int neox);
+
+/* ---- softmax and attention (attention.c) ---------------------------------------------------------------
+ * softmax over the last dim of x f32 [n_rows, n_cols], in place. */
+void pi_softmax(pi_pool *pool, float *x, int64_t n_rows, int64_t n_cols);
+/* Causal grouped-query attention over an f16 KV cache.
+ * q:   f32 [n_tok, n_head, head_dim], query t sits at position pos0 + t.
+ * k,v: f16 [n_head_kv, n_ctx, head_dim] (one layer of the cache); positions < pos0 + n_tok are filled.
+ * out: f32 [n_tok, n_head, head_dim].
+ * Query head h uses kv head h / (n_head / n_head_kv). Query at position p sees kv positions j with
+ * j <= p and (window == 0 or j > p - window). Scores are scale * q.k, softmax in f32. */
+void pi_attention(pi_pool *pool, const float *q, const uint16_t *k, const uint16_t *v,
+                  int64_t n_tok, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t n_ctx,
+                  int64_t pos0, int64_t window, float scale, float *out);
+
+/* ---- activations (act.c); x, g, u, y: f32 [n]; y may alias an input ----------------------------------- */
+void pi_relu(pi_pool *pool, const float *x, float *y, int64_t n);
+void pi_silu(pi_pool *pool, const float *x, float *y, int64_t n);
+void pi_gelu(pi_pool *pool, const float *x, float *y, int64_t n);            /* tanh approximation */
+void pi_swiglu(pi_pool *pool, const float *g, const float *u, float *y, int64_t n);  /* silu(g) * u */
+void pi_geglu(pi_pool *pool, const float *g, const float *u, float *y, int64_t n);   /* gelu(g) * u */
+
+#endif
