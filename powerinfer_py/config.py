@@ -1,0 +1,208 @@
+"""ModelConfig: the hyperparameters of a model, read from GGUF metadata. The only place metadata keys are spelled.
+
+Keys follow llama.cpp's names ({arch} is general.architecture); defaults are llama.cpp's where it has one.
+Per architecture:
+  llama   (LLaMA-2/3, Mistral): normal (interleaved-pair) RoPE, attn_scale 1/sqrt(head_dim), rope base 10000
+  qwen2   NeoX RoPE, rope base default 1e6, q/k/v biases (tensors, not config)
+  gemma3  NeoX RoPE; layers with il % 6 != 5 attend within a sliding window and use RoPE base 10000 and
+          freq scale 1.0; the other (global) layers use {arch}.rope.freq_base and rope_freq_scale;
+          embeddings scaled by sqrt(n_embd); attn_scale 1/sqrt(head_dim) (27B: 1/sqrt(n_embd/n_head))
+PowerInfer files (magic PWRI) add is_sparse, powerinfer.sparse_threshold and per-layer predictor ranks.
+bamboo, falcon and opt are parsed (for `powerinfer info`) but not yet runnable.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ModelFileError, UnsupportedError
+from .gguf.reader import GGUFFile
+
+SUPPORTED_ARCHS = ("llama", "qwen2", "gemma3")
+PARSED_ARCHS = SUPPORTED_ARCHS + ("bamboo", "falcon", "opt")
+
+_NEOX_ARCHS = {"qwen2", "gemma3", "falcon"}
+_LAYERNORM_ARCHS = {"falcon", "opt"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
+_DEFAULT_FREQ_BASE = {"qwen2": 1_000_000.0}
+GEMMA3_SWA_PERIOD = 6  # every 6th layer (il % 6 == 5) is global
+GEMMA3_FREQ_BASE_SWA = 10_000.0
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    name: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    norm_eps: float
+    rope_freq_base: float
+    rope_freq_scale: float  # 1 / linear scaling factor; for gemma3 it applies to the global layers only
+    n_rot: int  # leading dims of each head that RoPE rotates (0: no RoPE, as in opt)
+    rope_neox: bool  # True: rotate pairs (i, i + n_rot/2); False: pairs (2i, 2i + 1)
+    rope_freq_base_swa: float  # RoPE base of the sliding-window layers (equals rope_freq_base when none)
+    sliding_window: int  # tokens a sliding-window layer attends to (0 = none)
+    swa_layers: tuple[bool, ...]  # per layer: True = sliding-window layer
+    attn_scale: float
+    embd_scale: float
+    tied_output: bool  # no output.weight: logits use token_embd.weight
+    is_sparse: bool
+    sparse_threshold: float
+    predictor_ranks: tuple[int, ...]  # per layer rows of blk.N.fc1.weight; () for dense models
+
+    @classmethod
+    def from_gguf(cls, f: GGUFFile, *, check_supported: bool = True) -> "ModelConfig":
+        """Read the config of `f`. check_supported=False also accepts architectures that are parsed but not
+        runnable yet (bamboo, falcon, opt), for `powerinfer info`."""
+        return _Reader(f).config(check_supported)
+
+
+class _Reader:
+    """Typed access to one file's metadata, with errors that name the file and the key."""
+
+    def __init__(self, f: GGUFFile):
+        self.f = f
+        self.meta = f.metadata
+        self.arch = ""
+
+    def key(self, suffix: str) -> str:
+        return suffix.format(arch=self.arch)
+
+    def get(self, suffix: str, default: Any = None, *, kind: type = int) -> Any:
+        """The value of key `suffix` ({arch} filled in) as `kind`; `default` when absent (None = required).
+        Per-layer arrays (some files store head counts or n_ff per layer) must hold one value."""
+        key = self.key(suffix)
+        if key not in self.meta:
+            if default is None:
+                raise ModelFileError(f"{self.f.path}: missing required metadata key {key!r}")
+            return default
+        value = self.meta[key]
+        if isinstance(value, list) and value and kind is not str:
+            if len(set(value)) != 1:
+                raise UnsupportedError(f"{self.f.path}: {key} differs between layers ({value[:8]}...); "
+                                       "per-layer values are not supported")
+            value = value[0]
+        ok = {int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+              float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+              str: lambda v: isinstance(v, str)}[kind](value)
+        if not ok:
+            raise ModelFileError(f"{self.f.path}: metadata key {key!r} should be {kind.__name__}, got {value!r}")
+        return kind(value)
+
+    def positive(self, suffix: str, default: Any = None) -> int:
+        value = self.get(suffix, default)
+        if value <= 0:
+            raise ModelFileError(f"{self.f.path}: metadata key {self.key(suffix)!r} must be positive, got {value}")
+        return value
+
+    def architecture(self, check_supported: bool) -> str:
+        arch = self.get("general.architecture", kind=str)
+        allowed = SUPPORTED_ARCHS if check_supported else PARSED_ARCHS
+        if arch not in allowed:
+            raise UnsupportedError(f"{self.f.path}: architecture {arch!r} is not supported; supported: "
+                                   f"{', '.join(SUPPORTED_ARCHS)}")
+        return arch
+
+    def n_vocab(self) -> int:
+        if self.key("{arch}.vocab_size") in self.meta:
+            return self.positive("{arch}.vocab_size")
+        tokens = self.meta.get("tokenizer.ggml.tokens")
+        if isinstance(tokens, list) and tokens:
+            return len(tokens)
+        embd = self.f.tensors.get("token_embd.weight")
+        if embd is not None:
+            return embd.shape[0]
+        raise ModelFileError(f"{self.f.path}: cannot tell the vocabulary size: no {self.key('{arch}.vocab_size')}, "
+                             "tokenizer.ggml.tokens or token_embd.weight")
+
+    def rope_freq_scale(self) -> float:
+        scaling = self.get("{arch}.rope.scaling.type", "none", kind=str)
+        if scaling == "linear":
+            factor = self.get("{arch}.rope.scaling.factor", kind=float)
+        elif scaling == "none":
+            factor = self.get("{arch}.rope.scale_linear", 1.0, kind=float)  # older files
+        else:
+            raise UnsupportedError(f"{self.f.path}: RoPE scaling {scaling!r} is not supported (none, linear)")
+        if factor <= 0:
+            raise ModelFileError(f"{self.f.path}: RoPE scaling factor must be positive, got {factor}")
+        return 1.0 / factor
+
+    def swa(self, n_layer: int, rope_freq_base: float) -> tuple[int, tuple[bool, ...], float]:
+        """(sliding_window, swa_layers, rope_freq_base_swa)."""
+        if self.arch != "gemma3":
+            return 0, (False,) * n_layer, rope_freq_base
+        window = self.positive("{arch}.attention.sliding_window")
+        pattern = self.meta.get(self.key("{arch}.attention.sliding_window_pattern"))
+        if isinstance(pattern, list) and len(pattern) == n_layer:
+            layers = tuple(bool(p) for p in pattern)
+        else:
+            period = pattern if isinstance(pattern, int) and pattern > 0 else GEMMA3_SWA_PERIOD
+            layers = tuple(il % period != period - 1 for il in range(n_layer))
+        return window, layers, self.get("{arch}.rope.freq_base_swa", GEMMA3_FREQ_BASE_SWA, kind=float)
+
+    def predictor_ranks(self, n_layer: int) -> tuple[int, ...]:
+        if not self.f.is_sparse:
+            return ()
+        ranks = []
+        for il in range(n_layer):
+            fc1 = self.f.tensors.get(f"blk.{il}.fc1.weight")
+            if fc1 is None:
+                raise ModelFileError(f"{self.f.path}: sparse (PWRI) model without predictor tensor "
+                                     f"'blk.{il}.fc1.weight'")
+            ranks.append(fc1.shape[0])  # ne [n_embd, R] -> numpy shape (R, n_embd)
+        return tuple(ranks)
+
+    def config(self, check_supported: bool) -> ModelConfig:
+        self.arch = self.architecture(check_supported)
+        n_embd = self.positive("{arch}.embedding_length")
+        n_layer = self.positive("{arch}.block_count")
+        n_head = self.positive("{arch}.attention.head_count")
+        n_head_kv = self.positive("{arch}.attention.head_count_kv", n_head)
+        if n_head % n_head_kv:
+            raise ModelFileError(f"{self.f.path}: head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
+        head_dim = self.positive("{arch}.attention.key_length", n_embd // n_head)
+        value_dim = self.positive("{arch}.attention.value_length", head_dim)
+        if value_dim != head_dim:
+            raise UnsupportedError(f"{self.f.path}: value_length {value_dim} != key_length {head_dim}")
+        eps_key = "layer_norm_epsilon" if self.arch in _LAYERNORM_ARCHS else "layer_norm_rms_epsilon"
+        freq_base = self.get("{arch}.rope.freq_base", _DEFAULT_FREQ_BASE.get(self.arch, 10_000.0), kind=float)
+        window, swa_layers, freq_base_swa = self.swa(n_layer, freq_base)
+        n_rot = self.get("{arch}.rope.dimension_count", 0 if self.arch == "opt" else head_dim)
+        if not 0 <= n_rot <= head_dim or n_rot % 2:
+            raise ModelFileError(f"{self.f.path}: rope.dimension_count {n_rot} must be even and <= {head_dim}")
+        attn_scale = 1.0 / math.sqrt(head_dim)
+        if self.arch == "gemma3" and n_layer == 62:  # Gemma 3 27B scales queries by 1/sqrt(n_embd / n_head)
+            attn_scale = 1.0 / math.sqrt(n_embd / n_head)
+        threshold = self.get("powerinfer.sparse_threshold", 0.0, kind=float) if self.f.is_sparse else 0.0
+        return ModelConfig(
+            arch=self.arch,
+            name=self.get("general.name", "", kind=str),
+            n_vocab=self.n_vocab(),
+            n_ctx_train=self.positive("{arch}.context_length"),
+            n_embd=n_embd,
+            n_layer=n_layer,
+            n_ff=self.positive("{arch}.feed_forward_length"),
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            head_dim=head_dim,
+            norm_eps=self.get("{arch}.attention." + eps_key, kind=float),
+            rope_freq_base=freq_base,
+            rope_freq_scale=self.rope_freq_scale(),
+            n_rot=n_rot,
+            rope_neox=self.arch in _NEOX_ARCHS,
+            rope_freq_base_swa=freq_base_swa,
+            sliding_window=window,
+            swa_layers=swa_layers,
+            attn_scale=attn_scale,
+            embd_scale=math.sqrt(n_embd) if self.arch == "gemma3" else 1.0,
+            tied_output="output.weight" not in self.f.tensors,
+            is_sparse=self.f.is_sparse,
+            sparse_threshold=threshold,
+            predictor_ranks=self.predictor_ranks(n_layer),
+        )

@@ -1,0 +1,72 @@
+"""model_info: what `powerinfer info` shows about a model file, computed from the header alone (cheap)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections import Counter
+from typing import Any
+
+from .config import SUPPORTED_ARCHS, ModelConfig
+from .errors import PowerInferError
+from .gguf.reader import open_gguf
+from .loader import conversion_target
+
+
+def model_info(path: str | os.PathLike) -> dict[str, Any]:
+    """A JSON-ready dict: path, file_size, magic, gguf_version, sparse, arch, name, runnable, problem (why it
+    cannot run, else None), tokenizer, config (ModelConfig fields, or None), n_tensors, n_params,
+    tensor_types ({type: {count, bytes}}, largest first), predictor_ranks, and conversions
+    ([{from, to, count}]: what load_weights would convert). Nothing is dequantized: only the header is read.
+    Raises ModelFileError only when the file itself cannot be parsed."""
+    f = open_gguf(path)
+    try:
+        # A file we cannot run is still worth describing: keep the reason instead of failing.
+        try:
+            config = ModelConfig.from_gguf(f, check_supported=False)
+            runnable = config.arch in SUPPORTED_ARCHS
+            problem = None if runnable else f"architecture {config.arch!r} is parsed but not runnable yet"
+        except PowerInferError as e:
+            config, runnable, problem = None, False, str(e)
+
+        types: dict[str, dict[str, int]] = {}
+        planned: Counter[tuple[str, str]] = Counter()
+        for t in f.tensors.values():
+            entry = types.setdefault(t.type.name, {"count": 0, "bytes": 0})
+            entry["count"] += 1
+            entry["bytes"] += t.nbytes
+            target = conversion_target(t)
+            if target is not None:
+                planned[(t.type.name, target.name)] += 1
+
+        info: dict[str, Any] = {
+            "path": str(f.path),
+            "file_size": f.file_size,
+            "magic": f.magic,
+            "gguf_version": f.version,
+            "sparse": f.is_sparse,
+            "arch": f.arch,
+            "name": f.metadata.get("general.name", ""),
+            "runnable": runnable,
+            "problem": problem,
+            "tokenizer": f.metadata.get("tokenizer.ggml.model"),
+            "config": _jsonable(dataclasses.asdict(config)) if config is not None else None,
+            "n_tensors": len(f.tensors),
+            "n_params": sum(_n_elems(t.shape) for t in f.tensors.values()),
+            "tensor_types": dict(sorted(types.items(), key=lambda kv: -kv[1]["bytes"])),
+            "predictor_ranks": list(config.predictor_ranks) if config is not None else [],
+            "conversions": [{"from": a, "to": b, "count": n} for (a, b), n in sorted(planned.items())],
+        }
+        return info
+    finally:
+        f.close()
+
+
+def _n_elems(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
