@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUFValueType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from gguf.quants import quant_shape_from_byte_shape
 
 from ..tensor import Tensor
@@ -141,13 +141,29 @@ def _resolve_alignment(metadata: dict[str, Any], alignment: int | None) -> int:
     return alignment
 
 
+def tensor_info_bytes(name: str, ggml_type: GGMLQuantizationType, shape: tuple[int, ...], offset: int) -> bytes:
+    """One tensor info record: name, n_dims, ne (ne0 first), type, offset. `shape` in numpy order (elements)."""
+    raw = name.encode("utf-8")
+    if not raw or len(raw) > MAX_NAME_BYTES:
+        raise ValueError(f"tensor name {name!r} must be 1 to {MAX_NAME_BYTES} bytes")
+    if not 1 <= len(shape) <= 4:
+        raise ValueError(f"tensor {name!r}: {len(shape)} dimensions, GGUF allows 1 to 4")
+    ne = tuple(int(s) for s in reversed(shape))
+    return (_string(raw) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne)
+            + struct.pack("<IQ", ggml_type, offset))
+
+
+def tensor_nbytes(ggml_type: GGMLQuantizationType, shape: tuple[int, ...]) -> int:
+    """Bytes of a tensor of `shape` (numpy order) and type; the last dim must be a whole number of blocks."""
+    block_size, type_size = GGML_QUANT_SIZES[ggml_type]
+    if shape and shape[-1] % block_size:
+        raise ValueError(f"{ggml_type.name} needs rows of a multiple of {block_size} elements, got shape {shape}")
+    return int(np.prod(shape, dtype=np.int64)) // block_size * type_size
+
+
 def _tensor_info(t: Tensor, offset: int) -> bytes:
-    """name, n_dims, ne (ne0 first), type, offset; ne comes from gguf's byte-shape rule for block types."""
-    name = t.name.encode("utf-8")
-    if not name or len(name) > MAX_NAME_BYTES:
-        raise ValueError(f"tensor name {t.name!r} must be 1 to {MAX_NAME_BYTES} bytes")
-    if not 1 <= len(t.shape) <= 4:
-        raise ValueError(f"tensor {t.name!r}: {len(t.shape)} dimensions, GGUF allows 1 to 4")
+    """The info record of `t`, after checking that its data holds exactly a t.type tensor of t.shape
+    (ne comes from gguf's byte-shape rule for block types)."""
     data = t.data
     if data.dtype == np.uint8:
         shape = quant_shape_from_byte_shape(data.shape, t.type)
@@ -161,9 +177,7 @@ def _tensor_info(t: Tensor, offset: int) -> bytes:
     if data.nbytes != n_elems // block_size * type_size:
         raise ValueError(f"tensor {t.name!r}: {data.nbytes} bytes of data, {t.type.name} {t.shape} needs "
                          f"{n_elems // block_size * type_size}")
-    ne = tuple(reversed(shape))
-    return (_string(name) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne)
-            + struct.pack("<IQ", t.type, offset))
+    return tensor_info_bytes(t.name, t.type, tuple(shape), offset)
 
 
 def _pad(n: int, alignment: int) -> int:
@@ -176,14 +190,29 @@ def _write_data(fh, t: Tensor, alignment: int) -> None:
     fh.write(bytes(_pad(flat.nbytes, alignment)))
 
 
-def _build_header(magic: str, metadata: dict, types: Mapping, tensors: list[Tensor], alignment: int) -> bytes:
-    infos, offset = [], 0
-    for t in tensors:
-        infos.append(_tensor_info(t, offset))
-        offset += t.data.nbytes + _pad(t.data.nbytes, alignment)
-    head = struct.pack("<4sIQQ", magic.encode("ascii"), VERSION, len(tensors), len(metadata))
+def build_header(magic: str, metadata: Mapping[str, Any], types: Mapping[str, ValueTypes],
+                 infos: list[bytes], alignment: int) -> bytes:
+    """The header up to the data section: magic, version, counts, key/values, tensor infos, padding.
+    `infos` are tensor_info_bytes records whose offsets come from `data_layout`. Used by write_gguf and by
+    writers that stream the data section (powerinfer_py.convert)."""
+    head = struct.pack("<4sIQQ", magic.encode("ascii"), VERSION, len(infos), len(metadata))
     head += _encode_metadata(metadata, types) + b"".join(infos)
     return head + bytes(_pad(len(head), alignment))
+
+
+def data_layout(nbytes: Iterable[int], alignment: int) -> list[int]:
+    """Offsets (relative to the data section) of tensors of the given byte sizes, each padded to alignment."""
+    offsets, offset = [], 0
+    for n in nbytes:
+        offsets.append(offset)
+        offset += n + _pad(n, alignment)
+    return offsets
+
+
+def _build_header(magic: str, metadata: dict, types: Mapping, tensors: list[Tensor], alignment: int) -> bytes:
+    offsets = data_layout((t.data.nbytes for t in tensors), alignment)
+    infos = [_tensor_info(t, off) for t, off in zip(tensors, offsets)]
+    return build_header(magic, metadata, types, infos, alignment)
 
 
 def write_gguf(path: str | os.PathLike, metadata: Mapping[str, Any], tensors: Iterable[Tensor] | Mapping[str, Tensor],

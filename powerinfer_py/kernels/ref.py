@@ -10,6 +10,150 @@ import numpy as np
 from ..tensor import GGMLType, Tensor
 
 # ==== quantization and matmul (owner: matmul helper) =====================================================
+# Byte layouts (llama.cpp): Q8_0 block = f16 d + int8 q[32] (34 B); Q4_0 block = f16 d + uint8 q[16] (18 B),
+# element j in the low nibble of q[j], element j + 16 in the high nibble, value (nibble - 8) * d.
+from ..errors import UnsupportedError  # noqa: E402
+from ..tensor import KERNEL_TYPES  # noqa: E402
+
+QK = 32  # elements per Q8_0 / Q4_0 block
+_FLOAT_DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.BF16: np.uint16}
+
+
+def check_kernel_type(ggml_type, what: str = "tensor") -> GGMLType:
+    """The GGMLType if the kernels compute on it, else UnsupportedError naming `what`."""
+    try:
+        t = GGMLType(ggml_type)
+    except ValueError:
+        raise UnsupportedError(f"{what}: unknown tensor type {ggml_type!r}") from None
+    if t not in KERNEL_TYPES:
+        names = ", ".join(k.name for k in KERNEL_TYPES)
+        raise UnsupportedError(f"{what}: tensor type {t.name} has no kernel (supported: {names})")
+    return t
+
+
+def _f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    """Round to nearest even on the top 16 bits; NaN stays a (quiet) NaN."""
+    u = x.astype(np.float32).view(np.uint32)
+    r = ((u + np.uint32(0x7FFF) + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    r[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
+    return r
+
+
+def _round_half_away(v: np.ndarray) -> np.ndarray:
+    t = np.trunc(v)
+    f = v - t  # exact in f32
+    return t + (f >= 0.5) - (f <= -0.5)
+
+
+def _inverse(d: np.ndarray) -> np.ndarray:
+    """1 / d in f32, 0 where d == 0."""
+    with np.errstate(divide="ignore"):
+        return np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+
+
+def quantize_q8_0_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x f32 [n, 32] -> (d f16 [n], q int8 [n, 32]): d = amax / 127, q = round-half-away(x * (1 / d))."""
+    d = (np.abs(x).max(axis=-1) / np.float32(127)).astype(np.float32)
+    q = _round_half_away(x * _inverse(d)[:, None]).astype(np.int8)
+    return d.astype(np.float16), q
+
+
+def _quantize_q4_0_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x f32 [n, 32] -> (d f16 [n], nibbles uint8 [n, 32]); m = first element of largest |x|, d = m / -8."""
+    m = np.take_along_axis(x, np.abs(x).argmax(axis=-1)[:, None], axis=-1)[:, 0]
+    d = (m / np.float32(-8)).astype(np.float32)
+    q = np.trunc(x * _inverse(d)[:, None] + np.float32(8.5)).clip(0, 15).astype(np.uint8)
+    return d.astype(np.float16), q
+
+
+def quantize(x, ggml_type) -> np.ndarray:
+    """x f32 [R, K] -> data in Tensor layout: f32/f16/uint16 (bf16) [R, K] or uint8 [R, row_bytes]."""
+    t = check_kernel_type(ggml_type, "quantize")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"quantize: x must be 2-D [rows, cols], got shape {x.shape}")
+    if t == GGMLType.F32:
+        return x.copy()
+    if t == GGMLType.F16:
+        return x.astype(np.float16)
+    if t == GGMLType.BF16:
+        return _f32_to_bf16(x)
+    n_rows, n_cols = x.shape
+    if n_cols % QK:
+        raise ValueError(f"quantize: {t.name} rows need a multiple of {QK} columns, got {n_cols}")
+    blocks = x.reshape(-1, QK)
+    if t == GGMLType.Q8_0:
+        d, q = quantize_q8_0_blocks(blocks)
+        qs = q.view(np.uint8)
+    else:
+        d, q = _quantize_q4_0_blocks(blocks)
+        qs = q[:, :16] | (q[:, 16:] << 4)
+    out = np.concatenate([d.view(np.uint8).reshape(-1, 2), qs], axis=1)
+    return out.reshape(n_rows, -1)
+
+
+def _blocks(t: Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Block tensor -> (d f32 [n_rows, nb], integer values int8 [n_rows, nb, 32])."""
+    raw = np.ascontiguousarray(t.data).reshape(t.n_rows, -1)
+    nb = t.n_cols // QK
+    size = 34 if t.type == GGMLType.Q8_0 else 18
+    b = raw.reshape(t.n_rows, nb, size)
+    d = b[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+    if t.type == GGMLType.Q8_0:
+        return d, b[..., 2:].view(np.int8)
+    qs = b[..., 2:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int8) - np.int8(8)
+    return d, q
+
+
+def dequantize(t: Tensor) -> np.ndarray:
+    """Tensor -> f32 array of t.shape."""
+    ty = check_kernel_type(t.type, t.name)
+    if ty == GGMLType.F32:
+        return np.array(t.data, dtype=np.float32).reshape(t.shape)
+    if ty == GGMLType.F16:
+        return np.asarray(t.data, dtype=np.float16).astype(np.float32).reshape(t.shape)
+    if ty == GGMLType.BF16:
+        return (np.asarray(t.data, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(t.shape)
+    d, q = _blocks(t)
+    return (d[..., None] * q.astype(np.float32)).reshape(t.shape)
+
+
+def matmul(w: Tensor, x) -> np.ndarray:
+    """y[t, r] = sum_c w[r, c] x[t, c]; x f32 [K] -> [M] or [N, K] -> [N, M]. Float types in f64, then f32.
+    Q8_0/Q4_0: x is quantized to Q8_0 blocks (d rounded to f16), each block's integer dot is exact and
+    scaled by d_w * d_x, summed in f64."""
+    ty = check_kernel_type(w.type, w.name)
+    x = np.asarray(x, dtype=np.float32)
+    x2 = x.reshape(1, -1) if x.ndim == 1 else x
+    if x2.ndim != 2 or x2.shape[1] != w.n_cols:
+        raise ValueError(f"matmul {w.name}: x has shape {x.shape}, expected [..., {w.n_cols}]")
+    if ty in _FLOAT_DTYPES:
+        wf = dequantize(w).reshape(w.n_rows, w.n_cols).astype(np.float64)
+        y = x2.astype(np.float64) @ wf.T
+    else:
+        dw, qw = _blocks(w)                                    # [M, nb], [M, nb, 32]
+        dx, qx = quantize_q8_0_blocks(x2.reshape(-1, QK))
+        nb = w.n_cols // QK
+        dx = dx.astype(np.float64).reshape(len(x2), nb)        # [N, nb]
+        qx = qx.reshape(len(x2), nb, QK)
+        # integer dots per block, exact in f64: [nb, M, 32] @ [nb, 32, N] -> [nb, M, N]
+        isum = np.matmul(qw.transpose(1, 0, 2).astype(np.float64), qx.transpose(1, 2, 0).astype(np.float64))
+        y = np.einsum("mb,tb,bmt->tm", dw.astype(np.float64), dx, isum)
+    y = y.astype(np.float32)
+    return y[0] if x.ndim == 1 else y
+
+
+def get_rows(w: Tensor, ids) -> np.ndarray:
+    """Embedding lookup: f32 [N, K] = dequantized rows ids of w."""
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or ids.dtype.kind not in "iu":
+        raise ValueError(f"get_rows {w.name}: ids must be a 1-D integer array, got {ids.dtype} {ids.shape}")
+    if len(ids) and (ids.min() < 0 or ids.max() >= w.n_rows):
+        raise IndexError(f"get_rows {w.name}: ids must be in [0, {w.n_rows}), got {ids.min()}..{ids.max()}")
+    return dequantize(w).reshape(w.n_rows, w.n_cols)[ids]
+
 
 # ==== norms, rope, softmax, attention, activations (owner: ops helper) ====================================
 

@@ -1,0 +1,70 @@
+"""`powerinfer bench`: our engine against llama.cpp on the same file (logic in powerinfer_py.bench)."""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .shell import model_path, stderr, user_errors
+
+EPILOG = """\
+[bold]Examples[/]
+
+  powerinfer bench -m demo
+  powerinfer bench -m model.gguf -n 64 -p 256 -t 2 -r 5
+  powerinfer bench -m model.gguf --json > bench.json
+
+Each engine runs in its own process per repetition, alternating; the table shows medians.
+"""
+
+_MIB = 1024 * 1024
+
+
+def bench(
+    model: str = typer.Option(..., "-m", "--model", help='GGUF file, or "demo" (Gemma 3 270M).'),
+    n_predict: int = typer.Option(128, "-n", "--n-predict", min=1, help="Tokens to decode per run."),
+    n_prompt: int = typer.Option(128, "-p", "--n-prompt", min=4, help="Prompt tokens per run."),
+    threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1, help="Threads for both engines "
+                                          "(default: all cores)."),
+    reps: int = typer.Option(3, "-r", "--reps", min=1, help="Repetitions per engine."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report (every run and the medians) as JSON."),
+) -> None:
+    """Prompt and decode speed of powerinfer and llama.cpp on the same file, with their ratio and our peak RSS."""
+    from powerinfer_py.bench import run_bench
+
+    def progress(r) -> None:
+        stderr.print(f"  {r.engine:>8}: prompt {r.prompt_tok_s:8.1f} tok/s, decode {r.decode_tok_s:7.1f} tok/s, "
+                     f"peak RSS {r.peak_rss / _MIB:.0f} MiB", style="dim")
+
+    with user_errors():
+        report = run_bench(model_path(model), n_gen=n_predict, n_prompt=n_prompt, threads=threads, reps=reps,
+                           on_run=progress)
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2))
+        return
+    Console(highlight=False).print(_table(report.summary()))
+
+
+def _table(s: dict) -> Table:
+    t = Table(title=f"{s['model']}: {s['n_prompt']} prompt + {s['n_gen']} decoded tokens, {s['threads']} threads, "
+                    f"median of {s['reps']}", title_justify="left")
+    for col in ("engine", "prompt tok/s", "decode tok/s", "load s", "peak RSS"):
+        t.add_column(col, justify="left" if col == "engine" else "right")
+    names = {"ours": "powerinfer", "llamacpp": "llama.cpp"}
+    for eng, m in s["engines"].items():
+        t.add_row(names[eng], f"{m['prompt_tok_s']:.1f}", f"{m['decode_tok_s']:.1f}", f"{m['load_s']:.2f}",
+                  f"{m['peak_rss'] / _MIB:.0f} MiB")
+    if s["ratio"]:
+        t.add_row("[bold]ratio[/] (ours / llama.cpp)", f"{s['ratio']['prompt_tok_s']:.2f}x",
+                  f"{s['ratio']['decode_tok_s']:.2f}x", "", "")
+    mem = s["memory"]
+    if mem["budget"]:
+        verdict = "[green]within[/]" if mem["within_budget"] else "[red]over[/]"
+        t.caption = (f"our peak RSS {mem['peak_rss'] / _MIB:.0f} MiB {verdict} the budget "
+                     f"{mem['budget'] / _MIB:.0f} MiB (file + KV cache + 200 MiB)")
+    for w in s["warnings"]:
+        t.caption = (t.caption or "") + f"\nwarning: {w}"
+    return t

@@ -1,0 +1,71 @@
+"""`powerinfer info`: what a model file holds, from its header alone (nothing is loaded or dequantized)."""
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .shell import model_path, user_errors
+
+EPILOG = """\
+[bold]Examples[/]
+
+  powerinfer info demo
+  powerinfer info model.gguf
+  powerinfer info model.gguf --json
+"""
+
+_CONFIG_ROWS = (  # (label, ModelConfig field) shown in the table, in this order
+    ("vocabulary", "n_vocab"), ("layers", "n_layer"), ("embedding dim", "n_embd"), ("FFN dim", "n_ff"),
+    ("heads / KV heads", None), ("head dim", "head_dim"), ("trained context", "n_ctx_train"),
+    ("RoPE base", "rope_freq_base"), ("sliding window", "sliding_window"), ("tied output", "tied_output"),
+)
+
+
+def info(
+    model: str = typer.Argument(..., metavar="MODEL", help='GGUF or PWRI file, or "demo" (Gemma 3 270M).'),
+    as_json: bool = typer.Option(False, "--json", help="Print the facts as one JSON object."),
+) -> None:
+    """Describe a model file: architecture, dimensions, tensor types, sparsity, and what loading converts."""
+    from powerinfer_py.info import model_info
+
+    with user_errors():
+        facts = model_info(model_path(model))
+    if as_json:
+        print(json.dumps(facts, indent=2))
+        return
+    Console(highlight=False).print(_table(facts))
+
+
+def _size(n_bytes: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n_bytes < 1024 or unit == "GiB":
+            return f"{n_bytes:.0f} {unit}" if unit == "B" else f"{n_bytes:.1f} {unit}"
+        n_bytes /= 1024
+    return str(n_bytes)
+
+
+def _table(f: dict) -> Table:
+    t = Table(title=f["path"], show_header=False, title_justify="left", box=None, padding=(0, 2))
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("architecture", f"{f['arch']}" + (f"  ({f['name']})" if f["name"] else ""))
+    t.add_row("format", f"{f['magic']} v{f['gguf_version']}, {_size(f['file_size'])}")
+    t.add_row("sparse", "yes (PowerInfer PWRI)" if f["sparse"] else "no (dense)")
+    t.add_row("runnable", "yes" if f["runnable"] else f"[red]no[/]: {f['problem']}")
+    t.add_row("tokenizer", str(f["tokenizer"]))
+    c = f["config"]
+    if c is not None:
+        for label, key in _CONFIG_ROWS:
+            value = f"{c['n_head']} / {c['n_head_kv']}" if key is None else c[key]
+            t.add_row(label, str(value))
+        if f["predictor_ranks"]:
+            t.add_row("predictor ranks", ", ".join(map(str, f["predictor_ranks"])))
+    t.add_row("tensors", f"{f['n_tensors']} ({f['n_params'] / 1e6:.1f} M parameters)")
+    for type_name, tt in f["tensor_types"].items():
+        t.add_row(f"  {type_name}", f"{tt['count']} tensors, {_size(tt['bytes'])}")
+    conv = ", ".join(f"{c['count']} {c['from']} -> {c['to']}" for c in f["conversions"])
+    t.add_row("converted at load", conv or "nothing (every tensor type runs as it is)")
+    return t

@@ -1,0 +1,126 @@
+"""`powerinfer run`: load a model, generate from one prompt, stream the text (or print one JSON object)."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from typing import Optional
+
+import typer
+
+from .shell import EXIT_INTERRUPTED, model_path, stderr, user_errors
+
+EPILOG = """\
+[bold]Examples[/]
+
+  powerinfer run -m demo "The capital of France is" -n 32
+  powerinfer run -m model.gguf "Once upon a time" --temp 0.8 --top-p 0.95 --seed 42
+  echo "Write a haiku about the sea." | powerinfer run -m model.gguf - -n 64
+  powerinfer run -m model.gguf "2 + 2 =" -n 8 --json
+"""
+
+
+def run(
+    prompt: str = typer.Argument(..., metavar="PROMPT", help='The prompt text; "-" reads it from standard input.'),
+    model: str = typer.Option(..., "-m", "--model", help='GGUF or PWRI file, or "demo" (Gemma 3 270M).'),
+    n_predict: int = typer.Option(128, "-n", "--n-predict", min=-1,
+                                  help="Tokens to generate at most; -1 = until end of text or a full context."),
+    temp: float = typer.Option(0.8, "--temp", min=0.0, help="Temperature; 0 = greedy (argmax)."),
+    top_k: int = typer.Option(40, "--top-k", min=0, help="Keep the k most likely tokens (0 = all)."),
+    top_p: float = typer.Option(0.95, "--top-p", min=0.0, max=1.0, help="Nucleus mass to keep (1 = off)."),
+    min_p: float = typer.Option(0.05, "--min-p", min=0.0, max=1.0,
+                                help="Drop tokens below min_p x the top probability (0 = off)."),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", min=0.0,
+                                         help="Penalty for recently seen tokens (1 = off)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed: the same seed, the same text."),
+    threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1, help="CPU threads (default: all cores)."),
+    ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", min=1,
+                                           help="Context window in tokens (default: the runtime's)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show loading details and tracebacks."),
+) -> None:
+    """Generate text from PROMPT and stream it to stdout; timings go to stderr."""
+    with user_errors(verbose):
+        try:
+            code = _run(prompt, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, threads,
+                        ctx_size, as_json, verbose)
+        except KeyboardInterrupt:  # Ctrl-C while loading: nothing generated yet
+            code = EXIT_INTERRUPTED
+    if code == EXIT_INTERRUPTED:
+        stderr.print("interrupted")
+        raise typer.Exit(code)
+
+
+def _run(prompt, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, threads, ctx_size,
+         as_json, verbose) -> int:
+    """Load, generate, print. Returns 0, or EXIT_INTERRUPTED when Ctrl-C stopped the generation."""
+    from powerinfer_py import load
+
+    text = sys.stdin.read() if prompt == "-" else prompt
+    path = model_path(model)
+    t0 = time.perf_counter()
+    llm = load(path, threads=threads, n_ctx=ctx_size)
+    load_s = time.perf_counter() - t0
+    if verbose:
+        _print_load(llm, path, load_s)
+    gen = llm.generate_tokens(text, max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p,
+                              min_p=min_p, repeat_penalty=repeat_penalty, seed=seed)
+    decoder = llm.tokenizer.stream()  # holds back bytes of a UTF-8 character split over tokens
+    tokens, pieces, interrupted = [], [], False
+    try:
+        for tok in gen:
+            tokens.append(tok)
+            pieces.append(decoder.feed(tok))
+            if not as_json:
+                sys.stdout.write(pieces[-1])
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        interrupted = True
+        gen.close()
+    pieces.append(decoder.flush())
+    stats = gen.stats
+    reason = "interrupted" if interrupted else stats.stop_reason
+    if as_json:
+        print(json.dumps(_json_result("".join(pieces), tokens, stats, reason, load_s), ensure_ascii=False))
+    else:
+        sys.stdout.write(pieces[-1] + "\n")
+        sys.stdout.flush()
+        _print_timings(stats, reason)
+    if reason == "context":
+        stderr.print(f"context full: the context window of {llm.n_ctx} tokens is used up (prompt "
+                     f"{stats.n_prompt} + generated {stats.n_gen}); a larger -c/--ctx-size leaves more room")
+    llm.close()
+    return EXIT_INTERRUPTED if interrupted else 0
+
+
+def _json_result(text: str, tokens: list[int], stats, reason: str, load_s: float) -> dict:
+    return {
+        "text": text,
+        "tokens": [int(t) for t in tokens],
+        "n_prompt_tokens": stats.n_prompt,
+        "n_tokens": stats.n_gen,
+        "stop_reason": reason,
+        "timings": {
+            "load_s": load_s,
+            "prompt_s": stats.prompt_s,
+            "decode_s": stats.decode_s,
+            "prompt_tok_s": stats.prompt_tok_s,
+            "decode_tok_s": stats.decode_tok_s,
+        },
+    }
+
+
+def _print_timings(stats, reason: str) -> None:
+    stderr.print(f"prompt: {stats.n_prompt} tokens, {stats.prompt_tok_s:.1f} tok/s | "
+                 f"decode: {stats.n_gen} tokens, {stats.decode_tok_s:.1f} tok/s | "
+                 f"stop: {reason}", style="dim")
+
+
+def _print_load(llm, path, load_s: float) -> None:
+    c = llm.config
+    stderr.print(f"model: {path} ({c.arch}, {c.n_layer} layers, d {c.n_embd}, vocab {c.n_vocab}); "
+                 f"loaded in {load_s:.2f} s", style="dim")
+    counts = Counter((conv.from_type.name, conv.to_type.name) for conv in llm.conversions)
+    for (src, dst), n in sorted(counts.items()):
+        stderr.print(f"converted at load: {n} tensors {src} -> {dst}", style="dim")

@@ -1,0 +1,51 @@
+"""What every command shares: the stderr console and the error boundary that turns a PowerInferError (or a
+file the OS cannot open) into one `error: <message>` line and exit code 1, without a traceback."""
+from __future__ import annotations
+
+import contextlib
+import sys
+import traceback
+from pathlib import Path
+from typing import Iterator
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from powerinfer_py.errors import PowerInferError
+
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def fail(message: str) -> typer.Exit:
+    """Print `error: message` on stderr; return the Exit to raise."""
+    sys.stdout.flush()
+    stderr.print(f"[bold red]error:[/] {escape(message)}")
+    return typer.Exit(EXIT_ERROR)
+
+
+@contextlib.contextmanager
+def user_errors(verbose: bool = False) -> Iterator[None]:
+    """Errors the user can fix become a one-line message; anything else is a bug and keeps its traceback."""
+    try:
+        yield
+    except PowerInferError as e:
+        if verbose:
+            traceback.print_exc(file=sys.stderr)
+        raise fail(str(e)) from None
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
+        raise fail(f"{e.strerror or e}: {e.filename}" if e.filename else str(e)) from None
+    except ImportError as e:  # an incomplete installation (C kernels not built, llama-cpp-python missing)
+        if verbose:
+            traceback.print_exc(file=sys.stderr)
+        raise fail(str(e)) from None
+
+
+def model_path(name: str) -> Path:
+    """The -m/MODEL argument as a file path ("demo" = the bundled Gemma 3 270M demo model)."""
+    from powerinfer_py.demo import resolve_model
+
+    return resolve_model(name)

@@ -1,0 +1,539 @@
+/* matmul.c: y[t, r] = sum_c w[r, c] * x[t, c] for F32/F16/BF16/Q8_0/Q4_0 weights, and the read probe.
+ *
+ * Variants (chosen at compile time):
+ *   - AVX-512 (F + BW): float types 16 lanes with masked column tails; block types two blocks per zmm.
+ *     The two blocks are interleaved by 32-bit word (lane i belongs to block i % 2), so the per-block
+ *     scales of a block pair are one 64-bit broadcast.
+ *   - AVX2 + FMA + F16C: 8 float lanes, scalar column tail; one block per ymm.
+ *   - scalar: everything else (PI_NATIVE=0).
+ * Block types: the activations are quantized once per call to Q8_0 (d = f16(amax / 127)) in the pool's
+ * scratch, with an integer correction term per block, then each (row, token, block) is an integer dot:
+ *   VNNI:     dpbusd(u, x) with u = w + 128 (Q8_0) or the raw nibble (Q4_0, = w + 8); the correction
+ *             -128 * sum(x) or -8 * sum(x) rides in as dpbusd's accumulator input, so the sum is exact.
+ *   no VNNI:  Q8_0 maddubs(|w|, x * sign(w)); Q4_0 maddubs(nibble, x) plus the -8 * sum(x) correction;
+ *             then madd with ones. No int16 saturation: |pairs| <= 2 * 128 * 127.
+ * and acc[r][t] += float(dot) * (d_w * d_x), 8 or 16 f32 lanes per accumulator, summed at the end.
+ * Tiles: decode (n_tok == 1) streams RD rows at a time (independent FMA chains, one x load per RD rows).
+ * Prefill takes ROW_BLOCK rows (kept in L1/L2) against every token in tiles of RP rows x TP tokens, so each
+ * weight vector is loaded and unpacked once per TP tokens: RP * TP accumulators + RP weights fill the
+ * register file (32 zmm: 4 x 4; 16 ymm: 2 x 4). Every output element runs the same instruction sequence
+ * whatever tile it lands in, and is computed by exactly one thread, so results are bit-identical from run
+ * to run and across thread counts.
+ */
+#include <string.h>
+
+#include "pool.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
+#define MM_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define MM_AVX2 1
+#endif
+#if defined(MM_AVX512) || defined(MM_AVX2)
+#include <immintrin.h>
+#endif
+
+#define QK 32
+#define ROW_BLOCK 16 /* rows per prefill block; also the chunk granularity (16 f32 = one cache line of y) */
+#define INLINE static inline __attribute__((always_inline))
+
+typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;
+typedef struct { uint16_t d; uint8_t qs[QK / 2]; } block_q4_0;
+
+static inline float f16_to_f32(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (exp == 0) { float f = (float)man * 0x1p-24f; return sign ? -f : f; }
+    u = sign | (exp == 0x1f ? 0x7f800000u | (man << 13) : ((exp + 112) << 23) | (man << 13));
+    float f; memcpy(&f, &u, 4); return f;
+#endif
+}
+
+static inline float bf16_to_f32(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+
+typedef struct {
+    int type;
+    const uint8_t *w;
+    int64_t row_bytes, n_rows, n_cols, n_tok;
+    const float *x;      /* float types: f32 [n_tok, n_cols] */
+    const int8_t *xq;    /* block types: int8 [n_tok, nbp * 32] quantized activations (pair-interleaved on AVX-512) */
+    const float *xd;     /* f32 [n_tok, nbp] block scales */
+    const int32_t *xc;   /* int32 [n_tok, nbp] correction: -128 * sum(q) (Q8_0, VNNI), -8 * sum(q) (Q4_0), else 0 */
+    int64_t nbp;         /* blocks per token, rounded up to the vector's blocks */
+    int64_t rows_per_chunk;
+    float *y;            /* f32 [n_tok, n_rows] */
+} mm_job;
+
+/* ==== ISA primitives for the block types ============================================================== */
+#if defined(MM_AVX512)
+#define BPV 2 /* blocks per vector */
+#define RD 4  /* decode rows per tile */
+#define RP 4  /* prefill tile: rows x tokens */
+#define TP 4
+typedef __m512i qv;
+typedef __m512 fv;
+#if defined(__AVX512VNNI__)
+#define Q8_UNSIGNED 1
+#endif
+/* word interleave of [block0 words 0..7 | block1 words 0..7] */
+#define IL_Q8 _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15)
+/* [b0 lo nibbles | b1 lo | b0 hi | b1 hi] (16 bytes each) -> interleaved words */
+#define IL_Q4 _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15)
+
+typedef struct { qv a; __mmask64 neg; } wvec; /* unsigned operand; sign mask of w (Q8_0 without VNNI) */
+
+INLINE wvec w_load_q8(const block_q8_0 *b, int two) {
+    __m256i lo = _mm256_loadu_si256((const __m256i *)b[0].qs);
+    __m512i z = two ? _mm512_inserti64x4(_mm512_castsi256_si512(lo), _mm256_loadu_si256((const __m256i *)b[1].qs), 1)
+                    : _mm512_zextsi256_si512(lo);
+    z = _mm512_permutexvar_epi32(IL_Q8, z);
+    wvec v;
+#if Q8_UNSIGNED
+    v.a = _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80)); /* w + 128 as unsigned bytes */
+    v.neg = 0;
+#else
+    v.a = _mm512_abs_epi8(z);
+    v.neg = _mm512_movepi8_mask(z);
+#endif
+    return v;
+}
+
+INLINE wvec w_load_q4(const block_q4_0 *b, int two) {
+    __m128i q0 = _mm_loadu_si128((const __m128i *)b[0].qs);
+    __m256i q = two ? _mm256_inserti128_si256(_mm256_castsi128_si256(q0), _mm_loadu_si128((const __m128i *)b[1].qs), 1)
+                    : _mm256_zextsi128_si256(q0);
+    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
+    z = _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
+    wvec v = {_mm512_permutexvar_epi32(IL_Q4, z), 0};
+    return v;
+}
+
+INLINE fv w_scale(uint16_t d0, uint16_t d1) { /* [d0, d1] repeated */
+    __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)d0 | ((uint32_t)d1 << 16))));
+    return _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_castps_pd(f)));
+}
+
+INLINE qv x_load(const int8_t *p) { return _mm512_loadu_si512(p); }
+INLINE qv x_corr(const int32_t *c) { return _mm512_zextsi128_si512(_mm_loadl_epi64((const __m128i *)c)); }
+INLINE fv x_scale(const float *d) { return _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_load_sd((const double *)d))); }
+
+INLINE qv dot_q(wvec w, qv x, qv c, int q4) {
+#if defined(__AVX512VNNI__)
+    (void)q4;
+    return _mm512_dpbusd_epi32(c, w.a, x);
+#else
+    qv ones = _mm512_set1_epi16(1);
+    if (q4) return _mm512_add_epi32(c, _mm512_madd_epi16(_mm512_maddubs_epi16(w.a, x), ones));
+    qv sx = _mm512_mask_sub_epi8(x, w.neg, _mm512_setzero_si512(), x);
+    return _mm512_madd_epi16(_mm512_maddubs_epi16(w.a, sx), ones);
+#endif
+}
+
+INLINE fv fv_zero(void) { return _mm512_setzero_ps(); }
+INLINE fv fv_acc(fv acc, qv d, fv sw, fv sx) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sw, sx), acc); }
+INLINE float fv_sum(fv v) { return _mm512_reduce_add_ps(v); }
+
+#elif defined(MM_AVX2)
+#define BPV 1
+#define RD 4
+#define RP 2
+#define TP 4
+typedef __m256i qv;
+typedef __m256 fv;
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+#define Q8_UNSIGNED 1
+#endif
+typedef struct { qv a; qv s; } wvec; /* unsigned operand; w itself (sign source for Q8_0 without VNNI) */
+
+INLINE wvec w_load_q8(const block_q8_0 *b, int two) {
+    (void)two;
+    __m256i z = _mm256_loadu_si256((const __m256i *)b[0].qs);
+    wvec v;
+#if Q8_UNSIGNED
+    v.a = _mm256_xor_si256(z, _mm256_set1_epi8((char)0x80));
+#else
+    v.a = _mm256_sign_epi8(z, z);
+#endif
+    v.s = z;
+    return v;
+}
+
+INLINE wvec w_load_q4(const block_q4_0 *b, int two) {
+    (void)two;
+    __m128i q = _mm_loadu_si128((const __m128i *)b[0].qs);
+    __m256i z = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
+    wvec v = {z, z};
+    return v;
+}
+
+INLINE fv w_scale(uint16_t d0, uint16_t d1) { (void)d1; return _mm256_set1_ps(_cvtsh_ss(d0)); }
+INLINE qv x_load(const int8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+INLINE qv x_corr(const int32_t *c) { return _mm256_setr_epi32(c[0], 0, 0, 0, 0, 0, 0, 0); }
+INLINE fv x_scale(const float *d) { return _mm256_broadcast_ss(d); }
+
+INLINE qv dot_q(wvec w, qv x, qv c, int q4) {
+#if defined(__AVXVNNI__)
+    (void)q4;
+    return _mm256_dpbusd_avx_epi32(c, w.a, x);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    (void)q4;
+    return _mm256_dpbusd_epi32(c, w.a, x);
+#else
+    qv ones = _mm256_set1_epi16(1);
+    if (q4) return _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(w.a, x), ones));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w.a, _mm256_sign_epi8(x, w.s)), ones);
+#endif
+}
+
+INLINE fv fv_zero(void) { return _mm256_setzero_ps(); }
+INLINE fv fv_acc(fv acc, qv d, fv sw, fv sx) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(sw, sx), acc); }
+INLINE float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+INLINE float fv_sum(fv v) { return hsum8(v); }
+#else
+#define BPV 1
+#define RD 1
+#define RP 1
+#define TP 1
+#endif
+
+#if defined(MM_AVX512) && defined(__AVX512VNNI__)
+#define Q8_CORR 128
+#elif defined(MM_AVX2) && Q8_UNSIGNED
+#define Q8_CORR 128
+#else
+#define Q8_CORR 0
+#endif
+
+/* ==== block-type tiles ================================================================================ */
+#if defined(MM_AVX512) || defined(MM_AVX2)
+/* one vector step (BPV blocks starting at block b) of an R x T tile; `two` = 0 only for a lone last block */
+INLINE void tile_q_step(const mm_job *j, const uint8_t **rows, int64_t t0, int64_t b, fv acc[][4],
+                        const int R, const int T, const int q4, const int two) {
+    wvec wv[4];
+    fv sw[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        if (q4) {
+            const block_q4_0 *wb = (const block_q4_0 *)rows[r] + b;
+            wv[r] = w_load_q4(wb, two);
+            sw[r] = w_scale(wb[0].d, two ? wb[1].d : 0);
+        } else {
+            const block_q8_0 *wb = (const block_q8_0 *)rows[r] + b;
+            wv[r] = w_load_q8(wb, two);
+            sw[r] = w_scale(wb[0].d, two ? wb[1].d : 0);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        const int64_t o = (t0 + t) * j->nbp + b;
+        qv xv = x_load(j->xq + o * QK), xc = x_corr(j->xc + o);
+        fv sx = x_scale(j->xd + o);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) acc[r][t] = fv_acc(acc[r][t], dot_q(wv[r], xv, xc, q4), sw[r], sx);
+    }
+}
+
+INLINE void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T, const int q4) {
+    fv acc[4][4];
+    const uint8_t *rows[4];
+    for (int r = 0; r < R; r++) {
+        rows[r] = j->w + (r0 + r) * j->row_bytes;
+        for (int t = 0; t < T; t++) acc[r][t] = fv_zero();
+    }
+    const int64_t nb = j->n_cols / QK, nfull = nb / BPV * BPV;
+    for (int64_t b = 0; b < nfull; b += BPV) tile_q_step(j, rows, t0, b, acc, R, T, q4, 1);
+    if (nfull < nb) tile_q_step(j, rows, t0, nfull, acc, R, T, q4, 0);
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) j->y[(t0 + t) * j->n_rows + r0 + r] = fv_sum(acc[r][t]);
+}
+#else
+static void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T, const int q4) {
+    const int64_t nb = j->n_cols / QK;
+    for (int r = 0; r < R; r++) {
+        const uint8_t *row = j->w + (r0 + r) * j->row_bytes;
+        for (int t = 0; t < T; t++) {
+            const int8_t *xq = j->xq + (t0 + t) * j->nbp * QK;
+            const float *xd = j->xd + (t0 + t) * j->nbp;
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                int32_t s = 0;
+                float dw;
+                if (q4) {
+                    const block_q4_0 *wb = (const block_q4_0 *)row + b;
+                    for (int i = 0; i < QK / 2; i++)
+                        s += ((wb->qs[i] & 0x0f) - 8) * xq[b * QK + i] + ((wb->qs[i] >> 4) - 8) * xq[b * QK + i + 16];
+                    dw = f16_to_f32(wb->d);
+                } else {
+                    const block_q8_0 *wb = (const block_q8_0 *)row + b;
+                    for (int i = 0; i < QK; i++) s += wb->qs[i] * xq[b * QK + i];
+                    dw = f16_to_f32(wb->d);
+                }
+                acc += (float)s * (dw * xd[b]);
+            }
+            j->y[(t0 + t) * j->n_rows + r0 + r] = acc;
+        }
+    }
+}
+#endif
+
+/* ==== float-type tiles ================================================================================ */
+#if defined(MM_AVX512)
+#define FL 16 /* f32 lanes */
+typedef __mmask16 lanemask;
+INLINE fv wf_load(const int type, const void *row, int64_t k, const int tail, lanemask m) {
+    if (type == PI_F32) return tail ? _mm512_maskz_loadu_ps(m, (const float *)row + k) : _mm512_loadu_ps((const float *)row + k);
+    const uint16_t *p = (const uint16_t *)row + k;
+    __m256i h = tail ? _mm256_maskz_loadu_epi16(m, p) : _mm256_loadu_si256((const __m256i *)p);
+    if (type == PI_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); /* bf16: top half of f32 */
+}
+INLINE fv xf_load(const float *p, const int tail, lanemask m) { return tail ? _mm512_maskz_loadu_ps(m, p) : _mm512_loadu_ps(p); }
+INLINE fv fv_fma(fv a, fv b, fv c) { return _mm512_fmadd_ps(a, b, c); }
+#elif defined(MM_AVX2)
+#define FL 8
+typedef int lanemask;
+INLINE fv wf_load(const int type, const void *row, int64_t k, const int tail, lanemask m) {
+    (void)tail; (void)m;
+    if (type == PI_F32) return _mm256_loadu_ps((const float *)row + k);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + k));
+    if (type == PI_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+INLINE fv xf_load(const float *p, const int tail, lanemask m) { (void)tail; (void)m; return _mm256_loadu_ps(p); }
+INLINE fv fv_fma(fv a, fv b, fv c) { return _mm256_fmadd_ps(a, b, c); }
+#endif
+
+static inline float wf_scalar(int type, const void *row, int64_t k) {
+    if (type == PI_F32) return ((const float *)row)[k];
+    if (type == PI_F16) return f16_to_f32(((const uint16_t *)row)[k]);
+    return bf16_to_f32(((const uint16_t *)row)[k]);
+}
+
+#if defined(MM_AVX512) || defined(MM_AVX2)
+INLINE void tile_f_step(const mm_job *j, const uint8_t **rows, int64_t t0, int64_t k, fv acc[][4], const int R,
+                        const int T, const int type, const int tail, lanemask m) {
+    fv wv[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) wv[r] = wf_load(type, rows[r], k, tail, m);
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        fv xv = xf_load(j->x + (t0 + t) * j->n_cols + k, tail, m);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) acc[r][t] = fv_fma(wv[r], xv, acc[r][t]);
+    }
+}
+
+INLINE void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T, const int type) {
+    fv acc[4][4];
+    const uint8_t *rows[4];
+    for (int r = 0; r < R; r++) {
+        rows[r] = j->w + (r0 + r) * j->row_bytes;
+        for (int t = 0; t < T; t++) acc[r][t] = fv_zero();
+    }
+    const int64_t K = j->n_cols, kfull = K / FL * FL;
+    for (int64_t k = 0; k < kfull; k += FL) tile_f_step(j, rows, t0, k, acc, R, T, type, 0, 0);
+#if defined(MM_AVX512)
+    if (kfull < K) tile_f_step(j, rows, t0, kfull, acc, R, T, type, 1, (lanemask)((1u << (K - kfull)) - 1));
+#endif
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            float s = fv_sum(acc[r][t]);
+#if defined(MM_AVX2)
+            const float *x = j->x + (t0 + t) * K;
+            for (int64_t k = kfull; k < K; k++) s += wf_scalar(type, rows[r], k) * x[k];
+#endif
+            j->y[(t0 + t) * j->n_rows + r0 + r] = s;
+        }
+}
+#else
+static void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T, const int type) {
+    for (int r = 0; r < R; r++) {
+        const uint8_t *row = j->w + (r0 + r) * j->row_bytes;
+        for (int t = 0; t < T; t++) {
+            const float *x = j->x + (t0 + t) * j->n_cols;
+            float s = 0.0f;
+            for (int64_t k = 0; k < j->n_cols; k++) s += wf_scalar(type, row, k) * x[k];
+            j->y[(t0 + t) * j->n_rows + r0 + r] = s;
+        }
+    }
+}
+#endif
+
+/* ==== tile instances and the row-chunk driver ========================================================= */
+#define TILE_FN(name, R, T)                                                                                  \
+    static void name(const mm_job *j, int64_t r0, int64_t t0) {                                             \
+        switch (j->type) {                                                                                   \
+        case PI_Q8_0: tile_q(j, r0, t0, R, T, 0); break;                                                     \
+        case PI_Q4_0: tile_q(j, r0, t0, R, T, 1); break;                                                     \
+        case PI_F32: tile_f(j, r0, t0, R, T, PI_F32); break;                                                 \
+        case PI_F16: tile_f(j, r0, t0, R, T, PI_F16); break;                                                 \
+        default: tile_f(j, r0, t0, R, T, PI_BF16); break;                                                    \
+        }                                                                                                    \
+    }
+TILE_FN(tile_dec, RD, 1)  /* decode: RD rows, one token */
+TILE_FN(tile_rt, RP, TP)  /* prefill tile */
+TILE_FN(tile_r1, RP, 1)   /* prefill, leftover tokens */
+TILE_FN(tile_1t, 1, TP)   /* prefill, leftover rows */
+TILE_FN(tile_11, 1, 1)
+
+static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
+    (void)thread_id;
+    const mm_job *j = ctx;
+    const int64_t r_beg = chunk * j->rows_per_chunk;
+    const int64_t r_end = r_beg + j->rows_per_chunk < j->n_rows ? r_beg + j->rows_per_chunk : j->n_rows;
+    if (j->n_tok == 1) {
+        int64_t r = r_beg;
+        for (; r + RD <= r_end; r += RD) tile_dec(j, r, 0);
+        for (; r < r_end; r++) tile_11(j, r, 0);
+        return;
+    }
+    for (int64_t rb = r_beg; rb < r_end; rb += ROW_BLOCK) { /* ROW_BLOCK rows stay in cache for all tokens */
+        const int64_t re = rb + ROW_BLOCK < r_end ? rb + ROW_BLOCK : r_end;
+        int64_t t = 0, r;
+        for (; t + TP <= j->n_tok; t += TP) {
+            for (r = rb; r + RP <= re; r += RP) tile_rt(j, r, t);
+            for (; r < re; r++) tile_1t(j, r, t);
+        }
+        for (; t < j->n_tok; t++) {
+            for (r = rb; r + RP <= re; r += RP) tile_r1(j, r, t);
+            for (; r < re; r++) tile_11(j, r, t);
+        }
+    }
+}
+
+/* ==== activation quantization (Q8_0, same arithmetic as pi_quantize) =================================== */
+static inline int round_away(float v) {
+    int t = (int)v;
+    float frac = v - (float)t;
+    return t + (frac >= 0.5f) - (frac <= -0.5f);
+}
+
+static inline float f16_round(float f) {
+#if defined(__F16C__)
+    return _cvtsh_ss(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
+#else
+    /* only reached by scalar builds: pi_quantize's scalar conversion, via a 1-element round trip */
+    uint16_t h;
+    pi_quantize(PI_F16, &f, &h, 1, 1);
+    return f16_to_f32(h);
+#endif
+}
+
+/* one block of 32 floats -> q[32], returns the f16-rounded scale, *sum = sum(q) */
+static float quantize_block(const float *x, int8_t *q, int32_t *sum) {
+    float amax = 0.0f;
+    for (int i = 0; i < QK; i++) {
+        float a = x[i] < 0 ? -x[i] : x[i];
+        if (a > amax) amax = a;
+    }
+    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    int32_t s = 0;
+    for (int i = 0; i < QK; i++) { q[i] = (int8_t)round_away(x[i] * id); s += q[i]; }
+    *sum = s;
+    return f16_round(d);
+}
+
+static void quantize_token(void *ctx, int64_t t, int thread_id) {
+    (void)thread_id;
+    const mm_job *j = ctx;
+    const int64_t nb = j->n_cols / QK;
+    const float *x = j->x + t * j->n_cols;
+    int8_t *xq = (int8_t *)j->xq + t * j->nbp * QK;
+    float *xd = (float *)j->xd + t * j->nbp;
+    int32_t *xc = (int32_t *)j->xc + t * j->nbp;
+    const int32_t corr = j->type == PI_Q4_0 ? 8 : Q8_CORR;
+    for (int64_t b = 0; b < j->nbp; b++) {
+        int8_t q[QK] = {0};
+        int32_t s = 0;
+        xd[b] = b < nb ? quantize_block(x + b * QK, q, &s) : 0.0f;
+        xc[b] = -corr * s;
+#if defined(MM_AVX512)
+        /* pair-interleaved words: word i of a pair holds block (i % 2), word i / 2 */
+        for (int w = 0; w < 8; w++) memcpy(xq + (b & ~1) * QK + (8 * w + 4 * (b & 1)), q + 4 * w, 4);
+#else
+        memcpy(xq + b * QK, q, QK);
+#endif
+    }
+}
+
+void pi_matmul(pi_pool *pool, int type, const void *w, int64_t n_rows, int64_t n_cols, const float *x, int64_t n_tok,
+               float *y) {
+    if (n_rows <= 0 || n_tok <= 0) return;
+    mm_job j = {.type = type, .w = w, .row_bytes = pi_row_size(type, n_cols), .n_rows = n_rows, .n_cols = n_cols,
+                .n_tok = n_tok, .x = x, .y = y};
+    if (type == PI_Q8_0 || type == PI_Q4_0) {
+        const int64_t nb = n_cols / QK;
+        j.nbp = (nb + BPV - 1) / BPV * BPV;
+        const size_t nq = (size_t)(n_tok * j.nbp);
+        char *s = pi_pool_scratch(pool, nq * QK + 2 * nq * 4);
+        j.xq = (const int8_t *)s;
+        j.xd = (const float *)(s + nq * QK);
+        j.xc = (const int32_t *)(s + nq * QK + nq * 4);
+        pi_pool_run(pool, quantize_token, &j, n_tok);
+    }
+    const int64_t n_blocks = (n_rows + ROW_BLOCK - 1) / ROW_BLOCK;
+    int64_t n_chunks = pi_pool_chunks(pool, n_blocks, 1);
+    j.rows_per_chunk = (n_blocks + n_chunks - 1) / n_chunks * ROW_BLOCK;
+    n_chunks = (n_rows + j.rows_per_chunk - 1) / j.rows_per_chunk;
+    pi_pool_run(pool, mm_chunk, &j, n_chunks);
+}
+
+/* ==== read-bandwidth probe ============================================================================ */
+#define PROBE_MAX_CHUNKS 256
+typedef struct {
+    const uint8_t *buf;
+    int64_t bytes, per_chunk;
+    uint64_t partial[PROBE_MAX_CHUNKS];
+} probe_job;
+
+static void probe_chunk(void *ctx, int64_t c, int thread_id) {
+    (void)thread_id;
+    probe_job *p = ctx;
+    int64_t beg = c * p->per_chunk, end = beg + p->per_chunk < p->bytes ? beg + p->per_chunk : p->bytes;
+    uint64_t s = 0;
+    int64_t i = beg;
+#if defined(MM_AVX512)
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0; /* 4 chains: many loads in flight */
+    for (; i + 256 <= end; i += 256) {
+        a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(p->buf + i));
+        a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(p->buf + i + 64));
+        a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(p->buf + i + 128));
+        a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(p->buf + i + 192));
+    }
+    s = (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+#elif defined(MM_AVX2)
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (; i + 128 <= end; i += 128) {
+        a0 = _mm256_add_epi64(a0, _mm256_loadu_si256((const __m256i *)(p->buf + i)));
+        a1 = _mm256_add_epi64(a1, _mm256_loadu_si256((const __m256i *)(p->buf + i + 32)));
+        a2 = _mm256_add_epi64(a2, _mm256_loadu_si256((const __m256i *)(p->buf + i + 64)));
+        a3 = _mm256_add_epi64(a3, _mm256_loadu_si256((const __m256i *)(p->buf + i + 96)));
+    }
+    uint64_t l[4];
+    _mm256_storeu_si256((__m256i *)l, _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+    s = l[0] + l[1] + l[2] + l[3];
+#endif
+    for (; i + 8 <= end; i += 8) { uint64_t v; memcpy(&v, p->buf + i, 8); s += v; }
+    for (; i < end; i++) s += p->buf[i];
+    p->partial[c] = s;
+}
+
+double pi_read_probe(pi_pool *pool, const void *buf, int64_t bytes) {
+    if (bytes <= 0) return 0.0;
+    probe_job p = {.buf = buf, .bytes = bytes};
+    int64_t n = pi_pool_chunks(pool, (bytes + 4095) / 4096, 16);
+    if (n > PROBE_MAX_CHUNKS) n = PROBE_MAX_CHUNKS;
+    p.per_chunk = ((bytes + n - 1) / n + 63) & ~(int64_t)63; /* whole cache lines per chunk */
+    n = (bytes + p.per_chunk - 1) / p.per_chunk;
+    pi_pool_run(pool, probe_chunk, &p, n);
+    uint64_t s = 0;
+    for (int64_t c = 0; c < n; c++) s += p.partial[c]; /* chunk order: same sum every run */
+    return (double)s;
+}

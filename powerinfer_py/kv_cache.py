@@ -1,0 +1,47 @@
+"""KVCache: the keys and values of every past position, per layer, in f16.
+
+Layout per layer: k[layer], v[layer] f16 [n_head_kv, n_ctx, head_dim], the layout the attention kernel reads
+(one contiguous [n_ctx, head_dim] plane per KV head). Positions 0..n_past-1 are valid; the model writes the
+K/V of new tokens at n_past.. and then advances n_past. The arrays are allocated zeroed (calloc), so pages of
+a large context that are never reached cost no memory.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ContextFullError
+
+
+class KVCache:
+    def __init__(self, n_layer: int, n_head_kv: int, n_ctx: int, head_dim: int):
+        if n_ctx < 1:
+            raise ValueError(f"n_ctx must be at least 1, got {n_ctx}")
+        self.n_ctx = int(n_ctx)
+        self.n_past = 0
+        shape = (n_head_kv, self.n_ctx, head_dim)
+        self.k = [np.zeros(shape, dtype=np.float16) for _ in range(n_layer)]
+        self.v = [np.zeros(shape, dtype=np.float16) for _ in range(n_layer)]
+
+    def check_room(self, n_new: int) -> None:
+        """Raise ContextFullError if n_new more positions do not fit after the n_past already held."""
+        if self.n_past + n_new > self.n_ctx:
+            raise ContextFullError(
+                f"context full: {self.n_past} positions held (n_past) + {n_new} new tokens "
+                f"> context size n_ctx = {self.n_ctx}")
+
+    def truncate(self, n_past: int) -> None:
+        """Forget every position from n_past on (they will be overwritten by the next forward)."""
+        if not 0 <= n_past <= self.n_past:
+            raise ValueError(f"cannot truncate to {n_past}: the cache holds {self.n_past} positions")
+        self.n_past = int(n_past)
+
+    def clear(self) -> None:
+        self.n_past = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes reserved for the whole context (all layers, K and V)."""
+        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+
+    def __repr__(self) -> str:
+        return f"KVCache(n_layer={len(self.k)}, n_ctx={self.n_ctx}, n_past={self.n_past})"

@@ -1,0 +1,157 @@
+"""LLM: the high-level object a script or the CLI holds: file, weights, kernels, model, tokenizer and cache.
+
+    llm = powerinfer_py.load("model.gguf", threads=4)
+    for piece in llm.generate("The capital of France is", max_tokens=32, temperature=0):
+        print(piece, end="", flush=True)
+    print(llm.last_stats.decode_tok_s)
+
+Each generate() call starts from an empty context (the cache is reset), prefills the prompt and streams.
+There is one cache, so starting a generation ends the one before it (its iterator simply stops).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from .generate import Generation, GenerationStats, generate
+from .sampler import Sampler, SamplingParams
+
+DEFAULT_MAX_CTX = 4096  # default context: min(n_ctx_train, this), keeps the KV cache small by default
+
+
+def _make_kernels(backend: str, threads: int | None):
+    if backend == "cpu":
+        from .kernels.cpu import CpuKernels
+        return CpuKernels(threads)
+    if backend == "ref":  # the numpy specification: slow, for tests and debugging
+        from .kernels.ref import RefKernels
+        return RefKernels()
+    raise ValueError(f"unknown backend {backend!r}; available: cpu, ref")
+
+
+class LLM:
+    """A loaded model ready to generate. Build it with powerinfer_py.load(); close() releases it."""
+
+    def __init__(self, path: str | os.PathLike, threads: int | None = None, n_ctx: int | None = None, *,
+                 backend: str = "cpu", cache_dir: str | os.PathLike | None = None):
+        from . import models
+        from .gguf import open_gguf
+        from .loader import load_weights
+        from .tokenizer import Tokenizer
+
+        self.path = Path(path)
+        self.file = open_gguf(self.path)
+        try:
+            weights = load_weights(self.file, expected=models.expected_tensors)
+            self.config = weights.config
+            self.conversions = weights.conversions
+            if n_ctx is not None and n_ctx < 1:
+                raise ValueError(f"n_ctx must be at least 1, got {n_ctx}")
+            self.n_ctx = int(n_ctx) if n_ctx else min(self.config.n_ctx_train, DEFAULT_MAX_CTX)
+            self.kernels = _make_kernels(backend, threads)
+            self.model = models.build_model(self.config, weights.tensors, self.kernels)
+            self.tokenizer = Tokenizer(self.file, cache_dir=cache_dir)
+        except BaseException:
+            self.file.close()
+            raise
+        self._cache = None  # allocated by the first generate()
+        self._active: Generation | None = None  # the generation that owns the cache right now
+        self.last_stats: GenerationStats | None = None
+
+    # -- tokens ------------------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_bos=add_bos, special=special)
+
+    def detokenize(self, ids: Sequence[int], special: bool = False) -> str:
+        return self.tokenizer.decode(ids, special=special)
+
+    # -- generation --------------------------------------------------------------------------------------
+
+    @property
+    def cache(self):
+        if self._cache is None:
+            self._cache = self.model.new_cache(self.n_ctx)
+        return self._cache
+
+    def reset(self) -> None:
+        """Forget the context (the cache keeps its memory for the next generation)."""
+        if self._cache is not None:
+            self._cache.clear()
+
+    def generate_tokens(self, prompt: str | Sequence[int], max_tokens: int = 128, temperature: float = 0.8,
+                        top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
+                        repeat_last_n: int = 64, seed: int | None = None, add_bos: bool = True,
+                        prefill_batch: int = 256) -> Generation:
+        """Generated token ids for a prompt (text, or token ids used as they are). temperature <= 0 is
+        greedy; max_tokens < 0 runs until an end-of-generation token or a full context. The returned
+        Generation's .stats (also self.last_stats) fill in as it runs. Raises ContextFullError if the
+        prompt does not fit."""
+        ids = self.tokenize(prompt, add_bos=add_bos) if isinstance(prompt, str) else [int(t) for t in prompt]
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed)
+        if self._active is not None:  # one cache, one generation: end the previous one before reusing it
+            self._active.close()
+        self.reset()
+        gen = self._active = generate(self.model, self.cache, ids, Sampler(params), max_tokens, self.tokenizer.is_eog,
+                       prefill_batch=prefill_batch)
+        self.last_stats = gen.stats
+        return gen
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, temperature: float = 0.8,
+                 top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
+                 repeat_last_n: int = 64, seed: int | None = None, add_bos: bool = True,
+                 prefill_batch: int = 256) -> Iterator[str]:
+        """Generated text, streamed in pieces that never split a UTF-8 character (arguments as in
+        generate_tokens). The prompt is checked, and a ContextFullError raised, at the call, not lazily."""
+        gen = self.generate_tokens(prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
+                                   top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+                                   repeat_last_n=repeat_last_n, seed=seed, add_bos=add_bos,
+                                   prefill_batch=prefill_batch)
+        return self._stream_text(gen)
+
+    def _stream_text(self, gen: Generation) -> Iterator[str]:
+        decoder = self.tokenizer.stream()
+        try:
+            for token in gen:
+                piece = decoder.feed(token)
+                if piece:
+                    yield piece
+            tail = decoder.flush()
+            if tail:
+                yield tail
+        finally:
+            gen.close()
+
+    # -- lifetime ----------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the tokenizer, the kernels' thread pool and the file map. The LLM is unusable after."""
+        for part in ("tokenizer", "kernels", "file"):
+            obj = getattr(self, part, None)
+            if obj is not None and hasattr(obj, "close"):
+                obj.close()
+        self._cache = None
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        c = self.config
+        return f"LLM({self.path.name!r}, arch={c.arch}, n_layer={c.n_layer}, n_embd={c.n_embd}, n_ctx={self.n_ctx})"
+
+
+def load(path: str | os.PathLike, threads: int | None = None, n_ctx: int | None = None, *,
+         backend: str = "cpu", cache_dir: str | os.PathLike | None = None) -> LLM:
+    """Open a GGUF or PWRI model file and get it ready to generate.
+
+    threads: CPU threads for the kernels (default: all cores). n_ctx: context size in tokens (default:
+    min(training context, 4096)). backend: "cpu" (C kernels) or "ref" (numpy reference, slow).
+    cache_dir: folder for the tokenizer's vocab-only copies of PWRI files (default
+    $POWERINFER_CACHE/vocab or ~/.cache/powerinfer/vocab).
+    """
+    return LLM(path, threads=threads, n_ctx=n_ctx, backend=backend, cache_dir=cache_dir)

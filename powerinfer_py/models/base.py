@@ -1,0 +1,117 @@
+"""Pieces every architecture shares: tensor lookup with clear errors, the expected-tensor table of a
+llama-shaped transformer, and a Model base class (cache, input checks, K/V store, output head).
+
+The forward pass itself lives in each family's module, readable top to bottom. Everything that can be
+resolved once (per-layer tensors, RoPE parameters, window sizes) is resolved in __init__ into plain lists,
+so a decode step makes kernel calls and almost nothing else.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Mapping
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..errors import ModelFileError
+from ..kv_cache import KVCache
+from ..tensor import Tensor
+
+Expected = dict[str, tuple[tuple[int, ...], bool]]  # name -> (shape in numpy order, required)
+
+
+def llama_like_expected(c: ModelConfig) -> Expected:
+    """Tensors of a pre-norm transformer with a gated FFN (llama, qwen2, gemma3 add their extras)."""
+    q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+    e: Expected = {
+        "token_embd.weight": ((c.n_vocab, c.n_embd), True),
+        "output_norm.weight": ((c.n_embd,), True),
+        "output.weight": ((c.n_vocab, c.n_embd), False),  # absent: tied to token_embd
+    }
+    for il in range(c.n_layer):
+        p = f"blk.{il}."
+        e[p + "attn_norm.weight"] = ((c.n_embd,), True)
+        e[p + "attn_q.weight"] = ((q_dim, c.n_embd), True)
+        e[p + "attn_k.weight"] = ((kv_dim, c.n_embd), True)
+        e[p + "attn_v.weight"] = ((kv_dim, c.n_embd), True)
+        e[p + "attn_output.weight"] = ((c.n_embd, q_dim), True)
+        e[p + "ffn_norm.weight"] = ((c.n_embd,), True)
+        e[p + "ffn_gate.weight"] = ((c.n_ff, c.n_embd), True)
+        e[p + "ffn_up.weight"] = ((c.n_ff, c.n_embd), True)
+        e[p + "ffn_down.weight"] = ((c.n_embd, c.n_ff), True)
+    return e
+
+
+def get_tensor(tensors: Mapping[str, Tensor], name: str, required: bool = True) -> Tensor | None:
+    t = tensors.get(name)
+    if t is None and required:
+        raise ModelFileError(f"missing required tensor {name!r}")
+    return t
+
+
+def norm_weight(t: Tensor | None) -> np.ndarray | None:
+    """A norm weight or bias as the f32 [D] array the kernels take (these are F32 in every GGUF we read;
+    an F16 one is converted once here)."""
+    if t is None:
+        return None
+    return np.ascontiguousarray(t.data, dtype=np.float32).reshape(-1)
+
+
+def layer_tensors(tensors: Mapping[str, Tensor], il: int, names: Mapping[str, str],
+                  optional: tuple[str, ...] = ()) -> SimpleNamespace:
+    """Layer il's tensors as attributes: names maps attribute -> tensor suffix ("attn_q.weight").
+    Suffixes ending in "norm.weight" or ".bias" become f32 arrays; the rest stay Tensors for matmul."""
+    out = {}
+    for attr, suffix in names.items():
+        t = get_tensor(tensors, f"blk.{il}.{suffix}", required=attr not in optional)
+        out[attr] = norm_weight(t) if suffix.endswith(("norm.weight", ".bias")) else t
+    return SimpleNamespace(**out)
+
+
+class Model:
+    """Base class: holds config, kernels and the global tensors; subclasses add layers and forward()."""
+
+    def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels):
+        self.config = config
+        self.kernels = kernels
+        self.token_embd = get_tensor(tensors, "token_embd.weight")
+        self.output_norm = norm_weight(get_tensor(tensors, "output_norm.weight"))
+        output = get_tensor(tensors, "output.weight", required=False)
+        self.output = output if output is not None else self.token_embd  # tied head
+        self.n_vocab = self.output.shape[0]
+
+    def new_cache(self, n_ctx: int | None = None) -> KVCache:
+        c = self.config
+        return KVCache(c.n_layer, c.n_head_kv, n_ctx or c.n_ctx_train, c.head_dim)
+
+    def _begin(self, tokens, cache: KVCache) -> tuple[np.ndarray, np.ndarray, int]:
+        """(tokens int32 [N], positions int32 [N], first position) after checking ids and room."""
+        ids = np.asarray(tokens, dtype=np.int32).reshape(-1)
+        n = ids.shape[0]
+        if n == 0:
+            raise ValueError("forward() needs at least one token")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.n_vocab:
+            bad = int(ids[(ids < 0) | (ids >= self.n_vocab)][0])
+            raise ValueError(f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})")
+        cache.check_room(n)
+        p0 = cache.n_past
+        return ids, np.arange(p0, p0 + n, dtype=np.int32), p0
+
+    @staticmethod
+    def _store_kv(cache: KVCache, il: int, p0: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Write k, v f32 [N, Hkv, D] into the f16 cache planes [Hkv, p0:p0+N, D]."""
+        n = k.shape[0]
+        cache.k[il][:, p0:p0 + n] = k.transpose(1, 0, 2)
+        cache.v[il][:, p0:p0 + n] = v.transpose(1, 0, 2)
+
+    def _head(self, x: np.ndarray, all_logits: bool) -> np.ndarray:
+        """Final norm and output projection: x f32 [N, n_embd] -> logits f32 [n_vocab] (last token) or
+        [N, n_vocab]. Only the rows asked for go through the (large) output matmul."""
+        k = self.kernels
+        if all_logits:
+            return k.matmul(self.output, k.rmsnorm(x, self.output_norm, self.config.norm_eps))
+        h = k.rmsnorm(x[-1], self.output_norm, self.config.norm_eps)
+        return k.matmul(self.output, h)
+
+    def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
+        raise NotImplementedError

@@ -1,0 +1,88 @@
+"""Gemma 3 (GGUF arch "gemma3"), text part.
+
+  x = token_embd[ids] * sqrt(n_embd)
+  per layer:
+    n = rmsnorm(x) * attn_norm
+    q, k = rmsnorm per head (q_norm, k_norm) of Wq·n, Wk·n;  v = Wv·n
+    q, k = rope_neox(q, k) with the layer's base: 10000 on sliding-window layers, rope.freq_base on global ones
+    a = attention(q, k, v) over the last `sliding_window` positions (sliding layers) or all of them (global)
+    x = x + rmsnorm(Wo · a) * post_attention_norm
+    m = rmsnorm(x) * ffn_norm
+    x = x + rmsnorm(Wdown · (gelu(Wgate·m) * (Wup·m))) * post_ffw_norm
+  logits = token_embd · (rmsnorm(x) * output_norm)        (tied head)
+
+GGUF norm weights already include Gemma's "+1" (the converter added it), so every norm is a plain RMSNorm
+multiply. Layers with il % 6 != 5 are sliding-window layers (config.swa_layers). head_dim is its own hparam
+(256 on the 270M model, not n_embd / n_head). No logit soft-capping in Gemma 3.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..kv_cache import KVCache
+from ..tensor import Tensor
+from .base import Expected, Model, layer_tensors, llama_like_expected
+
+LAYER_TENSORS = {
+    "attn_norm": "attn_norm.weight",
+    "wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight", "wo": "attn_output.weight",
+    "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
+    "post_attn_norm": "post_attention_norm.weight",
+    "ffn_norm": "ffn_norm.weight",
+    "gate": "ffn_gate.weight", "up": "ffn_up.weight", "down": "ffn_down.weight",
+    "post_ffw_norm": "post_ffw_norm.weight",
+}
+
+
+def expected_tensors(c: ModelConfig) -> Expected:
+    e = llama_like_expected(c)
+    for il in range(c.n_layer):
+        p = f"blk.{il}."
+        e[p + "attn_q_norm.weight"] = ((c.head_dim,), True)
+        e[p + "attn_k_norm.weight"] = ((c.head_dim,), True)
+        e[p + "post_attention_norm.weight"] = ((c.n_embd,), True)
+        e[p + "post_ffw_norm.weight"] = ((c.n_embd,), True)
+    return e
+
+
+class Gemma3Model(Model):
+    def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels):
+        super().__init__(config, tensors, kernels)
+        c = config
+        self.layers = [layer_tensors(tensors, il, LAYER_TENSORS) for il in range(c.n_layer)]
+        # per layer: (window, rope args after pos) -- sliding layers use their own base and no freq scaling
+        self.layer_attn = [
+            (c.sliding_window, (c.n_rot, c.rope_freq_base_swa, 1.0, c.rope_neox)) if swa else
+            (0, (c.n_rot, c.rope_freq_base, c.rope_freq_scale, c.rope_neox))
+            for swa in c.swa_layers
+        ]
+
+    def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
+        c, k = self.config, self.kernels
+        ids, pos, p0 = self._begin(tokens, cache)
+        n, hd, eps = ids.shape[0], c.head_dim, c.norm_eps
+
+        x = k.get_rows(self.token_embd, ids)  # [N, n_embd]
+        x *= c.embd_scale
+        for il, L in enumerate(self.layers):
+            window, rope = self.layer_attn[il]
+            # attention with per-head Q/K norms
+            h = k.rmsnorm(x, L.attn_norm, eps)
+            q = k.rmsnorm(k.matmul(L.wq, h).reshape(n, c.n_head, hd), L.q_norm, eps)
+            kk = k.rmsnorm(k.matmul(L.wk, h).reshape(n, c.n_head_kv, hd), L.k_norm, eps)
+            v = k.matmul(L.wv, h).reshape(n, c.n_head_kv, hd)
+            k.rope(q, pos, *rope)
+            k.rope(kk, pos, *rope)
+            self._store_kv(cache, il, p0, kk, v)
+            a = k.attention(q, cache.k[il], cache.v[il], p0, window, c.attn_scale)  # [N, n_head, hd]
+            x += k.rmsnorm(k.matmul(L.wo, a.reshape(n, c.n_head * hd)), L.post_attn_norm, eps)
+            # feed-forward (GELU-gated), itself normed before the residual add
+            h = k.rmsnorm(x, L.ffn_norm, eps)
+            f = k.matmul(L.down, k.geglu(k.matmul(L.gate, h), k.matmul(L.up, h)))
+            x += k.rmsnorm(f, L.post_ffw_norm, eps)
+
+        cache.n_past = p0 + n
+        return self._head(x, all_logits)

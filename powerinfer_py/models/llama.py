@@ -1,0 +1,65 @@
+"""LLaMA-2/3 and Mistral (GGUF arch "llama").
+
+Per layer:  h = x + Wo · attn(rope(Wq · n), rope(Wk · n), Wv · n)   with n = rmsnorm(x) * attn_norm
+            y = h + Wdown · (silu(Wgate · m) * (Wup · m))          with m = rmsnorm(h) * ffn_norm
+RoPE is the "normal" layout (pairs 2i, 2i+1): the GGUF converter already permuted the Q/K rows of the
+HF checkpoint so that this layout gives the HF model's results. Grouped-query attention: n_head_kv <= n_head.
+Logits: rmsnorm(x) * output_norm, then output.weight (or token_embd.weight when the file has no output).
+
+Not handled yet: rope_freqs.weight (LLaMA-3.1 long-context frequency factors). The tensor is accepted and
+ignored, which is exact for files without it and changes the low-frequency RoPE dimensions of files with it.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..kv_cache import KVCache
+from ..tensor import Tensor
+from .base import Expected, Model, layer_tensors, llama_like_expected
+
+LAYER_TENSORS = {
+    "attn_norm": "attn_norm.weight",
+    "wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight", "wo": "attn_output.weight",
+    "ffn_norm": "ffn_norm.weight",
+    "gate": "ffn_gate.weight", "up": "ffn_up.weight", "down": "ffn_down.weight",
+}
+
+
+def expected_tensors(c: ModelConfig) -> Expected:
+    e = llama_like_expected(c)
+    e["rope_freqs.weight"] = ((c.n_rot // 2,), False)
+    return e
+
+
+class LlamaModel(Model):
+    def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels):
+        super().__init__(config, tensors, kernels)
+        self.layers = [layer_tensors(tensors, il, LAYER_TENSORS) for il in range(config.n_layer)]
+
+    def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
+        c, k = self.config, self.kernels
+        ids, pos, p0 = self._begin(tokens, cache)
+        n, hd, eps = ids.shape[0], c.head_dim, c.norm_eps
+        rope = (c.n_rot, c.rope_freq_base, c.rope_freq_scale, c.rope_neox)
+
+        x = k.get_rows(self.token_embd, ids)  # [N, n_embd]
+        for il, L in enumerate(self.layers):
+            # attention
+            h = k.rmsnorm(x, L.attn_norm, eps)
+            q = k.matmul(L.wq, h).reshape(n, c.n_head, hd)
+            kk = k.matmul(L.wk, h).reshape(n, c.n_head_kv, hd)
+            v = k.matmul(L.wv, h).reshape(n, c.n_head_kv, hd)
+            k.rope(q, pos, *rope)
+            k.rope(kk, pos, *rope)
+            self._store_kv(cache, il, p0, kk, v)
+            a = k.attention(q, cache.k[il], cache.v[il], p0, 0, c.attn_scale)  # [N, n_head, hd]
+            x += k.matmul(L.wo, a.reshape(n, c.n_head * hd))
+            # feed-forward (SwiGLU)
+            h = k.rmsnorm(x, L.ffn_norm, eps)
+            x += k.matmul(L.down, k.swiglu(k.matmul(L.gate, h), k.matmul(L.up, h)))
+
+        cache.n_past = p0 + n
+        return self._head(x, all_logits)

@@ -1,0 +1,178 @@
+"""Token sampling: small pure functions over logits, and a Sampler that chains them with its own RNG.
+
+The chain runs in llama.cpp's default order, so the same settings mean the same thing in both tools:
+
+    repetition penalty -> top-k -> top-p -> min-p -> temperature -> draw
+
+Top-k, top-p and min-p therefore look at the untempered distribution; temperature only reshapes what is
+left. After top-k the work is on k candidates instead of the whole vocabulary (262144 for Gemma 3), which
+is what keeps a sampling step well under a millisecond: top-k uses argpartition, never a full sort.
+
+Candidates are kept as two arrays sorted by descending logit, ties broken by the lower token id:
+`ids` int64 [n] and `logits` float32 [n].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Probabilities (float64, same shape) of a 1-D logits array; -inf logits get probability 0."""
+    x = np.asarray(logits, dtype=np.float64)
+    e = np.exp(x - np.max(x))
+    return e / e.sum()
+
+
+def apply_repetition_penalty(logits: np.ndarray, history: Sequence[int], penalty: float,
+                             last_n: int) -> np.ndarray:
+    """llama.cpp's repetition penalty over the distinct tokens among the last `last_n` of `history`.
+
+    A seen token's positive logit is divided by `penalty` and a negative (or zero) one multiplied by it, so
+    penalty > 1 always makes the token less likely. Returns a new array; `logits` is left as it is.
+    last_n = 0 disables the penalty, last_n = -1 looks at the whole history.
+    """
+    out = np.array(logits, dtype=np.float32, copy=True)
+    if penalty == 1.0 or last_n == 0 or len(history) == 0:
+        return out
+    recent = history if last_n < 0 else history[-last_n:]
+    seen = np.unique(np.asarray(recent, dtype=np.int64))
+    seen = seen[(seen >= 0) & (seen < out.shape[0])]
+    vals = out[seen]
+    out[seen] = np.where(vals > 0, vals / penalty, vals * penalty)
+    return out
+
+
+def _sort_desc(ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sort candidates by descending logit, ties by ascending id (lexsort: last key is primary)."""
+    order = np.lexsort((ids, -logits))
+    return ids[order], logits[order]
+
+
+def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k highest-logit tokens of a full logits array [n_vocab], as sorted candidates.
+
+    k <= 0 or k >= n_vocab keeps every token (and then has to sort the whole vocabulary).
+    """
+    logits = np.asarray(logits, dtype=np.float32)
+    n = logits.shape[0]
+    if 0 < k < n:
+        # argpartition puts the k largest last in O(n). Ties at the boundary are settled by the lower id,
+        # so the kept set does not depend on argpartition's internal order.
+        ids = np.argpartition(logits, n - k)[n - k:]
+        kth = logits[ids].min()
+        n_tied = int(np.count_nonzero(logits[ids] == kth))
+        if n_tied < int(np.count_nonzero(logits == kth)):  # rare: the tie straddles the boundary
+            above = ids[logits[ids] > kth]
+            ids = np.concatenate([above, np.flatnonzero(logits == kth)[:n_tied]])
+    else:
+        ids = np.arange(n)
+    return _sort_desc(ids.astype(np.int64), logits[ids])
+
+
+def top_p(ids: np.ndarray, logits: np.ndarray, p: float, min_keep: int = 1,
+          mass: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Nucleus filter on sorted candidates: keep the shortest head whose probability mass reaches p.
+
+    The token that crosses p is kept (as llama.cpp does); p >= 1 keeps everything. `mass` is the softmax
+    denominator sum(exp(l - logits[0])) over the whole candidate set when only a head of it is passed in.
+    """
+    if p >= 1.0 or ids.shape[0] <= min_keep:
+        return ids, logits
+    e = np.exp(logits.astype(np.float64) - float(logits[0]))
+    cum = np.cumsum(e) / (e.sum() if mass is None else mass)
+    n = int(np.searchsorted(cum, p, side="left")) + 1  # first index where the mass reaches p, inclusive
+    n = min(max(n, min_keep), ids.shape[0])
+    return ids[:n], logits[:n]
+
+
+def min_p(ids: np.ndarray, logits: np.ndarray, p: float, min_keep: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Keep candidates whose probability is at least p times the top candidate's (p <= 0 keeps all).
+
+    prob_i >= p * prob_max  <=>  logit_i >= logit_max + log(p), so no softmax is needed.
+    """
+    if p <= 0.0 or ids.shape[0] <= min_keep:
+        return ids, logits
+    threshold = logits[0] + np.log(p)
+    n = max(int(np.count_nonzero(logits >= threshold)), min_keep)  # sorted, so the kept ones are a head
+    return ids[:n], logits[:n]
+
+
+def temperature(logits: np.ndarray, t: float) -> np.ndarray:
+    """Logits divided by the temperature t > 0 (t < 1 sharpens, t > 1 flattens)."""
+    if t <= 0:
+        raise ValueError(f"temperature must be > 0 here (t <= 0 means greedy), got {t}")
+    return np.asarray(logits, dtype=np.float32) / np.float32(t)
+
+
+def greedy(logits: np.ndarray) -> int:
+    """The highest-logit token; ties go to the lowest id."""
+    return int(np.argmax(logits))
+
+
+def _head_for_min_p(logits: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """Without top-k: the sorted candidates that can survive min-p (all of them if p <= 0), and the softmax
+    mass of the whole vocabulary for top-p. top-p and min-p both keep a head of the sorted list, so cutting
+    to min-p's head first changes nothing, and it spares a full sort of the vocabulary."""
+    top = float(np.max(logits))
+    mass = float(np.exp(logits.astype(np.float64) - top).sum())
+    if p > 0.0:
+        ids = np.flatnonzero(logits >= top + np.log(p))
+    else:
+        ids = np.arange(logits.shape[0])
+    ids, cand = _sort_desc(ids.astype(np.int64), logits[ids])
+    return ids, cand, mass
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings; a value that disables a step: top_k 0, top_p 1.0, min_p 0.0, repeat_penalty 1.0.
+
+    temperature <= 0 means greedy decoding (argmax after the repetition penalty).
+    seed None draws a fresh random seed; an int makes the token stream reproducible.
+    """
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int | None = None
+
+    def __post_init__(self):
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.repeat_penalty <= 0:
+            raise ValueError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        if self.repeat_last_n < -1:
+            raise ValueError(f"repeat_last_n must be -1 (all), 0 (off) or a count, got {self.repeat_last_n}")
+
+
+class Sampler:
+    """Picks the next token from logits [n_vocab]; owns its random generator (reproducible for a seed)."""
+
+    def __init__(self, params: SamplingParams | None = None):
+        self.params = params or SamplingParams()
+        self.rng = np.random.default_rng(self.params.seed)
+
+    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        """One token id. `history` holds the tokens so far (prompt and generated), for the penalty."""
+        p = self.params
+        logits = apply_repetition_penalty(logits, history, p.repeat_penalty, p.repeat_last_n)
+        if p.temperature <= 0:
+            return greedy(logits)
+        if 0 < p.top_k < logits.shape[0]:
+            ids, cand = top_k(logits, p.top_k)
+            ids, cand = top_p(ids, cand, p.top_p)
+        else:
+            ids, cand, mass = _head_for_min_p(logits, p.min_p)
+            ids, cand = top_p(ids, cand, p.top_p, mass=mass)
+        ids, cand = min_p(ids, cand, p.min_p)
+        probs = softmax(temperature(cand, p.temperature))
+        # Inverse-CDF draw: one uniform number per token, so a seed fixes the whole stream.
+        i = int(np.searchsorted(np.cumsum(probs), self.rng.random() * probs.sum(), side="right"))
+        return int(ids[min(i, ids.shape[0] - 1)])

@@ -1,0 +1,214 @@
+"""write_synthetic_model: a tiny random model as a standard GGUF file, for tests and demos.
+
+The file is complete enough for llama.cpp itself to load and run (hparams metadata, every tensor its loader
+requires, a SentencePiece-style "llama" vocabulary with <unk>/<s>/</s>, the 256 byte-fallback tokens and a
+few hundred word pieces), so our results can be compared with llama.cpp's on the same file.
+
+Weights are random but scaled so every activation stays O(1): matrices ~ N(0, 1/K) for K inputs, norm
+weights ~ 1 + N(0, 0.1^2), embeddings ~ N(0, 1). Greedy outputs then depend on the input in a non-trivial way.
+2-D weights take `dtype`; 1-D tensors (norms, biases) are always F32, as in real files.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFValueType
+
+from .gguf import write_gguf
+from .tensor import GGMLType, Tensor
+
+ARCHS = ("llama", "qwen2", "gemma3")
+DTYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "bf16": GGMLType.BF16,
+          "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
+_FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}  # llama.cpp's general.file_type codes
+
+# token types of the SentencePiece vocabulary (llama.cpp's llama_token_type)
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_BYTE = 1, 2, 3, 6
+UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
+SPACE = "\u2581"  # SentencePiece's visible space
+
+_WORDS = """the a an and of to in is it that was for on are as with his they at be this from have or by one
+had not but what all were when we there can your which their said if do will each about how up out them then
+she many some so these would other into has more her two like him see time could no make than first been its
+who now people my made over did down only way find use may water long little very after words called just
+where most know get through back much go good new write our me man too any day same right look think also
+around another came come work three word must because does part even place well such here take why things help
+put years different away again off went old number hello world story once upon cat dog house tree sun day night
+red blue green big small happy sad run walk talk say""".split()
+# With a tied head, large embeddings make every token predict itself (the residual stream is mostly its own
+# embedding): tied models get small embeddings; gemma3's are also multiplied by sqrt(n_embd) in the model.
+_EMBD_STD = {"llama": 1.0, "qwen2": 0.1, "gemma3": 0.4}
+_OUTPUT_NORM_GAIN = {"llama": 1.0, "qwen2": 3.0, "gemma3": 6.0}
+_CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()") + [SPACE]
+
+
+def synthetic_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
+    """(tokens, scores, token types) of a SentencePiece-style vocabulary of exactly n_vocab entries.
+
+    Word pieces come with every prefix ("▁t", "▁th", "▁the"), because SentencePiece builds a word by merging
+    adjacent pieces whose concatenation is in the vocabulary. Later pieces score lower."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_CONTROL] + [TOKEN_BYTE] * 256
+    if n_vocab < len(tokens) + len(_CHARS):
+        raise ValueError(f"n_vocab must be at least {len(tokens) + len(_CHARS)}, got {n_vocab}")
+    pieces = dict.fromkeys(_CHARS)
+    pieces.update(dict.fromkeys(SPACE + c for c in "abcdefghijklmnopqrstuvwxyz"))
+    for w in _WORDS:
+        word = SPACE + w
+        pieces.update(dict.fromkeys(word[:i] for i in range(2, len(word) + 1)))
+    letters = "etaoinshrdlucmfwypvbgkjqxz"
+    pieces.update(dict.fromkeys(a + b for a in letters for b in letters))  # filler: letter pairs
+    words = list(pieces)[: n_vocab - len(tokens)]
+    while len(tokens) + len(words) < n_vocab:  # very large vocabularies: numbered filler pieces
+        words.append(f"{SPACE}w{len(words)}")
+    scores = [0.0] * len(tokens) + [-float(i) for i in range(len(words))]
+    return tokens + words, scores, types + [TOKEN_NORMAL] * len(words)
+
+
+def _encode(name: str, x: np.ndarray, ggml_type: GGMLType) -> Tensor:
+    """x f32 of any rank -> Tensor of ggml_type in the project's Tensor layout."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if ggml_type == GGMLType.F32:
+        data = x
+    elif ggml_type == GGMLType.F16:
+        data = x.astype(np.float16)
+    elif ggml_type == GGMLType.BF16:
+        bits = x.view(np.uint32).astype(np.uint64)
+        data = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
+    else:
+        data = _quantize(x.reshape(-1, x.shape[-1]), ggml_type).reshape(*x.shape[:-1], -1)
+    return Tensor(name, ggml_type, tuple(x.shape), data)
+
+
+def _quantize(x: np.ndarray, ggml_type: GGMLType) -> np.ndarray:
+    """llama.cpp's block quantization of rows x f32 [R, K]: the project's numpy reference when present."""
+    try:
+        from .kernels.ref import quantize
+    except ImportError:
+        quantize = None
+    if quantize is None:
+        from gguf import quants
+        return quants.quantize(x, ggml_type)
+    return quantize(x, ggml_type)
+
+
+class _Spec:
+    """Every size and hparam of one synthetic model, defaults per arch, overridable by keyword."""
+
+    def __init__(self, arch, n_layer, n_embd, n_ff, n_head, n_head_kv, n_vocab, overrides):
+        self.arch, self.n_layer, self.n_embd, self.n_ff = arch, n_layer, n_embd, n_ff
+        self.n_head, self.n_head_kv, self.n_vocab = n_head, n_head_kv, n_vocab
+        gemma = arch == "gemma3"
+        o = dict(overrides)
+        # gemma3: a head_dim that differs from n_embd / n_head, as on the real model
+        self.head_dim = o.pop("head_dim", 2 * n_embd // n_head if gemma else n_embd // n_head)
+        self.n_ctx_train = o.pop("n_ctx_train", 512)
+        self.norm_eps = o.pop("norm_eps", 1e-5 if arch == "llama" else 1e-6)
+        self.rope_freq_base = o.pop("rope_freq_base", 10000.0 if arch == "llama" else 1_000_000.0)
+        self.sliding_window = o.pop("sliding_window", 4 if gemma else 0)  # < the 12-token test sequences
+        self.tied = o.pop("tied", arch != "llama")
+        self.bias_std = o.pop("bias_std", 0.5)
+        self.embd_std = o.pop("embd_std", _EMBD_STD[arch] if not gemma else _EMBD_STD[arch] / np.sqrt(n_embd))
+        if o:
+            raise TypeError(f"unknown synthetic model option(s): {', '.join(sorted(o))}")
+        if n_head % n_head_kv:
+            raise ValueError(f"n_head {n_head} must be a multiple of n_head_kv {n_head_kv}")
+
+    def metadata(self, dtype: str) -> tuple[dict, dict]:
+        a = self.arch
+        meta = {
+            "general.architecture": a,
+            "general.name": f"synthetic-{a}-{dtype}",
+            "general.file_type": _FILE_TYPE[dtype],
+            f"{a}.context_length": self.n_ctx_train,
+            f"{a}.embedding_length": self.n_embd,
+            f"{a}.block_count": self.n_layer,
+            f"{a}.feed_forward_length": self.n_ff,
+            f"{a}.attention.head_count": self.n_head,
+            f"{a}.attention.head_count_kv": self.n_head_kv,
+            f"{a}.attention.layer_norm_rms_epsilon": float(self.norm_eps),
+            f"{a}.rope.freq_base": float(self.rope_freq_base),
+            f"{a}.rope.dimension_count": self.head_dim,
+            f"{a}.attention.key_length": self.head_dim,
+            f"{a}.attention.value_length": self.head_dim,
+        }
+        if self.sliding_window:
+            meta[f"{a}.attention.sliding_window"] = self.sliding_window
+        tokens, scores, token_types = synthetic_vocab(self.n_vocab)
+        meta.update({
+            "tokenizer.ggml.model": "llama",
+            "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.scores": scores,
+            "tokenizer.ggml.token_type": token_types,
+            "tokenizer.ggml.unknown_token_id": UNK_ID,
+            "tokenizer.ggml.bos_token_id": BOS_ID,
+            "tokenizer.ggml.eos_token_id": EOS_ID,
+            "tokenizer.ggml.add_bos_token": True,
+            "tokenizer.ggml.add_eos_token": False,
+        })
+        types = {
+            "tokenizer.ggml.token_type": (GGUFValueType.ARRAY, GGUFValueType.INT32),
+            "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32),
+        }
+        return meta, types
+
+    def weights(self, rng: np.random.Generator) -> list[tuple[str, np.ndarray]]:
+        """(name, f32 array numpy order) of every tensor, in file order."""
+        E, F, hd = self.n_embd, self.n_ff, self.head_dim
+        q_dim, kv_dim = self.n_head * hd, self.n_head_kv * hd
+
+        def linear(m, k):  # [m, k] ~ N(0, 1/k): unit-variance outputs for unit-variance inputs
+            return rng.standard_normal((m, k), dtype=np.float32) / np.float32(np.sqrt(k))
+
+        def norm(d):
+            return 1.0 + 0.1 * rng.standard_normal(d, dtype=np.float32)
+
+        out = [("token_embd.weight", self.embd_std * rng.standard_normal((self.n_vocab, E), dtype=np.float32))]
+        for il in range(self.n_layer):
+            p = f"blk.{il}."
+            out += [(p + "attn_norm.weight", norm(E)),
+                    (p + "attn_q.weight", linear(q_dim, E)),
+                    (p + "attn_k.weight", linear(kv_dim, E)),
+                    (p + "attn_v.weight", linear(kv_dim, E))]
+            if self.arch == "qwen2":
+                out += [(p + f"attn_{x}.bias", self.bias_std * rng.standard_normal(d, dtype=np.float32))
+                        for x, d in (("q", q_dim), ("k", kv_dim), ("v", kv_dim))]
+            if self.arch == "gemma3":
+                out += [(p + "attn_q_norm.weight", norm(hd)), (p + "attn_k_norm.weight", norm(hd))]
+            out.append((p + "attn_output.weight", linear(E, q_dim)))
+            if self.arch == "gemma3":
+                out.append((p + "post_attention_norm.weight", norm(E)))
+            out += [(p + "ffn_norm.weight", norm(E)),
+                    (p + "ffn_gate.weight", linear(F, E)),
+                    (p + "ffn_up.weight", linear(F, E)),
+                    (p + "ffn_down.weight", linear(E, F))]
+            if self.arch == "gemma3":
+                out.append((p + "post_ffw_norm.weight", norm(E)))
+        # tied heads see small embeddings: a larger output norm gain gives logits std ~2 all the same
+        out.append(("output_norm.weight", norm(E) * _OUTPUT_NORM_GAIN[self.arch if self.tied else "llama"]))
+        if not self.tied:
+            out.append(("output.weight", 2.5 * linear(self.n_vocab, E)))  # logits std ~2.5: a clear top-1
+        return out
+
+
+def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f32", n_layer: int | None = None,
+                          n_embd: int = 64, n_ff: int = 128, n_head: int = 4, n_head_kv: int = 2,
+                          n_vocab: int = 512, seed: int = 0, **overrides) -> Path:
+    """Write a tiny random `arch` model to `path` (a GGUF file) and return the path.
+
+    n_layer defaults to 2, and to 6 for gemma3 so that one of its layers is global (llama.cpp makes every
+    6th gemma3 layer global). Overrides: head_dim, n_ctx_train, norm_eps, rope_freq_base, sliding_window
+    (gemma3; default 4 tokens), tied (default: untied for llama, tied otherwise), bias_std (qwen2)."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; synthetic models exist for {', '.join(ARCHS)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
+    n_layer = n_layer if n_layer is not None else (6 if arch == "gemma3" else 2)
+    spec = _Spec(arch, n_layer, n_embd, n_ff, n_head, n_head_kv, n_vocab, overrides)
+    metadata, types = spec.metadata(dtype)
+    rng = np.random.default_rng(seed)
+    tensors = [_encode(name, x, DTYPES[dtype] if x.ndim == 2 else GGMLType.F32)
+               for name, x in spec.weights(rng)]
+    return write_gguf(path, metadata, tensors, types=types)

@@ -1,0 +1,26 @@
+"""Shared fixtures: tiny synthetic models written once per session."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from powerinfer_py.synth import write_synthetic_model
+
+
+@pytest.fixture(scope="session")
+def synthetic_model(tmp_path_factory):
+    """Factory: synthetic_model(arch="llama", dtype="f32", **kw) -> Path of a tiny random GGUF model that
+    llama.cpp can load too (see powerinfer_py.synth). Each parameter set is written once per session; the
+    file must be treated as read-only."""
+    folder = tmp_path_factory.mktemp("synthetic")
+    made: dict[tuple, Path] = {}
+
+    def make(arch: str = "llama", dtype: str = "f32", **kw) -> Path:
+        key = (arch, dtype, tuple(sorted(kw.items())))
+        if key not in made:
+            extra = "".join(f"-{k}{v}" for k, v in key[2])
+            made[key] = write_synthetic_model(folder / f"{arch}-{dtype}{extra}.gguf", arch, dtype=dtype, **kw)
+        return made[key]
+
+    return make

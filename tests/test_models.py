@@ -1,0 +1,174 @@
+"""The llama, qwen2 and gemma3 models on tiny synthetic files: against an independent numpy forward pass
+(reference_forward.py), against llama.cpp on the same file, and against themselves (prefill vs steps)."""
+from __future__ import annotations
+
+import dataclasses
+
+import llama_cpp
+import numpy as np
+import pytest
+from reference_forward import ReferenceModel
+
+from powerinfer_py.errors import ContextFullError, ModelFileError, UnsupportedError
+from powerinfer_py.gguf import open_gguf
+from powerinfer_py.kernels import ref
+from powerinfer_py.loader import load_weights
+from powerinfer_py.models import build_model, expected_tensors
+
+ARCHS = ("llama", "qwen2", "gemma3")
+# 12 ids of the synthetic vocabulary (<s> then the pieces of "Hello world, th"); longer than gemma3's
+# default synthetic window of 4, so sliding-window layers really drop positions.
+TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322], dtype=np.int32)
+
+
+@pytest.fixture(scope="module")
+def cpu_kernels():
+    from powerinfer_py.kernels.cpu import CpuKernels
+    k = CpuKernels(n_threads=2)
+    yield k
+    k.close()
+
+
+def load_model(path, kernels):
+    f = open_gguf(path)
+    w = load_weights(f, expected_tensors)
+    return build_model(w.config, w.tensors, kernels)
+
+
+def rel_err(ours: np.ndarray, want: np.ndarray) -> float:
+    """Largest absolute difference relative to the spread of the expected logits."""
+    return float(np.abs(ours - want).max() / want.std())
+
+
+# Tolerances, as a fraction of the logits' standard deviation (~2 for these models):
+# - f32 weights: both sides compute in f32/f64 with the same f16 rounding of K/V; what is left is summation
+#   order and an occasional f16 rounding flip of a K/V element, measured at ~1e-5.
+# - quantized weights: the reference uses the same dequantized weights but f32 activations, while our quantized
+#   matmuls (like llama.cpp's) round activations to Q8_0 blocks (8 bits, relative step 1/127 of the block max).
+#   Over 2-6 layers that moves the logits by ~0.5-1% of their spread; 4% leaves room without hiding a real
+#   error (a wrong rope, norm or bias moves them by tens of percent).
+TOL = {"f32": 1e-3, "q8_0": 0.04, "q4_0": 0.04}
+
+
+@pytest.mark.parametrize("backend", ["cpu", "ref"])
+@pytest.mark.parametrize("arch,dtype", [(a, d) for a in ARCHS for d in ("f32", "q8_0")] + [("llama", "q4_0")])
+def test_logits_match_reference(synthetic_model, cpu_kernels, arch, dtype, backend):
+    path = synthetic_model(arch, dtype)
+    model = load_model(path, cpu_kernels if backend == "cpu" else ref.RefKernels())
+    ours = model.forward(TOKENS, model.new_cache(32), all_logits=True)
+    want = ReferenceModel(path).logits(TOKENS)
+    assert ours.shape == (len(TOKENS), model.n_vocab) and ours.dtype == np.float32
+    assert rel_err(ours, want) < TOL[dtype]
+    if dtype == "f32":
+        assert (ours.argmax(1) == want.argmax(1)).all()
+
+
+@pytest.mark.parametrize("arch,dtype", [(a, "f32") for a in ARCHS] + [("gemma3", "q8_0")])
+def test_prefill_equals_single_steps(synthetic_model, cpu_kernels, arch, dtype):
+    model = load_model(synthetic_model(arch, dtype), cpu_kernels)
+    batched = model.forward(TOKENS, model.new_cache(32), all_logits=True)
+    cache = model.new_cache(32)
+    steps = np.stack([model.forward(TOKENS[i:i + 1], cache) for i in range(len(TOKENS))])
+    assert cache.n_past == len(TOKENS)
+    # same arithmetic per row; only the summation order of batched vs single-row kernels may differ, which
+    # can flip the f16 rounding of a cached K/V element: the f32 tolerance above covers that
+    np.testing.assert_allclose(steps, batched, rtol=0, atol=TOL["f32"] * batched.std())
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prefill_in_two_chunks(synthetic_model, cpu_kernels, arch):
+    model = load_model(synthetic_model(arch, "f32"), cpu_kernels)
+    one = model.forward(TOKENS, model.new_cache(32), all_logits=True)
+    cache = model.new_cache(32)
+    first = model.forward(TOKENS[:5], cache, all_logits=True)
+    last = model.forward(TOKENS[5:], cache)  # last token only
+    np.testing.assert_allclose(first, one[:5], rtol=0, atol=TOL["f32"] * one.std())
+    np.testing.assert_allclose(last, one[-1], rtol=0, atol=TOL["f32"] * one.std())
+
+
+def test_truncate_then_recompute(synthetic_model, cpu_kernels):
+    model = load_model(synthetic_model("gemma3", "f32"), cpu_kernels)
+    cache = model.new_cache(32)
+    full = model.forward(TOKENS, cache, all_logits=True)
+    cache.truncate(7)
+    again = model.forward(TOKENS[7:], cache, all_logits=True)
+    np.testing.assert_allclose(again, full[7:], rtol=0, atol=TOL["f32"] * full.std())
+
+
+def test_gemma3_sliding_window_matters(synthetic_model, cpu_kernels):
+    """The synthetic gemma3 has window 4 on layers 0-4 (layer 5 is global). Without the window its logits
+    would match a reference that attends to everything: show that they do not, from position 4 on."""
+    path = synthetic_model("gemma3", "f32")
+    model = load_model(path, cpu_kernels)
+    assert model.config.sliding_window == 4 and model.config.swa_layers == (True,) * 5 + (False,)
+    ours = model.forward(TOKENS, model.new_cache(32), all_logits=True)
+    windowed = ReferenceModel(path).logits(TOKENS)
+    unwindowed = ReferenceModel(path, sliding_window=0).logits(TOKENS)
+    np.testing.assert_allclose(ours, windowed, rtol=0, atol=TOL["f32"] * windowed.std())
+    # positions 0-3 see at most 4 keys, so the window changes nothing there...
+    np.testing.assert_allclose(ours[:4], unwindowed[:4], rtol=0, atol=TOL["f32"] * windowed.std())
+    # ...and every later position must differ by far more than the tolerance
+    later = np.abs(ours[4:] - unwindowed[4:]).max(axis=1) / windowed.std()
+    assert (later > 100 * TOL["f32"]).all(), later
+
+
+def test_context_full(synthetic_model, cpu_kernels):
+    model = load_model(synthetic_model("llama", "f32"), cpu_kernels)
+    cache = model.new_cache(8)
+    model.forward(TOKENS[:6], cache)
+    with pytest.raises(ContextFullError, match=r"6 .*3 .*8"):
+        model.forward(TOKENS[:3], cache)
+    assert cache.n_past == 6  # a refused call changes nothing
+    model.forward(TOKENS[:2], cache)
+    assert cache.n_past == 8
+    with pytest.raises(ContextFullError):
+        model.forward(TOKENS[:1], cache)
+
+
+def test_bad_token_id(synthetic_model, cpu_kernels):
+    model = load_model(synthetic_model("qwen2", "f32"), cpu_kernels)
+    cache = model.new_cache(8)
+    with pytest.raises(ValueError, match="512"):
+        model.forward([1, 512], cache)
+    with pytest.raises(ValueError):
+        model.forward([], cache)
+    assert cache.n_past == 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_expected_tensors_describe_the_file(synthetic_model, arch):
+    f = open_gguf(synthetic_model(arch, "q8_0"))
+    w = load_weights(f, expected_tensors)
+    expected = expected_tensors(w.config)
+    for name, t in f.tensors.items():  # every tensor of the file is known, with its shape
+        assert expected[name][0] == t.shape, name
+    missing = {n for n, (_, required) in expected.items() if required} - set(f.tensors)
+    assert not missing
+    tensors = dict(w.tensors)
+    del tensors["blk.1.ffn_up.weight"]
+    with pytest.raises(ModelFileError, match="blk.1.ffn_up.weight"):
+        build_model(w.config, tensors, ref.RefKernels())
+
+
+def test_unknown_arch_is_refused(synthetic_model):
+    w = load_weights(open_gguf(synthetic_model("llama", "f32")))
+    with pytest.raises(UnsupportedError, match="opt"):
+        build_model(dataclasses.replace(w.config, arch="opt"), w.tensors, ref.RefKernels())
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_match_llama_cpp(synthetic_model, cpu_kernels, arch):
+    """llama.cpp loads our synthetic files: same file, same tokens, its logits against ours."""
+    path = synthetic_model(arch, "f32")
+    model = load_model(path, cpu_kernels)
+    ours = model.forward(TOKENS, model.new_cache(32), all_logits=True)
+    llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=32, n_threads=2, verbose=False)
+    try:
+        llm.eval(TOKENS.tolist())
+        theirs = np.array(llm.scores[:len(TOKENS)], dtype=np.float32)
+    finally:
+        llm.close()
+    assert (ours.argmax(1) == theirs.argmax(1)).all()
+    # llama.cpp differs from an exact f32 computation by ~3e-3 of the logits' spread (its CPU attention and
+    # GELU work partly in f16); 1% is tight enough to catch any wrong op
+    assert rel_err(ours, theirs) < 0.01
