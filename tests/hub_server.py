@@ -2,7 +2,8 @@
 
 It implements only what huggingface_hub 2.4 requests for a model repository (found by logging its requests):
 
-  GET  /api/models/{repo}[/revision/{rev}]          repo info (JSON: id, sha, siblings, gated)
+  GET  /api/models/{repo}[/revision/{rev}]          repo info (JSON: id, sha, gated, siblings; with
+                                                    ?blobs=true each sibling has size, blobId, lfs)
   GET  /api/models/{repo}/tree/{rev}[/{dir}]        file listing (JSON list; ?recursive=true walks folders)
   HEAD /{repo}/resolve/{rev}/{path}                 file metadata: X-Repo-Commit, ETag, Content-Length;
                                                     for LFS files a 302 to the CDN listener with
@@ -219,9 +220,10 @@ class _Handler(BaseHTTPRequestHandler):
         if repo is None:
             return
         if m["kind"] != "tree":
+            blobs = query.get("blobs", ["false"])[0].lower() == "true"  # files_metadata=True: sizes, oids, lfs
             return self._json({"id": repo.repo_id, "sha": repo.commit, "private": False,
                                "gated": "manual" if repo.gated_token else False,
-                               "siblings": [{"rfilename": p} for p in sorted(repo.files)]})
+                               "siblings": [_sibling(repo, p, blobs) for p in sorted(repo.files)]})
         recursive = query.get("recursive", ["false"])[0].lower() == "true"
         self._json(_tree(repo, (m["sub"] or "").strip("/"), recursive))
 
@@ -253,9 +255,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _blob(self, sha: str, head: bool) -> None:
         hub = self.server.hub
-        data = next((r.files[p] for r in hub.repos.values() for p in r.files if r.sha256(p) == sha), None)
-        if data is None:
+        found = next(((r.files[p], p) for r in hub.repos.values() for p in r.files if r.sha256(p) == sha), None)
+        if found is None:
             return self._error(404, None, "no such blob", head)
+        data, name = found
         start, end = 0, len(data) - 1
         rng = self.headers.get("Range")
         m = _RANGE.match(rng or "")
@@ -269,6 +272,7 @@ class _Handler(BaseHTTPRequestHandler):
         if m:
             self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
         self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Content-Disposition", f'inline; filename="{name.rsplit("/", 1)[-1]}";')
         self.send_header("ETag", f'"{sha}"')
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -286,6 +290,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         self.close_connection = True
         self.connection.shutdown(2)
+
+
+def _sibling(repo: FakeRepo, path: str, blobs: bool) -> dict:
+    if not blobs:
+        return {"rfilename": path}
+    entry = {"rfilename": path, "size": len(repo.files[path]), "blobId": repo.git_oid(path)}
+    if repo.is_lfs(path):
+        entry["lfs"] = {"sha256": repo.sha256(path), "size": len(repo.files[path]), "pointerSize": 134}
+    return entry
 
 
 def _tree(repo: FakeRepo, sub: str, recursive: bool) -> list[dict]:
