@@ -28,5 +28,5 @@ bench: install
 	$(PYTHON) benchmarks/bench_kernels.py
 
 clean:
-	rm -rf build dist *.egg-info .pytest_cache powerinfer_py/_pi.c powerinfer_py/_pi*.so powerinfer_py/_pi*.o
+	rm -rf build dist *.egg-info .pytest_cache powerinfer_py/_pi.c powerinfer_py/_pi*.so powerinfer_py/_pi*.o csrc/*.o
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,9 +1,10 @@
-"""The `powerinfer` Typer app: one command per module (run.py, info.py, bench.py), registered here."""
+"""The `powerinfer` Typer app: the commands live in run.py, info.py, bench.py, hub_cmds.py and convert_cmds.py
+(each imports its library lazily, so `powerinfer --help` stays fast); they are registered here."""
 from __future__ import annotations
 
 import typer
 
-from . import bench, info, run
+from . import bench, convert_cmds, hub_cmds, info, run
 
 app = typer.Typer(
     name="powerinfer",
@@ -20,6 +21,10 @@ app = typer.Typer(
 app.command("run", epilog=run.EPILOG)(run.run)
 app.command("info", epilog=info.EPILOG)(info.info)
 app.command("bench", epilog=bench.EPILOG)(bench.bench)
+app.command("download", epilog=hub_cmds.DOWNLOAD_EPILOG)(hub_cmds.download)
+app.command("models")(hub_cmds.models)
+app.command("convert", epilog=convert_cmds.CONVERT_EPILOG)(convert_cmds.convert)
+app.command("quantize", epilog=convert_cmds.QUANTIZE_EPILOG)(convert_cmds.quantize)
 
 
 if __name__ == "__main__":
