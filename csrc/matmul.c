@@ -1,9 +1,9 @@
 /* matmul.c: y[t, r] = sum_c w[r, c] * x[t, c] for F32/F16/BF16/Q8_0/Q4_0 weights, and the read probe.
  *
  * Variants (chosen at compile time):
- *   - AVX-512 (F + BW): float types 16 lanes with masked column tails; block types two blocks per zmm.
- *     The two blocks are interleaved by 32-bit word (lane i belongs to block i % 2), so the per-block
- *     scales of a block pair are one 64-bit broadcast.
+ *   - AVX-512 (F + BW + VL): float types 16 lanes with masked column tails; block types two blocks per zmm.
+ *     The f16 scales of a block pair for all rows of a tile convert in one instruction; times the token's
+ *     two scales, one permute per (row, token) spreads them over the lanes of each block.
  *   - AVX2 + FMA + F16C: 8 float lanes, scalar column tail; one block per ymm.
  *   - scalar: everything else (PI_NATIVE=0).
  * Block types: the activations are quantized once per call to Q8_0 (d = f16(amax / 127)) in the pool's
@@ -14,9 +14,9 @@
  *             then madd with ones. No int16 saturation: |pairs| <= 2 * 128 * 127.
  * and acc[r][t] += float(dot) * (d_w * d_x), 8 or 16 f32 lanes per accumulator, summed at the end.
  * Tiles: decode (n_tok == 1) streams RD rows at a time (independent FMA chains, one x load per RD rows).
- * Prefill takes ROW_BLOCK rows (kept in L1/L2) against every token in tiles of RP rows x TP tokens, so each
- * weight vector is loaded and unpacked once per TP tokens: RP * TP accumulators + RP weights fill the
- * register file (32 zmm: 4 x 4; 16 ymm: 2 x 4). Every output element runs the same instruction sequence
+ * Prefill takes ROW_BLOCK rows (kept in L1/L2) against TOK_BLOCK tokens (their activations kept in L2) in
+ * tiles of RP rows x TP tokens, so each weight vector is loaded and unpacked once per TP tokens:
+ * RP * TP accumulators + RP weights fill the register file (32 zmm: 4 x 4; 16 ymm: 2 x 4). Every output element runs the same instruction sequence
  * whatever tile it lands in, and is computed by exactly one thread, so results are bit-identical from run
  * to run and across thread counts.
  */
@@ -35,6 +35,7 @@
 
 #define QK 32
 #define ROW_BLOCK 16 /* rows per prefill block; also the chunk granularity (16 f32 = one cache line of y) */
+#define TOK_BLOCK 64 /* prefill tokens per pass over a chunk's rows (Q8_0 activations: 64 x ~4.3 KB at K = 4096) */
 #define INLINE static inline __attribute__((always_inline))
 
 typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;
@@ -58,7 +59,7 @@ typedef struct {
     const uint8_t *w;
     int64_t row_bytes, n_rows, n_cols, n_tok;
     const float *x;      /* float types: f32 [n_tok, n_cols] */
-    const int8_t *xq;    /* block types: int8 [n_tok, nbp * 32] quantized activations (pair-interleaved on AVX-512) */
+    const int8_t *xq;    /* block types: int8 [n_tok, nbp * 32] quantized activations (Q4_0 pair order on AVX-512) */
     const float *xd;     /* f32 [n_tok, nbp] block scales */
     const int32_t *xc;   /* int32 [n_tok, nbp] correction: -128 * sum(q) (Q8_0, VNNI), -8 * sum(q) (Q4_0), else 0 */
     int64_t nbp;         /* blocks per token, rounded up to the vector's blocks */
@@ -77,10 +78,13 @@ typedef __m512 fv;
 #if defined(__AVX512VNNI__)
 #define Q8_UNSIGNED 1
 #endif
-/* word interleave of [block0 words 0..7 | block1 words 0..7] */
-#define IL_Q8 _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15)
-/* [b0 lo nibbles | b1 lo | b0 hi | b1 hi] (16 bytes each) -> interleaved words */
-#define IL_Q4 _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15)
+/* Lane layout of a block pair: Q8_0 [b0 (32 B) | b1 (32 B)] = 32-bit lanes 0-7 b0, 8-15 b1;
+ * Q4_0 [b0 lo nibbles | b1 lo | b0 hi | b1 hi] (16 B each) = lanes 0-3 b0, 4-7 b1, 8-11 b0, 12-15 b1, which is how
+ * the nibbles unpack with one shift; the activations are stored in the same order. */
+INLINE __m512i pair_idx(int q4, int r) { /* lane -> 2r (block 0 of row r) or 2r + 1 (block 1) */
+    return q4 ? _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1), _mm512_set1_epi32(2 * r))
+              : _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), _mm512_set1_epi32(2 * r));
+}
 
 typedef struct { qv a; __mmask64 neg; } wvec; /* unsigned operand; sign mask of w (Q8_0 without VNNI) */
 
@@ -88,7 +92,6 @@ INLINE wvec w_load_q8(const block_q8_0 *b, int two) {
     __m256i lo = _mm256_loadu_si256((const __m256i *)b[0].qs);
     __m512i z = two ? _mm512_inserti64x4(_mm512_castsi256_si512(lo), _mm256_loadu_si256((const __m256i *)b[1].qs), 1)
                     : _mm512_zextsi256_si512(lo);
-    z = _mm512_permutexvar_epi32(IL_Q8, z);
     wvec v;
 #if Q8_UNSIGNED
     v.a = _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80)); /* w + 128 as unsigned bytes */
@@ -105,19 +108,35 @@ INLINE wvec w_load_q4(const block_q4_0 *b, int two) {
     __m256i q = two ? _mm256_inserti128_si256(_mm256_castsi128_si256(q0), _mm_loadu_si128((const __m128i *)b[1].qs), 1)
                     : _mm256_zextsi128_si256(q0);
     __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
-    z = _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
-    wvec v = {_mm512_permutexvar_epi32(IL_Q4, z), 0};
+    wvec v = {_mm512_and_si512(z, _mm512_set1_epi8(0x0f)), 0};
     return v;
 }
 
-INLINE fv w_scale(uint16_t d0, uint16_t d1) { /* [d0, d1] repeated */
-    __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)d0 | ((uint32_t)d1 << 16))));
-    return _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_castps_pd(f)));
+/* the 2R weight scales of a block pair, one conversion: f32 [r0 b0, r0 b1, r1 b0, r1 b1, ...] */
+typedef __m256 wscales;
+INLINE wscales w_scales(const uint8_t **rows, int64_t b, const int R, const int q4, const int two) {
+    const int64_t size = q4 ? (int64_t)sizeof(block_q4_0) : (int64_t)sizeof(block_q8_0);
+    uint32_t u[4] = {0, 0, 0, 0};
+    for (int r = 0; r < R; r++) {
+        uint16_t d0, d1 = 0;
+        memcpy(&d0, rows[r] + b * size, 2);
+        if (two) memcpy(&d1, rows[r] + (b + 1) * size, 2);
+        u[r] = (uint32_t)d0 | ((uint32_t)d1 << 16);
+    }
+    return _mm256_cvtph_ps(_mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]));
 }
+/* times the token's two block scales (a 64-bit broadcast): every (row, block) product at once */
+typedef __m512 tscales;
+INLINE tscales t_scales(wscales ws, const float *xd) {
+    return _mm512_castps256_ps512(_mm256_mul_ps(ws, _mm256_castpd_ps(_mm256_broadcast_sd((const double *)xd))));
+}
+INLINE fv scale_rt(tscales m, wscales ws, int r, int q4) { (void)ws; return _mm512_permutexvar_ps(pair_idx(q4, r), m); }
 
 INLINE qv x_load(const int8_t *p) { return _mm512_loadu_si512(p); }
-INLINE qv x_corr(const int32_t *c) { return _mm512_zextsi128_si512(_mm_loadl_epi64((const __m128i *)c)); }
-INLINE fv x_scale(const float *d) { return _mm512_castpd_ps(_mm512_broadcastsd_pd(_mm_load_sd((const double *)d))); }
+INLINE qv x_corr(const int32_t *c, int q4) { /* c[0], c[1] into one lane of block 0 and of block 1 */
+    return _mm512_maskz_permutexvar_epi32(q4 ? 0x0011 : 0x0101, pair_idx(q4, 0),
+                                          _mm512_zextsi128_si512(_mm_loadl_epi64((const __m128i *)c)));
+}
 
 INLINE qv dot_q(wvec w, qv x, qv c, int q4) {
 #if defined(__AVX512VNNI__)
@@ -132,7 +151,7 @@ INLINE qv dot_q(wvec w, qv x, qv c, int q4) {
 }
 
 INLINE fv fv_zero(void) { return _mm512_setzero_ps(); }
-INLINE fv fv_acc(fv acc, qv d, fv sw, fv sx) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sw, sx), acc); }
+INLINE fv fv_acc(fv acc, qv d, fv scale) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), scale, acc); }
 INLINE float fv_sum(fv v) { return _mm512_reduce_add_ps(v); }
 
 #elif defined(MM_AVX2)
@@ -168,10 +187,22 @@ INLINE wvec w_load_q4(const block_q4_0 *b, int two) {
     return v;
 }
 
-INLINE fv w_scale(uint16_t d0, uint16_t d1) { (void)d1; return _mm256_set1_ps(_cvtsh_ss(d0)); }
+typedef struct { fv s[4]; } wscales; /* per row: its block scale in all lanes */
+INLINE wscales w_scales(const uint8_t **rows, int64_t b, const int R, const int q4, const int two) {
+    (void)two;
+    wscales w;
+    for (int r = 0; r < R; r++) {
+        uint16_t d;
+        memcpy(&d, rows[r] + b * (q4 ? (int64_t)sizeof(block_q4_0) : (int64_t)sizeof(block_q8_0)), 2);
+        w.s[r] = _mm256_set1_ps(_cvtsh_ss(d));
+    }
+    return w;
+}
+typedef fv tscales;
+INLINE tscales t_scales(wscales ws, const float *xd) { (void)ws; return _mm256_broadcast_ss(xd); }
+INLINE fv scale_rt(tscales sx, wscales ws, int r, int q4) { (void)q4; return _mm256_mul_ps(ws.s[r], sx); }
 INLINE qv x_load(const int8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
-INLINE qv x_corr(const int32_t *c) { return _mm256_setr_epi32(c[0], 0, 0, 0, 0, 0, 0, 0); }
-INLINE fv x_scale(const float *d) { return _mm256_broadcast_ss(d); }
+INLINE qv x_corr(const int32_t *c, int q4) { (void)q4; return _mm256_zextsi128_si256(_mm_cvtsi32_si128(c[0])); }
 
 INLINE qv dot_q(wvec w, qv x, qv c, int q4) {
 #if defined(__AVXVNNI__)
@@ -188,7 +219,7 @@ INLINE qv dot_q(wvec w, qv x, qv c, int q4) {
 }
 
 INLINE fv fv_zero(void) { return _mm256_setzero_ps(); }
-INLINE fv fv_acc(fv acc, qv d, fv sw, fv sx) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(sw, sx), acc); }
+INLINE fv fv_acc(fv acc, qv d, fv scale) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), scale, acc); }
 INLINE float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -217,26 +248,17 @@ INLINE float fv_sum(fv v) { return hsum8(v); }
 INLINE void tile_q_step(const mm_job *j, const uint8_t **rows, int64_t t0, int64_t b, fv acc[][4],
                         const int R, const int T, const int q4, const int two) {
     wvec wv[4];
-    fv sw[4];
 #pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-        if (q4) {
-            const block_q4_0 *wb = (const block_q4_0 *)rows[r] + b;
-            wv[r] = w_load_q4(wb, two);
-            sw[r] = w_scale(wb[0].d, two ? wb[1].d : 0);
-        } else {
-            const block_q8_0 *wb = (const block_q8_0 *)rows[r] + b;
-            wv[r] = w_load_q8(wb, two);
-            sw[r] = w_scale(wb[0].d, two ? wb[1].d : 0);
-        }
-    }
+    for (int r = 0; r < R; r++)
+        wv[r] = q4 ? w_load_q4((const block_q4_0 *)rows[r] + b, two) : w_load_q8((const block_q8_0 *)rows[r] + b, two);
+    wscales ws = w_scales(rows, b, R, q4, two);
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++) {
         const int64_t o = (t0 + t) * j->nbp + b;
-        qv xv = x_load(j->xq + o * QK), xc = x_corr(j->xc + o);
-        fv sx = x_scale(j->xd + o);
+        qv xv = x_load(j->xq + o * QK), xc = x_corr(j->xc + o, q4);
+        tscales ts = t_scales(ws, j->xd + o);
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) acc[r][t] = fv_acc(acc[r][t], dot_q(wv[r], xv, xc, q4), sw[r], sx);
+        for (int r = 0; r < R; r++) acc[r][t] = fv_acc(acc[r][t], dot_q(wv[r], xv, xc, q4), scale_rt(ts, ws, r, q4));
     }
 }
 
@@ -394,16 +416,21 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
         for (; r < r_end; r++) tile_11(j, r, 0);
         return;
     }
-    for (int64_t rb = r_beg; rb < r_end; rb += ROW_BLOCK) { /* ROW_BLOCK rows stay in cache for all tokens */
-        const int64_t re = rb + ROW_BLOCK < r_end ? rb + ROW_BLOCK : r_end;
-        int64_t t = 0, r;
-        for (; t + TP <= j->n_tok; t += TP) {
-            for (r = rb; r + RP <= re; r += RP) tile_rt(j, r, t);
-            for (; r < re; r++) tile_1t(j, r, t);
-        }
-        for (; t < j->n_tok; t++) {
-            for (r = rb; r + RP <= re; r += RP) tile_r1(j, r, t);
-            for (; r < re; r++) tile_11(j, r, t);
+    /* TOK_BLOCK tokens' activations stay in L2 while the chunk's rows pass by in blocks of ROW_BLOCK rows,
+     * which stay in L1/L2 for all of those tokens */
+    for (int64_t tb = 0; tb < j->n_tok; tb += TOK_BLOCK) {
+        const int64_t te = tb + TOK_BLOCK < j->n_tok ? tb + TOK_BLOCK : j->n_tok;
+        for (int64_t rb = r_beg; rb < r_end; rb += ROW_BLOCK) {
+            const int64_t re = rb + ROW_BLOCK < r_end ? rb + ROW_BLOCK : r_end;
+            int64_t t = tb, r;
+            for (; t + TP <= te; t += TP) {
+                for (r = rb; r + RP <= re; r += RP) tile_rt(j, r, t);
+                for (; r < re; r++) tile_1t(j, r, t);
+            }
+            for (; t < te; t++) {
+                for (r = rb; r + RP <= re; r += RP) tile_r1(j, r, t);
+                for (; r < re; r++) tile_11(j, r, t);
+            }
         }
     }
 }
@@ -427,6 +454,27 @@ static inline float f16_round(float f) {
 }
 
 /* one block of 32 floats -> q[32], returns the f16-rounded scale, *sum = sum(q) */
+#if defined(MM_AVX512)
+INLINE __m512i round_away16(__m512 v) { /* as round_away: trunc, then +-1 where |frac| >= 0.5 */
+    __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(v, t), one = _mm512_set1_ps(1.0f);
+    t = _mm512_mask_add_ps(t, _mm512_cmp_ps_mask(f, _mm512_set1_ps(0.5f), _CMP_GE_OQ), t, one);
+    t = _mm512_mask_sub_ps(t, _mm512_cmp_ps_mask(f, _mm512_set1_ps(-0.5f), _CMP_LE_OQ), t, one);
+    return _mm512_cvttps_epi32(t);
+}
+
+static float quantize_block(const float *x, int8_t *q, int32_t *sum) {
+    __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    __m512 vid = _mm512_set1_ps(id);
+    __m512i qa = round_away16(_mm512_mul_ps(a, vid)), qb = round_away16(_mm512_mul_ps(b, vid));
+    *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(qa));
+    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(qb));
+    return f16_round(d);
+}
+#else
 static float quantize_block(const float *x, int8_t *q, int32_t *sum) {
     float amax = 0.0f;
     for (int i = 0; i < QK; i++) {
@@ -439,6 +487,7 @@ static float quantize_block(const float *x, int8_t *q, int32_t *sum) {
     *sum = s;
     return f16_round(d);
 }
+#endif
 
 static void quantize_token(void *ctx, int64_t t, int thread_id) {
     (void)thread_id;
@@ -455,8 +504,11 @@ static void quantize_token(void *ctx, int64_t t, int thread_id) {
         xd[b] = b < nb ? quantize_block(x + b * QK, q, &s) : 0.0f;
         xc[b] = -corr * s;
 #if defined(MM_AVX512)
-        /* pair-interleaved words: word i of a pair holds block (i % 2), word i / 2 */
-        for (int w = 0; w < 8; w++) memcpy(xq + (b & ~1) * QK + (8 * w + 4 * (b & 1)), q + 4 * w, 4);
+        if (j->type == PI_Q4_0) { /* pair order [b0 0..15 | b1 0..15 | b0 16..31 | b1 16..31], as Q4_0 unpacks */
+            memcpy(xq + (b & ~1) * QK + 16 * (b & 1), q, 16);
+            memcpy(xq + (b & ~1) * QK + 32 + 16 * (b & 1), q + 16, 16);
+        } else
+            memcpy(xq + b * QK, q, QK);
 #else
         memcpy(xq + b * QK, q, QK);
 #endif

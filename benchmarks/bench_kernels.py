@@ -1,0 +1,82 @@
+"""Matmul kernel benchmark: read-bandwidth probe, then decode mat-vec GB/s and prefill GFLOP/s per weight type.
+
+    python benchmarks/bench_kernels.py [--threads N] [--repeat R] [--n-tok 64] [--probe-mib 1024]
+
+The mat-vec (one token) of a matrix much larger than the caches is bound by memory reads, so its GB/s is
+printed beside what pi_read_probe reads from a 1 GiB buffer in the same run (the ratio is the figure of
+merit, >= 80% is the target). Prefill (n_tok tokens at once) should be compute bound: GFLOP/s = 2*M*K*N / s.
+Each figure is the median of --repeat runs (best GB/s: the fastest run, a hint when other work shares the cores); every weight matrix is a fresh random one of 4096 x 11008 and
+11008 x 4096 (LLaMA-7B FFN shapes).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the source tree, unless installed
+
+from powerinfer_py.kernels import cpu  # noqa: E402
+from powerinfer_py.tensor import GGMLType, Tensor  # noqa: E402
+
+TYPES = (GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.F16, GGMLType.BF16, GGMLType.F32)
+SHAPES = ((11008, 4096), (4096, 11008))  # (rows M, cols K)
+
+
+def timings(fn, repeat: int) -> tuple[float, float]:
+    """(median, best) seconds of fn over `repeat` runs after one warm-up (page faults, pool start)."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), min(times)
+
+
+def random_weight(ggml_type: GGMLType, n_rows: int, n_cols: int, rng) -> Tensor:
+    """A random weight in the type's layout, quantized 1024 rows at a time to keep the f32 copy small."""
+    parts = [cpu.quantize(rng.standard_normal((min(1024, n_rows - r), n_cols), dtype=np.float32), ggml_type)
+             for r in range(0, n_rows, 1024)]
+    return Tensor(f"w_{ggml_type.name}", ggml_type, (n_rows, n_cols), np.concatenate(parts))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=None, help="threads (default: all cores)")
+    ap.add_argument("--repeat", type=int, default=15, help="timed runs per figure (median)")
+    ap.add_argument("--n-tok", type=int, default=64, help="tokens in the prefill matmul")
+    ap.add_argument("--probe-mib", type=int, default=1024, help="size of the bandwidth probe buffer")
+    ap.add_argument("--types", default=",".join(t.name for t in TYPES), help="comma-separated weight types")
+    args = ap.parse_args()
+
+    k = cpu.CpuKernels(args.threads)
+    rng = np.random.default_rng(0)
+    buf = np.ones(args.probe_mib << 20, dtype=np.uint8)  # touched, so the probe reads real pages
+    t_probe, _ = timings(lambda: k.read_probe(buf), max(5, args.repeat // 2))
+    probe_gbs = buf.nbytes / t_probe / 1e9
+    del buf
+    print(f"threads {k.n_threads}; read probe: {probe_gbs:.1f} GB/s over {args.probe_mib} MiB")
+    print(f"{'type':<6} {'M x K':>12} {'matvec ms':>10} {'GB/s':>7} {'% probe':>8} {'best GB/s':>10} "
+          f"{'prefill ms':>11} {'GFLOP/s':>8} {'x matvec':>9}")
+    for ggml_type in (GGMLType[name] for name in args.types.split(",")):
+        for n_rows, n_cols in SHAPES:
+            w = random_weight(ggml_type, n_rows, n_cols, rng)
+            x1 = rng.standard_normal(n_cols, dtype=np.float32)
+            xn = rng.standard_normal((args.n_tok, n_cols), dtype=np.float32)
+            t1, t1_best = timings(lambda: k.matmul(w, x1), args.repeat)
+            tn, _ = timings(lambda: k.matmul(w, xn), max(3, args.repeat // 3))
+            gbs = w.nbytes / t1 / 1e9
+            gflops = 2.0 * n_rows * n_cols * args.n_tok / tn / 1e9
+            print(f"{ggml_type.name:<6} {f'{n_rows}x{n_cols}':>12} {t1 * 1e3:>10.3f} {gbs:>7.1f} "
+                  f"{100 * gbs / probe_gbs:>7.0f}% {w.nbytes / t1_best / 1e9:>10.1f} {tn * 1e3:>11.2f} {gflops:>8.1f} {tn / t1:>9.1f}")
+            del w
+    k.close()
+
+
+if __name__ == "__main__":
+    main()
