@@ -97,11 +97,10 @@ def metadata_hash(f: GGUFFile) -> str:
     return h.hexdigest()[:24]
 
 
-def write_vocab_copy(f: GGUFFile, cache_dir: Path, arch: str | None = None) -> Path:
+def write_vocab_copy(f: GGUFFile, cache_dir: Path, arch: str | None = None, digest: str | None = None) -> Path:
     """A GGUF with f's metadata and no tensors in cache_dir (reused if present); arch overrides the
-    general.architecture it declares."""
-    suffix = f"-{arch}" if arch else ""
-    path = cache_dir / f"{metadata_hash(f)}{suffix}.gguf"
+    general.architecture it declares. `digest` is metadata_hash(f) if the caller has it already."""
+    path = _copy_path(f, cache_dir, arch, digest)
     if path.exists():
         return path
     metadata = dict(f.metadata)
@@ -109,6 +108,10 @@ def write_vocab_copy(f: GGUFFile, cache_dir: Path, arch: str | None = None) -> P
         metadata["general.architecture"] = arch
     cache_dir.mkdir(parents=True, exist_ok=True)
     return write_gguf(path, metadata, [], types=f.metadata_types)  # atomic: concurrent writers are safe
+
+
+def _copy_path(f: GGUFFile, cache_dir: Path, arch: str | None, digest: str | None) -> Path:
+    return cache_dir / f"{digest or metadata_hash(f)}{f'-{arch}' if arch else ''}.gguf"
 
 
 class Tokenizer:
@@ -128,25 +131,37 @@ class Tokenizer:
         self._pieces: dict[tuple[int, bool], bytes] = {}
 
     def _load(self, f: GGUFFile) -> tuple[Path, object]:
-        """Try the file itself (GGUF only), then a vocab-only copy, then a copy declaring a known arch."""
+        """Try the file itself (GGUF only), then a vocab-only copy, then a copy declaring a known arch.
+        A copy llama.cpp cannot load is deleted again, so broken files leave nothing in the cache."""
+        digest = metadata_hash(f)
+        arch = f.metadata.get("general.architecture")
+        fallback_known = _copy_path(f, self.cache_dir, _FALLBACK_ARCH, digest).exists()
+        candidates: list[tuple[str | None, bool]] = []  # (arch override, is a copy)
+        if f.magic == "GGUF":
+            candidates.append((None, False))
+        elif not fallback_known:
+            candidates.append((None, True))
+        if arch != _FALLBACK_ARCH:
+            candidates.append((_FALLBACK_ARCH, True))
         tried: list[str] = []
-        candidates = [lambda: self.path] if f.magic == "GGUF" else []
-        cached_fallback = self.cache_dir / f"{metadata_hash(f)}-{_FALLBACK_ARCH}.gguf"
-        if f.magic != "GGUF" and not cached_fallback.exists():
-            candidates.append(lambda: write_vocab_copy(f, self.cache_dir))
-        if f.metadata.get("general.architecture") != _FALLBACK_ARCH:
-            candidates.append(lambda: write_vocab_copy(f, self.cache_dir, arch=_FALLBACK_ARCH))
-        for make_path in candidates:
-            try:
-                path = make_path()
-            except OSError as e:
-                raise ModelFileError(f"{self.path}: cannot write a vocab-only copy into {self.cache_dir}: {e} "
-                                     f"(set POWERINFER_CACHE to a writable folder)") from None
+        for override, is_copy in candidates:
+            path = self.path
+            if is_copy:
+                try:
+                    path = write_vocab_copy(f, self.cache_dir, override, digest)
+                except OSError as e:
+                    raise ModelFileError(f"{self.path}: cannot write a vocab-only copy into {self.cache_dir}: "
+                                         f"{e} (set POWERINFER_CACHE to a writable folder)") from None
             model, errors = _load_vocab_model(path)
             if model is not None:
                 return path, model
-            tried.append(f"{path}: {'; '.join(errors) or 'no message'}")
-        raise ModelFileError(f"{self.path}: llama.cpp cannot load the vocabulary: " + " | ".join(tried))
+            what = ("the file itself" if not is_copy else "a vocab-only copy" if override is None
+                    else f"a vocab-only copy declaring architecture {override!r}")
+            errors = [e for e in errors if "failed to load model" not in e] or ["no message"]
+            tried.append(f"{what}: {'; '.join(errors)}")
+            if is_copy:
+                path.unlink(missing_ok=True)
+        raise ModelFileError(f"{self.path}: llama.cpp cannot load the vocabulary. Tried " + " | ".join(tried))
 
     # -- text <-> ids -------------------------------------------------------------------------------------
 

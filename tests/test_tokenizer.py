@@ -13,8 +13,8 @@ from powerinfer_py.tokenizer import StreamDecoder, Tokenizer, _load_vocab_model
 GEMMA = Path("/tmp/models/gemma3-270m.gguf")
 needs_gemma = pytest.mark.skipif(not GEMMA.exists(), reason="real model not present (see README: make demo)")
 
-TEXTS = ["Hello world", "héllo wörld, çà et là", "你好，世界", "emoji 🤗🎉 and ZWJ 👩‍💻", "a\nb\ttabs  spaces",
-         "numbers 12345 and punctuation!?"]
+TEXTS = ["Hello world", "héllo wörld, çà et là", "你好，世界", "emoji 🤗🎉 and ZWJ 👩‍💻",
+         "a\nb\ttabs  spaces", "numbers 12345 and punctuation!?"]
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +159,12 @@ def test_a_broken_vocabulary_is_a_clear_error(synthetic_model, tmp_path):
     bad = write_gguf(tmp_path / "bad.gguf", meta, [], types=f.metadata_types)
     with pytest.raises(ModelFileError, match="bad.gguf.*cannot load the vocabulary.*no-such-tokenizer"):
         Tokenizer(bad, cache_dir=tmp_path / "cache")
+    # a PWRI file of an unknown architecture: both copies are tried, and removed again when they fail
+    meta["general.architecture"] = "bamboo"
+    bad = write_gguf(tmp_path / "bad.pwri", meta, [], types=f.metadata_types, magic="PWRI")
+    with pytest.raises(ModelFileError, match="bad.pwri.*'bamboo'.*architecture 'llama'.*no-such-tokenizer"):
+        Tokenizer(bad, cache_dir=tmp_path / "cache")
+    assert list((tmp_path / "cache").iterdir()) == []
 
 
 def test_unwritable_cache_is_a_clear_error(synthetic_model, tmp_path):
