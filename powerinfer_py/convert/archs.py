@@ -1,0 +1,232 @@
+"""Per-architecture mapping of a Hugging Face checkpoint: config.json -> hparams metadata, HF tensor names ->
+GGUF tensor names (in llama.cpp's naming), with the shape each tensor must have. See hf_to_gguf.py for the
+architectures and the layout rules; this module only spells the names and sizes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import UnsupportedError
+from .checkpoint import Checkpoint
+from .plan import Builder, cfg_value, falcon_qkv_order, rope_permutation
+
+ACTIVATIONS = ("silu", "relu", "fatrelu")
+
+
+@dataclass(frozen=True)
+class Dims:
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_vocab: int
+
+
+LayerHook = Callable[[int], None]  # called after each layer's tensors (adds the predictor's fc1/fc2)
+
+
+def _common_meta(arch: str, d: Dims, n_ctx: int, eps_key: str, eps: float) -> dict[str, Any]:
+    return {f"{arch}.context_length": int(n_ctx), f"{arch}.embedding_length": d.n_embd,
+            f"{arch}.block_count": d.n_layer, f"{arch}.feed_forward_length": d.n_ff,
+            f"{arch}.attention.head_count": d.n_head, f"{arch}.attention.head_count_kv": d.n_head_kv,
+            f"{arch}.attention.{eps_key}": float(eps)}
+
+
+def _activation(ckpt: Checkpoint, default: str = "silu") -> dict[str, Any]:
+    act = ckpt.config.get("hidden_act", default)
+    if act not in ACTIVATIONS:
+        raise UnsupportedError(f"{ckpt.folder / 'config.json'}: hidden_act {act!r} is not supported "
+                               f"({', '.join(ACTIVATIONS)})")
+    if act == "silu":
+        return {}
+    meta: dict[str, Any] = {"powerinfer.hidden_act": act}
+    if act == "fatrelu":
+        meta["powerinfer.hidden_act_param"] = float(ckpt.config.get("hidden_act_param", 0.0))
+    return meta
+
+
+# ---- llama, bamboo, qwen2 ----------------------------------------------------------------------------------
+
+def llama_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
+    n_embd = cfg_value(ckpt, "hidden_size")
+    n_head = cfg_value(ckpt, "num_attention_heads")
+    d = Dims(n_layer=cfg_value(ckpt, "num_hidden_layers"), n_embd=n_embd, n_ff=cfg_value(ckpt, "intermediate_size"),
+             n_head=n_head, n_head_kv=cfg_value(ckpt, "num_key_value_heads", default=n_head),
+             head_dim=cfg_value(ckpt, "head_dim", default=n_embd // n_head), n_vocab=cfg_value(ckpt, "vocab_size"))
+    meta = _common_meta(arch, d, cfg_value(ckpt, "max_position_embeddings", default=4096),
+                        "layer_norm_rms_epsilon", cfg_value(ckpt, "rms_norm_eps", default=1e-6))
+    meta[f"{arch}.rope.dimension_count"] = d.head_dim
+    meta[f"{arch}.rope.freq_base"] = float(cfg_value(ckpt, "rope_theta", default=10000.0))
+    if d.head_dim != n_embd // n_head:
+        meta[f"{arch}.attention.key_length"] = meta[f"{arch}.attention.value_length"] = d.head_dim
+    scaling = ckpt.config.get("rope_scaling")
+    if scaling:
+        kind = scaling.get("rope_type", scaling.get("type"))
+        if kind != "linear":
+            raise UnsupportedError(f"{ckpt.folder / 'config.json'}: rope_scaling {kind!r} is not supported (linear)")
+        meta[f"{arch}.rope.scaling.type"] = "linear"
+        meta[f"{arch}.rope.scaling.factor"] = float(scaling["factor"])
+    meta.update(_activation(ckpt))
+    return d, meta
+
+
+def llama_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, sparse: bool, hook: LayerHook) -> None:
+    permute = arch in ("llama", "bamboo")  # qwen2 uses NeoX RoPE: HF's layout is already llama.cpp's
+    biases = arch == "qwen2"
+    q_rows, kv_rows = d.n_head * d.head_dim, d.n_head_kv * d.head_dim
+    b.add("token_embd.weight", "model.embed_tokens.weight", (d.n_vocab, d.n_embd))
+    for il in range(d.n_layer):
+        hf, blk = f"model.layers.{il}.", f"blk.{il}."
+        b.add(blk + "attn_norm.weight", hf + "input_layernorm.weight", (d.n_embd,))
+        for name, proj, rows, heads in (("attn_q", "q_proj", q_rows, d.n_head), ("attn_k", "k_proj", kv_rows, d.n_head_kv)):
+            if permute:
+                b.add(f"{blk}{name}.weight", f"{hf}self_attn.{proj}.weight", (rows, d.n_embd), how="gather",
+                      index=rope_permutation(rows, heads))
+            else:
+                b.add(f"{blk}{name}.weight", f"{hf}self_attn.{proj}.weight", (rows, d.n_embd))
+        b.add(blk + "attn_v.weight", hf + "self_attn.v_proj.weight", (kv_rows, d.n_embd))
+        if biases:
+            for name, proj, rows in (("attn_q", "q_proj", q_rows), ("attn_k", "k_proj", kv_rows), ("attn_v", "v_proj", kv_rows)):
+                b.add(f"{blk}{name}.bias", f"{hf}self_attn.{proj}.bias", (rows,))
+        b.add(blk + "attn_output.weight", hf + "self_attn.o_proj.weight", (d.n_embd, q_rows))
+        b.add(blk + "ffn_norm.weight", hf + "post_attention_layernorm.weight", (d.n_embd,))
+        b.add(blk + "ffn_gate.weight", hf + "mlp.gate_proj.weight", (d.n_ff, d.n_embd))
+        b.add(blk + "ffn_up.weight", hf + "mlp.up_proj.weight", (d.n_ff, d.n_embd))
+        if sparse:
+            b.add(blk + "ffn_down_t.weight", hf + "mlp.down_proj.weight", (d.n_embd, d.n_ff), how="transpose")
+        else:
+            b.add(blk + "ffn_down.weight", hf + "mlp.down_proj.weight", (d.n_embd, d.n_ff))
+        hook(il)
+    b.add("output_norm.weight", "model.norm.weight", (d.n_embd,))
+    _output(b, ckpt, "lm_head.weight", d, tied_default=False)
+
+
+def _output(b: Builder, ckpt: Checkpoint, hf_name: str, d: Dims, tied_default: bool) -> None:
+    """output.weight, unless the embeddings are tied (llama.cpp then reuses token_embd.weight)."""
+    if ckpt.config.get("tie_word_embeddings", tied_default):
+        if ckpt.has(hf_name):
+            b.used.add(hf_name)  # a saved copy of the tied matrix: not needed
+        return
+    b.add("output.weight", hf_name, (d.n_vocab, d.n_embd))
+
+
+# ---- falcon ------------------------------------------------------------------------------------------------
+
+def falcon_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
+    cfg = ckpt.config
+    if cfg.get("alibi") or cfg.get("parallel_attn", True) is False or cfg.get("bias"):
+        raise UnsupportedError(f"{ckpt.folder / 'config.json'}: Falcon variants with alibi, bias or a "
+                               "non-parallel block are not supported")
+    n_embd = cfg_value(ckpt, "hidden_size", "n_embed")
+    n_head = cfg_value(ckpt, "num_attention_heads", "n_head")
+    if cfg.get("new_decoder_architecture"):
+        n_kv = cfg_value(ckpt, "num_kv_heads", "n_head_kv")
+    else:
+        n_kv = 1 if cfg.get("multi_query", True) else n_head
+    d = Dims(n_layer=cfg_value(ckpt, "num_hidden_layers", "n_layer"), n_embd=n_embd,
+             n_ff=cfg_value(ckpt, "ffn_hidden_size", default=4 * n_embd), n_head=n_head, n_head_kv=n_kv,
+             head_dim=n_embd // n_head, n_vocab=cfg_value(ckpt, "vocab_size"))
+    meta = _common_meta(arch, d, cfg_value(ckpt, "max_position_embeddings", default=2048),
+                        "layer_norm_epsilon", cfg_value(ckpt, "layer_norm_epsilon", default=1e-5))
+    if cfg.get("hidden_act", "gelu") != "gelu":  # ReluFalcon; plain Falcon's GELU is llama.cpp's default
+        meta.update(_activation(ckpt))
+    return d, meta
+
+
+def falcon_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, sparse: bool, hook: LayerHook) -> None:
+    new_arch = bool(ckpt.config.get("new_decoder_architecture"))
+    b.add("token_embd.weight", "transformer.word_embeddings.weight", (d.n_vocab, d.n_embd))
+    qkv_rows = (d.n_head + 2 * d.n_head_kv) * d.head_dim
+    for il in range(d.n_layer):
+        hf, blk = f"transformer.h.{il}.", f"blk.{il}."
+        if ckpt.has(hf + "ln_attn.weight"):  # 40B: separate norms for attention and MLP
+            for gg, hh in (("attn_norm", "ln_attn"), ("attn_norm_2", "ln_mlp")):
+                b.add(f"{blk}{gg}.weight", f"{hf}{hh}.weight", (d.n_embd,))
+                b.add(f"{blk}{gg}.bias", f"{hf}{hh}.bias", (d.n_embd,))
+        else:
+            b.add(blk + "attn_norm.weight", hf + "input_layernorm.weight", (d.n_embd,))
+            b.add(blk + "attn_norm.bias", hf + "input_layernorm.bias", (d.n_embd,))
+        qkv = hf + "self_attention.query_key_value.weight"
+        if new_arch:
+            b.add(blk + "attn_qkv.weight", qkv, (qkv_rows, d.n_embd), how="gather",
+                  index=falcon_qkv_order(d.n_head, d.n_head_kv, d.head_dim))
+        else:
+            b.add(blk + "attn_qkv.weight", qkv, (qkv_rows, d.n_embd))
+        b.add(blk + "attn_output.weight", hf + "self_attention.dense.weight", (d.n_embd, d.n_embd))
+        b.add(blk + "ffn_up.weight", hf + "mlp.dense_h_to_4h.weight", (d.n_ff, d.n_embd))
+        down = hf + "mlp.dense_4h_to_h.weight"
+        if sparse:
+            b.add(blk + "ffn_down_t.weight", down, (d.n_embd, d.n_ff), how="transpose")
+        else:
+            b.add(blk + "ffn_down.weight", down, (d.n_embd, d.n_ff))
+        hook(il)
+    b.add("output_norm.weight", "transformer.ln_f.weight", (d.n_embd,))
+    b.add("output_norm.bias", "transformer.ln_f.bias", (d.n_embd,))
+    _output(b, ckpt, "lm_head.weight", d, tied_default=True)
+
+
+# ---- opt ---------------------------------------------------------------------------------------------------
+
+def _opt_prefix(ckpt: Checkpoint) -> str:
+    return "model.decoder." if ckpt.has("model.decoder.embed_tokens.weight") else "decoder."
+
+
+def opt_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
+    cfg = ckpt.config
+    n_embd = cfg_value(ckpt, "hidden_size")
+    if cfg.get("word_embed_proj_dim", n_embd) != n_embd or cfg.get("do_layer_norm_before", True) is False:
+        raise UnsupportedError(f"{ckpt.folder / 'config.json'}: OPT with projected embeddings or post-norm "
+                               "(OPT-350m) is not supported")
+    if cfg.get("activation_function", "relu") != "relu":
+        raise UnsupportedError(f"{ckpt.folder / 'config.json'}: OPT activation "
+                               f"{cfg.get('activation_function')!r} is not supported (relu)")
+    n_head = cfg_value(ckpt, "num_attention_heads")
+    d = Dims(n_layer=cfg_value(ckpt, "num_hidden_layers"), n_embd=n_embd, n_ff=cfg_value(ckpt, "ffn_dim"),
+             n_head=n_head, n_head_kv=n_head, head_dim=n_embd // n_head, n_vocab=cfg_value(ckpt, "vocab_size"))
+    meta = _common_meta(arch, d, cfg_value(ckpt, "max_position_embeddings"), "layer_norm_epsilon", 1e-5)
+    return d, meta
+
+
+def opt_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, sparse: bool, hook: LayerHook) -> None:
+    pre = _opt_prefix(ckpt)
+    n_ctx = cfg_value(ckpt, "max_position_embeddings")
+    b.add("token_embd.weight", pre + "embed_tokens.weight", (d.n_vocab, d.n_embd))
+    b.source(pre + "embed_positions.weight", (n_ctx + 2, d.n_embd))
+    b.add("position_embd.weight", pre + "embed_positions.weight", first_row=2)  # OPT's position offset of 2
+
+    def pair(gguf: str, hf: str, shape: tuple[int, ...]) -> None:
+        b.add(gguf + ".weight", hf + ".weight", shape)
+        b.add(gguf + ".bias", hf + ".bias", shape[:1])
+
+    for il in range(d.n_layer):
+        hf, blk = f"{pre}layers.{il}.", f"blk.{il}."
+        pair(blk + "attn_norm", hf + "self_attn_layer_norm", (d.n_embd,))
+        for name, proj in (("attn_q", "q_proj"), ("attn_k", "k_proj"), ("attn_v", "v_proj"), ("attn_output", "out_proj")):
+            pair(blk + name, f"{hf}self_attn.{proj}", (d.n_embd, d.n_embd))
+        pair(blk + "ffn_norm", hf + "final_layer_norm", (d.n_embd,))
+        pair(blk + "ffn_up", hf + "fc1", (d.n_ff, d.n_embd))
+        if sparse:
+            b.add(blk + "ffn_down_t.weight", hf + "fc2.weight", (d.n_embd, d.n_ff), how="transpose")
+            b.add(blk + "ffn_down_t.bias", hf + "fc2.bias", (d.n_embd,))
+        else:
+            pair(blk + "ffn_down", hf + "fc2", (d.n_embd, d.n_ff))
+        hook(il)
+    pair("output_norm", pre + "final_layer_norm", (d.n_embd,))
+    _output(b, ckpt, "lm_head.weight", d, tied_default=True)
+
+
+# config.json architectures[0] -> (general.architecture, hparams, tensors)
+ARCHITECTURES = {
+    "LlamaForCausalLM": ("llama", llama_hparams, llama_tensors),
+    "MistralForCausalLM": ("llama", llama_hparams, llama_tensors),
+    "SparseLlamaForCausalLM": ("llama", llama_hparams, llama_tensors),
+    "BambooForCausalLM": ("bamboo", llama_hparams, llama_tensors),
+    "Qwen2ForCausalLM": ("qwen2", llama_hparams, llama_tensors),
+    "FalconForCausalLM": ("falcon", falcon_hparams, falcon_tensors),
+    "RWForCausalLM": ("falcon", falcon_hparams, falcon_tensors),
+    "OPTForCausalLM": ("opt", opt_hparams, opt_tensors),
+}
+SPARSE_ARCHS = ("llama", "bamboo", "falcon", "opt")  # what a PWRI file may hold (FORMATS.md §1)

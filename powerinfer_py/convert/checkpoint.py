@@ -1,0 +1,92 @@
+"""A Hugging Face checkpoint folder: config.json plus weights, every tensor available lazily by name.
+
+Weights are looked for in this order (the first that exists wins):
+  model.safetensors.index.json (sharded safetensors), *.safetensors, pytorch_model.bin.index.json,
+  pytorch_model*.bin.
+Only headers (safetensors) or pickles (.bin, through the restricted reader) are read when the folder is opened;
+tensor bytes are read when converted. Missing shards, truncated shards, tensors listed in an index but absent
+from their shard, and names present in two files are reported here, naming the file.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelFileError
+from .safetensors import read_safetensors
+from .source import SourceTensor
+from .torch_pt import read_state_dict
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelFileError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelFileError(f"{path}: not valid JSON: {e}") from None
+
+
+class Checkpoint:
+    """`config` (the parsed config.json), `files` (weight files), `tensors` ({HF name: SourceTensor})."""
+
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = Path(folder)
+        if not self.folder.is_dir():
+            raise ModelFileError(f"{self.folder}: not a folder (expected a Hugging Face checkpoint folder)")
+        config = read_json(self.folder / "config.json")
+        if not isinstance(config, dict):
+            raise ModelFileError(f"{self.folder / 'config.json'}: expected a JSON object")
+        self.config: dict[str, Any] = config
+        self.files, index = self._weight_files()
+        self.tensors: dict[str, SourceTensor] = {}
+        where: dict[str, Path] = {}
+        for f in self.files:
+            loaded = read_safetensors(f) if f.suffix == ".safetensors" else read_state_dict(f)
+            for name, t in loaded.items():
+                if name in where:
+                    raise ModelFileError(f"{f}: tensor {name!r} is also in {where[name]}")
+                where[name] = f
+                self.tensors[name] = t
+        for name, shard in (index or {}).items():
+            if name not in self.tensors:
+                raise ModelFileError(f"{self.folder / shard}: tensor {name!r} listed in the index is missing")
+
+    def _weight_files(self) -> tuple[list[Path], dict[str, str] | None]:
+        for index_name, pattern in (("model.safetensors.index.json", "*.safetensors"),
+                                    ("pytorch_model.bin.index.json", "pytorch_model*.bin")):
+            index_path = self.folder / index_name
+            if index_path.exists():
+                weight_map = read_json(index_path).get("weight_map")
+                if not isinstance(weight_map, dict) or not weight_map:
+                    raise ModelFileError(f"{index_path}: no weight_map")
+                shards = [self.folder / s for s in dict.fromkeys(weight_map.values())]
+                for s in shards:
+                    if not s.is_file():
+                        raise ModelFileError(f"{s}: shard listed in {index_name} is missing")
+                return shards, weight_map
+            files = sorted(self.folder.glob(pattern))
+            if files:
+                return files, None
+        raise ModelFileError(f"{self.folder}: no weights found (model.safetensors[.index.json], *.safetensors "
+                             "or pytorch_model*.bin)")
+
+    @property
+    def architecture(self) -> str:
+        archs = self.config.get("architectures") or [self.config.get("model_type", "")]
+        return str(archs[0])
+
+    def get(self, name: str) -> SourceTensor:
+        t = self.tensors.get(name)
+        if t is None:
+            raise ModelFileError(f"{self.folder}: tensor {name!r} not found in {', '.join(f.name for f in self.files)}")
+        return t
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())

@@ -1,0 +1,240 @@
+"""Synthetic Hugging Face checkpoints for the converter tests: config.json, weights in the real layouts
+(single or sharded safetensors with an index, F32/F16/BF16, pytorch_model.bin), a SentencePiece
+tokenizer.model, and PowerInfer predictor folders (model_N.pt).
+
+The weights returned to the caller are the values actually stored (BF16/F16-rounded) as float32, so a numpy
+reference of the HF model computes exactly what the checkpoint says.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from powerinfer_py.convert.safetensors import write_safetensors
+from powerinfer_py.convert.torch_pt import save_pt
+from powerinfer_py.synth import synthetic_vocab
+
+
+# ---- SentencePiece model (protobuf) ------------------------------------------------------------------------
+
+def _varint(v: int) -> bytes:
+    v &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        out.append(b | (0x80 if v else 0))
+        if not v:
+            return bytes(out)
+
+
+def _field(num: int, wire: int, payload: bytes | int) -> bytes:
+    key = _varint(num << 3 | wire)
+    if wire == 0:
+        return key + _varint(payload)
+    if wire == 5:
+        return key + payload
+    return key + _varint(len(payload)) + payload
+
+
+def write_tokenizer_model(path: Path, n_vocab: int) -> tuple[list[str], list[float], list[int]]:
+    """A SentencePiece ModelProto with the synthetic vocabulary (BPE model type, unk 0, bos 1, eos 2)."""
+    tokens, scores, types = synthetic_vocab(n_vocab)
+    body = b"".join(_field(1, 2, _field(1, 2, t.encode()) + _field(2, 5, struct.pack("<f", s)) + _field(3, 0, k))
+                    for t, s, k in zip(tokens, scores, types))
+    trainer = _field(3, 0, 2) + _field(40, 0, 0) + _field(41, 0, 1) + _field(42, 0, 2) + _field(43, 0, -1)
+    normalizer = _field(1, 2, b"identity") + _field(3, 0, 1)
+    path.write_bytes(body + _field(2, 2, trainer) + _field(3, 2, normalizer))
+    return tokens, scores, types
+
+
+# ---- weights -----------------------------------------------------------------------------------------------
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def stored(x: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """(raw array as stored for dtype, its exact float32 value)."""
+    if dtype == "BF16":
+        raw = bf16_bits(x)
+        return raw, (raw.astype(np.uint32) << 16).view(np.float32)
+    if dtype == "F16":
+        raw = x.astype(np.float16)
+        return raw, raw.astype(np.float32)
+    raw = x.astype(np.float32)
+    return raw, raw
+
+
+def llama_weights(rng, *, n_layer, n_embd, n_ff, n_head, n_head_kv, n_vocab, tied=False, qkv_bias=False):
+    """HF-named random LLaMA weights (float32), scaled so activations stay O(1)."""
+    hd = n_embd // n_head
+    w = {"model.embed_tokens.weight": rng.standard_normal((n_vocab, n_embd)),
+         "model.norm.weight": 1 + 0.1 * rng.standard_normal(n_embd)}
+    if not tied:
+        w["lm_head.weight"] = rng.standard_normal((n_vocab, n_embd)) / np.sqrt(n_embd)
+    for il in range(n_layer):
+        p = f"model.layers.{il}."
+        shapes = {"self_attn.q_proj.weight": (n_head * hd, n_embd), "self_attn.k_proj.weight": (n_head_kv * hd, n_embd),
+                  "self_attn.v_proj.weight": (n_head_kv * hd, n_embd), "self_attn.o_proj.weight": (n_embd, n_head * hd),
+                  "mlp.gate_proj.weight": (n_ff, n_embd), "mlp.up_proj.weight": (n_ff, n_embd),
+                  "mlp.down_proj.weight": (n_embd, n_ff)}
+        for k, s in shapes.items():
+            w[p + k] = rng.standard_normal(s) / np.sqrt(s[1])
+        w[p + "input_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(n_embd)
+        w[p + "post_attention_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(n_embd)
+        if qkv_bias:
+            for k in ("q_proj", "k_proj", "v_proj"):
+                w[f"{p}self_attn.{k}.bias"] = 0.1 * rng.standard_normal(w[f"{p}self_attn.{k}.weight"].shape[0])
+    return {k: v.astype(np.float32) for k, v in w.items()}
+
+
+def write_checkpoint(folder: Path, config: dict, weights: dict[str, np.ndarray], *, dtype: str = "F32",
+                     layout: str = "single", n_vocab_tokenizer: int | None = None) -> dict[str, np.ndarray]:
+    """Write config.json, the weights (layout: single | sharded | bin | bin-sharded) and tokenizer.model.
+    Returns the stored values as float32. 1-D tensors are stored as F32 when dtype is F32, else as dtype."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    raw, exact = {}, {}
+    for k, v in weights.items():
+        raw[k], exact[k] = stored(v, dtype)
+    names = list(raw)
+    if layout in ("single", "sharded"):
+        if layout == "single":
+            write_safetensors(folder / "model.safetensors", {k: (dtype, raw[k]) for k in names})
+        else:
+            half = len(names) // 2
+            shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+            for fname, part in shards.items():
+                write_safetensors(folder / fname, {k: (dtype, raw[k]) for k in part})
+            index = {"metadata": {}, "weight_map": {k: f for f, part in shards.items() for k in part}}
+            (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    elif layout == "bin":
+        if dtype == "BF16":
+            raise ValueError("save_pt cannot write BF16")
+        save_pt(folder / "pytorch_model.bin", {k: raw[k] for k in names})
+    elif layout == "bin-sharded":
+        half = len(names) // 2
+        shards = {"pytorch_model-00001-of-00002.bin": names[:half], "pytorch_model-00002-of-00002.bin": names[half:]}
+        for fname, part in shards.items():
+            save_pt(folder / fname, {k: raw[k] for k in part})
+        index = {"metadata": {}, "weight_map": {k: f for f, part in shards.items() for k in part}}
+        (folder / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    else:
+        raise ValueError(layout)
+    write_tokenizer_model(folder / "tokenizer.model", n_vocab_tokenizer or config["vocab_size"])
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"add_bos_token": True, "add_eos_token": False, "bos_token": "<s>", "eos_token": "</s>",
+         "chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"}))
+    return exact
+
+
+def llama_config(*, n_layer, n_embd, n_ff, n_head, n_head_kv, n_vocab, act="silu", arch="LlamaForCausalLM",
+                 tied=False, **extra):
+    cfg = {"architectures": [arch], "hidden_size": n_embd, "intermediate_size": n_ff, "num_hidden_layers": n_layer,
+           "num_attention_heads": n_head, "num_key_value_heads": n_head_kv, "vocab_size": n_vocab,
+           "hidden_act": act, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 128,
+           "tie_word_embeddings": tied, "bos_token_id": 1, "eos_token_id": 2}
+    cfg.update(extra)
+    return cfg
+
+
+def write_predictor(folder: Path, ranks: list[int], n_embd: int, n_ff: int, rng, *, threshold=None,
+                    dtype=np.float32) -> list[tuple[np.ndarray, np.ndarray]]:
+    """model_N.pt files with fc1.weight [R_N, n_embd], fc2.weight [n_ff, R_N]; returns the weights."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for il, r in enumerate(ranks):
+        fc1 = (rng.standard_normal((r, n_embd)) / np.sqrt(n_embd)).astype(dtype)
+        fc2 = (rng.standard_normal((n_ff, r)) / np.sqrt(r)).astype(dtype)
+        save_pt(folder / f"model_{il}.pt", {"fc1.weight": fc1, "fc2.weight": fc2})
+        out.append((fc1, fc2))
+    if threshold is not None:
+        (folder / "config.json").write_text(json.dumps({"sparse_threshold": threshold}))
+    return out
+
+
+# ---- numpy reference of the HF LLaMA forward pass ----------------------------------------------------------
+
+def _rmsnorm(x, w, eps):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def _hf_rope(x, pos, theta):
+    """HF LLaMA RoPE: rotate the two halves of each head (x [T, H, D])."""
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    ang = pos[:, None].astype(np.float64) * inv[None, :]
+    cos = np.concatenate([np.cos(ang)] * 2, -1)[:, None, :]
+    sin = np.concatenate([np.sin(ang)] * 2, -1)[:, None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + np.concatenate([-x2, x1], -1) * sin
+
+
+def hf_llama_forward(w: dict[str, np.ndarray], cfg: dict, tokens) -> np.ndarray:
+    """Logits [T, n_vocab] of the HF LLaMA/Qwen2 model (float64), causal attention from position 0."""
+    w = {k: v.astype(np.float64) for k, v in w.items()}
+    n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
+    act = {"silu": lambda g: g / (1 + np.exp(-g)), "relu": lambda g: np.maximum(g, 0),
+           "fatrelu": lambda g: np.where(g > cfg.get("hidden_act_param", 0.0), g, 0.0)}[cfg["hidden_act"]]
+    tokens = np.asarray(tokens)
+    T = len(tokens)
+    pos = np.arange(T)
+    x = w["model.embed_tokens.weight"][tokens]
+    for il in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{il}."
+        h = _rmsnorm(x, w[p + "input_layernorm.weight"], eps)
+        qkv = []
+        for proj, nh in (("q_proj", n_head), ("k_proj", n_kv), ("v_proj", n_kv)):
+            y = h @ w[f"{p}self_attn.{proj}.weight"].T + w.get(f"{p}self_attn.{proj}.bias", 0.0)
+            qkv.append(y.reshape(T, nh, -1))
+        q, k, v = _hf_rope(qkv[0], pos, theta), _hf_rope(qkv[1], pos, theta), qkv[2]
+        hd = q.shape[-1]
+        rep = n_head // n_kv
+        k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+        scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd)
+        scores = np.where(np.tril(np.ones((T, T), bool))[None], scores, -np.inf)
+        prob = np.exp(scores - scores.max(-1, keepdims=True))
+        prob /= prob.sum(-1, keepdims=True)
+        attn = np.einsum("hts,shd->thd", prob, v).reshape(T, -1)
+        x = x + attn @ w[p + "self_attn.o_proj.weight"].T
+        h = _rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
+        ff = act(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)
+        x = x + ff @ w[p + "mlp.down_proj.weight"].T
+    x = _rmsnorm(x, w["model.norm.weight"], eps)
+    head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+    return x @ head.T
+
+
+# ---- byte-level BPE tokenizer.json -------------------------------------------------------------------------
+
+def byte_level_alphabet() -> list[str]:
+    """GPT-2's byte -> printable character table (bytes that are printable map to themselves)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def write_bpe_tokenizer_json(folder: Path, merges: list[tuple[str, str]], specials: list[str]) -> dict[str, int]:
+    """tokenizer.json with a byte-level BPE model: 256 byte tokens, one token per merge, then special
+    added tokens. Returns the vocabulary."""
+    vocab = {c: i for i, c in enumerate(byte_level_alphabet())}
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    added = [{"id": len(vocab) + i, "content": s, "special": True} for i, s in enumerate(specials)]
+    tok = {"version": "1.0", "added_tokens": added,
+           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False},
+           "model": {"type": "BPE", "vocab": vocab, "merges": [f"{a} {b}" for a, b in merges]}}
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    return vocab
