@@ -50,15 +50,3 @@ def demo_model_path() -> Path:
     finally:
         partial.unlink(missing_ok=True)
     return target
-
-
-def resolve_model(name: str | os.PathLike) -> Path:
-    """A model argument as a path: the word "demo" means the demo model; anything else is a file path."""
-    if str(name) == DEMO_NAME and not Path(name).exists():
-        return demo_model_path()
-    path = Path(name).expanduser()
-    if not path.exists():
-        raise ModelFileError(f"model file not found: {path}")
-    if path.is_dir():
-        raise ModelFileError(f"{path} is a folder; give the path of a .gguf file")
-    return path

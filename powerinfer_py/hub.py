@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from . import catalog
+from . import catalog, demo
 from .errors import PowerInferError
 
 QUANTS = ("f16", "q4_0")
@@ -390,11 +390,13 @@ def _gguf_in_folder(folder: Path, quant: str | None) -> Path:
 def resolve_model(spec: str | os.PathLike, *, allow_download: bool = True, quant: str | None = None) -> Path:
     """A model argument -> a model file on disk.
 
-    In order: an existing file (or a folder holding one .gguf per quantization); a catalog short name or a Hub
+    In order: "demo" (the demo model, assembled on first use); an existing file (or a folder holding one .gguf per quantization); a catalog short name or a Hub
     repo id, optionally with `:q4_0` / `:f16` / `:file.gguf`, taken from the HF cache when it is there
     (no network), else downloaded (model file + activation statistics) when allowed and online."""
     text = os.fspath(spec)
     path = Path(text).expanduser()
+    if text == demo.DEMO_NAME and not path.exists():
+        return demo.demo_model_path()
     if path.is_file():
         return path
     if path.is_dir():
