@@ -4,8 +4,12 @@ It shares no code with powerinfer_py.models or the kernels: it reads metadata ke
 weight to f32 with the gguf package, and recomputes full causal attention over the whole sequence on every
 call (no KV cache, no batching tricks). Written for obviousness, not speed; fine for tiny models.
 
-One deliberate imitation: K and V are rounded to f16 before attention, because the runtime (like llama.cpp)
-keeps its KV cache in f16; without it the comparison would need a tolerance 10x looser.
+Deliberate imitations of llama.cpp's arithmetic, which the runtime shares:
+- K and V are rounded to f16 before attention (the KV cache is f16); without it the f32 comparison would
+  need a tolerance 10x looser.
+- optionally (act_q8_0=True), the input of every matmul whose weight is Q8_0/Q4_0 is rounded to Q8_0 blocks
+  (32 values share one f16 scale amax/127) the way llama.cpp quantizes activations; this isolates the rest
+  of the arithmetic so quantized models can be compared tightly too.
 """
 from __future__ import annotations
 
@@ -27,6 +31,18 @@ def dequantize(t) -> np.ndarray:
     if t.type == T.BF16:
         return (t.data.astype(np.uint32) << 16).view(np.float32).reshape(t.shape)
     return quants.dequantize(np.asarray(t.data), t.type).reshape(t.shape).astype(np.float32)
+
+
+def q8_0_round_trip(x):
+    """x [..., K] rounded as llama.cpp quantizes activations to Q8_0: per block of 32, d = amax / 127 stored
+    as f16, q = round-half-away-from-zero(x / d) in int8; returns q * d."""
+    x32 = np.asarray(x, dtype=np.float32)
+    b = x32.reshape(-1, 32)
+    d = np.abs(b).max(axis=1, keepdims=True) / np.float32(127)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
+    v = b * inv
+    q = np.trunc(v) + (v - np.trunc(v) >= 0.5) - (v - np.trunc(v) <= -0.5)
+    return (q * d.astype(np.float16).astype(np.float64)).reshape(x32.shape)
 
 
 def rms_norm(x, w, eps):
@@ -81,6 +97,7 @@ class ReferenceModel:
         m = f.metadata
         self.arch = a = m["general.architecture"]
         self.w = {name: dequantize(t) for name, t in f.tensors.items()}
+        self.quantized = {name for name, t in f.tensors.items() if t.type in (T.Q8_0, T.Q4_0)}
         f.close()
         self.n_layer = m[f"{a}.block_count"]
         self.n_embd = m[f"{a}.embedding_length"]
@@ -99,8 +116,14 @@ class ReferenceModel:
             return 10000.0, True
         return self.base, False
 
-    def logits(self, tokens) -> np.ndarray:
+    def logits(self, tokens, act_q8_0: bool = False) -> np.ndarray:
         w, a, hd = self.w, self.arch, self.head_dim
+
+        def mm(x, name):  # x [N, K] @ weight.T, with llama.cpp's activation rounding if asked for
+            if act_q8_0 and name in self.quantized:
+                x = q8_0_round_trip(x)
+            return x @ w[name].T
+
         tokens = np.asarray(tokens)
         n = len(tokens)
         positions = np.arange(n, dtype=np.float64)
@@ -110,9 +133,10 @@ class ReferenceModel:
             x *= math.sqrt(self.n_embd)
         for il in range(self.n_layer):
             L = lambda s: w[f"blk.{il}.{s}"]  # noqa: E731
+            W = lambda x, s: mm(x, f"blk.{il}.{s}")  # noqa: E731
             base, local = self.layer_rope(il)
             h = rms_norm(x, L("attn_norm.weight"), self.eps)
-            q, k, v = h @ L("attn_q.weight").T, h @ L("attn_k.weight").T, h @ L("attn_v.weight").T
+            q, k, v = W(h, "attn_q.weight"), W(h, "attn_k.weight"), W(h, "attn_v.weight")
             if a == "qwen2":
                 q, k, v = q + L("attn_q.bias"), k + L("attn_k.bias"), v + L("attn_v.bias")
             q, k, v = q.reshape(n, self.n_head, hd), k.reshape(n, self.n_head_kv, hd), v.reshape(n, self.n_head_kv, hd)
@@ -122,12 +146,11 @@ class ReferenceModel:
             k = rope(k, positions, self.n_rot, base, 1.0, neox)
             k, v = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)
             att = causal_attention(q, k, v, 1.0 / math.sqrt(hd), self.window if local else 0)
-            o = att.reshape(n, -1) @ L("attn_output.weight").T
+            o = W(att.reshape(n, -1), "attn_output.weight")
             x = x + (rms_norm(o, L("post_attention_norm.weight"), self.eps) if a == "gemma3" else o)
             h = rms_norm(x, L("ffn_norm.weight"), self.eps)
-            g, u = h @ L("ffn_gate.weight").T, h @ L("ffn_up.weight").T
-            f = ((gelu_tanh(g) if a == "gemma3" else silu(g)) * u) @ L("ffn_down.weight").T
+            g, u = W(h, "ffn_gate.weight"), W(h, "ffn_up.weight")
+            f = W((gelu_tanh(g) if a == "gemma3" else silu(g)) * u, "ffn_down.weight")
             x = x + (rms_norm(f, L("post_ffw_norm.weight"), self.eps) if a == "gemma3" else f)
         h = rms_norm(x, w["output_norm.weight"], self.eps)
-        head = w.get("output.weight", w["token_embd.weight"])
-        return (h @ head.T).astype(np.float32)
+        return mm(h, "output.weight" if "output.weight" in w else "token_embd.weight").astype(np.float32)
