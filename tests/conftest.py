@@ -1,11 +1,21 @@
-"""Shared fixtures: tiny synthetic models written once per session."""
+"""Shared fixtures: tiny synthetic models written once per session, and the real demo model."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from powerinfer_py.demo import demo_model_path
 from powerinfer_py.synth import write_synthetic_model
+
+
+@pytest.fixture(scope="session")
+def real_model() -> Path:
+    """Gemma 3 270M (the demo model): $POWERINFER_TEST_MODEL if set, else assembled from the demo package into
+    the cache on first use. Never skipped: `make test` installs the package, so a missing model is a failure."""
+    override = os.environ.get("POWERINFER_TEST_MODEL")
+    return Path(override) if override else demo_model_path()
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,6 @@
 """GGUF/PWRI reader and writer: round trips, agreement with the gguf package, and a clear error per corruption."""
 from __future__ import annotations
 
-import os
 import struct
 from pathlib import Path
 
@@ -15,7 +14,6 @@ from powerinfer_py.gguf import open_gguf, read_metadata_only, write_gguf
 from powerinfer_py.gguf import writer as writer_module
 from powerinfer_py.tensor import GGMLType, Tensor
 
-REAL_MODEL = Path(os.environ.get("POWERINFER_TEST_MODEL", "/tmp/models/gemma3-270m.gguf"))
 rng = np.random.default_rng(1234)
 
 
@@ -423,13 +421,11 @@ def test_bad_alignment_value(tmp_path):
 
 # ---- the real model ----------------------------------------------------------------------------------------
 
-needs_real_model = pytest.mark.skipif(not REAL_MODEL.exists(), reason=f"{REAL_MODEL} not present")
 
 
 @pytest.mark.real_model
-@needs_real_model
-def test_real_model_header():
-    f = open_gguf(REAL_MODEL)
+def test_real_model_header(real_model):
+    f = open_gguf(real_model)
     assert f.magic == "GGUF" and f.version == 3 and len(f.tensors) == 236
     assert len(f.metadata["tokenizer.ggml.tokens"]) == 262144
     assert f.tensors["token_embd.weight"].shape == (262144, 640)
@@ -438,10 +434,9 @@ def test_real_model_header():
 
 @pytest.mark.slow
 @pytest.mark.real_model
-@needs_real_model
-def test_real_model_agrees_with_gguf_reader():
-    f = open_gguf(REAL_MODEL)
-    ref = gguf.GGUFReader(REAL_MODEL)  # slow: ~10 s on the 262144-token vocabulary
+def test_real_model_agrees_with_gguf_reader(real_model):
+    f = open_gguf(real_model)
+    ref = gguf.GGUFReader(real_model)  # slow: ~10 s on the 262144-token vocabulary
     keys = [k for k in ref.fields if not k.startswith("GGUF.")]
     assert keys == list(f.metadata)
     for key in keys:

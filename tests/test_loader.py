@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import gguf
@@ -16,7 +15,6 @@ from powerinfer_py.info import model_info
 from powerinfer_py.loader import Conversion, load_weights
 from powerinfer_py.tensor import GGMLType, Tensor
 
-REAL_MODEL = Path(os.environ.get("POWERINFER_TEST_MODEL", "/tmp/models/gemma3-270m.gguf"))
 rng = np.random.default_rng(7)
 
 
@@ -68,9 +66,8 @@ def _write(path: Path, meta: dict, tensors: list[Tensor], magic: str = "GGUF") -
 # ---- config ------------------------------------------------------------------------------------------------
 
 @pytest.mark.real_model
-@pytest.mark.skipif(not REAL_MODEL.exists(), reason=f"{REAL_MODEL} not present")
-def test_real_model_config():
-    c = ModelConfig.from_gguf(open_gguf(REAL_MODEL))
+def test_real_model_config(real_model):
+    c = ModelConfig.from_gguf(open_gguf(real_model))
     assert (c.arch, c.name) == ("gemma3", "Gemma 3 270m")
     assert (c.n_vocab, c.n_ctx_train, c.n_embd, c.n_layer, c.n_ff) == (262144, 32768, 640, 18, 2048)
     assert (c.n_head, c.n_head_kv, c.head_dim, c.n_rot) == (4, 1, 256, 256)

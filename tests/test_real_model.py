@@ -23,7 +23,6 @@ import pytest
 
 from powerinfer_py import load
 from powerinfer_py.bench import LlamaCppRef
-from powerinfer_py.demo import demo_model_path
 
 pytestmark = pytest.mark.real_model
 
@@ -64,8 +63,8 @@ N_GREEDY = 16
 
 
 @pytest.fixture(scope="module")
-def model_path():
-    return demo_model_path()
+def model_path(real_model):
+    return real_model
 
 
 @pytest.fixture(scope="module")

@@ -10,16 +10,14 @@ from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf, read_metadata_only, write_gguf
 from powerinfer_py.tokenizer import StreamDecoder, Tokenizer, _load_vocab_model
 
-GEMMA = Path("/tmp/models/gemma3-270m.gguf")
-needs_gemma = pytest.mark.skipif(not GEMMA.exists(), reason="real model not present (see README: make demo)")
 
 TEXTS = ["Hello world", "héllo wörld, çà et là", "你好，世界", "emoji 🤗🎉 and ZWJ 👩‍💻",
          "a\nb\ttabs  spaces", "numbers 12345 and punctuation!?"]
 
 
 @pytest.fixture(scope="module")
-def gemma():
-    tok = Tokenizer(GEMMA)
+def gemma(real_model):
+    tok = Tokenizer(real_model)
     yield tok
     tok.close()
 
@@ -37,20 +35,18 @@ def _stream(tok: Tokenizer, ids) -> list[str]:
     return pieces + [dec.flush()]
 
 
-@needs_gemma
-def test_gemma_special_ids_and_eog(gemma):
+def test_gemma_special_ids_and_eog(gemma, real_model):
     assert gemma.n_vocab == 262144
     assert (gemma.bos_id, gemma.eos_id) == (2, 1)
-    meta = read_metadata_only(GEMMA).metadata
+    meta = read_metadata_only(real_model).metadata
     tokens = meta["tokenizer.ggml.tokens"]
     assert tokens[gemma.bos_id] == "<bos>" and tokens[gemma.eos_id] == "<eos>"
     assert gemma.is_eog(1) and gemma.is_eog(tokens.index("<end_of_turn>"))
     assert not gemma.is_eog(2) and not gemma.is_eog(9259) and not gemma.is_eog(-1)
 
 
-@needs_gemma
-def test_gemma_ids_are_vocabulary_pieces(gemma):
-    tokens = read_metadata_only(GEMMA).metadata["tokenizer.ggml.tokens"]
+def test_gemma_ids_are_vocabulary_pieces(gemma, real_model):
+    tokens = read_metadata_only(real_model).metadata["tokenizer.ggml.tokens"]
     ids = gemma.encode("Hello world, how are you?")
     assert ids[0] == gemma.bos_id
     # SentencePiece pieces spell the text with U+2581 for spaces
@@ -58,7 +54,6 @@ def test_gemma_ids_are_vocabulary_pieces(gemma):
     assert gemma.encode("Hello", add_bos=False) == [tokens.index("Hello")]
 
 
-@needs_gemma
 @pytest.mark.parametrize("text", TEXTS)
 def test_gemma_round_trip_and_stream(gemma, text):
     ids = gemma.encode(text)
@@ -68,7 +63,6 @@ def test_gemma_round_trip_and_stream(gemma, text):
     assert not any("\ufffd" in p for p in pieces)
 
 
-@needs_gemma
 def test_gemma_special_token_parsing(gemma):
     ids = gemma.encode("<start_of_turn>user", add_bos=False)
     assert len(ids) == 2 and gemma.decode(ids) == "user"
