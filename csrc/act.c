@@ -1,0 +1,193 @@
+/* act.c: element-wise activations pi_relu, pi_silu, pi_gelu, pi_swiglu, pi_geglu (x, g, u, y: f32 [n]).
+ *
+ * Variants:
+ *   - AVX-512: 16 lanes, tails with masked loads/stores, exp by a degree-6 polynomial and scalef.
+ *   - AVX2+FMA: 8 lanes, tails with maskload/maskstore, exp by the same polynomial and an exponent add.
+ *   - scalar (#else, PI_NATIVE=0): libm expf.
+ * Formulas: silu(x) = x / (1 + e^-x); gelu (tanh approximation) 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715
+ * x^3), computed as x / (1 + e^(-2u)) -- the same function, without the cancellation of 1 + tanh(u) for u << 0.
+ * Tails go through the same vector code as the body, so every element gets the same function wherever the
+ * chunk boundaries fall: results do not depend on the thread count. Only long vectors (prefill) are split
+ * across the pool; a decode-sized vector is cheaper to do on the calling thread than to hand off.
+ */
+#include <math.h>
+
+#include "pool.h"
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+enum { OP_RELU, OP_SILU, OP_GELU, OP_SWIGLU, OP_GEGLU };
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_C 0.044715f
+#define PAR_MIN 32768              /* elements below which one thread does everything */
+#define CHUNK_MIN 16384            /* elements per chunk at least */
+
+/* e^r on |r| <= ln2/2 by Taylor to degree 6 (error < 1.3e-7 relative), then scaled by 2^n. */
+#define EXP_C2 0.5f
+#define EXP_C3 0.16666667f
+#define EXP_C4 0.041666668f
+#define EXP_C5 0.008333334f
+#define EXP_C6 0.0013888889f
+#define LN2_HI 0.693145751953125f
+#define LN2_LO 1.428606765330187e-06f
+#define LOG2E 1.4426950408889634f
+
+#if defined(__AVX512F__)
+#define VW 16
+typedef __m512 vf;
+static inline vf vexp(vf x) {
+    /* (const, x) operand order keeps a NaN x as NaN; scalef turns large negative n into 0 correctly */
+    x = _mm512_min_ps(_mm512_set1_ps(88.7f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x));
+    vf n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    vf r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+    vf p = _mm512_fmadd_ps(_mm512_set1_ps(EXP_C6), r, _mm512_set1_ps(EXP_C5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+#define V_SET1 _mm512_set1_ps
+#define V_ADD _mm512_add_ps
+#define V_MUL _mm512_mul_ps
+#define V_DIV _mm512_div_ps
+#define V_MAX _mm512_max_ps
+#define V_FMA _mm512_fmadd_ps
+#define V_LOAD(p) _mm512_loadu_ps(p)
+#define V_STORE(p, v) _mm512_storeu_ps(p, v)
+#define V_TAIL_MASK(k) ((__mmask16)((1u << (k)) - 1))
+#define V_LOAD_TAIL(p, k) _mm512_maskz_loadu_ps(V_TAIL_MASK(k), p)
+#define V_STORE_TAIL(p, v, k) _mm512_mask_storeu_ps(p, V_TAIL_MASK(k), v)
+#elif defined(__AVX2__) && defined(__FMA__)
+#define VW 8
+typedef __m256 vf;
+static inline vf vexp(vf x) {
+    /* clamp so that 2^n stays a normal float; below -87.3 the result is set to 0 afterwards */
+    vf under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_set1_ps(88.3f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x));
+    vf n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    vf r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+    vf p = _mm256_fmadd_ps(_mm256_set1_ps(EXP_C6), r, _mm256_set1_ps(EXP_C5));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_C4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_C3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_C2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+static inline __m256i tail_mask8(int k) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+#define V_SET1 _mm256_set1_ps
+#define V_ADD _mm256_add_ps
+#define V_MUL _mm256_mul_ps
+#define V_DIV _mm256_div_ps
+#define V_MAX _mm256_max_ps
+#define V_FMA _mm256_fmadd_ps
+#define V_LOAD(p) _mm256_loadu_ps(p)
+#define V_STORE(p, v) _mm256_storeu_ps(p, v)
+#define V_LOAD_TAIL(p, k) _mm256_maskload_ps(p, tail_mask8(k))
+#define V_STORE_TAIL(p, v, k) _mm256_maskstore_ps(p, tail_mask8(k), v)
+#endif
+
+#ifdef VW
+/* one vector of the activation; `op` is a constant after inlining, so each op gets its own loop */
+static inline __attribute__((always_inline)) vf act_vec(int op, vf x, vf u) {
+    vf one = V_SET1(1.0f);
+    switch (op) {
+    case OP_RELU: return V_MAX(V_SET1(0.0f), x);
+    case OP_SILU: return V_DIV(x, V_ADD(one, vexp(V_MUL(V_SET1(-1.0f), x))));
+    case OP_SWIGLU: return V_MUL(V_DIV(x, V_ADD(one, vexp(V_MUL(V_SET1(-1.0f), x)))), u);
+    default: { /* gelu, geglu: x / (1 + e^(-2u)), -2u = x * (-2k) * (1 + c x^2) */
+        vf t = V_FMA(V_MUL(x, x), V_SET1(GELU_C), one);
+        vf z = V_MUL(V_MUL(x, V_SET1(-2.0f * GELU_K)), t);
+        vf y = V_DIV(x, V_ADD(one, vexp(z)));
+        return op == OP_GEGLU ? V_MUL(y, u) : y;
+    }
+    }
+}
+
+static inline __attribute__((always_inline)) void act_range_op(int op, const float *x, const float *u, float *y,
+                                                               int64_t i0, int64_t i1) {
+    int gated = op == OP_SWIGLU || op == OP_GEGLU;
+    vf zero = V_SET1(0.0f);
+    int64_t i = i0;
+    for (; i + VW <= i1; i += VW)
+        V_STORE(y + i, act_vec(op, V_LOAD(x + i), gated ? V_LOAD(u + i) : zero));
+    if (i < i1) {
+        int k = (int)(i1 - i);
+        V_STORE_TAIL(y + i, act_vec(op, V_LOAD_TAIL(x + i, k), gated ? V_LOAD_TAIL(u + i, k) : zero), k);
+    }
+}
+#else
+static inline float gelu1(float x) {
+    return x / (1.0f + expf(-2.0f * GELU_K * x * (1.0f + GELU_C * x * x)));
+}
+
+static inline __attribute__((always_inline)) void act_range_op(int op, const float *x, const float *u, float *y,
+                                                               int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; i++) {
+        float v = x[i];
+        switch (op) {
+        case OP_RELU: y[i] = v < 0.0f ? 0.0f : v; break; /* NaN stays NaN, as in the vector code */
+        case OP_SILU: y[i] = v / (1.0f + expf(-v)); break;
+        case OP_SWIGLU: y[i] = v / (1.0f + expf(-v)) * u[i]; break;
+        case OP_GELU: y[i] = gelu1(v); break;
+        default: y[i] = gelu1(v) * u[i]; break;
+        }
+    }
+}
+#endif
+
+static void act_range(int op, const float *x, const float *u, float *y, int64_t i0, int64_t i1) {
+    switch (op) {
+    case OP_RELU: act_range_op(OP_RELU, x, u, y, i0, i1); break;
+    case OP_SILU: act_range_op(OP_SILU, x, u, y, i0, i1); break;
+    case OP_GELU: act_range_op(OP_GELU, x, u, y, i0, i1); break;
+    case OP_SWIGLU: act_range_op(OP_SWIGLU, x, u, y, i0, i1); break;
+    default: act_range_op(OP_GEGLU, x, u, y, i0, i1); break;
+    }
+}
+
+typedef struct {
+    int op;
+    const float *x, *u;
+    float *y;
+    int64_t n, n_chunks;
+} act_job;
+
+static void act_chunk(void *ctx, int64_t c, int thread_id) {
+    (void)thread_id;
+    const act_job *j = ctx;
+    /* chunk bounds in units of 64 elements keep every chunk but the last a whole number of vectors */
+    int64_t n_blocks = (j->n + 63) / 64;
+    int64_t i0 = c * n_blocks / j->n_chunks * 64, i1 = (c + 1) * n_blocks / j->n_chunks * 64;
+    if (i1 > j->n) i1 = j->n;
+    if (i0 < i1) act_range(j->op, j->x, j->u, j->y, i0, i1);
+}
+
+static void act_run(pi_pool *pool, int op, const float *x, const float *u, float *y, int64_t n) {
+    if (n < PAR_MIN || pi_pool_n_threads(pool) == 1) {
+        act_range(op, x, u, y, 0, n);
+        return;
+    }
+    act_job job = {op, x, u, y, n, pi_pool_chunks(pool, (n + 63) / 64, CHUNK_MIN / 64)};
+    pi_pool_run(pool, act_chunk, &job, job.n_chunks);
+}
+
+void pi_relu(pi_pool *pool, const float *x, float *y, int64_t n) { act_run(pool, OP_RELU, x, NULL, y, n); }
+void pi_silu(pi_pool *pool, const float *x, float *y, int64_t n) { act_run(pool, OP_SILU, x, NULL, y, n); }
+void pi_gelu(pi_pool *pool, const float *x, float *y, int64_t n) { act_run(pool, OP_GELU, x, NULL, y, n); }
+void pi_swiglu(pi_pool *pool, const float *g, const float *u, float *y, int64_t n) {
+    act_run(pool, OP_SWIGLU, g, u, y, n);
+}
+void pi_geglu(pi_pool *pool, const float *g, const float *u, float *y, int64_t n) {
+    act_run(pool, OP_GEGLU, g, u, y, n);
+}
