@@ -22,7 +22,7 @@
  */
 #include <string.h>
 
-#include "pool.h"
+#include "matmul_internal.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
 #define MM_AVX512 1
@@ -33,13 +33,10 @@
 #include <immintrin.h>
 #endif
 
-#define QK 32
 #define ROW_BLOCK 16 /* rows per prefill block; also the chunk granularity (16 f32 = one cache line of y) */
 #define TOK_BLOCK 64 /* prefill tokens per pass over a chunk's rows (Q8_0 activations: 64 x ~4.3 KB at K = 4096) */
 #define INLINE static inline __attribute__((always_inline))
 
-typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;
-typedef struct { uint16_t d; uint8_t qs[QK / 2]; } block_q4_0;
 
 static inline float f16_to_f32(uint16_t h) {
 #if defined(__F16C__)
@@ -64,8 +61,15 @@ typedef struct {
     const int32_t *xc;   /* int32 [n_tok, nbp] correction: -128 * sum(q) (Q8_0, VNNI), -8 * sum(q) (Q4_0), else 0 */
     int64_t nbp;         /* blocks per token, rounded up to the vector's blocks */
     int64_t rows_per_chunk;
+    const int32_t *sel;  /* NULL: output row i is weight row i; else weight row sel[i] (pi_matmul_rows) */
     float *y;            /* f32 [n_tok, n_rows] */
 } mm_job;
+
+/* bytes per block of the 32-element types handled by tile_q: kind 0 = Q8_0, 1 = Q4_0, 2 = Q5_0 */
+INLINE int64_t kind_size(int kind) {
+    return kind == 0 ? (int64_t)sizeof(block_q8_0) : kind == 1 ? (int64_t)sizeof(block_q4_0) : (int64_t)sizeof(block_q5_0);
+}
+INLINE const uint8_t *mm_row(const mm_job *j, int64_t i) { return j->w + (j->sel ? j->sel[i] : i) * j->row_bytes; }
 
 /* ==== ISA primitives for the block types ============================================================== */
 #if defined(MM_AVX512)
@@ -112,10 +116,26 @@ INLINE wvec w_load_q4(const block_q4_0 *b, int two) {
     return v;
 }
 
+/* Q5_0: the Q4_0 nibbles plus 16 where the element's qh bit is set, in the same pair order */
+INLINE wvec w_load_q5(const block_q5_0 *b, int two) {
+    __m128i q0 = _mm_loadu_si128((const __m128i *)b[0].qs);
+    __m256i q = two ? _mm256_inserti128_si256(_mm256_castsi128_si256(q0), _mm_loadu_si128((const __m128i *)b[1].qs), 1)
+                    : _mm256_zextsi128_si256(q0);
+    __m512i z = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1),
+                                 _mm512_set1_epi8(0x0f));
+    uint32_t h0, h1 = 0;
+    memcpy(&h0, b[0].qh, 4);
+    if (two) memcpy(&h1, b[1].qh, 4);
+    const __mmask64 hi = (uint64_t)(h0 & 0xffff) | (uint64_t)(h1 & 0xffff) << 16 | (uint64_t)(h0 >> 16) << 32 |
+                         (uint64_t)(h1 >> 16) << 48;
+    wvec v = {_mm512_mask_add_epi8(z, hi, z, _mm512_set1_epi8(16)), 0};
+    return v;
+}
+
 /* the 2R weight scales of a block pair, one conversion: f32 [r0 b0, r0 b1, r1 b0, r1 b1, ...] */
 typedef __m256 wscales;
-INLINE wscales w_scales(const uint8_t **rows, int64_t b, const int R, const int q4, const int two) {
-    const int64_t size = q4 ? (int64_t)sizeof(block_q4_0) : (int64_t)sizeof(block_q8_0);
+INLINE wscales w_scales(const uint8_t **rows, int64_t b, const int R, const int kind, const int two) {
+    const int64_t size = kind_size(kind);
     uint32_t u[4] = {0, 0, 0, 0};
     for (int r = 0; r < R; r++) {
         uint16_t d0, d1 = 0;
@@ -187,13 +207,29 @@ INLINE wvec w_load_q4(const block_q4_0 *b, int two) {
     return v;
 }
 
+INLINE wvec w_load_q5(const block_q5_0 *b, int two) {
+    (void)two;
+    __m128i q = _mm_loadu_si128((const __m128i *)b[0].qs);
+    __m256i z = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
+    uint32_t h;
+    memcpy(&h, b[0].qh, 4);
+    /* byte i <- byte i / 8 of qh, then test bit i % 8: 0xff where element i has its fifth bit */
+    __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h),
+                                     _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    hb = _mm256_cmpeq_epi8(_mm256_and_si256(hb, bit), bit);
+    z = _mm256_or_si256(z, _mm256_and_si256(hb, _mm256_set1_epi8(16)));
+    wvec v = {z, z};
+    return v;
+}
+
 typedef struct { fv s[4]; } wscales; /* per row: its block scale in all lanes */
-INLINE wscales w_scales(const uint8_t **rows, int64_t b, const int R, const int q4, const int two) {
+INLINE wscales w_scales(const uint8_t **rows, int64_t b, const int R, const int kind, const int two) {
     (void)two;
     wscales w;
     for (int r = 0; r < R; r++) {
         uint16_t d;
-        memcpy(&d, rows[r] + b * (q4 ? (int64_t)sizeof(block_q4_0) : (int64_t)sizeof(block_q8_0)), 2);
+        memcpy(&d, rows[r] + b * kind_size(kind), 2);
         w.s[r] = _mm256_set1_ps(_cvtsh_ss(d));
     }
     return w;
@@ -246,12 +282,15 @@ INLINE float fv_sum(fv v) { return hsum8(v); }
 #if defined(MM_AVX512) || defined(MM_AVX2)
 /* one vector step (BPV blocks starting at block b) of an R x T tile; `two` = 0 only for a lone last block */
 INLINE void tile_q_step(const mm_job *j, const uint8_t **rows, int64_t t0, int64_t b, fv acc[][4],
-                        const int R, const int T, const int q4, const int two) {
+                        const int R, const int T, const int kind, const int two) {
+    const int q4 = kind != 0; /* nibble layout, unsigned weights with a correction term */
     wvec wv[4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
-        wv[r] = q4 ? w_load_q4((const block_q4_0 *)rows[r] + b, two) : w_load_q8((const block_q8_0 *)rows[r] + b, two);
-    wscales ws = w_scales(rows, b, R, q4, two);
+        wv[r] = kind == 2   ? w_load_q5((const block_q5_0 *)rows[r] + b, two)
+                : kind == 1 ? w_load_q4((const block_q4_0 *)rows[r] + b, two)
+                            : w_load_q8((const block_q8_0 *)rows[r] + b, two);
+    wscales ws = w_scales(rows, b, R, kind, two);
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++) {
         const int64_t o = (t0 + t) * j->nbp + b;
@@ -262,24 +301,24 @@ INLINE void tile_q_step(const mm_job *j, const uint8_t **rows, int64_t t0, int64
     }
 }
 
-INLINE void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T, const int q4) {
+INLINE void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T, const int kind) {
     fv acc[4][4];
     const uint8_t *rows[4];
     for (int r = 0; r < R; r++) {
-        rows[r] = j->w + (r0 + r) * j->row_bytes;
+        rows[r] = mm_row(j, r0 + r);
         for (int t = 0; t < T; t++) acc[r][t] = fv_zero();
     }
     const int64_t nb = j->n_cols / QK, nfull = nb / BPV * BPV;
-    for (int64_t b = 0; b < nfull; b += BPV) tile_q_step(j, rows, t0, b, acc, R, T, q4, 1);
-    if (nfull < nb) tile_q_step(j, rows, t0, nfull, acc, R, T, q4, 0);
+    for (int64_t b = 0; b < nfull; b += BPV) tile_q_step(j, rows, t0, b, acc, R, T, kind, 1);
+    if (nfull < nb) tile_q_step(j, rows, t0, nfull, acc, R, T, kind, 0);
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) j->y[(t0 + t) * j->n_rows + r0 + r] = fv_sum(acc[r][t]);
 }
 #else
-static void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T, const int q4) {
+static void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T, const int kind) {
     const int64_t nb = j->n_cols / QK;
     for (int r = 0; r < R; r++) {
-        const uint8_t *row = j->w + (r0 + r) * j->row_bytes;
+        const uint8_t *row = mm_row(j, r0 + r);
         for (int t = 0; t < T; t++) {
             const int8_t *xq = j->xq + (t0 + t) * j->nbp * QK;
             const float *xd = j->xd + (t0 + t) * j->nbp;
@@ -287,7 +326,15 @@ static void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
             for (int64_t b = 0; b < nb; b++) {
                 int32_t s = 0;
                 float dw;
-                if (q4) {
+                if (kind == 2) {
+                    const block_q5_0 *wb = (const block_q5_0 *)row + b;
+                    uint32_t qh;
+                    memcpy(&qh, wb->qh, 4);
+                    for (int i = 0; i < QK / 2; i++)
+                        s += (((wb->qs[i] & 0x0f) | ((qh >> i) & 1) << 4) - 16) * xq[b * QK + i] +
+                             (((wb->qs[i] >> 4) | ((qh >> (i + 16)) & 1) << 4) - 16) * xq[b * QK + i + 16];
+                    dw = f16_to_f32(wb->d);
+                } else if (kind == 1) {
                     const block_q4_0 *wb = (const block_q4_0 *)row + b;
                     for (int i = 0; i < QK / 2; i++)
                         s += ((wb->qs[i] & 0x0f) - 8) * xq[b * QK + i] + ((wb->qs[i] >> 4) - 8) * xq[b * QK + i + 16];
@@ -356,7 +403,7 @@ INLINE void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
     fv acc[4][4];
     const uint8_t *rows[4];
     for (int r = 0; r < R; r++) {
-        rows[r] = j->w + (r0 + r) * j->row_bytes;
+        rows[r] = mm_row(j, r0 + r);
         for (int t = 0; t < T; t++) acc[r][t] = fv_zero();
     }
     const int64_t K = j->n_cols, kfull = K / FL * FL;
@@ -377,7 +424,7 @@ INLINE void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
 #else
 static void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T, const int type) {
     for (int r = 0; r < R; r++) {
-        const uint8_t *row = j->w + (r0 + r) * j->row_bytes;
+        const uint8_t *row = mm_row(j, r0 + r);
         for (int t = 0; t < T; t++) {
             const float *x = j->x + (t0 + t) * j->n_cols;
             float s = 0.0f;
@@ -394,6 +441,7 @@ static void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
         switch (j->type) {                                                                                   \
         case PI_Q8_0: tile_q(j, r0, t0, R, T, 0); break;                                                     \
         case PI_Q4_0: tile_q(j, r0, t0, R, T, 1); break;                                                     \
+        case PI_Q5_0: tile_q(j, r0, t0, R, T, 2); break;                                                     \
         case PI_F32: tile_f(j, r0, t0, R, T, PI_F32); break;                                                 \
         case PI_F16: tile_f(j, r0, t0, R, T, PI_F16); break;                                                 \
         default: tile_f(j, r0, t0, R, T, PI_BF16); break;                                                    \
@@ -497,14 +545,14 @@ static void quantize_token(void *ctx, int64_t t, int thread_id) {
     int8_t *xq = (int8_t *)j->xq + t * j->nbp * QK;
     float *xd = (float *)j->xd + t * j->nbp;
     int32_t *xc = (int32_t *)j->xc + t * j->nbp;
-    const int32_t corr = j->type == PI_Q4_0 ? 8 : Q8_CORR;
+    const int32_t corr = j->type == PI_Q4_0 ? 8 : j->type == PI_Q5_0 ? 16 : Q8_CORR;
     for (int64_t b = 0; b < j->nbp; b++) {
         int8_t q[QK] = {0};
         int32_t s = 0;
         xd[b] = b < nb ? quantize_block(x + b * QK, q, &s) : 0.0f;
         xc[b] = -corr * s;
 #if defined(MM_AVX512)
-        if (j->type == PI_Q4_0) { /* pair order [b0 0..15 | b1 0..15 | b0 16..31 | b1 16..31], as Q4_0 unpacks */
+        if (j->type != PI_Q8_0) { /* pair order [b0 0..15 | b1 0..15 | b0 16..31 | b1 16..31], as Q4_0 unpacks */
             memcpy(xq + (b & ~1) * QK + 16 * (b & 1), q, 16);
             memcpy(xq + (b & ~1) * QK + 32 + 16 * (b & 1), q + 16, 16);
         } else
@@ -515,12 +563,17 @@ static void quantize_token(void *ctx, int64_t t, int thread_id) {
     }
 }
 
-void pi_matmul(pi_pool *pool, int type, const void *w, int64_t n_rows, int64_t n_cols, const float *x, int64_t n_tok,
-               float *y) {
-    if (n_rows <= 0 || n_tok <= 0) return;
-    mm_job j = {.type = type, .w = w, .row_bytes = pi_row_size(type, n_cols), .n_rows = n_rows, .n_cols = n_cols,
-                .n_tok = n_tok, .x = x, .y = y};
-    if (type == PI_Q8_0 || type == PI_Q4_0) {
+/* y [n_tok, n_out] from output row i = weight row (sel ? sel[i] : i); the chunks split the output rows */
+static void mm_run(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *sel, int64_t n_out,
+                   const float *x, int64_t n_tok, float *y) {
+    if (n_out <= 0 || n_tok <= 0) return;
+    if (pi_is_k_type(type)) {
+        pi_matmul_k(pool, type, w, n_cols, sel, n_out, x, n_tok, y);
+        return;
+    }
+    mm_job j = {.type = type, .w = w, .row_bytes = pi_row_size(type, n_cols), .n_rows = n_out, .n_cols = n_cols,
+                .n_tok = n_tok, .x = x, .sel = sel, .y = y};
+    if (type == PI_Q8_0 || type == PI_Q4_0 || type == PI_Q5_0) {
         const int64_t nb = n_cols / QK;
         j.nbp = (nb + BPV - 1) / BPV * BPV;
         const size_t nq = (size_t)(n_tok * j.nbp);
@@ -530,11 +583,21 @@ void pi_matmul(pi_pool *pool, int type, const void *w, int64_t n_rows, int64_t n
         j.xc = (const int32_t *)(s + nq * QK + nq * 4);
         pi_pool_run(pool, quantize_token, &j, n_tok);
     }
-    const int64_t n_blocks = (n_rows + ROW_BLOCK - 1) / ROW_BLOCK;
+    const int64_t n_blocks = (n_out + ROW_BLOCK - 1) / ROW_BLOCK;
     int64_t n_chunks = pi_pool_chunks(pool, n_blocks, 1);
     j.rows_per_chunk = (n_blocks + n_chunks - 1) / n_chunks * ROW_BLOCK;
-    n_chunks = (n_rows + j.rows_per_chunk - 1) / j.rows_per_chunk;
+    n_chunks = (n_out + j.rows_per_chunk - 1) / j.rows_per_chunk;
     pi_pool_run(pool, mm_chunk, &j, n_chunks);
+}
+
+void pi_matmul(pi_pool *pool, int type, const void *w, int64_t n_rows, int64_t n_cols, const float *x, int64_t n_tok,
+               float *y) {
+    mm_run(pool, type, w, n_cols, NULL, n_rows, x, n_tok, y);
+}
+
+void pi_matmul_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *rows, int64_t n_sel,
+                    const float *x, int64_t n_tok, float *y) {
+    mm_run(pool, type, w, n_cols, rows, n_sel, x, n_tok, y);
 }
 
 /* ==== read-bandwidth probe ============================================================================ */

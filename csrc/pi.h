@@ -8,7 +8,8 @@
  *   - Shapes are given in elements, row-major, last dimension contiguous. `n_*` are counts, `*_dim` sizes.
  *   - Weight types use ggml's numbering (enum pi_type). Quantized rows are arrays of blocks in llama.cpp's
  *     layout: Q8_0 = {f16 d; int8 qs[32]} (34 B), Q4_0 = {f16 d; uint8 qs[16]} (18 B, element j in the low
- *     nibble of qs[j] for j < 16, element j+16 in the high nibble; value = (nibble - 8) * d).
+ *     nibble of qs[j] for j < 16, element j+16 in the high nibble; value = (nibble - 8) * d); Q4_1, Q5_0,
+ *     Q5_1 (32 elements) and Q4_K, Q5_K, Q6_K (256) are described in csrc/matmul_internal.h.
  *   - C trusts its arguments: Python validates shapes, types, contiguity and bounds before calling.
  *   - Every multi-threaded kernel takes the pool as its first argument; no kernel keeps hidden global state.
  */
@@ -21,7 +22,13 @@ enum pi_type {
     PI_F32 = 0,
     PI_F16 = 1,
     PI_Q4_0 = 2,
+    PI_Q4_1 = 3,
+    PI_Q5_0 = 6,
+    PI_Q5_1 = 7,
     PI_Q8_0 = 8,
+    PI_Q4_K = 12,
+    PI_Q5_K = 13,
+    PI_Q6_K = 14,
     PI_BF16 = 30
 };
 
@@ -35,9 +42,10 @@ void pi_pool_free(pi_pool *pool);
 int pi_pool_n_threads(const pi_pool *pool);
 
 /* ---- types and quantization (quant.c) ------------------------------------------------------------------ */
-int64_t pi_block_size(int type);                 /* elements per block: 1 for float types, 32 for Q4_0/Q8_0 */
+int64_t pi_block_size(int type);                 /* elements per block: 1 (float types), 32 or 256 (K-quants) */
 int64_t pi_row_size(int type, int64_t n_cols);   /* bytes of one row of n_cols elements */
-/* src f32 [n_rows, n_cols] -> dst rows of `type` (F32, F16, BF16, Q8_0, Q4_0). Returns bytes written. */
+/* src f32 [n_rows, n_cols] -> dst rows of `type` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; not K-quants).
+ * Returns bytes written (0: type not supported). */
 int64_t pi_quantize(int type, const float *src, void *dst, int64_t n_rows, int64_t n_cols);
 /* src rows of `type` -> dst f32 [n_rows, n_cols] */
 void pi_dequantize(int type, const void *src, float *dst, int64_t n_rows, int64_t n_cols);
@@ -48,11 +56,17 @@ void pi_get_rows(int type, const void *w, int64_t n_cols, const int32_t *ids, in
  * y[t, r] = sum_c w[r, c] * x[t, c]   for t < n_tok, r < n_rows, c < n_cols.
  * w: n_rows rows of `type`, each pi_row_size(type, n_cols) bytes, contiguous.
  * x: f32 [n_tok, n_cols]; y: f32 [n_tok, n_rows].
- * For Q8_0 and Q4_0 the activations are first quantized to Q8_0 blocks (as llama.cpp does) and the dot
- * products run in integers. n_tok == 1 is the decode mat-vec; n_tok > 1 reuses each weight block for all
+ * For Q8_0, Q4_0 and Q5_0 the activations are first quantized to Q8_0 blocks, for Q4_K, Q5_K and Q6_K to
+ * Q8_K super-blocks (as llama.cpp does), and the dot products run in integers. n_tok == 1 is the decode
+ * mat-vec; n_tok > 1 reuses each weight block for all
  * tokens while it is in cache. */
 void pi_matmul(pi_pool *pool, int type, const void *w, int64_t n_rows, int64_t n_cols,
                const float *x, int64_t n_tok, float *y);
+/* Row gather for the sparse FFN: y[t, j] = w[rows[j], :] . x[t, :] for j < n_sel (rows ascending, distinct,
+ * in [0, n_rows)); y f32 [n_tok, n_sel]. Each selected row's result is bit-identical to pi_matmul's for that
+ * row; the work is split by the number of selected rows. */
+void pi_matmul_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *rows, int64_t n_sel,
+                    const float *x, int64_t n_tok, float *y);
 
 /* Read-bandwidth probe (matmul.c): reads `bytes` bytes of buf on all threads of the pool (a wide sum, so
  * nothing can be skipped) and returns the sum so the compiler keeps the loads. Used by benchmarks to print
@@ -92,5 +106,19 @@ void pi_silu(pi_pool *pool, const float *x, float *y, int64_t n);
 void pi_gelu(pi_pool *pool, const float *x, float *y, int64_t n);            /* tanh approximation */
 void pi_swiglu(pi_pool *pool, const float *g, const float *u, float *y, int64_t n);  /* silu(g) * u */
 void pi_geglu(pi_pool *pool, const float *g, const float *u, float *y, int64_t n);   /* gelu(g) * u */
+
+/* ---- sparse FFN (sparse.c) -----------------------------------------------------------------------------
+ * AXPY over selected rows of ffn_down_t (rows of n_cols = n_embd values of `type`: F32, F16, BF16, Q8_0, Q4_0):
+ *   y[t, c] = sum_{j < n_sel, h[t, j] != 0} h[t, j] * w[rows[j], c]
+ * rows: int32 [n_sel], ascending, in range; h: f32 [n_tok, n_sel]; y: f32 [n_tok, n_cols], overwritten.
+ * Rows whose h is zero for every token are never read. Threads split the output columns, so each y
+ * element is one fixed sequence y = fma(h * d_block, q, y) over j: bit-identical across runs and thread
+ * counts, and the same with or without zero-h rows in the list. */
+void pi_axpy_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *rows, const float *h,
+                  int64_t n_sel, int64_t n_tok, float *y);
+/* Ascending i < n with logits[i] >= threshold (NaN: not selected) into out (room for n); returns the count. */
+int64_t pi_select_active(const float *logits, int64_t n, float threshold, int32_t *out);
+/* Ascending i < n with x[i] != 0 (NaN selected, -0 not) into out (room for n); returns the count. */
+int64_t pi_select_nonzero(const float *x, int64_t n, int32_t *out);
 
 #endif

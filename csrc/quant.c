@@ -7,22 +7,21 @@
  *   - Q8_0 (llama.cpp): per block of 32, d = amax / 127, q = round-half-away(x * (1/d)), d stored as f16.
  *   - Q4_0 (llama.cpp): per block of 32, m = the element of largest magnitude (first one, sign kept),
  *     d = m / -8, q = min(15, trunc(x * (1/d) + 8.5)), two 4-bit values per byte (j low, j + 16 high).
+ *   - Q5_0: as Q4_0 with d = m / -16, q = min(31, trunc(x / d + 16.5)), bit 4 of element j in bit j of qh.
+ *   - Q4_1 / Q5_1: d = (max - min) / 15 (31), m = min, q = min(15 (31), trunc((x - min) / d + 0.5)).
+ *   - K-quants (Q4_K, Q5_K, Q6_K): dequantization only (llama.cpp's 256-element super-blocks, see
+ *     matmul_internal.h); they are never produced here.
  * Quantization is exact integer/IEEE arithmetic, so kernels/ref.py reproduces it byte for byte.
  */
 #include <string.h>
 
-#include "pi.h"
+#include "matmul_internal.h"
 
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif
 
-#define QK 32 /* elements per Q8_0 / Q4_0 block */
 
-typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;
-typedef struct { uint16_t d; uint8_t qs[QK / 2]; } block_q4_0;
-_Static_assert(sizeof(block_q8_0) == 34, "Q8_0 block is 34 bytes");
-_Static_assert(sizeof(block_q4_0) == 18, "Q4_0 block is 18 bytes");
 
 static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -71,7 +70,11 @@ static inline uint16_t f32_to_bf16(float f) {
 static inline float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
 
 int64_t pi_block_size(int type) {
-    return (type == PI_Q8_0 || type == PI_Q4_0) ? QK : 1;
+    switch (type) {
+    case PI_Q8_0: case PI_Q4_0: case PI_Q4_1: case PI_Q5_0: case PI_Q5_1: return QK;
+    case PI_Q4_K: case PI_Q5_K: case PI_Q6_K: return QK_K;
+    default: return 1;
+    }
 }
 
 int64_t pi_row_size(int type, int64_t n_cols) {
@@ -81,6 +84,12 @@ int64_t pi_row_size(int type, int64_t n_cols) {
     case PI_BF16: return 2 * n_cols;
     case PI_Q8_0: return n_cols / QK * (int64_t)sizeof(block_q8_0);
     case PI_Q4_0: return n_cols / QK * (int64_t)sizeof(block_q4_0);
+    case PI_Q4_1: return n_cols / QK * (int64_t)sizeof(block_q4_1);
+    case PI_Q5_0: return n_cols / QK * (int64_t)sizeof(block_q5_0);
+    case PI_Q5_1: return n_cols / QK * (int64_t)sizeof(block_q5_1);
+    case PI_Q4_K: return n_cols / QK_K * (int64_t)sizeof(block_q4_K);
+    case PI_Q5_K: return n_cols / QK_K * (int64_t)sizeof(block_q5_K);
+    case PI_Q6_K: return n_cols / QK_K * (int64_t)sizeof(block_q6_K);
     default: return 0;
     }
 }
@@ -125,6 +134,50 @@ static void quantize_row_q4_0(const float *x, block_q4_0 *y, int64_t n) {
     }
 }
 
+static void quantize_row_q5_0(const float *x, block_q5_0 *y, int64_t n) {
+    for (int64_t b = 0; b < n / QK; b++, x += QK) {
+        float amax = 0.0f, m = x[0];
+        for (int j = 0; j < QK; j++) {
+            float a = x[j] < 0 ? -x[j] : x[j];
+            if (a > amax) { amax = a; m = x[j]; }
+        }
+        float d = m / -16.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint32_t qh = 0;
+        y[b].d = f32_to_f16(d);
+        for (int j = 0; j < QK / 2; j++) {
+            int lo = (int)(x[j] * id + 16.5f), hi = (int)(x[j + QK / 2] * id + 16.5f);
+            lo = lo < 0 ? 0 : lo > 31 ? 31 : lo;
+            hi = hi < 0 ? 0 : hi > 31 ? 31 : hi;
+            y[b].qs[j] = (uint8_t)((lo & 15) | ((hi & 15) << 4));
+            qh |= (uint32_t)(lo >> 4) << j | (uint32_t)(hi >> 4) << (j + QK / 2);
+        }
+        memcpy(y[b].qh, &qh, 4);
+    }
+}
+
+/* Q4_1 (bits 4) and Q5_1 (bits 5): qh is NULL for Q4_1 */
+static void quantize_row_q_1(const float *x, uint16_t *dm, uint8_t *qh_out, uint8_t *qs, int bits) {
+    float lo = x[0], hi = x[0];
+    for (int j = 1; j < QK; j++) {
+        if (x[j] < lo) lo = x[j];
+        if (x[j] > hi) hi = x[j];
+    }
+    const int qmax = (1 << bits) - 1;
+    float d = (hi - lo) / (float)qmax, id = d != 0.0f ? 1.0f / d : 0.0f;
+    dm[0] = f32_to_f16(d);
+    dm[1] = f32_to_f16(lo);
+    uint32_t qh = 0;
+    for (int j = 0; j < QK / 2; j++) {
+        int a = (int)((x[j] - lo) * id + 0.5f), b = (int)((x[j + QK / 2] - lo) * id + 0.5f);
+        a = a > qmax ? qmax : a;
+        b = b > qmax ? qmax : b;
+        qs[j] = (uint8_t)((a & 15) | ((b & 15) << 4));
+        qh |= (uint32_t)(a >> 4) << j | (uint32_t)(b >> 4) << (j + QK / 2);
+    }
+    if (qh_out) memcpy(qh_out, &qh, 4);
+}
+
 static void f32_to_f16_row(const float *x, uint16_t *y, int64_t n) {
     int64_t i = 0;
 #if defined(__F16C__)
@@ -155,6 +208,19 @@ int64_t pi_quantize(int type, const float *src, void *dst, int64_t n_rows, int64
             break;
         case PI_Q8_0: quantize_row_q8_0(x, (block_q8_0 *)y, n_cols); break;
         case PI_Q4_0: quantize_row_q4_0(x, (block_q4_0 *)y, n_cols); break;
+        case PI_Q5_0: quantize_row_q5_0(x, (block_q5_0 *)y, n_cols); break;
+        case PI_Q4_1:
+            for (int64_t b = 0; b < n_cols / QK; b++) {
+                block_q4_1 *o = (block_q4_1 *)y + b;
+                quantize_row_q_1(x + b * QK, &o->d, NULL, o->qs, 4);
+            }
+            break;
+        case PI_Q5_1:
+            for (int64_t b = 0; b < n_cols / QK; b++) {
+                block_q5_1 *o = (block_q5_1 *)y + b;
+                quantize_row_q_1(x + b * QK, &o->d, o->qh, o->qs, 5);
+            }
+            break;
         default: return 0;
         }
     }
@@ -185,6 +251,28 @@ static void dequantize_row(int type, const void *src, float *y, int64_t n_cols) 
                 y[j] = d * (float)((b[k].qs[j] & 0x0f) - 8);
                 y[j + QK / 2] = d * (float)((b[k].qs[j] >> 4) - 8);
             }
+        }
+        break;
+    }
+    case PI_Q4_1: case PI_Q5_0: case PI_Q5_1: {
+        const int64_t size = pi_row_size(type, QK);
+        for (int64_t k = 0; k < n_cols / QK; k++, y += QK) {
+            int8_t q[QK];
+            float d, m;
+            pi_unpack_q32(type, (const uint8_t *)src + k * size, q, &d, &m);
+            for (int j = 0; j < QK; j++) y[j] = d * (float)q[j] + m;
+        }
+        break;
+    }
+    case PI_Q4_K: case PI_Q5_K: case PI_Q6_K: {
+        const int64_t size = pi_row_size(type, QK_K);
+        for (int64_t k = 0; k < n_cols / QK_K; k++, y += QK_K) {
+            int8_t q[QK_K];
+            float dsc[16], dmn[16];
+            pi_unpack_qk(type, (const uint8_t *)src + k * size, q, dsc, dmn);
+            /* value = d * sc * q - dmin * m (Q4_K/Q5_K, 8 groups of 32) or d * sc * (q - 32) (Q6_K, 16 of 16) */
+            const int g = type == PI_Q6_K ? 16 : 32;
+            for (int j = 0; j < QK_K; j++) y[j] = dsc[j / g] * (float)q[j] - dmn[j / g];
         }
         break;
     }

@@ -16,7 +16,8 @@ try:
     from .._pi import ffi, lib
 except ImportError as exc:  # pragma: no cover - only without a built extension
     raise ImportError(
-        "the C kernels are not built: run `pip install -e .` (or `make install`) in the project folder"
+        f"the C kernels are not built or do not load ({exc}): run `pip install -e .` (or `make install`) "
+        "in the project folder"
     ) from exc
 
 
@@ -159,3 +160,235 @@ class CpuKernels:
 
 
     # ==== norms, rope, softmax, attention, activations (owner: ops helper) ===============================
+
+    # Each method tests the common case (C-contiguous float32 arrays of matching shapes) with a few attribute
+    # checks; anything else goes to a full validator that raises ValueError naming the op and argument (or
+    # accepts, e.g. an ndarray subclass). C gets pointers to the arrays themselves: no copies; outputs are
+    # allocated here with np.empty. Decoding makes a few hundred of these calls per token.
+
+    def rmsnorm(self, x, w, eps) -> np.ndarray:
+        """x / sqrt(mean(x^2) + eps) * w over the last dim of x f32 [..., D]; w f32 [D] or None. New array."""
+        if not (type(x) is np.ndarray and x.dtype is _F32 and x.flags.c_contiguous and x.ndim and eps >= 0
+                and (w is None or (type(w) is np.ndarray and w.dtype is _F32 and w.flags.c_contiguous
+                                  and w.shape == x.shape[-1:]))):
+            _ops_check_norm("rmsnorm", x, w, None, eps)
+        y = np.empty(x.shape, _F32)
+        if x.size:
+            dim = x.shape[-1]
+            lib.pi_rmsnorm(self._pool or _ops_closed(), _fb(_FA, x), ffi.NULL if w is None else _fb(_FA, w), eps,
+                           x.size // dim, dim, _fb(_FA, y))
+        return y
+
+    def layernorm(self, x, w, b, eps) -> np.ndarray:
+        """(x - mean) / sqrt(var + eps) * w + b over the last dim; w, b f32 [D] or None. New array."""
+        _ops_check_norm("layernorm", x, w, b, eps)
+        y = np.empty(x.shape, _F32)
+        if x.size:
+            dim = x.shape[-1]
+            lib.pi_layernorm(self._pool or _ops_closed(), _fb(_FA, x), ffi.NULL if w is None else _fb(_FA, w),
+                             ffi.NULL if b is None else _fb(_FA, b), eps, x.size // dim, dim, _fb(_FA, y))
+        return y
+
+    def rope(self, x, pos, n_rot, freq_base, freq_scale, neox) -> np.ndarray:
+        """Rotates the first n_rot dims of every head of x f32 [N, H, D] in place (pos int32 [N]); returns x."""
+        if not (type(x) is np.ndarray and x.dtype is _F32 and x.flags.c_contiguous and x.flags.writeable
+                and x.ndim == 3 and type(pos) is np.ndarray and pos.dtype is _I32 and pos.flags.c_contiguous
+                and pos.shape == x.shape[:1] and 0 <= n_rot <= x.shape[2] and not n_rot % 2 and freq_base > 0
+                and -_OPS_BIG < freq_scale < _OPS_BIG):
+            pos = _ops_check_rope(x, pos, n_rot, freq_base, freq_scale)
+        if x.size and n_rot:
+            n_tok, n_head, head_dim = x.shape
+            lib.pi_rope(self._pool or _ops_closed(), _fb(_FA, x), _fb(_IA, pos), n_tok, n_head, head_dim, n_rot,
+                        freq_base, freq_scale, 1 if neox else 0)
+        return x
+
+    def softmax(self, x) -> np.ndarray:
+        """Softmax over the last dim of x f32, in place; returns x."""
+        if not (type(x) is np.ndarray and x.dtype is _F32 and x.flags.c_contiguous and x.flags.writeable
+                and x.ndim):
+            _ops_check_f32("softmax", "x", x, writable=True)
+            _ops_check_ndim("softmax", x)
+        if x.size:
+            n_cols = x.shape[-1]
+            lib.pi_softmax(self._pool or _ops_closed(), _fb(_FA, x), x.size // n_cols, n_cols)
+        return x
+
+    def attention(self, q, k, v, pos0, window, scale) -> np.ndarray:
+        """Causal GQA: q f32 [N, H, D] at positions pos0.., k/v f16 [Hkv, n_ctx, D] -> f32 [N, H, D]."""
+        if not (type(q) is np.ndarray and q.dtype is _F32 and q.flags.c_contiguous and q.ndim == 3
+                and type(k) is np.ndarray and k.dtype is _F16 and k.flags.c_contiguous and k.ndim == 3
+                and type(v) is np.ndarray and v.dtype is _F16 and v.flags.c_contiguous and v.shape == k.shape
+                and k.shape[2] == q.shape[2] and k.shape[0] and not q.shape[1] % k.shape[0]
+                and 0 <= pos0 and pos0 + q.shape[0] <= k.shape[1] and window >= 0 and -_OPS_BIG < scale < _OPS_BIG):
+            _ops_check_attention(q, k, v, pos0, window, scale)
+        out = np.empty(q.shape, _F32)
+        if q.size:
+            n_tok, n_head, head_dim = q.shape
+            lib.pi_attention(self._pool or _ops_closed(), _fb(_FA, q), _fb(_HA, k), _fb(_HA, v), n_tok, n_head,
+                             k.shape[0], head_dim, k.shape[1], pos0, window, scale, _fb(_FA, out))
+        return out
+
+    def _unary(self, fn, x, op: str) -> np.ndarray:
+        if not (type(x) is np.ndarray and x.dtype is _F32 and x.flags.c_contiguous):
+            _ops_check_f32(op, "x", x)
+        y = np.empty(x.shape, _F32)
+        if x.size:
+            fn(self._pool or _ops_closed(), _fb(_FA, x), _fb(_FA, y), x.size)
+        return y
+
+    def _gated(self, fn, g, u, op: str) -> np.ndarray:
+        if not (type(g) is np.ndarray and g.dtype is _F32 and g.flags.c_contiguous
+                and type(u) is np.ndarray and u.dtype is _F32 and u.flags.c_contiguous and g.shape == u.shape):
+            _ops_check_f32(op, "g", g)
+            _ops_check_f32(op, "u", u)
+            if g.shape != u.shape:
+                raise ValueError(f"{op}: g and u shapes differ: {g.shape} vs {u.shape}")
+        y = np.empty(g.shape, _F32)
+        if g.size:
+            fn(self._pool or _ops_closed(), _fb(_FA, g), _fb(_FA, u), _fb(_FA, y), g.size)
+        return y
+
+    def relu(self, x) -> np.ndarray:
+        """max(x, 0). New array."""
+        return self._unary(lib.pi_relu, x, "relu")
+
+    def silu(self, x) -> np.ndarray:
+        """x * sigmoid(x). New array."""
+        return self._unary(lib.pi_silu, x, "silu")
+
+    def gelu(self, x) -> np.ndarray:
+        """GELU, tanh approximation. New array."""
+        return self._unary(lib.pi_gelu, x, "gelu")
+
+    def swiglu(self, g, u) -> np.ndarray:
+        """silu(g) * u. New array."""
+        return self._gated(lib.pi_swiglu, g, u, "swiglu")
+
+    def geglu(self, g, u) -> np.ndarray:
+        """gelu(g) * u. New array."""
+        return self._gated(lib.pi_geglu, g, u, "geglu")
+
+    # ==== sparse FFN (owner: sparse helper) ==============================================================
+    # Validation is kernels/ref.py's (same messages); C gets pointers to the caller's arrays when they are
+    # already int32 / float32 and C-contiguous, which is what the sparse FFN hands it.
+
+    def axpy_rows(self, w: Tensor, rows, h) -> np.ndarray:
+        """y[t, :] = sum_j h[t, j] * w[rows[j], :] over the listed rows of w (ffn_down_t), zero h skipped.
+        rows int32 [n_sel] ascending; h f32 [n_sel] -> y [n_cols], or [n_tok, n_sel] -> [n_tok, n_cols]."""
+        _, wp, ty, n_rows, n_cols = self._weight(w)
+        if self._pool is None:
+            raise ValueError("this CpuKernels has been closed")
+        what = f"axpy_rows {w.name}"
+        r = _ref.check_sparse_rows(what, rows, n_rows)
+        h2 = _ref.check_sparse_h(what, h, len(r))
+        n_tok, n_sel = h2.shape
+        y = np.empty((n_tok, n_cols), dtype=np.float32)
+        if n_tok and n_cols:
+            lib.pi_axpy_rows(self._pool, ty, wp, n_cols, ffi.from_buffer("int32_t[]", r),
+                             ffi.from_buffer("float[]", h2), n_sel, n_tok, ffi.from_buffer("float[]", y))
+        return y[0] if h.ndim == 1 else y
+
+    def select_active(self, logits, threshold) -> np.ndarray:
+        """Ascending int32 indices i with logits[i] >= threshold (logits f32 [n_ff]; NaN is inactive)."""
+        logits = _ref._check_vector("select_active", "logits", logits)
+        if np.isnan(threshold):
+            raise ValueError("select_active: threshold is NaN")
+        out = np.empty(len(logits), dtype=np.int32)
+        k = lib.pi_select_active(ffi.from_buffer("float[]", logits), len(logits), float(threshold),
+                                 ffi.from_buffer("int32_t[]", out)) if len(logits) else 0
+        return out[:k]
+
+    def select_nonzero(self, x) -> np.ndarray:
+        """Ascending int32 indices i with x[i] != 0 (x f32 [n_ff] after ReLU; NaN counts as nonzero)."""
+        x = _ref._check_vector("select_nonzero", "x", x)
+        out = np.empty(len(x), dtype=np.int32)
+        k = lib.pi_select_nonzero(ffi.from_buffer("float[]", x), len(x), ffi.from_buffer("int32_t[]", out)) \
+            if len(x) else 0
+        return out[:k]
+
+
+# Full validators for the ops above: reached only when the fast test fails; they raise or accept.
+_F32, _F16, _I32 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32)
+_FA, _HA, _IA = ffi.typeof("float[]"), ffi.typeof("uint16_t[]"), ffi.typeof("int32_t[]")
+_fb = ffi.from_buffer
+_OPS_BIG = 3.0e38  # finite-number test that also rejects NaN (comparisons with NaN are false)
+
+
+def _ops_closed():
+    raise ValueError("this CpuKernels has been closed")
+
+
+def _ops_desc(a) -> str:
+    if isinstance(a, np.ndarray):
+        order = "C-contiguous" if a.flags.c_contiguous else "non-contiguous"
+        return f"{order} {a.dtype} array of shape {a.shape}"
+    return type(a).__name__
+
+
+def _ops_check_f32(op: str, name: str, x, writable: bool = False) -> None:
+    if not isinstance(x, np.ndarray) or x.dtype != _F32 or not x.flags.c_contiguous:
+        raise ValueError(f"{op}: {name} must be a C-contiguous float32 array, got {_ops_desc(x)}")
+    if writable and not x.flags.writeable:
+        raise ValueError(f"{op}: {name} is modified in place and must be writable")
+
+
+def _ops_check_ndim(op: str, x: np.ndarray) -> None:
+    if x.ndim == 0:
+        raise ValueError(f"{op}: x must have at least one dimension")
+
+
+def _ops_check_norm(op: str, x, w, b, eps) -> None:
+    _ops_check_f32(op, "x", x)
+    _ops_check_ndim(op, x)
+    for name, p in (("w", w), ("b", b)):
+        if p is not None:
+            _ops_check_f32(op, name, p)
+            if p.shape != x.shape[-1:]:
+                raise ValueError(f"{op}: {name} must have shape {x.shape[-1:]} to match x, got {p.shape}")
+    if not float(eps) >= 0.0:
+        raise ValueError(f"{op}: eps must be >= 0, got {eps}")
+
+
+def _ops_check_rope(x, pos, n_rot, freq_base, freq_scale) -> np.ndarray:
+    """Validates rope's arguments; returns pos as C-contiguous int32."""
+    _ops_check_f32("rope", "x", x, writable=True)
+    if x.ndim != 3:
+        raise ValueError(f"rope: x must be [n_tok, n_head, head_dim], got shape {x.shape}")
+    n_tok, head_dim = x.shape[0], x.shape[2]
+    if not isinstance(pos, np.ndarray) or pos.shape != (n_tok,) or pos.dtype.kind not in "iu":
+        raise ValueError(f"rope: pos must be an integer array of shape ({n_tok},), got {_ops_desc(pos)}")
+    if pos.dtype != _I32 or not pos.flags.c_contiguous:
+        if n_tok and (int(pos.min()) < -2**31 or int(pos.max()) >= 2**31):
+            raise ValueError("rope: positions do not fit in int32")
+        pos = np.ascontiguousarray(pos, dtype=np.int32)
+    if int(n_rot) != n_rot or n_rot < 0 or n_rot % 2 or n_rot > head_dim:
+        raise ValueError(f"rope: n_rot must be even and in [0, head_dim={head_dim}], got {n_rot}")
+    if not float(freq_base) > 0 or not abs(float(freq_scale)) < _OPS_BIG:
+        raise ValueError(f"rope: freq_base must be > 0 and freq_scale finite, got {freq_base}, {freq_scale}")
+    return pos
+
+
+def _ops_check_attention(q, k, v, pos0, window, scale) -> None:
+    _ops_check_f32("attention", "q", q)
+    if q.ndim != 3:
+        raise ValueError(f"attention: q must be [n_tok, n_head, head_dim], got shape {q.shape}")
+    n_tok, n_head, head_dim = q.shape
+    for name, a in (("k", k), ("v", v)):
+        if not isinstance(a, np.ndarray) or a.dtype != _F16 or not a.flags.c_contiguous or a.ndim != 3:
+            raise ValueError(f"attention: {name} must be a C-contiguous float16 array [n_head_kv, n_ctx, head_dim],"
+                             f" got {_ops_desc(a)}")
+    if k.shape != v.shape:
+        raise ValueError(f"attention: k and v shapes differ: {k.shape} vs {v.shape}")
+    n_head_kv, n_ctx, kv_dim = k.shape
+    if kv_dim != head_dim:
+        raise ValueError(f"attention: q has head_dim {head_dim}, the cache has {kv_dim}")
+    if n_head_kv < 1 or n_head % n_head_kv:
+        raise ValueError(f"attention: n_head ({n_head}) must be a multiple of n_head_kv ({n_head_kv})")
+    if int(pos0) != pos0 or int(window) != window:
+        raise ValueError(f"attention: pos0 and window must be integers, got {pos0!r}, {window!r}")
+    if pos0 < 0 or pos0 + n_tok > n_ctx:
+        raise ValueError(f"attention: positions {pos0}..{pos0 + n_tok - 1} do not fit in the cache (n_ctx {n_ctx})")
+    if window < 0:
+        raise ValueError(f"attention: window must be >= 0 (0 = no window), got {window}")
+    if not abs(float(scale)) < _OPS_BIG:
+        raise ValueError(f"attention: scale must be finite, got {scale}")

@@ -156,6 +156,106 @@ def get_rows(w: Tensor, ids) -> np.ndarray:
 
 
 # ==== norms, rope, softmax, attention, activations (owner: ops helper) ====================================
+# Computed in float64 and rounded to float32 once at the end, so the spec is as exact as numpy allows.
+
+
+def rmsnorm(x, w, eps) -> np.ndarray:
+    """x / sqrt(mean(x^2, last dim) + eps) * w: a new f32 array of x's shape (w f32 [D] or None)."""
+    x64 = np.asarray(x, dtype=np.float64)
+    y = x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + float(eps))
+    if w is not None:
+        y = y * np.asarray(w, dtype=np.float64)
+    return y.astype(np.float32)
+
+
+def layernorm(x, w, b, eps) -> np.ndarray:
+    """(x - mean) / sqrt(var + eps) * w + b over the last dim (biased variance); w, b f32 [D] or None."""
+    x64 = np.asarray(x, dtype=np.float64)
+    c = x64 - np.mean(x64, axis=-1, keepdims=True)
+    y = c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + float(eps))
+    if w is not None:
+        y = y * np.asarray(w, dtype=np.float64)
+    if b is not None:
+        y = y + np.asarray(b, dtype=np.float64)
+    return y.astype(np.float32)
+
+
+def rope(x, pos, n_rot, freq_base, freq_scale, neox) -> np.ndarray:
+    """Rotates x f32 [N, H, D] in place and returns it. Pair i < n_rot/2 of token t turns by
+    pos[t] * freq_scale * freq_base^(-2i/n_rot); pairs are (2i, 2i+1) (normal) or (i, i + n_rot/2) (neox)."""
+    half = n_rot // 2
+    inv_freq = float(freq_base) ** (-2.0 * np.arange(half) / n_rot)
+    theta = np.asarray(pos, dtype=np.float64)[:, None] * (float(freq_scale) * inv_freq)  # [N, half]
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]  # broadcast over heads
+    if neox:
+        ia, ib = np.arange(half), np.arange(half) + half
+    else:
+        ia, ib = np.arange(0, n_rot, 2), np.arange(1, n_rot, 2)
+    a, b = x[..., ia].astype(np.float64), x[..., ib].astype(np.float64)
+    x[..., ia] = a * c - b * s
+    x[..., ib] = a * s + b * c
+    return x
+
+
+def softmax(x) -> np.ndarray:
+    """Softmax over the last dim of x f32, in place (max subtracted first); returns x."""
+    x64 = np.asarray(x, dtype=np.float64)
+    e = np.exp(x64 - np.max(x64, axis=-1, keepdims=True))
+    x[...] = e / np.sum(e, axis=-1, keepdims=True)
+    return x
+
+
+def attention(q, k, v, pos0, window, scale) -> np.ndarray:
+    """Causal grouped-query attention. q f32 [N, H, D] (token t at position pos0 + t); k, v f16 [Hkv, n_ctx, D].
+    Query head h reads kv head h // (H // Hkv); position p sees j <= p with j > p - window when window > 0.
+    Returns f32 [N, H, D]."""
+    n_tok, n_head, _ = q.shape
+    n_rep = n_head // k.shape[0]
+    out = np.empty(q.shape, dtype=np.float32)
+    for t in range(n_tok):
+        p = pos0 + t
+        j0 = max(0, p - window + 1) if window > 0 else 0
+        for h in range(n_head):
+            kh = k[h // n_rep, j0:p + 1].astype(np.float64)  # [n, D]
+            vh = v[h // n_rep, j0:p + 1].astype(np.float64)
+            s = float(scale) * (kh @ q[t, h].astype(np.float64))
+            w = np.exp(s - s.max())
+            out[t, h] = (w / w.sum()) @ vh
+    return out
+
+
+def relu(x) -> np.ndarray:
+    return np.maximum(np.asarray(x, dtype=np.float32), np.float32(0))
+
+
+def silu(x) -> np.ndarray:
+    """x * sigmoid(x)."""
+    x64 = np.asarray(x, dtype=np.float64)
+    return (x64 / (1.0 + np.exp(-x64))).astype(np.float32)
+
+
+def _gelu64(x64: np.ndarray) -> np.ndarray:
+    # 0.5 (1 + tanh(u)) == 1 / (1 + e^(-2u)); the second form keeps full relative precision for u << 0,
+    # where 1 + tanh(u) cancels to nothing even in float64
+    u = np.sqrt(2.0 / np.pi) * (x64 + 0.044715 * x64**3)
+    with np.errstate(over="ignore"):
+        return x64 / (1.0 + np.exp(-2.0 * u))
+
+
+def gelu(x) -> np.ndarray:
+    """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    return _gelu64(np.asarray(x, dtype=np.float64)).astype(np.float32)
+
+
+def swiglu(g, u) -> np.ndarray:
+    """silu(g) * u."""
+    g64 = np.asarray(g, dtype=np.float64)
+    return (g64 / (1.0 + np.exp(-g64)) * np.asarray(u, dtype=np.float64)).astype(np.float32)
+
+
+def geglu(g, u) -> np.ndarray:
+    """gelu(g) * u."""
+    return (_gelu64(np.asarray(g, dtype=np.float64)) * np.asarray(u, dtype=np.float64)).astype(np.float32)
 
 
 class RefKernels:
@@ -171,3 +271,72 @@ class RefKernels:
 
     def close(self) -> None:
         pass
+
+
+# ==== sparse FFN (owner: sparse helper) ==================================================================
+# Semantics: FORMATS.md section 2. `rows` lists neurons (rows of ffn_down_t, n_embd values each) in ascending
+# order; h holds their activations per token. Validation is shared with cpu.py so both raise the same errors.
+
+
+def check_sparse_rows(what: str, rows, n_rows: int) -> np.ndarray:
+    """rows as a C-contiguous int32 array [n_sel]: strictly ascending, every entry in [0, n_rows)."""
+    r = np.asarray(rows)
+    if r.ndim != 1 or (r.dtype.kind not in "iu" and r.size):
+        raise ValueError(f"{what}: rows must be a 1-D integer array, got {r.dtype} {r.shape}")
+    if r.size:
+        # order first, on the caller's dtype, so that a wide integer cannot wrap into range in the cast
+        if r.size > 1 and not (r[1:] > r[:-1]).all():
+            raise ValueError(f"{what}: rows must be strictly ascending")
+        lo, hi = int(r[0]), int(r[-1])
+        if lo < 0 or hi >= n_rows:
+            raise IndexError(f"{what}: rows must be in [0, {n_rows}), got {lo}..{hi}")
+        if r.dtype != np.int32 or not r.flags.c_contiguous:
+            r = np.ascontiguousarray(r, dtype=np.int32)
+    elif r.dtype != np.int32:
+        r = np.zeros(0, np.int32)
+    return r
+
+
+def check_sparse_h(what: str, h, n_sel: int) -> np.ndarray:
+    """h as a C-contiguous float32 array [n_tok, n_sel] (a 1-D h [n_sel] is one token)."""
+    if not isinstance(h, np.ndarray) or h.dtype != np.float32:
+        raise ValueError(f"{what}: h must be a float32 array, got {getattr(h, 'dtype', type(h).__name__)}")
+    if h.ndim not in (1, 2) or h.shape[-1] != n_sel:
+        raise ValueError(f"{what}: h must have shape [{n_sel}] or [n_tok, {n_sel}] to match rows, got {h.shape}")
+    return np.ascontiguousarray(h.reshape(-1, n_sel))
+
+
+def axpy_rows(w: Tensor, rows, h) -> np.ndarray:
+    """y[t, :] = sum_j h[t, j] * w[rows[j], :] over j with h[t, j] != 0, in f64 rounded to f32 once.
+    h f32 [n_sel] -> y [n_cols], or [n_tok, n_sel] -> [n_tok, n_cols]. Rows whose h is zero for every token
+    take no part (a non-finite weight there does not leak into y)."""
+    check_kernel_type(w.type, w.name)
+    what = f"axpy_rows {w.name}"
+    if len(w.shape) != 2:
+        raise ValueError(f"{what}: the weight must be 2-D, got shape {w.shape}")
+    r = check_sparse_rows(what, rows, w.n_rows)
+    h2 = check_sparse_h(what, h, len(r))
+    keep = (h2 != 0).any(axis=0)
+    wd = dequantize(w).reshape(w.n_rows, w.n_cols)[r[keep]].astype(np.float64)
+    y = (h2[:, keep].astype(np.float64) @ wd).astype(np.float32)
+    return y[0] if np.ndim(h) == 1 else y
+
+
+def _check_vector(what: str, name: str, x) -> np.ndarray:
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 1:
+        raise ValueError(f"{what}: {name} must be a 1-D float32 array, got "
+                         f"{getattr(x, 'dtype', type(x).__name__)} {getattr(x, 'shape', '')}")
+    return np.ascontiguousarray(x)
+
+
+def select_active(logits, threshold) -> np.ndarray:
+    """Ascending int32 indices i with logits[i] >= threshold (predictor mode; NaN logits are inactive)."""
+    logits = _check_vector("select_active", "logits", logits)
+    if np.isnan(threshold):
+        raise ValueError("select_active: threshold is NaN")
+    return np.flatnonzero(logits >= np.float32(threshold)).astype(np.int32)
+
+
+def select_nonzero(x) -> np.ndarray:
+    """Ascending int32 indices i with x[i] != 0 (exact mode, after ReLU; NaN counts as nonzero)."""
+    return np.flatnonzero(_check_vector("select_nonzero", "x", x)).astype(np.int32)

@@ -1,0 +1,129 @@
+/* matmul_internal.h: internal (not read by cffi). Block layouts of the quantized types and the pieces that
+ * quant.c, matmul.c and matmul_k.c share.
+ *
+ * Layouts are llama.cpp's (gguf/quants.py decodes the same bytes). Element order inside a block:
+ *   Q4_0/Q4_1/Q5_0/Q5_1 (32): element j < 16 in the low nibble of qs[j], j + 16 in its high nibble; bit 4 of
+ *     element j (Q5_*) is bit j of the little-endian uint32 qh. Q*_0: value = d * (q - 8 or 16); Q*_1: d * q + m.
+ *   Q4_K/Q5_K (256 = 8 sub-blocks of 32, 6-bit scale sc and min m each, packed in scales[12]):
+ *     chunk c < 4 of 64 elements: sub-block 2c = low nibbles of qs[32c..32c+31], 2c + 1 = high nibbles;
+ *     bit 4 (Q5_K) of element l of sub-block s is bit s of qh[l]. value = d * sc * q - dmin * m.
+ *   Q6_K (256 = 16 groups of 16, int8 scale each): half h < 2 of 128 elements uses ql[64h..], qh[32h..];
+ *     element 32i + l (i < 4, l < 32) = nibble (i >= 2 ? high : low) of ql[64h + 32(i & 1) + l] | bits 2i..2i+1
+ *     of qh[32h + l] << 4. value = d * sc * (q - 32).
+ *   Q8_K (activations only): f32 d, int8 qs[256], int16 bsums[16] (sums of 16 consecutive qs).
+ */
+#ifndef PI_MATMUL_INTERNAL_H
+#define PI_MATMUL_INTERNAL_H
+#include <stdint.h>
+#include <string.h>
+
+#include "pool.h"
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#define QK 32    /* elements per Q4_0 ... Q8_0 block */
+#define QK_K 256 /* elements per K-quant super-block */
+
+typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;
+typedef struct { uint16_t d; uint8_t qs[QK / 2]; } block_q4_0;
+typedef struct { uint16_t d, m; uint8_t qs[QK / 2]; } block_q4_1;
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_0;
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_1;
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_K;
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
+typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } block_q6_K;
+typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;
+_Static_assert(sizeof(block_q8_0) == 34, "Q8_0 block is 34 bytes");
+_Static_assert(sizeof(block_q4_0) == 18, "Q4_0 block is 18 bytes");
+_Static_assert(sizeof(block_q4_1) == 20, "Q4_1 block is 20 bytes");
+_Static_assert(sizeof(block_q5_0) == 22, "Q5_0 block is 22 bytes");
+_Static_assert(sizeof(block_q5_1) == 24, "Q5_1 block is 24 bytes");
+_Static_assert(sizeof(block_q4_K) == 144, "Q4_K block is 144 bytes");
+_Static_assert(sizeof(block_q5_K) == 176, "Q5_K block is 176 bytes");
+_Static_assert(sizeof(block_q6_K) == 210, "Q6_K block is 210 bytes");
+_Static_assert(sizeof(block_q8_K) == 292, "Q8_K block is 292 bytes");
+
+static inline float pi_h2f(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (exp == 0) { float f = (float)man * 0x1p-24f; return sign ? -f : f; }
+    u = sign | (exp == 0x1f ? 0x7f800000u | (man << 13) : ((exp + 112) << 23) | (man << 13));
+    float f; memcpy(&f, &u, 4); return f;
+#endif
+}
+
+static inline int pi_is_k_type(int type) { return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q6_K; }
+
+/* Q4_K/Q5_K: the 8 six-bit scales and mins of a super-block from its 12 packed bytes */
+static inline void pi_k_scale_min(const uint8_t *p, uint8_t sc[8], uint8_t mn[8]) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = p[j] & 63;
+        mn[j] = p[j + 4] & 63;
+        sc[j + 4] = (uint8_t)((p[j + 8] & 15) | ((p[j] >> 6) << 4));
+        mn[j + 4] = (uint8_t)((p[j + 8] >> 4) | ((p[j + 4] >> 6) << 4));
+    }
+}
+
+/* One 32-element block of Q4_1/Q5_0/Q5_1 -> integer values q (Q5_0: already minus 16), d and m (0 for Q5_0) */
+static inline void pi_unpack_q32(int type, const uint8_t *blk, int8_t q[QK], float *d, float *m) {
+    uint16_t dh, mh = 0;
+    uint32_t qh = 0;
+    const uint8_t *qs;
+    memcpy(&dh, blk, 2);
+    if (type == PI_Q5_0) { memcpy(&qh, blk + 2, 4); qs = blk + 6; }
+    else if (type == PI_Q5_1) { memcpy(&mh, blk + 2, 2); memcpy(&qh, blk + 4, 4); qs = blk + 8; }
+    else { memcpy(&mh, blk + 2, 2); qs = blk + 4; }
+    const int off = type == PI_Q5_0 ? 16 : 0;
+    for (int j = 0; j < QK / 2; j++) {
+        q[j] = (int8_t)(((qs[j] & 15) | ((qh >> j) & 1) << 4) - off);
+        q[j + QK / 2] = (int8_t)(((qs[j] >> 4) | ((qh >> (j + QK / 2)) & 1) << 4) - off);
+    }
+    *d = pi_h2f(dh);
+    *m = type == PI_Q5_0 ? 0.0f : pi_h2f(mh);
+}
+
+/* One K-quant super-block -> q int8 [256] (Q6_K: minus 32; Q4_K/Q5_K: unsigned 0..31), and per group the
+ * f32 factors of value = dsc[g] * q - dmn[g]: groups of 32 (Q4_K/Q5_K: dsc = d * sc, dmn = dmin * m) or of 16
+ * (Q6_K: dsc = d * sc, dmn = 0). The products are rounded to f32 the way gguf's numpy decoder rounds them. */
+static inline void pi_unpack_qk(int type, const uint8_t *blk, int8_t q[QK_K], float dsc[16], float dmn[16]) {
+    if (type == PI_Q6_K) {
+        const block_q6_K *b = (const block_q6_K *)blk;
+        const float d = pi_h2f(b->d);
+        for (int h = 0; h < 2; h++)
+            for (int i = 0; i < 4; i++)
+                for (int l = 0; l < 32; l++) {
+                    const uint8_t lo = b->ql[64 * h + 32 * (i & 1) + l];
+                    const int v = (i >= 2 ? lo >> 4 : lo & 15) | ((b->qh[32 * h + l] >> (2 * i)) & 3) << 4;
+                    q[128 * h + 32 * i + l] = (int8_t)(v - 32);
+                }
+        for (int g = 0; g < 16; g++) { dsc[g] = d * (float)b->scales[g]; dmn[g] = 0.0f; }
+        return;
+    }
+    const block_q4_K *b4 = (const block_q4_K *)blk; /* Q5_K starts with the same fields */
+    const uint8_t *qs = type == PI_Q5_K ? ((const block_q5_K *)blk)->qs : b4->qs;
+    const uint8_t *qh = type == PI_Q5_K ? ((const block_q5_K *)blk)->qh : NULL;
+    uint8_t sc[8], mn[8];
+    pi_k_scale_min(b4->scales, sc, mn);
+    const float d = pi_h2f(b4->d), dmin = pi_h2f(b4->dmin);
+    for (int s = 0; s < 8; s++) {
+        for (int l = 0; l < 32; l++) {
+            const uint8_t byte = qs[32 * (s / 2) + l];
+            int v = s & 1 ? byte >> 4 : byte & 15;
+            if (qh) v |= ((qh[l] >> s) & 1) << 4;
+            q[32 * s + l] = (int8_t)v;
+        }
+        dsc[s] = d * (float)sc[s];
+        dmn[s] = dmin * (float)mn[s];
+    }
+}
+
+/* K-quant matmuls (matmul_k.c), called by pi_matmul / pi_matmul_rows for Q4_K, Q5_K and Q6_K.
+ * rows == NULL: all n_rows rows; else the n_rows selected rows rows[0..n_rows-1]. y f32 [n_tok, n_rows]. */
+void pi_matmul_k(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *rows, int64_t n_rows,
+                 const float *x, int64_t n_tok, float *y);
+
+#endif

@@ -1,0 +1,254 @@
+/* matmul_k.c: y[t, r] = sum_c w[r, c] * x[t, c] for the K-quants Q4_K, Q5_K and Q6_K (llama.cpp's layouts,
+ * see matmul_internal.h), dense (pi_matmul) or on selected rows (pi_matmul_rows).
+ *
+ * As in llama.cpp, each token's activations are first quantized to Q8_K super-blocks of 256:
+ *   m = the first element of largest magnitude (sign kept), iscale = -127 / m, q = min(127, round-half-even(
+ *   iscale * x)), d = 1 / iscale (f32), bsums = sums of 16 consecutive q.
+ * Per (row, token, super-block) the integer parts are then exact:
+ *   Q4_K/Q5_K: isum = sum_s sc_s * (q_w . q_x over sub-block s), imin = sum_s m_s * (bsum_2s + bsum_2s+1),
+ *              y += (d_x * d) * isum - (d_x * dmin) * imin;
+ *   Q6_K:      isum = sum_g sc_g * (q_w . q_x over group g) - 32 * sum_g sc_g * bsum_g  (q_w unsigned 0..63),
+ *              y += (d_x * d) * isum.
+ * Variants:
+ *   - AVX-512 (F + BW + VL): 64 weights per zmm in the activations' natural order; maddubs(q_w, q_x) gives
+ *     int16 pair sums (no saturation: q_w <= 63), then dpwssd (VNNI) or madd + add multiplies them by the
+ *     sub-block scales (spread over the words by one vpermw) into int32 lanes; per super-block the lanes go to
+ *     f32 with one fma. The min / -32 terms use the int16 bsums with one madd.
+ *   - scalar: everything else (AVX2-only machines included).
+ * Every (row, token) is one call of the same dot function, whichever tile, thread or entry point it lands
+ * in, so results are bit-identical across runs, thread counts, decode/prefill and dense/row-gather.
+ */
+#include "matmul_internal.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define MK_AVX512 1
+#include <immintrin.h>
+#endif
+
+#define ROW_BLOCK 16 /* rows per chunk granule */
+#define TOK_BLOCK 16 /* tokens per pass over a row (its super-blocks stay in L1) */
+
+typedef struct {
+    int type;
+    const uint8_t *w;
+    int64_t row_bytes, n_sb, n_out, n_tok, rows_per_chunk;
+    const int32_t *sel;     /* NULL: output row i is weight row i */
+    const float *x;         /* f32 [n_tok, n_sb * 256] */
+    block_q8_K *xq;         /* [n_tok, n_sb] */
+    float *y;               /* f32 [n_tok, n_out] */
+} mk_job;
+
+/* ==== activation quantization (llama.cpp quantize_row_q8_K_ref) ======================================= */
+static inline int nearest_even(float v) { /* |v| < 2^22: adding 1.5 * 2^23 rounds to an integer, ties to even */
+    float t = v + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &t, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+static void quantize_q8_K(const float *x, block_q8_K *y) {
+    float amax = 0.0f, m = 0.0f;
+    for (int j = 0; j < QK_K; j++) {
+        float a = x[j] < 0 ? -x[j] : x[j];
+        if (a > amax) { amax = a; m = x[j]; }
+    }
+    if (amax == 0.0f) {
+        memset(y, 0, sizeof(*y));
+        return;
+    }
+    const float iscale = -127.0f / m;
+#if defined(MK_AVX512)
+    const __m512 vs = _mm512_set1_ps(iscale);
+    for (int j = 0; j < QK_K; j += 16) { /* cvtps rounds to nearest even (the default MXCSR mode) */
+        __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + j), vs));
+        v = _mm512_min_epi32(v, _mm512_set1_epi32(127));
+        _mm_storeu_si128((__m128i *)(y->qs + j), _mm512_cvtepi32_epi8(v));
+    }
+#else
+    for (int j = 0; j < QK_K; j++) {
+        int v = nearest_even(iscale * x[j]);
+        y->qs[j] = (int8_t)(v > 127 ? 127 : v);
+    }
+#endif
+    for (int g = 0; g < QK_K / 16; g++) {
+        int s = 0;
+        for (int i = 0; i < 16; i++) s += y->qs[16 * g + i];
+        y->bsums[g] = (int16_t)s;
+    }
+    y->d = 1.0f / iscale;
+}
+
+static void quantize_token(void *ctx, int64_t t, int thread_id) {
+    (void)thread_id;
+    const mk_job *j = ctx;
+    for (int64_t b = 0; b < j->n_sb; b++) quantize_q8_K(j->x + (t * j->n_sb + b) * QK_K, j->xq + t * j->n_sb + b);
+}
+
+/* ==== dot products of one row with one token ========================================================== */
+#if defined(MK_AVX512)
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE __m512i dot_acc(__m512i acc, __m512i p, __m512i sc) { /* acc += pairs of p * sc (int16 -> int32) */
+#if defined(__AVX512VNNI__)
+    return _mm512_dpwssd_epi32(acc, p, sc);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(p, sc));
+#endif
+}
+
+/* word w of 64 weights -> the scale of its group: 2 groups of 32 (idx_32) or 4 of 16 (idx_16), base `g` */
+INLINE __m512i scale_words(__m512i s16, int g, int per16) {
+    const __m512i w = _mm512_setr_epi32(0x00000000, 0x00010001, 0x00020002, 0x00030003, 0x00040004, 0x00050005,
+                                        0x00060006, 0x00070007, 0x00080008, 0x00090009, 0x000a000a, 0x000b000b,
+                                        0x000c000c, 0x000d000d, 0x000e000e, 0x000f000f); /* word i = i / 2 */
+    /* idx(word i) = g + i / 16 (groups of 32) or g + i / 8 (groups of 16) */
+    __m512i idx = _mm512_add_epi16(_mm512_srli_epi16(w, per16 ? 2 : 3), _mm512_set1_epi16((short)g));
+    return _mm512_permutexvar_epi16(idx, s16);
+}
+
+INLINE float hsum(__m512 acc, __m256 accm) {
+    __m128 m = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
+    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return _mm512_reduce_add_ps(acc) - _mm_cvtss_f32(m);
+}
+
+/* Q4_K / Q5_K (q5 = 1) */
+INLINE float dot_q45k(const uint8_t *row, const block_q8_K *x, int64_t n_sb, const int q5) {
+    __m512 acc = _mm512_setzero_ps();
+    __m256 accm = _mm256_setzero_ps();
+    const size_t size = q5 ? sizeof(block_q5_K) : sizeof(block_q4_K);
+    for (int64_t i = 0; i < n_sb; i++, x++) {
+        const block_q4_K *b = (const block_q4_K *)(row + i * size);
+        const uint8_t *qs = q5 ? ((const block_q5_K *)b)->qs : b->qs;
+        uint32_t a[3], u[4];
+        memcpy(a, b->scales, 12);
+        u[0] = a[0] & 0x3f3f3f3f;                                             /* sc 0..3 */
+        u[1] = (a[2] & 0x0f0f0f0f) | ((a[0] >> 6) & 0x03030303) << 4;         /* sc 4..7 */
+        u[2] = a[1] & 0x3f3f3f3f;                                             /* m 0..3 */
+        u[3] = ((a[2] >> 4) & 0x0f0f0f0f) | ((a[1] >> 6) & 0x03030303) << 4;  /* m 4..7 */
+        const __m128i scm = _mm_loadu_si128((const __m128i *)u);
+        const __m512i s16 = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(scm)); /* words 0..7 sc, 8..15 m */
+        __m256i hb = _mm256_setzero_si256();
+        if (q5) hb = _mm256_loadu_si256((const __m256i *)((const block_q5_K *)b)->qh);
+        const __m512i h = _mm512_broadcast_i64x4(hb);
+        __m512i isum = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) { /* 64 weights: sub-block 2c (low nibbles), 2c + 1 (high nibbles) */
+            __m512i z = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * c)));
+            z = _mm512_and_si512(_mm512_mask_srli_epi16(z, 0xffff0000u, z, 4), _mm512_set1_epi8(0x0f));
+            if (q5) {
+                const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * c))),
+                                                       _mm256_set1_epi8((char)(1 << (2 * c + 1))), 1);
+                z = _mm512_mask_add_epi8(z, _mm512_test_epi8_mask(h, bit), z, _mm512_set1_epi8(16));
+            }
+            __m512i p = _mm512_maddubs_epi16(z, _mm512_loadu_si512(x->qs + 64 * c));
+            isum = dot_acc(isum, p, scale_words(s16, 2 * c, 0));
+        }
+        const float dx = x->d;
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dx * pi_h2f(b->d)), acc);
+        /* mins: word k of the bsums pairs with m_(k / 2) */
+        const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_srli_si128(scm, 8), _mm_srli_si128(scm, 8)));
+        const __m256i pm = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), m16);
+        accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pm), _mm256_set1_ps(dx * pi_h2f(b->dmin)), accm);
+    }
+    return hsum(acc, accm);
+}
+
+static float dot_q6k(const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
+    __m512 acc = _mm512_setzero_ps();
+    const __m512i c02 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i c46 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+    for (int64_t i = 0; i < n_sb; i++, x++) {
+        const block_q6_K *b = (const block_q6_K *)(row + i * sizeof(block_q6_K));
+        const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+        const __m512i s16 = _mm512_zextsi256_si512(sc);
+        /* -32 * sum_g sc_g * bsum_g, in the low 8 lanes */
+        __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)x->bsums)), 5);
+        __m512i isum = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(corr));
+#pragma GCC unroll 2
+        for (int hf = 0; hf < 2; hf++) {
+            const __m512i l = _mm512_loadu_si512(b->ql + 64 * hf);
+            const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * hf)));
+            const __m512i lo = _mm512_and_si512(l, _mm512_set1_epi8(0x0f));
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(l, 4), _mm512_set1_epi8(0x0f));
+            /* bits 2i..2i+1 of qh -> bits 4..5 of the byte (shifts within 16-bit words; the mask drops spill) */
+            const __m512i h0 = _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(h, c02), 4), _mm512_set1_epi8(0x30));
+            const __m512i h1 = _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(h, c46), 4), _mm512_set1_epi8(0x30));
+            __m512i p0 = _mm512_maddubs_epi16(_mm512_or_si512(lo, h0), _mm512_loadu_si512(x->qs + 128 * hf));
+            __m512i p1 = _mm512_maddubs_epi16(_mm512_or_si512(hi, h1), _mm512_loadu_si512(x->qs + 128 * hf + 64));
+            isum = dot_acc(isum, p0, scale_words(s16, 8 * hf, 1));
+            isum = dot_acc(isum, p1, scale_words(s16, 8 * hf + 4, 1));
+        }
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(x->d * pi_h2f(b->d)), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
+    if (type == PI_Q6_K) return dot_q6k(row, x, n_sb);
+    return type == PI_Q5_K ? dot_q45k(row, x, n_sb, 1) : dot_q45k(row, x, n_sb, 0);
+}
+#else
+static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
+    const int64_t size = pi_row_size(type, QK_K);
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n_sb; i++, x++) {
+        const uint8_t *blk = row + i * size;
+        int8_t q[QK_K];
+        float dsc[16], dmn[16];
+        pi_unpack_qk(type, blk, q, dsc, dmn);
+        int32_t isum = 0, imin = 0;
+        if (type == PI_Q6_K) { /* q already minus 32: the same integer as the -32 * bsums form */
+            const block_q6_K *b = (const block_q6_K *)blk;
+            for (int g = 0; g < 16; g++) {
+                int32_t s = 0;
+                for (int l = 0; l < 16; l++) s += q[16 * g + l] * x->qs[16 * g + l];
+                isum += b->scales[g] * s;
+            }
+            acc += (x->d * pi_h2f(b->d)) * (float)isum;
+            continue;
+        }
+        const block_q4_K *b = (const block_q4_K *)blk;
+        uint8_t sc[8], mn[8];
+        pi_k_scale_min(b->scales, sc, mn);
+        for (int s = 0; s < 8; s++) {
+            int32_t d = 0;
+            for (int l = 0; l < 32; l++) d += q[32 * s + l] * x->qs[32 * s + l];
+            isum += sc[s] * d;
+            imin += mn[s] * (x->bsums[2 * s] + x->bsums[2 * s + 1]);
+        }
+        acc += (x->d * pi_h2f(b->d)) * (float)isum - (x->d * pi_h2f(b->dmin)) * (float)imin;
+    }
+    return acc;
+}
+#endif
+
+/* ==== driver ========================================================================================== */
+static void mk_chunk(void *ctx, int64_t chunk, int thread_id) {
+    (void)thread_id;
+    const mk_job *j = ctx;
+    const int64_t r_beg = chunk * j->rows_per_chunk;
+    const int64_t r_end = r_beg + j->rows_per_chunk < j->n_out ? r_beg + j->rows_per_chunk : j->n_out;
+    for (int64_t tb = 0; tb < j->n_tok; tb += TOK_BLOCK) {
+        const int64_t te = tb + TOK_BLOCK < j->n_tok ? tb + TOK_BLOCK : j->n_tok;
+        for (int64_t r = r_beg; r < r_end; r++) {
+            const uint8_t *row = j->w + (j->sel ? j->sel[r] : r) * j->row_bytes;
+            for (int64_t t = tb; t < te; t++) j->y[t * j->n_out + r] = dot_row(j->type, row, j->xq + t * j->n_sb, j->n_sb);
+        }
+    }
+}
+
+void pi_matmul_k(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *rows, int64_t n_rows,
+                 const float *x, int64_t n_tok, float *y) {
+    if (n_rows <= 0 || n_tok <= 0) return;
+    mk_job j = {.type = type, .w = w, .row_bytes = pi_row_size(type, n_cols), .n_sb = n_cols / QK_K,
+                .n_out = n_rows, .n_tok = n_tok, .sel = rows, .x = x, .y = y};
+    j.xq = pi_pool_scratch(pool, (size_t)(n_tok * j.n_sb) * sizeof(block_q8_K));
+    pi_pool_run(pool, quantize_token, &j, n_tok);
+    const int64_t n_blocks = (n_rows + ROW_BLOCK - 1) / ROW_BLOCK;
+    int64_t n_chunks = pi_pool_chunks(pool, n_blocks, 1);
+    j.rows_per_chunk = (n_blocks + n_chunks - 1) / n_chunks * ROW_BLOCK;
+    n_chunks = (n_rows + j.rows_per_chunk - 1) / j.rows_per_chunk;
+    pi_pool_run(pool, mk_chunk, &j, n_chunks);
+}

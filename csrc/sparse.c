@@ -1,0 +1,439 @@
+/* sparse.c: the sparse FFN kernels other than the row-gather mat-vec (that one is pi_matmul_rows, matmul.c).
+ *
+ *   pi_axpy_rows       y[t, :] = sum_j h[t, j] * w[rows[j], :]   (the down projection over ffn_down_t rows)
+ *   pi_select_active   ascending i with logits[i] >= threshold    (predictor mode)
+ *   pi_select_nonzero  ascending i with x[i] != 0                 (exact mode, after ReLU)
+ *
+ * AXPY work split: design (a), OUTPUT COLUMNS. Each chunk owns a column slice [c0, c1) of y for all tokens
+ * and walks every active row over that slice. Why (a) rather than per-thread partial outputs (b):
+ *   - no reduction and no shared writes: each y element is written by exactly one thread, so nothing races;
+ *   - each y element is computed by one fixed instruction sequence, y = fma(s_j, q_j, y) for the active j in
+ *     list order (s_j = h_j times the block scale, q_j the integer or float weight value), whatever the
+ *     thread count, chunking or n_tok: results are bit-identical across runs AND across thread counts, and a
+ *     list with the zero-h rows removed gives the same bits as the full list (what makes `exact` sparse mode
+ *     bit-for-bit the dense AXPY). With (b) the partial-sum boundaries move with the active count.
+ *   - balance: every chunk does (n_active x slice width) work, by construction independent of which
+ *     neurons are active; slices are equal to within one tile.
+ * The cost of (a) is shorter contiguous runs per row (row_bytes / n_chunks); slices are kept >= 1 KB when the
+ * thread count allows it and never below 256 B, and the next row group's slice is software-prefetched, since
+ * the hardware prefetcher cannot guess which row comes next.
+ *
+ * Rows whose h is zero for every token are dropped (never loaded) before the threads start. For n_tok > 1
+ * each weight vector is loaded and converted once and applied to all tokens of the call; a slice is cut into
+ * sub-slices so that y[:, sub-slice] stays in L2 (each weight byte is still read exactly once).
+ *
+ * Variants: AVX-512 (F + BW + VL): 16 lanes, 64-column tiles, masked column tails for float types;
+ * AVX2 + FMA + F16C: 8 lanes, 32-column tiles, scalar (fmaf) column tails; scalar: everything else.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "pool.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
+#define SP_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define SP_AVX2 1
+#endif
+#if defined(SP_AVX512) || defined(SP_AVX2)
+#include <immintrin.h>
+#endif
+
+#define QK 32
+#define INLINE static inline __attribute__((always_inline))
+#define MIN_SLICE_BYTES 1024  /* preferred contiguous run per row and chunk */
+#define MIN_SLICE_FLOOR 256   /* accepted when fewer chunks than threads would leave cores idle */
+#define L2_Y_BYTES (256 * 1024) /* y[:, sub-slice] budget for n_tok > 1 */
+
+typedef struct { uint16_t d; int8_t qs[QK]; } sp_q8_0;
+typedef struct { uint16_t d; uint8_t qs[QK / 2]; } sp_q4_0;
+_Static_assert(sizeof(sp_q8_0) == 34, "Q8_0 block is 34 bytes");
+_Static_assert(sizeof(sp_q4_0) == 18, "Q4_0 block is 18 bytes");
+
+static inline float sp_f16(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (exp == 0) { float f = (float)man * 0x1p-24f; return sign ? -f : f; }
+    u = sign | (exp == 0x1f ? 0x7f800000u | (man << 13) : ((exp + 112) << 23) | (man << 13));
+    float f; memcpy(&f, &u, 4); return f;
+#endif
+}
+
+static inline float sp_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+
+typedef struct {
+    int type;
+    const uint8_t *w;
+    int64_t row_bytes, n_cols, n_sel, n_tok;
+    const int32_t *rows;   /* [n_sel] neuron (row) ids */
+    const float *h;        /* f32 [n_tok, n_sel] */
+    const int32_t *act;    /* [n_act] positions j in 0..n_sel-1 with some h[t, j] != 0, ascending */
+    int64_t n_act;
+    int64_t cols_per_chunk;
+    float *y;              /* f32 [n_tok, n_cols] */
+} axpy_job;
+
+/* ---- one weight value group: the scale of the block holding column c, and the values at c ------------- */
+/* Column c of a row p: block types store q (integers) and a per-block f16 scale d; float types have d = 1. */
+INLINE float blk_scale(const int T, const uint8_t *p, int64_t c) {
+    if (T == PI_Q8_0) return sp_f16(((const sp_q8_0 *)p)[c / QK].d);
+    if (T == PI_Q4_0) return sp_f16(((const sp_q4_0 *)p)[c / QK].d);
+    return 1.0f;
+}
+
+static inline float scalar_q(const int T, const uint8_t *p, int64_t c) {
+    switch (T) {
+    case PI_F32: return ((const float *)p)[c];
+    case PI_F16: return sp_f16(((const uint16_t *)p)[c]);
+    case PI_BF16: return sp_bf16(((const uint16_t *)p)[c]);
+    case PI_Q8_0: return (float)((const sp_q8_0 *)p)[c / QK].qs[c % QK];
+    default: {
+        const sp_q4_0 *b = (const sp_q4_0 *)p + c / QK;
+        int j = (int)(c % QK);
+        return (float)((j < QK / 2 ? b->qs[j] & 0x0f : b->qs[j - QK / 2] >> 4) - 8);
+    }
+    }
+}
+
+#if defined(SP_AVX512)
+#define VL 16
+#define NV 4  /* vectors per tile */
+#define GB 4  /* rows per group, n_tok > 1 */
+typedef __m512 vf;
+#define V_ZERO() _mm512_setzero_ps()
+#define V_LOAD(p) _mm512_loadu_ps(p)
+#define V_STORE(p, v) _mm512_storeu_ps(p, v)
+#define V_SET1(x) _mm512_set1_ps(x)
+#define V_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+/* 16 weight values at column c (c % 16 == 0) of row p */
+INLINE vf vq(const int T, const uint8_t *p, int64_t c) {
+    switch (T) {
+    case PI_F32: return _mm512_loadu_ps((const float *)p + c);
+    case PI_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + c)));
+    case PI_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + c))), 16));
+    case PI_Q8_0:
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128((const __m128i *)(((const sp_q8_0 *)p)[c / QK].qs + (c & 16)))));
+    default: {
+        __m128i x = _mm_loadu_si128((const __m128i *)((const sp_q4_0 *)p)[c / QK].qs);
+        if (c & 16) x = _mm_srli_epi16(x, 4);
+        x = _mm_sub_epi8(_mm_and_si128(x, _mm_set1_epi8(0x0f)), _mm_set1_epi8(8));
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x));
+    }
+    }
+}
+/* float types only: the first n (< 16) values at column c, the rest zero */
+INLINE vf vq_part(const int T, const uint8_t *p, int64_t c, int64_t n) {
+    __mmask16 m = (__mmask16)((1u << n) - 1);
+    if (T == PI_F32) return _mm512_maskz_loadu_ps(m, (const float *)p + c);
+    __m256i x = _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + c);
+    if (T == PI_F16) return _mm512_cvtph_ps(x);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+}
+#define V_LOAD_PART(p, n) _mm512_maskz_loadu_ps((__mmask16)((1u << (n)) - 1), p)
+#define V_STORE_PART(p, v, n) _mm512_mask_storeu_ps(p, (__mmask16)((1u << (n)) - 1), v)
+#elif defined(SP_AVX2)
+#define VL 8
+#define NV 4
+#define GB 2
+typedef __m256 vf;
+#define V_ZERO() _mm256_setzero_ps()
+#define V_LOAD(p) _mm256_loadu_ps(p)
+#define V_STORE(p, v) _mm256_storeu_ps(p, v)
+#define V_SET1(x) _mm256_set1_ps(x)
+#define V_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+INLINE vf vq(const int T, const uint8_t *p, int64_t c) {
+    switch (T) {
+    case PI_F32: return _mm256_loadu_ps((const float *)p + c);
+    case PI_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + c)));
+    case PI_BF16:
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + c))), 16));
+    case PI_Q8_0:
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+            _mm_loadl_epi64((const __m128i *)(((const sp_q8_0 *)p)[c / QK].qs + (c & 31)))));
+    default: {
+        __m128i x = _mm_loadl_epi64((const __m128i *)(((const sp_q4_0 *)p)[c / QK].qs + (c & 15)));
+        if (c & 16) x = _mm_srli_epi16(x, 4);
+        x = _mm_sub_epi8(_mm_and_si128(x, _mm_set1_epi8(0x0f)), _mm_set1_epi8(8));
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x));
+    }
+    }
+}
+#else
+#define VL 1
+#define NV 4
+#define GB 4
+#endif
+
+/* y[0:n) += sum over the group's rows, one column at a time (tails and the scalar build). Same operation
+ * order as the vector path: y = fma(h * d, q, y) row after row. */
+INLINE void axpy_cols_scalar(const int T, const int G, const uint8_t *const *p, const float *hs, float *y,
+                             int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; c++) {
+        float acc = y[c];
+        for (int r = 0; r < G; r++) acc = fmaf(hs[r] * blk_scale(T, p[r], c), scalar_q(T, p[r], c), acc);
+        y[c] = acc;
+    }
+}
+
+/* Prefetch the bytes holding columns [c, c + n) of row p (block types: whole blocks). */
+INLINE void prefetch_cols(const int T, const uint8_t *p, int64_t c, int64_t n) {
+#if defined(SP_AVX512) || defined(SP_AVX2)
+    int64_t b0, b1;
+    if (T == PI_Q8_0 || T == PI_Q4_0) {
+        int64_t size = T == PI_Q8_0 ? (int64_t)sizeof(sp_q8_0) : (int64_t)sizeof(sp_q4_0);
+        b0 = c / QK * size;
+        b1 = (c + n + QK - 1) / QK * size;
+    } else {
+        int64_t e = T == PI_F32 ? 4 : 2;
+        b0 = c * e;
+        b1 = (c + n) * e;
+    }
+    uintptr_t a = ((uintptr_t)(p + b0)) & ~(uintptr_t)63, end = (uintptr_t)(p + b1);
+    for (; a < end; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T0);
+#else
+    (void)T; (void)p; (void)c; (void)n;
+#endif
+}
+
+/* ---- n_tok == 1: one group of G rows over the columns [c0, c1) of y ----------------------------------
+ * p: the G rows, hs: their h; pn: the next group's npn rows, prefetched tile by tile one group ahead. */
+INLINE void decode_group(const int T, const int G, const uint8_t *const *p, const float *hs,
+                         const uint8_t *const *pn, int npn, float *y, int64_t c0, int64_t c1) {
+    int64_t c = c0;
+#if VL > 1
+    for (; c + VL * NV <= c1; c += VL * NV) {
+        for (int r = 0; r < npn; r++) prefetch_cols(T, pn[r], c, VL * NV);
+        vf acc[NV];
+        for (int v = 0; v < NV; v++) acc[v] = V_LOAD(y + c + v * VL);
+        for (int r = 0; r < G; r++)
+            for (int v = 0; v < NV; v++)
+                acc[v] = V_FMA(V_SET1(hs[r] * blk_scale(T, p[r], c + v * VL)), vq(T, p[r], c + v * VL), acc[v]);
+        for (int v = 0; v < NV; v++) V_STORE(y + c + v * VL, acc[v]);
+    }
+    for (; c + VL <= c1; c += VL) {
+        vf acc = V_LOAD(y + c);
+        for (int r = 0; r < G; r++) acc = V_FMA(V_SET1(hs[r] * blk_scale(T, p[r], c)), vq(T, p[r], c), acc);
+        V_STORE(y + c, acc);
+    }
+#if defined(SP_AVX512)
+    if (c < c1 && T != PI_Q8_0 && T != PI_Q4_0) { /* float types: the last < 16 columns, masked */
+        int64_t n = c1 - c;
+        vf acc = V_LOAD_PART(y + c, n);
+        for (int r = 0; r < G; r++) acc = V_FMA(V_SET1(hs[r]), vq_part(T, p[r], c, n), acc);
+        V_STORE_PART(y + c, acc, n);
+        c = c1;
+    }
+#endif
+#endif
+    axpy_cols_scalar(T, G, p, hs, y, c, c1);
+}
+
+/* ---- n_tok > 1: one group of G rows (positions pos[] in the active list) over columns [c0, c1) -------
+ * Each weight vector is converted once and applied to every token; tokens whose h is zero add
+ * fma(0, q, y) = y, the same bits as skipping them (y is never -0 here and weights are finite). */
+INLINE void batch_group(const int T, const int G, const axpy_job *j, const uint8_t *const *p, const int32_t *pos,
+                        int64_t c0, int64_t c1) {
+    const int64_t n_tok = j->n_tok, n_sel = j->n_sel, n_cols = j->n_cols;
+    int64_t c = c0;
+#if VL > 1
+    for (; c + VL * NV <= c1; c += VL * NV) {
+        vf q[G][NV];
+        float d[G][NV];
+        for (int r = 0; r < G; r++)
+            for (int v = 0; v < NV; v++) {
+                q[r][v] = vq(T, p[r], c + v * VL);
+                d[r][v] = blk_scale(T, p[r], c + v * VL);
+            }
+        for (int64_t t = 0; t < n_tok; t++) {
+            const float *ht = j->h + t * n_sel;
+            float *yt = j->y + t * n_cols + c;
+            vf acc[NV];
+            for (int v = 0; v < NV; v++) acc[v] = V_LOAD(yt + v * VL);
+            for (int r = 0; r < G; r++) {
+                float hv = ht[pos[r]];
+                for (int v = 0; v < NV; v++) acc[v] = V_FMA(V_SET1(hv * d[r][v]), q[r][v], acc[v]);
+            }
+            for (int v = 0; v < NV; v++) V_STORE(yt + v * VL, acc[v]);
+        }
+    }
+    for (; c < c1 && (c + VL <= c1 || VL == 16); c += VL) { /* whole vectors, then (AVX-512) a masked tail */
+        int64_t n = c1 - c < VL ? c1 - c : VL;
+        (void)n; /* used by the AVX-512 masked tail */
+        vf q[G];
+        float d[G];
+        for (int r = 0; r < G; r++) {
+            d[r] = blk_scale(T, p[r], c);
+#if defined(SP_AVX512)
+            q[r] = n == VL ? vq(T, p[r], c) : vq_part(T, p[r], c, n);
+#else
+            q[r] = vq(T, p[r], c);
+#endif
+        }
+        for (int64_t t = 0; t < n_tok; t++) {
+            const float *ht = j->h + t * n_sel;
+            float *yt = j->y + t * n_cols + c;
+#if defined(SP_AVX512)
+            vf acc = n == VL ? V_LOAD(yt) : V_LOAD_PART(yt, n);
+#else
+            vf acc = V_LOAD(yt);
+#endif
+            for (int r = 0; r < G; r++) acc = V_FMA(V_SET1(ht[pos[r]] * d[r]), q[r], acc);
+#if defined(SP_AVX512)
+            if (n == VL) V_STORE(yt, acc); else V_STORE_PART(yt, acc, n);
+#else
+            V_STORE(yt, acc);
+#endif
+        }
+    }
+#endif
+    if (c < c1)
+        for (int64_t t = 0; t < n_tok; t++) {
+            float hs[G];
+            for (int r = 0; r < G; r++) hs[r] = j->h[t * n_sel + pos[r]];
+            axpy_cols_scalar(T, G, p, hs, j->y + t * n_cols, c, c1);
+        }
+}
+
+/* ---- one chunk = one column slice of y, all tokens, all active rows in list order -------------------- */
+INLINE void axpy_chunk_t(const int T, const axpy_job *j, int64_t chunk) {
+    const int64_t n_cols = j->n_cols, n_act = j->n_act, rb = j->row_bytes;
+    const int64_t c0 = chunk * j->cols_per_chunk;
+    const int64_t c1 = c0 + j->cols_per_chunk < n_cols ? c0 + j->cols_per_chunk : n_cols;
+    const int32_t *act = j->act;
+    const uint8_t *p[4], *pn[4];
+    for (int64_t t = 0; t < j->n_tok; t++) memset(j->y + t * n_cols + c0, 0, (size_t)(c1 - c0) * sizeof(float));
+    if (j->n_tok == 1) {
+        float hs[4];
+        int64_t a = 0;
+        for (; a + 4 <= n_act; a += 4) {
+            for (int r = 0; r < 4; r++) {
+                p[r] = j->w + (int64_t)j->rows[act[a + r]] * rb;
+                hs[r] = j->h[act[a + r]];
+            }
+            int npn = 0;
+            for (; npn < 4 && a + 4 + npn < n_act; npn++) pn[npn] = j->w + (int64_t)j->rows[act[a + 4 + npn]] * rb;
+            decode_group(T, 4, p, hs, pn, npn, j->y, c0, c1);
+        }
+        for (; a < n_act; a++) {
+            p[0] = j->w + (int64_t)j->rows[act[a]] * rb;
+            hs[0] = j->h[act[a]];
+            decode_group(T, 1, p, hs, pn, 0, j->y, c0, c1);
+        }
+        return;
+    }
+    /* sub-slices of y that stay in L2 across all tokens; a multiple of the 64-column tile */
+    int64_t sw = L2_Y_BYTES / (j->n_tok * (int64_t)sizeof(float)) / 64 * 64;
+    if (sw < 64) sw = 64;
+    for (int64_t s0 = c0; s0 < c1; s0 += sw) {
+        int64_t s1 = s0 + sw < c1 ? s0 + sw : c1, a = 0;
+        for (; a + GB <= n_act; a += GB) {
+            for (int r = 0; r < GB; r++) p[r] = j->w + (int64_t)j->rows[act[a + r]] * rb;
+            batch_group(T, GB, j, p, act + a, s0, s1);
+        }
+        for (; a < n_act; a++) {
+            p[0] = j->w + (int64_t)j->rows[act[a]] * rb;
+            batch_group(T, 1, j, p, act + a, s0, s1);
+        }
+    }
+}
+
+static void axpy_chunk(void *ctx, int64_t chunk, int thread_id) {
+    (void)thread_id;
+    const axpy_job *j = ctx;
+    switch (j->type) {
+    case PI_F32: axpy_chunk_t(PI_F32, j, chunk); break;
+    case PI_F16: axpy_chunk_t(PI_F16, j, chunk); break;
+    case PI_BF16: axpy_chunk_t(PI_BF16, j, chunk); break;
+    case PI_Q8_0: axpy_chunk_t(PI_Q8_0, j, chunk); break;
+    case PI_Q4_0: axpy_chunk_t(PI_Q4_0, j, chunk); break;
+    default: break;
+    }
+}
+
+void pi_axpy_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *rows, const float *h,
+                  int64_t n_sel, int64_t n_tok, float *y) {
+    if (n_tok <= 0 || n_cols <= 0) return;
+    /* positions j with some nonzero h[t, j]: flags first (token-major scan of h), then compacted in place */
+    int32_t *act = pi_pool_scratch(pool, (size_t)(n_sel > 0 ? n_sel : 1) * sizeof(int32_t));
+    int64_t n_act = 0;
+    if (n_tok == 1) {
+        for (int64_t s = 0; s < n_sel; s++)
+            if (h[s] != 0.0f) act[n_act++] = (int32_t)s;
+    } else {
+        memset(act, 0, (size_t)n_sel * sizeof(int32_t));
+        for (int64_t t = 0; t < n_tok; t++)
+            for (int64_t s = 0; s < n_sel; s++) act[s] |= h[t * n_sel + s] != 0.0f;
+        for (int64_t s = 0; s < n_sel; s++)
+            if (act[s]) act[n_act++] = (int32_t)s;
+    }
+    if (n_act == 0) {
+        memset(y, 0, (size_t)(n_tok * n_cols) * sizeof(float));
+        return;
+    }
+    /* one column slice per thread, cut at 64-column tiles (whole blocks); for decode no slice shorter than
+     * MIN_SLICE_FLOOR bytes of a row, so many threads on a narrow row leave some threads out */
+    const int64_t row_bytes = pi_row_size(type, n_cols), n_units = (n_cols + 63) / 64;
+    int64_t k = pi_pool_n_threads(pool);
+    if (n_tok == 1) {
+        int64_t kmax = row_bytes / MIN_SLICE_FLOOR;
+        if (row_bytes / MIN_SLICE_BYTES >= k) kmax = k; /* the preferred length fits: nothing to cap */
+        if (k > kmax) k = kmax;
+    }
+    if (k > n_units) k = n_units;
+    if (k < 1) k = 1;
+    const int64_t cpc = (n_units + k - 1) / k * 64;
+    axpy_job job = {.type = type, .w = w, .row_bytes = row_bytes, .n_cols = n_cols, .n_sel = n_sel,
+                    .n_tok = n_tok, .rows = rows, .h = h, .act = act, .n_act = n_act, .cols_per_chunk = cpc, .y = y};
+    pi_pool_run(pool, axpy_chunk, &job, (n_cols + cpc - 1) / cpc);
+}
+
+/* ---- active-neuron selection ------------------------------------------------------------------------
+ * out must hold n entries (the vector paths store whole vectors of indices past the count, never past n). */
+int64_t pi_select_active(const float *logits, int64_t n, float threshold, int32_t *out) {
+    int64_t k = 0, i = 0;
+#if defined(SP_AVX512)
+    const __m512 th = _mm512_set1_ps(threshold);
+    __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (; i + 16 <= n; i += 16, idx = _mm512_add_epi32(idx, _mm512_set1_epi32(16))) {
+        __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(logits + i), th, _CMP_GE_OQ); /* NaN: inactive */
+        _mm512_storeu_si512(out + k, _mm512_maskz_compress_epi32(m, idx));
+        k += __builtin_popcount(m);
+    }
+#elif defined(SP_AVX2)
+    const __m256 th = _mm256_set1_ps(threshold);
+    for (; i + 8 <= n; i += 8) {
+        unsigned m = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(logits + i), th, _CMP_GE_OQ));
+        for (; m; m &= m - 1) out[k++] = (int32_t)(i + __builtin_ctz(m));
+    }
+#endif
+    for (; i < n; i++)
+        if (logits[i] >= threshold) out[k++] = (int32_t)i;
+    return k;
+}
+
+int64_t pi_select_nonzero(const float *x, int64_t n, int32_t *out) {
+    int64_t k = 0, i = 0;
+#if defined(SP_AVX512)
+    __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (; i + 16 <= n; i += 16, idx = _mm512_add_epi32(idx, _mm512_set1_epi32(16))) {
+        /* unordered: NaN counts as nonzero, as numpy's flatnonzero does; -0 is zero */
+        __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), _mm512_setzero_ps(), _CMP_NEQ_UQ);
+        _mm512_storeu_si512(out + k, _mm512_maskz_compress_epi32(m, idx));
+        k += __builtin_popcount(m);
+    }
+#elif defined(SP_AVX2)
+    for (; i + 8 <= n; i += 8) {
+        unsigned m = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), _mm256_setzero_ps(), _CMP_NEQ_UQ));
+        for (; m; m &= m - 1) out[k++] = (int32_t)(i + __builtin_ctz(m));
+    }
+#endif
+    for (; i < n; i++)
+        if (x[i] != 0.0f) out[k++] = (int32_t)i;
+    return k;
+}
