@@ -1,4 +1,5 @@
-"""Matmul kernel benchmark: read-bandwidth probe, then decode mat-vec GB/s and prefill GFLOP/s per weight type.
+"""Matmul kernel benchmark: read-bandwidth probe, then decode mat-vec GB/s and prefill GFLOP/s per weight type,
+and the row-gather mat-vec (matmul_rows) at 10% and 50% of the rows selected.
 
     python benchmarks/bench_kernels.py [--threads N] [--repeat R] [--n-tok 64] [--probe-mib 1024]
 
@@ -6,7 +7,8 @@ The mat-vec (one token) of a matrix much larger than the caches is bound by memo
 printed beside what pi_read_probe reads from a 1 GiB buffer in the same run (the ratio is the figure of
 merit, >= 80% is the target). Prefill (n_tok tokens at once) should be compute bound: GFLOP/s = 2*M*K*N / s.
 Each figure is the median of --repeat runs (best GB/s: the fastest run, a hint when other work shares the cores); every weight matrix is a fresh random one of 4096 x 11008 and
-11008 x 4096 (LLaMA-7B FFN shapes).
+11008 x 4096 (LLaMA-7B FFN shapes). The row-gather figures are GB/s on the bytes of the selected rows only
+(gather 10% / 50%), beside the dense mat-vec's GB/s: equal figures mean skipped rows cost nothing.
 """
 from __future__ import annotations
 
@@ -17,13 +19,16 @@ import time
 from pathlib import Path
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the source tree, unless installed
 
 from powerinfer_py.kernels import cpu  # noqa: E402
 from powerinfer_py.tensor import GGMLType, Tensor  # noqa: E402
 
-TYPES = (GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.F16, GGMLType.BF16, GGMLType.F32)
+TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.F16,
+         GGMLType.BF16, GGMLType.F32)
+K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,)}  # f16 scales in a block
 SHAPES = ((11008, 4096), (4096, 11008))  # (rows M, cols K)
 
 
@@ -39,7 +44,14 @@ def timings(fn, repeat: int) -> tuple[float, float]:
 
 
 def random_weight(ggml_type: GGMLType, n_rows: int, n_cols: int, rng) -> Tensor:
-    """A random weight in the type's layout, quantized 1024 rows at a time to keep the f32 copy small."""
+    """A random weight in the type's layout, quantized 1024 rows at a time to keep the f32 copy small
+    (K-quants, which we do not produce: random blocks with sane f16 scales)."""
+    if ggml_type in K_F16_FIELDS:
+        block, size = GGML_QUANT_SIZES[ggml_type]
+        b = rng.integers(0, 256, (n_rows * n_cols // block, size), dtype=np.uint8)
+        for off in K_F16_FIELDS[ggml_type]:
+            b[:, off:off + 2] = rng.uniform(0.001, 0.02, len(b)).astype(np.float16).view(np.uint8).reshape(-1, 2)
+        return Tensor(f"w_{ggml_type.name}", ggml_type, (n_rows, n_cols), b.reshape(n_rows, -1))
     parts = [cpu.quantize(rng.standard_normal((min(1024, n_rows - r), n_cols), dtype=np.float32), ggml_type)
              for r in range(0, n_rows, 1024)]
     return Tensor(f"w_{ggml_type.name}", ggml_type, (n_rows, n_cols), np.concatenate(parts))
@@ -62,7 +74,7 @@ def main() -> None:
     del buf
     print(f"threads {k.n_threads}; read probe: {probe_gbs:.1f} GB/s over {args.probe_mib} MiB")
     print(f"{'type':<6} {'M x K':>12} {'matvec ms':>10} {'GB/s':>7} {'% probe':>8} {'best GB/s':>10} "
-          f"{'prefill ms':>11} {'GFLOP/s':>8} {'x matvec':>9}")
+          f"{'prefill ms':>11} {'GFLOP/s':>8} {'x matvec':>9} {'gather10 GB/s':>14} {'gather50 GB/s':>14}")
     for ggml_type in (GGMLType[name] for name in args.types.split(",")):
         for n_rows, n_cols in SHAPES:
             w = random_weight(ggml_type, n_rows, n_cols, rng)
@@ -72,8 +84,14 @@ def main() -> None:
             tn, _ = timings(lambda: k.matmul(w, xn), max(3, args.repeat // 3))
             gbs = w.nbytes / t1 / 1e9
             gflops = 2.0 * n_rows * n_cols * args.n_tok / tn / 1e9
+            gather = []
+            for frac in (0.1, 0.5):  # random ascending rows, as a sparse FFN selects them
+                rows = np.sort(rng.choice(n_rows, int(frac * n_rows), replace=False)).astype(np.int32)
+                tg, _ = timings(lambda: k.matmul_rows(w, rows, x1), args.repeat)
+                gather.append(len(rows) * (w.nbytes // n_rows) / tg / 1e9)
             print(f"{ggml_type.name:<6} {f'{n_rows}x{n_cols}':>12} {t1 * 1e3:>10.3f} {gbs:>7.1f} "
-                  f"{100 * gbs / probe_gbs:>7.0f}% {w.nbytes / t1_best / 1e9:>10.1f} {tn * 1e3:>11.2f} {gflops:>8.1f} {tn / t1:>9.1f}")
+                  f"{100 * gbs / probe_gbs:>7.0f}% {w.nbytes / t1_best / 1e9:>10.1f} {tn * 1e3:>11.2f} {gflops:>8.1f} "
+                  f"{tn / t1:>9.1f} {gather[0]:>14.1f} {gather[1]:>14.1f}")
             del w
     k.close()
 

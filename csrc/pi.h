@@ -108,7 +108,8 @@ void pi_swiglu(pi_pool *pool, const float *g, const float *u, float *y, int64_t 
 void pi_geglu(pi_pool *pool, const float *g, const float *u, float *y, int64_t n);   /* gelu(g) * u */
 
 /* ---- sparse FFN (sparse.c) -----------------------------------------------------------------------------
- * AXPY over selected rows of ffn_down_t (rows of n_cols = n_embd values of `type`: F32, F16, BF16, Q8_0, Q4_0):
+ * AXPY over selected rows of ffn_down_t (rows of n_cols = n_embd values of `type`: F32, F16, BF16, Q8_0, Q4_0
+ * with SIMD paths; Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K unpacked block by block):
  *   y[t, c] = sum_{j < n_sel, h[t, j] != 0} h[t, j] * w[rows[j], c]
  * rows: int32 [n_sel], ascending, in range; h: f32 [n_tok, n_sel]; y: f32 [n_tok, n_cols], overwritten.
  * Rows whose h is zero for every token are never read. Threads split the output columns, so each y

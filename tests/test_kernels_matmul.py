@@ -1,8 +1,10 @@
-"""C quantization / matmul / get_rows kernels against the numpy reference (kernels/ref.py) and gguf's codec."""
+"""C quantization / matmul / matmul_rows / get_rows kernels against the numpy reference (kernels/ref.py) and
+gguf's codec (llama.cpp's block layouts), on random and on the real model's tensors."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from gguf import GGML_QUANT_SIZES
 from gguf import quants as gguf_quants
 
 from powerinfer_py.errors import UnsupportedError
@@ -12,8 +14,12 @@ from powerinfer_py.tensor import KERNEL_TYPES, GGMLType, Tensor
 cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not built", exc_type=ImportError)
 
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
-BLOCK_TYPES = (GGMLType.Q8_0, GGMLType.Q4_0)
+BLOCK_TYPES = (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0)  # 32-element blocks, Q8_0 activations
+K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)  # 256-element super-blocks, Q8_K activations
+QUANTIZABLE = FLOAT_TYPES + BLOCK_TYPES
 EPS32 = 2.0 ** -24  # f32 unit roundoff
+# byte offsets of the f16 scales in a K-quant block: random bytes elsewhere are a valid block
+K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,)}
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["t1", "t2"])
@@ -23,33 +29,45 @@ def kernels(request):
     k.close()
 
 
+def random_k_blocks(ggml_type, n_rows, n_cols, rng, scale=(0.001, 0.02)) -> np.ndarray:
+    """Random K-quant bytes uint8 [n_rows, row_bytes] with finite f16 scales (we cannot quantize K-quants)."""
+    block, size = GGML_QUANT_SIZES[ggml_type]
+    b = rng.integers(0, 256, (n_rows * n_cols // block, size), dtype=np.uint8)
+    for off in K_F16_FIELDS[ggml_type]:
+        b[:, off:off + 2] = rng.uniform(*scale, len(b)).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return b.reshape(n_rows, -1)
+
+
 def make_weight(ggml_type, n_rows, n_cols, seed=0) -> Tensor:
     rng = np.random.default_rng(seed)
+    if ggml_type in K_TYPES:
+        return Tensor("w", ggml_type, (n_rows, n_cols), random_k_blocks(ggml_type, n_rows, n_cols, rng))
     w = rng.standard_normal((n_rows, n_cols), dtype=np.float32)
     return Tensor("w", ggml_type, (n_rows, n_cols), ref.quantize(w, ggml_type))
 
 
 def error_bound(w: Tensor, x: np.ndarray) -> np.ndarray:
     """A worst-case bound on f32 accumulation error: n * eps * sum |terms|, with n the longest add chain
-    (K / 8 lanes + reduction). For block types the terms are the dequantized Q8_0 activations."""
-    wd = np.abs(ref.dequantize(w).astype(np.float64))
-    x2 = np.atleast_2d(x)
-    if w.type in BLOCK_TYPES:
-        d, q = ref.quantize_q8_0_blocks(x2.reshape(-1, 32))
-        x2 = (d.astype(np.float64)[:, None] * q).reshape(x2.shape)
-    s = np.abs(x2.astype(np.float64)) @ wd.T
+    (K / 8 lanes + reduction); the terms are those of llama.cpp's arithmetic (ref.matmul_abs_terms)."""
     n = w.n_cols / 8 + 16
-    return (n * EPS32 * s + 1e-30).reshape(np.shape(x)[:-1] + (w.n_rows,))
+    return n * EPS32 * ref.matmul_abs_terms(w, x) + 1e-30
 
 
 SHAPES_FLOAT = [(r, c) for r in (1, 7, 33, 4095) for c in (1, 7, 33)] + [(65, 1000)]
 SHAPES_BLOCK = [(r, c) for r in (1, 7, 33, 4095) for c in (32, 96, 4096) if r * c <= 4095 * 96 or r < 100]
+SHAPES_K = [(r, c) for r in (1, 7, 33) for c in (256, 512, 2048)] + [(300, 1024)]
+SHAPES = {**{t: SHAPES_FLOAT for t in FLOAT_TYPES}, **{t: SHAPES_BLOCK for t in BLOCK_TYPES},
+          **{t: SHAPES_K for t in K_TYPES}}
 
 
-@pytest.mark.parametrize("ggml_type", FLOAT_TYPES + BLOCK_TYPES, ids=lambda t: t.name)
+def test_kernel_types_are_tested():
+    assert set(KERNEL_TYPES) == set(SHAPES)
+
+
+@pytest.mark.parametrize("ggml_type", FLOAT_TYPES + BLOCK_TYPES + K_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tok", [1, 3, 17])
 def test_matmul_matches_ref(kernels, ggml_type, n_tok):
-    shapes = SHAPES_FLOAT if ggml_type in FLOAT_TYPES else SHAPES_BLOCK
+    shapes = SHAPES[ggml_type]
     rng = np.random.default_rng(n_tok)
     for n_rows, n_cols in shapes:
         w = make_weight(ggml_type, n_rows, n_cols, seed=n_rows + n_cols)
@@ -70,9 +88,9 @@ def test_quantized_matmul_is_exact_integer_arithmetic(kernels, ggml_type):
     exact in f32, so C must agree with the reference bit for bit."""
     rng = np.random.default_rng(5)
     n_rows, n_cols = 9, 256
-    qmax = 127 if ggml_type == GGMLType.Q8_0 else 7
+    qmax = {GGMLType.Q8_0: 127, GGMLType.Q4_0: 7, GGMLType.Q5_0: 15}[ggml_type]
     wv = rng.integers(-qmax, qmax + 1, size=(n_rows, n_cols)).astype(np.float32)
-    wv[:, ::32] = qmax if ggml_type == GGMLType.Q8_0 else -8  # pins d to 1 per block
+    wv[:, ::32] = qmax if ggml_type == GGMLType.Q8_0 else -qmax - 1  # pins d to 1 per block
     w = Tensor("w", ggml_type, wv.shape, ref.quantize(wv, ggml_type))
     np.testing.assert_array_equal(ref.dequantize(w), wv)
     x = rng.integers(-127, 128, size=(4, n_cols)).astype(np.float32)
@@ -101,7 +119,51 @@ def test_matmul_bit_identical_across_runs_and_threads(ggml_type):
         k2.close()
 
 
-@pytest.mark.parametrize("ggml_type", KERNEL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", K_TYPES, ids=lambda t: t.name)
+def test_k_quant_matmul_is_exact_integer_arithmetic(kernels, ggml_type):
+    """Power-of-two super-block scales and small integer activations whose Q8_K scale is exactly 1 (the first
+    largest-magnitude element is -127): every partial sum is an exact f32, so C, the reference and a plain
+    f64 product with the dequantized weights agree bit for bit. This pins the Q8_K formula and the min term."""
+    rng = np.random.default_rng(8)
+    n_rows, n_cols = 5, 512
+    data = random_k_blocks(ggml_type, n_rows, n_cols, rng)
+    blocks = data.reshape(-1, GGML_QUANT_SIZES[ggml_type][1])
+    for off, value in zip(K_F16_FIELDS[ggml_type], (2.0 ** -4, 2.0 ** -5)):
+        blocks[:, off:off + 2] = np.full(len(blocks), value, np.float16).view(np.uint8).reshape(-1, 2)
+    w = Tensor("w", ggml_type, (n_rows, n_cols), data)
+    wv = ref.dequantize(w).astype(np.float64)
+    x = rng.integers(-3, 4, size=(3, n_cols)).astype(np.float32)
+    x[:, ::256] = -127
+    np.testing.assert_array_equal(kernels.matmul(w, x), (x.astype(np.float64) @ wv.T).astype(np.float32))
+    np.testing.assert_array_equal(ref.matmul(w, x), (x.astype(np.float64) @ wv.T).astype(np.float32))
+    # a positive maximum flips the sign of the Q8_K scale (iscale = -127 / max): same products
+    np.testing.assert_array_equal(kernels.matmul(w, -x), (-x.astype(np.float64) @ wv.T).astype(np.float32))
+
+
+def test_q8_K_activation_quantization():
+    """llama.cpp's Q8_K: iscale = -127 / (first element of largest magnitude, sign kept), q = min(127,
+    round-half-even(iscale * x)), d = 1 / iscale, bsums = sums of 16; an all-zero block has d = 0."""
+    x = np.zeros((3, 256), np.float32)
+    x[0, :8] = [-127, 0.5, 1.5, 2.5, -0.5, -1.5, 126.5, 127]  # iscale = 1: ties go to even
+    x[1, :3] = [1.0, 100.0, -100.0]  # the first of two equal magnitudes sets the sign
+    d, q, bsums = ref.quantize_q8_K_blocks(x)
+    assert d[0] == 1 and list(q[0, :8]) == [-127, 0, 2, 2, 0, -2, 126, 127]
+    iscale = np.float32(-127) / np.float32(100)
+    assert d[1] == np.float32(1) / iscale and list(q[1, :3]) == [np.rint(iscale), -127, 127]
+    assert d[2] == 0 and not q[2].any()
+    np.testing.assert_array_equal(bsums, q.reshape(3, 16, 16).sum(-1))
+    # C quantizes the same way: with unit weights a Q8_0-free check is the dot of each Q8_K block
+    w = Tensor("w", GGMLType.Q6_K, (1, 256), np.zeros((1, 210), np.uint8))
+    w.data[0, 128:192] = 0xAA  # qh bits = 2 in every field: q = 32 -> value 0 ... plus ql = 1: q - 32 = 1
+    w.data[0, :128] = 0x11
+    w.data[0, 192:208] = 1
+    w.data[0, 208:210] = np.array([1.0], np.float16).view(np.uint8)
+    np.testing.assert_array_equal(ref.dequantize(w), np.ones((1, 256), np.float32))
+    for row, dd, qq in zip(x, d, q):
+        assert cpu.CpuKernels(1).matmul(w, row)[0] == np.float32(dd * np.float32(qq.sum(dtype=np.int64)))
+
+
+@pytest.mark.parametrize("ggml_type", QUANTIZABLE, ids=lambda t: t.name)
 def test_quantize_dequantize_match_ref(ggml_type):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((37, 96), dtype=np.float32) * rng.uniform(0.01, 100, size=(37, 1)).astype(np.float32)
@@ -136,6 +198,18 @@ def test_f16_bf16_conversions_exact():
     np.testing.assert_array_equal(cpu.quantize(tie, GGMLType.BF16), np.array([[0x3F80, 0x3F82]], dtype=np.uint16))
 
 
+@pytest.mark.parametrize("ggml_type", K_TYPES, ids=lambda t: t.name)
+def test_k_quant_dequantize_is_llama_cpp(ggml_type):
+    """gguf's numpy decoder (llama.cpp's layout) and ours give the same f32 values, bit for bit."""
+    data = random_k_blocks(ggml_type, 9, 768, np.random.default_rng(9), scale=(-0.05, 0.05))
+    t = Tensor("t", ggml_type, (9, 768), data)
+    want = gguf_quants.dequantize(data, ggml_type)
+    np.testing.assert_array_equal(ref.dequantize(t), want)
+    np.testing.assert_array_equal(cpu.dequantize(t), want)
+    with pytest.raises(UnsupportedError, match="not produced"):
+        cpu.quantize(np.zeros((1, 256), np.float32), ggml_type)
+
+
 @pytest.mark.parametrize("ggml_type", BLOCK_TYPES, ids=lambda t: t.name)
 def test_block_layout_is_llama_cpp(ggml_type):
     """gguf's own numpy codec (llama.cpp's layout) decodes our bytes, and encodes to the same bytes."""
@@ -148,12 +222,13 @@ def test_block_layout_is_llama_cpp(ggml_type):
 
 @pytest.mark.parametrize("ggml_type", KERNEL_TYPES, ids=lambda t: t.name)
 def test_get_rows(kernels, ggml_type):
-    w = make_weight(ggml_type, 50, 64, seed=7)
+    n_cols = 512 if ggml_type in K_TYPES else 64
+    w = make_weight(ggml_type, 50, n_cols, seed=7)
     ids = np.array([3, 0, 49, 3], dtype=np.int32)
     got = kernels.get_rows(w, ids)
     np.testing.assert_array_equal(got, ref.get_rows(w, ids))
     np.testing.assert_array_equal(got, ref.dequantize(w)[ids])
-    assert kernels.get_rows(w, np.array([], dtype=np.int32)).shape == (0, 64)
+    assert kernels.get_rows(w, np.array([], dtype=np.int32)).shape == (0, n_cols)
 
 
 def test_bad_input_raises(kernels):
@@ -172,17 +247,21 @@ def test_bad_input_raises(kernels):
         kernels.get_rows(w, np.array([-1], dtype=np.int32))
     with pytest.raises(ValueError, match="integer"):
         kernels.get_rows(w, np.array([0.5]))
-    q4k = Tensor("blk.0.ffn_down.weight", GGMLType.Q4_K, (2, 256), np.zeros((2, 144), dtype=np.uint8))
-    with pytest.raises(UnsupportedError, match="blk.0.ffn_down.weight.*Q4_K"):
-        kernels.matmul(q4k, np.zeros(256, dtype=np.float32))
+    q2k = Tensor("blk.0.ffn_down.weight", GGMLType.Q2_K, (2, 256), np.zeros((2, 84), dtype=np.uint8))
+    with pytest.raises(UnsupportedError, match="blk.0.ffn_down.weight.*Q2_K"):
+        kernels.matmul(q2k, np.zeros(256, dtype=np.float32))
+    q4k = Tensor("odd", GGMLType.Q4_K, (2, 128), np.zeros((2, 72), dtype=np.uint8))
+    with pytest.raises(ValueError, match="odd.*multiple of 256"):
+        kernels.matmul(q4k, np.zeros(128, dtype=np.float32))
     short = Tensor("short", GGMLType.Q8_0, (8, 64), np.zeros((8, 34), dtype=np.uint8))
     with pytest.raises(ValueError, match="short"):
         kernels.matmul(short, np.zeros(64, dtype=np.float32))
     for module in (cpu, ref):
         with pytest.raises(ValueError, match="multiple of 32"):
             module.quantize(np.zeros((2, 33), dtype=np.float32), GGMLType.Q4_0)
-        with pytest.raises(UnsupportedError):
-            module.quantize(np.zeros((2, 32), dtype=np.float32), GGMLType.Q5_0)
+        for unsupported in (GGMLType.Q4_1, GGMLType.Q2_K, GGMLType.Q4_K):
+            with pytest.raises(UnsupportedError):
+                module.quantize(np.zeros((2, 256), dtype=np.float32), unsupported)
 
 
 def test_read_probe_sums_every_byte(kernels):
@@ -192,3 +271,73 @@ def test_read_probe_sums_every_byte(kernels):
     # the probe adds 8-byte words modulo 2^64: 2^16 bytes of 0x01 = 2^13 words of 0x0101010101010101
     assert kernels.read_probe(ones) == float(8192 * 0x0101010101010101 % 2**64)
     assert kernels.read_probe(ones[:-1]) == float((8191 * 0x0101010101010101 + 7) % 2**64)  # byte tail
+
+
+# ---- row gather (sparse FFN) ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ggml_type", FLOAT_TYPES + BLOCK_TYPES + K_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok", [1, 3, 17])
+def test_matmul_rows_matches_dense_and_ref(kernels, ggml_type, n_tok):
+    n_rows, n_cols = 70, (512 if ggml_type in K_TYPES else 96)
+    w = make_weight(ggml_type, n_rows, n_cols, seed=11)
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((n_tok, n_cols), dtype=np.float32)
+    dense = kernels.matmul(w, x)
+    for frac in (0.0, 0.1, 0.5, 1.0):
+        rows = np.sort(rng.choice(n_rows, int(frac * n_rows), replace=False)).astype(np.int32)
+        y = kernels.matmul_rows(w, rows, x)
+        assert y.shape == (n_tok, len(rows)) and y.dtype == np.float32
+        np.testing.assert_array_equal(y, dense[:, rows])  # the same bits as the dense product's rows
+        want = ref.matmul_rows(w, rows, x)
+        assert want.shape == y.shape
+        assert (np.abs(y.astype(np.float64) - want) <= error_bound(w, x)[:, rows]).all()
+        np.testing.assert_array_equal(kernels.matmul_rows(w, rows, x[0]), y[0])  # 1-D x
+
+
+def test_matmul_rows_bad_input(kernels):
+    w = make_weight(GGMLType.Q8_0, 8, 64)
+    x = np.zeros(64, np.float32)
+    for module in (kernels, ref):
+        with pytest.raises(IndexError, match=r"\[0, 8\)"):
+            module.matmul_rows(w, np.array([0, 8], np.int32), x)
+        with pytest.raises(IndexError):
+            module.matmul_rows(w, np.array([-1, 2], np.int32), x)
+        with pytest.raises(ValueError, match="ascending"):
+            module.matmul_rows(w, np.array([3, 3], np.int32), x)
+        with pytest.raises(ValueError, match="ascending"):
+            module.matmul_rows(w, np.array([4, 2], np.int32), x)
+        with pytest.raises(ValueError, match="integer"):
+            module.matmul_rows(w, np.array([0.5]), x)
+    np.testing.assert_array_equal(kernels.matmul_rows(w, np.array([1, 5], np.int64), x), np.zeros(2, np.float32))
+    with pytest.raises(ValueError, match="columns"):
+        kernels.matmul_rows(w, np.array([1], np.int32), np.zeros(32, np.float32))
+
+
+# ---- the real model's tensors ----------------------------------------------------------------------------------
+
+@pytest.mark.real_model
+def test_real_model_tensors(kernels, real_model):
+    """Every weight type of Gemma 3 270M: dequantize / get_rows equal gguf's decoder bit for bit, and matmul
+    on a slice of rows matches the reference."""
+    from powerinfer_py.gguf import open_gguf
+
+    f = open_gguf(real_model)
+    try:
+        seen = {}
+        for t in f.tensors.values():
+            if t.type in K_TYPES + BLOCK_TYPES and len(t.shape) == 2:
+                seen.setdefault(t.type, t)
+        assert {GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0} <= set(seen)
+        rng = np.random.default_rng(13)
+        for ty, t in seen.items():
+            part = Tensor(t.name, t.type, (64, t.n_cols), np.asarray(t.data[:64]))
+            want = gguf_quants.dequantize(part.data, ty)
+            np.testing.assert_array_equal(cpu.dequantize(part), want)
+            np.testing.assert_array_equal(ref.dequantize(part), want)
+            ids = np.array([63, 0, 17], np.int32)
+            np.testing.assert_array_equal(kernels.get_rows(part, ids), want[ids])
+            x = rng.standard_normal((3, t.n_cols), dtype=np.float32)
+            err = np.abs(kernels.matmul(part, x).astype(np.float64) - ref.matmul(part, x))
+            assert (err <= error_bound(part, x)).all(), t.name
+    finally:
+        f.close()

@@ -41,7 +41,7 @@ def _q(name: str, ggml_type: GGMLType, shape: tuple[int, ...]) -> tuple[Tensor, 
 
 
 # Where each K-quant block keeps its f16 scales (byte offsets in the block): random bytes elsewhere are valid.
-_KQUANT_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q6_K: (208,)}
+_KQUANT_F16_FIELDS = {GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,), GGMLType.Q4_K: (0, 2), GGMLType.Q6_K: (208,)}
 
 
 def _kquant(name: str, ggml_type: GGMLType, shape: tuple[int, ...]) -> tuple[Tensor, np.ndarray]:
@@ -169,15 +169,20 @@ def test_gemma3_swa_and_scaling(tmp_path):
 # ---- load_weights ------------------------------------------------------------------------------------------
 
 def _mixed_file(tmp_path: Path):
-    q5, q5_ref = _q("blk.0.ffn_up.weight", GGMLType.Q5_0, (96, 64))
-    q4k, q4k_ref = _kquant("blk.0.attn_output.weight", GGMLType.Q4_K, (5, 256))
-    q6k, q6k_ref = _kquant("blk.0.ffn_down.weight", GGMLType.Q6_K, (3, 512))
+    # converted: types without a kernel
+    q5, q5_ref = _q("blk.0.ffn_up.weight", GGMLType.Q5_1, (96, 64))
+    q4k, q4k_ref = _kquant("blk.0.attn_output.weight", GGMLType.Q3_K, (5, 256))
+    q6k, q6k_ref = _kquant("blk.0.ffn_down.weight", GGMLType.Q2_K, (3, 512))
     q41_1d, q41_ref = _q("blk.0.odd.weight", GGMLType.Q4_1, (64,))
     f64 = Tensor("blk.0.f64.weight", GGMLType.F64, (3, 5), rng.standard_normal((3, 5)))
     q8, _ = _q("token_embd.weight", GGMLType.Q8_0, (32, 64))
     f16 = Tensor("blk.0.attn_q.weight", GGMLType.F16, (64, 64), rng.standard_normal((64, 64)).astype(np.float16))
     norm = _f32("output_norm.weight", (64,))
-    tensors = [q5, q4k, q6k, q41_1d, f64, q8, f16, norm]
+    # kept as they are: the quantized types the kernels compute on (Gemma 3's Q5_0 / Q4_K / Q6_K)
+    native = [_q("blk.0.attn_v.weight", GGMLType.Q5_0, (16, 64))[0],
+              _kquant("blk.0.ffn_gate.weight", GGMLType.Q4_K, (4, 256))[0],
+              _kquant("blk.1.ffn_down.weight", GGMLType.Q6_K, (2, 256))[0]]
+    tensors = [q5, q4k, q6k, q41_1d, f64, q8, f16, norm] + native
     refs = {q5.name: q5_ref, q4k.name: q4k_ref, q6k.name: q6k_ref, q41_1d.name: q41_ref,
             f64.name: f64.data.astype(np.float32)}
     return _write(tmp_path / "mixed.gguf", _meta(), tensors), refs
@@ -190,9 +195,9 @@ def test_conversion_of_non_kernel_types(tmp_path):
     assert w.config.arch == "llama" and w.file is f
     assert list(w.tensors) == list(f.tensors)
     assert w.conversions == [
-        Conversion("blk.0.ffn_up.weight", GGMLType.Q5_0, GGMLType.Q8_0),
-        Conversion("blk.0.attn_output.weight", GGMLType.Q4_K, GGMLType.Q8_0),
-        Conversion("blk.0.ffn_down.weight", GGMLType.Q6_K, GGMLType.Q8_0),
+        Conversion("blk.0.ffn_up.weight", GGMLType.Q5_1, GGMLType.Q8_0),
+        Conversion("blk.0.attn_output.weight", GGMLType.Q3_K, GGMLType.Q8_0),
+        Conversion("blk.0.ffn_down.weight", GGMLType.Q2_K, GGMLType.Q8_0),
         Conversion("blk.0.odd.weight", GGMLType.Q4_1, GGMLType.F32),  # 1-D
         Conversion("blk.0.f64.weight", GGMLType.F64, GGMLType.F32),  # rows of 5: not a multiple of 32
     ]
@@ -209,7 +214,8 @@ def test_conversion_of_non_kernel_types(tmp_path):
             bound = np.abs(blocks).max(axis=1, keepdims=True) * (0.5 / 127 + 1 / 1024) + 1e-6
             assert np.all(np.abs(got.reshape(-1, 32) - blocks) <= bound), name
     # kernel types are untouched zero-copy views
-    for name in ("token_embd.weight", "blk.0.attn_q.weight", "output_norm.weight"):
+    for name in ("token_embd.weight", "blk.0.attn_q.weight", "output_norm.weight", "blk.0.attn_v.weight",
+                 "blk.0.ffn_gate.weight", "blk.1.ffn_down.weight"):
         assert w.tensors[name] is f.tensors[name] and np.shares_memory(w.tensors[name].data, f._map)
 
 
@@ -251,11 +257,12 @@ def test_model_info(tmp_path):
     info = model_info(path)
     assert info["arch"] == "llama" and info["magic"] == "GGUF" and not info["sparse"] and info["runnable"]
     assert info["problem"] is None and info["name"] == "tiny-llama"
-    assert info["file_size"] == path.stat().st_size and info["n_tensors"] == 8
+    assert info["file_size"] == path.stat().st_size and info["n_tensors"] == 11
     assert info["config"]["n_embd"] == 64 and info["config"]["swa_layers"] == [False, False]
-    assert info["tensor_types"]["Q5_0"] == {"count": 1, "bytes": 96 * 64 // 32 * 22}
+    assert info["tensor_types"]["Q5_1"] == {"count": 1, "bytes": 96 * 64 // 32 * 24}
+    assert info["tensor_types"]["Q5_0"] == {"count": 1, "bytes": 16 * 64 // 32 * 22}
     assert {(c["from"], c["to"], c["count"]) for c in info["conversions"]} == {
-        ("Q5_0", "Q8_0", 1), ("Q4_K", "Q8_0", 1), ("Q6_K", "Q8_0", 1), ("Q4_1", "F32", 1), ("F64", "F32", 1)}
+        ("Q5_1", "Q8_0", 1), ("Q3_K", "Q8_0", 1), ("Q2_K", "Q8_0", 1), ("Q4_1", "F32", 1), ("F64", "F32", 1)}
 
 
 def test_model_info_sparse_and_unsupported(tmp_path):
