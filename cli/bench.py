@@ -16,6 +16,7 @@ EPILOG = """\
   powerinfer bench -m demo
   powerinfer bench -m model.gguf -n 64 -p 256 -t 2 -r 5
   powerinfer bench -m model.gguf --json > bench.json
+  powerinfer bench -m model.powerinfer.gguf --llamacpp-model model-dense.gguf --sparse predictor -t 2
 
 Each engine runs in its own process per repetition, alternating; the table shows medians.
 """
@@ -31,17 +32,25 @@ def bench(
                                           "(default: all cores)."),
     reps: int = typer.Option(3, "-r", "--reps", min=1, help="Repetitions per engine."),
     as_json: bool = typer.Option(False, "--json", help="Print the report (every run and the medians) as JSON."),
+    sparse: Optional[str] = typer.Option(None, "--sparse", metavar="[predictor|exact|off]",
+                                         help="Our FFN mode (default: predictor for PWRI files, off for GGUF)."),
+    sparse_threshold: Optional[float] = typer.Option(None, "--sparse-threshold",
+                                                     help="Our predictor threshold (default: the file's)."),
+    llamacpp_model: Optional[str] = typer.Option(None, "--llamacpp-model", help="The file llama.cpp runs (default: "
+                                                 "MODEL; for a PWRI model, its dense GGUF twin)."),
 ) -> None:
     """Prompt and decode speed of powerinfer and llama.cpp on the same file, with their ratio and our peak RSS."""
     from powerinfer_py.bench import run_bench
 
     def progress(r) -> None:
+        active = f", active {100 * r.active_fraction:.1f}%" if r.active_fraction is not None else ""
         stderr.print(f"  {r.engine:>8}: prompt {r.prompt_tok_s:8.1f} tok/s, decode {r.decode_tok_s:7.1f} tok/s, "
-                     f"peak RSS {r.peak_rss / _MIB:.0f} MiB", style="dim")
+                     f"peak RSS {r.peak_rss / _MIB:.0f} MiB{active}", style="dim")
 
     with user_errors():
         report = run_bench(model_path(model), n_gen=n_predict, n_prompt=n_prompt, threads=threads, reps=reps,
-                           on_run=progress)
+                           on_run=progress, sparse=sparse, sparse_threshold=sparse_threshold,
+                           llamacpp_model=model_path(llamacpp_model) if llamacpp_model else None)
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
         return
@@ -55,7 +64,11 @@ def _table(s: dict) -> Table:
         t.add_column(col, justify="left" if col == "engine" else "right")
     names = {"ours": "powerinfer", "llamacpp": "llama.cpp"}
     for eng, m in s["engines"].items():
-        t.add_row(names[eng], f"{m['prompt_tok_s']:.1f}", f"{m['decode_tok_s']:.1f}", f"{m['load_s']:.2f}",
+        name = names[eng]
+        if eng == "ours" and m.get("sparse"):
+            frac = m.get("active_fraction")
+            name += f" ({m['sparse']}" + (f", {100 * frac:.1f}% active)" if frac is not None else ")")
+        t.add_row(name, f"{m['prompt_tok_s']:.1f}", f"{m['decode_tok_s']:.1f}", f"{m['load_s']:.2f}",
                   f"{m['peak_rss'] / _MIB:.0f} MiB")
     if s["ratio"]:
         t.add_row("[bold]ratio[/] (ours / llama.cpp)", f"{s['ratio']['prompt_tok_s']:.2f}x",

@@ -18,7 +18,12 @@ EPILOG = """\
   powerinfer run -m model.gguf "Once upon a time" --temp 0.8 --top-p 0.95 --seed 42
   echo "Write a haiku about the sea." | powerinfer run -m model.gguf - -n 64
   powerinfer run -m model.gguf "2 + 2 =" -n 8 --json
+  powerinfer run -m model.powerinfer.gguf "Once upon a time" --sparse exact -v
+  powerinfer run -m model.powerinfer.gguf "Once upon a time" --sparse-threshold 0.2
 """
+
+SPARSE_HELP = ('FFN mode: "predictor" (default for PowerInfer/PWRI files: only predicted-active neurons), '
+               '"exact" (ReLU models: only non-zero neurons, bit-for-bit dense) or "off" (dense; default for GGUF).')
 
 
 def run(
@@ -37,14 +42,19 @@ def run(
     threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1, help="CPU threads (default: all cores)."),
     ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", min=1,
                                            help="Context window in tokens (default: the runtime's)."),
+    sparse: Optional[str] = typer.Option(None, "--sparse", metavar="[predictor|exact|off]", help=SPARSE_HELP),
+    sparse_threshold: Optional[float] = typer.Option(
+        None, "--sparse-threshold", help="Predictor threshold: a neuron is active when its predictor logit is >= "
+        "this (default: the file's powerinfer.sparse_threshold, or $LLAMA_SPARSE_PRED_THRESHOLD)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show loading details and tracebacks."),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="Show loading details, per-layer active neurons and tracebacks."),
 ) -> None:
     """Generate text from PROMPT and stream it to stdout; timings go to stderr."""
     with user_errors(verbose):
         try:
             code = _run(prompt, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, threads,
-                        ctx_size, as_json, verbose)
+                        ctx_size, as_json, verbose, sparse, sparse_threshold)
         except KeyboardInterrupt:  # Ctrl-C while loading: nothing generated yet
             code = EXIT_INTERRUPTED
     if code == EXIT_INTERRUPTED:
@@ -53,14 +63,14 @@ def run(
 
 
 def _run(prompt, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, threads, ctx_size,
-         as_json, verbose) -> int:
+         as_json, verbose, sparse=None, sparse_threshold=None) -> int:
     """Load, generate, print. Returns 0, or EXIT_INTERRUPTED when Ctrl-C stopped the generation."""
     from powerinfer_py import load
 
     text = sys.stdin.read() if prompt == "-" else prompt
     path = model_path(model)
     t0 = time.perf_counter()
-    llm = load(path, threads=threads, n_ctx=ctx_size)
+    llm = load(path, threads=threads, n_ctx=ctx_size, sparse=sparse, sparse_threshold=sparse_threshold)
     load_s = time.perf_counter() - t0
     if verbose:
         _print_load(llm, path, load_s)
@@ -82,11 +92,15 @@ def _run(prompt, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, se
     stats = gen.stats
     reason = "interrupted" if interrupted else stats.stop_reason
     if as_json:
-        print(json.dumps(_json_result("".join(pieces), tokens, stats, reason, load_s), ensure_ascii=False))
+        result = _json_result("".join(pieces), tokens, stats, reason, load_s)
+        result["sparse"] = _sparsity_json(llm)
+        print(json.dumps(result, ensure_ascii=False))
     else:
         sys.stdout.write(pieces[-1] + "\n")
         sys.stdout.flush()
         _print_timings(stats, reason)
+        if verbose:
+            _print_sparsity(llm)
     if reason == "context":
         stderr.print(f"context full: the context window of {llm.n_ctx} tokens is used up (prompt "
                      f"{stats.n_prompt} + generated {stats.n_gen}); a larger -c/--ctx-size leaves more room")
@@ -109,6 +123,30 @@ def _json_result(text: str, tokens: list[int], stats, reason: str, load_s: float
             "decode_tok_s": stats.decode_tok_s,
         },
     }
+
+
+def _sparsity_json(llm) -> dict:
+    """Sparse mode, threshold and (ReLU-family models) the per-layer fraction of active neurons per token."""
+    out = {"mode": llm.sparse.mode, "threshold": llm.sparse.threshold}
+    st = llm.sparsity_stats
+    if st is not None and st.tokens.any():
+        out["active_fraction"] = st.mean_fraction
+        out["layers"] = st.fractions
+    return out
+
+
+def _print_sparsity(llm) -> None:
+    st = llm.sparsity_stats
+    mode = f"sparse mode: {llm.sparse.mode}"
+    if llm.sparse.mode == "predictor":
+        mode += f", threshold {llm.sparse.threshold:g}"
+    if st is None or not st.tokens.any():
+        stderr.print(mode + " (no ReLU-family FFN: nothing to count)" if st is None else mode, style="dim")
+        return
+    what = "predicted active" if st.mode == "predictor" else "non-zero"
+    stderr.print(f"{mode}; {what} neurons per token: {100 * st.mean_fraction:.1f}% of {st.n_ff}", style="dim")
+    per_layer = " ".join(f"{il}:{100 * f:.1f}" for il, f in enumerate(st.fractions))
+    stderr.print(f"active % per layer: {per_layer}", style="dim")
 
 
 def _print_timings(stats, reason: str) -> None:

@@ -7,8 +7,17 @@ Per architecture:
   gemma3  NeoX RoPE; layers with il % 6 != 5 attend within a sliding window and use RoPE base 10000 and
           freq scale 1.0; the other (global) layers use {arch}.rope.freq_base and rope_freq_scale;
           embeddings scaled by sqrt(n_embd); attn_scale 1/sqrt(head_dim) (27B: 1/sqrt(n_embd/n_head))
+  bamboo  the llama block (Mistral shape, GQA, normal RoPE) with a dReLU FFN
+  falcon  LayerNorm with biases, fused attn_qkv, NeoX RoPE, parallel attention + MLP, no ffn_norm
+  opt     LayerNorm with biases, biases on every projection, learned positions (no RoPE), ReLU FFN
 PowerInfer files (magic PWRI) add is_sparse, powerinfer.sparse_threshold and per-layer predictor ranks.
-bamboo, falcon and opt are parsed (for `powerinfer info`) but not yet runnable.
+FFN activation (hidden_act, written by our converter as powerinfer.hidden_act / powerinfer.hidden_act_param):
+"silu", "relu", "fatrelu" (x if x > hidden_act_param else 0) or "gelu". Defaults when the key is absent:
+llama "relu" in a PWRI file (upstream PowerInfer files carry no key and are ReLU models) else "silu";
+falcon "relu" in a PWRI file (ReluFalcon) else "gelu" (llama.cpp's Falcon); opt and bamboo "relu"
+(bamboo's FFN is dReLU whatever the key says).
+The sparse threshold here is the file's; the runtime applies the LLAMA_SPARSE_PRED_THRESHOLD environment
+variable and the caller's override on top of it (ffn.resolve_sparse).
 """
 from __future__ import annotations
 
@@ -19,12 +28,12 @@ from typing import Any
 from .errors import ModelFileError, UnsupportedError
 from .gguf.reader import GGUFFile
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "gemma3")
-PARSED_ARCHS = SUPPORTED_ARCHS + ("bamboo", "falcon", "opt")
+SUPPORTED_ARCHS = ("llama", "qwen2", "gemma3", "bamboo", "falcon", "opt")
 
 _NEOX_ARCHS = {"qwen2", "gemma3", "falcon"}
 _LAYERNORM_ARCHS = {"falcon", "opt"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
 _DEFAULT_FREQ_BASE = {"qwen2": 1_000_000.0}
+HIDDEN_ACTS = ("silu", "relu", "fatrelu", "gelu")
 GEMMA3_SWA_PERIOD = 6  # every 6th layer (il % 6 == 5) is global
 GEMMA3_FREQ_BASE_SWA = 10_000.0
 
@@ -55,12 +64,13 @@ class ModelConfig:
     is_sparse: bool
     sparse_threshold: float
     predictor_ranks: tuple[int, ...]  # per layer rows of blk.N.fc1.weight; () for dense models
+    hidden_act: str = "silu"  # FFN activation, one of HIDDEN_ACTS (see the module docstring)
+    hidden_act_param: float = 0.0  # fatrelu's cut-off: the activation is x if x > param else 0
 
     @classmethod
-    def from_gguf(cls, f: GGUFFile, *, check_supported: bool = True) -> "ModelConfig":
-        """Read the config of `f`. check_supported=False also accepts architectures that are parsed but not
-        runnable yet (bamboo, falcon, opt), for `powerinfer info`."""
-        return _Reader(f).config(check_supported)
+    def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
+        """Read the config of `f`; an architecture outside SUPPORTED_ARCHS is an UnsupportedError."""
+        return _Reader(f).config()
 
 
 class _Reader:
@@ -101,10 +111,9 @@ class _Reader:
             raise ModelFileError(f"{self.f.path}: metadata key {self.key(suffix)!r} must be positive, got {value}")
         return value
 
-    def architecture(self, check_supported: bool) -> str:
+    def architecture(self) -> str:
         arch = self.get("general.architecture", kind=str)
-        allowed = SUPPORTED_ARCHS if check_supported else PARSED_ARCHS
-        if arch not in allowed:
+        if arch not in SUPPORTED_ARCHS:
             raise UnsupportedError(f"{self.f.path}: architecture {arch!r} is not supported; supported: "
                                    f"{', '.join(SUPPORTED_ARCHS)}")
         return arch
@@ -155,11 +164,26 @@ class _Reader:
             if fc1 is None:
                 raise ModelFileError(f"{self.f.path}: sparse (PWRI) model without predictor tensor "
                                      f"'blk.{il}.fc1.weight'")
+            if len(fc1.shape) != 2 or fc1.shape[0] == 0:
+                raise ModelFileError(f"{self.f.path}: predictor tensor 'blk.{il}.fc1.weight' has shape "
+                                     f"{fc1.shape}: expected (rank, n_embd) with a rank of at least 1")
             ranks.append(fc1.shape[0])  # ne [n_embd, R] -> numpy shape (R, n_embd)
         return tuple(ranks)
 
-    def config(self, check_supported: bool) -> ModelConfig:
-        self.arch = self.architecture(check_supported)
+    def hidden_act(self) -> tuple[str, float]:
+        """(activation, fatrelu parameter) of the FFN, with the per-arch defaults of the module docstring."""
+        defaults = {"llama": "relu" if self.f.is_sparse else "silu", "falcon": "relu" if self.f.is_sparse else "gelu",
+                    "bamboo": "relu", "opt": "relu"}
+        default = defaults.get(self.arch, "silu")
+        act = self.get("powerinfer.hidden_act", default, kind=str)
+        if act not in HIDDEN_ACTS:
+            raise UnsupportedError(f"{self.f.path}: powerinfer.hidden_act {act!r} is not supported "
+                                   f"({', '.join(HIDDEN_ACTS)})")
+        param = self.get("powerinfer.hidden_act_param", 0.0, kind=float) if act == "fatrelu" else 0.0
+        return act, param
+
+    def config(self) -> ModelConfig:
+        self.arch = self.architecture()
         n_embd = self.positive("{arch}.embedding_length")
         n_layer = self.positive("{arch}.block_count")
         n_head = self.positive("{arch}.attention.head_count")
@@ -180,6 +204,7 @@ class _Reader:
         if self.arch == "gemma3" and n_layer == 62:  # Gemma 3 27B scales queries by 1/sqrt(n_embd / n_head)
             attn_scale = 1.0 / math.sqrt(n_embd / n_head)
         threshold = self.get("powerinfer.sparse_threshold", 0.0, kind=float) if self.f.is_sparse else 0.0
+        hidden_act, hidden_act_param = self.hidden_act()
         return ModelConfig(
             arch=self.arch,
             name=self.get("general.name", "", kind=str),
@@ -205,4 +230,6 @@ class _Reader:
             is_sparse=self.f.is_sparse,
             sparse_threshold=threshold,
             predictor_ranks=self.predictor_ranks(n_layer),
+            hidden_act=hidden_act,
+            hidden_act_param=hidden_act_param,
         )

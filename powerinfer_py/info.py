@@ -22,9 +22,8 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
     try:
         # A file we cannot run is still worth describing: keep the reason instead of failing.
         try:
-            config = ModelConfig.from_gguf(f, check_supported=False)
-            runnable = config.arch in SUPPORTED_ARCHS
-            problem = None if runnable else f"architecture {config.arch!r} is parsed but not runnable yet"
+            config = ModelConfig.from_gguf(f)
+            runnable, problem = True, None
         except PowerInferError as e:
             config, runnable, problem = None, False, str(e)
 

@@ -4,6 +4,10 @@
     for piece in llm.generate("The capital of France is", max_tokens=32, temperature=0):
         print(piece, end="", flush=True)
     print(llm.last_stats.decode_tok_s)
+    print(llm.sparsity_stats.fractions)   # ReLU-family models: per-layer fraction of active neurons
+
+PowerInfer (PWRI) files run in sparse mode "predictor" by default; load(..., sparse="exact" | "off") picks
+another mode and sparse_threshold (or $LLAMA_SPARSE_PRED_THRESHOLD) overrides the file's threshold (ffn.py).
 
 Each generate() call starts from an empty context (the cache is reset), prefills the prompt and streams.
 There is one cache, so starting a generation ends the one before it (its iterator simply stops).
@@ -34,8 +38,10 @@ class LLM:
     """A loaded model ready to generate. Build it with powerinfer_py.load(); close() releases it."""
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None, n_ctx: int | None = None, *,
-                 backend: str = "cpu", cache_dir: str | os.PathLike | None = None):
+                 backend: str = "cpu", cache_dir: str | os.PathLike | None = None, sparse: str | None = None,
+                 sparse_threshold: float | None = None):
         from . import models
+        from .ffn import runtime_sparse
         from .gguf import open_gguf
         from .loader import load_weights
         from .tokenizer import Tokenizer
@@ -49,8 +55,9 @@ class LLM:
             if n_ctx is not None and n_ctx < 1:
                 raise ValueError(f"n_ctx must be at least 1, got {n_ctx}")
             self.n_ctx = int(n_ctx) if n_ctx else min(self.config.n_ctx_train, DEFAULT_MAX_CTX)
+            self.sparse = runtime_sparse(self.config, sparse, sparse_threshold)  # mode + threshold
             self.kernels = _make_kernels(backend, threads)
-            self.model = models.build_model(self.config, weights.tensors, self.kernels)
+            self.model = models.build_model(self.config, weights.tensors, self.kernels, self.sparse)
             self.tokenizer = Tokenizer(self.file, cache_dir=cache_dir)
         except BaseException:
             self.file.close()
@@ -68,6 +75,12 @@ class LLM:
         return self.tokenizer.decode(ids, special=special)
 
     # -- generation --------------------------------------------------------------------------------------
+
+    @property
+    def sparsity_stats(self):
+        """ffn.SparsityStats of the last generation (per-layer .fractions of active neurons per token, prompt
+        and generated tokens together), or None for models whose FFN is not ReLU-family."""
+        return self.model.sparsity
 
     @property
     def cache(self):
@@ -94,6 +107,8 @@ class LLM:
         if self._active is not None:  # one cache, one generation: end the previous one before reusing it
             self._active.close()
         self.reset()
+        if self.model.sparsity is not None:
+            self.model.sparsity.reset()
         gen = self._active = generate(self.model, self.cache, ids, Sampler(params), max_tokens, self.tokenizer.is_eog,
                        prefill_batch=prefill_batch)
         self.last_stats = gen.stats
@@ -146,12 +161,17 @@ class LLM:
 
 
 def load(path: str | os.PathLike, threads: int | None = None, n_ctx: int | None = None, *,
-         backend: str = "cpu", cache_dir: str | os.PathLike | None = None) -> LLM:
+         backend: str = "cpu", cache_dir: str | os.PathLike | None = None, sparse: str | None = None,
+         sparse_threshold: float | None = None) -> LLM:
     """Open a GGUF or PWRI model file and get it ready to generate.
 
     threads: CPU threads for the kernels (default: all cores). n_ctx: context size in tokens (default:
     min(training context, 4096)). backend: "cpu" (C kernels) or "ref" (numpy reference, slow).
     cache_dir: folder for the tokenizer's vocab-only copies of PWRI files (default
     $POWERINFER_CACHE/vocab or ~/.cache/powerinfer/vocab).
+    sparse: "predictor" (default for PowerInfer PWRI files), "exact" (ReLU-family models: bit-for-bit dense,
+    computing only non-zero neurons) or "off" (dense; the default for GGUF files). sparse_threshold: the
+    predictor threshold, overriding $LLAMA_SPARSE_PRED_THRESHOLD and the file's powerinfer.sparse_threshold.
     """
-    return LLM(path, threads=threads, n_ctx=n_ctx, backend=backend, cache_dir=cache_dir)
+    return LLM(path, threads=threads, n_ctx=n_ctx, backend=backend, cache_dir=cache_dir, sparse=sparse,
+               sparse_threshold=sparse_threshold)

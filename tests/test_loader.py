@@ -131,11 +131,9 @@ def test_unknown_architecture(tmp_path):
     assert "'mamba'" in str(exc.value) and all(a in str(exc.value) for a in ("llama", "qwen2", "gemma3"))
 
 
-def test_parsed_but_not_runnable_architecture(tmp_path):
-    f = open_gguf(_write(tmp_path / "b.gguf", _meta("bamboo"), []))
-    with pytest.raises(UnsupportedError, match="'bamboo'"):
-        ModelConfig.from_gguf(f)
-    assert ModelConfig.from_gguf(f, check_supported=False).arch == "bamboo"
+def test_powerinfer_architecture_parses(tmp_path):
+    c = ModelConfig.from_gguf(open_gguf(_write(tmp_path / "b.gguf", _meta("bamboo"), [])))
+    assert c.arch == "bamboo" and c.hidden_act == "relu" and not c.rope_neox
 
 
 @pytest.mark.parametrize("key", ["llama.embedding_length", "llama.block_count", "llama.context_length",
@@ -268,7 +266,7 @@ def test_model_info(tmp_path):
 def test_model_info_sparse_and_unsupported(tmp_path):
     tensors = [_f32("blk.0.fc1.weight", (12, 64)), _f32("blk.1.fc1.weight", (20, 64))]
     info = model_info(_write(tmp_path / "s.gguf", _meta("bamboo"), tensors, magic="PWRI"))
-    assert info["sparse"] and info["predictor_ranks"] == [12, 20] and not info["runnable"]
+    assert info["sparse"] and info["predictor_ranks"] == [12, 20] and info["runnable"]
     info = model_info(_write(tmp_path / "x.gguf", _meta("mamba"), []))
     assert info["config"] is None and "'mamba'" in info["problem"]
     info = model_info(_write(tmp_path / "k.gguf", _meta(**{"llama.block_count": None}), []))

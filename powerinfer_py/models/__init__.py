@@ -1,11 +1,13 @@
 """Models: one module per architecture family, chosen by config.arch.
 
-    build_model(config, tensors, kernels) -> Model    (Model.forward(tokens, cache, all_logits=False),
-                                                        Model.new_cache(n_ctx))
+    build_model(config, tensors, kernels, sparse=None) -> Model
+                                    (Model.forward(tokens, cache, all_logits=False), Model.new_cache(n_ctx),
+                                     Model.sparsity: per-layer active-neuron counts or None)
     expected_tensors(config) -> {name: (shape numpy order, required)}   (for loader.load_weights)
 
 `kernels` is a kernels.cpu.CpuKernels or kernels.ref.RefKernels; models call only the methods listed in
-kernels/__init__.py, so every backend runs every model.
+kernels/__init__.py, so every backend runs every model. `sparse` is an ffn.SparseSettings (mode, threshold);
+None means ffn.resolve_sparse(config): predictor mode for PWRI files, dense otherwise, the file's threshold.
 """
 from __future__ import annotations
 
@@ -13,15 +15,20 @@ from typing import Mapping
 
 from ..config import ModelConfig
 from ..errors import UnsupportedError
+from ..ffn import SparseSettings
 from ..tensor import Tensor
-from . import gemma3, llama, qwen2
+from . import bamboo, falcon, gemma3, llama, opt, qwen2
 from .base import Expected, Model
 
 _FAMILIES = {
     "llama": (llama.LlamaModel, llama.expected_tensors),
     "qwen2": (qwen2.Qwen2Model, qwen2.expected_tensors),
     "gemma3": (gemma3.Gemma3Model, gemma3.expected_tensors),
+    "bamboo": (bamboo.BambooModel, bamboo.expected_tensors),
+    "falcon": (falcon.FalconModel, falcon.expected_tensors),
+    "opt": (opt.OptModel, opt.expected_tensors),
 }
+_SPARSE_FAMILIES = ("llama", "bamboo", "falcon", "opt")  # the ones built on ffn.FFN (sparse modes, PWRI files)
 
 
 def _family(config: ModelConfig):
@@ -32,8 +39,15 @@ def _family(config: ModelConfig):
                                f"{', '.join(_FAMILIES)}") from None
 
 
-def build_model(config: ModelConfig, tensors: Mapping[str, Tensor], kernels) -> Model:
-    return _family(config)[0](config, tensors, kernels)
+def build_model(config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
+                sparse: SparseSettings | None = None) -> Model:
+    cls = _family(config)[0]
+    if config.arch not in _SPARSE_FAMILIES:
+        if config.is_sparse or (sparse is not None and sparse.mode != "off"):
+            raise UnsupportedError(f"architecture {config.arch!r} has no sparse FFN; sparse models and modes "
+                                   f"exist for {', '.join(_SPARSE_FAMILIES)}")
+        return cls(config, tensors, kernels)
+    return cls(config, tensors, kernels, sparse)
 
 
 def expected_tensors(config: ModelConfig) -> Expected:

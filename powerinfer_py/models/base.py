@@ -14,6 +14,14 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ModelFileError
+from ..ffn import (
+    FFN,
+    FFNWeights,
+    SparseSettings,
+    SparsityStats,
+    ffn_variant,
+    resolve_sparse,
+)
 from ..kv_cache import KVCache
 from ..tensor import Tensor
 
@@ -39,6 +47,23 @@ def llama_like_expected(c: ModelConfig) -> Expected:
         e[p + "ffn_gate.weight"] = ((c.n_ff, c.n_embd), True)
         e[p + "ffn_up.weight"] = ((c.n_ff, c.n_embd), True)
         e[p + "ffn_down.weight"] = ((c.n_embd, c.n_ff), True)
+    return e
+
+
+def sparsify_expected(c: ModelConfig, e: Expected) -> Expected:
+    """For PWRI files: ffn_down(.bias) becomes ffn_down_t(.bias) (shape (n_ff, n_embd)), and every layer gets
+    its predictor fc1 (R, n_embd) and fc2 (n_ff, R), R the layer's rank read from fc1. Dense files: as is."""
+    if not c.is_sparse:
+        return e
+    for il in range(c.n_layer):
+        p = f"blk.{il}."
+        _, required = e.pop(p + "ffn_down.weight")
+        e[p + "ffn_down_t.weight"] = ((c.n_ff, c.n_embd), required)
+        if e.pop(p + "ffn_down.bias", None) is not None:
+            e[p + "ffn_down_t.bias"] = ((c.n_embd,), True)
+        rank = c.predictor_ranks[il]
+        e[p + "fc1.weight"] = ((rank, c.n_embd), True)
+        e[p + "fc2.weight"] = ((c.n_ff, rank), True)
     return e
 
 
@@ -69,16 +94,46 @@ def layer_tensors(tensors: Mapping[str, Tensor], il: int, names: Mapping[str, st
 
 
 class Model:
-    """Base class: holds config, kernels and the global tensors; subclasses add layers and forward()."""
+    """Base class: holds config, kernels, the sparse settings and the global tensors; subclasses add layers
+    and forward(). `sparsity` (ffn.SparsityStats, None for non-ReLU FFNs) counts active neurons per layer."""
 
-    def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels):
+    def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
+                 sparse: SparseSettings | None = None):
         self.config = config
         self.kernels = kernels
+        self.sparse = sparse if sparse is not None else resolve_sparse(config)
+        self.sparsity: SparsityStats | None = None
         self.token_embd = get_tensor(tensors, "token_embd.weight")
         self.output_norm = norm_weight(get_tensor(tensors, "output_norm.weight"))
         output = get_tensor(tensors, "output.weight", required=False)
         self.output = output if output is not None else self.token_embd  # tied head
         self.n_vocab = self.output.shape[0]
+
+    def build_ffns(self, tensors: Mapping[str, Tensor], biases: bool = False) -> list[FFN]:
+        """Every layer's FFN (ffn.py) in this model's sparse mode; sets self.sparsity for ReLU-family FFNs."""
+        c = self.config
+        variant = ffn_variant(c)
+        if variant in ("reglu", "fatreglu", "dreglu", "relu"):
+            self.sparsity = SparsityStats(c.n_layer, c.n_ff, self.sparse.mode, self.sparse.threshold)
+        down = "ffn_down_t" if c.is_sparse else "ffn_down"
+        ffns = []
+        for il in range(c.n_layer):
+            p = f"blk.{il}."
+            gated = variant not in ("relu", "gelu")
+            w = FFNWeights(
+                up=get_tensor(tensors, p + "ffn_up.weight"),
+                gate=get_tensor(tensors, p + "ffn_gate.weight") if gated else None,
+                b_up=norm_weight(get_tensor(tensors, p + "ffn_up.bias")) if biases else None,
+                b_down=norm_weight(get_tensor(tensors, f"{p}{down}.bias")) if biases else None,
+                fc1=get_tensor(tensors, p + "fc1.weight") if c.is_sparse else None,
+                fc2=get_tensor(tensors, p + "fc2.weight") if c.is_sparse else None)
+            if c.is_sparse:
+                w.down_t = get_tensor(tensors, p + "ffn_down_t.weight")
+            else:
+                w.down = get_tensor(tensors, p + "ffn_down.weight")
+            ffns.append(FFN(self.kernels, w, variant, self.sparse, layer=il, act_param=c.hidden_act_param,
+                            stats=self.sparsity))
+        return ffns
 
     def new_cache(self, n_ctx: int | None = None) -> KVCache:
         c = self.config
@@ -107,11 +162,13 @@ class Model:
     def _head(self, x: np.ndarray, all_logits: bool) -> np.ndarray:
         """Final norm and output projection: x f32 [N, n_embd] -> logits f32 [n_vocab] (last token) or
         [N, n_vocab]. Only the rows asked for go through the (large) output matmul."""
-        k = self.kernels
         if all_logits:
-            return k.matmul(self.output, k.rmsnorm(x, self.output_norm, self.config.norm_eps))
-        h = k.rmsnorm(x[-1], self.output_norm, self.config.norm_eps)
-        return k.matmul(self.output, h)
+            return self.kernels.matmul(self.output, self._final_norm(x))
+        return self.kernels.matmul(self.output, self._final_norm(x[-1:])[0])
+
+    def _final_norm(self, x: np.ndarray) -> np.ndarray:
+        """output_norm applied to x f32 [N, n_embd] (RMSNorm; the LayerNorm models override this)."""
+        return self.kernels.rmsnorm(x, self.output_norm, self.config.norm_eps)
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         raise NotImplementedError

@@ -6,6 +6,10 @@ RoPE is the "normal" layout (pairs 2i, 2i+1): the GGUF converter already permute
 HF checkpoint so that this layout gives the HF model's results. Grouped-query attention: n_head_kv <= n_head.
 Logits: rmsnorm(x) * output_norm, then output.weight (or token_embd.weight when the file has no output).
 
+The FFN is ffn.FFN: SwiGLU for ordinary files; ReGLU relu(Wgate·m) * (Wup·m) (ReluLLaMA) or FATReLU (ProSparse)
+when powerinfer.hidden_act says so or the file is a PowerInfer (PWRI) file, which also brings ffn_down_t and
+the per-layer predictor fc1/fc2. The predictor input is h, the residual after attention, before ffn_norm.
+
 Not handled yet: rope_freqs.weight (LLaMA-3.1 long-context frequency factors). The tensor is accepted and
 ignored, which is exact for files without it and changes the low-frequency RoPE dimensions of files with it.
 """
@@ -16,28 +20,30 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
+from ..ffn import SparseSettings
 from ..kv_cache import KVCache
 from ..tensor import Tensor
-from .base import Expected, Model, layer_tensors, llama_like_expected
+from .base import Expected, Model, layer_tensors, llama_like_expected, sparsify_expected
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight",
     "wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight", "wo": "attn_output.weight",
     "ffn_norm": "ffn_norm.weight",
-    "gate": "ffn_gate.weight", "up": "ffn_up.weight", "down": "ffn_down.weight",
 }
 
 
 def expected_tensors(c: ModelConfig) -> Expected:
     e = llama_like_expected(c)
     e["rope_freqs.weight"] = ((c.n_rot // 2,), False)
-    return e
+    return sparsify_expected(c, e)
 
 
 class LlamaModel(Model):
-    def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels):
-        super().__init__(config, tensors, kernels)
+    def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
+                 sparse: SparseSettings | None = None):
+        super().__init__(config, tensors, kernels, sparse)
         self.layers = [layer_tensors(tensors, il, LAYER_TENSORS) for il in range(config.n_layer)]
+        self.ffns = self.build_ffns(tensors)
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         c, k = self.config, self.kernels
@@ -57,9 +63,8 @@ class LlamaModel(Model):
             self._store_kv(cache, il, p0, kk, v)
             a = k.attention(q, cache.k[il], cache.v[il], p0, 0, c.attn_scale)  # [N, n_head, hd]
             x += k.matmul(L.wo, a.reshape(n, c.n_head * hd))
-            # feed-forward (SwiGLU)
-            h = k.rmsnorm(x, L.ffn_norm, eps)
-            x += k.matmul(L.down, k.swiglu(k.matmul(L.gate, h), k.matmul(L.up, h)))
+            # feed-forward; the predictor (sparse files) reads the residual x, the FFN its normed copy
+            x += self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x)
 
         cache.n_past = p0 + n
         return self._head(x, all_logits)

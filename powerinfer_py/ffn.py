@@ -1,0 +1,307 @@
+"""The feed-forward block of every model: the dense FFN and the sparse strategies, in one place.
+
+FFN variants, chosen once from (arch, hidden_act) by ffn_variant():
+  swiglu    h = silu(gate·x) * (up·x)            llama / Mistral / qwen2 (dense only)
+  geglu     h = gelu(gate·x) * (up·x)            a gated GELU llama file (dense only)
+  reglu     h = relu(gate·x) * (up·x)            ReluLLaMA (PWRI llama without hidden_act)
+  fatreglu  h = fatrelu(gate·x) * (up·x)         ProSparse: fatrelu(a) = a if a > hidden_act_param else 0
+  dreglu    h = relu(gate·x) * relu(up·x)        bamboo (dReLU)
+  relu      h = relu(up·x + b_up)                falcon (ReluFalcon), opt
+  gelu      h = gelu(up·x + b_up)                falcon (dense only)
+followed by the down projection: ffn_down · h for dense GGUF files, or  y = sum_i h_i * ffn_down_t[i, :]  (an
+AXPY over rows of the transposed matrix) for PWRI files; + b_down for opt. The "gating" pre-activation is
+gate·x for gated variants and up·x + b_up for the others: a neuron whose gating activation is 0 has h = 0.
+
+Modes (FORMATS.md section 2), chosen per model by resolve_sparse():
+  off        everything dense. PWRI files have no ffn_down, so their down projection is the AXPY over every
+             row of ffn_down_t (the kernel skips rows whose h is zero for every token; that is what makes
+             `exact` bit-identical to `off`).
+  exact      ReLU-family only: the gating pre-activation is dense, then up (gated variants) and the down
+             projection only on neurons whose activation is non-zero. Bit-for-bit `off`: matmul_rows gives
+             each row the bits matmul gives it, and the AXPY gives the same bits with zero rows left out.
+             On a dense GGUF file the down projection stays the dense ffn_down matmul (inactive h = 0): a
+             transposed copy would need re-quantization (Q4_0/Q8_0 blocks run along n_ff) and a different
+             summation order, so it could not be exact; exact mode there saves the up rows only.
+  predictor  PowerInfer: p = the predictor input (pre-ffn_norm residual; falcon: the layer input),
+             logits = fc2 · relu(fc1 · p) in f32, neuron i active iff logits[i] >= threshold, h computed for
+             active neurons only (inactive neurons are exactly 0), then the down projection over them.
+Batches (prefill, N > 1 tokens) compute the union of the tokens' active sets once for all tokens and then
+zero h[t, i] for the neurons token t did not select, so every token gets exactly its own per-token result;
+when the union exceeds DENSE_FALLBACK of the neurons, the gated rows come from the dense matmul instead of the
+row gather (same bits, contiguous reads).
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from .config import ModelConfig
+from .errors import PowerInferError, UnsupportedError
+from .tensor import Tensor
+
+MODES = ("predictor", "exact", "off")
+THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"
+DENSE_FALLBACK = 0.5  # batches whose union of active neurons exceeds this fraction use the dense gate/up
+RELU_FAMILY = ("reglu", "fatreglu", "dreglu", "relu")
+GATED = ("swiglu", "geglu", "reglu", "fatreglu", "dreglu")
+
+
+def ffn_variant(config: ModelConfig) -> str:
+    """The FFN variant of a model (see the module docstring)."""
+    act = config.hidden_act
+    if config.arch == "bamboo":
+        return "dreglu"
+    if config.arch == "gemma3":
+        return "geglu"
+    if config.arch in ("falcon", "opt"):
+        if act in ("relu", "gelu"):
+            return act
+        raise UnsupportedError(f"{config.arch}: hidden_act {act!r} is not supported for this architecture "
+                               "(relu, gelu)")
+    return {"silu": "swiglu", "gelu": "geglu", "relu": "reglu", "fatrelu": "fatreglu"}[act]
+
+
+@dataclass(frozen=True)
+class SparseSettings:
+    mode: str  # one of MODES
+    threshold: float  # predictor logits >= threshold are active (used in predictor mode only)
+
+
+def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: float | None = None,
+                   environ: Mapping[str, str] | None = None) -> SparseSettings:
+    """The sparse mode and threshold a model runs with.
+
+    mode None: "predictor" for PWRI files, "off" otherwise. threshold: the explicit value, else
+    $LLAMA_SPARSE_PRED_THRESHOLD from `environ` (the runtime passes os.environ; None reads no environment),
+    else the file's powerinfer.sparse_threshold."""
+    if mode is None:
+        mode = "predictor" if config.is_sparse else "off"
+    if mode not in MODES:
+        raise UnsupportedError(f"unknown sparse mode {mode!r}; one of {', '.join(MODES)}")
+    variant = ffn_variant(config)
+    if mode == "predictor" and not config.is_sparse:
+        raise UnsupportedError("sparse mode 'predictor' needs a PowerInfer (PWRI) file with predictors; this "
+                               "is a dense GGUF file: use 'exact' (ReLU models) or 'off'")
+    if mode != "off" and variant not in RELU_FAMILY:
+        raise UnsupportedError(f"sparse mode {mode!r} needs a ReLU-family FFN; this {config.arch} model's FFN "
+                               f"is {variant}: use 'off'")
+    if threshold is None and environ is not None and environ.get(THRESHOLD_ENV, "").strip():
+        text = environ[THRESHOLD_ENV]
+        try:
+            threshold = float(text)
+        except ValueError:
+            raise PowerInferError(f"{THRESHOLD_ENV}={text!r} is not a number") from None
+    if threshold is None:
+        threshold = config.sparse_threshold
+    threshold = float(threshold)
+    if math.isnan(threshold):
+        raise PowerInferError("the sparse threshold must be a number, got NaN")
+    return SparseSettings(mode, threshold)
+
+
+def runtime_sparse(config: ModelConfig, mode: str | None, threshold: float | None) -> SparseSettings:
+    """resolve_sparse with this process's environment (what LLM/load use)."""
+    return resolve_sparse(config, mode, threshold, os.environ)
+
+
+class SparsityStats:
+    """Per-layer neuron counts since the last reset(): `active` = neurons computed per token (predicted active,
+    or non-zero gating activation in exact/off mode), `nonzero` = neurons whose h was non-zero."""
+
+    def __init__(self, n_layer: int, n_ff: int, mode: str, threshold: float):
+        self.n_ff, self.mode, self.threshold = n_ff, mode, threshold
+        self.tokens = np.zeros(n_layer, dtype=np.int64)
+        self.active = np.zeros(n_layer, dtype=np.int64)
+        self.nonzero = np.zeros(n_layer, dtype=np.int64)
+
+    def reset(self) -> None:
+        for a in (self.tokens, self.active, self.nonzero):
+            a[:] = 0
+
+    def record(self, il: int, n_tok: int, n_active: int, n_nonzero: int) -> None:
+        self.tokens[il] += n_tok
+        self.active[il] += n_active
+        self.nonzero[il] += n_nonzero
+
+    def _fractions(self, counts: np.ndarray) -> list[float]:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return [float(f) for f in counts / (self.tokens * float(self.n_ff))]
+
+    @property
+    def fractions(self) -> list[float]:
+        """Per layer: mean fraction of the n_ff neurons active per token (NaN before any token)."""
+        return self._fractions(self.active)
+
+    @property
+    def nonzero_fractions(self) -> list[float]:
+        return self._fractions(self.nonzero)
+
+    @property
+    def mean_fraction(self) -> float:
+        total = float(self.tokens.sum()) * self.n_ff
+        return float(self.active.sum()) / total if total else float("nan")
+
+
+@dataclass
+class FFNWeights:
+    """One layer's FFN tensors. down (dense files, shape (n_embd, n_ff)) or down_t (PWRI, (n_ff, n_embd))."""
+    up: Tensor
+    gate: Tensor | None = None
+    down: Tensor | None = None
+    down_t: Tensor | None = None
+    b_up: np.ndarray | None = None  # f32 [n_ff]
+    b_down: np.ndarray | None = None  # f32 [n_embd]
+    fc1: Tensor | None = None  # predictor, (R, n_embd)
+    fc2: Tensor | None = None  # predictor, (n_ff, R)
+
+
+class FFN:
+    """One layer's feed-forward block in one mode: ffn(x, p) -> y f32 [N, n_embd] for x f32 [N, n_embd] (the
+    normed FFN input) and p f32 [N, n_embd] (the predictor input; used in predictor mode only)."""
+
+    def __init__(self, kernels, w: FFNWeights, variant: str, settings: SparseSettings, *, layer: int = 0,
+                 act_param: float = 0.0, stats: SparsityStats | None = None):
+        self.k, self.w, self.variant, self.layer, self.stats = kernels, w, variant, layer, stats
+        self.mode, self.threshold = settings.mode, np.float32(settings.threshold)
+        self.act_param = np.float32(act_param)
+        self.n_ff = w.up.shape[0]
+        self.gated = variant in GATED
+        if self.gated != (w.gate is not None):
+            raise ValueError(f"layer {layer}: FFN variant {variant} {'needs' if self.gated else 'has no'} ffn_gate")
+        if (w.down is None) == (w.down_t is None):
+            raise ValueError(f"layer {layer}: the FFN needs exactly one of ffn_down and ffn_down_t")
+        if self.mode == "predictor" and (w.fc1 is None or w.fc2 is None):
+            raise ValueError(f"layer {layer}: predictor mode without fc1/fc2")
+        self.all_rows = np.arange(self.n_ff, dtype=np.int32)
+
+    def __call__(self, x: np.ndarray, p: np.ndarray | None = None) -> np.ndarray:
+        if self.mode == "predictor":
+            return self._predictor(x, p)
+        if self.mode == "exact":
+            return self._exact(x)
+        return self._dense(x)
+
+    # ---- activations (numpy, in place on fresh arrays) ---------------------------------------------------
+
+    def _gate_act(self, a: np.ndarray) -> np.ndarray:
+        """The gating activation of a fresh pre-activation array (ReLU family only)."""
+        if self.variant == "fatreglu":
+            a[~(a > self.act_param)] = 0  # x if x > param else 0 (NaN -> 0, as the comparison is false)
+            return a
+        return np.maximum(a, 0, out=a)
+
+    def _combine(self, a: np.ndarray, u: np.ndarray | None) -> np.ndarray:
+        """h from the activated gating values a and (gated variants) the up values u."""
+        if not self.gated:
+            return a
+        if self.variant == "dreglu":
+            np.maximum(u, 0, out=u)
+        a *= u
+        return a
+
+    def _pre(self, x: np.ndarray) -> np.ndarray:
+        """Dense gating pre-activation f32 [N, n_ff]: gate·x, or up·x + b_up."""
+        if self.gated:
+            return self.k.matmul(self.w.gate, x)
+        u = self.k.matmul(self.w.up, x)
+        if self.w.b_up is not None:
+            u += self.w.b_up
+        return u
+
+    # ---- modes -----------------------------------------------------------------------------------------
+
+    def _dense(self, x: np.ndarray) -> np.ndarray:
+        k, w = self.k, self.w
+        if self.variant in ("swiglu", "geglu"):
+            glu = k.swiglu if self.variant == "swiglu" else k.geglu
+            return self._down(glu(k.matmul(w.gate, x), k.matmul(w.up, x)), None)
+        if self.variant == "gelu":
+            return self._down(k.gelu(self._pre(x)), None)
+        a = self._gate_act(self._pre(x))
+        if self.stats is not None:
+            n_active = int(np.count_nonzero(a))
+        h = self._combine(a, k.matmul(w.up, x) if self.gated else None)
+        if self.stats is not None:
+            self.stats.record(self.layer, x.shape[0], n_active, int(np.count_nonzero(h)))
+        return self._down(h, None)
+
+    def _exact(self, x: np.ndarray) -> np.ndarray:
+        a = self._gate_act(self._pre(x))
+        n_tok = x.shape[0]
+        if n_tok == 1:
+            rows = self.k.select_nonzero(a[0])
+        else:
+            rows = np.flatnonzero((a != 0).any(axis=0)).astype(np.int32)
+        n_active = int(np.count_nonzero(a))
+        a = a[:, rows]  # a fresh compact copy [N, n_rows]
+        dense = n_tok > 1 and len(rows) > DENSE_FALLBACK * self.n_ff
+        u = self._up_rows(x, rows, dense) if self.gated else None
+        h = self._combine(a, u)
+        if self.stats is not None:
+            self.stats.record(self.layer, n_tok, n_active, int(np.count_nonzero(h)))
+        return self._down(h, rows)
+
+    def _predictor(self, x: np.ndarray, p: np.ndarray) -> np.ndarray:
+        k, w = self.k, self.w
+        n_tok = x.shape[0]
+        r = k.matmul(w.fc1, p)  # [N, R]
+        np.maximum(r, 0, out=r)
+        logits = k.matmul(w.fc2, r)  # [N, n_ff]
+        if n_tok == 1:
+            rows = k.select_active(logits[0], float(self.threshold))
+            mask, n_active = None, len(rows)
+        else:
+            mask = logits >= self.threshold
+            rows = np.flatnonzero(mask.any(axis=0)).astype(np.int32)
+            n_active = int(np.count_nonzero(mask))
+        dense = n_tok > 1 and len(rows) > DENSE_FALLBACK * self.n_ff
+        if self.gated:
+            a = self._gate_act(self._rows(w.gate, rows, x, dense))
+            h = self._combine(a, self._up_rows(x, rows, dense))
+        else:
+            h = self._gate_act(self._up_rows(x, rows, dense))
+        if mask is not None:  # each token keeps only its own active neurons (exact zeros elsewhere)
+            h = np.where(mask[:, rows], h, np.float32(0))
+        if self.stats is not None:
+            self.stats.record(self.layer, n_tok, n_active, int(np.count_nonzero(h)))
+        return self._down(h, rows)
+
+    # ---- pieces ------------------------------------------------------------------------------------------
+
+    def _rows(self, t: Tensor, rows: np.ndarray, x: np.ndarray, dense: bool) -> np.ndarray:
+        """f32 [N, len(rows)] = x · t[rows].T, by the row gather or (dense) by the full matmul."""
+        if dense:
+            return np.ascontiguousarray(self.k.matmul(t, x)[:, rows])
+        if len(rows) == 0:
+            return np.zeros((x.shape[0], 0), dtype=np.float32)
+        return self.k.matmul_rows(t, rows, x)
+
+    def _up_rows(self, x: np.ndarray, rows: np.ndarray, dense: bool) -> np.ndarray:
+        u = self._rows(self.w.up, rows, x, dense)
+        if self.w.b_up is not None:
+            u += self.w.b_up[rows]
+        return u
+
+    def _down(self, h: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+        """y f32 [N, n_embd] from h f32 [N, len(rows)] (rows None: all n_ff neurons), + b_down."""
+        w = self.w
+        n_tok = h.shape[0]
+        if w.down_t is not None:
+            rows = self.all_rows if rows is None else rows
+            if len(rows) == 0:
+                y = np.zeros((n_tok, w.down_t.shape[1]), dtype=np.float32)
+            else:
+                y = self.k.axpy_rows(w.down_t, rows, np.ascontiguousarray(h, dtype=np.float32))
+        else:
+            if rows is not None:  # dense down projection of the scattered h (inactive neurons exactly 0)
+                full = np.zeros((n_tok, self.n_ff), dtype=np.float32)
+                full[:, rows] = h
+                h = full
+            y = self.k.matmul(w.down, np.ascontiguousarray(h, dtype=np.float32))
+        if w.b_down is not None:
+            y += w.b_down
+        return y
