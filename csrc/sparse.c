@@ -24,11 +24,14 @@
  *
  * Variants: AVX-512 (F + BW + VL): 16 lanes, 64-column tiles, masked column tails for float types;
  * AVX2 + FMA + F16C: 8 lanes, 32-column tiles, scalar (fmaf) column tails; scalar: everything else.
+ * Types: F32, F16, BF16, Q8_0, Q4_0 on those paths (s = h * d once per row and block, then one fma per
+ * element); Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K are unpacked block by block to their pi_dequantize values v
+ * and applied as y = fma(h, v, y), portable C (correct everywhere, not tuned).
  */
 #include <math.h>
 #include <string.h>
 
-#include "pool.h"
+#include "matmul_internal.h" /* block layouts, pi_h2f, pi_unpack_q32 / pi_unpack_qk (other block types) */
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
 #define SP_AVX512 1
@@ -39,27 +42,10 @@
 #include <immintrin.h>
 #endif
 
-#define QK 32
 #define INLINE static inline __attribute__((always_inline))
 #define MIN_SLICE_BYTES 1024  /* preferred contiguous run per row and chunk */
 #define MIN_SLICE_FLOOR 256   /* accepted when fewer chunks than threads would leave cores idle */
 #define L2_Y_BYTES (256 * 1024) /* y[:, sub-slice] budget for n_tok > 1 */
-
-typedef struct { uint16_t d; int8_t qs[QK]; } sp_q8_0;
-typedef struct { uint16_t d; uint8_t qs[QK / 2]; } sp_q4_0;
-_Static_assert(sizeof(sp_q8_0) == 34, "Q8_0 block is 34 bytes");
-_Static_assert(sizeof(sp_q4_0) == 18, "Q4_0 block is 18 bytes");
-
-static inline float sp_f16(uint16_t h) {
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
-    if (exp == 0) { float f = (float)man * 0x1p-24f; return sign ? -f : f; }
-    u = sign | (exp == 0x1f ? 0x7f800000u | (man << 13) : ((exp + 112) << 23) | (man << 13));
-    float f; memcpy(&f, &u, 4); return f;
-#endif
-}
 
 static inline float sp_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 
@@ -78,19 +64,19 @@ typedef struct {
 /* ---- one weight value group: the scale of the block holding column c, and the values at c ------------- */
 /* Column c of a row p: block types store q (integers) and a per-block f16 scale d; float types have d = 1. */
 INLINE float blk_scale(const int T, const uint8_t *p, int64_t c) {
-    if (T == PI_Q8_0) return sp_f16(((const sp_q8_0 *)p)[c / QK].d);
-    if (T == PI_Q4_0) return sp_f16(((const sp_q4_0 *)p)[c / QK].d);
+    if (T == PI_Q8_0) return pi_h2f(((const block_q8_0 *)p)[c / QK].d);
+    if (T == PI_Q4_0) return pi_h2f(((const block_q4_0 *)p)[c / QK].d);
     return 1.0f;
 }
 
 static inline float scalar_q(const int T, const uint8_t *p, int64_t c) {
     switch (T) {
     case PI_F32: return ((const float *)p)[c];
-    case PI_F16: return sp_f16(((const uint16_t *)p)[c]);
+    case PI_F16: return pi_h2f(((const uint16_t *)p)[c]);
     case PI_BF16: return sp_bf16(((const uint16_t *)p)[c]);
-    case PI_Q8_0: return (float)((const sp_q8_0 *)p)[c / QK].qs[c % QK];
+    case PI_Q8_0: return (float)((const block_q8_0 *)p)[c / QK].qs[c % QK];
     default: {
-        const sp_q4_0 *b = (const sp_q4_0 *)p + c / QK;
+        const block_q4_0 *b = (const block_q4_0 *)p + c / QK;
         int j = (int)(c % QK);
         return (float)((j < QK / 2 ? b->qs[j] & 0x0f : b->qs[j - QK / 2] >> 4) - 8);
     }
@@ -117,12 +103,11 @@ INLINE vf vq(const int T, const uint8_t *p, int64_t c) {
             _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + c))), 16));
     case PI_Q8_0:
         return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-            _mm_loadu_si128((const __m128i *)(((const sp_q8_0 *)p)[c / QK].qs + (c & 16)))));
-    default: {
-        __m128i x = _mm_loadu_si128((const __m128i *)((const sp_q4_0 *)p)[c / QK].qs);
-        if (c & 16) x = _mm_srli_epi16(x, 4);
-        x = _mm_sub_epi8(_mm_and_si128(x, _mm_set1_epi8(0x0f)), _mm_set1_epi8(8));
-        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x));
+            _mm_loadu_si128((const __m128i *)(((const block_q8_0 *)p)[c / QK].qs + (c & 16)))));
+    default: { /* Q4_0: permutexvar reads only the low 4 bits of each index: nibble -> (nibble - 8) as f32 */
+        __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((const block_q4_0 *)p)[c / QK].qs));
+        if (c & 16) x = _mm512_srli_epi32(x, 4);
+        return _mm512_permutexvar_ps(x, _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7));
     }
     }
 }
@@ -155,9 +140,9 @@ INLINE vf vq(const int T, const uint8_t *p, int64_t c) {
             _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + c))), 16));
     case PI_Q8_0:
         return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-            _mm_loadl_epi64((const __m128i *)(((const sp_q8_0 *)p)[c / QK].qs + (c & 31)))));
+            _mm_loadl_epi64((const __m128i *)(((const block_q8_0 *)p)[c / QK].qs + (c & 31)))));
     default: {
-        __m128i x = _mm_loadl_epi64((const __m128i *)(((const sp_q4_0 *)p)[c / QK].qs + (c & 15)));
+        __m128i x = _mm_loadl_epi64((const __m128i *)(((const block_q4_0 *)p)[c / QK].qs + (c & 15)));
         if (c & 16) x = _mm_srli_epi16(x, 4);
         x = _mm_sub_epi8(_mm_and_si128(x, _mm_set1_epi8(0x0f)), _mm_set1_epi8(8));
         return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x));
@@ -181,39 +166,44 @@ INLINE void axpy_cols_scalar(const int T, const int G, const uint8_t *const *p, 
     }
 }
 
-/* Prefetch the bytes holding columns [c, c + n) of row p (block types: whole blocks). */
-INLINE void prefetch_cols(const int T, const uint8_t *p, int64_t c, int64_t n) {
-#if defined(SP_AVX512) || defined(SP_AVX2)
-    int64_t b0, b1;
-    if (T == PI_Q8_0 || T == PI_Q4_0) {
-        int64_t size = T == PI_Q8_0 ? (int64_t)sizeof(sp_q8_0) : (int64_t)sizeof(sp_q4_0);
-        b0 = c / QK * size;
-        b1 = (c + n + QK - 1) / QK * size;
-    } else {
-        int64_t e = T == PI_F32 ? 4 : 2;
-        b0 = c * e;
-        b1 = (c + n) * e;
-    }
-    uintptr_t a = ((uintptr_t)(p + b0)) & ~(uintptr_t)63, end = (uintptr_t)(p + b1);
-    for (; a < end; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T0);
-#else
-    (void)T; (void)p; (void)c; (void)n;
-#endif
+#if VL > 1
+/* Tiles: TILE columns, a whole number of blocks (AVX-512: 64 columns = 2 blocks; AVX2: 32 = 1 block).
+ * Slices start at a multiple of 64 columns, so tile k of a row starts at byte k * tile_bytes(T) and every
+ * offset inside it is a compile-time constant. */
+#define TILE (VL * NV)
+INLINE int64_t tile_bytes(const int T) {
+    return T == PI_Q8_0 ? TILE / QK * (int64_t)sizeof(block_q8_0)
+         : T == PI_Q4_0 ? TILE / QK * (int64_t)sizeof(block_q4_0) : TILE * (T == PI_F32 ? 4 : 2);
 }
+/* per-block scales per tile (block types), else 1; the scale of vector v is s[sidx(T, v)] */
+#define NS(T) ((T) == PI_Q8_0 || (T) == PI_Q4_0 ? TILE / QK : 1)
+#define SIDX(T, v) ((T) == PI_Q8_0 || (T) == PI_Q4_0 ? (v) * VL / QK : 0)
+
+/* The hardware prefetcher cannot guess the next active row: fetch the next group's tile a group ahead, one
+ * prefetch per 64 bytes from the tile's start. Successive prefetch addresses along a row are never more than
+ * 64 bytes apart (the next tile starts tile_bytes on), so every line of the row slice is requested. */
+INLINE void prefetch_tile(const int T, const uint8_t *pt) {
+    for (int64_t o = 0; o < tile_bytes(T); o += 64) _mm_prefetch((const char *)pt + o, _MM_HINT_T0);
+}
+#endif
 
 /* ---- n_tok == 1: one group of G rows over the columns [c0, c1) of y ----------------------------------
- * p: the G rows, hs: their h; pn: the next group's npn rows, prefetched tile by tile one group ahead. */
+ * p: the G rows, hs: their h; pn: the next group's 4 rows (or PN == 0), prefetched tile by tile. */
 INLINE void decode_group(const int T, const int G, const uint8_t *const *p, const float *hs,
-                         const uint8_t *const *pn, int npn, float *y, int64_t c0, int64_t c1) {
+                         const uint8_t *const *pn, const int PN, float *y, int64_t c0, int64_t c1) {
     int64_t c = c0;
 #if VL > 1
-    for (; c + VL * NV <= c1; c += VL * NV) {
-        for (int r = 0; r < npn; r++) prefetch_cols(T, pn[r], c, VL * NV);
+    const int64_t tb = tile_bytes(T);
+    for (int64_t off = c0 / TILE * tb; c + TILE <= c1; c += TILE, off += tb) {
+        for (int r = 0; r < PN; r++) prefetch_tile(T, pn[r] + off);
         vf acc[NV];
         for (int v = 0; v < NV; v++) acc[v] = V_LOAD(y + c + v * VL);
-        for (int r = 0; r < G; r++)
-            for (int v = 0; v < NV; v++)
-                acc[v] = V_FMA(V_SET1(hs[r] * blk_scale(T, p[r], c + v * VL)), vq(T, p[r], c + v * VL), acc[v]);
+        for (int r = 0; r < G; r++) {
+            const uint8_t *pt = p[r] + off;
+            float s[TILE / QK];
+            for (int b = 0; b < NS(T); b++) s[b] = hs[r] * blk_scale(T, pt, b * QK);
+            for (int v = 0; v < NV; v++) acc[v] = V_FMA(V_SET1(s[SIDX(T, v)]), vq(T, pt, v * VL), acc[v]);
+        }
         for (int v = 0; v < NV; v++) V_STORE(y + c + v * VL, acc[v]);
     }
     for (; c + VL <= c1; c += VL) {
@@ -242,22 +232,23 @@ INLINE void batch_group(const int T, const int G, const axpy_job *j, const uint8
     const int64_t n_tok = j->n_tok, n_sel = j->n_sel, n_cols = j->n_cols;
     int64_t c = c0;
 #if VL > 1
-    for (; c + VL * NV <= c1; c += VL * NV) {
-        vf q[G][NV];
-        float d[G][NV];
-        for (int r = 0; r < G; r++)
-            for (int v = 0; v < NV; v++) {
-                q[r][v] = vq(T, p[r], c + v * VL);
-                d[r][v] = blk_scale(T, p[r], c + v * VL);
-            }
+    const int64_t tb = tile_bytes(T);
+    for (int64_t off = c0 / TILE * tb; c + TILE <= c1; c += TILE, off += tb) {
+        vf q[GB][NV]; /* G <= GB: fixed sizes, not variable-length arrays */
+        float d[GB][TILE / QK];
+        for (int r = 0; r < G; r++) {
+            for (int v = 0; v < NV; v++) q[r][v] = vq(T, p[r] + off, v * VL);
+            for (int b = 0; b < NS(T); b++) d[r][b] = blk_scale(T, p[r] + off, b * QK);
+        }
         for (int64_t t = 0; t < n_tok; t++) {
             const float *ht = j->h + t * n_sel;
             float *yt = j->y + t * n_cols + c;
             vf acc[NV];
             for (int v = 0; v < NV; v++) acc[v] = V_LOAD(yt + v * VL);
             for (int r = 0; r < G; r++) {
-                float hv = ht[pos[r]];
-                for (int v = 0; v < NV; v++) acc[v] = V_FMA(V_SET1(hv * d[r][v]), q[r][v], acc[v]);
+                float s[TILE / QK];
+                for (int b = 0; b < NS(T); b++) s[b] = ht[pos[r]] * d[r][b];
+                for (int v = 0; v < NV; v++) acc[v] = V_FMA(V_SET1(s[SIDX(T, v)]), q[r][v], acc[v]);
             }
             for (int v = 0; v < NV; v++) V_STORE(yt + v * VL, acc[v]);
         }
@@ -265,8 +256,8 @@ INLINE void batch_group(const int T, const int G, const axpy_job *j, const uint8
     for (; c < c1 && (c + VL <= c1 || VL == 16); c += VL) { /* whole vectors, then (AVX-512) a masked tail */
         int64_t n = c1 - c < VL ? c1 - c : VL;
         (void)n; /* used by the AVX-512 masked tail */
-        vf q[G];
-        float d[G];
+        vf q[GB];
+        float d[GB];
         for (int r = 0; r < G; r++) {
             d[r] = blk_scale(T, p[r], c);
 #if defined(SP_AVX512)
@@ -294,10 +285,51 @@ INLINE void batch_group(const int T, const int G, const axpy_job *j, const uint8
 #endif
     if (c < c1)
         for (int64_t t = 0; t < n_tok; t++) {
-            float hs[G];
+            float hs[GB];
             for (int r = 0; r < G; r++) hs[r] = j->h[t * n_sel + pos[r]];
             axpy_cols_scalar(T, G, p, hs, j->y + t * n_cols, c, c1);
         }
+}
+
+/* ---- other block types (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): one block at a time -------------------------
+ * Each block is unpacked to its f32 values exactly as pi_dequantize computes them (d * q + m, or
+ * dsc * q - dmn), then y = fma(h, value, y) row after row: the same determinism as the fast types, at a
+ * lower speed (the unpack is scalar). */
+static void block_values(int type, const uint8_t *blk, float *v) {
+    if (pi_is_k_type(type)) {
+        int8_t q[QK_K];
+        float dsc[16], dmn[16];
+        pi_unpack_qk(type, blk, q, dsc, dmn);
+        const int g = type == PI_Q6_K ? 16 : 32;
+        for (int i = 0; i < QK_K; i++) v[i] = dsc[i / g] * (float)q[i] - dmn[i / g];
+    } else {
+        int8_t q[QK];
+        float d, m;
+        pi_unpack_q32(type, blk, q, &d, &m);
+        for (int i = 0; i < QK; i++) v[i] = d * (float)q[i] + m;
+    }
+}
+
+static void axpy_chunk_blocks(const axpy_job *j, int64_t c0, int64_t c1) {
+    const int64_t bs = pi_block_size(j->type), bbytes = pi_row_size(j->type, bs);
+    const int64_t n_tok = j->n_tok, n_sel = j->n_sel, n_cols = j->n_cols;
+    float v[QK_K];
+    int64_t sw = L2_Y_BYTES / (n_tok * (int64_t)sizeof(float)) / bs * bs; /* y sub-slice kept in L2 */
+    if (sw < bs) sw = bs;
+    for (int64_t s0 = c0; s0 < c1; s0 += sw) {
+        const int64_t s1 = s0 + sw < c1 ? s0 + sw : c1;
+        for (int64_t a = 0; a < j->n_act; a++) {
+            const uint8_t *p = j->w + (int64_t)j->rows[j->act[a]] * j->row_bytes;
+            for (int64_t c = s0; c < s1; c += bs) {
+                block_values(j->type, p + c / bs * bbytes, v);
+                for (int64_t t = 0; t < n_tok; t++) {
+                    const float hv = j->h[t * n_sel + j->act[a]];
+                    float *yt = j->y + t * n_cols + c;
+                    for (int64_t i = 0; i < bs; i++) yt[i] = fmaf(hv, v[i], yt[i]);
+                }
+            }
+        }
+    }
 }
 
 /* ---- one chunk = one column slice of y, all tokens, all active rows in list order -------------------- */
@@ -316,9 +348,9 @@ INLINE void axpy_chunk_t(const int T, const axpy_job *j, int64_t chunk) {
                 p[r] = j->w + (int64_t)j->rows[act[a + r]] * rb;
                 hs[r] = j->h[act[a + r]];
             }
-            int npn = 0;
-            for (; npn < 4 && a + 4 + npn < n_act; npn++) pn[npn] = j->w + (int64_t)j->rows[act[a + 4 + npn]] * rb;
-            decode_group(T, 4, p, hs, pn, npn, j->y, c0, c1);
+            for (int r = 0; r < 4; r++) /* past the end: the last rows again (cached, harmless) */
+                pn[r] = j->w + (int64_t)j->rows[act[a + 4 + r < n_act ? a + 4 + r : n_act - 1]] * rb;
+            decode_group(T, 4, p, hs, pn, 4, j->y, c0, c1);
         }
         for (; a < n_act; a++) {
             p[0] = j->w + (int64_t)j->rows[act[a]] * rb;
@@ -352,7 +384,12 @@ static void axpy_chunk(void *ctx, int64_t chunk, int thread_id) {
     case PI_BF16: axpy_chunk_t(PI_BF16, j, chunk); break;
     case PI_Q8_0: axpy_chunk_t(PI_Q8_0, j, chunk); break;
     case PI_Q4_0: axpy_chunk_t(PI_Q4_0, j, chunk); break;
-    default: break;
+    default: {
+        const int64_t c0 = chunk * j->cols_per_chunk;
+        const int64_t c1 = c0 + j->cols_per_chunk < j->n_cols ? c0 + j->cols_per_chunk : j->n_cols;
+        for (int64_t t = 0; t < j->n_tok; t++) memset(j->y + t * j->n_cols + c0, 0, (size_t)(c1 - c0) * sizeof(float));
+        axpy_chunk_blocks(j, c0, c1);
+    }
     }
 }
 
@@ -376,9 +413,10 @@ void pi_axpy_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, const 
         memset(y, 0, (size_t)(n_tok * n_cols) * sizeof(float));
         return;
     }
-    /* one column slice per thread, cut at 64-column tiles (whole blocks); for decode no slice shorter than
-     * MIN_SLICE_FLOOR bytes of a row, so many threads on a narrow row leave some threads out */
-    const int64_t row_bytes = pi_row_size(type, n_cols), n_units = (n_cols + 63) / 64;
+    /* one column slice per thread, cut at 64-column tiles (whole blocks; 256 for K-quants); for decode no
+     * slice shorter than MIN_SLICE_FLOOR bytes of a row, so many threads on a narrow row leave some out */
+    const int64_t unit = pi_block_size(type) > 64 ? pi_block_size(type) : 64;
+    const int64_t row_bytes = pi_row_size(type, n_cols), n_units = (n_cols + unit - 1) / unit;
     int64_t k = pi_pool_n_threads(pool);
     if (n_tok == 1) {
         int64_t kmax = row_bytes / MIN_SLICE_FLOOR;
@@ -387,7 +425,7 @@ void pi_axpy_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, const 
     }
     if (k > n_units) k = n_units;
     if (k < 1) k = 1;
-    const int64_t cpc = (n_units + k - 1) / k * 64;
+    const int64_t cpc = (n_units + k - 1) / k * unit;
     axpy_job job = {.type = type, .w = w, .row_bytes = row_bytes, .n_cols = n_cols, .n_sel = n_sel,
                     .n_tok = n_tok, .rows = rows, .h = h, .act = act, .n_act = n_act, .cols_per_chunk = cpc, .y = y};
     pi_pool_run(pool, axpy_chunk, &job, (n_cols + cpc - 1) / cpc);

@@ -35,6 +35,7 @@ def _f32(x, name: str = "x") -> np.ndarray:
 
 
 # ==== quantization and matmul, module level (owner: matmul helper) ====================================
+from ..errors import UnsupportedError  # noqa: E402
 from . import ref as _ref  # noqa: E402  (type checks and messages are shared with the spec)
 
 _QK = 32
@@ -44,6 +45,8 @@ _OUT_DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.BF16
 def quantize(x, ggml_type) -> np.ndarray:
     """x f32 [R, K] -> data in Tensor layout: f32/f16/uint16 (bf16) [R, K] or uint8 [R, row_bytes]."""
     t = _ref.check_kernel_type(ggml_type, "quantize")
+    if _ref.block_size(t) == _ref.QK_K:
+        raise UnsupportedError(f"quantize: {t.name} is computed on but not produced by these kernels")
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2:
         raise ValueError(f"quantize: x must be 2-D [rows, cols], got shape {x.shape}")
@@ -63,6 +66,9 @@ def dequantize(t: Tensor) -> np.ndarray:
     """Tensor -> f32 array of t.shape."""
     ty = _ref.check_kernel_type(t.type, t.name)
     data = np.ascontiguousarray(t.data)
+    if t.n_cols % lib.pi_block_size(int(ty)):
+        raise ValueError(f"{t.name}: {ty.name} rows need a multiple of {lib.pi_block_size(int(ty))} columns, "
+                         f"got {t.n_cols}")
     if data.nbytes != t.n_rows * lib.pi_row_size(int(ty), t.n_cols):
         raise ValueError(f"{t.name}: {data.nbytes} bytes of data do not hold a {ty.name} tensor of shape {t.shape}")
     out = np.empty(t.shape, dtype=np.float32)
@@ -79,7 +85,8 @@ def _weight_info(w: Tensor) -> tuple:
         raise ValueError(f"{w.name}: weight data must be a C-contiguous numpy array")
     n_rows, n_cols = w.n_rows, w.n_cols
     if n_cols % lib.pi_block_size(int(ty)):
-        raise ValueError(f"{w.name}: {ty.name} rows need a multiple of {_QK} columns, got {n_cols}")
+        raise ValueError(f"{w.name}: {ty.name} rows need a multiple of {lib.pi_block_size(int(ty))} columns, "
+                         f"got {n_cols}")
     if data.nbytes != n_rows * lib.pi_row_size(int(ty), n_cols):
         raise ValueError(f"{w.name}: {data.nbytes} bytes of data do not hold a {ty.name} tensor of shape {w.shape}")
     return (data, ffi.from_buffer(data), int(ty), n_rows, n_cols)
@@ -133,6 +140,26 @@ class CpuKernels:
         if n_tok and n_rows:
             lib.pi_matmul(self._pool, ty, wp, n_rows, n_cols, ffi.from_buffer("float[]", x), n_tok,
                           ffi.from_buffer("float[]", y))
+        return y
+
+    def matmul_rows(self, w: Tensor, rows, x) -> np.ndarray:
+        """y[t, j] = w[rows[j], :] . x[t, :] (rows: ascending distinct ints in [0, M)): x f32 [K] -> [n_sel]
+        or [N, K] -> [N, n_sel]. Each value is bit-identical to the same row of matmul(w, x)."""
+        _, wp, ty, n_rows, n_cols = self._weight(w)
+        if not (type(rows) is np.ndarray and rows.dtype == np.int32 and rows.ndim == 1 and rows.flags.c_contiguous
+                and (not len(rows) or (rows[0] >= 0 and rows[-1] < n_rows and (len(rows) < 2 or
+                                                                             np.all(rows[1:] > rows[:-1]))))):
+            rows = np.ascontiguousarray(_ref.check_rows(w, rows))
+        if not isinstance(x, np.ndarray) or x.dtype != np.float32 or not x.flags.c_contiguous or x.ndim not in (1, 2):
+            raise ValueError(f"matmul_rows {w.name}: x must be a C-contiguous float32 array [K] or [N, K], got "
+                             f"{getattr(x, 'dtype', type(x).__name__)} {getattr(x, 'shape', '')}")
+        if x.shape[-1] != n_cols:
+            raise ValueError(f"matmul_rows {w.name}: x has {x.shape[-1]} columns, the weight has {n_cols}")
+        n_tok = 1 if x.ndim == 1 else x.shape[0]
+        y = np.empty((len(rows),) if x.ndim == 1 else (n_tok, len(rows)), dtype=np.float32)
+        if n_tok and len(rows):
+            lib.pi_matmul_rows(self._pool, ty, wp, n_cols, ffi.from_buffer("int32_t[]", rows), len(rows),
+                               ffi.from_buffer("float[]", x), n_tok, ffi.from_buffer("float[]", y))
         return y
 
     def get_rows(self, w: Tensor, ids) -> np.ndarray:
@@ -290,7 +317,7 @@ class CpuKernels:
 
     def select_active(self, logits, threshold) -> np.ndarray:
         """Ascending int32 indices i with logits[i] >= threshold (logits f32 [n_ff]; NaN is inactive)."""
-        logits = _ref._check_vector("select_active", "logits", logits)
+        logits = _ref.check_sparse_vector("select_active", "logits", logits)
         if np.isnan(threshold):
             raise ValueError("select_active: threshold is NaN")
         out = np.empty(len(logits), dtype=np.int32)
@@ -300,7 +327,7 @@ class CpuKernels:
 
     def select_nonzero(self, x) -> np.ndarray:
         """Ascending int32 indices i with x[i] != 0 (x f32 [n_ff] after ReLU; NaN counts as nonzero)."""
-        x = _ref._check_vector("select_nonzero", "x", x)
+        x = _ref.check_sparse_vector("select_nonzero", "x", x)
         out = np.empty(len(x), dtype=np.int32)
         k = lib.pi_select_nonzero(ffi.from_buffer("float[]", x), len(x), ffi.from_buffer("int32_t[]", out)) \
             if len(x) else 0

@@ -1,7 +1,7 @@
 """Numpy reference kernels: the specification the C kernels are tested against.
 
 Written for clarity, not speed. Quantized matmuls reproduce llama.cpp's arithmetic: activations are quantized
-to Q8_0 blocks and each block's integer dot product is scaled by the two block scales.
+to Q8_0 blocks (Q8_K super-blocks for K-quants) and each block's integer dot product is scaled by the block scales.
 """
 from __future__ import annotations
 
@@ -11,12 +11,18 @@ from ..tensor import GGMLType, Tensor
 
 # ==== quantization and matmul (owner: matmul helper) =====================================================
 # Byte layouts (llama.cpp): Q8_0 block = f16 d + int8 q[32] (34 B); Q4_0 block = f16 d + uint8 q[16] (18 B),
-# element j in the low nibble of q[j], element j + 16 in the high nibble, value (nibble - 8) * d.
+# element j in the low nibble of q[j], element j + 16 in the high nibble, value (nibble - 8) * d; Q5_0 = f16 d +
+# uint32 qh + q[16] (22 B), bit 4 of element j in bit j of qh, value (q - 16) * d. K-quants: csrc/matmul_internal.h.
 from ..errors import UnsupportedError  # noqa: E402
 from ..tensor import KERNEL_TYPES  # noqa: E402
 
-QK = 32  # elements per Q8_0 / Q4_0 block
+QK = 32  # elements per Q8_0 / Q4_0 / Q5_0 block
+QK_K = 256  # elements per K-quant super-block (and per Q8_K activation block)
 _FLOAT_DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.BF16: np.uint16}
+_Q32_TYPES = (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0)  # activations quantized to Q8_0
+_K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)  # activations quantized to Q8_K
+_BLOCK_BYTES = {GGMLType.Q8_0: 34, GGMLType.Q4_0: 18, GGMLType.Q5_0: 22,
+                GGMLType.Q4_K: 144, GGMLType.Q5_K: 176, GGMLType.Q6_K: 210}
 
 
 def check_kernel_type(ggml_type, what: str = "tensor") -> GGMLType:
@@ -29,6 +35,11 @@ def check_kernel_type(ggml_type, what: str = "tensor") -> GGMLType:
         names = ", ".join(k.name for k in KERNEL_TYPES)
         raise UnsupportedError(f"{what}: tensor type {t.name} has no kernel (supported: {names})")
     return t
+
+
+def block_size(ggml_type) -> int:
+    """Elements per block: 1 (float types), 32, or 256 (K-quants)."""
+    return QK_K if ggml_type in _K_TYPES else 1 if ggml_type in _FLOAT_DTYPES else QK
 
 
 def _f32_to_bf16(x: np.ndarray) -> np.ndarray:
@@ -52,6 +63,11 @@ def _inverse(d: np.ndarray) -> np.ndarray:
         return np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
 
 
+def _signed_amax(x: np.ndarray) -> np.ndarray:
+    """Per row of x [n, k]: the first element of largest magnitude, sign kept."""
+    return np.take_along_axis(x, np.abs(x).argmax(axis=-1)[:, None], axis=-1)[:, 0]
+
+
 def quantize_q8_0_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """x f32 [n, 32] -> (d f16 [n], q int8 [n, 32]): d = amax / 127, q = round-half-away(x * (1 / d))."""
     d = (np.abs(x).max(axis=-1) / np.float32(127)).astype(np.float32)
@@ -59,17 +75,31 @@ def quantize_q8_0_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return d.astype(np.float16), q
 
 
-def _quantize_q4_0_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x f32 [n, 32] -> (d f16 [n], nibbles uint8 [n, 32]); m = first element of largest |x|, d = m / -8."""
-    m = np.take_along_axis(x, np.abs(x).argmax(axis=-1)[:, None], axis=-1)[:, 0]
-    d = (m / np.float32(-8)).astype(np.float32)
-    q = np.trunc(x * _inverse(d)[:, None] + np.float32(8.5)).clip(0, 15).astype(np.uint8)
+def quantize_q8_K_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x f32 [n, 256] -> (d f32 [n], q int8 [n, 256], bsums int32 [n, 16]) as llama.cpp's Q8_K: m = first
+    element of largest magnitude, iscale = -127 / m, q = min(127, round-half-even(iscale * x)), d = 1 / iscale."""
+    x = np.asarray(x, dtype=np.float32)
+    m = _signed_amax(x)
+    with np.errstate(divide="ignore"):
+        iscale = np.where(m != 0, np.float32(-127) / m, np.float32(0)).astype(np.float32)
+    q = np.minimum(np.rint(x * iscale[:, None]), 127).astype(np.int8)
+    d = _inverse(iscale)
+    return d, q, q.reshape(len(x), 16, 16).sum(axis=-1, dtype=np.int32)
+
+
+def _quantize_q_0_blocks(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_0 / Q5_0: x f32 [n, 32] -> (d f16 [n], unsigned q uint8 [n, 32]); d = m / -2^(bits-1)."""
+    half = 1 << (bits - 1)
+    d = (_signed_amax(x) / np.float32(-half)).astype(np.float32)
+    q = np.trunc(x * _inverse(d)[:, None] + np.float32(half + 0.5)).clip(0, 2 * half - 1).astype(np.uint8)
     return d.astype(np.float16), q
 
 
 def quantize(x, ggml_type) -> np.ndarray:
     """x f32 [R, K] -> data in Tensor layout: f32/f16/uint16 (bf16) [R, K] or uint8 [R, row_bytes]."""
     t = check_kernel_type(ggml_type, "quantize")
+    if t in _K_TYPES:
+        raise UnsupportedError(f"quantize: {t.name} is computed on but not produced by these kernels")
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2:
         raise ValueError(f"quantize: x must be 2-D [rows, cols], got shape {x.shape}")
@@ -85,26 +115,58 @@ def quantize(x, ggml_type) -> np.ndarray:
     blocks = x.reshape(-1, QK)
     if t == GGMLType.Q8_0:
         d, q = quantize_q8_0_blocks(blocks)
-        qs = q.view(np.uint8)
+        parts = [q.view(np.uint8)]
     else:
-        d, q = _quantize_q4_0_blocks(blocks)
-        qs = q[:, :16] | (q[:, 16:] << 4)
-    out = np.concatenate([d.view(np.uint8).reshape(-1, 2), qs], axis=1)
+        d, q = _quantize_q_0_blocks(blocks, 4 if t == GGMLType.Q4_0 else 5)
+        qs = (q[:, :16] & 0x0F) | (q[:, 16:] << 4)
+        qh = np.packbits(q >> 4, axis=-1, bitorder="little")  # Q5_0: bit 4 of element j = bit j of qh
+        parts = [qs] if t == GGMLType.Q4_0 else [qh, qs]
+    out = np.concatenate([d.view(np.uint8).reshape(-1, 2)] + parts, axis=1)
     return out.reshape(n_rows, -1)
 
 
+def _f16(b: np.ndarray) -> np.ndarray:
+    """uint8 [..., 2] -> f32 [...] (little-endian f16)."""
+    return b.copy().view(np.float16)[..., 0].astype(np.float32)
+
+
 def _blocks(t: Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Block tensor -> (d f32 [n_rows, nb], integer values int8 [n_rows, nb, 32])."""
-    raw = np.ascontiguousarray(t.data).reshape(t.n_rows, -1)
+    """Q8_0/Q4_0/Q5_0 tensor -> (d f32 [n_rows, nb], integer values int8 [n_rows, nb, 32])."""
     nb = t.n_cols // QK
-    size = 34 if t.type == GGMLType.Q8_0 else 18
-    b = raw.reshape(t.n_rows, nb, size)
-    d = b[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+    b = np.ascontiguousarray(t.data).reshape(t.n_rows, nb, _BLOCK_BYTES[t.type])
+    d = _f16(b[..., :2])
     if t.type == GGMLType.Q8_0:
         return d, b[..., 2:].view(np.int8)
-    qs = b[..., 2:]
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int8) - np.int8(8)
-    return d, q
+    qs = b[..., -16:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int8)
+    if t.type == GGMLType.Q4_0:
+        return d, q - np.int8(8)
+    high = np.unpackbits(b[..., 2:6], axis=-1, bitorder="little").astype(np.int8)  # bit j of qh
+    return d, q + (high << 4) - np.int8(16)
+
+
+def _k_blocks(t: Tensor) -> dict:
+    """K-quant tensor -> integer parts, per row r, super-block s:
+    q int8 [R, S, 256] (Q6_K: minus 32), sc int [R, S, G] (G = 8 groups of 32, or 16 of 16 for Q6_K),
+    mn int [R, S, 8] (Q4_K/Q5_K), d, dmin f32 [R, S]."""
+    ns = t.n_cols // QK_K
+    b = np.ascontiguousarray(t.data).reshape(t.n_rows, ns, _BLOCK_BYTES[t.type])
+    if t.type == GGMLType.Q6_K:
+        ql, qh = b[..., :128].reshape(*b.shape[:2], 2, 2, 32), b[..., 128:192].reshape(*b.shape[:2], 2, 1, 32)
+        low = np.concatenate([ql & 0x0F, ql >> 4], axis=-2)  # [R, S, half, i = 0..3, 32]
+        high = (qh >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3
+        q = (low | (high << 4)).astype(np.int8).reshape(*b.shape[:2], QK_K) - np.int8(32)
+        return {"q": q, "sc": b[..., 192:208].view(np.int8).astype(np.int64), "d": _f16(b[..., 208:210])}
+    sc_bytes = b[..., 4:16].reshape(*b.shape[:2], 3, 4).astype(np.int64)
+    lo, hi, mix = sc_bytes[..., 0, :], sc_bytes[..., 1, :], sc_bytes[..., 2, :]
+    sc = np.concatenate([lo & 63, (mix & 15) | ((lo >> 6) << 4)], axis=-1)
+    mn = np.concatenate([hi & 63, (mix >> 4) | ((hi >> 6) << 4)], axis=-1)
+    qs = b[..., -128:].reshape(*b.shape[:2], 4, 1, 32)
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-2).reshape(*b.shape[:2], QK_K)  # sub-block s = 32 values
+    if t.type == GGMLType.Q5_K:
+        qh = b[..., 16:48]  # bit s of qh[l] = bit 4 of element l of sub-block s
+        q = q | (((qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1) << 4).reshape(q.shape)
+    return {"q": q.astype(np.int8), "sc": sc, "mn": mn, "d": _f16(b[..., :2]), "dmin": _f16(b[..., 2:4])}
 
 
 def dequantize(t: Tensor) -> np.ndarray:
@@ -116,33 +178,103 @@ def dequantize(t: Tensor) -> np.ndarray:
         return np.asarray(t.data, dtype=np.float16).astype(np.float32).reshape(t.shape)
     if ty == GGMLType.BF16:
         return (np.asarray(t.data, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(t.shape)
+    if ty in _K_TYPES:  # value = (d * sc) * q - dmin * m, each product rounded to f32 (as llama.cpp, gguf)
+        k = _k_blocks(t)
+        g = k["sc"].shape[-1]
+        q = k["q"].reshape(*k["q"].shape[:2], g, -1).astype(np.float32)
+        y = (k["d"][..., None] * k["sc"].astype(np.float32))[..., None] * q
+        if ty != GGMLType.Q6_K:
+            y = y - (k["dmin"][..., None] * k["mn"].astype(np.float32))[..., None]
+        return y.astype(np.float32).reshape(t.shape)
     d, q = _blocks(t)
     return (d[..., None] * q.astype(np.float32)).reshape(t.shape)
 
 
-def matmul(w: Tensor, x) -> np.ndarray:
-    """y[t, r] = sum_c w[r, c] x[t, c]; x f32 [K] -> [M] or [N, K] -> [N, M]. Float types in f64, then f32.
-    Q8_0/Q4_0: x is quantized to Q8_0 blocks (d rounded to f16), each block's integer dot is exact and
-    scaled by d_w * d_x, summed in f64."""
-    ty = check_kernel_type(w.type, w.name)
+def _group_dots(qw: np.ndarray, qx: np.ndarray) -> np.ndarray:
+    """qw [M, B, L], qx [N, B, L] integers -> exact dots f64 [B, M, N] (|sums| << 2^53)."""
+    return np.matmul(qw.transpose(1, 0, 2).astype(np.float64), qx.transpose(1, 2, 0).astype(np.float64))
+
+
+def _matmul_quantized(w: Tensor, x2: np.ndarray, absolute: bool) -> np.ndarray:
+    """f64 [N, M] by llama.cpp's arithmetic (absolute=True: the same sum over |terms|, for error bounds).
+    Q8_0/Q4_0/Q5_0: y = sum_b (d_w d_x)_b * (q_w . q_x)_b over blocks of 32 (x quantized to Q8_0).
+    K-quants: y = sum_s d_x * (d * sum_g sc_g (q_w . q_x)_g - dmin * sum_g m_g bsum_g) (x quantized to Q8_K)."""
+    n = len(x2)
+    f = np.abs if absolute else (lambda a: a)
+    if w.type in _Q32_TYPES:
+        dw, qw = _blocks(w)  # [M, nb], [M, nb, 32]
+        dx, qx = quantize_q8_0_blocks(x2.reshape(-1, QK))
+        nb = w.n_cols // QK
+        isum = _group_dots(f(qw.astype(np.int64)), f(qx.reshape(n, nb, QK).astype(np.int64)))  # [nb, M, N]
+        return np.einsum("mb,tb,bmt->tm", f(dw.astype(np.float64)), f(dx.astype(np.float64).reshape(n, nb)), isum)
+    k = _k_blocks(w)
+    ns, g = w.n_cols // QK_K, k["sc"].shape[-1]
+    dx, qx, bsums = quantize_q8_K_blocks(x2.reshape(-1, QK_K))
+    m = w.n_rows
+    dots = _group_dots(f(k["q"].astype(np.int64)).reshape(m, ns * g, -1),
+                       f(qx.astype(np.int64)).reshape(n, ns * g, -1)).reshape(ns, g, m, n)
+    isum = np.einsum("msg,sgmt->tms", f(k["sc"]).astype(np.float64), dots)  # [N, M, S]
+    y = isum * f(k["d"].astype(np.float64))[None]
+    if w.type != GGMLType.Q6_K:
+        pair_sums = bsums.reshape(n, ns, 8, 2).sum(axis=-1).astype(np.float64)  # [N, S, 8]
+        imin = np.einsum("msg,tsg->tms", k["mn"].astype(np.float64), f(pair_sums))
+        y = y + (1.0 if absolute else -1.0) * imin * f(k["dmin"].astype(np.float64))[None]
+    return np.einsum("tms,ts->tm", y, f(dx.astype(np.float64).reshape(n, ns)))
+
+
+def _check_x(w: Tensor, x) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
     x2 = x.reshape(1, -1) if x.ndim == 1 else x
     if x2.ndim != 2 or x2.shape[1] != w.n_cols:
         raise ValueError(f"matmul {w.name}: x has shape {x.shape}, expected [..., {w.n_cols}]")
+    return x2
+
+
+def matmul(w: Tensor, x) -> np.ndarray:
+    """y[t, r] = sum_c w[r, c] x[t, c]; x f32 [K] -> [M] or [N, K] -> [N, M]. Float types in f64, then f32.
+    Quantized types: llama.cpp's integer arithmetic (see _matmul_quantized), summed in f64."""
+    ty = check_kernel_type(w.type, w.name)
+    x2 = _check_x(w, x)
     if ty in _FLOAT_DTYPES:
         wf = dequantize(w).reshape(w.n_rows, w.n_cols).astype(np.float64)
         y = x2.astype(np.float64) @ wf.T
     else:
-        dw, qw = _blocks(w)                                    # [M, nb], [M, nb, 32]
-        dx, qx = quantize_q8_0_blocks(x2.reshape(-1, QK))
-        nb = w.n_cols // QK
-        dx = dx.astype(np.float64).reshape(len(x2), nb)        # [N, nb]
-        qx = qx.reshape(len(x2), nb, QK)
-        # integer dots per block, exact in f64: [nb, M, 32] @ [nb, 32, N] -> [nb, M, N]
-        isum = np.matmul(qw.transpose(1, 0, 2).astype(np.float64), qx.transpose(1, 2, 0).astype(np.float64))
-        y = np.einsum("mb,tb,bmt->tm", dw.astype(np.float64), dx, isum)
+        y = _matmul_quantized(w, x2, absolute=False)
     y = y.astype(np.float32)
-    return y[0] if x.ndim == 1 else y
+    return y[0] if np.ndim(x) == 1 else y
+
+
+def matmul_abs_terms(w: Tensor, x) -> np.ndarray:
+    """f64 of matmul's shape: the sum of |every term| matmul adds up (for f32 rounding-error bounds)."""
+    check_kernel_type(w.type, w.name)
+    x2 = _check_x(w, x)
+    if w.type in _FLOAT_DTYPES:
+        y = np.abs(x2.astype(np.float64)) @ np.abs(dequantize(w).reshape(w.n_rows, -1).astype(np.float64)).T
+    else:
+        y = _matmul_quantized(w, x2, absolute=True)
+    return y[0] if np.ndim(x) == 1 else y
+
+
+def check_rows(w: Tensor, rows) -> np.ndarray:
+    """rows as int32 [n_sel] after checking: 1-D integers in [0, n_rows), ascending and distinct."""
+    rows = np.asarray(rows)
+    if rows.ndim != 1 or rows.dtype.kind not in "iu":
+        raise ValueError(f"matmul_rows {w.name}: rows must be a 1-D integer array, got {rows.dtype} {rows.shape}")
+    if len(rows):
+        if rows.min() < 0 or rows.max() >= w.n_rows:
+            raise IndexError(f"matmul_rows {w.name}: rows must be in [0, {w.n_rows}), got {rows.min()}..{rows.max()}")
+        if np.any(np.diff(rows) <= 0):
+            raise ValueError(f"matmul_rows {w.name}: rows must be ascending and distinct")
+    return rows.astype(np.int32)
+
+
+def matmul_rows(w: Tensor, rows, x) -> np.ndarray:
+    """y[t, j] = w[rows[j], :] . x[t, :]: x f32 [K] -> [n_sel] or [N, K] -> [N, n_sel] (rows ascending)."""
+    rows = check_rows(w, rows)
+    sub = Tensor(w.name, w.type, (len(rows), w.n_cols), np.asarray(w.data).reshape(w.n_rows, -1)[rows])
+    if not len(rows):
+        return np.zeros((0,) if np.ndim(x) == 1 else (len(_check_x(w, x)), 0), dtype=np.float32)
+    return matmul(sub, x)
 
 
 def get_rows(w: Tensor, ids) -> np.ndarray:
@@ -303,7 +435,7 @@ def check_sparse_h(what: str, h, n_sel: int) -> np.ndarray:
         raise ValueError(f"{what}: h must be a float32 array, got {getattr(h, 'dtype', type(h).__name__)}")
     if h.ndim not in (1, 2) or h.shape[-1] != n_sel:
         raise ValueError(f"{what}: h must have shape [{n_sel}] or [n_tok, {n_sel}] to match rows, got {h.shape}")
-    return np.ascontiguousarray(h.reshape(-1, n_sel))
+    return np.ascontiguousarray(h if h.ndim == 2 else h[None, :])
 
 
 def axpy_rows(w: Tensor, rows, h) -> np.ndarray:
@@ -322,7 +454,7 @@ def axpy_rows(w: Tensor, rows, h) -> np.ndarray:
     return y[0] if np.ndim(h) == 1 else y
 
 
-def _check_vector(what: str, name: str, x) -> np.ndarray:
+def check_sparse_vector(what: str, name: str, x) -> np.ndarray:
     if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 1:
         raise ValueError(f"{what}: {name} must be a 1-D float32 array, got "
                          f"{getattr(x, 'dtype', type(x).__name__)} {getattr(x, 'shape', '')}")
@@ -331,7 +463,7 @@ def _check_vector(what: str, name: str, x) -> np.ndarray:
 
 def select_active(logits, threshold) -> np.ndarray:
     """Ascending int32 indices i with logits[i] >= threshold (predictor mode; NaN logits are inactive)."""
-    logits = _check_vector("select_active", "logits", logits)
+    logits = check_sparse_vector("select_active", "logits", logits)
     if np.isnan(threshold):
         raise ValueError("select_active: threshold is NaN")
     return np.flatnonzero(logits >= np.float32(threshold)).astype(np.int32)
@@ -339,4 +471,4 @@ def select_active(logits, threshold) -> np.ndarray:
 
 def select_nonzero(x) -> np.ndarray:
     """Ascending int32 indices i with x[i] != 0 (exact mode, after ReLU; NaN counts as nonzero)."""
-    return np.flatnonzero(_check_vector("select_nonzero", "x", x)).astype(np.int32)
+    return np.flatnonzero(check_sparse_vector("select_nonzero", "x", x)).astype(np.int32)

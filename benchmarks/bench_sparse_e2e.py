@@ -1,0 +1,176 @@
+"""End-to-end sparse decode: our engine (--sparse predictor / exact / off) on a synthetic 7B-layer-shape PWRI
+model against llama.cpp on its dense GGUF twin, same run, same threads, same tokens.
+
+    python benchmarks/bench_sparse_e2e.py [--dir /tmp/powerinfer-sparse-e2e] [--layers 8] [--dtypes q4_0,f16]
+        [--modes predictor,exact,off] [--reps 3] [-n 128] [-p 16] [-t 2] [--active 0.1] [--recall 0.9]
+        [--rank 1024] [--regen] [--json FILE]
+
+The models (powerinfer_py.synth_sparse: d 4096, n_ff 11008, 32 heads, vocab 32000, rank-1024 predictors,
+10% of neurons active on average, predictor recall 0.9) are written once into --dir and reused while their
+parameters match (--regen rewrites them): 8 layers are ~3.8 GB per file in F16, ~1.1 GB in Q4_0.
+Each measurement is a child process of powerinfer_py.bench (one engine, one mode, one file), rotated rep by
+rep so drifts of the machine hit every configuration alike; medians over --reps.
+
+Printed per dtype: decode (and prompt) tok/s, decode ratio against llama.cpp, the active fraction our engine
+measured while decoding (predictor mode: neurons computed; exact: neurons with a non-zero ReLU), and the
+bandwidth ceiling for that fraction: dense bytes per token / sparse bytes per token, where sparse bytes =
+everything outside the FFN + the FFN's share for the active fraction (+ the predictor's fc1/fc2), printed
+with and without the predictor's bytes (exact mode reads all of ffn_gate, then ffn_up and ffn_down_t rows
+of the active neurons). Targets (issue 3): predictor >= 1.8x llama.cpp (stretch 2.2x), exact >= 1.4x.
+llama.cpp computes SiLU on the twin where the model means ReLU: the twin is a speed reference only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the source tree, unless installed
+
+from powerinfer_py import synth_sparse  # noqa: E402
+from powerinfer_py.bench import run_child  # noqa: E402
+from powerinfer_py.gguf import open_gguf  # noqa: E402
+
+FFN = ("ffn_gate", "ffn_up", "ffn_down_t", "ffn_down")
+PREDICTOR = ("fc1", "fc2")
+
+
+def ensure_model(folder: Path, dtype: str, a: argparse.Namespace) -> tuple[Path, Path]:
+    """The (PWRI, dense twin) pair for these parameters: reused if both exist and match, else written."""
+    stem = f"relu{a.shape}-{a.layers}l-r{a.rank}-a{a.active:g}-rc{a.recall:g}-{dtype}"
+    pwri, dense = folder / f"{stem}.pwri", folder / f"{stem}.gguf"
+    want = dict(mean_active=a.active, recall_target=a.recall, power=a.power, noise=a.noise, seed=a.seed)
+    if not a.regen and pwri.is_file() and dense.is_file():
+        info = synth_sparse.synth_info(pwri)
+        if all(abs(float(info.get(k, -1)) - v) < 1e-6 for k, v in want.items()):
+            return pwri, dense
+    print(f"writing {pwri.name} and its dense twin ...", flush=True)
+    t0 = time.perf_counter()
+    synth_sparse.write_sparse_model(pwri, dense_path=dense, n_layer=a.layers, dtype=dtype, mean_active=a.active,
+                                    recall=a.recall, power=a.power, noise=a.noise, seed=a.seed, force=True,
+                                    **{**synth_sparse.SHAPES[a.shape], "rank": a.rank})
+    print(f"  {time.perf_counter() - t0:.0f} s, {pwri.stat().st_size / 1e9:.2f} GB + "
+          f"{dense.stat().st_size / 1e9:.2f} GB", flush=True)
+    return pwri, dense
+
+
+def byte_budget(pwri: Path) -> dict[str, int]:
+    """Bytes read per decoded token by kind: other (attention, norms, output head, one embedding row),
+    gate, up_down, predictor."""
+    f = open_gguf(pwri)  # tensor views on a memory map: nothing is read
+    out = dict(other=0, gate=0, up_down=0, predictor=0)
+    for name, t in f.tensors.items():
+        kind = name.split(".")[-2] if name.startswith("blk.") else name.split(".")[0]
+        if kind == "token_embd":
+            out["other"] += t.nbytes // t.shape[0]  # one row per token
+        elif kind == "ffn_gate":
+            out["gate"] += t.nbytes
+        elif kind in FFN:
+            out["up_down"] += t.nbytes
+        elif kind in PREDICTOR:
+            out["predictor"] += t.nbytes
+        else:
+            out["other"] += t.nbytes
+    f.close()
+    return out
+
+
+def ceilings(b: dict[str, int], mode: str, active: float) -> tuple[float, float]:
+    """(ceiling speedup over dense with the predictor's bytes, without them) for `mode` at `active`."""
+    dense = b["other"] + b["gate"] + b["up_down"]
+    if mode == "off":
+        return 1.0, 1.0
+    ffn = (b["gate"] + active * b["up_down"]) if mode == "exact" else active * (b["gate"] + b["up_down"])
+    pred = b["predictor"] if mode == "predictor" else 0
+    return dense / (b["other"] + ffn + pred), dense / (b["other"] + ffn)
+
+
+def _fraction(run) -> float:
+    """The active fraction our engine reported for a run (NaN when it reported none)."""
+    value = getattr(run, "active_fraction", None)
+    return float("nan") if value is None else float(value)
+
+
+def bench_dtype(dtype: str, a: argparse.Namespace) -> dict:
+    pwri, dense = ensure_model(Path(a.dir), dtype, a)
+    info, budget = synth_sparse.synth_info(pwri), byte_budget(pwri)
+    configs = [("llamacpp", dense, None)] + [("ours", pwri, m) for m in a.modes]
+    runs: dict[str, list] = {("llama.cpp" if e == "llamacpp" else m): [] for e, _, m in configs}
+    for rep in range(a.reps):
+        k = rep % len(configs)
+        for engine, path, mode in configs[k:] + configs[:k]:  # rotate the order rep by rep
+            r = run_child(engine, path, a.n_prompt, a.n_gen, a.threads, sparse=mode)
+            runs["llama.cpp" if engine == "llamacpp" else mode].append(r)
+            act = _fraction(r)
+            print(f"  rep {rep + 1} {engine:8} {mode or 'dense':9} decode {r.decode_tok_s:6.2f} tok/s"
+                  + (f"  active {act:.3f}" if act == act else ""), flush=True)
+    ref = statistics.median(r.decode_tok_s for r in runs["llama.cpp"])
+    rows = []
+    for name, rs in runs.items():
+        dec = [r.decode_tok_s for r in rs]
+        active = statistics.median(_fraction(r) for r in rs) if name != "llama.cpp" else float("nan")
+        with_pred, without = ceilings(budget, name, active) if name != "llama.cpp" else (1.0, 1.0)
+        rows.append(dict(config=name, decode_tok_s=statistics.median(dec), decode_min=min(dec), decode_max=max(dec),
+                         prompt_tok_s=statistics.median(r.prompt_tok_s for r in rs),
+                         ratio=statistics.median(dec) / ref, active=active, ceiling=with_pred,
+                         ceiling_no_pred=without))
+    return dict(dtype=dtype, pwri=str(pwri), dense=str(dense), calibration=info, bytes=budget, rows=rows)
+
+
+def print_table(res: dict, a: argparse.Namespace) -> None:
+    info, b = res["calibration"], res["bytes"]
+    print(f"\n{res['dtype'].upper()}: {a.layers} layers of shape {a.shape}, predictor rank {a.rank}, "
+          f"{a.threads} threads, {a.n_gen} generated tokens, median of {a.reps}")
+    print(f"  calibration ({info['sample_tokens']} random tokens): active {info['measured_active']:.1%}, "
+          f"predicted {info['measured_predicted']:.1%}, recall {info['measured_recall']:.3f}")
+    mb = {k: v / 1e6 for k, v in b.items()}
+    print(f"  MB per token (dense): other {mb['other']:.0f}, ffn_gate {mb['gate']:.0f}, ffn_up+down "
+          f"{mb['up_down']:.0f}; predictor {mb['predictor']:.0f}")
+    print(f"  {'config':10} {'decode tok/s':>18} {'prompt tok/s':>13} {'vs llama.cpp':>13} {'active':>7} "
+          f"{'ceiling':>8} {'(no pred)':>9}")
+    for r in res["rows"]:
+        act = f"{r['active']:.1%}" if r["active"] == r["active"] else "-"
+        print(f"  {r['config']:10} {r['decode_tok_s']:7.2f} ({r['decode_min']:.2f}-{r['decode_max']:.2f}) "
+              f"{r['prompt_tok_s']:13.1f} {r['ratio']:12.2f}x {act:>7} {r['ceiling']:7.2f}x "
+              f"{r['ceiling_no_pred']:8.2f}x")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", default="/tmp/powerinfer-sparse-e2e", help="where the models are cached")
+    ap.add_argument("--shape", default="7b", choices=sorted(synth_sparse.SHAPES), help="tiny: a smoke test")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--dtypes", default="q4_0,f16")
+    ap.add_argument("--modes", default="predictor,exact,off")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("-n", "--n-gen", type=int, default=128)
+    ap.add_argument("-p", "--n-prompt", type=int, default=16)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--active", type=float, default=0.10)
+    ap.add_argument("--recall", type=float, default=0.90)
+    ap.add_argument("--rank", type=int, help="predictor rank [default: the shape's, 1024 for 7b]")
+    ap.add_argument("--power", type=float, default=1.0)
+    ap.add_argument("--noise", type=float, default=synth_sparse.DEFAULT_NOISE)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--regen", action="store_true", help="rewrite the models even if cached")
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    a = ap.parse_args(argv)
+    a.modes = [m for m in a.modes.split(",") if m]
+    a.rank = a.rank or synth_sparse.SHAPES[a.shape]["rank"]
+    Path(a.dir).mkdir(parents=True, exist_ok=True)
+    results = []
+    for dtype in a.dtypes.split(","):
+        results.append(bench_dtype(dtype, a))
+        print_table(results[-1], a)
+    for res in results:  # all tables together at the end, as the issue's README table wants them
+        print_table(res, a)
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=1, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
