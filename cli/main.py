@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import typer
 
-from . import bench, convert_cmds, hub_cmds, info, run
+from . import bench, convert_cmds, hub_cmds, info, run, synth_cmd
 
 app = typer.Typer(
     name="powerinfer",
-    help="Run GGUF language models on the CPU with hand-written C kernels, and compare them with llama.cpp.\n\n"
-         'MODEL is a .gguf (or PowerInfer .pwri) file; "demo" is Gemma 3 270M from the demo package.',
+    help="Run GGUF language models on the CPU with hand-written C kernels, exploiting activation sparsity, "
+         "and compare them with llama.cpp.\n\n"
+         'MODEL is a GGUF or PowerInfer (PWRI) file, "demo" (Gemma 3 270M from the demo package), a short name '
+         "from `powerinfer models`, or a Hugging Face repo id.",
     epilog='Start with: powerinfer run -m demo "The capital of France is" -n 32',
     no_args_is_help=True,
     add_completion=False,
@@ -25,6 +27,7 @@ app.command("download", epilog=hub_cmds.DOWNLOAD_EPILOG)(hub_cmds.download)
 app.command("models")(hub_cmds.models)
 app.command("convert", epilog=convert_cmds.CONVERT_EPILOG)(convert_cmds.convert)
 app.command("quantize", epilog=convert_cmds.QUANTIZE_EPILOG)(convert_cmds.quantize)
+app.command("synth", hidden=True, epilog=synth_cmd.EPILOG)(synth_cmd.synth)
 
 
 if __name__ == "__main__":
