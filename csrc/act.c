@@ -13,6 +13,7 @@
 #include <math.h>
 
 #include "pool.h"
+#include "vmath.h"
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -25,33 +26,11 @@ enum { OP_RELU, OP_SILU, OP_GELU, OP_SWIGLU, OP_GEGLU };
 #define PAR_MIN 32768              /* elements below which one thread does everything */
 #define CHUNK_MIN 16384            /* elements per chunk at least */
 
-/* e^r on |r| <= ln2/2 by Taylor to degree 6 (error < 1.3e-7 relative), then scaled by 2^n. */
-#define EXP_C2 0.5f
-#define EXP_C3 0.16666667f
-#define EXP_C4 0.041666668f
-#define EXP_C5 0.008333334f
-#define EXP_C6 0.0013888889f
-#define LN2_HI 0.693145751953125f
-#define LN2_LO 1.428606765330187e-06f
-#define LOG2E 1.4426950408889634f
 
 #if defined(__AVX512F__)
 #define VW 16
 typedef __m512 vf;
-static inline vf vexp(vf x) {
-    /* (const, x) operand order keeps a NaN x as NaN; scalef turns large negative n into 0 correctly */
-    x = _mm512_min_ps(_mm512_set1_ps(88.7f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x));
-    vf n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    vf r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
-    vf p = _mm512_fmadd_ps(_mm512_set1_ps(EXP_C6), r, _mm512_set1_ps(EXP_C5));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C4));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_C2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
+static inline vf vexp(vf x) { return pi_vexp16(x); }
 #define V_SET1 _mm512_set1_ps
 #define V_ADD _mm512_add_ps
 #define V_MUL _mm512_mul_ps
@@ -66,22 +45,7 @@ static inline vf vexp(vf x) {
 #elif defined(__AVX2__) && defined(__FMA__)
 #define VW 8
 typedef __m256 vf;
-static inline vf vexp(vf x) {
-    /* clamp so that 2^n stays a normal float; below -87.3 the result is set to 0 afterwards */
-    vf under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
-    x = _mm256_min_ps(_mm256_set1_ps(88.3f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x));
-    vf n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    vf r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
-    vf p = _mm256_fmadd_ps(_mm256_set1_ps(EXP_C6), r, _mm256_set1_ps(EXP_C5));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_C4));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_C3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_C2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
+static inline vf vexp(vf x) { return pi_vexp8(x); }
 static inline __m256i tail_mask8(int k) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }

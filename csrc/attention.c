@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "pool.h"
+#include "vmath.h"
 
 #if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
@@ -44,14 +45,6 @@ static inline float f16_to_f32(uint16_t h) {
 }
 
 /* ---- vector helpers --------------------------------------------------------------------------------- */
-#define EXP_C2 0.5f
-#define EXP_C3 0.16666667f
-#define EXP_C4 0.041666668f
-#define EXP_C5 0.008333334f
-#define EXP_C6 0.0013888889f
-#define LN2_HI 0.693145751953125f
-#define LN2_LO 1.428606765330187e-06f
-#define LOG2E 1.4426950408889634f
 
 #if defined(__AVX512F__)
 #define VW 16
@@ -74,19 +67,7 @@ typedef __m512 vf;
 #define V_STORE_TAIL(p, v, m) _mm512_mask_storeu_ps(p, m, v)
 static inline float v_hsum(vf v) { return _mm512_reduce_add_ps(v); }
 static inline float v_hmax(vf v) { return _mm512_reduce_max_ps(v); }
-static inline vf vexp(vf x) {
-    x = _mm512_min_ps(V_SET1(88.7f), _mm512_max_ps(V_SET1(-104.0f), x)); /* NaN stays NaN */
-    vf n = _mm512_roundscale_ps(V_MUL(x, V_SET1(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    vf r = _mm512_fnmadd_ps(n, V_SET1(LN2_HI), x);
-    r = _mm512_fnmadd_ps(n, V_SET1(LN2_LO), r);
-    vf p = V_FMA(V_SET1(EXP_C6), r, V_SET1(EXP_C5));
-    p = V_FMA(p, r, V_SET1(EXP_C4));
-    p = V_FMA(p, r, V_SET1(EXP_C3));
-    p = V_FMA(p, r, V_SET1(EXP_C2));
-    p = V_FMA(p, r, V_SET1(1.0f));
-    p = V_FMA(p, r, V_SET1(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
+static inline vf vexp(vf x) { return pi_vexp16(x); }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define VW 8
 #define PV_NB 2
@@ -116,21 +97,7 @@ static inline float v_hmax(vf v) {
     s = _mm_max_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
 }
-static inline vf vexp(vf x) {
-    vf under = _mm256_cmp_ps(x, V_SET1(-87.3f), _CMP_LT_OQ); /* these come out as 0 */
-    x = _mm256_min_ps(V_SET1(88.3f), _mm256_max_ps(V_SET1(-87.3f), x));
-    vf n = _mm256_round_ps(V_MUL(x, V_SET1(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    vf r = _mm256_fnmadd_ps(n, V_SET1(LN2_HI), x);
-    r = _mm256_fnmadd_ps(n, V_SET1(LN2_LO), r);
-    vf p = V_FMA(V_SET1(EXP_C6), r, V_SET1(EXP_C5));
-    p = V_FMA(p, r, V_SET1(EXP_C4));
-    p = V_FMA(p, r, V_SET1(EXP_C3));
-    p = V_FMA(p, r, V_SET1(EXP_C2));
-    p = V_FMA(p, r, V_SET1(1.0f));
-    p = V_FMA(p, r, V_SET1(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(under, V_MUL(p, _mm256_castsi256_ps(e)));
-}
+static inline vf vexp(vf x) { return pi_vexp8(x); }
 #endif
 
 /* ---- softmax ------------------------------------------------------------------------------------------ */
