@@ -1,9 +1,12 @@
 /* matmul.c: y[t, r] = sum_c w[r, c] * x[t, c] for F32/F16/BF16/Q8_0/Q4_0 weights, and the read probe.
  *
  * Variants (chosen at compile time):
- *   - AVX-512 (F + BW + VL): float types 16 lanes with masked column tails; block types two blocks per zmm.
- *     The f16 scales of a block pair for all rows of a tile convert in one instruction; times the token's
- *     two scales, one permute per (row, token) spreads them over the lanes of each block.
+ *   - AVX-512 (F + BW + VL): float types 16 lanes with masked column tails. Q8_0: two blocks per zmm; the
+ *     f16 scales of a block pair for all rows of a tile convert in one instruction; times the token's two
+ *     scales, one permute per (row, token) spreads them over the lanes of each block; Q5_0 the same with
+ *     nibble pairs, its fifth bits made a byte mask with one shuffle + one test. Q4_0: quads of four blocks
+ *     (tile_quad): 64 nibbles of 4 blocks per zmm, 4 int32 lanes per block after two dpbusd, so one convert
+ *     and one FMA per 4 blocks.
  *   - AVX2 + FMA + F16C: 8 float lanes, scalar column tail; one block per ymm.
  *   - scalar: everything else (PI_NATIVE=0).
  * Block types: the activations are quantized once per call to Q8_0 (d = f16(amax / 127)) in the pool's
@@ -13,7 +16,8 @@
  *   no VNNI:  Q8_0 maddubs(|w|, x * sign(w)); Q4_0 maddubs(nibble, x) plus the -8 * sum(x) correction;
  *             then madd with ones. No int16 saturation: |pairs| <= 2 * 128 * 127.
  * and acc[r][t] += float(dot) * (d_w * d_x), 8 or 16 f32 lanes per accumulator, summed at the end.
- * Tiles: decode (n_tok == 1) streams RD rows at a time (independent FMA chains, one x load per RD rows).
+ * Tiles: decode (n_tok == 1) streams RD rows at a time (DQ = 8 for the Q4_0 quads; independent FMA chains, one
+ * x load per RD rows), each row's data software-prefetched PF_DIST bytes ahead (then the next tile's rows).
  * Prefill takes ROW_BLOCK rows (kept in L1/L2) against TOK_BLOCK tokens (their activations kept in L2) in
  * tiles of RP rows x TP tokens, so each weight vector is loaded and unpacked once per TP tokens:
  * RP * TP accumulators + RP weights fill the register file (32 zmm: 4 x 4; 16 ymm: 2 x 4). Every output element runs the same instruction sequence
@@ -36,18 +40,12 @@
 #define ROW_BLOCK 16 /* rows per prefill block; also the chunk granularity (16 f32 = one cache line of y) */
 #define TOK_BLOCK 64 /* prefill tokens per pass over a chunk's rows (Q8_0 activations: 64 x ~4.3 KB at K = 4096) */
 #define INLINE static inline __attribute__((always_inline))
-
-
-static inline float f16_to_f32(uint16_t h) {
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
-    if (exp == 0) { float f = (float)man * 0x1p-24f; return sign ? -f : f; }
-    u = sign | (exp == 0x1f ? 0x7f800000u | (man << 13) : ((exp + 112) << 23) | (man << 13));
-    float f; memcpy(&f, &u, 4); return f;
+/* decode streams each row once: the rows in flight are prefetched this many bytes ahead (the hardware
+ * prefetcher alone leaves the 2-thread mat-vec ~25% short of the read probe on Zen 5) */
+#ifndef PF_DIST
+#define PF_DIST 768
 #endif
-}
+
 
 static inline float bf16_to_f32(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 
@@ -56,7 +54,7 @@ typedef struct {
     const uint8_t *w;
     int64_t row_bytes, n_rows, n_cols, n_tok;
     const float *x;      /* float types: f32 [n_tok, n_cols] */
-    const int8_t *xq;    /* block types: int8 [n_tok, nbp * 32] quantized activations (Q4_0 pair order on AVX-512) */
+    const int8_t *xq;    /* block types: int8 [n_tok, nbp * 32] quantized activations (AVX-512: Q4_0 quad order, Q5_0 pair order) */
     const float *xd;     /* f32 [n_tok, nbp] block scales */
     const int32_t *xc;   /* int32 [n_tok, nbp] correction: -128 * sum(q) (Q8_0, VNNI), -8 * sum(q) (Q4_0), else 0 */
     int64_t nbp;         /* blocks per token, rounded up to the vector's blocks */
@@ -83,8 +81,9 @@ typedef __m512 fv;
 #define Q8_UNSIGNED 1
 #endif
 /* Lane layout of a block pair: Q8_0 [b0 (32 B) | b1 (32 B)] = 32-bit lanes 0-7 b0, 8-15 b1;
- * Q4_0 [b0 lo nibbles | b1 lo | b0 hi | b1 hi] (16 B each) = lanes 0-3 b0, 4-7 b1, 8-11 b0, 12-15 b1, which is how
- * the nibbles unpack with one shift; the activations are stored in the same order. */
+ * Q5_0 [b0 lo nibbles | b1 lo | b0 hi | b1 hi] (16 B each) = lanes 0-3 b0, 4-7 b1, 8-11 b0, 12-15 b1, which is how
+ * the nibbles unpack with one shift; the activations are stored in the same order. (Q4_0 goes through the
+ * quad tiles below, 4 blocks per vector.) */
 INLINE __m512i pair_idx(int q4, int r) { /* lane -> 2r (block 0 of row r) or 2r + 1 (block 1) */
     return q4 ? _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1), _mm512_set1_epi32(2 * r))
               : _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), _mm512_set1_epi32(2 * r));
@@ -107,16 +106,7 @@ INLINE wvec w_load_q8(const block_q8_0 *b, int two) {
     return v;
 }
 
-INLINE wvec w_load_q4(const block_q4_0 *b, int two) {
-    __m128i q0 = _mm_loadu_si128((const __m128i *)b[0].qs);
-    __m256i q = two ? _mm256_inserti128_si256(_mm256_castsi128_si256(q0), _mm_loadu_si128((const __m128i *)b[1].qs), 1)
-                    : _mm256_zextsi128_si256(q0);
-    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
-    wvec v = {_mm512_and_si512(z, _mm512_set1_epi8(0x0f)), 0};
-    return v;
-}
-
-/* Q5_0: the Q4_0 nibbles plus 16 where the element's qh bit is set, in the same pair order */
+/* Q5_0: the nibbles plus 16 where the element's qh bit is set, in pair order */
 INLINE wvec w_load_q5(const block_q5_0 *b, int two) {
     __m128i q0 = _mm_loadu_si128((const __m128i *)b[0].qs);
     __m256i q = two ? _mm256_inserti128_si256(_mm256_castsi128_si256(q0), _mm_loadu_si128((const __m128i *)b[1].qs), 1)
@@ -126,8 +116,15 @@ INLINE wvec w_load_q5(const block_q5_0 *b, int two) {
     uint32_t h0, h1 = 0;
     memcpy(&h0, b[0].qh, 4);
     if (two) memcpy(&h1, b[1].qh, 4);
-    const __mmask64 hi = (uint64_t)(h0 & 0xffff) | (uint64_t)(h1 & 0xffff) << 16 | (uint64_t)(h0 >> 16) << 32 |
-                         (uint64_t)(h1 >> 16) << 48;
+    /* every byte gets the qh byte holding its element's bit (in-lane shuffle of h0 | h1 << 32, broadcast):
+     * 16-byte lane 0 = b0 elements 0-15 (qh0 bytes 0, 1), 1 = b1 0-15 (bytes 4, 5), 2 = b0 16-31 (2, 3),
+     * 3 = b1 16-31 (6, 7); then bit (element % 8) of it, which is byte % 8 */
+    const __m512i hb = _mm512_shuffle_epi8(_mm512_set1_epi64((long long)((uint64_t)h0 | (uint64_t)h1 << 32)),
+                                           _mm512_set_epi64(0x0707070707070707LL, 0x0606060606060606LL,
+                                                            0x0303030303030303LL, 0x0202020202020202LL,
+                                                            0x0505050505050505LL, 0x0404040404040404LL,
+                                                            0x0101010101010101LL, 0x0000000000000000LL));
+    const __mmask64 hi = _mm512_test_epi8_mask(hb, _mm512_set1_epi64((long long)0x8040201008040201ULL));
     wvec v = {_mm512_mask_add_epi8(z, hi, z, _mm512_set1_epi8(16)), 0};
     return v;
 }
@@ -287,9 +284,14 @@ INLINE void tile_q_step(const mm_job *j, const uint8_t **rows, int64_t t0, int64
     wvec wv[4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
+#if defined(MM_AVX512)
+        wv[r] = kind == 2 ? w_load_q5((const block_q5_0 *)rows[r] + b, two)
+                          : w_load_q8((const block_q8_0 *)rows[r] + b, two); /* Q4_0: tile_quad */
+#else
         wv[r] = kind == 2   ? w_load_q5((const block_q5_0 *)rows[r] + b, two)
                 : kind == 1 ? w_load_q4((const block_q4_0 *)rows[r] + b, two)
                             : w_load_q8((const block_q8_0 *)rows[r] + b, two);
+#endif
     wscales ws = w_scales(rows, b, R, kind, two);
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++) {
@@ -301,19 +303,141 @@ INLINE void tile_q_step(const mm_job *j, const uint8_t **rows, int64_t t0, int64
     }
 }
 
+#if defined(MM_AVX512)
+/* Q4_0 on AVX-512: quads of 4 blocks (QB). The 4 blocks' 16-byte qs go to one zmm; its low nibbles are
+ * elements 0-15 of each block ("lo", 16 bytes per block) and its high nibbles elements 16-31 ("hi"); the
+ * activations are stored in the same order (per quad: 64 bytes lo, then 64 bytes hi). Two dpbusd (lo, hi)
+ * leave 4 int32 lanes per block (lane 4k + i: elements 4i..4i+3 and 16+4i..16+4i+3 of block k; the
+ * -8 * sum(x) correction rides in lane 4k), so one convert and one FMA serve 4 blocks, against a scale
+ * vector [d0 d0 d0 d0 d1 ... d3] (one vpermw of the quad's first 64 bytes, one f16 conversion) times the
+ * token's block scales in the same pattern. */
+#define QB 4
+#ifndef DQ
+#define DQ 8 /* decode rows per quad tile */
+#endif
+typedef struct { __m512i lo, hi; __m512 d; } wquad;
+INLINE wquad quad_load(const uint8_t *p, const int kind) { /* p: the quad's first byte (4 x 18 bytes) */
+    (void)kind; /* Q4_0 only (Q5_0 keeps the pair layout: its rounding is what the llama.cpp comparisons pin) */
+    __m512i raw = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + 2)));
+    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i *)(p + 20)), 1);
+    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i *)(p + 38)), 2);
+    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i *)(p + 56)), 3);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    wquad q = {_mm512_and_si512(raw, m4), _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4), _mm512_setzero_ps()};
+    /* f16 d of block k (byte 18k = word 9k of the first 64 bytes) into words 4k..4k+3 */
+    const __m512i dw = _mm512_permutexvar_epi16(_mm512_setr_epi32(0, 0, 9 | 9 << 16, 9 | 9 << 16, 18 | 18 << 16,
+                                                18 | 18 << 16, 27 | 27 << 16, 27 | 27 << 16, 0, 0, 0, 0, 0, 0, 0, 0),
+                                                _mm512_loadu_si512(p));
+    q.d = _mm512_cvtph_ps(_mm512_castsi512_si256(dw));
+    return q;
+}
+
+INLINE __m512i quad_lanes(void) { return _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3); }
+
+INLINE __m512i quad_dot(const wquad *w, __m512i xlo, __m512i xhi, __m512i xc) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(xc, w->lo, xlo), w->hi, xhi);
+#else
+    const __m512i ones = _mm512_set1_epi16(1);
+    return _mm512_add_epi32(_mm512_add_epi32(xc, _mm512_madd_epi16(_mm512_maddubs_epi16(w->lo, xlo), ones)),
+                            _mm512_madd_epi16(_mm512_maddubs_epi16(w->hi, xhi), ones));
+#endif
+}
+
+/* one quad (x blocks b..b+3) of an R x T tile; wp[r] = the quad's first byte in row r */
+INLINE void tile_quad_step(const mm_job *j, const uint8_t *const *wp, int64_t t0, int64_t b, fv acc[][4],
+                           const int R, const int T, const int kind) {
+    wquad w[8];
+    if (T == 1) { /* decode: each row's quad is used once, straight after its load (no 3 x R live registers) */
+        const __m512i xlo = _mm512_loadu_si512(j->xq + (t0 * j->nbp + b) * QK);
+        const __m512i xhi = _mm512_loadu_si512(j->xq + (t0 * j->nbp + b) * QK + 64);
+        const __m512i xc = _mm512_maskz_permutexvar_epi32(0x1111, quad_lanes(),
+                                                          _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(j->xc + t0 * j->nbp + b))));
+        const __m512 xd = _mm512_permutexvar_ps(quad_lanes(), _mm512_castps128_ps512(_mm_loadu_ps(j->xd + t0 * j->nbp + b)));
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const wquad q = quad_load(wp[r], kind);
+            acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_dot(&q, xlo, xhi, xc)), _mm512_mul_ps(q.d, xd), acc[r][0]);
+        }
+        return;
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) w[r] = quad_load(wp[r], kind);
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        const int64_t o = (t0 + t) * j->nbp + b;
+        const __m512i xlo = _mm512_loadu_si512(j->xq + o * QK), xhi = _mm512_loadu_si512(j->xq + o * QK + 64);
+        const __m512i xc = _mm512_maskz_permutexvar_epi32(0x1111, quad_lanes(),
+                                                          _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(j->xc + o))));
+        const __m512 xd = _mm512_permutexvar_ps(quad_lanes(), _mm512_castps128_ps512(_mm_loadu_ps(j->xd + o)));
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+            acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_dot(&w[r], xlo, xhi, xc)), _mm512_mul_ps(w[r].d, xd),
+                                        acc[r][t]);
+    }
+}
+
+INLINE void tile_quad(const mm_job *j, const uint8_t **rows, int64_t r0, int64_t t0, fv acc[][4], const int R,
+                      const int T, const int kind) {
+    const int64_t size = kind_size(kind), nb = j->n_cols / QK, nq = nb / QB * QB;
+    const uint8_t *wp[8], *next[8];
+    /* decode prefetch: PF_DIST bytes ahead along each row, and past a row's end the start of the row that
+     * takes its place in the next tile (the rows are not contiguous streams for the hardware prefetcher) */
+    for (int r = 0; r < R; r++) next[r] = mm_row(j, r0 + R + r < j->n_rows ? r0 + R + r : j->n_rows - 1) - j->row_bytes;
+    for (int64_t b = 0; b < nq; b += QB) {
+        const int ahead = b * size + PF_DIST >= j->row_bytes;
+        for (int r = 0; r < R; r++) {
+            wp[r] = rows[r] + b * size;
+            if (T == 1) _mm_prefetch((const char *)(ahead ? next[r] : rows[r]) + b * size + PF_DIST, _MM_HINT_T0);
+        }
+        tile_quad_step(j, wp, t0, b, acc, R, T, kind);
+    }
+    if (nq < nb) { /* the last 1-3 blocks: copied into zeroed quads (zero d, zero x: adds exact zeros) */
+        _Alignas(64) uint8_t buf[8][128];
+        memset(buf, 0, sizeof(buf));
+        for (int r = 0; r < R; r++) {
+            memcpy(buf[r], rows[r] + nq * size, (size_t)((nb - nq) * size));
+            wp[r] = buf[r];
+        }
+        tile_quad_step(j, wp, t0, nq, acc, R, T, kind);
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) j->y[(t0 + t) * j->n_rows + r0 + r] = fv_sum(acc[r][t]);
+}
+#endif
+
 INLINE void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T, const int kind) {
-    fv acc[4][4];
-    const uint8_t *rows[4];
+    fv acc[8][4]; /* R <= 4, or <= 8 with T == 1 (quad decode) */
+    const uint8_t *rows[8];
     for (int r = 0; r < R; r++) {
         rows[r] = mm_row(j, r0 + r);
         for (int t = 0; t < T; t++) acc[r][t] = fv_zero();
     }
+#if defined(MM_AVX512)
+    if (kind == 1) {
+        tile_quad(j, rows, r0, t0, acc, R, T, kind);
+        return;
+    }
+#endif
     const int64_t nb = j->n_cols / QK, nfull = nb / BPV * BPV;
-    for (int64_t b = 0; b < nfull; b += BPV) tile_q_step(j, rows, t0, b, acc, R, T, kind, 1);
+#if defined(MM_AVX512) || defined(MM_AVX2)
+    const uint8_t *next[4]; /* decode prefetch as in tile_quad: along the row, then the next tile's row */
+    for (int r = 0; r < R; r++) next[r] = mm_row(j, r0 + R + r < j->n_rows ? r0 + R + r : j->n_rows - 1) - j->row_bytes;
+#endif
+    for (int64_t b = 0; b < nfull; b += BPV) {
+#if defined(MM_AVX512) || defined(MM_AVX2)
+        if (T == 1) {
+            const int64_t o = b * kind_size(kind) + PF_DIST;
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(o >= j->row_bytes ? next[r] : rows[r]) + o, _MM_HINT_T0);
+        }
+#endif
+        tile_q_step(j, rows, t0, b, acc, R, T, kind, 1);
+    }
     if (nfull < nb) tile_q_step(j, rows, t0, nfull, acc, R, T, kind, 0);
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) j->y[(t0 + t) * j->n_rows + r0 + r] = fv_sum(acc[r][t]);
 }
+
 #else
 static void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T, const int kind) {
     const int64_t nb = j->n_cols / QK;
@@ -333,16 +457,16 @@ static void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
                     for (int i = 0; i < QK / 2; i++)
                         s += (((wb->qs[i] & 0x0f) | ((qh >> i) & 1) << 4) - 16) * xq[b * QK + i] +
                              (((wb->qs[i] >> 4) | ((qh >> (i + 16)) & 1) << 4) - 16) * xq[b * QK + i + 16];
-                    dw = f16_to_f32(wb->d);
+                    dw = pi_h2f(wb->d);
                 } else if (kind == 1) {
                     const block_q4_0 *wb = (const block_q4_0 *)row + b;
                     for (int i = 0; i < QK / 2; i++)
                         s += ((wb->qs[i] & 0x0f) - 8) * xq[b * QK + i] + ((wb->qs[i] >> 4) - 8) * xq[b * QK + i + 16];
-                    dw = f16_to_f32(wb->d);
+                    dw = pi_h2f(wb->d);
                 } else {
                     const block_q8_0 *wb = (const block_q8_0 *)row + b;
                     for (int i = 0; i < QK; i++) s += wb->qs[i] * xq[b * QK + i];
-                    dw = f16_to_f32(wb->d);
+                    dw = pi_h2f(wb->d);
                 }
                 acc += (float)s * (dw * xd[b]);
             }
@@ -381,7 +505,7 @@ INLINE fv fv_fma(fv a, fv b, fv c) { return _mm256_fmadd_ps(a, b, c); }
 
 static inline float wf_scalar(int type, const void *row, int64_t k) {
     if (type == PI_F32) return ((const float *)row)[k];
-    if (type == PI_F16) return f16_to_f32(((const uint16_t *)row)[k]);
+    if (type == PI_F16) return pi_h2f(((const uint16_t *)row)[k]);
     return bf16_to_f32(((const uint16_t *)row)[k]);
 }
 
@@ -460,6 +584,10 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
     const int64_t r_end = r_beg + j->rows_per_chunk < j->n_rows ? r_beg + j->rows_per_chunk : j->n_rows;
     if (j->n_tok == 1) {
         int64_t r = r_beg;
+#if defined(MM_AVX512)
+        if (j->type == PI_Q4_0) /* quads: DQ rows share each activation load */
+            for (; r + DQ <= r_end; r += DQ) tile_q(j, r, 0, DQ, 1, 1);
+#endif
         for (; r + RD <= r_end; r += RD) tile_dec(j, r, 0);
         for (; r < r_end; r++) tile_11(j, r, 0);
         return;
@@ -497,7 +625,7 @@ static inline float f16_round(float f) {
     /* only reached by scalar builds: pi_quantize's scalar conversion, via a 1-element round trip */
     uint16_t h;
     pi_quantize(PI_F16, &f, &h, 1, 1);
-    return f16_to_f32(h);
+    return pi_h2f(h);
 #endif
 }
 
@@ -552,7 +680,10 @@ static void quantize_token(void *ctx, int64_t t, int thread_id) {
         xd[b] = b < nb ? quantize_block(x + b * QK, q, &s) : 0.0f;
         xc[b] = -corr * s;
 #if defined(MM_AVX512)
-        if (j->type != PI_Q8_0) { /* pair order [b0 0..15 | b1 0..15 | b0 16..31 | b1 16..31], as Q4_0 unpacks */
+        if (j->type == PI_Q4_0) { /* quad order [b0..b3 elements 0..15 | b0..b3 elements 16..31], as tile_quad */
+            memcpy(xq + (b & ~3) * QK + 16 * (b & 3), q, 16);
+            memcpy(xq + (b & ~3) * QK + 64 + 16 * (b & 3), q + 16, 16);
+        } else if (j->type == PI_Q5_0) { /* pair order [b0 0..15 | b1 0..15 | b0 16..31 | b1 16..31], as w_load_q5 */
             memcpy(xq + (b & ~1) * QK + 16 * (b & 1), q, 16);
             memcpy(xq + (b & ~1) * QK + 32 + 16 * (b & 1), q + 16, 16);
         } else
@@ -575,7 +706,11 @@ static void mm_run(pi_pool *pool, int type, const void *w, int64_t n_cols, const
                 .n_tok = n_tok, .x = x, .sel = sel, .y = y};
     if (type == PI_Q8_0 || type == PI_Q4_0 || type == PI_Q5_0) {
         const int64_t nb = n_cols / QK;
-        j.nbp = (nb + BPV - 1) / BPV * BPV;
+        int64_t per = BPV; /* blocks per vector step */
+#if defined(MM_AVX512)
+        if (type == PI_Q4_0) per = QB;
+#endif
+        j.nbp = (nb + per - 1) / per * per;
         const size_t nq = (size_t)(n_tok * j.nbp);
         char *s = pi_pool_scratch(pool, nq * QK + 2 * nq * 4);
         j.xq = (const int8_t *)s;

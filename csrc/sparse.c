@@ -200,6 +200,16 @@ INLINE void decode_group(const int T, const int G, const uint8_t *const *p, cons
         for (int v = 0; v < NV; v++) acc[v] = V_LOAD(y + c + v * VL);
         for (int r = 0; r < G; r++) {
             const uint8_t *pt = p[r] + off;
+#if defined(SP_AVX512)
+            if (T == PI_Q8_0 || T == PI_Q4_0) { /* h * d in all lanes: broadcast the f16, convert 16 at once */
+                __m512 s[TILE / QK];
+                for (int b = 0; b < NS(T); b++)
+                    s[b] = _mm512_mul_ps(_mm512_set1_ps(hs[r]), _mm512_cvtph_ps(_mm256_set1_epi16(
+                                         (short)(T == PI_Q8_0 ? ((const block_q8_0 *)pt)[b].d : ((const block_q4_0 *)pt)[b].d))));
+                for (int v = 0; v < NV; v++) acc[v] = V_FMA(s[SIDX(T, v)], vq(T, pt, v * VL), acc[v]);
+                continue;
+            }
+#endif
             float s[TILE / QK];
             for (int b = 0; b < NS(T); b++) s[b] = hs[r] * blk_scale(T, pt, b * QK);
             for (int v = 0; v < NV; v++) acc[v] = V_FMA(V_SET1(s[SIDX(T, v)]), vq(T, pt, v * VL), acc[v]);
