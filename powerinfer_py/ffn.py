@@ -29,6 +29,13 @@ Batches (prefill, N > 1 tokens) compute the union of the tokens' active sets onc
 zero h[t, i] for the neurons token t did not select, so every token gets exactly its own per-token result;
 when the union exceeds DENSE_FALLBACK of the neurons, the gated rows come from the dense matmul instead of the
 row gather (same bits, contiguous reads).
+
+Observers (profiling, calibration, predictor training): an FFN whose `observer` is set runs the dense path
+and calls observer(layer, x, p, act) before its down projection, with x the normed FFN input, p the predictor
+input (FORMATS.md section 2: the pre-ffn_norm residual; falcon: the layer input) and act f32 [N, n_ff] the
+activated gating values: act(gate·x) for gated variants (silu, gelu, relu, fatrelu; dReLU: relu(gate·x)), or
+act(up·x + b_up) otherwise. A neuron is "active" for a token where act != 0 (ReLU family). The result is the
+dense result, whatever the mode; the observer must not modify its arguments.
 """
 from __future__ import annotations
 
@@ -177,8 +184,11 @@ class FFN:
         if self.mode == "predictor" and (w.fc1 is None or w.fc2 is None):
             raise ValueError(f"layer {layer}: predictor mode without fc1/fc2")
         self.all_rows = np.arange(self.n_ff, dtype=np.int32)
+        self.observer = None  # callable(layer, x, p, act): see the module docstring
 
     def __call__(self, x: np.ndarray, p: np.ndarray | None = None) -> np.ndarray:
+        if self.observer is not None:
+            return self._observed(x, p)
         if self.mode == "predictor":
             return self._predictor(x, p)
         if self.mode == "exact":
@@ -227,6 +237,22 @@ class FFN:
         h = self._combine(a, k.matmul(w.up, x) if self.gated else None)
         if self.stats is not None:
             self.stats.record(self.layer, x.shape[0], n_active, int(np.count_nonzero(h)))
+        return self._down(h, None)
+
+    def _observed(self, x: np.ndarray, p: np.ndarray | None) -> np.ndarray:
+        """The dense result, with the activated gating values shown to self.observer first."""
+        k = self.k
+        pre = self._pre(x)
+        if self.variant == "swiglu":
+            act = k.silu(pre)
+        elif self.variant in ("geglu", "gelu"):
+            act = k.gelu(pre)
+        else:
+            act = self._gate_act(pre)
+        self.observer(self.layer, x, p, act)
+        h = act.copy()
+        if self.gated:
+            h = self._combine(h, k.matmul(self.w.up, x))
         return self._down(h, None)
 
     def _exact(self, x: np.ndarray) -> np.ndarray:

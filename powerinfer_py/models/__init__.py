@@ -28,7 +28,7 @@ _FAMILIES = {
     "falcon": (falcon.FalconModel, falcon.expected_tensors),
     "opt": (opt.OptModel, opt.expected_tensors),
 }
-_SPARSE_FAMILIES = ("llama", "bamboo", "falcon", "opt")  # the ones built on ffn.FFN (sparse modes, PWRI files)
+_SPARSE_FAMILIES = ("llama", "bamboo", "falcon", "opt")  # the ones that read PWRI files (predictors, down_t)
 
 
 def _family(config: ModelConfig):
@@ -41,12 +41,12 @@ def _family(config: ModelConfig):
 
 def build_model(config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
                 sparse: SparseSettings | None = None) -> Model:
+    """Every family builds its FFNs from ffn.FFN, so every model accepts the sparse modes its FFN variant
+    supports (ffn.resolve_sparse says which); only the PWRI families read predictor files."""
     cls = _family(config)[0]
-    if config.arch not in _SPARSE_FAMILIES:
-        if config.is_sparse or (sparse is not None and sparse.mode != "off"):
-            raise UnsupportedError(f"architecture {config.arch!r} has no sparse FFN; sparse models and modes "
-                                   f"exist for {', '.join(_SPARSE_FAMILIES)}")
-        return cls(config, tensors, kernels)
+    if config.is_sparse and config.arch not in _SPARSE_FAMILIES:
+        raise UnsupportedError(f"architecture {config.arch!r} has no PowerInfer (PWRI) variant; PWRI files "
+                               f"exist for {', '.join(_SPARSE_FAMILIES)}")
     return cls(config, tensors, kernels, sparse)
 
 

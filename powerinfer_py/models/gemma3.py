@@ -22,6 +22,7 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
+from ..ffn import SparseSettings
 from ..kv_cache import KVCache
 from ..tensor import Tensor
 from .base import Expected, Model, layer_tensors, llama_like_expected
@@ -32,7 +33,6 @@ LAYER_TENSORS = {
     "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
     "post_attn_norm": "post_attention_norm.weight",
     "ffn_norm": "ffn_norm.weight",
-    "gate": "ffn_gate.weight", "up": "ffn_up.weight", "down": "ffn_down.weight",
     "post_ffw_norm": "post_ffw_norm.weight",
 }
 
@@ -49,10 +49,12 @@ def expected_tensors(c: ModelConfig) -> Expected:
 
 
 class Gemma3Model(Model):
-    def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels):
-        super().__init__(config, tensors, kernels)
+    def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
+                 sparse: SparseSettings | None = None):
+        super().__init__(config, tensors, kernels, sparse)
         c = config
         self.layers = [layer_tensors(tensors, il, LAYER_TENSORS) for il in range(c.n_layer)]
+        self.ffns = self.build_ffns(tensors)
         # per layer: (window, rope args after pos) -- sliding layers use their own base and no freq scaling
         self.layer_attn = [
             (c.sliding_window, (c.n_rot, c.rope_freq_base_swa, 1.0, c.rope_neox)) if swa else
@@ -80,8 +82,7 @@ class Gemma3Model(Model):
             a = k.attention(q, cache.k[il], cache.v[il], p0, window, c.attn_scale)  # [N, n_head, hd]
             x += k.rmsnorm(k.matmul(L.wo, a.reshape(n, c.n_head * hd)), L.post_attn_norm, eps)
             # feed-forward (GELU-gated), itself normed before the residual add
-            h = k.rmsnorm(x, L.ffn_norm, eps)
-            f = k.matmul(L.down, k.geglu(k.matmul(L.gate, h), k.matmul(L.up, h)))
+            f = self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x)
             x += k.rmsnorm(f, L.post_ffw_norm, eps)
 
         cache.n_past = p0 + n

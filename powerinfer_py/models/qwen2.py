@@ -14,6 +14,7 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
+from ..ffn import SparseSettings
 from ..kv_cache import KVCache
 from ..tensor import Tensor
 from .base import Expected, Model, layer_tensors, llama_like_expected
@@ -23,7 +24,6 @@ LAYER_TENSORS = {
     "wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight", "wo": "attn_output.weight",
     "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias",
     "ffn_norm": "ffn_norm.weight",
-    "gate": "ffn_gate.weight", "up": "ffn_up.weight", "down": "ffn_down.weight",
 }
 
 
@@ -38,9 +38,11 @@ def expected_tensors(c: ModelConfig) -> Expected:
 
 
 class Qwen2Model(Model):
-    def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels):
-        super().__init__(config, tensors, kernels)
+    def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
+                 sparse: SparseSettings | None = None):
+        super().__init__(config, tensors, kernels, sparse)
         self.layers = [layer_tensors(tensors, il, LAYER_TENSORS) for il in range(config.n_layer)]
+        self.ffns = self.build_ffns(tensors)
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         c, k = self.config, self.kernels
@@ -66,8 +68,7 @@ class Qwen2Model(Model):
             a = k.attention(q, cache.k[il], cache.v[il], p0, 0, c.attn_scale)  # [N, n_head, hd]
             x += k.matmul(L.wo, a.reshape(n, c.n_head * hd))
             # feed-forward (SwiGLU)
-            h = k.rmsnorm(x, L.ffn_norm, eps)
-            x += k.matmul(L.down, k.swiglu(k.matmul(L.gate, h), k.matmul(L.up, h)))
+            x += self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x)
 
         cache.n_past = p0 + n
         return self._head(x, all_logits)
