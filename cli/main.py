@@ -1,10 +1,10 @@
-"""The `powerinfer` Typer app: the commands live in run.py, info.py, bench.py, hub_cmds.py and convert_cmds.py
+"""The `powerinfer` Typer app: the commands live in run.py, chat.py, info.py, bench.py, hub_cmds.py and convert_cmds.py
 (each imports its library lazily, so `powerinfer --help` stays fast); they are registered here."""
 from __future__ import annotations
 
 import typer
 
-from . import bench, convert_cmds, hub_cmds, info, run, synth_cmd
+from . import bench, chat, convert_cmds, hub_cmds, info, run, synth_cmd
 
 app = typer.Typer(
     name="powerinfer",
@@ -21,6 +21,7 @@ app = typer.Typer(
 )
 
 app.command("run", epilog=run.EPILOG)(run.run)
+app.command("chat", epilog=chat.EPILOG)(chat.chat)
 app.command("info", epilog=info.EPILOG)(info.info)
 app.command("bench", epilog=bench.EPILOG)(bench.bench)
 app.command("download", epilog=hub_cmds.DOWNLOAD_EPILOG)(hub_cmds.download)
