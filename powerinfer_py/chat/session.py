@@ -283,13 +283,27 @@ class Reply:
         """Stop early; the partial reply stays in the conversation."""
         self._it.close()
 
+    def _show(self, shown: str, final: bool = False) -> str:
+        """The part of `shown` to print now: a reply starts at its first visible character, and whitespace
+        at its end is held back until more text follows (a reply does not end in blank lines)."""
+        text = self._held + shown
+        if not self.text:
+            text = text.lstrip()
+        if final:
+            self._held = ""
+            return ""
+        body = text.rstrip()
+        self._held = text[len(body):]
+        self.text += body
+        return body
+
     def _run(self) -> Iterator[str]:
         s, st, gen = self.session, self.stats, self.gen
         decoder = s.llm.tokenizer.stream()
         matcher = StopMatcher(s._stop_texts)
         reply_ids: list[int] = []
         raw: list[str] = []
-        finished = False
+        self._held = ""
         try:
             for token in gen:
                 if not reply_ids:
@@ -297,29 +311,23 @@ class Reply:
                 reply_ids.append(token)
                 piece = decoder.feed(token)
                 raw.append(piece)
-                shown = matcher.feed(piece)
-                if not self.text:  # a reply starts at its first visible character
-                    shown = shown.lstrip()
+                shown = self._show(matcher.feed(piece))
                 if shown:
-                    self.text += shown
                     yield shown
                 if matcher.stopped:
                     break
             tail = decoder.flush()
             raw.append(tail)
-            shown = matcher.feed(tail) + ("" if matcher.stopped else matcher.flush())
+            shown = self._show(matcher.feed(tail) + ("" if matcher.stopped else matcher.flush()))
             if shown:
-                self.text += shown
                 yield shown
-            finished = True
         finally:
             gs = gen.stats
             if not reply_ids:
                 st.ttft_s = time.perf_counter() - self._t0
-            if not finished:
-                self.text += matcher.flush() if not matcher.stopped else ""
-            st.stop_reason = ("stop" if matcher.stopped else gs.stop_reason if finished and gs.stop_reason
-                              else "interrupted")
+            self._show("", final=True)
+            finished = matcher.stopped or gs.stop_reason is not None
+            st.stop_reason = "stop" if matcher.stopped else gs.stop_reason if finished else "interrupted"
             st.n_gen, st.n_decode, st.decode_s = len(reply_ids), gs.n_decode, gs.decode_s
             gen.close()
             s._finish(self._full, self._ids, reply_ids, "".join(raw), self.text)
