@@ -69,3 +69,36 @@ def _n_elems(shape: tuple[int, ...]) -> int:
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+# A short, ordinary English paragraph for measuring how many FFN neurons fire (our own text).
+SAMPLE_TEXT = (
+    "The old lighthouse stood at the end of a narrow path, where the grass gave way to grey rock and the wind "
+    "never quite stopped. Every evening the keeper climbed the ninety steps, cleaned the glass, and lit the "
+    "lamp, writing the time and the weather in a small book that nobody else ever read. Ships passed far out "
+    "at sea, and on clear nights he could count their lights moving slowly along the horizon."
+)
+
+
+def measure_activity(path: str | os.PathLike, threads: int | None = None, n_decode: int = 16,
+                     text: str = SAMPLE_TEXT) -> dict[str, Any]:
+    """Run the model on `text` (one batched prefill) and then n_decode greedy tokens in its default sparse mode
+    and count the FFN neurons it computes per token. Returns {mode, threshold, tokens, active_fraction,
+    layers: [per-layer fraction], nonzero_fraction, nonzero_layers}; for models whose FFN is not
+    ReLU-family (every neuron runs) {mode, tokens, note}."""
+    from .llm import load
+
+    with load(path, threads=threads) as llm:
+        gen = llm.generate_tokens(text, max_tokens=n_decode, temperature=0)
+        for _ in gen:
+            pass
+        st = llm.sparsity_stats
+        out: dict[str, Any] = {"mode": llm.sparse.mode, "threshold": llm.sparse.threshold,
+                               "tokens": gen.stats.n_prompt + gen.stats.n_gen}
+        if st is None:
+            out["note"] = "the FFN is not ReLU-family: every neuron is computed for every token"
+            return out
+        out.update(active_fraction=st.mean_fraction, layers=st.fractions,
+                   nonzero_fraction=float(st.nonzero.sum()) / max(1.0, float(st.tokens.sum()) * st.n_ff),
+                   nonzero_layers=st.nonzero_fractions)
+        return out
