@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from . import bench, chat, convert_cmds, hub_cmds, info, run, synth_cmd
+from . import predictor_cmd, profile_cmd  # issue 7: activation profiles and predictor training
 
 app = typer.Typer(
     name="powerinfer",
@@ -29,6 +30,8 @@ app.command("models")(hub_cmds.models)
 app.command("convert", epilog=convert_cmds.CONVERT_EPILOG)(convert_cmds.convert)
 app.command("quantize", epilog=convert_cmds.QUANTIZE_EPILOG)(convert_cmds.quantize)
 app.command("synth", hidden=True, epilog=synth_cmd.EPILOG)(synth_cmd.synth)
+app.command("profile", epilog=profile_cmd.EPILOG)(profile_cmd.profile)
+app.command("train-predictor", epilog=predictor_cmd.EPILOG)(predictor_cmd.train_predictor)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,131 @@
+"""Train PowerInfer activation predictors for a model: collect (p, active) pairs over a text, fit every layer.
+
+    powerinfer train-predictor -m MODEL --text FILE [--rank R | --rank auto] -o OUT [--format pwri|pt]
+
+1. collect(): the model runs densely over the calibration tokens (observe.py); for every layer and text token
+   the FFN observer gives p, the exact predictor input of FORMATS.md section 2 (pre-ffn_norm residual; falcon:
+   the layer input), and act, the activated gating values. Label: neuron active iff act != 0, which is what
+   the sparse engine skips on (ReLU-family FFNs only: reglu, fatreglu, dreglu, relu).
+   Memory: p is kept as f32 [T, n_embd] per layer and the labels as packed bits, so T tokens of an L-layer
+   model take about T * L * (4 * n_embd + n_ff / 8) bytes (2048 tokens of a 7B model: ~1.1 GB).
+2. train(): per layer, predictor_fit.fit_layer at a fixed rank, or with rank "auto" at the smallest rank of
+   RANKS (up to max_rank) whose held-out recall reaches the target; if none does, the rank with the best
+   recall. The threshold convention is ffn.py's: active iff logit >= threshold (0 here).
+3. predictor_out writes a PWRI file or a folder of model_N.pt files.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .errors import UnsupportedError
+from .ffn import RELU_FAMILY, ffn_variant
+from .predictor_fit import FitConfig, LayerPredictor, Metrics, fit_layer
+
+RANKS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
+@dataclass
+class LayerData:
+    """One layer's training data: p f32 [T, n_embd] and packed labels uint8 [T, ceil(n_ff / 8)]."""
+    n_ff: int
+    p_parts: list = field(default_factory=list)
+    y_parts: list = field(default_factory=list)
+
+    def add(self, p: np.ndarray, act: np.ndarray) -> None:
+        self.p_parts.append(np.array(p, dtype=np.float32))
+        self.y_parts.append(np.packbits(act != 0, axis=1))
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(p f32 [T, n_embd], y bool [T, n_ff])."""
+        p = np.concatenate(self.p_parts)
+        y = np.unpackbits(np.concatenate(self.y_parts), axis=1, count=self.n_ff).astype(bool)
+        return p, y
+
+
+def check_trainable(config) -> str:
+    """The FFN variant, if predictors can be trained for it (ReLU family), else UnsupportedError."""
+    variant = ffn_variant(config)
+    if variant not in RELU_FAMILY:
+        raise UnsupportedError(f"{config.arch} with a {variant} FFN has no exact zeros to predict: predictor "
+                               "training needs a ReLU-family FFN (ReluLLaMA, ProSparse, Bamboo, ReluFalcon, OPT); "
+                               "for this model use threshold sparsity")
+    return variant
+
+
+def collect(llm, ids: Sequence[int], *, ctx: int = 512, batch: int = 256, add_bos: bool = True,
+            progress: Callable[[int, int], None] | None = None) -> list[LayerData]:
+    """Per-layer (p, label) data of the model over token ids (see the module docstring)."""
+    from .observe import observe
+
+    check_trainable(llm.config)
+    data = [LayerData(llm.config.n_ff) for _ in range(llm.config.n_layer)]
+    observe(llm, ids, lambda il, p, act: data[il].add(p, act), ctx=ctx, batch=batch, add_bos=add_bos,
+            progress=progress)
+    return data
+
+
+def auto_ranks(n_embd: int, n_ff: int, max_rank: int | None = None) -> list[int]:
+    """The candidate ranks for rank "auto": RANKS up to min(max_rank, n_embd, n_ff), at least one."""
+    cap = min(n_embd, n_ff, max_rank or max(RANKS))
+    ranks = [r for r in RANKS if r <= cap]
+    return ranks or [cap]
+
+
+@dataclass
+class LayerResult:
+    layer: int
+    predictor: LayerPredictor
+    tried: list[tuple[int, Metrics]]  # (rank, held-out metrics) of every rank trained, in order
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.predictor.metrics
+
+
+def train_layer(il: int, p: np.ndarray, y: np.ndarray, rank: int | str, cfg: FitConfig,
+                max_rank: int | None = None) -> LayerResult:
+    """One layer at a fixed rank, or rank "auto" (the smallest candidate meeting cfg.recall_target)."""
+    if rank != "auto":
+        lp = fit_layer(p, y, int(rank), cfg)
+        return LayerResult(il, lp, [(lp.rank, lp.metrics)])
+    tried: list[tuple[int, Metrics]] = []
+    best: LayerPredictor | None = None
+    for r in auto_ranks(p.shape[1], y.shape[1], max_rank):
+        lp = fit_layer(p, y, r, cfg)
+        tried.append((r, lp.metrics))
+        if best is None or lp.metrics.recall > best.metrics.recall:
+            best = lp
+        if lp.metrics.meets(cfg.recall_target):
+            return LayerResult(il, lp, tried)
+    return LayerResult(il, best, tried)
+
+
+def train(data: list[LayerData], rank: int | str = "auto", cfg: FitConfig = FitConfig(), *,
+          max_rank: int | None = None, layer_done: Callable[[LayerResult], None] | None = None
+          ) -> list[LayerResult]:
+    """Train every layer's predictor; layer_done(result) is called as each layer finishes."""
+    out = []
+    for il, d in enumerate(data):
+        p, y = d.arrays()
+        res = train_layer(il, p, y, rank, cfg, max_rank)
+        out.append(res)
+        if layer_done:
+            layer_done(res)
+    return out
+
+
+def parse_rank(text: str) -> int | str:
+    """--rank: "auto" or a positive integer."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        from .errors import PowerInferError
+        raise PowerInferError(f"--rank must be a positive integer or 'auto', got {text!r}")
+    return value
