@@ -38,6 +38,10 @@ def bench(
                                                      help="Our predictor threshold (default: the file's)."),
     llamacpp_model: Optional[str] = typer.Option(None, "--llamacpp-model", help="The file llama.cpp runs (default: "
                                                  "MODEL; for a PWRI model, its dense GGUF twin)."),
+    backend: str = typer.Option("auto", "--backend", metavar="[auto|cpu|cuda|cpu-emulated]",
+                                help="Our backend (see `powerinfer run --help`)."),
+    vram_budget: Optional[float] = typer.Option(None, "--vram-budget", min=0.0,
+                                                help="GiB of GPU memory for our hybrid backend."),
 ) -> None:
     """Prompt and decode speed of powerinfer and llama.cpp on the same file, with their ratio and our peak RSS."""
     from powerinfer_py.bench import run_bench
@@ -50,7 +54,8 @@ def bench(
     with user_errors():
         report = run_bench(model_path(model), n_gen=n_predict, n_prompt=n_prompt, threads=threads, reps=reps,
                            on_run=progress, sparse=sparse, sparse_threshold=sparse_threshold,
-                           llamacpp_model=model_path(llamacpp_model) if llamacpp_model else None)
+                           llamacpp_model=model_path(llamacpp_model) if llamacpp_model else None,
+                           backend=backend, vram_budget=vram_budget)
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
         return

@@ -22,6 +22,9 @@ EPILOG = """\
   powerinfer run -m model.powerinfer.gguf "Once upon a time" --sparse-threshold 0.2
 """
 
+BACKEND_HELP = ('"auto": hot FFN neurons of a PWRI model on the GPU when one is usable, else the CPU; "cpu"; '
+                '"cuda"; "cpu-emulated": the hybrid executor on the CPU kernels (testing).')
+BUDGET_HELP = "GiB of GPU memory for the hybrid backend (default: 90% of the free memory)."
 SPARSE_HELP = ('FFN mode: "predictor" (default for PowerInfer/PWRI files: only predicted-active neurons), '
                '"exact" (ReLU models: only non-zero neurons, bit-for-bit dense) or "off" (dense; default for GGUF).')
 
@@ -47,6 +50,8 @@ def run(
         None, "--sparse-threshold", help="Predictor threshold: a neuron is active when its predictor logit is >= "
         "this (default: the file's powerinfer.sparse_threshold, or $LLAMA_SPARSE_PRED_THRESHOLD)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
+    backend: str = typer.Option("auto", "--backend", metavar="[auto|cpu|cuda|cpu-emulated]", help=BACKEND_HELP),
+    vram_budget: Optional[float] = typer.Option(None, "--vram-budget", min=0.0, help=BUDGET_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v",
                                  help="Show loading details, per-layer active neurons and tracebacks."),
 ) -> None:
@@ -54,7 +59,7 @@ def run(
     with user_errors(verbose):
         try:
             code = _run(prompt, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, threads,
-                        ctx_size, as_json, verbose, sparse, sparse_threshold)
+                        ctx_size, as_json, verbose, sparse, sparse_threshold, backend, vram_budget)
         except KeyboardInterrupt:  # Ctrl-C while loading: nothing generated yet
             code = EXIT_INTERRUPTED
     if code == EXIT_INTERRUPTED:
@@ -63,17 +68,20 @@ def run(
 
 
 def _run(prompt, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, threads, ctx_size,
-         as_json, verbose, sparse=None, sparse_threshold=None) -> int:
+         as_json, verbose, sparse=None, sparse_threshold=None, backend="cpu", vram_budget=None) -> int:
     """Load, generate, print. Returns 0, or EXIT_INTERRUPTED when Ctrl-C stopped the generation."""
     from powerinfer_py import load
 
     text = sys.stdin.read() if prompt == "-" else prompt
     path = model_path(model)
     t0 = time.perf_counter()
-    llm = load(path, threads=threads, n_ctx=ctx_size, sparse=sparse, sparse_threshold=sparse_threshold)
+    llm = load(path, threads=threads, n_ctx=ctx_size, sparse=sparse, sparse_threshold=sparse_threshold,
+               backend=backend, vram_budget=vram_budget)
     load_s = time.perf_counter() - t0
     if verbose:
         _print_load(llm, path, load_s)
+    if llm.backend is not None and (verbose or llm.backend.warn):
+        stderr.print(llm.backend.lines()[0], style="dim" if not llm.backend.warn else "yellow")
     gen = llm.generate_tokens(text, max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p,
                               min_p=min_p, repeat_penalty=repeat_penalty, seed=seed)
     decoder = llm.tokenizer.stream()  # holds back bytes of a UTF-8 character split over tokens
@@ -101,6 +109,8 @@ def _run(prompt, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, se
         _print_timings(stats, reason)
         if verbose:
             _print_sparsity(llm)
+            for line in (llm.backend.lines()[1:] if llm.backend is not None else []):
+                stderr.print(line, style="dim")
     if reason == "context":
         stderr.print(f"context full: the context window of {llm.n_ctx} tokens is used up (prompt "
                      f"{stats.n_prompt} + generated {stats.n_gen}); a larger -c/--ctx-size leaves more room")

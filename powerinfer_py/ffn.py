@@ -185,6 +185,7 @@ class FFN:
             raise ValueError(f"layer {layer}: predictor mode without fc1/fc2")
         self.all_rows = np.arange(self.n_ff, dtype=np.int32)
         self.observer = None  # callable(layer, x, p, act): see the module docstring
+        self.split = None  # hybrid.HybridSplit: predictor mode computes hot neurons on a device (hybrid/)
 
     def __call__(self, x: np.ndarray, p: np.ndarray | None = None) -> np.ndarray:
         if self.observer is not None:
@@ -285,16 +286,29 @@ class FFN:
             rows = np.flatnonzero(mask.any(axis=0)).astype(np.int32)
             n_active = int(np.count_nonzero(mask))
         dense = n_tok > 1 and len(rows) > DENSE_FALLBACK * self.n_ff
+        keep = None if mask is None else mask[:, rows]
+        if self.split is not None:  # hot rows on the device, cold rows here, partial outputs summed
+            y, n_nonzero = self.split.run(self, x, rows, keep, dense)
+        else:
+            y, n_nonzero = self.partial(x, rows, keep, dense)
+        if self.stats is not None:
+            self.stats.record(self.layer, n_tok, n_active, n_nonzero)
+        return y
+
+    def partial(self, x: np.ndarray, rows: np.ndarray, keep: np.ndarray | None, dense: bool,
+                bias: bool = True) -> tuple[np.ndarray, int]:
+        """(y f32 [N, n_embd], non-zero h count) over the given neurons only (ascending int32 rows of this
+        FFN's weights); keep bool [N, len(rows)] zeroes h where a token did not select a row. bias=False
+        leaves b_down out (the hybrid split adds it once)."""
+        w = self.w
         if self.gated:
             a = self._gate_act(self._rows(w.gate, rows, x, dense))
             h = self._combine(a, self._up_rows(x, rows, dense))
         else:
             h = self._gate_act(self._up_rows(x, rows, dense))
-        if mask is not None:  # each token keeps only its own active neurons (exact zeros elsewhere)
-            h = np.where(mask[:, rows], h, np.float32(0))
-        if self.stats is not None:
-            self.stats.record(self.layer, n_tok, n_active, int(np.count_nonzero(h)))
-        return self._down(h, rows)
+        if keep is not None:  # each token keeps only its own active neurons (exact zeros elsewhere)
+            h = np.where(keep, h, np.float32(0))
+        return self._down(h, rows, bias), int(np.count_nonzero(h))
 
     # ---- pieces ------------------------------------------------------------------------------------------
 
@@ -312,8 +326,8 @@ class FFN:
             u += self.w.b_up[rows]
         return u
 
-    def _down(self, h: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
-        """y f32 [N, n_embd] from h f32 [N, len(rows)] (rows None: all n_ff neurons), + b_down."""
+    def _down(self, h: np.ndarray, rows: np.ndarray | None, bias: bool = True) -> np.ndarray:
+        """y f32 [N, n_embd] from h f32 [N, len(rows)] (rows None: all n_ff neurons), + b_down (if bias)."""
         w = self.w
         n_tok = h.shape[0]
         if w.down_t is not None:
@@ -328,6 +342,6 @@ class FFN:
                 full[:, rows] = h
                 h = full
             y = self.k.matmul(w.down, np.ascontiguousarray(h, dtype=np.float32))
-        if w.b_down is not None:
+        if bias and w.b_down is not None:
             y += w.b_down
         return y

@@ -25,13 +25,13 @@ DEFAULT_MAX_CTX = 4096  # default context: min(n_ctx_train, this), keeps the KV 
 
 
 def _make_kernels(backend: str, threads: int | None):
-    if backend == "cpu":
+    if backend in ("cpu", "auto", "cuda", "cpu-emulated"):  # the hybrid backends run on the CPU kernels too
         from .kernels.cpu import CpuKernels
         return CpuKernels(threads)
     if backend == "ref":  # the numpy specification: slow, for tests and debugging
         from .kernels.ref import RefKernels
         return RefKernels()
-    raise ValueError(f"unknown backend {backend!r}; available: cpu, ref")
+    raise ValueError(f"unknown backend {backend!r}; available: auto, cpu, cuda, cpu-emulated, ref")
 
 
 class LLM:
@@ -39,7 +39,8 @@ class LLM:
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None, n_ctx: int | None = None, *,
                  backend: str = "cpu", cache_dir: str | os.PathLike | None = None, sparse: str | None = None,
-                 sparse_threshold: float | None = None):
+                 sparse_threshold: float | None = None, vram_budget: float | None = None,
+                 placement: str | os.PathLike | None = None):
         from . import models
         from .ffn import runtime_sparse
         from .gguf import open_gguf
@@ -58,6 +59,11 @@ class LLM:
             self.sparse = runtime_sparse(self.config, sparse, sparse_threshold)  # mode + threshold
             self.kernels = _make_kernels(backend, threads)
             self.model = models.build_model(self.config, weights.tensors, self.kernels, self.sparse)
+            self.backend = None
+            if backend != "ref":  # what runs where (hybrid/backend.py); .lines() explains it
+                from .hybrid import attach_backend
+                self.backend = attach_backend(self.model, weights.tensors, self.path, self.n_ctx, backend,
+                                              vram_budget, placement)
             self.tokenizer = Tokenizer(self.file, cache_dir=cache_dir)
         except BaseException:
             self.file.close()
@@ -143,7 +149,7 @@ class LLM:
 
     def close(self) -> None:
         """Release the tokenizer, the kernels' thread pool and the file map. The LLM is unusable after."""
-        for part in ("tokenizer", "kernels", "file"):
+        for part in ("backend", "tokenizer", "kernels", "file"):
             obj = getattr(self, part, None)
             if obj is not None and hasattr(obj, "close"):
                 obj.close()
@@ -162,11 +168,15 @@ class LLM:
 
 def load(path: str | os.PathLike, threads: int | None = None, n_ctx: int | None = None, *,
          backend: str = "cpu", cache_dir: str | os.PathLike | None = None, sparse: str | None = None,
-         sparse_threshold: float | None = None) -> LLM:
+         sparse_threshold: float | None = None, vram_budget: float | None = None,
+         placement: str | os.PathLike | None = None) -> LLM:
     """Open a GGUF or PWRI model file and get it ready to generate.
 
     threads: CPU threads for the kernels (default: all cores). n_ctx: context size in tokens (default:
-    min(training context, 4096)). backend: "cpu" (C kernels) or "ref" (numpy reference, slow).
+    min(training context, 4096)). backend: "cpu" (C kernels), "ref" (numpy reference, slow), or a hybrid
+    backend for PWRI files: "auto", "cuda" (hot neurons on the GPU, falling back to the CPU when there is
+    none) or "cpu-emulated" (the hybrid executor on the CPU kernels); vram_budget (GiB) and placement (a
+    .gpuidx file) size and place the hot set (powerinfer_py/hybrid/backend.py).
     cache_dir: folder for the tokenizer's vocab-only copies of PWRI files (default
     $POWERINFER_CACHE/vocab or ~/.cache/powerinfer/vocab).
     sparse: "predictor" (default for PowerInfer PWRI files), "exact" (ReLU-family models: bit-for-bit dense,
@@ -174,4 +184,4 @@ def load(path: str | os.PathLike, threads: int | None = None, n_ctx: int | None 
     predictor threshold, overriding $LLAMA_SPARSE_PRED_THRESHOLD and the file's powerinfer.sparse_threshold.
     """
     return LLM(path, threads=threads, n_ctx=n_ctx, backend=backend, cache_dir=cache_dir, sparse=sparse,
-               sparse_threshold=sparse_threshold)
+               sparse_threshold=sparse_threshold, vram_budget=vram_budget, placement=placement)
