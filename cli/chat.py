@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .run import SPARSE_HELP
+from .run import BACKEND_HELP, BUDGET_HELP, SPARSE_HELP
 from .shell import EXIT_INTERRUPTED, fail, model_path, stderr, user_errors
 
 EPILOG = """\
@@ -66,6 +66,8 @@ def chat(
     sparse: Optional[str] = typer.Option(None, "--sparse", metavar="[predictor|exact|off]", help=SPARSE_HELP),
     sparse_threshold: Optional[float] = typer.Option(None, "--sparse-threshold",
                                                      help="Predictor threshold (as for run)."),
+    backend: str = typer.Option("auto", "--backend", metavar="[auto|cpu|cuda|cpu-emulated]", help=BACKEND_HELP),
+    vram_budget: Optional[float] = typer.Option(None, "--vram-budget", min=0.0, help=BUDGET_HELP),
     single: bool = typer.Option(False, "--single", help="Piped input: the whole input is one message."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show loading details and tracebacks."),
 ) -> None:
@@ -75,7 +77,9 @@ def chat(
     interactive = sys.stdin.isatty()
     with user_errors(verbose):
         try:
-            session = _open(model, system, template, n_predict, threads, ctx_size, sparse, sparse_threshold,
+            session = _open(model, system, template, n_predict, threads, ctx_size,
+                            dict(sparse=sparse, sparse_threshold=sparse_threshold, backend=backend,
+                                 vram_budget=vram_budget),
                             SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                                            repeat_penalty=repeat_penalty, seed=seed))
         except KeyboardInterrupt:
@@ -87,11 +91,13 @@ def chat(
     raise typer.Exit(code)
 
 
-def _open(model, system, template, n_predict, threads, ctx_size, sparse, sparse_threshold, sampling):
+def _open(model, system, template, n_predict, threads, ctx_size, load_options, sampling):
     from powerinfer_py import load
     from powerinfer_py.chat import ChatSession, template_for
 
-    llm = load(model_path(model), threads=threads, n_ctx=ctx_size, sparse=sparse, sparse_threshold=sparse_threshold)
+    llm = load(model_path(model), threads=threads, n_ctx=ctx_size, **load_options)
+    if llm.backend is not None and llm.backend.warn:
+        stderr.print(llm.backend.lines()[0], style="yellow")
     try:
         return ChatSession(llm, template_for(llm, template), system, max_tokens=n_predict, sampling=sampling)
     except BaseException:
