@@ -68,4 +68,5 @@ def _table(f: dict) -> Table:
         t.add_row(f"  {type_name}", f"{tt['count']} tensors, {_size(tt['bytes'])}")
     conv = ", ".join(f"{c['count']} {c['from']} -> {c['to']}" for c in f["conversions"])
     t.add_row("converted at load", conv or "nothing (every tensor type runs as it is)")
+    t.add_row("CUDA backend", ("yes: " if f["cuda"]["available"] else "no: ") + f["cuda"]["reason"])
     return t

@@ -114,3 +114,22 @@ def test_place_cli_prints_and_writes_the_plan(models, tmp_path):
     assert all(len(h) % GROUP == 0 for h in plan.hot) and sum(map(len, plan.hot)) > 0
     res = CliRunner().invoke(app, ["place", "-m", str(path), "--vram-budget", "0.000001", "-c", "64"])
     assert res.exit_code == 1 and "below" in res.output
+
+
+def test_info_and_verbose_run_say_which_backend_runs_and_why(models):
+    import json
+
+    from powerinfer_cli.main import app
+    from powerinfer_py.kernels.cuda import cuda_status
+    path = str(models["f16"])
+    res = CliRunner().invoke(app, ["info", path, "--json"])
+    assert res.exit_code == 0
+    assert json.loads(res.output)["cuda"] == {"available": cuda_status().available, "reason": cuda_status().reason}
+    res = CliRunner().invoke(app, ["run", "-m", path, "hello", "-n", "2", "--temp", "0", "-c", "64", "-v",
+                                   "--backend", "cpu-emulated", "--vram-budget", "0.01"])
+    assert res.exit_code == 0, res.output
+    assert "backend: hybrid cpu-emulated" in res.output and "placement:" in res.output
+    res = CliRunner().invoke(app, ["run", "-m", path, "hello", "-n", "2", "--temp", "0", "-c", "64", "-v"])
+    assert res.exit_code == 0 and "backend: " in res.output
+    if not cuda_status().available:
+        assert "CUDA unavailable" in res.output
