@@ -86,6 +86,18 @@ def attach_backend(model, tensors, model_path, n_ctx: int, backend: str = "cpu",
         elif placement is None:
             budget = fp.fixed_bytes + sum(fp.neuron_bytes) * c.n_ff // 2
     plan = _placement(model, fp, model_path, budget, placement, activations)
+    try:
+        return _attach(model, plan, fp, backend, status)
+    except PowerInferError as e:
+        from ..kernels.cuda import CudaError
+        if backend != "auto" or not isinstance(e, CudaError):
+            raise
+        return BackendReport(backend, "cpu", f"the CUDA setup failed: {e}")
+
+
+def _attach(model, plan: Placement, fp: Footprint, backend: str, status) -> BackendReport:
+    """Build the device half (CUDA when `status` says a device answers, else emulated) and split every FFN."""
+    c = model.config
     if status is not None:
         from .cuda_device import CudaDevice
         device = CudaDevice(plan.device_bytes, c.n_embd, c.n_ff)
@@ -96,11 +108,12 @@ def attach_backend(model, tensors, model_path, n_ctx: int, backend: str = "cpu",
     try:
         for il, ffn in enumerate(model.ffns):
             device.add_layer(il, ffn, plan.hot[il])
-            ffn.split = HybridSplit(device, il, c.n_ff, plan.hot[il])
-            report.splits.append(ffn.split)
+            report.splits.append(HybridSplit(device, il, c.n_ff, plan.hot[il]))
     except BaseException:
         report.close()
         raise
+    for ffn, split in zip(model.ffns, report.splits):  # only once every layer is on the device
+        ffn.split = split
     return report
 
 
