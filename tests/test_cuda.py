@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fake_cuda import decode_planar, install
 
 from powerinfer_py.kernels import cuda as C
 from powerinfer_py.kernels import ref
@@ -28,28 +29,12 @@ def _tensor(rng, n_rows, n_cols, ty) -> Tensor:
     return Tensor("w", ty, (n_rows, n_cols), ref.quantize(x, ty))
 
 
-def _decode_planar(buf: np.ndarray, ty, n_rows: int, n_cols: int) -> np.ndarray:
-    """numpy model of pi_decode_chunk (common.cuh): the values a kernel sees in the planar layout."""
-    if ty == GGMLType.F32:
-        return buf.view(np.float32).reshape(n_rows, n_cols)
-    if ty == GGMLType.F16:
-        return buf.view(np.float16).reshape(n_rows, n_cols).astype(np.float32)
-    nb = n_cols // 32
-    qbytes = n_cols if ty == GGMLType.Q8_0 else n_cols // 2
-    qs = buf[:n_rows * qbytes].reshape(n_rows, nb, qbytes // nb)
-    d = buf[n_rows * qbytes:].view(np.float16).reshape(n_rows, nb, 1).astype(np.float32)
-    if ty == GGMLType.Q8_0:
-        return (qs.view(np.int8) * d).reshape(n_rows, n_cols)
-    lo, hi = (qs & 15).astype(np.int32) - 8, (qs >> 4).astype(np.int32) - 8  # byte j: elements j, j + 16
-    return (np.concatenate([lo, hi], axis=-1) * d).reshape(n_rows, n_cols)
-
-
 @pytest.mark.parametrize("ty", TYPES)
 def test_planar_layout_decodes_to_ggml_values(ty):
     t = _tensor(np.random.default_rng(0), 7, 96, ty)
     buf = C.planar(t)
     assert buf.nbytes == t.nbytes
-    np.testing.assert_array_equal(_decode_planar(buf, ty, 7, 96), ref.dequantize(t))
+    np.testing.assert_array_equal(decode_planar(buf, int(ty), 7, 96), ref.dequantize(t))
 
 
 def test_planar_rejects_types_and_rows_without_a_kernel():
@@ -72,6 +57,37 @@ def test_header_parses_and_library_exports_every_function():
     lib = ffi.dlopen(str(C.library_path()))
     for name in names:
         assert getattr(lib, name) is not None  # resolves the symbol; no device needed
+
+
+@pytest.mark.parametrize("dtype", ["f16", "q4_0"])
+def test_cuda_device_half_glue_on_a_numpy_model_of_the_abi(tmp_path, monkeypatch, dtype):
+    """The CUDA hybrid path end to end with fake_cuda's numpy kernels standing in for the library: arena,
+    planar uploads, padding rows and the argument order of every call, against the CPU-only run."""
+    import powerinfer_py
+    from powerinfer_py.synth_sparse import SHAPES, write_sparse_model
+    from test_hybrid import _fixed_and_ffn
+    path, _ = write_sparse_model(tmp_path / "m.pwri", n_layer=2, dtype=dtype, n_sample=256, **SHAPES["tiny"])
+    fixed, ffn = _fixed_and_ffn(path)
+    prompt = [1, 17, 230, 45, 99, 3, 310, 77]
+    with powerinfer_py.load(path, threads=1, n_ctx=64, backend="cpu") as llm:
+        cpu_toks = list(llm.generate_tokens(prompt, max_tokens=8, temperature=0))
+        llm.reset()
+        cpu_logits = llm.model.forward(prompt, llm.cache)
+    lib = install(monkeypatch)
+    with powerinfer_py.load(path, threads=1, n_ctx=64, backend="cuda", vram_budget=(fixed + ffn // 2) / 2**30) as llm:
+        assert llm.backend.running == "hybrid cuda"
+        assert llm.backend.device.used <= llm.backend.plan.device_bytes <= llm.backend.plan.budget
+        toks = list(llm.generate_tokens(prompt, max_tokens=8, temperature=0))
+        llm.reset()
+        logits = llm.model.forward(prompt, llm.cache)
+        shares = llm.backend.lines()[-1]
+    assert {"matvec_rows", "ffn_act", "axpy_rows"} <= set(lib.calls)
+    assert "device" in shares and not shares.endswith(" 0.0%")
+    if dtype == "f16":  # same weights, f64 numpy sums vs f32 C sums
+        assert toks == cpu_toks
+        np.testing.assert_allclose(logits, cpu_logits, rtol=1e-4, atol=1e-4 * np.abs(cpu_logits).max())
+    else:  # the CPU quantizes x to Q8_0 for Q4_0 weights; the device (and this model of it) reads f32 x
+        assert np.max(np.abs(logits - cpu_logits)) <= 2e-2 * np.abs(cpu_logits).max()
 
 
 def test_status_names_the_reason():
