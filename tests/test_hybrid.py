@@ -133,3 +133,35 @@ def test_info_and_verbose_run_say_which_backend_runs_and_why(models):
     assert res.exit_code == 0 and "backend: " in res.output
     if not cuda_status().available:
         assert "CUDA unavailable" in res.output
+
+
+@pytest.mark.parametrize("arch,act,param", [("llama", "fatrelu", 0.1), ("bamboo", None, None),
+                                            ("falcon", None, None), ("opt", None, None)])
+def test_emulated_hybrid_every_sparse_architecture(tmp_path, arch, act, param):
+    """ReGLU/FATReLU/dReLU/ReLU FFNs, opt's ffn_up and ffn_down_t biases (b_up gathered, b_down added once),
+    batched prefill (per-token masks split between the halves) and decode, against the unsplit model."""
+    from reference_sparse import write_tiny_sparse
+    from test_sparse_engine import greedy, load
+
+    from powerinfer_py.hybrid import attach_backend
+    from powerinfer_py.kernels.cpu import CpuKernels
+    from powerinfer_py.placement import footprint
+
+    kw = {"hidden_act": act, "hidden_act_param": param} if act else {}
+    path = write_tiny_sparse(tmp_path / f"{arch}.gguf", arch, **kw)
+    k = CpuKernels(n_threads=1)
+    try:
+        want_toks, want = greedy(load(path, k))
+        model = load(path, k)
+        from powerinfer_py.gguf import open_gguf
+        tensors = open_gguf(path).tensors
+        fp = footprint(model.config, tensors, 64)
+        budget = fp.fixed_bytes + sum(fp.neuron_bytes) * model.config.n_ff // 2
+        report = attach_backend(model, tensors, path, 64, "cpu-emulated", budget / GIB)
+        assert 0 < sum(report.plan.n_hot) < model.config.n_ff * model.config.n_layer
+        toks, got = greedy(model)
+        assert toks == want_toks
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        assert sum(s.device_rows for s in report.splits) and sum(s.cpu_rows for s in report.splits)
+    finally:
+        k.close()
