@@ -71,16 +71,31 @@ def bench_type(ty, iters: int, repeats: int, rng) -> None:
     h = rng.standard_normal(len(rows)).astype(np.float32)
     a = C.Arena(3 * planar.nbytes + (16 << 20))
     try:
-        f, i32, lib, s = (lambda p: a.ffi.cast("float *", p)), (lambda p: a.ffi.cast("int32_t *", p)), a.lib, a.stream
+        lib, s = a.lib, a.stream
+
+        def f(p):
+            return a.ffi.cast("float *", p)
+
+        def i32(p):
+            return a.ffi.cast("int32_t *", p)
+
         pw, px, pr, ph = a.upload(planar), a.upload(x_host), a.upload(rows), a.upload(h)
         py, part, pcopy = a.alloc(4 * N_FF), a.alloc(4 * 64 * N_EMBD), a.alloc(planar.nbytes)
         t = int(ty)
-        dense = lambda: a.check(lib.pi_cuda_matvec(t, pw, N_FF, N_EMBD, f(px), f(py), 0, s), "matvec")  # noqa
-        gather = lambda: a.check(lib.pi_cuda_matvec_rows(t, pw, N_FF, N_EMBD, i32(pr), len(rows), a.ffi.NULL,  # noqa
-                                                         f(px), f(py), s), "matvec_rows")
-        axpy = lambda: a.check(lib.pi_cuda_axpy_rows(t, pw, N_FF, N_EMBD, i32(pr), len(rows), a.ffi.NULL, f(ph),  # noqa
-                                                     64, f(part), f(py), s), "axpy")
-        copy = lambda: a.check(lib.pi_cuda_memcpy_d2d(pcopy, pw, planar.nbytes, s), "copy")  # noqa
+        def dense():
+            a.check(lib.pi_cuda_matvec(t, pw, N_FF, N_EMBD, f(px), f(py), 0, s), "matvec")
+
+        def gather():
+            a.check(lib.pi_cuda_matvec_rows(t, pw, N_FF, N_EMBD, i32(pr), len(rows), a.ffi.NULL, f(px), f(py), s),
+                    "matvec_rows")
+
+        def axpy():
+            a.check(lib.pi_cuda_axpy_rows(t, pw, N_FF, N_EMBD, i32(pr), len(rows), a.ffi.NULL, f(ph), 64, f(part),
+                                          f(py), s), "axpy")
+
+        def copy():
+            a.check(lib.pi_cuda_memcpy_d2d(pcopy, pw, planar.nbytes, s), "copy")
+
         # check before timing
         dense()
         y = np.empty(N_FF, np.float32)

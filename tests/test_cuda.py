@@ -63,9 +63,10 @@ def test_header_parses_and_library_exports_every_function():
 def test_cuda_device_half_glue_on_a_numpy_model_of_the_abi(tmp_path, monkeypatch, dtype):
     """The CUDA hybrid path end to end with fake_cuda's numpy kernels standing in for the library: arena,
     planar uploads, padding rows and the argument order of every call, against the CPU-only run."""
+    from test_hybrid import _fixed_and_ffn
+
     import powerinfer_py
     from powerinfer_py.synth_sparse import SHAPES, write_sparse_model
-    from test_hybrid import _fixed_and_ffn
     path, _ = write_sparse_model(tmp_path / "m.pwri", n_layer=2, dtype=dtype, n_sample=256, **SHAPES["tiny"])
     fixed, ffn = _fixed_and_ffn(path)
     prompt = [1, 17, 230, 45, 99, 3, 310, 77]

@@ -85,7 +85,7 @@ def test_sidecar_placement_is_used_and_checked(models, tmp_path):
     _, cpu_logits, _, _, _ = _run(path, backend="cpu")
     _, _, _, _, plan = _run(path, backend="cpu-emulated", vram_budget=(fixed + ffn // 2) / GIB)
     side = write_gpuidx(tmp_path / "p.gpuidx", plan)
-    toks, logits, _, used, got = _run(path, backend="cpu-emulated", placement=side)
+    _, logits, _, used, got = _run(path, backend="cpu-emulated", placement=side)
     assert [list(h) for h in got.hot] == [list(h) for h in read_gpuidx(side).hot]
     assert used == plan.device_bytes
     np.testing.assert_allclose(logits, cpu_logits, rtol=1e-5, atol=1e-5 * np.abs(cpu_logits).max())
@@ -120,6 +120,7 @@ def test_info_and_verbose_run_say_which_backend_runs_and_why(models):
     import json
 
     from powerinfer_cli.main import app
+
     from powerinfer_py.kernels.cuda import cuda_status
     path = str(models["f16"])
     res = CliRunner().invoke(app, ["info", path, "--json"])

@@ -21,7 +21,15 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PowerInferError, UnsupportedError
-from ..placement import MIB, Footprint, Placement, budget_bytes, default_sidecar, footprint, plan_placement
+from ..placement import (
+    MIB,
+    Footprint,
+    Placement,
+    budget_bytes,
+    default_sidecar,
+    footprint,
+    plan_placement,
+)
 from .emulated import EmulatedDevice
 from .split import HybridSplit
 
