@@ -74,17 +74,17 @@ def attach_backend(model, tensors, model_path, n_ctx: int, backend: str = "cpu",
         raise UnsupportedError(f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}")
     if backend == "cpu":
         return BackendReport(backend, "cpu", "asked for")
+    c = model.config
+    if not c.is_sparse or model.sparse.mode != "predictor":  # checked first: dense runs never touch CUDA
+        why = "a dense GGUF file" if not c.is_sparse else f"sparse mode {model.sparse.mode!r}"
+        return BackendReport(backend, "cpu", f"hybrid execution needs a PWRI model in predictor mode, this is {why}",
+                             warn=backend != "auto")
     status = None
     if backend in ("auto", "cuda"):
         from ..kernels.cuda import cuda_status
         status = cuda_status()
         if not status.available:
             return BackendReport(backend, "cpu", f"CUDA unavailable: {status.reason}", warn=backend == "cuda")
-    c = model.config
-    if not c.is_sparse or model.sparse.mode != "predictor":
-        why = "a dense GGUF file" if not c.is_sparse else f"sparse mode {model.sparse.mode!r}"
-        return BackendReport(backend, "cpu", f"hybrid execution needs a PWRI model in predictor mode, this is {why}",
-                             warn=backend != "auto")
     fp = footprint(c, tensors, n_ctx)
     budget = budget_bytes(vram_budget) if vram_budget is not None else None
     if budget is None:
