@@ -76,6 +76,7 @@ def _table(f: dict) -> Table:
         t.add_row(f"  {type_name}", f"{tt['count']} tensors, {_size(tt['bytes'])}")
     conv = ", ".join(f"{c['count']} {c['from']} -> {c['to']}" for c in f["conversions"])
     t.add_row("converted at load", conv or "nothing (every tensor type runs as it is)")
+    t.add_row("CUDA backend", ("yes: " if f["cuda"]["available"] else "no: ") + f["cuda"]["reason"])
     a = f.get("activity")
     if a is not None:
         if "note" in a:

@@ -30,6 +30,9 @@ zero h[t, i] for the neurons token t did not select, so every token gets exactly
 when the union exceeds DENSE_FALLBACK of the neurons, the gated rows come from the dense matmul instead of the
 row gather (same bits, contiguous reads).
 
+Hybrid execution: an FFN whose `split` is set (hybrid/split.py) hands each predicted active set to it; the
+split computes the hot neurons' part on a device and the rest here (partial()), and sums the two outputs.
+
 Observers (profiling, calibration, predictor training): an FFN whose `observer` is set runs the dense path
 and calls observer(layer, x, p, act) before its down projection, with x the normed FFN input, p the predictor
 input (FORMATS.md section 2: the pre-ffn_norm residual; falcon: the layer input) and act f32 [N, n_ff] the

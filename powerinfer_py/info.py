@@ -16,7 +16,7 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
     """A JSON-ready dict: path, file_size, magic, gguf_version, sparse, arch, name, runnable, problem (why it
     cannot run, else None), tokenizer, config (ModelConfig fields, or None), n_tensors, n_params,
     tensor_types ({type: {count, bytes}}, largest first), predictor_ranks, and conversions
-    ([{from, to, count}]: what load_weights would convert). Nothing is dequantized: only the header is read.
+    ([{from, to, count}]: what load_weights would convert) and cuda ({available, reason}: the CUDA backend here). Nothing is dequantized: only the header is read.
     Raises ModelFileError only when the file itself cannot be parsed."""
     f = open_gguf(path)
     try:
@@ -54,10 +54,19 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
             "tensor_types": dict(sorted(types.items(), key=lambda kv: -kv[1]["bytes"])),
             "predictor_ranks": list(config.predictor_ranks) if config is not None else [],
             "conversions": [{"from": a, "to": b, "count": n} for (a, b), n in sorted(planned.items())],
+            "cuda": _cuda(),
         }
         return info
     finally:
         f.close()
+
+
+def _cuda() -> dict[str, Any]:
+    """Whether the CUDA backend could run here, and why not (kernels/cuda.py)."""
+    from .kernels.cuda import cuda_status
+
+    st = cuda_status()
+    return {"available": st.available, "reason": st.reason}
 
 
 def _n_elems(shape: tuple[int, ...]) -> int:

@@ -85,7 +85,7 @@ def test_sidecar_placement_is_used_and_checked(models, tmp_path):
     _, cpu_logits, _, _, _ = _run(path, backend="cpu")
     _, _, _, _, plan = _run(path, backend="cpu-emulated", vram_budget=(fixed + ffn // 2) / GIB)
     side = write_gpuidx(tmp_path / "p.gpuidx", plan)
-    toks, logits, _, used, got = _run(path, backend="cpu-emulated", placement=side)
+    _, logits, _, used, got = _run(path, backend="cpu-emulated", placement=side)
     assert [list(h) for h in got.hot] == [list(h) for h in read_gpuidx(side).hot]
     assert used == plan.device_bytes
     np.testing.assert_allclose(logits, cpu_logits, rtol=1e-5, atol=1e-5 * np.abs(cpu_logits).max())
@@ -114,3 +114,55 @@ def test_place_cli_prints_and_writes_the_plan(models, tmp_path):
     assert all(len(h) % GROUP == 0 for h in plan.hot) and sum(map(len, plan.hot)) > 0
     res = CliRunner().invoke(app, ["place", "-m", str(path), "--vram-budget", "0.000001", "-c", "64"])
     assert res.exit_code == 1 and "below" in res.output
+
+
+def test_info_and_verbose_run_say_which_backend_runs_and_why(models):
+    import json
+
+    from powerinfer_cli.main import app
+
+    from powerinfer_py.kernels.cuda import cuda_status
+    path = str(models["f16"])
+    res = CliRunner().invoke(app, ["info", path, "--json"])
+    assert res.exit_code == 0
+    assert json.loads(res.output)["cuda"] == {"available": cuda_status().available, "reason": cuda_status().reason}
+    res = CliRunner().invoke(app, ["run", "-m", path, "hello", "-n", "2", "--temp", "0", "-c", "64", "-v",
+                                   "--backend", "cpu-emulated", "--vram-budget", "0.01"])
+    assert res.exit_code == 0, res.output
+    assert "backend: hybrid cpu-emulated" in res.output and "placement:" in res.output
+    res = CliRunner().invoke(app, ["run", "-m", path, "hello", "-n", "2", "--temp", "0", "-c", "64", "-v"])
+    assert res.exit_code == 0 and "backend: " in res.output
+    if not cuda_status().available:
+        assert "CUDA unavailable" in res.output
+
+
+@pytest.mark.parametrize("arch,act,param", [("llama", "fatrelu", 0.1), ("bamboo", None, None),
+                                            ("falcon", None, None), ("opt", None, None)])
+def test_emulated_hybrid_every_sparse_architecture(tmp_path, arch, act, param):
+    """ReGLU/FATReLU/dReLU/ReLU FFNs, opt's ffn_up and ffn_down_t biases (b_up gathered, b_down added once),
+    batched prefill (per-token masks split between the halves) and decode, against the unsplit model."""
+    from reference_sparse import write_tiny_sparse
+    from test_sparse_engine import greedy, load
+
+    from powerinfer_py.hybrid import attach_backend
+    from powerinfer_py.kernels.cpu import CpuKernels
+    from powerinfer_py.placement import footprint
+
+    kw = {"hidden_act": act, "hidden_act_param": param} if act else {}
+    path = write_tiny_sparse(tmp_path / f"{arch}.gguf", arch, **kw)
+    k = CpuKernels(n_threads=1)
+    try:
+        want_toks, want = greedy(load(path, k))
+        model = load(path, k)
+        from powerinfer_py.gguf import open_gguf
+        tensors = open_gguf(path).tensors
+        fp = footprint(model.config, tensors, 64)
+        budget = fp.fixed_bytes + sum(fp.neuron_bytes) * model.config.n_ff // 2
+        report = attach_backend(model, tensors, path, 64, "cpu-emulated", budget / GIB)
+        assert 0 < sum(report.plan.n_hot) < model.config.n_ff * model.config.n_layer
+        toks, got = greedy(model)
+        assert toks == want_toks
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        assert sum(s.device_rows for s in report.splits) and sum(s.cpu_rows for s in report.splits)
+    finally:
+        k.close()

@@ -9,7 +9,8 @@
 //   - a lane reads one 16-byte chunk per step (128-bit load): a warp reads 512 contiguous bytes of a row per
 //     step, the width of four 128-byte cache lines, fully coalesced (common.cuh);
 //   - R = 2 rows per warp: the lane's x chunk (VPL floats, up to 32 for Q4_0) is loaded once and used twice,
-//     halving x traffic from L1; R = 4 would push Q4_0 past ~128 registers per thread (decode + x + sums);
+//     halving x traffic from L1, while the Q4_0 variant stays at 63 registers without spills (ptxas -v,
+//     sm_90), so 8 blocks of 128 threads fit an SM's register file; more rows per warp trade occupancy;
 //   - 4 warps per block (128 threads, 8 rows): small blocks keep the last wave short at n_ff = 11008
 //     (1376 blocks) and let the gather variant stop at 8-row granularity; a 32-neuron placement group is
 //     exactly 4 blocks, so a device-resident hot set never leaves a block half used;

@@ -21,7 +21,15 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PowerInferError, UnsupportedError
-from ..placement import MIB, Footprint, Placement, budget_bytes, default_sidecar, footprint, plan_placement
+from ..placement import (
+    MIB,
+    Footprint,
+    Placement,
+    budget_bytes,
+    default_sidecar,
+    footprint,
+    plan_placement,
+)
 from .emulated import EmulatedDevice
 from .split import HybridSplit
 
@@ -66,17 +74,17 @@ def attach_backend(model, tensors, model_path, n_ctx: int, backend: str = "cpu",
         raise UnsupportedError(f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}")
     if backend == "cpu":
         return BackendReport(backend, "cpu", "asked for")
+    c = model.config
+    if not c.is_sparse or model.sparse.mode != "predictor":  # checked first: dense runs never touch CUDA
+        why = "a dense GGUF file" if not c.is_sparse else f"sparse mode {model.sparse.mode!r}"
+        return BackendReport(backend, "cpu", f"hybrid execution needs a PWRI model in predictor mode, this is {why}",
+                             warn=backend != "auto")
     status = None
     if backend in ("auto", "cuda"):
         from ..kernels.cuda import cuda_status
         status = cuda_status()
         if not status.available:
             return BackendReport(backend, "cpu", f"CUDA unavailable: {status.reason}", warn=backend == "cuda")
-    c = model.config
-    if not c.is_sparse or model.sparse.mode != "predictor":
-        why = "a dense GGUF file" if not c.is_sparse else f"sparse mode {model.sparse.mode!r}"
-        return BackendReport(backend, "cpu", f"hybrid execution needs a PWRI model in predictor mode, this is {why}",
-                             warn=backend != "auto")
     fp = footprint(c, tensors, n_ctx)
     budget = budget_bytes(vram_budget) if vram_budget is not None else None
     if budget is None:
@@ -86,6 +94,18 @@ def attach_backend(model, tensors, model_path, n_ctx: int, backend: str = "cpu",
         elif placement is None:
             budget = fp.fixed_bytes + sum(fp.neuron_bytes) * c.n_ff // 2
     plan = _placement(model, fp, model_path, budget, placement, activations)
+    try:
+        return _attach(model, plan, fp, backend, status)
+    except PowerInferError as e:
+        from ..kernels.cuda import CudaError
+        if backend != "auto" or not isinstance(e, CudaError):
+            raise
+        return BackendReport(backend, "cpu", f"the CUDA setup failed: {e}")
+
+
+def _attach(model, plan: Placement, fp: Footprint, backend: str, status) -> BackendReport:
+    """Build the device half (CUDA when `status` says a device answers, else emulated) and split every FFN."""
+    c = model.config
     if status is not None:
         from .cuda_device import CudaDevice
         device = CudaDevice(plan.device_bytes, c.n_embd, c.n_ff)
@@ -96,11 +116,12 @@ def attach_backend(model, tensors, model_path, n_ctx: int, backend: str = "cpu",
     try:
         for il, ffn in enumerate(model.ffns):
             device.add_layer(il, ffn, plan.hot[il])
-            ffn.split = HybridSplit(device, il, c.n_ff, plan.hot[il])
-            report.splits.append(ffn.split)
+            report.splits.append(HybridSplit(device, il, c.n_ff, plan.hot[il]))
     except BaseException:
         report.close()
         raise
+    for ffn, split in zip(model.ffns, report.splits):  # only once every layer is on the device
+        ffn.split = split
     return report
 
 

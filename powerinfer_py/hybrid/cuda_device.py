@@ -21,8 +21,8 @@ import numpy as np
 
 from ..errors import PowerInferError
 from ..ffn import FFN
-from ..placement import AXPY_SPLITS, GROUP
 from ..kernels import cuda as C
+from ..placement import AXPY_SPLITS, GROUP
 from .split import gathered_rows
 
 
@@ -85,7 +85,7 @@ class _Pending:
             return 0
         a.upload(np.ascontiguousarray(self.x[t], dtype=np.float32), d.x)
         a.upload(rows.astype(np.int32), d.rows)
-        f32 = lambda p: ffi.cast("float *", p)  # noqa: E731
+        f32 = lambda p: ffi.cast("float *", p)
         i32 = ffi.cast("int32_t *", d.rows)
         for key, out in (("gate", d.g), ("up", d.u)):
             if L[key] is not None:
