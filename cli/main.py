@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import bench, convert_cmds, hub_cmds, info, run, synth_cmd
+from . import bench, calibrate_cmd, convert_cmds, hub_cmds, info, perplexity_cmd, run, synth_cmd
 
 app = typer.Typer(
     name="powerinfer",
@@ -27,6 +27,8 @@ app.command("download", epilog=hub_cmds.DOWNLOAD_EPILOG)(hub_cmds.download)
 app.command("models")(hub_cmds.models)
 app.command("convert", epilog=convert_cmds.CONVERT_EPILOG)(convert_cmds.convert)
 app.command("quantize", epilog=convert_cmds.QUANTIZE_EPILOG)(convert_cmds.quantize)
+app.command("calibrate", epilog=calibrate_cmd.EPILOG)(calibrate_cmd.calibrate)
+app.command("perplexity", epilog=perplexity_cmd.EPILOG)(perplexity_cmd.perplexity)
 app.command("synth", hidden=True, epilog=synth_cmd.EPILOG)(synth_cmd.synth)
 
 
