@@ -225,3 +225,15 @@ def test_cli_calibrate_and_perplexity(synthetic_model, tmp_path):
     res = runner.invoke(app, ["perplexity", "-m", str(synthetic_model("qwen2", "f32")), "--text", str(text),
                               "--sparse", "threshold"])
     assert res.exit_code == 1 and "powerinfer calibrate" in res.stderr
+
+
+@pytest.mark.parametrize("cmd", ["calibrate", "perplexity"])
+def test_help_has_examples(cmd):
+    res = CliRunner().invoke(app, [cmd, "--help"])
+    assert res.exit_code == 0 and "Examples" in res.stdout and f"powerinfer {cmd} " in res.stdout
+
+
+def test_calibrate_without_text_samples_the_model(synthetic_model, tmp_path):
+    res = calibrate(synthetic_model("qwen2", "f32"), tmp_path / "s.gguf", 0.3, n_tokens=50, ctx=32, threads=1)
+    assert res.text_source == "sampled from the model" and res.n_tokens == 50
+    assert all(abs(s - 0.3) < 0.02 for s in res.skipped)
