@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .run import BACKEND_HELP, BUDGET_HELP, SPARSE_HELP
+from .options import BACKEND_HELP, BUDGET_HELP, SPARSE_HELP, SPARSE_METAVAR, SPARSITY_HELP
 from .shell import EXIT_INTERRUPTED, fail, model_path, stderr, user_errors
 
 EPILOG = """\
@@ -63,9 +63,10 @@ def chat(
     threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1, help="CPU threads (default: all cores)."),
     ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", min=16,
                                            help="Context window in tokens (default: the runtime's)."),
-    sparse: Optional[str] = typer.Option(None, "--sparse", metavar="[predictor|exact|off]", help=SPARSE_HELP),
+    sparse: Optional[str] = typer.Option(None, "--sparse", metavar=SPARSE_METAVAR, help=SPARSE_HELP),
     sparse_threshold: Optional[float] = typer.Option(None, "--sparse-threshold",
                                                      help="Predictor threshold (as for run)."),
+    sparsity: Optional[float] = typer.Option(None, "--sparsity", help=SPARSITY_HELP),
     backend: str = typer.Option("auto", "--backend", metavar="[auto|cpu|cuda|cpu-emulated]", help=BACKEND_HELP),
     vram_budget: Optional[float] = typer.Option(None, "--vram-budget", min=0.0, help=BUDGET_HELP),
     single: bool = typer.Option(False, "--single", help="Piped input: the whole input is one message."),
@@ -78,7 +79,7 @@ def chat(
     with user_errors(verbose):
         try:
             session = _open(model, system, template, n_predict, threads, ctx_size,
-                            dict(sparse=sparse, sparse_threshold=sparse_threshold, backend=backend,
+                            dict(sparse=sparse, sparse_threshold=sparse_threshold, sparsity=sparsity, backend=backend,
                                  vram_budget=vram_budget),
                             SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                                            repeat_penalty=repeat_penalty, seed=seed))

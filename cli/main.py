@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import bench, chat, convert_cmds, hub_cmds, info, place_cmd, run, synth_cmd
+from . import bench, chat, convert_cmds, hub_cmds, calibrate_cmd, info, perplexity_cmd, place_cmd, run, synth_cmd
 from . import predictor_cmd, profile_cmd  # issue 7: activation profiles and predictor training
 
 app = typer.Typer(
@@ -30,6 +30,8 @@ app.command("models")(hub_cmds.models)
 app.command("convert", epilog=convert_cmds.CONVERT_EPILOG)(convert_cmds.convert)
 app.command("quantize", epilog=convert_cmds.QUANTIZE_EPILOG)(convert_cmds.quantize)
 app.command("place", epilog=place_cmd.EPILOG)(place_cmd.place)
+app.command("calibrate", epilog=calibrate_cmd.EPILOG)(calibrate_cmd.calibrate)
+app.command("perplexity", epilog=perplexity_cmd.EPILOG)(perplexity_cmd.perplexity)
 app.command("synth", hidden=True, epilog=synth_cmd.EPILOG)(synth_cmd.synth)
 app.command("profile", epilog=profile_cmd.EPILOG)(profile_cmd.profile)
 app.command("train-predictor", epilog=predictor_cmd.EPILOG)(predictor_cmd.train_predictor)

@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from .options import BACKEND_HELP, BUDGET_HELP, SPARSE_HELP, SPARSE_METAVAR, SPARSITY_HELP
 from .shell import EXIT_INTERRUPTED, model_path, stderr, user_errors
 
 EPILOG = """\
@@ -20,13 +21,8 @@ EPILOG = """\
   powerinfer run -m model.gguf "2 + 2 =" -n 8 --json
   powerinfer run -m model.powerinfer.gguf "Once upon a time" --sparse exact -v
   powerinfer run -m model.powerinfer.gguf "Once upon a time" --sparse-threshold 0.2
+  powerinfer run -m calibrated.gguf "Once upon a time" --sparse threshold --sparsity 0.4 -v
 """
-
-BACKEND_HELP = ('"auto": hot FFN neurons of a PWRI model on the GPU when one is usable, else the CPU; "cpu"; '
-                '"cuda"; "cpu-emulated": the hybrid executor on the CPU kernels (testing).')
-BUDGET_HELP = "GiB of GPU memory for the hybrid backend (default: 90% of the free memory)."
-SPARSE_HELP = ('FFN mode: "predictor" (default for PowerInfer/PWRI files: only predicted-active neurons), '
-               '"exact" (ReLU models: only non-zero neurons, bit-for-bit dense) or "off" (dense; default for GGUF).')
 
 
 def run(
@@ -45,7 +41,8 @@ def run(
     threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1, help="CPU threads (default: all cores)."),
     ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", min=1,
                                            help="Context window in tokens (default: the runtime's)."),
-    sparse: Optional[str] = typer.Option(None, "--sparse", metavar="[predictor|exact|off]", help=SPARSE_HELP),
+    sparse: Optional[str] = typer.Option(None, "--sparse", metavar=SPARSE_METAVAR, help=SPARSE_HELP),
+    sparsity: Optional[float] = typer.Option(None, "--sparsity", help=SPARSITY_HELP),
     sparse_threshold: Optional[float] = typer.Option(
         None, "--sparse-threshold", help="Predictor threshold: a neuron is active when its predictor logit is >= "
         "this (default: the file's powerinfer.sparse_threshold, or $LLAMA_SPARSE_PRED_THRESHOLD)."),
@@ -59,7 +56,8 @@ def run(
     with user_errors(verbose):
         try:
             code = _run(prompt, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, threads,
-                        ctx_size, as_json, verbose, sparse, sparse_threshold, backend, vram_budget)
+                        ctx_size, as_json, verbose, sparse, sparse_threshold, sparsity, backend,
+                        vram_budget)
         except KeyboardInterrupt:  # Ctrl-C while loading: nothing generated yet
             code = EXIT_INTERRUPTED
     if code == EXIT_INTERRUPTED:
@@ -68,7 +66,7 @@ def run(
 
 
 def _run(prompt, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, threads, ctx_size,
-         as_json, verbose, sparse=None, sparse_threshold=None, backend="cpu", vram_budget=None) -> int:
+         as_json, verbose, sparse=None, sparse_threshold=None, sparsity=None, backend="cpu", vram_budget=None) -> int:
     """Load, generate, print. Returns 0, or EXIT_INTERRUPTED when Ctrl-C stopped the generation."""
     from powerinfer_py import load
 
@@ -76,7 +74,7 @@ def _run(prompt, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, se
     path = model_path(model)
     t0 = time.perf_counter()
     llm = load(path, threads=threads, n_ctx=ctx_size, sparse=sparse, sparse_threshold=sparse_threshold,
-               backend=backend, vram_budget=vram_budget)
+               sparsity=sparsity, backend=backend, vram_budget=vram_budget)
     load_s = time.perf_counter() - t0
     if verbose:
         _print_load(llm, path, load_s)
@@ -138,6 +136,8 @@ def _json_result(text: str, tokens: list[int], stats, reason: str, load_s: float
 def _sparsity_json(llm) -> dict:
     """Sparse mode, threshold and (ReLU-family models) the per-layer fraction of active neurons per token."""
     out = {"mode": llm.sparse.mode, "threshold": llm.sparse.threshold}
+    if llm.sparse.mode == "threshold":
+        out["sparsity"] = llm.sparse.sparsity
     st = llm.sparsity_stats
     if st is not None and st.tokens.any():
         out["active_fraction"] = st.mean_fraction
@@ -150,10 +150,12 @@ def _print_sparsity(llm) -> None:
     mode = f"sparse mode: {llm.sparse.mode}"
     if llm.sparse.mode == "predictor":
         mode += f", threshold {llm.sparse.threshold:g}"
+    if llm.sparse.mode == "threshold":
+        mode += f", target sparsity {llm.sparse.sparsity:g}"
     if st is None or not st.tokens.any():
         stderr.print(mode + " (no ReLU-family FFN: nothing to count)" if st is None else mode, style="dim")
         return
-    what = "predicted active" if st.mode == "predictor" else "non-zero"
+    what = {"predictor": "predicted active", "threshold": "computed (above the cut-off)"}.get(st.mode, "non-zero")
     stderr.print(f"{mode}; {what} neurons per token: {100 * st.mean_fraction:.1f}% of {st.n_ff}", style="dim")
     per_layer = " ".join(f"{il}:{100 * f:.1f}" for il, f in enumerate(st.fractions))
     stderr.print(f"active % per layer: {per_layer}", style="dim")

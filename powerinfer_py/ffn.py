@@ -22,6 +22,9 @@ Modes (FORMATS.md section 2), chosen per model by resolve_sparse():
              On a dense GGUF file the down projection stays the dense ffn_down matmul (inactive h = 0): a
              transposed copy would need re-quantization (Q4_0/Q8_0 blocks run along n_ff) and a different
              summation order, so it could not be exact; exact mode there saves the up rows only.
+  threshold  SwiGLU/GeGLU models (threshold.py): the gate is dense, then up and the down projection only for
+             neurons whose |act(gate·x)| reaches the layer's calibrated cut-off (file metadata written by
+             `powerinfer calibrate`); sparsity 0 is the dense FFN itself.
   predictor  PowerInfer: p = the predictor input (pre-ffn_norm residual; falcon: the layer input),
              logits = fc2 · relu(fc1 · p) in f32, neuron i active iff logits[i] >= threshold, h computed for
              active neurons only (inactive neurons are exactly 0), then the down projection over them.
@@ -53,7 +56,7 @@ from .config import ModelConfig
 from .errors import PowerInferError, UnsupportedError
 from .tensor import Tensor
 
-MODES = ("predictor", "exact", "off")
+MODES = ("predictor", "exact", "threshold", "off")
 THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"
 DENSE_FALLBACK = 0.5  # batches whose union of active neurons exceeds this fraction use the dense gate/up
 RELU_FAMILY = ("reglu", "fatreglu", "dreglu", "relu")
@@ -79,15 +82,18 @@ def ffn_variant(config: ModelConfig) -> str:
 class SparseSettings:
     mode: str  # one of MODES
     threshold: float  # predictor logits >= threshold are active (used in predictor mode only)
+    sparsity: float | None = None  # threshold mode: the target fraction of neurons skipped
+    thresholds: tuple[float, ...] = ()  # threshold mode: per-layer cut-offs on |act(gate)|
+    down: str = "auto"  # threshold mode: down projection of dense files (threshold.DOWN_CHOICES)
 
 
 def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: float | None = None,
-                   environ: Mapping[str, str] | None = None) -> SparseSettings:
+                   environ: Mapping[str, str] | None = None, sparsity: float | None = None) -> SparseSettings:
     """The sparse mode and threshold a model runs with.
 
     mode None: "predictor" for PWRI files, "off" otherwise. threshold: the explicit value, else
     $LLAMA_SPARSE_PRED_THRESHOLD from `environ` (the runtime passes os.environ; None reads no environment),
-    else the file's powerinfer.sparse_threshold."""
+    else the file's powerinfer.sparse_threshold. sparsity: threshold mode only (None: the file's calibration)."""
     if mode is None:
         mode = "predictor" if config.is_sparse else "off"
     if mode not in MODES:
@@ -96,6 +102,17 @@ def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: floa
     if mode == "predictor" and not config.is_sparse:
         raise UnsupportedError("sparse mode 'predictor' needs a PowerInfer (PWRI) file with predictors; this "
                                "is a dense GGUF file: use 'exact' (ReLU models) or 'off'")
+    if sparsity is not None and mode != "threshold":
+        raise PowerInferError("a target sparsity applies to sparse mode 'threshold' only")
+    if mode == "threshold":
+        from .threshold import THRESHOLD_VARIANTS, layer_thresholds
+
+        if variant not in THRESHOLD_VARIANTS:
+            raise UnsupportedError(f"sparse mode 'threshold' is for SwiGLU/GeGLU FFNs; this {config.arch} model's "
+                                   f"FFN is {variant}: use 'exact' (ReLU models) or 'predictor'")
+        cuts = layer_thresholds(config, sparsity)
+        target = sparsity if sparsity is not None else config.calibrated_sparsity or 0.0
+        return SparseSettings(mode, 0.0, float(target), cuts)
     if mode != "off" and variant not in RELU_FAMILY:
         raise UnsupportedError(f"sparse mode {mode!r} needs a ReLU-family FFN; this {config.arch} model's FFN "
                                f"is {variant}: use 'off'")
@@ -113,9 +130,10 @@ def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: floa
     return SparseSettings(mode, threshold)
 
 
-def runtime_sparse(config: ModelConfig, mode: str | None, threshold: float | None) -> SparseSettings:
+def runtime_sparse(config: ModelConfig, mode: str | None, threshold: float | None,
+                   sparsity: float | None = None) -> SparseSettings:
     """resolve_sparse with this process's environment (what LLM/load use)."""
-    return resolve_sparse(config, mode, threshold, os.environ)
+    return resolve_sparse(config, mode, threshold, os.environ, sparsity)
 
 
 class SparsityStats:
@@ -155,6 +173,11 @@ class SparsityStats:
         total = float(self.tokens.sum()) * self.n_ff
         return float(self.active.sum()) / total if total else float("nan")
 
+    @property
+    def skipped_fraction(self) -> float:
+        """Mean fraction of the neurons not computed per token (threshold mode: below the cut-off)."""
+        return 1.0 - self.mean_fraction
+
 
 @dataclass
 class FFNWeights:
@@ -187,6 +210,12 @@ class FFN:
         if self.mode == "predictor" and (w.fc1 is None or w.fc2 is None):
             raise ValueError(f"layer {layer}: predictor mode without fc1/fc2")
         self.all_rows = np.arange(self.n_ff, dtype=np.int32)
+        self.threshold_path = None
+        if self.mode == "threshold":
+            from .threshold import ThresholdPath
+
+            self.threshold_path = ThresholdPath(self, settings.thresholds[layer], settings.sparsity or 0.0,
+                                                settings.down)
         self.observer = None  # callable(layer, x, p, act): see the module docstring
         self.split = None  # hybrid.HybridSplit: predictor mode computes hot neurons on a device (hybrid/)
 
@@ -197,6 +226,8 @@ class FFN:
             return self._predictor(x, p)
         if self.mode == "exact":
             return self._exact(x)
+        if self.threshold_path is not None:
+            return self.threshold_path(x)
         return self._dense(x)
 
     # ---- activations (numpy, in place on fresh arrays) ---------------------------------------------------

@@ -8,6 +8,8 @@
 
 PowerInfer (PWRI) files run in sparse mode "predictor" by default; load(..., sparse="exact" | "off") picks
 another mode and sparse_threshold (or $LLAMA_SPARSE_PRED_THRESHOLD) overrides the file's threshold (ffn.py).
+SwiGLU/GeGLU models calibrated by `powerinfer calibrate` run with sparse="threshold" (and optionally
+sparsity=S, default the calibrated one; threshold.py).
 
 Each generate() call starts from an empty context (the cache is reset), prefills the prompt and streams.
 There is one cache, so starting a generation ends the one before it (its iterator simply stops).
@@ -39,7 +41,8 @@ class LLM:
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None, n_ctx: int | None = None, *,
                  backend: str = "cpu", cache_dir: str | os.PathLike | None = None, sparse: str | None = None,
-                 sparse_threshold: float | None = None, vram_budget: float | None = None,
+                 sparse_threshold: float | None = None, sparsity: float | None = None,
+                 vram_budget: float | None = None,
                  placement: str | os.PathLike | None = None):
         from . import models
         from .ffn import runtime_sparse
@@ -56,7 +59,7 @@ class LLM:
             if n_ctx is not None and n_ctx < 1:
                 raise ValueError(f"n_ctx must be at least 1, got {n_ctx}")
             self.n_ctx = int(n_ctx) if n_ctx else min(self.config.n_ctx_train, DEFAULT_MAX_CTX)
-            self.sparse = runtime_sparse(self.config, sparse, sparse_threshold)  # mode + threshold
+            self.sparse = runtime_sparse(self.config, sparse, sparse_threshold, sparsity)  # mode + threshold
             self.kernels = _make_kernels(backend, threads)
             self.model = models.build_model(self.config, weights.tensors, self.kernels, self.sparse)
             self.backend = None
@@ -168,7 +171,8 @@ class LLM:
 
 def load(path: str | os.PathLike, threads: int | None = None, n_ctx: int | None = None, *,
          backend: str = "cpu", cache_dir: str | os.PathLike | None = None, sparse: str | None = None,
-         sparse_threshold: float | None = None, vram_budget: float | None = None,
+         sparse_threshold: float | None = None, sparsity: float | None = None,
+         vram_budget: float | None = None,
          placement: str | os.PathLike | None = None) -> LLM:
     """Open a GGUF or PWRI model file and get it ready to generate.
 
@@ -182,6 +186,8 @@ def load(path: str | os.PathLike, threads: int | None = None, n_ctx: int | None 
     sparse: "predictor" (default for PowerInfer PWRI files), "exact" (ReLU-family models: bit-for-bit dense,
     computing only non-zero neurons) or "off" (dense; the default for GGUF files). sparse_threshold: the
     predictor threshold, overriding $LLAMA_SPARSE_PRED_THRESHOLD and the file's powerinfer.sparse_threshold.
+    sparse="threshold" (SwiGLU/GeGLU models with `powerinfer calibrate` metadata) skips the neurons whose
+    |act(gate)| is below the per-layer cut-off; sparsity: the fraction to skip (default: the calibrated one).
     """
     return LLM(path, threads=threads, n_ctx=n_ctx, backend=backend, cache_dir=cache_dir, sparse=sparse,
-               sparse_threshold=sparse_threshold, vram_budget=vram_budget, placement=placement)
+               sparse_threshold=sparse_threshold, sparsity=sparsity, vram_budget=vram_budget, placement=placement)
