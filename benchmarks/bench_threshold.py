@@ -103,15 +103,20 @@ def decode_table(path: Path, a) -> None:
             variants[f"threshold/{down}"] = SparseSettings("threshold", 0.0, a.sparsity, cuts, down)
         models = {k: build_model(llm.config, weights.tensors, llm.kernels, v) for k, v in variants.items()}
         speeds: dict[str, list[float]] = {k: [] for k in models}
+        for m in models.values():
+            if m.sparsity is not None:
+                m.sparsity.reset()
         for rep in range(a.reps):
             order = list(models) if rep % 2 == 0 else list(reversed(models))
             for k in order:
                 speeds[k].append(decode_tok_s(llm, models[k], a.n_gen))
+        skipped = {k: m.sparsity.skipped_fraction if m.sparsity is not None else 0.0 for k, m in models.items()}
     print(f"\ndecode tok/s, {a.n_gen} tokens, {a.threads} threads, median of {a.reps} (alternating, one process)")
     base = statistics.median(speeds["off"])
     for k, v in speeds.items():
         med = statistics.median(v)
-        print(f"{k:<24}{med:8.2f} tok/s {med / base:6.3f}x   runs: {' '.join(f'{x:.2f}' for x in v)}")
+        print(f"{k:<24}{med:8.2f} tok/s {med / base:6.3f}x  skipped {100 * skipped[k]:4.1f}%   "
+              f"runs: {' '.join(f'{x:.2f}' for x in v)}")
 
 
 if __name__ == "__main__":

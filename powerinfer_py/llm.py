@@ -88,7 +88,8 @@ class LLM:
     @property
     def sparsity_stats(self):
         """ffn.SparsityStats of the last generation (per-layer .fractions of active neurons per token, prompt
-        and generated tokens together), or None for models whose FFN is not ReLU-family."""
+        and generated tokens together), or None for models whose FFN is not ReLU-family (unless they run in
+        threshold mode, where .skipped_fraction is the share of neurons below the cut-offs)."""
         return self.model.sparsity
 
     @property

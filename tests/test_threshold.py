@@ -237,3 +237,17 @@ def test_calibrate_without_text_samples_the_model(synthetic_model, tmp_path):
     res = calibrate(synthetic_model("qwen2", "f32"), tmp_path / "s.gguf", 0.3, n_tokens=50, ctx=32, threads=1)
     assert res.text_source == "sampled from the model" and res.n_tokens == 50
     assert all(abs(s - 0.3) < 0.02 for s in res.skipped)
+
+
+def test_auto_down_choice_by_bytes():
+    from powerinfer_py.tensor import GGMLType, Tensor
+    from powerinfer_py.threshold import transposed_type, use_transposed
+
+    def t(ty, nbytes):
+        return Tensor("blk.0.ffn_down.weight", ty, (64, 256), np.zeros(nbytes, dtype=np.uint8))
+
+    q8, q4, f16 = t(GGMLType.Q8_0, 64 * 8 * 34), t(GGMLType.Q4_0, 64 * 8 * 18), t(GGMLType.F16, 64 * 256 * 2)
+    assert transposed_type(q4) == GGMLType.Q8_0 and transposed_type(f16) == GGMLType.F16
+    assert use_transposed(q8, 0.5) and not use_transposed(q4, 0.5)  # a Q8_0 copy of Q4_0 reads ~as much
+    assert use_transposed(f16, 0.3) and not use_transposed(f16, 0.2)
+    assert not use_transposed(q8, 0.9, "dense") and use_transposed(q4, 0.0, "transposed")
