@@ -45,6 +45,8 @@ _Static_assert(sizeof(block_q5_K) == 176, "Q5_K block is 176 bytes");
 _Static_assert(sizeof(block_q6_K) == 210, "Q6_K block is 210 bytes");
 _Static_assert(sizeof(block_q8_K) == 292, "Q8_K block is 292 bytes");
 
+uint16_t pi_f32_to_f16(float f); /* round to nearest even (quant.c) */
+
 static inline float pi_h2f(uint16_t h) {
 #if defined(__F16C__)
     return _cvtsh_ss(h);

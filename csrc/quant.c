@@ -187,6 +187,8 @@ static void f32_to_f16_row(const float *x, uint16_t *y, int64_t n) {
     for (; i < n; i++) y[i] = f32_to_f16(x[i]);
 }
 
+uint16_t pi_f32_to_f16(float f) { return f32_to_f16(f); }
+
 void pi_store_kv(const float *x, int64_t n_tok, int64_t n_head_kv, int64_t head_dim, uint16_t *cache,
                  int64_t n_ctx, int64_t p0) {
     for (int64_t h = 0; h < n_head_kv; h++)

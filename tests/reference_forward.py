@@ -86,7 +86,14 @@ def silu(x):
 
 
 def gelu_tanh(x):
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    """The tanh GELU as llama.cpp evaluates it: on f16-rounded input, result rounded to f16, 0 at and below
+    -10, x from 10 on (written out here again, independently of powerinfer_py.kernels.ref)."""
+    x32 = np.asarray(x, dtype=np.float32)
+    h = x32.astype(np.float16).astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        g = 0.5 * h * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * h ** 3)))
+    g = g.astype(np.float16).astype(np.float64)
+    return np.where(x32 >= 10, x32.astype(np.float64), np.where(x32 <= -10, 0.0, g))
 
 
 class ReferenceModel:

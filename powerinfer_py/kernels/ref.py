@@ -393,8 +393,20 @@ def _gelu64(x64: np.ndarray) -> np.ndarray:
 
 
 def gelu(x) -> np.ndarray:
-    """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
-    return _gelu64(np.asarray(x, dtype=np.float64)).astype(np.float32)
+    """GELU, tanh approximation g(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as llama.cpp's CPU backend
+    evaluates it (the engine GGUF models are checked against): on f32 x, 0 for x <= -10, x for x >= 10, else
+    f16(g(f16(x))), g evaluated in f32 term by term as written above (as llama.cpp builds its f16 table), tanh
+    rounded correctly to f32."""
+    x = np.asarray(x, dtype=np.float32)
+    f = np.float32
+    with np.errstate(over="ignore", invalid="ignore"):
+        h = x.astype(np.float16).astype(np.float32)
+        arg = f(0.7978845608028654) * h * (f(1) + f(0.044715) * h * h)
+        tanh = np.tanh(arg.astype(np.float64)).astype(np.float32)  # a correctly rounded f32 tanh, as libm's tanhf
+        g = f(0.5) * h * (f(1) + tanh)
+        y = g.astype(np.float16).astype(np.float32)
+    y = np.where(x >= 10.0, x, y)
+    return np.where(x <= -10.0, np.float32(0), y).astype(np.float32)
 
 
 def swiglu(g, u) -> np.ndarray:
@@ -404,8 +416,8 @@ def swiglu(g, u) -> np.ndarray:
 
 
 def geglu(g, u) -> np.ndarray:
-    """gelu(g) * u."""
-    return (_gelu64(np.asarray(g, dtype=np.float64)) * np.asarray(u, dtype=np.float64)).astype(np.float32)
+    """gelu(g) * u in f32 (gelu as above)."""
+    return (gelu(g) * np.asarray(u, dtype=np.float32)).astype(np.float32)
 
 
 class RefKernels:
