@@ -156,6 +156,20 @@ def _sigmoid(v: np.ndarray) -> np.ndarray:
     return out
 
 
+def bce_grads(x: np.ndarray, y: np.ndarray, a: np.ndarray, b: np.ndarray, pos_weight) -> tuple:
+    """Gradients (d/da, d/db) of the class-weighted BCE, mean over the [B, F] elements, of the logits
+    relu(x @ a) @ b, with a = fc1^T [D, R], b = fc2^T [R, F], x [B, D], labels y bool [B, F]."""
+    z = x @ a  # [B, R]
+    h = np.maximum(z, 0)
+    s = _sigmoid(h @ b)  # [B, F]
+    g = np.where(y, pos_weight * (s - 1), s).astype(x.dtype)  # d loss / d logits, per element
+    g /= g.size
+    g_b = np.ascontiguousarray(h.T) @ g  # [R, F]
+    g_z = (g @ np.ascontiguousarray(b.T)) * (z > 0)  # [B, R]
+    g_a = np.ascontiguousarray(x.T) @ g_z  # [D, R]
+    return g_a, g_b
+
+
 def _numpy_fit(x, y, train, val, rank, pos_weight, cfg: FitConfig, progress):
     rng = np.random.default_rng(cfg.seed)
     d, f = x.shape[1], y.shape[1]
@@ -173,15 +187,7 @@ def _numpy_fit(x, y, train, val, rank, pos_weight, cfg: FitConfig, progress):
         for s0 in range(0, len(order), cfg.batch):
             idx = order[s0:s0 + cfg.batch]
             xb, yb = x[idx], y[idx]
-            a, b = params
-            z = xb @ a  # [B, R]
-            h = np.maximum(z, 0)
-            s = _sigmoid(h @ b)  # [B, F]
-            g = np.where(yb, pw * (s - 1), s).astype(np.float32)  # d loss / d logits, per element
-            g /= np.float32(g.size)
-            g_b = np.ascontiguousarray(h.T) @ g  # [R, F]
-            g_z = (g @ np.ascontiguousarray(b.T)) * (z > 0)  # [B, R]
-            g_a = np.ascontiguousarray(xb.T) @ g_z  # [D, R]
+            g_a, g_b = bce_grads(xb, yb, params[0], params[1], pw)
             step += 1
             lr_t = cfg.lr * np.sqrt(1 - b2 ** step) / (1 - b1 ** step)
             for w, gw, mw, vw in zip(params, (g_a, g_b), m, v):
