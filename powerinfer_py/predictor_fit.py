@@ -11,6 +11,7 @@ Training (fit_layer):
   - loss: class-weighted binary cross-entropy on the logits, positives weighted by pos_weight (default: the
     layer's negatives / positives ratio, times `balance`): missing an active neuron costs quality, computing
     an inactive one only time, so the balance leans towards recall;
+  - fc1 starts random (unit-variance hidden units), fc2 small and random;
   - Adam on minibatches of tokens, `epochs` passes over the training tokens;
   - a held-out slice of the tokens (val_fraction) is scored after every epoch, and the checkpoint kept is the
     one with the highest predicted sparsity among those that reach the recall target, or, if none does, the
@@ -172,8 +173,7 @@ def bce_grads(x: np.ndarray, y: np.ndarray, a: np.ndarray, b: np.ndarray, pos_we
 
 def _numpy_fit(x, y, train, val, rank, pos_weight, cfg: FitConfig, progress):
     rng = np.random.default_rng(cfg.seed)
-    d, f = x.shape[1], y.shape[1]
-    w1, w2 = _init(rng, rank, d, f)
+    w1, w2 = _init(rng, rank, x.shape[1], y.shape[1])
     # kept as a = fc1^T [D, R] and b = fc2^T [R, F], C-contiguous: every product below is then a plain
     # row-major GEMM (BLAS is far slower on some transposed small products, worst with busy cores)
     params = [np.ascontiguousarray(w1.T), np.ascontiguousarray(w2.T)]
@@ -211,8 +211,7 @@ def _torch_fit(x, y, train, val, rank, pos_weight, cfg: FitConfig, progress):
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     rng = np.random.default_rng(cfg.seed)
-    d, f = x.shape[1], y.shape[1]
-    w1_0, w2_0 = _init(rng, rank, d, f)
+    w1_0, w2_0 = _init(rng, rank, x.shape[1], y.shape[1])
     w1 = torch.tensor(w1_0, requires_grad=True)
     w2 = torch.tensor(w2_0, requires_grad=True)
     opt = torch.optim.Adam([w1, w2], lr=cfg.lr)
