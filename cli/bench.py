@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from .options import SPARSE_METAVAR, SPARSITY_HELP
 from .shell import model_path, stderr, user_errors
 
 EPILOG = """\
@@ -32,12 +33,17 @@ def bench(
                                           "(default: all cores)."),
     reps: int = typer.Option(3, "-r", "--reps", min=1, help="Repetitions per engine."),
     as_json: bool = typer.Option(False, "--json", help="Print the report (every run and the medians) as JSON."),
-    sparse: Optional[str] = typer.Option(None, "--sparse", metavar="[predictor|exact|off]",
+    sparse: Optional[str] = typer.Option(None, "--sparse", metavar=SPARSE_METAVAR,
                                          help="Our FFN mode (default: predictor for PWRI files, off for GGUF)."),
     sparse_threshold: Optional[float] = typer.Option(None, "--sparse-threshold",
                                                      help="Our predictor threshold (default: the file's)."),
+    sparsity: Optional[float] = typer.Option(None, "--sparsity", help=SPARSITY_HELP),
     llamacpp_model: Optional[str] = typer.Option(None, "--llamacpp-model", help="The file llama.cpp runs (default: "
                                                  "MODEL; for a PWRI model, its dense GGUF twin)."),
+    backend: str = typer.Option("auto", "--backend", metavar="[auto|cpu|cuda|cpu-emulated]",
+                                help="Our backend (see `powerinfer run --help`)."),
+    vram_budget: Optional[float] = typer.Option(None, "--vram-budget", min=0.0,
+                                                help="GiB of GPU memory for our hybrid backend."),
 ) -> None:
     """Prompt and decode speed of powerinfer and llama.cpp on the same file, with their ratio and our peak RSS."""
     from powerinfer_py.bench import run_bench
@@ -49,8 +55,9 @@ def bench(
 
     with user_errors():
         report = run_bench(model_path(model), n_gen=n_predict, n_prompt=n_prompt, threads=threads, reps=reps,
-                           on_run=progress, sparse=sparse, sparse_threshold=sparse_threshold,
-                           llamacpp_model=model_path(llamacpp_model) if llamacpp_model else None)
+                           on_run=progress, sparse=sparse, sparse_threshold=sparse_threshold, sparsity=sparsity,
+                           llamacpp_model=model_path(llamacpp_model) if llamacpp_model else None,
+                           backend=backend, vram_budget=vram_budget)
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
         return

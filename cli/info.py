@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -15,6 +16,7 @@ EPILOG = """\
   powerinfer info demo
   powerinfer info model.gguf
   powerinfer info model.gguf --json
+  powerinfer info model.powerinfer.gguf --verbose     (also runs it briefly: active neurons per layer)
 """
 
 _CONFIG_ROWS = (  # (label, ModelConfig field) shown in the table, in this order
@@ -27,12 +29,18 @@ _CONFIG_ROWS = (  # (label, ModelConfig field) shown in the table, in this order
 def info(
     model: str = typer.Argument(..., metavar="MODEL", help='GGUF or PWRI file, or "demo" (Gemma 3 270M).'),
     as_json: bool = typer.Option(False, "--json", help="Print the facts as one JSON object."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also load the model and run a short sample "
+                                 "text, to measure the fraction of FFN neurons active per layer."),
+    threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1, help="CPU threads for --verbose."),
 ) -> None:
     """Describe a model file: architecture, dimensions, tensor types, sparsity, and what loading converts."""
-    from powerinfer_py.info import model_info
+    from powerinfer_py.info import measure_activity, model_info
 
-    with user_errors():
-        facts = model_info(model_path(model))
+    with user_errors(verbose):
+        path = model_path(model)
+        facts = model_info(path)
+        if verbose and facts["runnable"]:
+            facts["activity"] = measure_activity(path, threads=threads)
     if as_json:
         print(json.dumps(facts, indent=2))
         return
@@ -68,4 +76,16 @@ def _table(f: dict) -> Table:
         t.add_row(f"  {type_name}", f"{tt['count']} tensors, {_size(tt['bytes'])}")
     conv = ", ".join(f"{c['count']} {c['from']} -> {c['to']}" for c in f["conversions"])
     t.add_row("converted at load", conv or "nothing (every tensor type runs as it is)")
+    t.add_row("CUDA backend", ("yes: " if f["cuda"]["available"] else "no: ") + f["cuda"]["reason"])
+    a = f.get("activity")
+    if a is not None:
+        if "note" in a:
+            t.add_row("active neurons", f"all ({a['note']}; {a['tokens']} tokens run)")
+        else:
+            what = "predicted active" if a["mode"] == "predictor" else "non-zero"
+            t.add_row("active neurons", f"{100 * a['active_fraction']:.1f}% {what} per token, mode {a['mode']} "
+                      f"({a['tokens']} tokens of sample text)")
+            t.add_row("  per layer %", " ".join(f"{il}:{100 * x:.1f}" for il, x in enumerate(a["layers"])))
+            if a["mode"] == "predictor":
+                t.add_row("  non-zero %", f"{100 * a['nonzero_fraction']:.1f}% of neurons had a non-zero output")
     return t

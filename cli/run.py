@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from .options import BACKEND_HELP, BUDGET_HELP, SPARSE_HELP, SPARSE_METAVAR, SPARSITY_HELP
 from .shell import EXIT_INTERRUPTED, model_path, stderr, user_errors
 
 EPILOG = """\
@@ -20,10 +21,8 @@ EPILOG = """\
   powerinfer run -m model.gguf "2 + 2 =" -n 8 --json
   powerinfer run -m model.powerinfer.gguf "Once upon a time" --sparse exact -v
   powerinfer run -m model.powerinfer.gguf "Once upon a time" --sparse-threshold 0.2
+  powerinfer run -m calibrated.gguf "Once upon a time" --sparse threshold --sparsity 0.4 -v
 """
-
-SPARSE_HELP = ('FFN mode: "predictor" (default for PowerInfer/PWRI files: only predicted-active neurons), '
-               '"exact" (ReLU models: only non-zero neurons, bit-for-bit dense) or "off" (dense; default for GGUF).')
 
 
 def run(
@@ -42,11 +41,14 @@ def run(
     threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1, help="CPU threads (default: all cores)."),
     ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", min=1,
                                            help="Context window in tokens (default: the runtime's)."),
-    sparse: Optional[str] = typer.Option(None, "--sparse", metavar="[predictor|exact|off]", help=SPARSE_HELP),
+    sparse: Optional[str] = typer.Option(None, "--sparse", metavar=SPARSE_METAVAR, help=SPARSE_HELP),
+    sparsity: Optional[float] = typer.Option(None, "--sparsity", help=SPARSITY_HELP),
     sparse_threshold: Optional[float] = typer.Option(
         None, "--sparse-threshold", help="Predictor threshold: a neuron is active when its predictor logit is >= "
         "this (default: the file's powerinfer.sparse_threshold, or $LLAMA_SPARSE_PRED_THRESHOLD)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
+    backend: str = typer.Option("auto", "--backend", metavar="[auto|cpu|cuda|cpu-emulated]", help=BACKEND_HELP),
+    vram_budget: Optional[float] = typer.Option(None, "--vram-budget", min=0.0, help=BUDGET_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v",
                                  help="Show loading details, per-layer active neurons and tracebacks."),
 ) -> None:
@@ -54,7 +56,8 @@ def run(
     with user_errors(verbose):
         try:
             code = _run(prompt, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, threads,
-                        ctx_size, as_json, verbose, sparse, sparse_threshold)
+                        ctx_size, as_json, verbose, sparse, sparse_threshold, sparsity, backend,
+                        vram_budget)
         except KeyboardInterrupt:  # Ctrl-C while loading: nothing generated yet
             code = EXIT_INTERRUPTED
     if code == EXIT_INTERRUPTED:
@@ -63,17 +66,20 @@ def run(
 
 
 def _run(prompt, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, threads, ctx_size,
-         as_json, verbose, sparse=None, sparse_threshold=None) -> int:
+         as_json, verbose, sparse=None, sparse_threshold=None, sparsity=None, backend="cpu", vram_budget=None) -> int:
     """Load, generate, print. Returns 0, or EXIT_INTERRUPTED when Ctrl-C stopped the generation."""
     from powerinfer_py import load
 
     text = sys.stdin.read() if prompt == "-" else prompt
     path = model_path(model)
     t0 = time.perf_counter()
-    llm = load(path, threads=threads, n_ctx=ctx_size, sparse=sparse, sparse_threshold=sparse_threshold)
+    llm = load(path, threads=threads, n_ctx=ctx_size, sparse=sparse, sparse_threshold=sparse_threshold,
+               sparsity=sparsity, backend=backend, vram_budget=vram_budget)
     load_s = time.perf_counter() - t0
     if verbose:
         _print_load(llm, path, load_s)
+    if llm.backend is not None and (verbose or llm.backend.warn):
+        stderr.print(llm.backend.lines()[0], style="dim" if not llm.backend.warn else "yellow")
     gen = llm.generate_tokens(text, max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p,
                               min_p=min_p, repeat_penalty=repeat_penalty, seed=seed)
     decoder = llm.tokenizer.stream()  # holds back bytes of a UTF-8 character split over tokens
@@ -101,6 +107,8 @@ def _run(prompt, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, se
         _print_timings(stats, reason)
         if verbose:
             _print_sparsity(llm)
+            for line in (llm.backend.lines()[1:] if llm.backend is not None else []):
+                stderr.print(line, style="dim")
     if reason == "context":
         stderr.print(f"context full: the context window of {llm.n_ctx} tokens is used up (prompt "
                      f"{stats.n_prompt} + generated {stats.n_gen}); a larger -c/--ctx-size leaves more room")
@@ -128,6 +136,8 @@ def _json_result(text: str, tokens: list[int], stats, reason: str, load_s: float
 def _sparsity_json(llm) -> dict:
     """Sparse mode, threshold and (ReLU-family models) the per-layer fraction of active neurons per token."""
     out = {"mode": llm.sparse.mode, "threshold": llm.sparse.threshold}
+    if llm.sparse.mode == "threshold":
+        out["sparsity"] = llm.sparse.sparsity
     st = llm.sparsity_stats
     if st is not None and st.tokens.any():
         out["active_fraction"] = st.mean_fraction
@@ -140,10 +150,12 @@ def _print_sparsity(llm) -> None:
     mode = f"sparse mode: {llm.sparse.mode}"
     if llm.sparse.mode == "predictor":
         mode += f", threshold {llm.sparse.threshold:g}"
+    if llm.sparse.mode == "threshold":
+        mode += f", target sparsity {llm.sparse.sparsity:g}"
     if st is None or not st.tokens.any():
         stderr.print(mode + " (no ReLU-family FFN: nothing to count)" if st is None else mode, style="dim")
         return
-    what = "predicted active" if st.mode == "predictor" else "non-zero"
+    what = {"predictor": "predicted active", "threshold": "computed (above the cut-off)"}.get(st.mode, "non-zero")
     stderr.print(f"{mode}; {what} neurons per token: {100 * st.mean_fraction:.1f}% of {st.n_ff}", style="dim")
     per_layer = " ".join(f"{il}:{100 * f:.1f}" for il, f in enumerate(st.fractions))
     stderr.print(f"active % per layer: {per_layer}", style="dim")

@@ -49,6 +49,10 @@ int64_t pi_row_size(int type, int64_t n_cols);   /* bytes of one row of n_cols e
 int64_t pi_quantize(int type, const float *src, void *dst, int64_t n_rows, int64_t n_cols);
 /* src rows of `type` -> dst f32 [n_rows, n_cols] */
 void pi_dequantize(int type, const void *src, float *dst, int64_t n_rows, int64_t n_cols);
+/* KV-cache store: x f32 [n_tok, n_head_kv, head_dim] -> cache f16 [n_head_kv, n_ctx, head_dim] at positions
+ * p0 .. p0 + n_tok - 1 (round to nearest even, as numpy's astype(float16)). The caller checks the bounds. */
+void pi_store_kv(const float *x, int64_t n_tok, int64_t n_head_kv, int64_t head_dim, uint16_t *cache,
+                 int64_t n_ctx, int64_t p0);
 /* Embedding lookup: out[i, :] = dequantized row ids[i] of w (n_cols per row). */
 void pi_get_rows(int type, const void *w, int64_t n_cols, const int32_t *ids, int64_t n_ids, float *out);
 

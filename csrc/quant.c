@@ -187,6 +187,13 @@ static void f32_to_f16_row(const float *x, uint16_t *y, int64_t n) {
     for (; i < n; i++) y[i] = f32_to_f16(x[i]);
 }
 
+void pi_store_kv(const float *x, int64_t n_tok, int64_t n_head_kv, int64_t head_dim, uint16_t *cache,
+                 int64_t n_ctx, int64_t p0) {
+    for (int64_t h = 0; h < n_head_kv; h++)
+        for (int64_t t = 0; t < n_tok; t++)
+            f32_to_f16_row(x + (t * n_head_kv + h) * head_dim, cache + (h * n_ctx + p0 + t) * head_dim, head_dim);
+}
+
 static void f16_to_f32_row(const uint16_t *x, float *y, int64_t n) {
     int64_t i = 0;
 #if defined(__F16C__)

@@ -100,11 +100,14 @@ def _peak_rss_bytes() -> int:
 # ---- child: our engine -------------------------------------------------------------------------------------
 
 def _child_ours(model: Path, n_prompt: int, n_gen: int, threads: int, sparse: str | None = None,
-                sparse_threshold: float | None = None) -> EngineRun:
+                sparse_threshold: float | None = None, sparsity: float | None = None,
+                backend: str = "cpu",
+                vram_budget: float | None = None) -> EngineRun:
     from . import load
 
     t0 = time.perf_counter()
-    llm = load(model, threads=threads, n_ctx=n_prompt + n_gen, sparse=sparse, sparse_threshold=sparse_threshold)
+    llm = load(model, threads=threads, n_ctx=n_prompt + n_gen, sparse=sparse, sparse_threshold=sparse_threshold,
+               backend=backend, vram_budget=vram_budget)
     load_s = time.perf_counter() - t0
     net, tok = llm.model, llm.tokenizer
     ids = _fit_tokens(tok.encode(BENCH_TEXT, add_bos=False), n_prompt, tok.bos_id)
@@ -302,7 +305,8 @@ class BenchReport:
 
 
 def run_child(engine: str, model: Path, n_prompt: int, n_gen: int, threads: int, sparse: str | None = None,
-              sparse_threshold: float | None = None) -> EngineRun:
+              sparse_threshold: float | None = None, backend: str = "cpu",
+              vram_budget: float | None = None) -> EngineRun:
     """Run one measurement in a fresh interpreter and parse its JSON line."""
     cmd = [sys.executable, "-m", "powerinfer_py.bench", "--engine", engine, "--model", str(model),
            "-p", str(n_prompt), "-n", str(n_gen), "-t", str(threads)]
@@ -310,6 +314,10 @@ def run_child(engine: str, model: Path, n_prompt: int, n_gen: int, threads: int,
         cmd += ["--sparse", sparse]
     if engine == "ours" and sparse_threshold is not None:
         cmd += ["--sparse-threshold", repr(float(sparse_threshold))]
+    if engine == "ours" and sparsity is not None:
+        cmd += ["--sparsity", repr(float(sparsity))]
+    if engine == "ours":
+        cmd += ["--backend", backend] + (["--vram-budget", repr(float(vram_budget))] if vram_budget is not None else [])
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -325,7 +333,9 @@ def run_bench(model: str | os.PathLike, n_gen: int = 128, n_prompt: int = 128, t
               reps: int = 3, engines: tuple[str, ...] = ENGINES,
               on_run: Callable[[EngineRun], None] | None = None, sparse: str | None = None,
               sparse_threshold: float | None = None,
-              llamacpp_model: str | os.PathLike | None = None) -> BenchReport:
+              llamacpp_model: str | os.PathLike | None = None, sparsity: float | None = None,
+              backend: str = "cpu",
+              vram_budget: float | None = None) -> BenchReport:
     """Alternate the engines `reps` times (order swapped every rep), each run in its own process.
     sparse / sparse_threshold go to our engine; llama.cpp runs llamacpp_model (default: the same file)."""
     path = Path(model)
@@ -349,7 +359,7 @@ def run_bench(model: str | os.PathLike, n_gen: int = 128, n_prompt: int = 128, t
         order = engines if rep % 2 == 0 else tuple(reversed(engines))
         for engine in order:
             run = run_child(engine, path if engine == "ours" else ref_path, n_prompt, n_gen, threads, sparse,
-                            sparse_threshold)
+                            sparse_threshold, sparsity, backend, vram_budget)
             report.runs.append(run)
             if on_run is not None:
                 on_run(run)
@@ -372,9 +382,13 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--sparse", choices=SPARSE_MODES, default=None)
     ap.add_argument("--sparse-threshold", type=float, default=None)
+    ap.add_argument("--sparsity", type=float, default=None)
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--vram-budget", type=float, default=None)
     a = ap.parse_args(argv)
     if a.engine == "ours":
-        run = _child_ours(a.model, a.n_prompt, a.n_gen, a.threads, a.sparse, a.sparse_threshold)
+        run = _child_ours(a.model, a.n_prompt, a.n_gen, a.threads, a.sparse, a.sparse_threshold, a.sparsity,
+                          a.backend, a.vram_budget)
     else:
         run = _child_llamacpp(a.model, a.n_prompt, a.n_gen, a.threads)
     print(json.dumps(asdict(run)), flush=True)

@@ -18,6 +18,11 @@ falcon "relu" in a PWRI file (ReluFalcon) else "gelu" (llama.cpp's Falcon); opt 
 (bamboo's FFN is dReLU whatever the key says).
 The sparse threshold here is the file's; the runtime applies the LLAMA_SPARSE_PRED_THRESHOLD environment
 variable and the caller's override on top of it (ffn.resolve_sparse).
+Threshold calibration (written by `powerinfer calibrate`, any file; read by the "threshold" sparse mode, see
+threshold.py): KEY_SPARSITY (f32, the fraction of FFN neurons the stored thresholds skip),
+KEY_FFN_THRESHOLDS (f32 [n_layer], per-layer cut-offs on |act(gate)|) and KEY_FFN_QUANTILES (f32
+[n_layer * (QUANTILE_STEPS + 1)], per layer the |act(gate)| quantiles at 0, 1/QUANTILE_STEPS, ..., 1, from
+which a run at another sparsity interpolates its thresholds).
 """
 from __future__ import annotations
 
@@ -36,6 +41,10 @@ _DEFAULT_FREQ_BASE = {"qwen2": 1_000_000.0}
 HIDDEN_ACTS = ("silu", "relu", "fatrelu", "gelu")
 GEMMA3_SWA_PERIOD = 6  # every 6th layer (il % 6 == 5) is global
 GEMMA3_FREQ_BASE_SWA = 10_000.0
+KEY_SPARSITY = "powerinfer.sparsity"
+KEY_FFN_THRESHOLDS = "powerinfer.ffn_thresholds"
+KEY_FFN_QUANTILES = "powerinfer.ffn_threshold_quantiles"
+QUANTILE_STEPS = 100  # quantile grid of KEY_FFN_QUANTILES: 101 points per layer
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,9 @@ class ModelConfig:
     predictor_ranks: tuple[int, ...]  # per layer rows of blk.N.fc1.weight; () for dense models
     hidden_act: str = "silu"  # FFN activation, one of HIDDEN_ACTS (see the module docstring)
     hidden_act_param: float = 0.0  # fatrelu's cut-off: the activation is x if x > param else 0
+    calibrated_sparsity: float | None = None  # KEY_SPARSITY; None: the file has no threshold calibration
+    ffn_thresholds: tuple[float, ...] = ()  # KEY_FFN_THRESHOLDS, per layer
+    ffn_quantiles: tuple[tuple[float, ...], ...] = ()  # KEY_FFN_QUANTILES, per layer QUANTILE_STEPS + 1 values
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
@@ -182,6 +194,29 @@ class _Reader:
         param = self.get("powerinfer.hidden_act_param", 0.0, kind=float) if act == "fatrelu" else 0.0
         return act, param
 
+    def calibration(self, n_layer: int) -> tuple[float | None, tuple[float, ...], tuple[tuple[float, ...], ...]]:
+        """(calibrated sparsity, per-layer thresholds, per-layer quantile rows) or (None, (), ())."""
+        if KEY_SPARSITY not in self.meta:
+            return None, (), ()
+        sparsity = self.get(KEY_SPARSITY, kind=float)
+        if not 0.0 <= sparsity < 1.0:
+            raise ModelFileError(f"{self.f.path}: {KEY_SPARSITY} must be in [0, 1), got {sparsity}")
+        thresholds = self._floats(KEY_FFN_THRESHOLDS, n_layer)
+        n_q = QUANTILE_STEPS + 1
+        flat = self._floats(KEY_FFN_QUANTILES, n_layer * n_q) if KEY_FFN_QUANTILES in self.meta else ()
+        return sparsity, thresholds, tuple(flat[i * n_q:(i + 1) * n_q] for i in range(len(flat) // n_q))
+
+    def _floats(self, key: str, n: int) -> tuple[float, ...]:
+        value = self.meta.get(key)
+        if (not isinstance(value, list) or len(value) != n
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
+            raise ModelFileError(f"{self.f.path}: metadata key {key!r} must be an array of {n} numbers"
+                                 + ("" if key in self.meta else " (missing)"))
+        out = tuple(float(v) for v in value)
+        if not all(math.isfinite(v) for v in out):
+            raise ModelFileError(f"{self.f.path}: metadata key {key!r} holds a non-finite value")
+        return out
+
     def config(self) -> ModelConfig:
         self.arch = self.architecture()
         n_embd = self.positive("{arch}.embedding_length")
@@ -205,6 +240,7 @@ class _Reader:
             attn_scale = 1.0 / math.sqrt(n_embd / n_head)
         threshold = self.get("powerinfer.sparse_threshold", 0.0, kind=float) if self.f.is_sparse else 0.0
         hidden_act, hidden_act_param = self.hidden_act()
+        calibrated, ffn_thresholds, ffn_quantiles = self.calibration(n_layer)
         return ModelConfig(
             arch=self.arch,
             name=self.get("general.name", "", kind=str),
@@ -232,4 +268,7 @@ class _Reader:
             predictor_ranks=self.predictor_ranks(n_layer),
             hidden_act=hidden_act,
             hidden_act_param=hidden_act_param,
+            calibrated_sparsity=calibrated,
+            ffn_thresholds=ffn_thresholds,
+            ffn_quantiles=ffn_quantiles,
         )

@@ -22,6 +22,9 @@ Modes (FORMATS.md section 2), chosen per model by resolve_sparse():
              On a dense GGUF file the down projection stays the dense ffn_down matmul (inactive h = 0): a
              transposed copy would need re-quantization (Q4_0/Q8_0 blocks run along n_ff) and a different
              summation order, so it could not be exact; exact mode there saves the up rows only.
+  threshold  SwiGLU/GeGLU models (threshold.py): the gate is dense, then up and the down projection only for
+             neurons whose |act(gate·x)| reaches the layer's calibrated cut-off (file metadata written by
+             `powerinfer calibrate`); sparsity 0 is the dense FFN itself.
   predictor  PowerInfer: p = the predictor input (pre-ffn_norm residual; falcon: the layer input),
              logits = fc2 · relu(fc1 · p) in f32, neuron i active iff logits[i] >= threshold, h computed for
              active neurons only (inactive neurons are exactly 0), then the down projection over them.
@@ -29,6 +32,9 @@ Batches (prefill, N > 1 tokens) compute the union of the tokens' active sets onc
 zero h[t, i] for the neurons token t did not select, so every token gets exactly its own per-token result;
 when the union exceeds DENSE_FALLBACK of the neurons, the gated rows come from the dense matmul instead of the
 row gather (same bits, contiguous reads).
+
+Hybrid execution: an FFN whose `split` is set (hybrid/split.py) hands each predicted active set to it; the
+split computes the hot neurons' part on a device and the rest here (partial()), and sums the two outputs.
 
 Observers (profiling, calibration, predictor training): an FFN whose `observer` is set runs the dense path
 and calls observer(layer, x, p, act) before its down projection, with x the normed FFN input, p the predictor
@@ -50,7 +56,7 @@ from .config import ModelConfig
 from .errors import PowerInferError, UnsupportedError
 from .tensor import Tensor
 
-MODES = ("predictor", "exact", "off")
+MODES = ("predictor", "exact", "threshold", "off")
 THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"
 DENSE_FALLBACK = 0.5  # batches whose union of active neurons exceeds this fraction use the dense gate/up
 RELU_FAMILY = ("reglu", "fatreglu", "dreglu", "relu")
@@ -76,15 +82,18 @@ def ffn_variant(config: ModelConfig) -> str:
 class SparseSettings:
     mode: str  # one of MODES
     threshold: float  # predictor logits >= threshold are active (used in predictor mode only)
+    sparsity: float | None = None  # threshold mode: the target fraction of neurons skipped
+    thresholds: tuple[float, ...] = ()  # threshold mode: per-layer cut-offs on |act(gate)|
+    down: str = "auto"  # threshold mode: down projection of dense files (threshold.DOWN_CHOICES)
 
 
 def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: float | None = None,
-                   environ: Mapping[str, str] | None = None) -> SparseSettings:
+                   environ: Mapping[str, str] | None = None, sparsity: float | None = None) -> SparseSettings:
     """The sparse mode and threshold a model runs with.
 
     mode None: "predictor" for PWRI files, "off" otherwise. threshold: the explicit value, else
     $LLAMA_SPARSE_PRED_THRESHOLD from `environ` (the runtime passes os.environ; None reads no environment),
-    else the file's powerinfer.sparse_threshold."""
+    else the file's powerinfer.sparse_threshold. sparsity: threshold mode only (None: the file's calibration)."""
     if mode is None:
         mode = "predictor" if config.is_sparse else "off"
     if mode not in MODES:
@@ -93,6 +102,17 @@ def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: floa
     if mode == "predictor" and not config.is_sparse:
         raise UnsupportedError("sparse mode 'predictor' needs a PowerInfer (PWRI) file with predictors; this "
                                "is a dense GGUF file: use 'exact' (ReLU models) or 'off'")
+    if sparsity is not None and mode != "threshold":
+        raise PowerInferError("a target sparsity applies to sparse mode 'threshold' only")
+    if mode == "threshold":
+        from .threshold import THRESHOLD_VARIANTS, layer_thresholds
+
+        if variant not in THRESHOLD_VARIANTS:
+            raise UnsupportedError(f"sparse mode 'threshold' is for SwiGLU/GeGLU FFNs; this {config.arch} model's "
+                                   f"FFN is {variant}: use 'exact' (ReLU models) or 'predictor'")
+        cuts = layer_thresholds(config, sparsity)
+        target = sparsity if sparsity is not None else config.calibrated_sparsity or 0.0
+        return SparseSettings(mode, 0.0, float(target), cuts)
     if mode != "off" and variant not in RELU_FAMILY:
         raise UnsupportedError(f"sparse mode {mode!r} needs a ReLU-family FFN; this {config.arch} model's FFN "
                                f"is {variant}: use 'off'")
@@ -110,9 +130,10 @@ def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: floa
     return SparseSettings(mode, threshold)
 
 
-def runtime_sparse(config: ModelConfig, mode: str | None, threshold: float | None) -> SparseSettings:
+def runtime_sparse(config: ModelConfig, mode: str | None, threshold: float | None,
+                   sparsity: float | None = None) -> SparseSettings:
     """resolve_sparse with this process's environment (what LLM/load use)."""
-    return resolve_sparse(config, mode, threshold, os.environ)
+    return resolve_sparse(config, mode, threshold, os.environ, sparsity)
 
 
 class SparsityStats:
@@ -152,6 +173,11 @@ class SparsityStats:
         total = float(self.tokens.sum()) * self.n_ff
         return float(self.active.sum()) / total if total else float("nan")
 
+    @property
+    def skipped_fraction(self) -> float:
+        """Mean fraction of the neurons not computed per token (threshold mode: below the cut-off)."""
+        return 1.0 - self.mean_fraction
+
 
 @dataclass
 class FFNWeights:
@@ -184,7 +210,14 @@ class FFN:
         if self.mode == "predictor" and (w.fc1 is None or w.fc2 is None):
             raise ValueError(f"layer {layer}: predictor mode without fc1/fc2")
         self.all_rows = np.arange(self.n_ff, dtype=np.int32)
+        self.threshold_path = None
+        if self.mode == "threshold":
+            from .threshold import ThresholdPath
+
+            self.threshold_path = ThresholdPath(self, settings.thresholds[layer], settings.sparsity or 0.0,
+                                                settings.down)
         self.observer = None  # callable(layer, x, p, act): see the module docstring
+        self.split = None  # hybrid.HybridSplit: predictor mode computes hot neurons on a device (hybrid/)
 
     def __call__(self, x: np.ndarray, p: np.ndarray | None = None) -> np.ndarray:
         if self.observer is not None:
@@ -193,6 +226,8 @@ class FFN:
             return self._predictor(x, p)
         if self.mode == "exact":
             return self._exact(x)
+        if self.threshold_path is not None:
+            return self.threshold_path(x)
         return self._dense(x)
 
     # ---- activations (numpy, in place on fresh arrays) ---------------------------------------------------
@@ -285,16 +320,29 @@ class FFN:
             rows = np.flatnonzero(mask.any(axis=0)).astype(np.int32)
             n_active = int(np.count_nonzero(mask))
         dense = n_tok > 1 and len(rows) > DENSE_FALLBACK * self.n_ff
+        keep = None if mask is None else mask[:, rows]
+        if self.split is not None:  # hot rows on the device, cold rows here, partial outputs summed
+            y, n_nonzero = self.split.run(self, x, rows, keep, dense)
+        else:
+            y, n_nonzero = self.partial(x, rows, keep, dense)
+        if self.stats is not None:
+            self.stats.record(self.layer, n_tok, n_active, n_nonzero)
+        return y
+
+    def partial(self, x: np.ndarray, rows: np.ndarray, keep: np.ndarray | None, dense: bool,
+                bias: bool = True) -> tuple[np.ndarray, int]:
+        """(y f32 [N, n_embd], non-zero h count) over the given neurons only (ascending int32 rows of this
+        FFN's weights); keep bool [N, len(rows)] zeroes h where a token did not select a row. bias=False
+        leaves b_down out (the hybrid split adds it once)."""
+        w = self.w
         if self.gated:
             a = self._gate_act(self._rows(w.gate, rows, x, dense))
             h = self._combine(a, self._up_rows(x, rows, dense))
         else:
             h = self._gate_act(self._up_rows(x, rows, dense))
-        if mask is not None:  # each token keeps only its own active neurons (exact zeros elsewhere)
-            h = np.where(mask[:, rows], h, np.float32(0))
-        if self.stats is not None:
-            self.stats.record(self.layer, n_tok, n_active, int(np.count_nonzero(h)))
-        return self._down(h, rows)
+        if keep is not None:  # each token keeps only its own active neurons (exact zeros elsewhere)
+            h = np.where(keep, h, np.float32(0))
+        return self._down(h, rows, bias), int(np.count_nonzero(h))
 
     # ---- pieces ------------------------------------------------------------------------------------------
 
@@ -312,8 +360,8 @@ class FFN:
             u += self.w.b_up[rows]
         return u
 
-    def _down(self, h: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
-        """y f32 [N, n_embd] from h f32 [N, len(rows)] (rows None: all n_ff neurons), + b_down."""
+    def _down(self, h: np.ndarray, rows: np.ndarray | None, bias: bool = True) -> np.ndarray:
+        """y f32 [N, n_embd] from h f32 [N, len(rows)] (rows None: all n_ff neurons), + b_down (if bias)."""
         w = self.w
         n_tok = h.shape[0]
         if w.down_t is not None:
@@ -328,6 +376,6 @@ class FFN:
                 full[:, rows] = h
                 h = full
             y = self.k.matmul(w.down, np.ascontiguousarray(h, dtype=np.float32))
-        if w.b_down is not None:
+        if bias and w.b_down is not None:
             y += w.b_down
         return y

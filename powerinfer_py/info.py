@@ -16,7 +16,7 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
     """A JSON-ready dict: path, file_size, magic, gguf_version, sparse, arch, name, runnable, problem (why it
     cannot run, else None), tokenizer, config (ModelConfig fields, or None), n_tensors, n_params,
     tensor_types ({type: {count, bytes}}, largest first), predictor_ranks, and conversions
-    ([{from, to, count}]: what load_weights would convert). Nothing is dequantized: only the header is read.
+    ([{from, to, count}]: what load_weights would convert) and cuda ({available, reason}: the CUDA backend here). Nothing is dequantized: only the header is read.
     Raises ModelFileError only when the file itself cannot be parsed."""
     f = open_gguf(path)
     try:
@@ -54,10 +54,19 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
             "tensor_types": dict(sorted(types.items(), key=lambda kv: -kv[1]["bytes"])),
             "predictor_ranks": list(config.predictor_ranks) if config is not None else [],
             "conversions": [{"from": a, "to": b, "count": n} for (a, b), n in sorted(planned.items())],
+            "cuda": _cuda(),
         }
         return info
     finally:
         f.close()
+
+
+def _cuda() -> dict[str, Any]:
+    """Whether the CUDA backend could run here, and why not (kernels/cuda.py)."""
+    from .kernels.cuda import cuda_status
+
+    st = cuda_status()
+    return {"available": st.available, "reason": st.reason}
 
 
 def _n_elems(shape: tuple[int, ...]) -> int:
@@ -69,3 +78,36 @@ def _n_elems(shape: tuple[int, ...]) -> int:
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+# A short, ordinary English paragraph for measuring how many FFN neurons fire (our own text).
+SAMPLE_TEXT = (
+    "The old lighthouse stood at the end of a narrow path, where the grass gave way to grey rock and the wind "
+    "never quite stopped. Every evening the keeper climbed the ninety steps, cleaned the glass, and lit the "
+    "lamp, writing the time and the weather in a small book that nobody else ever read. Ships passed far out "
+    "at sea, and on clear nights he could count their lights moving slowly along the horizon."
+)
+
+
+def measure_activity(path: str | os.PathLike, threads: int | None = None, n_decode: int = 16,
+                     text: str = SAMPLE_TEXT) -> dict[str, Any]:
+    """Run the model on `text` (one batched prefill) and then n_decode greedy tokens in its default sparse mode
+    and count the FFN neurons it computes per token. Returns {mode, threshold, tokens, active_fraction,
+    layers: [per-layer fraction], nonzero_fraction, nonzero_layers}; for models whose FFN is not
+    ReLU-family (every neuron runs) {mode, tokens, note}."""
+    from .llm import load
+
+    with load(path, threads=threads) as llm:
+        gen = llm.generate_tokens(text, max_tokens=n_decode, temperature=0)
+        for _ in gen:
+            pass
+        st = llm.sparsity_stats
+        out: dict[str, Any] = {"mode": llm.sparse.mode, "threshold": llm.sparse.threshold,
+                               "tokens": gen.stats.n_prompt + gen.stats.n_gen}
+        if st is None:
+            out["note"] = "the FFN is not ReLU-family: every neuron is computed for every token"
+            return out
+        out.update(active_fraction=st.mean_fraction, layers=st.fractions,
+                   nonzero_fraction=float(st.nonzero.sum()) / max(1.0, float(st.tokens.sum()) * st.n_ff),
+                   nonzero_layers=st.nonzero_fractions)
+        return out

@@ -8,6 +8,8 @@
 
 PowerInfer (PWRI) files run in sparse mode "predictor" by default; load(..., sparse="exact" | "off") picks
 another mode and sparse_threshold (or $LLAMA_SPARSE_PRED_THRESHOLD) overrides the file's threshold (ffn.py).
+SwiGLU/GeGLU models calibrated by `powerinfer calibrate` run with sparse="threshold" (and optionally
+sparsity=S, default the calibrated one; threshold.py).
 
 Each generate() call starts from an empty context (the cache is reset), prefills the prompt and streams.
 There is one cache, so starting a generation ends the one before it (its iterator simply stops).
@@ -25,13 +27,13 @@ DEFAULT_MAX_CTX = 4096  # default context: min(n_ctx_train, this), keeps the KV 
 
 
 def _make_kernels(backend: str, threads: int | None):
-    if backend == "cpu":
+    if backend in ("cpu", "auto", "cuda", "cpu-emulated"):  # the hybrid backends run on the CPU kernels too
         from .kernels.cpu import CpuKernels
         return CpuKernels(threads)
     if backend == "ref":  # the numpy specification: slow, for tests and debugging
         from .kernels.ref import RefKernels
         return RefKernels()
-    raise ValueError(f"unknown backend {backend!r}; available: cpu, ref")
+    raise ValueError(f"unknown backend {backend!r}; available: auto, cpu, cuda, cpu-emulated, ref")
 
 
 class LLM:
@@ -39,7 +41,9 @@ class LLM:
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None, n_ctx: int | None = None, *,
                  backend: str = "cpu", cache_dir: str | os.PathLike | None = None, sparse: str | None = None,
-                 sparse_threshold: float | None = None):
+                 sparse_threshold: float | None = None, sparsity: float | None = None,
+                 vram_budget: float | None = None,
+                 placement: str | os.PathLike | None = None):
         from . import models
         from .ffn import runtime_sparse
         from .gguf import open_gguf
@@ -55,9 +59,14 @@ class LLM:
             if n_ctx is not None and n_ctx < 1:
                 raise ValueError(f"n_ctx must be at least 1, got {n_ctx}")
             self.n_ctx = int(n_ctx) if n_ctx else min(self.config.n_ctx_train, DEFAULT_MAX_CTX)
-            self.sparse = runtime_sparse(self.config, sparse, sparse_threshold)  # mode + threshold
+            self.sparse = runtime_sparse(self.config, sparse, sparse_threshold, sparsity)  # mode + threshold
             self.kernels = _make_kernels(backend, threads)
             self.model = models.build_model(self.config, weights.tensors, self.kernels, self.sparse)
+            self.backend = None
+            if backend != "ref":  # what runs where (hybrid/backend.py); .lines() explains it
+                from .hybrid import attach_backend
+                self.backend = attach_backend(self.model, weights.tensors, self.path, self.n_ctx, backend,
+                                              vram_budget, placement)
             self.tokenizer = Tokenizer(self.file, cache_dir=cache_dir)
         except BaseException:
             self.file.close()
@@ -143,7 +152,7 @@ class LLM:
 
     def close(self) -> None:
         """Release the tokenizer, the kernels' thread pool and the file map. The LLM is unusable after."""
-        for part in ("tokenizer", "kernels", "file"):
+        for part in ("backend", "tokenizer", "kernels", "file"):
             obj = getattr(self, part, None)
             if obj is not None and hasattr(obj, "close"):
                 obj.close()
@@ -162,16 +171,23 @@ class LLM:
 
 def load(path: str | os.PathLike, threads: int | None = None, n_ctx: int | None = None, *,
          backend: str = "cpu", cache_dir: str | os.PathLike | None = None, sparse: str | None = None,
-         sparse_threshold: float | None = None) -> LLM:
+         sparse_threshold: float | None = None, sparsity: float | None = None,
+         vram_budget: float | None = None,
+         placement: str | os.PathLike | None = None) -> LLM:
     """Open a GGUF or PWRI model file and get it ready to generate.
 
     threads: CPU threads for the kernels (default: all cores). n_ctx: context size in tokens (default:
-    min(training context, 4096)). backend: "cpu" (C kernels) or "ref" (numpy reference, slow).
+    min(training context, 4096)). backend: "cpu" (C kernels), "ref" (numpy reference, slow), or a hybrid
+    backend for PWRI files: "auto", "cuda" (hot neurons on the GPU, falling back to the CPU when there is
+    none) or "cpu-emulated" (the hybrid executor on the CPU kernels); vram_budget (GiB) and placement (a
+    .gpuidx file) size and place the hot set (powerinfer_py/hybrid/backend.py).
     cache_dir: folder for the tokenizer's vocab-only copies of PWRI files (default
     $POWERINFER_CACHE/vocab or ~/.cache/powerinfer/vocab).
     sparse: "predictor" (default for PowerInfer PWRI files), "exact" (ReLU-family models: bit-for-bit dense,
     computing only non-zero neurons) or "off" (dense; the default for GGUF files). sparse_threshold: the
     predictor threshold, overriding $LLAMA_SPARSE_PRED_THRESHOLD and the file's powerinfer.sparse_threshold.
+    sparse="threshold" (SwiGLU/GeGLU models with `powerinfer calibrate` metadata) skips the neurons whose
+    |act(gate)| is below the per-layer cut-off; sparsity: the fraction to skip (default: the calibrated one).
     """
     return LLM(path, threads=threads, n_ctx=n_ctx, backend=backend, cache_dir=cache_dir, sparse=sparse,
-               sparse_threshold=sparse_threshold)
+               sparse_threshold=sparse_threshold, sparsity=sparsity, vram_budget=vram_budget, placement=placement)

@@ -111,6 +111,7 @@ class _Spec:
         self.tied = o.pop("tied", arch != "llama")
         self.bias_std = o.pop("bias_std", 0.5)
         self.embd_std = o.pop("embd_std", _EMBD_STD[arch] if not gemma else _EMBD_STD[arch] / np.sqrt(n_embd))
+        self.chat_template = o.pop("chat_template", None)  # a Jinja tokenizer.chat_template to embed
         if o:
             raise TypeError(f"unknown synthetic model option(s): {', '.join(sorted(o))}")
         if n_head % n_head_kv:
@@ -148,6 +149,8 @@ class _Spec:
             "tokenizer.ggml.add_bos_token": True,
             "tokenizer.ggml.add_eos_token": False,
         })
+        if self.chat_template is not None:
+            meta["tokenizer.chat_template"] = self.chat_template
         types = {
             "tokenizer.ggml.token_type": (GGUFValueType.ARRAY, GGUFValueType.INT32),
             "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32),
@@ -200,7 +203,8 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
 
     n_layer defaults to 2, and to 6 for gemma3 so that one of its layers is global (llama.cpp makes every
     6th gemma3 layer global). Overrides: head_dim, n_ctx_train, norm_eps, rope_freq_base, sliding_window
-    (gemma3; default 4 tokens), tied (default: untied for llama, tied otherwise), bias_std (qwen2)."""
+    (gemma3; default 4 tokens), tied (default: untied for llama, tied otherwise), bias_std (qwen2),
+    chat_template (a Jinja text stored as tokenizer.chat_template)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; synthetic models exist for {', '.join(ARCHS)}")
     if dtype not in DTYPES:

@@ -361,3 +361,30 @@ def test_closed_kernels_raise():
     k.close()
     with pytest.raises(ValueError, match="closed"):
         k.silu(np.ones(4, dtype=np.float32))
+
+
+@pytest.mark.parametrize("n_tok,n_head_kv,head_dim,n_ctx,p0", [(1, 4, 64, 32, 0), (5, 3, 17, 20, 15), (1, 1, 1, 1, 0)])
+def test_store_kv_matches_numpy_cast(kern, n_tok, n_head_kv, head_dim, n_ctx, p0):
+    """The f32 -> f16 cache store: numpy's rounding (nearest even), overflow to inf, subnormals, NaN."""
+    rng = np.random.default_rng(n_tok * 100 + head_dim)
+    x = rand(rng, (n_tok, n_head_kv, head_dim), 100.0)
+    specials = np.array([7e4, -7e4, 1e-6, -3e-8, 0.0, -0.0, 65504.0, np.nan], dtype=np.float32)
+    x.reshape(-1)[: min(x.size, specials.size)] = specials[: x.size]
+    got = np.full((n_head_kv, n_ctx, head_dim), 7, dtype=np.float16)
+    want = got.copy()
+    kern.store_kv(got, p0, x)
+    with np.errstate(over="ignore"):
+        want[:, p0:p0 + n_tok] = x.transpose(1, 0, 2)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)  # NaN stays NaN (its payload bits aside)
+    np.testing.assert_array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan])  # bit for bit, signs too
+
+
+def test_store_kv_rejects_bad_arguments(kern):
+    plane = np.zeros((2, 8, 4), dtype=np.float16)
+    with pytest.raises(ValueError, match="outside the cache"):
+        kern.store_kv(plane, 7, np.zeros((2, 2, 4), np.float32))
+    with pytest.raises(ValueError, match=r"f32 \[N, 2, 4\]"):
+        kern.store_kv(plane, 0, np.zeros((1, 3, 4), np.float32))
+    with pytest.raises(ValueError, match="float16"):
+        kern.store_kv(plane.astype(np.float32), 0, np.zeros((1, 2, 4), np.float32))

@@ -6,6 +6,9 @@ independent forward pass built from tests/reference_forward.py."""
 from __future__ import annotations
 
 import hashlib
+import json
+import subprocess
+import sys
 import math
 
 import numpy as np
@@ -258,3 +261,24 @@ def test_cli_synth_writes_both_files_and_refuses_to_overwrite(tmp_path):
     assert r.exit_code == 1 and "already exists" in r.output
     r = CliRunner().invoke(app, args[:2] + ["--shape", "tiny", "--rank", "40", "--dtype", "q4_0", "--force"])
     assert r.exit_code == 1 and "multiples of 32" in r.output
+
+
+def test_info_verbose_measures_active_neurons_per_layer(made):
+    """`powerinfer info -v --json` runs the sample text and reports what the sparse engine counted."""
+    pwri, dense = made("f16")
+    from powerinfer_py import load
+    from powerinfer_py.info import SAMPLE_TEXT
+
+    out = subprocess.run([sys.executable, "-m", "powerinfer_cli", "info", str(pwri), "-v", "--json", "-t", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    act = json.loads(out.stdout)["activity"]
+    with load(pwri, threads=1) as llm:  # the same run through the API: the same counts
+        list(llm.generate_tokens(SAMPLE_TEXT, max_tokens=16, temperature=0))
+        want = llm.sparsity_stats.fractions
+    assert act["mode"] == "predictor" and len(act["layers"]) == 2
+    np.testing.assert_allclose(act["layers"], want, rtol=1e-9)
+    assert 0 < act["active_fraction"] < 0.5
+    out = subprocess.run([sys.executable, "-m", "powerinfer_cli", "info", str(dense), "-v"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "active neurons" in out.stdout and "mode off" in out.stdout

@@ -263,8 +263,9 @@ def _tensor_type(p: _Parser, type_id: int, name: str) -> GGMLQuantizationType:
     return ggml_type
 
 
-def _parse_tensor_infos(p: _Parser, n_tensors: int, alignment: int) -> list[tuple]:
-    """Returns [(name, type, shape numpy order, relative offset, nbytes)] in file order."""
+def _parse_tensor_infos(p: _Parser, n_tensors: int, alignment: int, allow_empty: bool = False) -> list[tuple]:
+    """Returns [(name, type, shape numpy order, relative offset, nbytes)] in file order. allow_empty: accept
+    zero-length dimensions (a .gpuidx sidecar's empty gpu_bucket); model files never have them."""
     infos = []
     seen: set[str] = set()
     for i in range(n_tensors):
@@ -280,7 +281,7 @@ def _parse_tensor_infos(p: _Parser, n_tensors: int, alignment: int) -> list[tupl
         p.need(8 * n_dims)
         ne = struct.unpack_from(f"<{n_dims}q", p.buf, p.off)
         p.off += 8 * n_dims
-        if any(d <= 0 for d in ne):
+        if any(d < 0 or (d == 0 and not allow_empty) for d in ne):
             raise p.fail(f"tensor {name!r} has a zero or negative dimension: ne={list(ne)}")
         ggml_type = _tensor_type(p, p.scalar(_U32), name)
         offset = p.scalar(_U64)
@@ -311,7 +312,7 @@ def _check_layout(path: Path, infos: list[tuple], data_offset: int, size: int) -
                                  f"({name_b!r} starts at {start_b}, {name_a!r} ends at {end_a})")
 
 
-def _parse(path: Path, with_tensors: bool) -> GGUFFile:
+def _parse(path: Path, with_tensors: bool, allow_empty: bool = False) -> GGUFFile:
     mm, size = _open_map(path)
     # A read-only uint8 array over the whole file; tensor views are slices of it and keep the map alive.
     arr = np.frombuffer(mm, dtype=np.uint8)
@@ -322,7 +323,7 @@ def _parse(path: Path, with_tensors: bool) -> GGUFFile:
     f = GGUFFile(path, magic, version, alignment, size, metadata, types, _map=arr, _mmap=mm)
     if not with_tensors:
         return f
-    infos = _parse_tensor_infos(p, n_tensors, alignment)
+    infos = _parse_tensor_infos(p, n_tensors, alignment, allow_empty)
     data_offset = -(-p.off // alignment) * alignment
     if n_tensors and data_offset > size:
         raise ModelFileError(f"{path}: the data section would start at byte {data_offset}, past the end of "
@@ -336,9 +337,10 @@ def _parse(path: Path, with_tensors: bool) -> GGUFFile:
     return f
 
 
-def open_gguf(path: str | os.PathLike) -> GGUFFile:
-    """Open a GGUF or PWRI file: parse and validate the header, map the tensors without copying."""
-    return _parse(Path(path), with_tensors=True)
+def open_gguf(path: str | os.PathLike, *, allow_empty: bool = False) -> GGUFFile:
+    """Open a GGUF or PWRI file: parse and validate the header, map the tensors without copying.
+    allow_empty: accept tensors with a zero-length dimension (placement sidecars)."""
+    return _parse(Path(path), with_tensors=True, allow_empty=allow_empty)
 
 
 def read_metadata_only(path: str | os.PathLike) -> GGUFFile:

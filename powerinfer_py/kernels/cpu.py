@@ -178,6 +178,18 @@ class CpuKernels:
                             ffi.from_buffer("float[]", out))
         return out
 
+    def store_kv(self, dst, p0, x) -> None:
+        """Write x f32 [N, Hkv, D] into the f16 cache plane dst [Hkv, n_ctx, D] at positions p0 .. p0+N-1."""
+        if not (type(x) is np.ndarray and x.dtype is _F32 and x.flags.c_contiguous and x.ndim == 3
+                and type(dst) is np.ndarray and dst.dtype is _F16 and dst.flags.c_contiguous and dst.ndim == 3
+                and x.shape[1] == dst.shape[0] and x.shape[2] == dst.shape[2]
+                and 0 <= p0 <= dst.shape[1] - x.shape[0]):
+            _ref.check_store_kv(dst, p0, x)
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        n_tok, n_head_kv, head_dim = x.shape
+        if x.size:
+            lib.pi_store_kv(_fb(_FA, x), n_tok, n_head_kv, head_dim, _fb(_HA, dst), dst.shape[1], p0)
+
     def read_probe(self, buf) -> float:
         """Reads every byte of buf (a C-contiguous array) on all threads; returns their sum (for benchmarks)."""
         arr = np.asarray(buf)

@@ -277,6 +277,24 @@ def matmul_rows(w: Tensor, rows, x) -> np.ndarray:
     return matmul(sub, x)
 
 
+def check_store_kv(dst, p0, x) -> None:
+    """store_kv's argument checks (shared with cpu.py)."""
+    if not (isinstance(dst, np.ndarray) and dst.dtype == np.float16 and dst.ndim == 3 and dst.flags.c_contiguous):
+        raise ValueError("store_kv: the cache plane must be a C-contiguous float16 array [n_head_kv, n_ctx, head_dim]")
+    x = np.asarray(x)
+    if x.dtype != np.float32 or x.ndim != 3 or x.shape[1:] != (dst.shape[0], dst.shape[2]):
+        raise ValueError(f"store_kv: x must be f32 [N, {dst.shape[0]}, {dst.shape[2]}], got {x.dtype} {x.shape}")
+    if not 0 <= p0 <= dst.shape[1] - x.shape[0]:
+        raise ValueError(f"store_kv: positions {p0}..{p0 + x.shape[0] - 1} are outside the cache (n_ctx "
+                         f"{dst.shape[1]})")
+
+
+def store_kv(dst, p0, x) -> None:
+    """Write x f32 [N, Hkv, D] into the f16 cache plane dst [Hkv, n_ctx, D] at positions p0 .. p0+N-1."""
+    check_store_kv(dst, p0, x)
+    dst[:, p0:p0 + x.shape[0]] = np.asarray(x).transpose(1, 0, 2)
+
+
 def get_rows(w: Tensor, ids) -> np.ndarray:
     """Embedding lookup: f32 [N, K] = dequantized rows ids of w."""
     ids = np.asarray(ids)

@@ -113,7 +113,7 @@ class Model:
         """Every layer's FFN (ffn.py) in this model's sparse mode; sets self.sparsity for ReLU-family FFNs."""
         c = self.config
         variant = ffn_variant(c)
-        if variant in ("reglu", "fatreglu", "dreglu", "relu"):
+        if variant in ("reglu", "fatreglu", "dreglu", "relu") or self.sparse.mode == "threshold":
             self.sparsity = SparsityStats(c.n_layer, c.n_ff, self.sparse.mode, self.sparse.threshold)
         down = "ffn_down_t" if c.is_sparse else "ffn_down"
         ffns = []
@@ -152,12 +152,10 @@ class Model:
         p0 = cache.n_past
         return ids, np.arange(p0, p0 + n, dtype=np.int32), p0
 
-    @staticmethod
-    def _store_kv(cache: KVCache, il: int, p0: int, k: np.ndarray, v: np.ndarray) -> None:
+    def _store_kv(self, cache: KVCache, il: int, p0: int, k: np.ndarray, v: np.ndarray) -> None:
         """Write k, v f32 [N, Hkv, D] into the f16 cache planes [Hkv, p0:p0+N, D]."""
-        n = k.shape[0]
-        cache.k[il][:, p0:p0 + n] = k.transpose(1, 0, 2)
-        cache.v[il][:, p0:p0 + n] = v.transpose(1, 0, 2)
+        self.kernels.store_kv(cache.k[il], p0, k)
+        self.kernels.store_kv(cache.v[il], p0, v)
 
     def _head(self, x: np.ndarray, all_logits: bool) -> np.ndarray:
         """Final norm and output projection: x f32 [N, n_embd] -> logits f32 [n_vocab] (last token) or

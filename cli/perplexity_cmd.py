@@ -1,0 +1,58 @@
+"""`powerinfer perplexity`: perplexity of a model over a text file in any sparse mode (powerinfer_py.perplexity)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .options import SPARSE_HELP, SPARSE_METAVAR, SPARSITY_HELP
+from .shell import model_path, stderr, user_errors
+
+EPILOG = """\
+[bold]Examples[/]
+
+  powerinfer perplexity -m demo --text benchmarks/data/evaluation.txt
+  powerinfer perplexity -m gemma-270m.t40.gguf --text eval.txt --sparse threshold --sparsity 0.4 -c 512
+
+The text is cut into windows of -c tokens (each starting from BOS with an empty cache); every text token is
+scored once. Prints the perplexity, the mean negative log-likelihood and (sparse modes) the skipped fraction.
+"""
+
+
+def perplexity(
+    model: str = typer.Option(..., "-m", "--model", help='GGUF or PWRI file, or "demo".'),
+    text: Path = typer.Option(..., "--text", help="The text file (UTF-8) to score."),
+    ctx_size: int = typer.Option(512, "-c", "--ctx-size", min=2, help="Window size in tokens."),
+    max_tokens: Optional[int] = typer.Option(None, "--tokens", min=1, help="Score at most this many tokens."),
+    batch: int = typer.Option(64, "-b", "--batch", min=1, help="Tokens per forward pass."),
+    threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1, help="CPU threads (default: all cores)."),
+    sparse: Optional[str] = typer.Option(None, "--sparse", metavar=SPARSE_METAVAR, help=SPARSE_HELP),
+    sparsity: Optional[float] = typer.Option(None, "--sparsity", help=SPARSITY_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Perplexity of MODEL over a text file, in any sparse mode."""
+    from powerinfer_py import load
+    from powerinfer_py.errors import PowerInferError
+    from powerinfer_py.perplexity import perplexity as measure
+
+    with user_errors():
+        try:
+            body = text.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise PowerInferError(f"{text}: not UTF-8 text ({e.reason})") from None
+        with load(model_path(model), threads=threads, n_ctx=ctx_size, sparse=sparse, sparsity=sparsity) as llm:
+            result = measure(llm, body, ctx=ctx_size, batch=batch, max_tokens=max_tokens,
+                             on_window=lambda i, nll: stderr.print(f"window {i}: nll {nll:.4f}", style="dim"))
+            st = llm.sparsity_stats
+            skipped = st.skipped_fraction if st is not None and st.tokens.any() else None
+            mode = llm.sparse.mode
+    out = result.to_json()
+    out.update(sparse=mode, skipped_fraction=skipped)
+    if as_json:
+        print(json.dumps(out))
+        return
+    extra = f", skipped {100 * skipped:.1f}% of FFN neurons" if skipped is not None and mode != "off" else ""
+    print(f"perplexity {result.perplexity:.4f} (nll {result.nll:.5f}) over {result.n_tokens} tokens in "
+          f"{result.n_windows} windows of {result.ctx}, sparse mode {mode}{extra}")

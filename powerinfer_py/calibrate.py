@@ -1,0 +1,161 @@
+"""Calibrate threshold sparsity (threshold.py): run a SwiGLU/GeGLU model densely over calibration text, pick per
+layer the cut-off on |act(gate)| below which the target fraction of neurons falls, and write a copy of the
+model file with the cut-offs in its metadata (config.py: KEY_SPARSITY, KEY_FFN_THRESHOLDS, KEY_FFN_QUANTILES).
+
+The activations come from the FFN observer hook (ffn.py), which sees act(gate·x) of the real dense forward
+pass. The text runs in the windows perplexity.py uses (BOS + up to ctx - 1 tokens, fresh cache each), and the
+BOS position is left out of the statistics (its activations are atypical and it never needs predicting).
+Cut-off t_l = the `sparsity` quantile of |act| over all (token, neuron) pairs of layer l, so on this text a
+fraction `sparsity` of the neurons is skipped per layer, on average over tokens. The full quantile grid is
+stored too, so a run may ask for another sparsity without calibrating again.
+
+Without a text, calibration text is sampled from the model itself (temperature 0.8 from BOS, fixed seed):
+the result says so. Memory: at most MAX_VALUES |act| samples per layer are kept (a uniform subsample when the
+text has more), so calibrating a 7B model stays within a few hundred MB.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .config import KEY_FFN_QUANTILES, KEY_FFN_THRESHOLDS, KEY_SPARSITY
+from .errors import PowerInferError, UnsupportedError
+from .perplexity import DEFAULT_BATCH, windows
+from .threshold import THRESHOLD_VARIANTS, check_sparsity, quantile_rows
+
+DEFAULT_TOKENS = 1024
+DEFAULT_CTX = 256
+MAX_VALUES = 1 << 22  # |act| samples kept per layer
+SAMPLE_SEED = 1234
+
+
+@dataclass
+class CalibrationResult:
+    path: Path  # the written file
+    sparsity: float
+    thresholds: list[float]
+    n_tokens: int  # text tokens whose activations were counted
+    text_source: str  # "file" or "sampled from the model"
+    skipped: list[float] = field(default_factory=list)  # per layer, fraction below the cut-off on the text
+
+    def to_json(self) -> dict:
+        return {"path": str(self.path), "sparsity": self.sparsity, "thresholds": self.thresholds,
+                "n_tokens": self.n_tokens, "text_source": self.text_source, "skipped": self.skipped}
+
+
+class _Collector:
+    """Observer that keeps |act| samples per layer (skipping the BOS row of each window)."""
+
+    def __init__(self, n_layer: int, keep: float, seed: int = 0):
+        self.values: list[list[np.ndarray]] = [[] for _ in range(n_layer)]
+        self.keep, self.rng = keep, np.random.default_rng(seed)
+        self.skip_first = False  # set per forward call: the chunk starts with BOS
+
+    def __call__(self, layer, x, p, act) -> None:
+        a = np.abs(act[1:] if self.skip_first else act).reshape(-1)
+        if self.keep < 1.0:
+            a = a[self.rng.random(a.shape[0]) < self.keep]
+        self.values[layer].append(a.astype(np.float32))
+
+
+def sample_text(llm, n_tokens: int, seed: int = SAMPLE_SEED) -> list[int]:
+    """About n_tokens tokens sampled from the model from BOS (several generations if it ends early)."""
+    bos = llm.tokenizer.bos_id
+    out: list[int] = []
+    while len(out) < n_tokens:
+        start = [bos] if bos is not None and bos >= 0 else [0]
+        want = min(n_tokens - len(out), llm.n_ctx - len(start))
+        got = list(llm.generate_tokens(start, max_tokens=want, temperature=0.8, top_k=40, top_p=0.95,
+                                       seed=seed + len(out)))
+        if not got:
+            raise PowerInferError("the model ended every sampled text at once: give calibration text with --text")
+        out.extend(got)
+    return out[:n_tokens]
+
+
+def collect_thresholds(llm, ids: list[int], sparsity: float, ctx: int = DEFAULT_CTX, batch: int = DEFAULT_BATCH,
+                       on_window: Callable[[int], None] | None = None) -> tuple[list[float], np.ndarray, list[float]]:
+    """(per-layer cut-offs, quantile table f32 [n_layer, 101], per-layer skipped fraction on ids) from a dense
+    run of `llm` over the token ids (no BOS; windows as in perplexity.py)."""
+    c, model = llm.config, llm.model
+    bos = llm.tokenizer.bos_id if llm.tokenizer.bos_id is not None and llm.tokenizer.bos_id >= 0 else None
+    keep = min(1.0, MAX_VALUES / max(1, len(ids) * c.n_ff))
+    col = _Collector(c.n_layer, keep)
+    cache = model.new_cache(min(ctx, llm.n_ctx))
+    for f in model.ffns:
+        f.observer = col
+    try:
+        for iw, w in enumerate(windows(ids, min(ctx, llm.n_ctx), bos)):
+            cache.clear()
+            arr = np.asarray(w, dtype=np.int32)
+            for s in range(0, len(arr), batch):
+                col.skip_first = s == 0 and bos is not None
+                model.forward(arr[s:s + batch], cache)
+            if on_window is not None:
+                on_window(iw)
+    finally:
+        for f in model.ffns:
+            f.observer = None
+    thresholds, table, skipped = [], [], []
+    for il in range(c.n_layer):
+        mags = np.concatenate(col.values[il]) if col.values[il] else np.zeros(0, np.float32)
+        if mags.size == 0:
+            raise PowerInferError("no activations were collected: the calibration text is empty")
+        table.append(quantile_rows(mags))
+        t = float(np.quantile(mags.astype(np.float64), sparsity)) if sparsity > 0 else 0.0
+        thresholds.append(t)
+        skipped.append(float(np.mean(mags < np.float32(t))) if sparsity > 0 else 0.0)
+        col.values[il] = []
+    return thresholds, np.stack(table), skipped
+
+
+def calibrate(model: str | os.PathLike, out: str | os.PathLike, sparsity: float, text: str | None = None,
+              n_tokens: int = DEFAULT_TOKENS, ctx: int = DEFAULT_CTX, threads: int | None = None,
+              on_progress: Callable[[str], None] | None = None) -> CalibrationResult:
+    """Calibrate `model` for `sparsity` on `text` (None: text sampled from the model) and write the copy `out`
+    (atomically: a temporary file in out's folder, renamed when complete)."""
+    from .gguf import open_gguf
+    from .gguf.writer import write_gguf
+    from .llm import load
+
+    sparsity = check_sparsity(sparsity)
+    if n_tokens < 1:
+        raise PowerInferError(f"--tokens must be at least 1, got {n_tokens}")
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise PowerInferError(f"output folder does not exist: {out.parent}")
+    if out.is_dir():
+        raise PowerInferError(f"output path is a folder: {out}")
+    say = on_progress or (lambda msg: None)
+    with load(model, threads=threads, n_ctx=max(ctx, 2), sparse="off") as llm:
+        from .ffn import ffn_variant
+
+        variant = ffn_variant(llm.config)
+        if variant not in THRESHOLD_VARIANTS:
+            raise UnsupportedError(f"calibrate is for SwiGLU/GeGLU models; this {llm.config.arch} model's FFN is "
+                                   f"{variant} (ReLU models need no thresholds: use --sparse exact)")
+        if text is None:
+            say(f"no --text: sampling {n_tokens} calibration tokens from the model itself")
+            ids, source = sample_text(llm, n_tokens), "sampled from the model"
+        else:
+            ids, source = llm.tokenize(text, add_bos=False, special=False)[:n_tokens], "file"
+            if not ids:
+                raise PowerInferError("the calibration text is empty")
+        say(f"calibrating on {len(ids)} tokens ({source})")
+        thresholds, table, skipped = collect_thresholds(llm, ids, sparsity, ctx)
+    with open_gguf(model) as src:
+        meta = dict(src.metadata)
+        types = dict(src.metadata_types)
+        for key in (KEY_SPARSITY, KEY_FFN_THRESHOLDS, KEY_FFN_QUANTILES):
+            meta.pop(key, None)
+            types.pop(key, None)
+        meta[KEY_SPARSITY] = np.float32(sparsity)
+        meta[KEY_FFN_THRESHOLDS] = np.asarray(thresholds, dtype=np.float32)
+        meta[KEY_FFN_QUANTILES] = table.astype(np.float32).reshape(-1)
+        write_gguf(out, meta, src.tensors, types=types, magic=src.magic, alignment=src.alignment)
+    say(f"wrote {out}")
+    return CalibrationResult(out, sparsity, thresholds, len(ids), source, skipped)

@@ -1,0 +1,250 @@
+"""Chat templates: a conversation (system prompt + user/assistant messages) becomes one prompt text.
+
+Two kinds, behind one interface (ChatTemplate.render(messages, add_generation_prompt) -> str, .stops):
+
+  JinjaTemplate    the model's own `tokenizer.chat_template`, rendered the way Hugging Face transformers
+                   renders it: a sandboxed Jinja environment with trim_blocks/lstrip_blocks and loop controls,
+                   the variables messages, bos_token, eos_token, add_generation_prompt, and the helpers
+                   raise_exception() and strftime_now().
+  BuiltinTemplate  the well-known formats written out in Python (BUILTIN: llama-2, llama-3, chatml, gemma,
+                   mistral, plain), for files that carry no template or when --template asks for one.
+
+`stops` are the texts that end a reply besides the vocabulary's end-of-generation tokens: the end-of-turn
+marker of the format (<end_of_turn>, <|im_end|>, ...), or for the plain format the start of the next
+"User:" line. The session turns single-token stops into token ids and matches the others in the text.
+
+The templates write the BOS token as text where the format has one; the session tokenizes with special
+tokens parsed and adds a BOS itself only when the vocabulary wants one and the text does not begin with it.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import re
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from ..errors import PowerInferError
+
+Message = Mapping[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
+
+# End-of-turn markers of common formats: a Jinja template that mentions one stops on it.
+KNOWN_TURN_ENDS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>",
+                   "<|END_OF_TURN_TOKEN|>", "</s>")
+
+
+class TemplateError(PowerInferError):
+    """A chat template that cannot be rendered (a Jinja syntax error, raise_exception(), a bad message)."""
+
+
+class ChatTemplate:
+    """The interface: `name`, `stops` (texts that end a reply) and render()."""
+    name: str
+    stops: tuple[str, ...]
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        raise NotImplementedError
+
+
+def _split_system(messages: Sequence[Message]) -> tuple[str | None, list[Message]]:
+    """(system text or None, the other messages), checking roles and alternation."""
+    system, rest = None, []
+    for i, m in enumerate(messages):
+        role = m.get("role")
+        if role == "system":
+            if i != 0:
+                raise TemplateError("a system message may only come first")
+            system = m.get("content", "")
+        elif role in ("user", "assistant"):
+            want = "user" if len(rest) % 2 == 0 else "assistant"
+            if role != want:
+                raise TemplateError(f"message {i}: expected a {want} message, got {role} (turns alternate, "
+                                    "starting with the user)")
+            rest.append(m)
+        else:
+            raise TemplateError(f"message {i}: unknown role {role!r} (system, user, assistant)")
+    return system, rest
+
+
+@dataclass(frozen=True)
+class BuiltinTemplate(ChatTemplate):
+    """A format written out in Python: `fn(system, messages, add_generation_prompt, bos, eos) -> str`."""
+    name: str
+    fn: Callable[..., str]
+    stops: tuple[str, ...]
+    bos: str = ""
+    eos: str = ""
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        system, rest = _split_system(messages)
+        return self.fn(system, rest, add_generation_prompt, self.bos, self.eos)
+
+    def with_tokens(self, bos: str, eos: str) -> "BuiltinTemplate":
+        return BuiltinTemplate(self.name, self.fn, self.stops, bos, eos)
+
+
+def _first_user_with_system(system: str | None, content: str) -> str:
+    """Formats without a system role put the system text in front of the first user message."""
+    return f"{system}\n\n{content}" if system else content
+
+
+def _llama2(system, msgs, gen, bos, eos):
+    out = []
+    for i in range(0, len(msgs), 2):
+        user = msgs[i]["content"]
+        if i == 0 and system:
+            user = f"<<SYS>>\n{system}\n<</SYS>>\n\n{user}"
+        out.append(f"{bos}[INST] {user} [/INST]")
+        if i + 1 < len(msgs):
+            out.append(f" {msgs[i + 1]['content']} {eos}")
+    return "".join(out)
+
+
+def _llama3(system, msgs, gen, bos, eos):
+    def block(role, text):
+        return f"<|start_header_id|>{role}<|end_header_id|>\n\n{text}<|eot_id|>"
+    out = [bos]
+    if system:
+        out.append(block("system", system))
+    out += [block(m["role"], m["content"]) for m in msgs]
+    if gen:
+        out.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    return "".join(out)
+
+
+def _chatml(system, msgs, gen, bos, eos):
+    out = [f"<|im_start|>system\n{system}<|im_end|>\n"] if system else []
+    out += [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs]
+    if gen:
+        out.append("<|im_start|>assistant\n")
+    return "".join(out)
+
+
+def _gemma(system, msgs, gen, bos, eos):
+    out = [bos]
+    for i, m in enumerate(msgs):
+        role = "model" if m["role"] == "assistant" else "user"
+        text = _first_user_with_system(system, m["content"]) if i == 0 else m["content"]
+        out.append(f"<start_of_turn>{role}\n{text}<end_of_turn>\n")
+    if gen:
+        out.append("<start_of_turn>model\n")
+    return "".join(out)
+
+
+def _mistral(system, msgs, gen, bos, eos):
+    out = [bos]
+    for i in range(0, len(msgs), 2):
+        user = _first_user_with_system(system, msgs[i]["content"]) if i == 0 else msgs[i]["content"]
+        out.append(f"[INST] {user} [/INST]")
+        if i + 1 < len(msgs):
+            out.append(f"{msgs[i + 1]['content']}{eos}")
+    return "".join(out)
+
+
+def _plain(system, msgs, gen, bos, eos):
+    out = [f"{system}\n\n"] if system else []
+    for m in msgs:
+        if m["role"] == "user":
+            out.append(f"User: {m['content']}\n")
+        else:
+            out.append(f"Assistant: {m['content'].strip()}\n")
+    if gen:
+        out.append("Assistant:")
+    return "".join(out)
+
+
+BUILTIN: dict[str, BuiltinTemplate] = {
+    "llama-2": BuiltinTemplate("llama-2", _llama2, ("</s>",)),
+    "llama-3": BuiltinTemplate("llama-3", _llama3, ("<|eot_id|>",)),
+    "chatml": BuiltinTemplate("chatml", _chatml, ("<|im_end|>",)),
+    "gemma": BuiltinTemplate("gemma", _gemma, ("<end_of_turn>",)),
+    "mistral": BuiltinTemplate("mistral", _mistral, ("</s>",)),
+    "plain": BuiltinTemplate("plain", _plain, ("\nUser:",)),
+}
+
+
+class JinjaTemplate(ChatTemplate):
+    """A Hugging Face style Jinja chat template (the text of tokenizer.chat_template)."""
+
+    def __init__(self, source: str, bos: str = "", eos: str = "", name: str = "model"):
+        try:
+            from jinja2 import TemplateError as JinjaError
+            from jinja2.ext import loopcontrols
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        except ImportError as e:  # jinja2 is a declared dependency; say so if it went missing
+            raise TemplateError(f"the model's chat template needs jinja2, which cannot be imported: {e}") from None
+        self.name, self.source, self.bos, self.eos = name, source, bos, eos
+        self._jinja_error = JinjaError
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+        try:
+            self._template = env.from_string(source)
+        except JinjaError as e:
+            raise TemplateError(f"the chat template does not parse: {e}") from None
+        self.stops = tuple(s for s in KNOWN_TURN_ENDS if s in source or s == eos)
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        _split_system(messages)  # the same checks as the built-in formats
+        try:
+            return self._template.render(messages=[dict(m) for m in messages], bos_token=self.bos,
+                                         eos_token=self.eos, add_generation_prompt=add_generation_prompt)
+        except TemplateError:
+            raise
+        except self._jinja_error as e:
+            raise TemplateError(f"the chat template failed: {e}") from None
+
+
+def _raise_exception(message: str):
+    raise TemplateError(f"the chat template refused the conversation: {message}")
+
+
+def _tojson(value, indent=None, ensure_ascii=False, separators=None, sort_keys=False):
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def default_builtin(arch: str, vocab_has: Callable[[str], bool]) -> str:
+    """The built-in format for a model without its own template, from its architecture and vocabulary."""
+    if arch == "gemma3":
+        return "gemma"
+    if arch == "qwen2" or vocab_has("<|im_start|>"):
+        return "chatml"
+    if vocab_has("<|eot_id|>"):
+        return "llama-3"
+    if arch == "llama" and vocab_has("[INST]"):
+        return "mistral"
+    return "plain"
+
+
+_TUNED_WORDS = {"it", "instruct", "chat", "sft", "dpo", "rlhf", "assistant"}
+
+
+def looks_instruction_tuned(metadata: Mapping[str, object]) -> bool:
+    """Whether the file's general.finetune/name/basename mark an instruction-tuned model (Gemma "-it",
+    "Instruct", "chat", ...). Used only for files without a chat template."""
+    words = set()
+    for key in ("general.finetune", "general.name", "general.basename"):
+        value = metadata.get(key)
+        if isinstance(value, str):
+            words |= set(re.split(r"[^a-z0-9]+", value.lower()))
+    return bool(words & _TUNED_WORDS)
+
+
+def choose_template(name: str | None, embedded: str | None, arch: str, bos: str, eos: str,
+                    vocab_has: Callable[[str], bool], base_model: bool = False) -> ChatTemplate:
+    """--template NAME (a built-in name, or "model" for the file's own), else the file's template, else
+    "plain" for a base model (base_model: no instruction tuning, so no chat format to follow), else the
+    built-in chosen by architecture (default_builtin)."""
+    if name is not None and name not in BUILTIN and name != "model":
+        raise TemplateError(f"unknown chat template {name!r}; built-in: {', '.join(BUILTIN)}, or 'model' "
+                            "for the one in the model file")
+    if name == "model" or (name is None and embedded):
+        if not embedded:
+            raise TemplateError("this model file has no chat template (tokenizer.chat_template); choose a "
+                                f"built-in one with --template ({', '.join(BUILTIN)})")
+        return JinjaTemplate(embedded, bos, eos)
+    if name is None:
+        name = "plain" if base_model else default_builtin(arch, vocab_has)
+    return BUILTIN[name].with_tokens(bos, eos)

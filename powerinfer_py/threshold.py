@@ -1,0 +1,154 @@
+"""Threshold sparsity for gated FFNs whose activation is never exactly zero (SwiGLU, GeGLU: llama with silu,
+qwen2, gemma3): the "threshold" sparse mode of ffn.py.
+
+Per layer l a cut-off t_l on |act(gate·x)| is calibrated (calibrate.py) so that a target fraction of neurons
+falls below it on calibration text. At run time, per token:
+  a = act(gate·x)                        dense (the gate is what tells which neurons matter)
+  keep i  iff  |a_i| >= t_l              (skipped neurons contribute exactly 0)
+  h_i = a_i * (up_i·x)                   for kept i only: the row gather pi_matmul_rows, as in the ReLU path
+  y = sum_{kept i} h_i * down[:, i]      the down projection over kept neurons only (see below)
+A layer whose cut-off is <= 0 keeps every neuron and runs the dense FFN itself, so sparsity 0 is bit-for-bit
+dense. Batches (prefill) compute the union of the tokens' kept sets once and zero each token's own skipped
+neurons, exactly like predictor mode, so every token gets its per-token result whatever the batching.
+
+Down projection of dense GGUF files. ffn_down is (n_embd, n_ff) with quantized blocks running along n_ff, so
+skipping neurons there saves nothing. At load, threshold mode can make a transposed copy down_t (n_ff, n_embd)
+and use the AXPY over kept rows (pi_axpy_rows), reading only the kept neurons' rows. The copy keeps the dtype
+for F32/F16/BF16 (the same values) and is re-quantized to Q8_0 for quantized files (K-quant blocks of 256 do
+not fit typical n_embd such as 640, and Q8_0 adds almost no error: 8.5 bits per weight). Its cost: one
+dequantize + transpose + quantize per layer at load (tens of ms for Gemma 3 270M) and the copy's memory
+(Q8_0 is larger than Q4_K/Q6_K). Whether it pays depends on the bytes read per token:
+(1 - sparsity) * bytes(down_t) against bytes(ffn_down); `down="auto"` uses the copy only when it reads fewer
+bytes (README, benchmarks/bench_threshold.py give the measurements). `down="dense"` / `"transposed"` force one.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .config import KEY_FFN_QUANTILES, KEY_FFN_THRESHOLDS, QUANTILE_STEPS, ModelConfig
+from .errors import PowerInferError
+from .tensor import GGMLType, Tensor
+
+THRESHOLD_VARIANTS = ("swiglu", "geglu")
+DOWN_CHOICES = ("auto", "dense", "transposed")
+_SAME_TYPE = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+QUANTILE_GRID = np.linspace(0.0, 1.0, QUANTILE_STEPS + 1)
+
+
+def check_sparsity(sparsity: float) -> float:
+    s = float(sparsity)
+    if not 0.0 <= s < 1.0 or math.isnan(s):
+        raise PowerInferError(f"--sparsity must be in [0, 1) (the fraction of FFN neurons to skip), got {sparsity}")
+    return s
+
+
+def layer_thresholds(config: ModelConfig, sparsity: float | None, path: str = "MODEL") -> tuple[float, ...]:
+    """Per-layer cut-offs on |act(gate)| for `sparsity` (None: the file's calibrated sparsity), from the
+    file's calibration metadata. Sparsity 0 needs no calibration (nothing is skipped)."""
+    if sparsity is not None and check_sparsity(sparsity) == 0.0:
+        return (0.0,) * config.n_layer
+    if config.calibrated_sparsity is None:
+        raise PowerInferError(
+            f"this model file has no threshold calibration ({KEY_FFN_THRESHOLDS}): run `powerinfer calibrate -m {path} "
+            f"--sparsity {sparsity if sparsity is not None else 0.4} -o calibrated.gguf` once and run the calibrated file "
+            "with --sparse threshold")
+    if sparsity is None or abs(sparsity - config.calibrated_sparsity) < 1e-6:
+        return config.ffn_thresholds
+    if not config.ffn_quantiles:
+        raise PowerInferError(f"{path} is calibrated for sparsity {config.calibrated_sparsity:g} only (no "
+                              f"{KEY_FFN_QUANTILES}): calibrate it again with --sparsity {sparsity:g}")
+    return tuple(float(np.interp(sparsity, QUANTILE_GRID, q)) for q in config.ffn_quantiles)
+
+
+def quantile_rows(magnitudes: np.ndarray) -> np.ndarray:
+    """f32 [QUANTILE_STEPS + 1] quantiles of |act| values (any shape) on QUANTILE_GRID."""
+    return np.quantile(np.asarray(magnitudes, dtype=np.float64).reshape(-1), QUANTILE_GRID).astype(np.float32)
+
+
+def transposed_type(down: Tensor) -> GGMLType | None:
+    """The dtype of the transposed copy of `down` (n_embd, n_ff), or None when no kernel type fits."""
+    if down.type in _SAME_TYPE:
+        return down.type
+    return GGMLType.Q8_0 if down.shape[0] % 32 == 0 else None
+
+
+def _nbytes(ty: GGMLType, n_rows: int, n_cols: int) -> int:
+    from gguf import GGML_QUANT_SIZES
+
+    block, size = GGML_QUANT_SIZES[ty]
+    return n_rows * (n_cols // block) * size
+
+
+def use_transposed(down: Tensor, sparsity: float, choice: str = "auto") -> bool:
+    """Whether threshold mode should make a transposed copy of `down` (see the module docstring)."""
+    if choice not in DOWN_CHOICES:
+        raise ValueError(f"down must be one of {DOWN_CHOICES}, got {choice!r}")
+    ty = transposed_type(down)
+    if choice == "dense" or ty is None:
+        if choice == "transposed":
+            raise PowerInferError(f"{down.name}: no kernel type fits a transposed copy of shape {down.shape}")
+        return False
+    if choice == "transposed":
+        return True
+    dense_bytes = np.asarray(down.data).nbytes
+    return (1.0 - sparsity) * _nbytes(ty, down.shape[1], down.shape[0]) < dense_bytes
+
+
+def transposed_copy(down: Tensor) -> Tensor:
+    """down (n_embd, n_ff) -> down_t (n_ff, n_embd) in transposed_type(down): dequantize, transpose, encode."""
+    try:  # the C codecs when built (fast); the numpy ones otherwise (same values)
+        from .kernels.cpu import dequantize, quantize
+    except ImportError:  # pragma: no cover - only without a built extension
+        from .kernels.ref import dequantize, quantize
+
+    ty = transposed_type(down)
+    t = np.ascontiguousarray(np.asarray(dequantize(down), dtype=np.float32).reshape(down.shape).T)
+    name = down.name.replace("ffn_down", "ffn_down_t")
+    if ty == GGMLType.F32:
+        return Tensor(name, ty, t.shape, t)
+    return Tensor(name, ty, t.shape, quantize(t, ty))
+
+
+class ThresholdPath:
+    """One layer's threshold-mode forward; ffn.FFN holds one and calls it with the normed input x."""
+
+    def __init__(self, ffn, cut: float, sparsity: float, down: str = "auto"):
+        if ffn.variant not in THRESHOLD_VARIANTS:
+            raise ValueError(f"threshold mode needs a SwiGLU/GeGLU FFN, got {ffn.variant}")
+        self.ffn, self.cut = ffn, np.float32(cut)
+        self.down_t = None
+        w = ffn.w
+        if self.cut > 0 and w.down is not None and use_transposed(w.down, sparsity, down):
+            self.down_t = transposed_copy(w.down)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        f, k = self.ffn, self.ffn.k
+        if self.cut <= 0:  # nothing to skip: the dense FFN, bit for bit
+            if f.stats is not None:
+                n = x.shape[0] * f.n_ff
+                f.stats.record(f.layer, x.shape[0], n, n)
+            return f._dense(x)
+        pre = k.matmul(f.w.gate, x)
+        a = k.silu(pre) if f.variant == "swiglu" else k.gelu(pre)  # [N, n_ff]
+        n_tok = x.shape[0]
+        score = np.abs(a)
+        if n_tok == 1:
+            rows = k.select_active(score[0], float(self.cut))
+            mask, n_kept = None, len(rows)
+        else:
+            mask = score >= self.cut
+            rows = np.flatnonzero(mask.any(axis=0)).astype(np.int32)
+            n_kept = int(np.count_nonzero(mask))
+        dense = n_tok > 1 and len(rows) > 0.5 * f.n_ff  # as ffn.DENSE_FALLBACK: contiguous reads win
+        h = a[:, rows] * f._up_rows(x, rows, dense)
+        if mask is not None:
+            h = np.where(mask[:, rows], h, np.float32(0))
+        if f.stats is not None:
+            f.stats.record(f.layer, n_tok, n_kept, int(np.count_nonzero(h)))
+        if self.down_t is not None:
+            if len(rows) == 0:
+                return np.zeros((n_tok, self.down_t.shape[1]), dtype=np.float32)
+            return k.axpy_rows(self.down_t, rows, np.ascontiguousarray(h, dtype=np.float32))
+        return f._down(h, rows)
