@@ -185,8 +185,51 @@ def test_cli_pt_format_reads_back_with_the_predictor_reader(models, words, tmp_p
             assert src.tensors["blk.1.fc1.weight"].shape != f.tensors["blk.1.fc1.weight"].shape
 
 
-def test_non_relu_model_is_refused_with_a_clear_error(synthetic_model, words, tmp_path):
+def test_uncalibrated_non_relu_model_is_refused_with_a_clear_error(synthetic_model, words, tmp_path):
     r = CliRunner().invoke(app, ["train-predictor", "-m", str(synthetic_model("qwen2")), "--text", str(words),
                                  "-o", str(tmp_path / "x.pwri")])
     assert r.exit_code == 1
-    assert "needs a ReLU-family FFN" in r.output and not (tmp_path / "x.pwri").exists()
+    assert "no threshold calibration" in r.output and "powerinfer calibrate" in r.output
+    assert not (tmp_path / "x.pwri").exists()
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "qwen2"])
+def test_glu_model_gets_predictors_that_skip_the_gate(synthetic_model, words, tmp_path, arch):
+    """SwiGLU/GeGLU: labels are |act| >= the calibrated cut-offs; the PWRI runs in predictor mode, computing the
+    gate only for predicted neurons, and with every neuron predicted it is the dense model."""
+    from powerinfer_py.calibrate import calibrate
+    from powerinfer_py.config import ModelConfig
+    from powerinfer_py.predictor_train import label_cuts
+    cal = tmp_path / "cal.gguf"
+    calibrate(synthetic_model(arch), cal, 0.5, text=words.read_text(), n_tokens=200, ctx=64, threads=1)
+    out = tmp_path / "glu.pwri"
+    r = CliRunner().invoke(app, ["train-predictor", "-m", str(cal), "--text", str(words), "--tokens", "300",
+                                 "--rank", "16", "--epochs", "3", "--backend", "numpy", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "no exact zeros" in r.output
+    text = "the cat and the dog"
+    with load(cal, threads=1, sparse="off") as llm:
+        cuts = label_cuts(llm.config)
+        ids = llm.tokenize(text)
+        dense = llm.model.forward(ids, llm.model.new_cache(32), all_logits=True)
+        seen = {}
+        llm.model.ffns[0].observer = lambda il, x, p, act: seen.setdefault(il, (p.copy(), act.copy()))
+        llm.model.forward(ids[1:2], llm.model.new_cache(32))
+    with open_gguf(out) as f:
+        cfg = ModelConfig.from_gguf(f)
+        assert f.magic == "PWRI" and cfg.predictor_ranks == (16,) * cfg.n_layer
+        fc1, fc2 = dequantize(f.tensors["blk.0.fc1.weight"]), dequantize(f.tensors["blk.0.fc2.weight"])
+    # every neuron predicted active: the dense function
+    with load(out, threads=1, sparse="predictor", sparse_threshold=-1e30) as llm:
+        got = llm.model.forward(ids, llm.model.new_cache(32), all_logits=True)
+    np.testing.assert_allclose(got, dense, rtol=1e-4, atol=1e-4)
+    # threshold 0: layer 0 computes exactly the predicted neurons (its input precedes every FFN)
+    with load(out, threads=1) as llm:
+        assert llm.sparse.mode == "predictor"
+        llm.model.forward(ids[1:2], llm.model.new_cache(32))
+        st = llm.sparsity_stats
+        p0, act0 = seen[0]
+        want = predictor_logits(fc1, fc2, p0) >= 0
+        assert abs(int(st.active[0]) - int(want.sum())) <= 1
+        assert 0 < st.active[0] < cfg.n_ff
+    assert len(cuts) == cfg.n_layer and all(c > 0 for c in cuts)
