@@ -24,7 +24,12 @@ EPILOG = """\
 
 The model runs densely over the text; per layer, fc2 · relu(fc1 · p) is trained on the predictor input p
 (the residual before ffn_norm) to flag the neurons with a non-zero activation. Neuron i counts as predicted
-active when its logit is >= 0 (the threshold written into the file). Needs a ReLU-family FFN.
+active when its logit is >= 0 (the threshold written into the file). ReLU-family FFNs are labelled by their
+exact zeros; SwiGLU/GeGLU models (qwen2, gemma3, llama-3) by |act(gate)| >= the cut-offs of a file calibrated
+with `powerinfer calibrate`, and the trained file then skips the gate too in `--sparse predictor` mode:
+
+  powerinfer calibrate -m demo --sparsity 0.5 -o gemma.cal.gguf
+  powerinfer train-predictor -m gemma.cal.gguf --text calib.txt -o gemma.pwri
 """
 
 
@@ -38,6 +43,10 @@ def train_predictor(
     rank: str = typer.Option("auto", "--rank", help='Predictor rank per layer, or "auto": the smallest of '
                                                     '16, 32, 64, ... that reaches --recall on held-out tokens.'),
     max_rank: Optional[int] = typer.Option(None, "--max-rank", min=1, help="Largest rank --rank auto tries."),
+    sparsity: Optional[float] = typer.Option(None, "--sparsity", min=0.0, max=0.99,
+                                             help="SwiGLU/GeGLU models (calibrated with `powerinfer calibrate`): "
+                                                  "label neurons by the cut-offs of this sparsity [default: the "
+                                                  "file's calibrated one]."),
     recall: float = typer.Option(0.95, "--recall", min=0.0, max=1.0, help="Recall target (held-out tokens)."),
     fmt: str = typer.Option("pwri", "--format", help="pwri (a PowerInfer model file) or pt (model_N.pt files)."),
     fc_type: str = typer.Option("f16", "--fc-type", help="Type of the fc1/fc2 tensors: f16 or f32."),
@@ -62,7 +71,7 @@ def train_predictor(
         from powerinfer_py.observe import calibration_tokens
         from powerinfer_py.predictor_fit import FitConfig, resolve_backend
         from powerinfer_py.predictor_out import write_pt, write_pwri
-        from powerinfer_py.predictor_train import check_trainable, collect, parse_rank, train
+        from powerinfer_py.predictor_train import collect, label_cuts, parse_rank, train
 
         the_rank = parse_rank(rank)
         content = text.read_text(encoding="utf-8") if text is not None else None
@@ -71,12 +80,15 @@ def train_predictor(
                         backend=resolve_backend(backend), threads=threads)
         t0 = time.perf_counter()
         with load(path, threads=threads, sparse="off") as llm:
-            check_trainable(llm.config)
+            cuts = label_cuts(llm.config, sparsity, model)
+            if cuts is not None:
+                stderr.print(f"{llm.config.arch}: no exact zeros; a neuron counts as active where |act(gate)| >= the "
+                             f"layer's calibrated cut-off ({min(cuts):.3g} .. {max(cuts):.3g})")
             if content is None:
                 stderr.print(f"no --text: sampling {tokens or 1024} calibration tokens from the model itself "
                              f"(temperature 0.8, seed {seed})")
             cal = calibration_tokens(llm, content, tokens, seed=seed)
-            data = collect(llm, cal.ids, ctx=ctx)
+            data = collect(llm, cal.ids, ctx=ctx, sparsity=sparsity)
         n_tok = sum(len(p) for p in data[0].p_parts)
         stderr.print(f"collected {n_tok} tokens x {len(data)} layers in {time.perf_counter() - t0:.1f} s; "
                      f"training with {cfg.backend}, rank {the_rank}, recall target {recall:g}")

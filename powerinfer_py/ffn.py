@@ -25,7 +25,9 @@ Modes (FORMATS.md section 2), chosen per model by resolve_sparse():
   threshold  SwiGLU/GeGLU models (threshold.py): the gate is dense, then up and the down projection only for
              neurons whose |act(gate·x)| reaches the layer's calibrated cut-off (file metadata written by
              `powerinfer calibrate`); sparsity 0 is the dense FFN itself.
-  predictor  PowerInfer: p = the predictor input (pre-ffn_norm residual; falcon: the layer input),
+  predictor  PowerInfer (ReLU family; also swiglu/geglu with predictors trained on |act| >= a per-layer cut-off,
+             predictor_train.py: the gate rows are then computed for predicted neurons only, act as in dense):
+             p = the predictor input (pre-ffn_norm residual; falcon: the layer input),
              logits = fc2 · relu(fc1 · p) in f32, neuron i active iff logits[i] >= threshold, h computed for
              active neurons only (inactive neurons are exactly 0), then the down projection over them.
 Batches (prefill, N > 1 tokens) compute the union of the tokens' active sets once for all tokens and then
@@ -60,6 +62,7 @@ MODES = ("predictor", "exact", "threshold", "off")
 THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"
 DENSE_FALLBACK = 0.5  # batches whose union of active neurons exceeds this fraction use the dense gate/up
 RELU_FAMILY = ("reglu", "fatreglu", "dreglu", "relu")
+PREDICTED_GLU = ("swiglu", "geglu")  # non-ReLU FFNs that predictor mode also runs (trained predictors skip the gate)
 GATED = ("swiglu", "geglu", "reglu", "fatreglu", "dreglu")
 
 
@@ -113,7 +116,7 @@ def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: floa
         cuts = layer_thresholds(config, sparsity)
         target = sparsity if sparsity is not None else config.calibrated_sparsity or 0.0
         return SparseSettings(mode, 0.0, float(target), cuts)
-    if mode != "off" and variant not in RELU_FAMILY:
+    if mode != "off" and variant not in RELU_FAMILY and not (mode == "predictor" and variant in PREDICTED_GLU):
         raise UnsupportedError(f"sparse mode {mode!r} needs a ReLU-family FFN; this {config.arch} model's FFN "
                                f"is {variant}: use 'off'")
     if threshold is None and environ is not None and environ.get(THRESHOLD_ENV, "").strip():
@@ -232,6 +235,14 @@ class FFN:
 
     # ---- activations (numpy, in place on fresh arrays) ---------------------------------------------------
 
+    def _act(self, pre: np.ndarray) -> np.ndarray:
+        """The activated gating values of a fresh pre-activation array, for every variant."""
+        if self.variant == "swiglu":
+            return self.k.silu(pre)
+        if self.variant in ("geglu", "gelu"):
+            return self.k.gelu(pre)
+        return self._gate_act(pre)
+
     def _gate_act(self, a: np.ndarray) -> np.ndarray:
         """The gating activation of a fresh pre-activation array (ReLU family only)."""
         if self.variant == "fatreglu":
@@ -277,13 +288,7 @@ class FFN:
     def _observed(self, x: np.ndarray, p: np.ndarray | None) -> np.ndarray:
         """The dense result, with the activated gating values shown to self.observer first."""
         k = self.k
-        pre = self._pre(x)
-        if self.variant == "swiglu":
-            act = k.silu(pre)
-        elif self.variant in ("geglu", "gelu"):
-            act = k.gelu(pre)
-        else:
-            act = self._gate_act(pre)
+        act = self._act(self._pre(x))
         self.observer(self.layer, x, p, act)
         h = act.copy()
         if self.gated:
@@ -336,7 +341,7 @@ class FFN:
         leaves b_down out (the hybrid split adds it once)."""
         w = self.w
         if self.gated:
-            a = self._gate_act(self._rows(w.gate, rows, x, dense))
+            a = self._act(self._rows(w.gate, rows, x, dense))
             h = self._combine(a, self._up_rows(x, rows, dense))
         else:
             h = self._gate_act(self._up_rows(x, rows, dense))

@@ -35,20 +35,20 @@ class CalibrationTokens:
 def calibration_tokens(llm, text: str | None, n_tokens: int | None, *, seed: int = 0, temperature: float = 0.8,
                        sample_len: int = 256) -> CalibrationTokens:
     """The first n_tokens (all if None) token ids of `text`; without text, n_tokens (default 1024) ids sampled
-    from the model, in sequences of sample_len tokens each started from BOS alone."""
+    from the model, in sequences of sample_len tokens each started from BOS alone (no BOS: a newline)."""
     if text is not None:
         ids = llm.tokenize(text, add_bos=False)
         if not ids:
             raise PowerInferError("the calibration text is empty (no tokens)")
         return CalibrationTokens(ids[:n_tokens] if n_tokens else ids, "text", text)
     want = n_tokens or 1024
-    bos = _bos(llm)
+    start = _bos(llm) or llm.tokenize("\n", add_bos=False)  # models without BOS start from a newline
     ids: list[int] = []
     texts = []
     rep = 0
     while len(ids) < want:
         n = min(sample_len, want - len(ids))
-        gen = llm.generate_tokens(bos, max_tokens=n, temperature=temperature, seed=seed + rep, add_bos=False)
+        gen = llm.generate_tokens(start, max_tokens=n, temperature=temperature, seed=seed + rep, add_bos=False)
         got = list(gen)
         rep += 1
         if not got:

@@ -11,6 +11,7 @@ Training (fit_layer):
   - loss: class-weighted binary cross-entropy on the logits, positives weighted by pos_weight (default: the
     layer's negatives / positives ratio, times `balance`): missing an active neuron costs quality, computing
     an inactive one only time, so the balance leans towards recall;
+  - fc1 starts random (unit-variance hidden units), fc2 small and random;
   - Adam on minibatches of tokens, `epochs` passes over the training tokens;
   - a held-out slice of the tokens (val_fraction) is scored after every epoch, and the checkpoint kept is the
     one with the highest predicted sparsity among those that reach the recall target, or, if none does, the
@@ -156,10 +157,23 @@ def _sigmoid(v: np.ndarray) -> np.ndarray:
     return out
 
 
+def bce_grads(x: np.ndarray, y: np.ndarray, a: np.ndarray, b: np.ndarray, pos_weight) -> tuple:
+    """Gradients (d/da, d/db) of the class-weighted BCE, mean over the [B, F] elements, of the logits
+    relu(x @ a) @ b, with a = fc1^T [D, R], b = fc2^T [R, F], x [B, D], labels y bool [B, F]."""
+    z = x @ a  # [B, R]
+    h = np.maximum(z, 0)
+    s = _sigmoid(h @ b)  # [B, F]
+    g = np.where(y, pos_weight * (s - 1), s).astype(x.dtype)  # d loss / d logits, per element
+    g /= g.size
+    g_b = np.ascontiguousarray(h.T) @ g  # [R, F]
+    g_z = (g @ np.ascontiguousarray(b.T)) * (z > 0)  # [B, R]
+    g_a = np.ascontiguousarray(x.T) @ g_z  # [D, R]
+    return g_a, g_b
+
+
 def _numpy_fit(x, y, train, val, rank, pos_weight, cfg: FitConfig, progress):
     rng = np.random.default_rng(cfg.seed)
-    d, f = x.shape[1], y.shape[1]
-    w1, w2 = _init(rng, rank, d, f)
+    w1, w2 = _init(rng, rank, x.shape[1], y.shape[1])
     # kept as a = fc1^T [D, R] and b = fc2^T [R, F], C-contiguous: every product below is then a plain
     # row-major GEMM (BLAS is far slower on some transposed small products, worst with busy cores)
     params = [np.ascontiguousarray(w1.T), np.ascontiguousarray(w2.T)]
@@ -173,15 +187,7 @@ def _numpy_fit(x, y, train, val, rank, pos_weight, cfg: FitConfig, progress):
         for s0 in range(0, len(order), cfg.batch):
             idx = order[s0:s0 + cfg.batch]
             xb, yb = x[idx], y[idx]
-            a, b = params
-            z = xb @ a  # [B, R]
-            h = np.maximum(z, 0)
-            s = _sigmoid(h @ b)  # [B, F]
-            g = np.where(yb, pw * (s - 1), s).astype(np.float32)  # d loss / d logits, per element
-            g /= np.float32(g.size)
-            g_b = np.ascontiguousarray(h.T) @ g  # [R, F]
-            g_z = (g @ np.ascontiguousarray(b.T)) * (z > 0)  # [B, R]
-            g_a = np.ascontiguousarray(xb.T) @ g_z  # [D, R]
+            g_a, g_b = bce_grads(xb, yb, params[0], params[1], pw)
             step += 1
             lr_t = cfg.lr * np.sqrt(1 - b2 ** step) / (1 - b1 ** step)
             for w, gw, mw, vw in zip(params, (g_a, g_b), m, v):
@@ -205,8 +211,7 @@ def _torch_fit(x, y, train, val, rank, pos_weight, cfg: FitConfig, progress):
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     rng = np.random.default_rng(cfg.seed)
-    d, f = x.shape[1], y.shape[1]
-    w1_0, w2_0 = _init(rng, rank, d, f)
+    w1_0, w2_0 = _init(rng, rank, x.shape[1], y.shape[1])
     w1 = torch.tensor(w1_0, requires_grad=True)
     w2 = torch.tensor(w2_0, requires_grad=True)
     opt = torch.optim.Adam([w1, w2], lr=cfg.lr)

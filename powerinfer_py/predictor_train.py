@@ -5,7 +5,11 @@
 1. collect(): the model runs densely over the calibration tokens (observe.py); for every layer and text token
    the FFN observer gives p, the exact predictor input of FORMATS.md section 2 (pre-ffn_norm residual; falcon:
    the layer input), and act, the activated gating values. Label: neuron active iff act != 0, which is what
-   the sparse engine skips on (ReLU-family FFNs only: reglu, fatreglu, dreglu, relu).
+   the sparse engine skips on (ReLU-family FFNs: reglu, fatreglu, dreglu, relu). SwiGLU/GeGLU FFNs (llama with
+   silu, qwen2, gemma3) have no exact zeros: their label is |act| >= the layer's cut-off of threshold mode
+   (threshold.py), read from a file calibrated by `powerinfer calibrate` (at its sparsity, or another one
+   interpolated from its quantiles), so the predictor learns to skip what threshold mode would skip -- without
+   computing the gate. ffn.py's predictor mode then computes gate and up rows for predicted neurons only.
    Memory: p is kept as f32 [T, n_embd] per layer and the labels as packed bits, so T tokens of an L-layer
    model take about T * L * (4 * n_embd + n_ff / 8) bytes (2048 tokens of a 7B model: ~1.1 GB).
 2. train(): per layer, predictor_fit.fit_layer at a fixed rank, or with rank "auto" at the smallest rank of
@@ -20,8 +24,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .errors import UnsupportedError
-from .ffn import RELU_FAMILY, ffn_variant
+from .errors import PowerInferError, UnsupportedError
+from .ffn import PREDICTED_GLU, RELU_FAMILY, ffn_variant
 from .predictor_fit import FitConfig, LayerPredictor, Metrics, fit_layer
 
 RANKS = (16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -34,9 +38,10 @@ class LayerData:
     p_parts: list = field(default_factory=list)
     y_parts: list = field(default_factory=list)
 
-    def add(self, p: np.ndarray, act: np.ndarray) -> None:
+    def add(self, p: np.ndarray, act: np.ndarray, cut: float | None = None) -> None:
+        """One batch: p [n, n_embd], act [n, n_ff]; active = act != 0, or |act| >= cut when a cut is given."""
         self.p_parts.append(np.array(p, dtype=np.float32))
-        self.y_parts.append(np.packbits(act != 0, axis=1))
+        self.y_parts.append(np.packbits(act != 0 if cut is None else np.abs(act) >= np.float32(cut), axis=1))
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(p f32 [T, n_embd], y bool [T, n_ff])."""
@@ -45,25 +50,32 @@ class LayerData:
         return p, y
 
 
-def check_trainable(config) -> str:
-    """The FFN variant, if predictors can be trained for it (ReLU family), else UnsupportedError."""
+def label_cuts(config, sparsity: float | None = None, path: str = "MODEL") -> tuple[float, ...] | None:
+    """None for ReLU-family FFNs (label: act != 0); for SwiGLU/GeGLU the per-layer cut-offs on |act| of the
+    file's threshold calibration (at `sparsity`, None: the calibrated one). Other FFNs: UnsupportedError."""
     variant = ffn_variant(config)
-    if variant not in RELU_FAMILY:
-        raise UnsupportedError(f"{config.arch} with a {variant} FFN has no exact zeros to predict: predictor "
-                               "training needs a ReLU-family FFN (ReluLLaMA, ProSparse, Bamboo, ReluFalcon, OPT); "
-                               "for this model use threshold sparsity")
-    return variant
+    if variant in RELU_FAMILY:
+        if sparsity is not None:
+            raise PowerInferError(f"--sparsity is for SwiGLU/GeGLU models; this {variant} FFN's labels are its "
+                                  "exact zeros")
+        return None
+    if variant not in PREDICTED_GLU:
+        raise UnsupportedError(f"{config.arch} with a {variant} FFN: predictor training needs a ReLU-family FFN "
+                               "(ReluLLaMA, ProSparse, Bamboo, ReluFalcon, OPT) or a SwiGLU/GeGLU one")
+    from .threshold import layer_thresholds
+    return layer_thresholds(config, sparsity, path)
 
 
 def collect(llm, ids: Sequence[int], *, ctx: int = 512, batch: int = 256, add_bos: bool = True,
+            sparsity: float | None = None,
             progress: Callable[[int, int], None] | None = None) -> list[LayerData]:
     """Per-layer (p, label) data of the model over token ids (see the module docstring)."""
     from .observe import observe
 
-    check_trainable(llm.config)
+    cuts = label_cuts(llm.config, sparsity, str(llm.path))
     data = [LayerData(llm.config.n_ff) for _ in range(llm.config.n_layer)]
-    observe(llm, ids, lambda il, p, act: data[il].add(p, act), ctx=ctx, batch=batch, add_bos=add_bos,
-            progress=progress)
+    observe(llm, ids, lambda il, p, act: data[il].add(p, act, None if cuts is None else cuts[il]), ctx=ctx,
+            batch=batch, add_bos=add_bos, progress=progress)
     return data
 
 
@@ -126,6 +138,5 @@ def parse_rank(text: str) -> int | str:
     except ValueError:
         value = 0
     if value < 1:
-        from .errors import PowerInferError
         raise PowerInferError(f"--rank must be a positive integer or 'auto', got {text!r}")
     return value

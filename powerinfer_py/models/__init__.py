@@ -28,7 +28,8 @@ _FAMILIES = {
     "falcon": (falcon.FalconModel, falcon.expected_tensors),
     "opt": (opt.OptModel, opt.expected_tensors),
 }
-_SPARSE_FAMILIES = ("llama", "bamboo", "falcon", "opt")  # the ones that read PWRI files (predictors, down_t)
+_SPARSE_FAMILIES = ("llama", "bamboo", "falcon", "opt", "qwen2", "gemma3")  # read PWRI files (predictors, down_t);
+# qwen2 and gemma3 ones come from `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
 
 
 def _family(config: ModelConfig):

@@ -113,7 +113,7 @@ class Model:
         """Every layer's FFN (ffn.py) in this model's sparse mode; sets self.sparsity for ReLU-family FFNs."""
         c = self.config
         variant = ffn_variant(c)
-        if variant in ("reglu", "fatreglu", "dreglu", "relu") or self.sparse.mode == "threshold":
+        if variant in ("reglu", "fatreglu", "dreglu", "relu") or self.sparse.mode in ("threshold", "predictor"):
             self.sparsity = SparsityStats(c.n_layer, c.n_ff, self.sparse.mode, self.sparse.threshold)
         down = "ffn_down_t" if c.is_sparse else "ffn_down"
         ffns = []

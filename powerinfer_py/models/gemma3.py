@@ -25,7 +25,7 @@ from ..config import ModelConfig
 from ..ffn import SparseSettings
 from ..kv_cache import KVCache
 from ..tensor import Tensor
-from .base import Expected, Model, layer_tensors, llama_like_expected
+from .base import Expected, Model, layer_tensors, llama_like_expected, sparsify_expected
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight",
@@ -45,7 +45,7 @@ def expected_tensors(c: ModelConfig) -> Expected:
         e[p + "attn_k_norm.weight"] = ((c.head_dim,), True)
         e[p + "post_attention_norm.weight"] = ((c.n_embd,), True)
         e[p + "post_ffw_norm.weight"] = ((c.n_embd,), True)
-    return e
+    return sparsify_expected(c, e)  # PWRI files (trained predictors): ffn_down_t, fc1, fc2
 
 
 class Gemma3Model(Model):

@@ -17,7 +17,7 @@ from ..config import ModelConfig
 from ..ffn import SparseSettings
 from ..kv_cache import KVCache
 from ..tensor import Tensor
-from .base import Expected, Model, layer_tensors, llama_like_expected
+from .base import Expected, Model, layer_tensors, llama_like_expected, sparsify_expected
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight",
@@ -34,7 +34,7 @@ def expected_tensors(c: ModelConfig) -> Expected:
         e[f"blk.{il}.attn_q.bias"] = ((q_dim,), True)
         e[f"blk.{il}.attn_k.bias"] = ((kv_dim,), True)
         e[f"blk.{il}.attn_v.bias"] = ((kv_dim,), True)
-    return e
+    return sparsify_expected(c, e)  # PWRI files (trained predictors): ffn_down_t, fc1, fc2
 
 
 class Qwen2Model(Model):
