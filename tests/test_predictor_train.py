@@ -222,7 +222,10 @@ def test_glu_model_gets_predictors_that_skip_the_gate(synthetic_model, words, tm
     # every neuron predicted active: the dense function
     with load(out, threads=1, sparse="predictor", sparse_threshold=-1e30) as llm:
         got = llm.model.forward(ids, llm.model.new_cache(32), all_logits=True)
-    np.testing.assert_allclose(got, dense, rtol=1e-4, atol=1e-4)
+    # (gemma3's GELU rounds to f16, as llama.cpp's does: the transposed down projection's other summation order
+    # moves some values across an f16 rounding step, ~2e-4 of a logit here)
+    tol = 2e-3 if arch == "gemma3" else 1e-4
+    np.testing.assert_allclose(got, dense, rtol=tol, atol=tol)
     # threshold 0: layer 0 computes exactly the predicted neurons (its input precedes every FFN)
     with load(out, threads=1) as llm:
         assert llm.sparse.mode == "predictor"
