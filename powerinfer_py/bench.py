@@ -305,7 +305,7 @@ class BenchReport:
 
 
 def run_child(engine: str, model: Path, n_prompt: int, n_gen: int, threads: int, sparse: str | None = None,
-              sparse_threshold: float | None = None, backend: str = "cpu",
+              sparse_threshold: float | None = None, sparsity: float | None = None, backend: str = "cpu",
               vram_budget: float | None = None) -> EngineRun:
     """Run one measurement in a fresh interpreter and parse its JSON line."""
     cmd = [sys.executable, "-m", "powerinfer_py.bench", "--engine", engine, "--model", str(model),
@@ -358,8 +358,9 @@ def run_bench(model: str | os.PathLike, n_gen: int = 128, n_prompt: int = 128, t
     for rep in range(reps):
         order = engines if rep % 2 == 0 else tuple(reversed(engines))
         for engine in order:
-            run = run_child(engine, path if engine == "ours" else ref_path, n_prompt, n_gen, threads, sparse,
-                            sparse_threshold, sparsity, backend, vram_budget)
+            run = run_child(engine, path if engine == "ours" else ref_path, n_prompt, n_gen, threads,
+                            sparse=sparse, sparse_threshold=sparse_threshold, sparsity=sparsity, backend=backend,
+                            vram_budget=vram_budget)
             report.runs.append(run)
             if on_run is not None:
                 on_run(run)

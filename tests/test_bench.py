@@ -1,0 +1,24 @@
+"""`powerinfer bench` end to end on a tiny model: both engines run in their own processes and the report holds
+their medians and ratios (the speed itself is measured by hand, never asserted)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [[], ["--sparse", "off", "--backend", "cpu"]])
+def test_bench_reports_both_engines(synthetic_model, extra):
+    path = synthetic_model("llama", "q8_0")
+    proc = subprocess.run([sys.executable, "-m", "powerinfer_cli", "bench", "-m", str(path), "-n", "4", "-p", "8",
+                           "-r", "1", "-t", "1", "--json", *extra], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    engines = {r["engine"] for r in report["runs"]}
+    assert engines == {"ours", "llamacpp"}, report["runs"]
+    assert all(r["n_gen"] == 4 and r["decode_tok_s"] > 0 for r in report["runs"])
+    assert report["ratio"]["decode_tok_s"] > 0 and report["ratio"]["prompt_tok_s"] > 0
+    assert report["engines"]["ours"]["sparse"] == "off" and report["memory"]["within_budget"] in (True, False)
