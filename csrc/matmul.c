@@ -559,6 +559,43 @@ static void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
 }
 #endif
 
+/* ==== Q8_0 decode on AVX-512: one row at a time ================================================================
+ * Each thread walks its rows in order, so its weights are one sequential stream that the hardware prefetcher
+ * follows (the R-row tiles above interleave R streams; for Q8_0's 34-byte blocks that measured ~31 GB/s against
+ * ~37 here). The arithmetic is tile_q_step's for R = T = 1, operation for operation, so decode still gives the
+ * bits of the batched (prefill) path: per block pair one dpbusd with the correction lanes, one convert, one FMA
+ * by [d_w0 * d_x0 (8 lanes) | d_w1 * d_x1 (8 lanes)], one reduction at the end. Only the scales are formed
+ * differently (two scalar products, the same f32 roundings), which avoids the store-to-load stall of gathering
+ * them through memory. Rows picked by `sel` are not a stream: the next row is prefetched as this one ends. */
+#if defined(MM_AVX512)
+#define Q8_ROW_DECODE 1
+INLINE __m512 pair_scale(const block_q8_0 *w, int64_t b, const float *xd, const int two) {
+    const float s0 = pi_h2f(w[b].d) * xd[b], s1 = (two ? pi_h2f(w[b + 1].d) : 0.0f) * xd[b + 1];
+    return _mm512_insertf32x8(_mm512_set1_ps(s0), _mm256_set1_ps(s1), 1);
+}
+
+static void q8_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
+    const int64_t nb = j->n_cols / QK, nfull = nb / 2 * 2, rb = j->row_bytes;
+    for (int64_t r = r0; r < r1; r++) {
+        const block_q8_0 *w = (const block_q8_0 *)mm_row(j, r);
+        const uint8_t *next = j->sel && r + 1 < r1 ? mm_row(j, r + 1) : NULL;
+        fv acc = fv_zero();
+        for (int64_t b = 0; b < nfull; b += 2) {
+            if (next) {
+                const int64_t o = b * (int64_t)sizeof(block_q8_0) + PF_DIST;
+                _mm_prefetch((const char *)(o < rb ? (const uint8_t *)w + o : next + o - rb), _MM_HINT_T0);
+            }
+            acc = fv_acc(acc, dot_q(w_load_q8(w + b, 1), x_load(j->xq + b * QK), x_corr(j->xc + b, 0), 0),
+                         pair_scale(w, b, j->xd, 1));
+        }
+        if (nfull < nb)
+            acc = fv_acc(acc, dot_q(w_load_q8(w + nfull, 0), x_load(j->xq + nfull * QK), x_corr(j->xc + nfull, 0), 0),
+                         pair_scale(w, nfull, j->xd, 0));
+        j->y[r] = fv_sum(acc);
+    }
+}
+#endif
+
 /* ==== tile instances and the row-chunk driver ========================================================= */
 #define TILE_FN(name, R, T)                                                                                  \
     static void name(const mm_job *j, int64_t r0, int64_t t0) {                                             \
@@ -587,6 +624,12 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
 #if defined(MM_AVX512)
         if (j->type == PI_Q4_0) /* quads: DQ rows share each activation load */
             for (; r + DQ <= r_end; r += DQ) tile_q(j, r, 0, DQ, 1, 1);
+#endif
+#if defined(Q8_ROW_DECODE)
+        if (j->type == PI_Q8_0) {
+            q8_decode_rows(j, r, r_end);
+            return;
+        }
 #endif
         for (; r + RD <= r_end; r += RD) tile_dec(j, r, 0);
         for (; r < r_end; r++) tile_11(j, r, 0);
