@@ -8,7 +8,6 @@ printed, one per message, without colours or prompts.
 """
 from __future__ import annotations
 
-import os
 import select
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .options import BACKEND_HELP, BUDGET_HELP, SPARSE_HELP, SPARSE_METAVAR, SPARSITY_HELP
+from . import options as O
 from .shell import EXIT_INTERRUPTED, fail, model_path, stderr, user_errors
 
 EPILOG = """\
@@ -45,30 +44,26 @@ PROMPT, MORE = ">>> ", "... "
 
 
 def chat(
-    model: str = typer.Option(..., "-m", "--model", help='GGUF or PWRI file, or "demo" (Gemma 3 270M).'),
+    model: str = O.MODEL,
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
     template: Optional[str] = typer.Option(
         None, "--template", help="Chat format: llama-2, llama-3, chatml, gemma, mistral, plain (User:/Assistant:), "
         "or model (the file's own). Default: the file's own, else one chosen by architecture."),
     n_predict: int = typer.Option(-1, "-n", "--n-predict", min=-1,
                                   help="Tokens per reply at most; -1 = until the end of the turn."),
-    temp: float = typer.Option(0.8, "--temp", min=0.0, help="Temperature; 0 = greedy (argmax)."),
-    top_k: int = typer.Option(40, "--top-k", min=0, help="Keep the k most likely tokens (0 = all)."),
-    top_p: float = typer.Option(0.95, "--top-p", min=0.0, max=1.0, help="Nucleus mass to keep (1 = off)."),
-    min_p: float = typer.Option(0.05, "--min-p", min=0.0, max=1.0,
-                                help="Drop tokens below min_p x the top probability (0 = off)."),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", min=0.0,
-                                         help="Penalty for recently seen tokens (1 = off)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed: the same seed, the same replies."),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1, help="CPU threads (default: all cores)."),
-    ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", min=16,
-                                           help="Context window in tokens (default: the runtime's)."),
-    sparse: Optional[str] = typer.Option(None, "--sparse", metavar=SPARSE_METAVAR, help=SPARSE_HELP),
-    sparse_threshold: Optional[float] = typer.Option(None, "--sparse-threshold",
-                                                     help="Predictor threshold (as for run)."),
-    sparsity: Optional[float] = typer.Option(None, "--sparsity", help=SPARSITY_HELP),
-    backend: str = typer.Option("auto", "--backend", metavar="[auto|cpu|cuda|cpu-emulated]", help=BACKEND_HELP),
-    vram_budget: Optional[float] = typer.Option(None, "--vram-budget", min=0.0, help=BUDGET_HELP),
+    temp: float = O.TEMP,
+    top_k: int = O.TOP_K,
+    top_p: float = O.TOP_P,
+    min_p: float = O.MIN_P,
+    repeat_penalty: float = O.REPEAT_PENALTY,
+    seed: Optional[int] = O.SEED,
+    threads: Optional[int] = O.THREADS,
+    ctx_size: Optional[int] = O.CTX_SIZE,
+    sparse: Optional[str] = O.SPARSE,
+    sparse_threshold: Optional[float] = O.SPARSE_THRESHOLD,
+    sparsity: Optional[float] = O.SPARSITY,
+    backend: str = O.BACKEND,
+    vram_budget: Optional[float] = O.VRAM_BUDGET,
     single: bool = typer.Option(False, "--single", help="Piped input: the whole input is one message."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show loading details and tracebacks."),
 ) -> None:
@@ -133,8 +128,9 @@ def _piped(session, single: bool) -> int:
 # ---- interactive ---------------------------------------------------------------------------------------------
 
 def _history_file() -> Path:
-    root = os.environ.get("POWERINFER_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "powerinfer") / "chat_history"
+    from powerinfer_py.demo import cache_dir
+
+    return cache_dir() / "chat_history"
 
 
 def _setup_readline():

@@ -1,5 +1,8 @@
-"""Options that several commands share (run, bench, chat, perplexity): help texts and metavars in one place."""
+"""Options that several commands share (run, bench, chat, perplexity): help texts, metavars and, for the options
+that run and chat both take, the typer.Option objects themselves (one definition, the same flags everywhere)."""
 from __future__ import annotations
+
+import typer
 
 SPARSE_METAVAR = "[predictor|exact|threshold|off]"
 SPARSE_HELP = ('FFN mode: "predictor" (default for PowerInfer/PWRI files: only predicted-active neurons), '
@@ -11,3 +14,20 @@ SPARSITY_HELP = ("--sparse threshold: fraction of FFN neurons to skip, in [0, 1)
 BACKEND_HELP = ('"auto": hot FFN neurons of a PWRI model on the GPU when one is usable, else the CPU; "cpu"; '
                 '"cuda"; "cpu-emulated": the hybrid executor on the CPU kernels (testing).')
 BUDGET_HELP = "GiB of GPU memory for the hybrid backend (default: 90% of the free memory)."
+
+MODEL = typer.Option(..., "-m", "--model", help='GGUF or PWRI file, or "demo" (Gemma 3 270M).')
+TEMP = typer.Option(0.8, "--temp", min=0.0, help="Temperature; 0 = greedy (argmax).")
+TOP_K = typer.Option(40, "--top-k", min=0, help="Keep the k most likely tokens (0 = all).")
+TOP_P = typer.Option(0.95, "--top-p", min=0.0, max=1.0, help="Nucleus mass to keep (1 = off).")
+MIN_P = typer.Option(0.05, "--min-p", min=0.0, max=1.0, help="Drop tokens below min_p x the top probability (0 = off).")
+REPEAT_PENALTY = typer.Option(1.0, "--repeat-penalty", min=0.0, help="Penalty for recently seen tokens (1 = off).")
+SEED = typer.Option(None, "--seed", help="Random seed: the same seed, the same text.")
+THREADS = typer.Option(None, "-t", "--threads", min=1, help="CPU threads (default: all cores).")
+CTX_SIZE = typer.Option(None, "-c", "--ctx-size", min=1, help="Context window in tokens (default: the runtime's).")
+SPARSE = typer.Option(None, "--sparse", metavar=SPARSE_METAVAR, help=SPARSE_HELP)
+SPARSITY = typer.Option(None, "--sparsity", help=SPARSITY_HELP)
+SPARSE_THRESHOLD = typer.Option(
+    None, "--sparse-threshold", help="Predictor threshold: a neuron is active when its predictor logit is >= this "
+    "(default: the file's powerinfer.sparse_threshold, or $LLAMA_SPARSE_PRED_THRESHOLD).")
+BACKEND = typer.Option("auto", "--backend", metavar="[auto|cpu|cuda|cpu-emulated]", help=BACKEND_HELP)
+VRAM_BUDGET = typer.Option(None, "--vram-budget", min=0.0, help=BUDGET_HELP)

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from .options import BACKEND_HELP, BUDGET_HELP, SPARSE_HELP, SPARSE_METAVAR, SPARSITY_HELP
+from . import options as O
 from .shell import EXIT_INTERRUPTED, model_path, stderr, user_errors
 
 EPILOG = """\
@@ -27,28 +27,23 @@ EPILOG = """\
 
 def run(
     prompt: str = typer.Argument(..., metavar="PROMPT", help='The prompt text; "-" reads it from standard input.'),
-    model: str = typer.Option(..., "-m", "--model", help='GGUF or PWRI file, or "demo" (Gemma 3 270M).'),
+    model: str = O.MODEL,
     n_predict: int = typer.Option(128, "-n", "--n-predict", min=-1,
                                   help="Tokens to generate at most; -1 = until end of text or a full context."),
-    temp: float = typer.Option(0.8, "--temp", min=0.0, help="Temperature; 0 = greedy (argmax)."),
-    top_k: int = typer.Option(40, "--top-k", min=0, help="Keep the k most likely tokens (0 = all)."),
-    top_p: float = typer.Option(0.95, "--top-p", min=0.0, max=1.0, help="Nucleus mass to keep (1 = off)."),
-    min_p: float = typer.Option(0.05, "--min-p", min=0.0, max=1.0,
-                                help="Drop tokens below min_p x the top probability (0 = off)."),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", min=0.0,
-                                         help="Penalty for recently seen tokens (1 = off)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed: the same seed, the same text."),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1, help="CPU threads (default: all cores)."),
-    ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", min=1,
-                                           help="Context window in tokens (default: the runtime's)."),
-    sparse: Optional[str] = typer.Option(None, "--sparse", metavar=SPARSE_METAVAR, help=SPARSE_HELP),
-    sparsity: Optional[float] = typer.Option(None, "--sparsity", help=SPARSITY_HELP),
-    sparse_threshold: Optional[float] = typer.Option(
-        None, "--sparse-threshold", help="Predictor threshold: a neuron is active when its predictor logit is >= "
-        "this (default: the file's powerinfer.sparse_threshold, or $LLAMA_SPARSE_PRED_THRESHOLD)."),
+    temp: float = O.TEMP,
+    top_k: int = O.TOP_K,
+    top_p: float = O.TOP_P,
+    min_p: float = O.MIN_P,
+    repeat_penalty: float = O.REPEAT_PENALTY,
+    seed: Optional[int] = O.SEED,
+    threads: Optional[int] = O.THREADS,
+    ctx_size: Optional[int] = O.CTX_SIZE,
+    sparse: Optional[str] = O.SPARSE,
+    sparsity: Optional[float] = O.SPARSITY,
+    sparse_threshold: Optional[float] = O.SPARSE_THRESHOLD,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
-    backend: str = typer.Option("auto", "--backend", metavar="[auto|cpu|cuda|cpu-emulated]", help=BACKEND_HELP),
-    vram_budget: Optional[float] = typer.Option(None, "--vram-budget", min=0.0, help=BUDGET_HELP),
+    backend: str = O.BACKEND,
+    vram_budget: Optional[float] = O.VRAM_BUDGET,
     verbose: bool = typer.Option(False, "--verbose", "-v",
                                  help="Show loading details, per-layer active neurons and tracebacks."),
 ) -> None:

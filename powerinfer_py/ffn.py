@@ -117,8 +117,9 @@ def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: floa
         target = sparsity if sparsity is not None else config.calibrated_sparsity or 0.0
         return SparseSettings(mode, 0.0, float(target), cuts)
     if mode != "off" and variant not in RELU_FAMILY and not (mode == "predictor" and variant in PREDICTED_GLU):
+        hint = ("'threshold' (after `powerinfer calibrate`) or 'off'" if variant in ("swiglu", "geglu") else "'off'")
         raise UnsupportedError(f"sparse mode {mode!r} needs a ReLU-family FFN; this {config.arch} model's FFN "
-                               f"is {variant}: use 'off'")
+                               f"is {variant}: use {hint}")
     if threshold is None and environ is not None and environ.get(THRESHOLD_ENV, "").strip():
         text = environ[THRESHOLD_ENV]
         try:

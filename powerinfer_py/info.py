@@ -6,7 +6,7 @@ import os
 from collections import Counter
 from typing import Any
 
-from .config import SUPPORTED_ARCHS, ModelConfig
+from .config import ModelConfig
 from .errors import PowerInferError
 from .gguf.reader import open_gguf
 from .loader import conversion_target

@@ -43,8 +43,9 @@ def _llama():
 
 def default_cache_dir() -> Path:
     """$POWERINFER_CACHE/vocab if set, else ~/.cache/powerinfer/vocab."""
-    root = os.environ.get("POWERINFER_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "powerinfer") / "vocab"
+    from .demo import cache_dir
+
+    return cache_dir() / "vocab"
 
 
 @contextmanager

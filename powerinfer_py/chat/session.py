@@ -27,14 +27,14 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..errors import ContextFullError, PowerInferError
 from ..generate import Generation
 from ..sampler import Sampler, SamplingParams
-from .templates import ChatTemplate, Message, TemplateError, _split_system
+from .templates import ChatTemplate, TemplateError, split_system
 
 SAVE_FORMAT = "powerinfer-chat"
 SAVE_VERSION = 1
@@ -184,7 +184,7 @@ class ChatSession:
         if system is not None and not isinstance(system, str):
             raise PowerInferError(f"{path}: \"system\" must be a string or null")
         try:
-            _split_system(messages)
+            split_system(messages)
         except TemplateError as e:
             raise PowerInferError(f"{path}: {e}") from None
         if any(m["role"] == "system" for m in messages):

@@ -46,7 +46,7 @@ class ChatTemplate:
         raise NotImplementedError
 
 
-def _split_system(messages: Sequence[Message]) -> tuple[str | None, list[Message]]:
+def split_system(messages: Sequence[Message]) -> tuple[str | None, list[Message]]:
     """(system text or None, the other messages), checking roles and alternation."""
     system, rest = None, []
     for i, m in enumerate(messages):
@@ -76,7 +76,7 @@ class BuiltinTemplate(ChatTemplate):
     eos: str = ""
 
     def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        system, rest = _split_system(messages)
+        system, rest = split_system(messages)
         return self.fn(system, rest, add_generation_prompt, self.bos, self.eos)
 
     def with_tokens(self, bos: str, eos: str) -> "BuiltinTemplate":
@@ -186,7 +186,7 @@ class JinjaTemplate(ChatTemplate):
         self.stops = tuple(s for s in KNOWN_TURN_ENDS if s in source or s == eos)
 
     def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        _split_system(messages)  # the same checks as the built-in formats
+        split_system(messages)  # the same checks as the built-in formats
         try:
             return self._template.render(messages=[dict(m) for m in messages], bos_token=self.bos,
                                          eos_token=self.eos, add_generation_prompt=add_generation_prompt)

@@ -94,8 +94,14 @@ def layer_tensors(tensors: Mapping[str, Tensor], il: int, names: Mapping[str, st
 
 
 class Model:
-    """Base class: holds config, kernels, the sparse settings and the global tensors; subclasses add layers
-    and forward(). `sparsity` (ffn.SparsityStats, None for non-ReLU FFNs) counts active neurons per layer."""
+    """Base class: holds config, kernels, the sparse settings, the global tensors and, per layer, `layers`
+    (LAYER_TENSORS as attributes, OPTIONAL_TENSORS may be absent) and `ffns` (ffn.FFN, with biases when
+    FFN_BIASES); subclasses name their tensors and write forward(). `sparsity` (ffn.SparsityStats, None for
+    FFNs that count nothing) counts active neurons per layer."""
+
+    LAYER_TENSORS: Mapping[str, str] = {}
+    OPTIONAL_TENSORS: tuple[str, ...] = ()
+    FFN_BIASES = False
 
     def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
                  sparse: SparseSettings | None = None):
@@ -108,6 +114,9 @@ class Model:
         output = get_tensor(tensors, "output.weight", required=False)
         self.output = output if output is not None else self.token_embd  # tied head
         self.n_vocab = self.output.shape[0]
+        self.layers = [layer_tensors(tensors, il, self.LAYER_TENSORS, optional=self.OPTIONAL_TENSORS)
+                       for il in range(config.n_layer)]
+        self.ffns = self.build_ffns(tensors, biases=self.FFN_BIASES)
 
     def build_ffns(self, tensors: Mapping[str, Tensor], biases: bool = False) -> list[FFN]:
         """Every layer's FFN (ffn.py) in this model's sparse mode; sets self.sparsity for ReLU-family FFNs."""

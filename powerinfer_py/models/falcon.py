@@ -23,7 +23,6 @@ from .base import (
     Expected,
     Model,
     get_tensor,
-    layer_tensors,
     norm_weight,
     sparsify_expected,
 )
@@ -57,15 +56,15 @@ def expected_tensors(c: ModelConfig) -> Expected:
 
 
 class FalconModel(Model):
+    LAYER_TENSORS = LAYER_TENSORS
+    OPTIONAL_TENSORS = OPTIONAL
+
     def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
                  sparse: SparseSettings | None = None):
         super().__init__(config, tensors, kernels, sparse)
         self.output_norm_b = norm_weight(get_tensor(tensors, "output_norm.bias"))
-        self.layers = [layer_tensors(tensors, il, LAYER_TENSORS, optional=OPTIONAL)
-                       for il in range(config.n_layer)]
         for L in self.layers:  # "attn_norm_2.weight" does not end in "norm.weight": make it an f32 array here
             L.attn_norm_2 = norm_weight(L.attn_norm_2)
-        self.ffns = self.build_ffns(tensors)
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         c, k = self.config, self.kernels

@@ -25,7 +25,7 @@ from ..config import ModelConfig
 from ..ffn import SparseSettings
 from ..kv_cache import KVCache
 from ..tensor import Tensor
-from .base import Expected, Model, layer_tensors, llama_like_expected, sparsify_expected
+from .base import Expected, Model, llama_like_expected, sparsify_expected
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight",
@@ -49,12 +49,12 @@ def expected_tensors(c: ModelConfig) -> Expected:
 
 
 class Gemma3Model(Model):
+    LAYER_TENSORS = LAYER_TENSORS
+
     def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
                  sparse: SparseSettings | None = None):
         super().__init__(config, tensors, kernels, sparse)
         c = config
-        self.layers = [layer_tensors(tensors, il, LAYER_TENSORS) for il in range(c.n_layer)]
-        self.ffns = self.build_ffns(tensors)
         # per layer: (window, rope args after pos) -- sliding layers use their own base and no freq scaling
         self.layer_attn = [
             (c.sliding_window, (c.n_rot, c.rope_freq_base_swa, 1.0, c.rope_neox)) if swa else

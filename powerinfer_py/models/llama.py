@@ -15,15 +15,12 @@ ignored, which is exact for files without it and changes the low-frequency RoPE 
 """
 from __future__ import annotations
 
-from typing import Mapping
 
 import numpy as np
 
 from ..config import ModelConfig
-from ..ffn import SparseSettings
 from ..kv_cache import KVCache
-from ..tensor import Tensor
-from .base import Expected, Model, layer_tensors, llama_like_expected, sparsify_expected
+from .base import Expected, Model, llama_like_expected, sparsify_expected
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight",
@@ -39,11 +36,7 @@ def expected_tensors(c: ModelConfig) -> Expected:
 
 
 class LlamaModel(Model):
-    def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
-                 sparse: SparseSettings | None = None):
-        super().__init__(config, tensors, kernels, sparse)
-        self.layers = [layer_tensors(tensors, il, LAYER_TENSORS) for il in range(config.n_layer)]
-        self.ffns = self.build_ffns(tensors)
+    LAYER_TENSORS = LAYER_TENSORS
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         c, k = self.config, self.kernels

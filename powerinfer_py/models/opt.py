@@ -28,7 +28,6 @@ from .base import (
     Expected,
     Model,
     get_tensor,
-    layer_tensors,
     norm_weight,
     sparsify_expected,
 )
@@ -62,14 +61,15 @@ def expected_tensors(c: ModelConfig) -> Expected:
 
 
 class OptModel(Model):
+    LAYER_TENSORS = LAYER_TENSORS
+    FFN_BIASES = True
+
     def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
                  sparse: SparseSettings | None = None):
         super().__init__(config, tensors, kernels, sparse)
         self.position_embd = get_tensor(tensors, "position_embd.weight")
         self.n_positions = self.position_embd.shape[0]
         self.output_norm_b = norm_weight(get_tensor(tensors, "output_norm.bias"))
-        self.layers = [layer_tensors(tensors, il, LAYER_TENSORS) for il in range(config.n_layer)]
-        self.ffns = self.build_ffns(tensors, biases=True)
 
     def new_cache(self, n_ctx: int | None = None) -> KVCache:
         n_ctx = n_ctx or self.n_positions
