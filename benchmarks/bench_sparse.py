@@ -10,7 +10,8 @@ that as % of pi_read_probe's bandwidth measured in the same run, and the time re
   axpy:  pi_axpy_rows on ffn_down_t [n_ff, n_embd] vs pi_matmul on ffn_down [n_embd, n_ff]
   rows:  pi_matmul_rows on ffn_gate [n_ff, n_embd] vs pi_matmul on the whole ffn_gate
 Every timed call starts with cold caches (a buffer of 4x the L3 is read between calls), as in a real model
-whose layers together are far larger than the caches. Targets: >= 70% of the probe at 50-95% sparsity and
+whose layers together are far larger than the caches. All configurations of a type and the probe are timed
+round-robin, one call each per round, so drifts of a shared machine's bandwidth hit them alike. Targets: >= 70% of the probe at 50-95% sparsity and
 dense/sparse time ratio <= 1.10 at 0%.
 """
 from __future__ import annotations
@@ -46,22 +47,26 @@ def active_set(n_ff: int, sparsity: float, rng) -> np.ndarray:
     return np.sort(rng.choice(n_ff, size=n, replace=False, p=p / p.sum())).astype(np.int32)
 
 
-def cold_median(fn, evict, repeat: int) -> float:
-    """Median seconds of fn over `repeat` calls, each after evict() has flushed the caches."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        evict()
-        t0 = time.perf_counter()
+def interleaved_medians(fns: dict, evict, repeat: int) -> dict:
+    """Median seconds of each fn over `repeat` rounds; every round calls every fn once, in turn, each after
+    evict() has flushed the caches. Interleaving puts every configuration under the same machine conditions
+    (this machine is shared: its bandwidth drifts by tens of percent within a minute)."""
+    for fn in fns.values():
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    times = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            evict()
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=None, help="threads (default: all cores)")
-    ap.add_argument("--repeat", type=int, default=11, help="timed calls per figure (median)")
+    ap.add_argument("--repeat", type=int, default=15, help="timed calls per figure (median)")
     ap.add_argument("--types", default="F16,Q8_0,Q4_0", help="comma-separated weight types")
     ap.add_argument("--n-embd", type=int, default=4096)
     ap.add_argument("--n-ff", type=int, default=11008)
@@ -73,16 +78,7 @@ def main() -> None:
     k = cpu.CpuKernels(args.threads)
     lib, ffi = cpu.lib, cpu.ffi
     rng = np.random.default_rng(0)
-    probe = np.ones(1 << 30, dtype=np.uint8)
-    k.read_probe(probe)
-    t0 = time.perf_counter()
-    k.read_probe(probe)
-    probe_gbs = probe.nbytes / (time.perf_counter() - t0) / 1e9
-    k.read_probe(probe)
-    t0 = time.perf_counter()
-    k.read_probe(probe)
-    probe_gbs = max(probe_gbs, probe.nbytes / (time.perf_counter() - t0) / 1e9)
-    del probe
+    probe = np.ones(256 << 20, dtype=np.uint8)
     flush = np.ones(4 * args.l3_mib << 20, dtype=np.uint8)
 
     def evict():
@@ -90,8 +86,8 @@ def main() -> None:
 
     has_rows = hasattr(lib, "pi_matmul_rows") and "rows" in args.kernels
     do_axpy = "axpy" in args.kernels
-    print(f"threads {k.n_threads}, read probe {probe_gbs:.1f} GB/s, layer n_embd {args.n_embd} n_ff {args.n_ff}"
-          f"{'' if hasattr(lib, 'pi_matmul_rows') else ' (pi_matmul_rows not built: row-gather skipped)'}")
+    print(f"threads {k.n_threads}, layer n_embd {args.n_embd} n_ff {args.n_ff}, median of {args.repeat} "
+          f"interleaved rounds{'' if hasattr(lib, 'pi_matmul_rows') else ' (pi_matmul_rows not built: row-gather skipped)'}")
     print(f"{'type':5} {'kernel':5} {'sparsity':>8} {'active':>6} {'time us':>9} {'GB/s':>6} {'% probe':>7} "
           f"{'vs dense':>8}")
     for name in args.types.split(","):
@@ -101,30 +97,36 @@ def main() -> None:
         rb = w_t.data.nbytes // args.n_ff
         x_ff = rng.standard_normal(args.n_ff, dtype=np.float32)
         x_embd = rng.standard_normal(args.n_embd, dtype=np.float32)
-        t_dense_down = cold_median(lambda: k.matmul(w_d, x_ff), evict, args.repeat) if do_axpy else 0.0
-        t_dense_gate = cold_median(lambda: k.matmul(w_t, x_embd), evict, args.repeat) if has_rows else 0.0
         wp = ffi.from_buffer(w_t.data)
+        fns = {"probe": lambda: k.read_probe(probe)}
+        if do_axpy:
+            fns["dense axpy"] = lambda: k.matmul(w_d, x_ff)
+        if has_rows:
+            fns["dense rows"] = lambda: k.matmul(w_t, x_embd)
+        sizes = {}
         for s in (float(v) for v in args.sparsity.split(",")):
             rows = active_set(args.n_ff, s, rng)
             h = np.abs(rng.standard_normal(len(rows), dtype=np.float32)) + np.float32(0.01)
-            nbytes = len(rows) * rb
-            results = []
+            sizes[s] = (len(rows), len(rows) * rb)
             if do_axpy:
-                results.append(("axpy", cold_median(lambda: k.axpy_rows(w_t, rows, h), evict, args.repeat),
-                                t_dense_down))
+                fns[("axpy", s)] = lambda rows=rows, h=h: k.axpy_rows(w_t, rows, h)
             if has_rows:
                 y = np.empty(len(rows), np.float32)
-
-                def gather():
-                    lib.pi_matmul_rows(k._pool, int(ty), wp, args.n_embd, ffi.from_buffer("int32_t[]", rows),
-                                       len(rows), ffi.from_buffer("float[]", x_embd), 1, ffi.from_buffer("float[]", y))
-
-                results.append(("rows", cold_median(gather, evict, args.repeat), t_dense_gate))
-            for kernel, t, t_dense in results:
+                fns[("rows", s)] = (lambda rows=rows, y=y: lib.pi_matmul_rows(
+                    k._pool, int(ty), wp, args.n_embd, ffi.from_buffer("int32_t[]", rows), len(rows),
+                    ffi.from_buffer("float[]", x_embd), 1, ffi.from_buffer("float[]", y)))
+        med = interleaved_medians(fns, evict, args.repeat)
+        probe_gbs = probe.nbytes / med["probe"] / 1e9
+        for s, (n_active, nbytes) in sizes.items():
+            for kernel in ("axpy", "rows"):
+                if (kernel, s) not in med:
+                    continue
+                t, t_dense = med[(kernel, s)], med[f"dense {kernel}"]
                 gbs = nbytes / t / 1e9
-                print(f"{name:5} {kernel:5} {s:8.0%} {len(rows):6d} {t * 1e6:9.1f} {gbs:6.1f} "
+                print(f"{name:5} {kernel:5} {s:8.0%} {n_active:6d} {t * 1e6:9.1f} {gbs:6.1f} "
                       f"{gbs / probe_gbs:7.0%} {t / t_dense:8.2f}")
-        print(f"{name:5} dense: ffn_down mat-vec {t_dense_down * 1e6:.1f} us, ffn_gate mat-vec {t_dense_gate * 1e6:.1f} us")
+        print(f"{name:5} dense: ffn_down mat-vec {med.get('dense axpy', 0) * 1e6:.1f} us, ffn_gate mat-vec "
+              f"{med.get('dense rows', 0) * 1e6:.1f} us; read probe {probe_gbs:.1f} GB/s")
         del w_t, w_d
 
 
