@@ -4,8 +4,8 @@ and the row-gather mat-vec (matmul_rows) at 10% and 50% of the rows selected.
     python benchmarks/bench_kernels.py [--threads N] [--repeat R] [--n-tok 64] [--probe-mib 1024]
 
 The mat-vec (one token) of a matrix much larger than the caches is bound by memory reads, so its GB/s is
-printed beside what pi_read_probe reads from a 1 GiB buffer in the same run (the ratio is the figure of
-merit, >= 80% is the target). Prefill (n_tok tokens at once) should be compute bound: GFLOP/s = 2*M*K*N / s.
+printed beside what pi_read_probe reads from a 1 GiB buffer, timed round-robin with it (the ratio is the
+figure of merit, >= 80% is the target). Prefill (n_tok tokens at once) should be compute bound: GFLOP/s = 2*M*K*N / s.
 Each figure is the median of --repeat runs (best GB/s: the fastest run, a hint when other work shares the cores); every weight matrix is a fresh random one of 4096 x 11008 and
 11008 x 4096 (LLaMA-7B FFN shapes). The row-gather figures are GB/s on the bytes of the selected rows only
 (gather 10% / 50%), beside the dense mat-vec's GB/s: equal figures mean skipped rows cost nothing.
@@ -45,6 +45,20 @@ def timings(fn, repeat: int) -> tuple[float, float]:
     return statistics.median(times), min(times)
 
 
+def interleaved(fns: dict, repeat: int) -> dict:
+    """{name: (median, best)} seconds of each fn over `repeat` rounds, every round calling each fn once in turn
+    (after one warm-up each), so a shared machine's drifting bandwidth hits them alike."""
+    for fn in fns.values():
+        fn()
+    times = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: (statistics.median(t), min(t)) for name, t in times.items()}
+
+
 def random_weight(ggml_type: GGMLType, n_rows: int, n_cols: int, rng) -> Tensor:
     """A random weight in the type's layout, quantized 1024 rows at a time to keep the f32 copy small
     (K-quants, which we do not produce: random blocks with sane f16 scales)."""
@@ -72,13 +86,10 @@ def main() -> None:
     rng = np.random.default_rng(0)
     buf = np.ones(args.probe_mib << 20, dtype=np.uint8)  # touched, so the probe reads real pages
 
-    def probe() -> float:
-        """Read bandwidth now: a shared host's varies from minute to minute, so each kernel is compared with
-        a probe taken right before it."""
-        t_probe, _ = timings(lambda: k.read_probe(buf), max(5, args.repeat // 2))
-        return buf.nbytes / t_probe / 1e9
-
-    print(f"threads {k.n_threads}; read probe over {args.probe_mib} MiB: {probe():.1f} GB/s")
+    # a shared host's read bandwidth drifts from minute to minute: each mat-vec is timed round-robin with the
+    # probe (one call each per round) and compared with the probe's median from the same rounds
+    t_probe, _ = timings(lambda: k.read_probe(buf), 5)
+    print(f"threads {k.n_threads}; read probe over {args.probe_mib} MiB: {buf.nbytes / t_probe / 1e9:.1f} GB/s")
     print(f"{'type':<6} {'M x K':>12} {'matvec ms':>10} {'GB/s':>7} {'% probe':>8} {'best GB/s':>10} "
           f"{'prefill ms':>11} {'GFLOP/s':>8} {'x matvec':>9} {'gather10 GB/s':>14} {'gather50 GB/s':>14}")
     for ggml_type in (GGMLType[name] for name in args.types.split(",")):
@@ -91,8 +102,10 @@ def main() -> None:
             copies = [w] + [Tensor(w.name, w.type, w.shape, w.data.copy())
                             for _ in range(-(-COLD_BYTES // w.nbytes) - 1)]
             turn = itertools.cycle(copies)
-            probe_gbs = probe()
-            t1, t1_best = timings(lambda: k.matmul(next(turn), x1), args.repeat)
+            med = interleaved({"probe": lambda: k.read_probe(buf), "matvec": lambda: k.matmul(next(turn), x1)},
+                              args.repeat)
+            probe_gbs = buf.nbytes / med["probe"][0] / 1e9
+            t1, t1_best = med["matvec"]
             tn, _ = timings(lambda: k.matmul(w, xn), max(3, args.repeat // 3))
             gbs = w.nbytes / t1 / 1e9
             gflops = 2.0 * n_rows * n_cols * args.n_tok / tn / 1e9
