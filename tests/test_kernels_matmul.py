@@ -294,6 +294,26 @@ def test_matmul_rows_matches_dense_and_ref(kernels, ggml_type, n_tok):
         np.testing.assert_array_equal(kernels.matmul_rows(w, rows, x[0]), y[0])  # 1-D x
 
 
+@pytest.mark.parametrize("ggml_type", BLOCK_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_matmul_rows_decode_tiles(ggml_type, n_threads):
+    """One token over rows long enough for the vector tiles' main loops (and their gather prefetch), plus a
+    tail block, with more selected rows than a tile holds: the same bits as the dense product's rows."""
+    from powerinfer_py.kernels.cpu import CpuKernels
+
+    n_rows, n_cols = 203, 32 * 41
+    w = make_weight(ggml_type, n_rows, n_cols, seed=21)
+    x = np.random.default_rng(22).standard_normal(n_cols, dtype=np.float32)
+    k = CpuKernels(n_threads)
+    try:
+        dense = k.matmul(w, x)
+        for rows in (np.arange(0, n_rows, 3, dtype=np.int32), np.arange(n_rows, dtype=np.int32),
+                     np.array([5, 17, 18, 150, 202], dtype=np.int32)):
+            np.testing.assert_array_equal(k.matmul_rows(w, rows, x), dense[rows])
+    finally:
+        k.close()
+
+
 def test_matmul_rows_bad_input(kernels):
     w = make_weight(GGMLType.Q8_0, 8, 64)
     x = np.zeros(64, np.float32)
