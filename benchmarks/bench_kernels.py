@@ -26,6 +26,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # the source tree, un
 
 from powerinfer_py.kernels import cpu  # noqa: E402
 from powerinfer_py.tensor import GGMLType, Tensor  # noqa: E402
+from roundrobin import round_robin  # noqa: E402  (benchmarks/, beside this script)
 
 TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.F16,
          GGMLType.BF16, GGMLType.F32)
@@ -43,20 +44,6 @@ def timings(fn, repeat: int) -> tuple[float, float]:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times), min(times)
-
-
-def interleaved(fns: dict, repeat: int) -> dict:
-    """{name: (median, best)} seconds of each fn over `repeat` rounds, every round calling each fn once in turn
-    (after one warm-up each), so a shared machine's drifting bandwidth hits them alike."""
-    for fn in fns.values():
-        fn()
-    times = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: (statistics.median(t), min(t)) for name, t in times.items()}
 
 
 def random_weight(ggml_type: GGMLType, n_rows: int, n_cols: int, rng) -> Tensor:
@@ -102,10 +89,10 @@ def main() -> None:
             copies = [w] + [Tensor(w.name, w.type, w.shape, w.data.copy())
                             for _ in range(-(-COLD_BYTES // w.nbytes) - 1)]
             turn = itertools.cycle(copies)
-            med = interleaved({"probe": lambda: k.read_probe(buf), "matvec": lambda: k.matmul(next(turn), x1)},
-                              args.repeat)
-            probe_gbs = buf.nbytes / med["probe"][0] / 1e9
-            t1, t1_best = med["matvec"]
+            rr = round_robin({"probe": lambda: k.read_probe(buf), "matvec": lambda: k.matmul(next(turn), x1)},
+                             args.repeat)
+            probe_gbs = buf.nbytes / statistics.median(rr["probe"]) / 1e9
+            t1, t1_best = statistics.median(rr["matvec"]), min(rr["matvec"])
             tn, _ = timings(lambda: k.matmul(w, xn), max(3, args.repeat // 3))
             gbs = w.nbytes / t1 / 1e9
             gflops = 2.0 * n_rows * n_cols * args.n_tok / tn / 1e9

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +27,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # the source tree, un
 
 from powerinfer_py.kernels import cpu  # noqa: E402
 from powerinfer_py.tensor import GGMLType, Tensor  # noqa: E402
+from roundrobin import round_robin  # noqa: E402  (benchmarks/, beside this script)
 
 SPARSITY = (0.0, 0.5, 0.8, 0.9, 0.95)
 
@@ -45,22 +45,6 @@ def active_set(n_ff: int, sparsity: float, rng) -> np.ndarray:
         return np.arange(n_ff, dtype=np.int32)
     p = (np.arange(n_ff) + 1.0) ** -0.5
     return np.sort(rng.choice(n_ff, size=n, replace=False, p=p / p.sum())).astype(np.int32)
-
-
-def interleaved_medians(fns: dict, evict, repeat: int) -> dict:
-    """Median seconds of each fn over `repeat` rounds; every round calls every fn once, in turn, each after
-    evict() has flushed the caches. Interleaving puts every configuration under the same machine conditions
-    (this machine is shared: its bandwidth drifts by tens of percent within a minute)."""
-    for fn in fns.values():
-        fn()
-    times = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            evict()
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main() -> None:
@@ -115,7 +99,7 @@ def main() -> None:
                 fns[("rows", s)] = (lambda rows=rows, y=y: lib.pi_matmul_rows(
                     k._pool, int(ty), wp, args.n_embd, ffi.from_buffer("int32_t[]", rows), len(rows),
                     ffi.from_buffer("float[]", x_embd), 1, ffi.from_buffer("float[]", y)))
-        med = interleaved_medians(fns, evict, args.repeat)
+        med = {name: statistics.median(t) for name, t in round_robin(fns, args.repeat, evict).items()}
         probe_gbs = probe.nbytes / med["probe"] / 1e9
         for s, (n_active, nbytes) in sizes.items():
             for kernel in ("axpy", "rows"):
