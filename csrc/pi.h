@@ -126,4 +126,25 @@ int64_t pi_select_active(const float *logits, int64_t n, float threshold, int32_
 /* Ascending i < n with x[i] != 0 (NaN selected, -0 not) into out (room for n); returns the count. */
 int64_t pi_select_nonzero(const float *x, int64_t n, int32_t *out);
 
+/* ---- one decode step of a predictor-driven FFN layer (sparse_ffn.c) ------------------------------------
+ * The composition ffn.py runs for one token in predictor mode, in one call (no Python between kernels):
+ * r = relu(fc1 . p); rows = ascending i with (fc2 . r)[i] >= threshold; a = act(gate[rows] . x);
+ * live = rows with a != 0; h = a * (up[live] . x) (dReLU: a * relu(up . x)); y = AXPY of h over down_t[live].
+ * Gated ReLU-family variants without biases only. Weights: fc1 [rank, n_embd], fc2 [n_ff, rank],
+ * gate/up [n_ff, n_embd], down_t [n_ff, n_embd], each of its own type. */
+enum pi_ffn_variant { PI_FFN_REGLU = 0, PI_FFN_FATREGLU = 1, PI_FFN_DREGLU = 2 };
+typedef struct {
+    int variant;          /* enum pi_ffn_variant */
+    float act_param;      /* FATReLU: a is kept where a > act_param */
+    float threshold;      /* predictor: neuron i is active where logits[i] >= threshold */
+    int64_t n_embd, n_ff, rank;
+    int fc1_type, fc2_type, gate_type, up_type, down_type;
+    const void *fc1, *fc2, *gate, *up, *down_t;
+} pi_sparse_ffn;
+/* x: normed FFN input f32 [n_embd]; p: predictor input f32 [n_embd]; fwork: f32 [rank + 3 * n_ff];
+ * iwork: int32 [2 * n_ff]; y: f32 [n_embd], overwritten. Returns the number of predicted-active neurons and
+ * stores the number of non-zero h in *n_nonzero. Bit-identical to the separate kernels. */
+int64_t pi_sparse_ffn_decode(pi_pool *pool, const pi_sparse_ffn *f, const float *x, const float *p,
+                             float *fwork, int32_t *iwork, float *y, int64_t *n_nonzero);
+
 #endif

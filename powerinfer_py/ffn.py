@@ -30,6 +30,9 @@ Modes (FORMATS.md section 2), chosen per model by resolve_sparse():
              p = the predictor input (pre-ffn_norm residual; falcon: the layer input),
              logits = fc2 · relu(fc1 · p) in f32, neuron i active iff logits[i] >= threshold, h computed for
              active neurons only (inactive neurons are exactly 0), then the down projection over them.
+             One token of a gated ReLU-family FFN without biases runs as one C call (sparse_ffn.c, same
+             kernels in the same order, so the same bits) unless a hybrid split or an observer is set.
+             Gated ReLU variants gather up rows only where the gate activation is non-zero (h = 0 elsewhere).
 Batches (prefill, N > 1 tokens) compute the union of the tokens' active sets once for all tokens and then
 zero h[t, i] for the neurons token t did not select, so every token gets exactly its own per-token result;
 when the union exceeds DENSE_FALLBACK of the neurons, the gated rows come from the dense matmul instead of the
@@ -222,6 +225,12 @@ class FFN:
                                                 settings.down)
         self.observer = None  # callable(layer, x, p, act): see the module docstring
         self.split = None  # hybrid.HybridSplit: predictor mode computes hot neurons on a device (hybrid/)
+        # one-token predictor steps in one C call (kernels that offer it; gated ReLU variants without biases)
+        self.fused = None
+        if (self.mode == "predictor" and hasattr(kernels, "sparse_ffn_plan") and w.down_t is not None
+                and variant in kernels.FUSED_VARIANTS and w.b_up is None and w.b_down is None):
+            self.fused = kernels.sparse_ffn_plan(variant, w.fc1, w.fc2, w.gate, w.up, w.down_t,
+                                                 float(self.threshold), float(self.act_param))
 
     def __call__(self, x: np.ndarray, p: np.ndarray | None = None) -> np.ndarray:
         if self.observer is not None:
@@ -315,6 +324,11 @@ class FFN:
     def _predictor(self, x: np.ndarray, p: np.ndarray) -> np.ndarray:
         k, w = self.k, self.w
         n_tok = x.shape[0]
+        if n_tok == 1 and self.fused is not None and self.split is None:  # the same steps as below, in C
+            y, n_active, n_nonzero = k.sparse_ffn_decode(self.fused, np.ascontiguousarray(x[0]), np.ascontiguousarray(p[0]))
+            if self.stats is not None:
+                self.stats.record(self.layer, 1, n_active, n_nonzero)
+            return y[None, :]
         r = k.matmul(w.fc1, p)  # [N, R]
         np.maximum(r, 0, out=r)
         logits = k.matmul(w.fc2, r)  # [N, n_ff]
@@ -343,6 +357,15 @@ class FFN:
         w = self.w
         if self.gated:
             a = self._act(self._rows(w.gate, rows, x, dense))
+            if not dense and self.variant in RELU_FAMILY:
+                # a predicted neuron whose gate activation is 0 has h = 0 whatever its up value: gather up
+                # rows (and run the AXPY) only where some token's activation is non-zero. Same bits: the
+                # AXPY skips zero h anyway, and dropping zero rows from its list changes nothing.
+                live = self.k.select_nonzero(a[0]) if a.shape[0] == 1 else \
+                    np.flatnonzero((a != 0).any(axis=0)).astype(np.int32)
+                if len(live) < len(rows):
+                    rows, a = rows[live], a[:, live]
+                    keep = None if keep is None else keep[:, live]
             h = self._combine(a, self._up_rows(x, rows, dense))
         else:
             h = self._gate_act(self._up_rows(x, rows, dense))

@@ -7,6 +7,7 @@ cffi releases the GIL during every call.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -90,6 +91,17 @@ def _weight_info(w: Tensor) -> tuple:
     if data.nbytes != n_rows * lib.pi_row_size(int(ty), n_cols):
         raise ValueError(f"{w.name}: {data.nbytes} bytes of data do not hold a {ty.name} tensor of shape {w.shape}")
     return (data, ffi.from_buffer(data), int(ty), n_rows, n_cols)
+
+
+@dataclass(frozen=True)
+class SparseFFNPlan:
+    """One FFN layer described to C (CpuKernels.sparse_ffn_plan): the pi_sparse_ffn struct and the weight
+    buffers it points into, kept alive with it."""
+    desc: object  # cdata pi_sparse_ffn *
+    buffers: tuple
+    n_embd: int
+    n_ff: int
+    rank: int
 
 
 class CpuKernels:
@@ -344,6 +356,54 @@ class CpuKernels:
         k = lib.pi_select_nonzero(ffi.from_buffer("float[]", x), len(x), ffi.from_buffer("int32_t[]", out)) \
             if len(x) else 0
         return out[:k]
+
+    # ---- one decode step of a predictor-driven FFN (sparse_ffn.c) -----------------------------------------
+    FUSED_VARIANTS = {"reglu": 0, "fatreglu": 1, "dreglu": 2}  # enum pi_ffn_variant
+
+    def sparse_ffn_plan(self, variant: str, fc1: Tensor, fc2: Tensor, gate: Tensor, up: Tensor, down_t: Tensor,
+                        threshold: float, act_param: float = 0.0) -> "SparseFFNPlan":
+        """Checks one layer's weights once and describes them to C for sparse_ffn_decode."""
+        if variant not in self.FUSED_VARIANTS:
+            raise ValueError(f"sparse_ffn_plan: variant {variant!r} is not one of {', '.join(self.FUSED_VARIANTS)}")
+        infos = {nm: self._weight(t) for nm, t in
+                 (("fc1", fc1), ("fc2", fc2), ("gate", gate), ("up", up), ("down_t", down_t))}
+        rank, n_embd = infos["fc1"][3], infos["fc1"][4]
+        n_ff = infos["gate"][3]
+        want = {"fc1": (rank, n_embd), "fc2": (n_ff, rank), "gate": (n_ff, n_embd), "up": (n_ff, n_embd),
+                "down_t": (n_ff, n_embd)}
+        for nm, (_, _, _, rows, cols) in infos.items():
+            if (rows, cols) != want[nm]:
+                raise ValueError(f"sparse_ffn_plan: {nm} has {rows} x {cols} values, expected {want[nm][0]} x "
+                                 f"{want[nm][1]}")
+        desc = ffi.new("pi_sparse_ffn *")
+        desc.variant, desc.act_param, desc.threshold = self.FUSED_VARIANTS[variant], act_param, threshold
+        desc.n_embd, desc.n_ff, desc.rank = n_embd, n_ff, rank
+        for nm, (_, wp, ty, _, _) in infos.items():
+            setattr(desc, nm, wp)
+            setattr(desc, "down_type" if nm == "down_t" else f"{nm}_type", ty)
+        # the cdata pointers in infos keep the weight buffers alive as long as the plan
+        return SparseFFNPlan(desc, tuple(info[1] for info in infos.values()), n_embd, n_ff, rank)
+
+    def sparse_ffn_decode(self, plan: "SparseFFNPlan", x, p) -> tuple[np.ndarray, int, int]:
+        """One token through a planned FFN: (y f32 [n_embd], predicted-active count, non-zero h count) for x
+        the normed FFN input and p the predictor input (f32 [n_embd] each). Bit-identical to the separate
+        kernels in ffn.py's order."""
+        if self._pool is None:
+            raise ValueError("this CpuKernels has been closed")
+        for nm, v in (("x", x), ("p", p)):
+            if not (type(v) is np.ndarray and v.dtype is _F32 and v.flags.c_contiguous and v.shape == (plan.n_embd,)):
+                raise ValueError(f"sparse_ffn_decode: {nm} must be a C-contiguous float32 array of shape "
+                                 f"({plan.n_embd},), got {getattr(v, 'dtype', type(v).__name__)} "
+                                 f"{getattr(v, 'shape', '')}")
+        need = plan.rank + 3 * plan.n_ff
+        work = self.__dict__.get("_ffn_work")
+        if work is None or work[0].size < need or work[1].size < 2 * plan.n_ff:
+            work = self._ffn_work = (np.empty(need, _F32), np.empty(2 * plan.n_ff, _I32))
+        y = np.empty(plan.n_embd, _F32)
+        nz = ffi.new("int64_t *")
+        n_active = lib.pi_sparse_ffn_decode(self._pool, plan.desc, _fb(_FA, x), _fb(_FA, p), _fb(_FA, work[0]),
+                                            _fb(_IA, work[1]), _fb(_FA, y), nz)
+        return y, int(n_active), int(nz[0])
 
 
 # Full validators for the ops above: reached only when the fast test fails; they raise or accept.

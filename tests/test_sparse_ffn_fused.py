@@ -1,0 +1,135 @@
+"""The fused one-token predictor FFN step (csrc/sparse_ffn.c): bit-identical to the separate kernels run in
+ffn.py's order, close to the numpy reference of FORMATS.md section 2, and what FFN uses for one token."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from powerinfer_py.ffn import FFN, FFNWeights, SparseSettings
+from powerinfer_py.kernels import ref
+from powerinfer_py.tensor import GGMLType, Tensor
+
+cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not built", exc_type=ImportError)
+
+N_EMBD, N_FF, RANK = 96, 230, 64  # n_ff not a multiple of 16 or 64: the tails run
+TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0)
+
+
+@pytest.fixture(scope="module")
+def pools():
+    ks = {n: cpu.CpuKernels(n) for n in (1, 2)}
+    yield ks
+    for k in ks.values():
+        k.close()
+
+
+def weight(name, ggml_type, n_rows, n_cols, rng, scale=1.0) -> Tensor:
+    w = (rng.standard_normal((n_rows, n_cols)) * scale).astype(np.float32)
+    return Tensor(name, ggml_type, (n_rows, n_cols), ref.quantize(w, ggml_type))
+
+
+def layer(ggml_type, seed=0) -> FFNWeights:
+    rng = np.random.default_rng(seed)
+    return FFNWeights(up=weight("ffn_up", ggml_type, N_FF, N_EMBD, rng),
+                      gate=weight("ffn_gate", ggml_type, N_FF, N_EMBD, rng),
+                      down_t=weight("ffn_down_t", ggml_type, N_FF, N_EMBD, rng),
+                      fc1=weight("fc1", ggml_type, RANK, N_EMBD, rng, 0.3),
+                      fc2=weight("fc2", ggml_type, N_FF, RANK, rng, 0.3))
+
+
+def separate_kernels(k, w: FFNWeights, variant, x, p, threshold, act_param):
+    """The unfused steps, one kernel call each, as ffn.py runs them for one token."""
+    r = np.maximum(k.matmul(w.fc1, p), 0)
+    rows = k.select_active(k.matmul(w.fc2, r), threshold)
+    a = k.matmul_rows(w.gate, rows, x) if len(rows) else np.zeros(0, np.float32)
+    a = np.where(a > act_param, a, np.float32(0)) if variant == "fatreglu" else np.maximum(a, 0)
+    live = k.select_nonzero(a)
+    rows, a = rows[live], a[live]
+    u = k.matmul_rows(w.up, rows, x) if len(rows) else np.zeros(0, np.float32)
+    h = a * (np.maximum(u, 0) if variant == "dreglu" else u)
+    y = k.axpy_rows(w.down_t, rows, h) if len(rows) else np.zeros(N_EMBD, np.float32)
+    return y, int(np.count_nonzero(h))
+
+
+def reference(w: FFNWeights, variant, x, active, act_param):
+    """FORMATS.md section 2 in numpy (float64 products of the dequantized weights) for the given active set
+    (the predictor's logits are compared with the kernels' separately: a quantized product may move a
+    neuron across the threshold)."""
+    d = {nm: ref.dequantize(getattr(w, nm)).astype(np.float64) for nm in ("gate", "up", "down_t")}
+    g = d["gate"] @ x
+    a = np.where(g > act_param, g, 0) if variant == "fatreglu" else np.maximum(g, 0)
+    u = d["up"] @ x
+    h = np.where(active, a * (np.maximum(u, 0) if variant == "dreglu" else u), 0)
+    return h @ d["down_t"]
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("variant", ["reglu", "fatreglu", "dreglu"])
+def test_fused_equals_separate_kernels(pools, ggml_type, variant):
+    w = layer(ggml_type)
+    rng = np.random.default_rng(1)
+    act_param = 0.25 if variant == "fatreglu" else 0.0
+    for n_threads, k in pools.items():
+        for trial in range(3):
+            x = rng.standard_normal(N_EMBD).astype(np.float32)
+            p = rng.standard_normal(N_EMBD).astype(np.float32)
+            logits = k.matmul(w.fc2, np.maximum(k.matmul(w.fc1, p), 0))
+            srt = np.sort(logits)
+            threshold = float((srt[int(0.7 * N_FF)] + srt[int(0.7 * N_FF) + 1]) / 2)  # ~30% active, no tie
+            plan = k.sparse_ffn_plan(variant, w.fc1, w.fc2, w.gate, w.up, w.down_t, threshold, act_param)
+            y, n_active, n_nonzero = k.sparse_ffn_decode(plan, x, p)
+            y_sep, nz_sep = separate_kernels(k, w, variant, x, p, threshold, act_param)
+            assert np.array_equal(y.view(np.uint32), y_sep.view(np.uint32)), (n_threads, trial)
+            assert n_active == int(np.count_nonzero(logits >= threshold)) and n_nonzero == nz_sep
+            assert 0 < n_nonzero < n_active  # the gate really zeroes some predicted neurons
+            y_ref = reference(w, variant, x.astype(np.float64), logits >= threshold, act_param)
+            d = {nm: ref.dequantize(getattr(w, nm)).astype(np.float64) for nm in ("fc1", "fc2")}
+            logits_ref = d["fc2"] @ np.maximum(d["fc1"] @ p, 0)
+            assert np.abs(logits - logits_ref).max() <= 0.05 * np.abs(logits_ref).max()
+            if ggml_type in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):  # exact up to f32 rounding
+                np.testing.assert_allclose(y, y_ref, rtol=1e-4, atol=1e-4 * np.abs(y_ref).max())
+            else:  # activations quantized to Q8_0 for the dot products, as llama.cpp does
+                assert np.abs(y - y_ref).max() <= 0.05 * np.abs(y_ref).max()
+
+
+def test_fused_edge_cases(pools):
+    w = layer(GGMLType.Q4_0, seed=3)
+    k = pools[2]
+    x = np.ones(N_EMBD, np.float32)
+    none = k.sparse_ffn_plan("reglu", w.fc1, w.fc2, w.gate, w.up, w.down_t, 1e30)  # nothing predicted
+    y, n_active, n_nonzero = k.sparse_ffn_decode(none, x, x)
+    assert (n_active, n_nonzero) == (0, 0) and not y.any()
+    dead = k.sparse_ffn_plan("fatreglu", w.fc1, w.fc2, w.gate, w.up, w.down_t, -1e30, act_param=1e30)
+    y, n_active, n_nonzero = k.sparse_ffn_decode(dead, x, x)  # all predicted, every activation cut to 0
+    assert (n_active, n_nonzero) == (N_FF, 0) and not y.any()
+
+
+def test_fused_bad_input(pools):
+    w = layer(GGMLType.F16)
+    k = pools[1]
+    with pytest.raises(ValueError, match="fc2 has"):
+        k.sparse_ffn_plan("reglu", w.fc1, w.fc1, w.gate, w.up, w.down_t, 0.0)
+    with pytest.raises(ValueError, match="variant 'swiglu'"):
+        k.sparse_ffn_plan("swiglu", w.fc1, w.fc2, w.gate, w.up, w.down_t, 0.0)
+    plan = k.sparse_ffn_plan("reglu", w.fc1, w.fc2, w.gate, w.up, w.down_t, 0.0)
+    with pytest.raises(ValueError, match="x must be"):
+        k.sparse_ffn_decode(plan, np.ones(N_EMBD + 1, np.float32), np.ones(N_EMBD, np.float32))
+    with pytest.raises(ValueError, match="p must be"):
+        k.sparse_ffn_decode(plan, np.ones(N_EMBD, np.float32), np.ones(N_EMBD, np.float64))
+
+
+@pytest.mark.parametrize("variant", ["reglu", "dreglu"])
+def test_ffn_one_token_uses_the_fused_step(pools, variant):
+    """FFN's one-token predictor path goes through C and gives what its Python path gives."""
+    w = layer(GGMLType.Q8_0, seed=5)
+    k = pools[2]
+    ffn = FFN(k, w, variant, SparseSettings("predictor", 0.5))
+    assert ffn.fused is not None
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, N_EMBD)).astype(np.float32)
+    p = rng.standard_normal((1, N_EMBD)).astype(np.float32)
+    y_fused = ffn(x, p)
+    ffn.fused = None  # the Python path
+    y_python = ffn(x, p)
+    assert y_fused.shape == (1, N_EMBD)
+    assert np.array_equal(y_fused.view(np.uint32), y_python.view(np.uint32))
