@@ -113,9 +113,12 @@ def bench_dtype(dtype: str, a: argparse.Namespace) -> dict:
         dec = [r.decode_tok_s for r in rs]
         active = statistics.median(_fraction(r) for r in rs) if name != "llama.cpp" else float("nan")
         with_pred, without = ceilings(budget, name, active) if name != "llama.cpp" else (1.0, 1.0)
+        # the same rep's llama.cpp run was taken minutes apart at most: on a host whose bandwidth drifts, the
+        # median of these paired ratios is steadier than the ratio of the two medians
+        paired = statistics.median(d / r.decode_tok_s for d, r in zip(dec, runs["llama.cpp"]))
         rows.append(dict(config=name, decode_tok_s=statistics.median(dec), decode_min=min(dec), decode_max=max(dec),
                          prompt_tok_s=statistics.median(r.prompt_tok_s for r in rs),
-                         ratio=statistics.median(dec) / ref, active=active, ceiling=with_pred,
+                         ratio=statistics.median(dec) / ref, paired_ratio=paired, active=active, ceiling=with_pred,
                          ceiling_no_pred=without))
     return dict(dtype=dtype, pwri=str(pwri), dense=str(dense), calibration=info, bytes=budget, rows=rows)
 
@@ -123,18 +126,19 @@ def bench_dtype(dtype: str, a: argparse.Namespace) -> dict:
 def print_table(res: dict, a: argparse.Namespace) -> None:
     info, b = res["calibration"], res["bytes"]
     print(f"\n{res['dtype'].upper()}: {a.layers} layers of shape {a.shape}, predictor rank {a.rank}, "
-          f"{a.threads} threads, {a.n_gen} generated tokens, median of {a.reps}")
+          f"{a.threads} threads, {a.n_gen} generated tokens, median of {a.reps} ('vs llama.cpp': ratio of the "
+          f"medians; 'paired': median over reps of the ratio to llama.cpp's run in the same rep)")
     print(f"  calibration ({info['sample_tokens']} random tokens): active {info['measured_active']:.1%}, "
           f"predicted {info['measured_predicted']:.1%}, recall {info['measured_recall']:.3f}")
     mb = {k: v / 1e6 for k, v in b.items()}
     print(f"  MB per token (dense): other {mb['other']:.0f}, ffn_gate {mb['gate']:.0f}, ffn_up+down "
           f"{mb['up_down']:.0f}; predictor {mb['predictor']:.0f}")
-    print(f"  {'config':10} {'decode tok/s':>18} {'prompt tok/s':>13} {'vs llama.cpp':>13} {'active':>7} "
-          f"{'ceiling':>8} {'(no pred)':>9}")
+    print(f"  {'config':10} {'decode tok/s':>18} {'prompt tok/s':>13} {'vs llama.cpp':>13} {'paired':>7} "
+          f"{'active':>7} {'ceiling':>8} {'(no pred)':>9}")
     for r in res["rows"]:
         act = f"{r['active']:.1%}" if r["active"] == r["active"] else "-"
         print(f"  {r['config']:10} {r['decode_tok_s']:7.2f} ({r['decode_min']:.2f}-{r['decode_max']:.2f}) "
-              f"{r['prompt_tok_s']:13.1f} {r['ratio']:12.2f}x {act:>7} {r['ceiling']:7.2f}x "
+              f"{r['prompt_tok_s']:13.1f} {r['ratio']:12.2f}x {r['paired_ratio']:6.2f}x {act:>7} {r['ceiling']:7.2f}x "
               f"{r['ceiling_no_pred']:8.2f}x")
 
 
