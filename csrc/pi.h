@@ -116,9 +116,11 @@ void pi_geglu(pi_pool *pool, const float *g, const float *u, float *y, int64_t n
  * with SIMD paths; Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K unpacked block by block):
  *   y[t, c] = sum_{j < n_sel, h[t, j] != 0} h[t, j] * w[rows[j], c]
  * rows: int32 [n_sel], ascending, in range; h: f32 [n_tok, n_sel]; y: f32 [n_tok, n_cols], overwritten.
- * Rows whose h is zero for every token are never read. Threads split the output columns, so each y
- * element is one fixed sequence y = fma(h * d_block, q, y) over j: bit-identical across runs and thread
- * counts, and the same with or without zero-h rows in the list. */
+ * Rows whose h is zero for every token are never read, and the threads' split depends only on the rows left
+ * (and the thread count): the same bits with or without zero-h rows in the list. One token (F32/F16/BF16/
+ * Q8_0/Q4_0): the live rows are cut into one contiguous part per thread, whose partial outputs are summed in
+ * a fixed order (bit-identical from run to run for a thread count). Batches: threads split the output
+ * columns, each y element one fixed fma chain over j (bit-identical across thread counts too). */
 void pi_axpy_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *rows, const float *h,
                   int64_t n_sel, int64_t n_tok, float *y);
 /* Ascending i < n with logits[i] >= threshold (NaN: not selected) into out (room for n); returns the count. */

@@ -86,12 +86,14 @@ def test_axpy_matches_ref(pools, ggml_type, n_tok):
             rows = np.sort(rng.choice(n_rows, size=n_sel, replace=False)).astype(np.int32)
             h = make_h(rng, n_tok, n_sel)
             y1 = check(pools[1], w, rows, h)
-            # one column slice per thread: any thread count gives the same bits
             for n in (2, 3):
-                np.testing.assert_array_equal(pools[n].axpy_rows(w, rows, h), y1)
-            if n_tok > 1:  # the batched path equals one token at a time, bit for bit
+                if n_tok > 1:  # batches: one column slice per thread, any thread count gives the same bits
+                    np.testing.assert_array_equal(pools[n].axpy_rows(w, rows, h), y1)
+                else:  # decode: parts of the row list summed in a fixed order, within the same error bound
+                    check(pools[n], w, rows, h)
+            if n_tok > 1:  # the batched path equals one token at a time (one thread: one part), bit for bit
                 for t in (0, n_tok - 1):
-                    np.testing.assert_array_equal(pools[2].axpy_rows(w, rows, h[t]), y1[t])
+                    np.testing.assert_array_equal(pools[1].axpy_rows(w, rows, h[t]), y1[t])
 
 
 @pytest.mark.parametrize("ggml_type", KERNEL_TYPES, ids=lambda t: t.name)
@@ -146,9 +148,28 @@ def test_axpy_deterministic(pools):
     rows = np.sort(rng.choice(2000, size=700, replace=False)).astype(np.int32)
     for n_tok in (1, 5):
         h = make_h(rng, n_tok, 700)
-        first = pools[2].axpy_rows(w, rows, h)
-        for _ in range(5):
-            np.testing.assert_array_equal(pools[2].axpy_rows(w, rows, h), first)
+        for n in (2, 3):
+            first = pools[n].axpy_rows(w, rows, h)
+            for _ in range(5):
+                np.testing.assert_array_equal(pools[n].axpy_rows(w, rows, h), first)
+
+
+@pytest.mark.parametrize("ggml_type", (GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0), ids=lambda t: t.name)
+def test_axpy_decode_split_ignores_zero_rows(pools, ggml_type):
+    """Decode splits the list of live rows (non-zero h) among threads: the full list with zeros (`off`) and
+    the live rows alone (`exact`) give the same bits for every thread count, and the parts sum to the
+    one-thread result within rounding."""
+    rng = np.random.default_rng(8)
+    w = make_weight(ggml_type, 1500, 512, seed=8)
+    rows = np.arange(1500, dtype=np.int32)
+    h = make_h(rng, 1, 1500, zero_frac=0.8)[0]
+    live = h != 0
+    one = pools[1].axpy_rows(w, rows, h)
+    for n in (1, 2, 3):
+        y = pools[n].axpy_rows(w, rows, h)
+        np.testing.assert_array_equal(pools[n].axpy_rows(w, rows[live], np.ascontiguousarray(h[live])), y)
+        tol = (live.sum() + 2) * EPS32 * (np.abs(h.astype(np.float64)) @ np.abs(ref.dequantize(w).astype(np.float64)))
+        assert (np.abs(y.astype(np.float64) - one) <= tol).all()
 
 
 def test_axpy_bad_input(pools):
