@@ -149,4 +149,24 @@ typedef struct {
 int64_t pi_sparse_ffn_decode(pi_pool *pool, const pi_sparse_ffn *f, const float *x, const float *p,
                              float *fwork, int32_t *iwork, float *y, int64_t *n_nonzero);
 
+/* ---- one decode step of a LLaMA attention block (attn_block.c) -----------------------------------------
+ * For one token at position pos, with x the residual stream f32 [n_embd] (updated in place):
+ *   h = rmsnorm(x) * attn_norm; q, k, v = Wq h, Wk h, Wv h; RoPE on q and k (n_rot dims, if n_rot > 0);
+ *   k, v stored at pos in the f16 cache planes [n_head_kv, n_ctx, head_dim]; a = attention over positions
+ *   0..pos; x += Wo a; then, if ffn_in is not NULL, ffn_in = rmsnorm(x) * ffn_norm (the FFN's input).
+ * The same kernels in the order the Python path calls them: bit-identical to it. Blocks without biases or
+ * Q/K norms, full attention (no sliding window). work: f32 [2 * n_embd + 2 * n_head * head_dim
+ * + 2 * n_head_kv * head_dim]. */
+typedef struct {
+    int64_t n_embd, n_head, n_head_kv, head_dim, n_rot;
+    float eps, rope_base, rope_scale, attn_scale;
+    int rope_neox;
+    const float *attn_norm, *ffn_norm;   /* f32 [n_embd] (ffn_norm used only when ffn_in is given) */
+    int wq_type, wk_type, wv_type, wo_type;
+    const void *wq, *wk, *wv, *wo;       /* [n_head*head_dim, n_embd] x 1, [n_head_kv*head_dim, n_embd] x 2,
+                                            [n_embd, n_head*head_dim] */
+} pi_attn_block;
+void pi_attn_block_decode(pi_pool *pool, const pi_attn_block *b, float *x, int32_t pos, uint16_t *k_cache,
+                          uint16_t *v_cache, int64_t n_ctx, float *work, float *ffn_in);
+
 #endif

@@ -104,6 +104,17 @@ class SparseFFNPlan:
     rank: int
 
 
+@dataclass(frozen=True)
+class AttnBlockPlan:
+    """One attention block described to C (CpuKernels.attn_block_plan), with the buffers it points into."""
+    desc: object  # cdata pi_attn_block *
+    buffers: tuple
+    n_embd: int
+    n_head_kv: int
+    head_dim: int
+    work_floats: int
+
+
 class CpuKernels:
     """The C kernels with their thread pool. One per model; close() (or garbage collection) frees the pool."""
 
@@ -356,6 +367,65 @@ class CpuKernels:
         k = lib.pi_select_nonzero(ffi.from_buffer("float[]", x), len(x), ffi.from_buffer("int32_t[]", out)) \
             if len(x) else 0
         return out[:k]
+
+    # ---- one decode step of a LLaMA attention block (attn_block.c) -----------------------------------------
+
+    def attn_block_plan(self, wq: Tensor, wk: Tensor, wv: Tensor, wo: Tensor, attn_norm, ffn_norm, *,
+                        n_head: int, n_head_kv: int, head_dim: int, n_rot: int, rope_base: float,
+                        rope_scale: float, rope_neox: bool, eps: float, attn_scale: float) -> "AttnBlockPlan":
+        """Checks one layer's attention weights once and describes them to C for attn_block_decode."""
+        n_q, n_kv = n_head * head_dim, n_head_kv * head_dim
+        infos = {nm: self._weight(t) for nm, t in (("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo))}
+        n_embd = infos["wq"][4]
+        want = {"wq": (n_q, n_embd), "wk": (n_kv, n_embd), "wv": (n_kv, n_embd), "wo": (n_embd, n_q)}
+        for nm, (_, _, _, rows, cols) in infos.items():
+            if (rows, cols) != want[nm]:
+                raise ValueError(f"attn_block_plan: {nm} has {rows} x {cols} values, expected {want[nm][0]} x "
+                                 f"{want[nm][1]}")
+        norms = []
+        for nm, v in (("attn_norm", attn_norm), ("ffn_norm", ffn_norm)):
+            if not (type(v) is np.ndarray and v.dtype is _F32 and v.flags.c_contiguous and v.shape == (n_embd,)):
+                raise ValueError(f"attn_block_plan: {nm} must be a C-contiguous float32 array of shape ({n_embd},)")
+            norms.append(_fb(_FA, v))
+        if n_head % n_head_kv or n_rot % 2 or not 0 <= n_rot <= head_dim or not eps >= 0 or not rope_base > 0:
+            raise ValueError(f"attn_block_plan: bad attention shape or RoPE settings (n_head {n_head}, n_head_kv "
+                             f"{n_head_kv}, head_dim {head_dim}, n_rot {n_rot}, base {rope_base}, eps {eps})")
+        desc = ffi.new("pi_attn_block *")
+        desc.n_embd, desc.n_head, desc.n_head_kv, desc.head_dim, desc.n_rot = n_embd, n_head, n_head_kv, head_dim, n_rot
+        desc.eps, desc.rope_base, desc.rope_scale, desc.attn_scale = eps, rope_base, rope_scale, attn_scale
+        desc.rope_neox = 1 if rope_neox else 0
+        desc.attn_norm, desc.ffn_norm = norms
+        for nm, (_, wp, ty, _, _) in infos.items():
+            setattr(desc, nm, wp)
+            setattr(desc, f"{nm}_type", ty)
+        return AttnBlockPlan(desc, tuple(info[1] for info in infos.values()) + tuple(norms), n_embd,
+                             n_head_kv, head_dim, 2 * n_embd + 2 * n_q + 2 * n_kv)
+
+    def attn_block_decode(self, plan: "AttnBlockPlan", x, pos: int, k_cache, v_cache) -> np.ndarray:
+        """One token through a planned attention block: x f32 [n_embd] (the residual) gets the block's output
+        added in place, the token's K/V go to position pos of the f16 cache planes [n_head_kv, n_ctx, head_dim];
+        returns the FFN's input rmsnorm(x) * ffn_norm. Bit-identical to the separate kernels."""
+        if self._pool is None:
+            raise ValueError("this CpuKernels has been closed")
+        if not (type(x) is np.ndarray and x.dtype is _F32 and x.flags.c_contiguous and x.flags.writeable
+                and x.shape == (plan.n_embd,)):
+            raise ValueError(f"attn_block_decode: x must be a writable C-contiguous float32 array of shape "
+                             f"({plan.n_embd},)")
+        for nm, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if not (type(c) is np.ndarray and c.dtype is _F16 and c.flags.c_contiguous and c.flags.writeable
+                    and c.ndim == 3 and c.shape[0] == plan.n_head_kv and c.shape[2] == plan.head_dim
+                    and c.shape == k_cache.shape):
+                raise ValueError(f"attn_block_decode: {nm} must be a writable C-contiguous float16 array "
+                                 f"[{plan.n_head_kv}, n_ctx, {plan.head_dim}] like the other cache plane")
+        if not 0 <= pos < k_cache.shape[1]:
+            raise ValueError(f"attn_block_decode: position {pos} is outside the cache (n_ctx {k_cache.shape[1]})")
+        work = self.__dict__.get("_attn_work")
+        if work is None or work.size < plan.work_floats:
+            work = self._attn_work = np.empty(plan.work_floats, _F32)
+        out = np.empty(plan.n_embd, _F32)
+        lib.pi_attn_block_decode(self._pool, plan.desc, _fb(_FA, x), pos, _fb(_HA, k_cache), _fb(_HA, v_cache),
+                                 k_cache.shape[1], _fb(_FA, work), _fb(_FA, out))
+        return out
 
     # ---- one decode step of a predictor-driven FFN (sparse_ffn.c) -----------------------------------------
     FUSED_VARIANTS = {"reglu": 0, "fatreglu": 1, "dreglu": 2}  # enum pi_ffn_variant
