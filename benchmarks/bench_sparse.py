@@ -9,7 +9,8 @@ For each kernel the table prints the median time, GB/s on the bytes it touches (
 that as % of pi_read_probe's bandwidth measured in the same run, and the time relative to the dense kernel:
   axpy:  pi_axpy_rows on ffn_down_t [n_ff, n_embd] vs pi_matmul on ffn_down [n_embd, n_ff]
   rows:  pi_matmul_rows on ffn_gate [n_ff, n_embd] vs pi_matmul on the whole ffn_gate
-Every timed call starts with cold caches (a buffer of 4x the L3 is read between calls), as in a real model
+Every figure is of the C call itself (the Python wrappers run cold between kernels too, which the end-to-end
+benchmark counts). Every timed call starts with cold caches (a buffer of 4x the L3 is read between calls), as in a real model
 whose layers together are far larger than the caches. All configurations of a type and the probe are timed
 round-robin, one call each per round, so drifts of a shared machine's bandwidth hit them alike. Targets: >= 70% of the probe at 50-95% sparsity and
 dense/sparse time ratio <= 1.10 at 0%.
@@ -83,17 +84,26 @@ def main() -> None:
         x_embd = rng.standard_normal(args.n_embd, dtype=np.float32)
         wp = ffi.from_buffer(w_t.data)
         fns = {"probe": lambda: k.read_probe(probe)}
-        if do_axpy:
-            fns["dense axpy"] = lambda: k.matmul(w_d, x_ff)
+        wdp = ffi.from_buffer(w_d.data)
+        y_dense = (np.empty(args.n_embd, np.float32), np.empty(args.n_ff, np.float32))
+        if do_axpy:  # dense references as C calls too
+            fns["dense axpy"] = lambda: lib.pi_matmul(k._pool, int(ty), wdp, args.n_embd, args.n_ff,
+                                                      ffi.from_buffer("float[]", x_ff), 1,
+                                                      ffi.from_buffer("float[]", y_dense[0]))
         if has_rows:
-            fns["dense rows"] = lambda: k.matmul(w_t, x_embd)
+            fns["dense rows"] = lambda: lib.pi_matmul(k._pool, int(ty), wp, args.n_ff, args.n_embd,
+                                                      ffi.from_buffer("float[]", x_embd), 1,
+                                                      ffi.from_buffer("float[]", y_dense[1]))
         sizes = {}
         for s in (float(v) for v in args.sparsity.split(",")):
             rows = active_set(args.n_ff, s, rng)
             h = np.abs(rng.standard_normal(len(rows), dtype=np.float32)) + np.float32(0.01)
             sizes[s] = (len(rows), len(rows) * rb)
-            if do_axpy:
-                fns[("axpy", s)] = lambda rows=rows, h=h: k.axpy_rows(w_t, rows, h)
+            if do_axpy:  # the C call itself, like the row gather below: a cold Python wrapper costs tens of us
+                y_embd = np.empty(args.n_embd, np.float32)
+                fns[("axpy", s)] = (lambda rows=rows, h=h, y=y_embd: lib.pi_axpy_rows(
+                    k._pool, int(ty), wp, args.n_embd, ffi.from_buffer("int32_t[]", rows),
+                    ffi.from_buffer("float[]", h), len(rows), 1, ffi.from_buffer("float[]", y)))
             if has_rows:
                 y = np.empty(len(rows), np.float32)
                 fns[("rows", s)] = (lambda rows=rows, y=y: lib.pi_matmul_rows(

@@ -2,14 +2,17 @@
 model against llama.cpp on its dense GGUF twin, same run, same threads, same tokens.
 
     python benchmarks/bench_sparse_e2e.py [--dir /tmp/powerinfer-sparse-e2e] [--layers 8] [--dtypes q4_0,f16]
-        [--modes predictor,exact,off] [--reps 3] [-n 128] [-p 16] [-t 2] [--active 0.1] [--recall 0.9]
+        [--modes predictor,exact,off] [--reps 3] [-n 128] [-p 16] [-t 2] [--interleave 16] [--active 0.1] [--recall 0.9]
         [--rank 1024] [--regen] [--json FILE]
 
 The models (powerinfer_py.synth_sparse: d 4096, n_ff 11008, 32 heads, vocab 32000, rank-1024 predictors,
 10% of neurons active on average, predictor recall 0.9) are written once into --dir and reused while their
 parameters match (--regen rewrites them): 8 layers are ~3.8 GB per file in F16, ~1.1 GB in Q4_0.
-Each measurement is a child process of powerinfer_py.bench (one engine, one mode, one file), rotated rep by
-rep so drifts of the machine hit every configuration alike; medians over --reps.
+By default every configuration (llama.cpp and our modes) lives in this one process and they take turns of
+--interleave decode tokens (16), rotating the order every round, --reps rounds of ceil(-n / 16) turns each: the
+shared development machine's bandwidth drifts by tens of percent within a minute, and turns of a second or
+two let a drift hit every configuration alike. `--interleave 0` runs one child process of
+powerinfer_py.bench per configuration and rep instead (prompt tok/s too; medians over --reps).
 
 Printed per dtype: decode (and prompt) tok/s, decode ratio against llama.cpp, the active fraction our engine
 measured while decoding (predictor mode: neurons computed; exact: neurons with a non-zero ReLU), and the
@@ -23,15 +26,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the source tree, unless installed
 
 from powerinfer_py import synth_sparse  # noqa: E402
-from powerinfer_py.bench import run_child  # noqa: E402
+from powerinfer_py.bench import BENCH_TEXT, LlamaCppRef, _fit_tokens, run_child  # noqa: E402
 from powerinfer_py.gguf import open_gguf  # noqa: E402
 
 FFN = ("ffn_gate", "ffn_up", "ffn_down_t", "ffn_down")
@@ -123,11 +129,107 @@ def bench_dtype(dtype: str, a: argparse.Namespace) -> dict:
     return dict(dtype=dtype, pwri=str(pwri), dense=str(dense), calibration=info, bytes=budget, rows=rows)
 
 
+class _Ours:
+    """Our engine in one sparse mode, decoding greedily one token per step() (interleaved runs)."""
+
+    def __init__(self, path: Path, mode: str, ids: list[int], a: argparse.Namespace, n_ctx: int):
+        from powerinfer_py import load
+
+        self.llm = load(path, threads=a.threads, n_ctx=n_ctx, sparse=mode)
+        self.net = self.llm.model
+        self.cache = self.net.new_cache(n_ctx)
+        self.logits = self.net.forward(np.asarray(ids, dtype=np.int32), self.cache)  # the prompt, untimed
+        if self.net.sparsity is not None:
+            self.net.sparsity.reset()  # count decode tokens only
+        self.step_ids = np.empty(1, dtype=np.int32)
+
+    def step(self) -> None:
+        self.step_ids[0] = int(np.argmax(self.logits))
+        self.logits = self.net.forward(self.step_ids, self.cache)
+
+    def active(self) -> float:
+        s = self.net.sparsity
+        return float(s.mean_fraction) if s is not None else float("nan")
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+class _LlamaCpp:
+    """llama.cpp on the dense twin, decoding greedily one token per step()."""
+
+    def __init__(self, path: Path, ids: list[int], a: argparse.Namespace, n_ctx: int):
+        self.ref = LlamaCppRef(path, n_ctx=n_ctx, threads=a.threads, n_batch=max(len(ids), 32))
+        self.logits = self.ref.decode(ids)
+
+    def step(self) -> None:
+        self.logits = self.ref.decode([int(np.argmax(self.logits))])
+
+    def active(self) -> float:
+        return float("nan")
+
+    def close(self) -> None:
+        self.ref.close()
+
+
+def bench_dtype_interleaved(dtype: str, a: argparse.Namespace) -> dict:
+    """Every configuration in this one process, taking turns of --interleave timed tokens (plus one untimed
+    token after each switch, while the previous engine's threads wind down), --reps rounds of turns per
+    configuration in rotated order. A drift of the machine lasting longer than a turn (a second or two) hits
+    every configuration alike, where one process per configuration lets a minute of drift between runs skew
+    the ratios."""
+    pwri, dense = ensure_model(Path(a.dir), dtype, a)
+    info, budget = synth_sparse.synth_info(pwri), byte_budget(pwri)
+    n_turns = max(1, -(-a.n_gen // a.interleave)) * a.reps
+    n_ctx = a.n_prompt + n_turns * (a.interleave + 1) + 8
+    engines: dict[str, object] = {}
+    ref = LlamaCppRef(dense, n_ctx=8, threads=a.threads)  # the prompt's tokens (the twin shares the vocab)
+    ids = _fit_tokens(ref.tokenize(BENCH_TEXT, add_bos=False), a.n_prompt, ref.bos_id)
+    ref.close()
+    engines["llama.cpp"] = _LlamaCpp(dense, ids, a, n_ctx)
+    for mode in a.modes:
+        engines[mode] = _Ours(pwri, mode, ids, a, n_ctx)
+    names = list(engines)
+    rates: dict[str, list[float]] = {n: [] for n in names}  # tok/s per turn
+    for turn in range(n_turns):
+        k = turn % len(names)
+        for name in names[k:] + names[:k]:
+            e = engines[name]
+            e.step()  # untimed: the previous engine's pool may still be spinning
+            t0 = time.perf_counter()
+            for _ in range(a.interleave):
+                e.step()
+            rates[name].append(a.interleave / (time.perf_counter() - t0))
+        if (turn + 1) % len(names) == 0:
+            print(f"  turn {turn + 1}/{n_turns}: " + "  ".join(f"{n} {rates[n][-1]:.2f}" for n in names), flush=True)
+    rows = []
+    ref_rates = rates["llama.cpp"]
+    for name in names:
+        r = rates[name]
+        total = len(r) * a.interleave / sum(a.interleave / x for x in r)  # tokens / seconds over all turns
+        active = engines[name].active()
+        with_pred, without = ceilings(budget, name, active) if name != "llama.cpp" else (1.0, 1.0)
+        ref_total = len(ref_rates) * a.interleave / sum(a.interleave / x for x in ref_rates)
+        rows.append(dict(config=name, decode_tok_s=total, decode_min=min(r), decode_max=max(r),
+                         prompt_tok_s=float("nan"), ratio=total / ref_total,
+                         paired_ratio=statistics.median(x / y for x, y in zip(r, ref_rates)),
+                         active=active, ceiling=with_pred, ceiling_no_pred=without))
+    for e in engines.values():
+        e.close()
+    return dict(dtype=dtype, pwri=str(pwri), dense=str(dense), calibration=info, bytes=budget, rows=rows)
+
+
 def print_table(res: dict, a: argparse.Namespace) -> None:
     info, b = res["calibration"], res["bytes"]
+    if a.interleave:
+        how = (f"one process, turns of {a.interleave} tokens, {a.reps} x {max(1, -(-a.n_gen // a.interleave))} "
+               f"turns per configuration ('decode tok/s': all turns, range over turns; 'paired': median over "
+               f"rounds of the ratio to llama.cpp's turn in the same round)")
+    else:
+        how = (f"{a.n_gen} generated tokens, median of {a.reps} processes ('vs llama.cpp': ratio of the medians; "
+               f"'paired': median over reps of the ratio to llama.cpp's run in the same rep)")
     print(f"\n{res['dtype'].upper()}: {a.layers} layers of shape {a.shape}, predictor rank {a.rank}, "
-          f"{a.threads} threads, {a.n_gen} generated tokens, median of {a.reps} ('vs llama.cpp': ratio of the "
-          f"medians; 'paired': median over reps of the ratio to llama.cpp's run in the same rep)")
+          f"{a.threads} threads, {how}")
     print(f"  calibration ({info['sample_tokens']} random tokens): active {info['measured_active']:.1%}, "
           f"predicted {info['measured_predicted']:.1%}, recall {info['measured_recall']:.3f}")
     mb = {k: v / 1e6 for k, v in b.items()}
@@ -138,7 +240,8 @@ def print_table(res: dict, a: argparse.Namespace) -> None:
     for r in res["rows"]:
         act = f"{r['active']:.1%}" if r["active"] == r["active"] else "-"
         print(f"  {r['config']:10} {r['decode_tok_s']:7.2f} ({r['decode_min']:.2f}-{r['decode_max']:.2f}) "
-              f"{r['prompt_tok_s']:13.1f} {r['ratio']:12.2f}x {r['paired_ratio']:6.2f}x {act:>7} {r['ceiling']:7.2f}x "
+              f"{'-' if math.isnan(r['prompt_tok_s']) else format(r['prompt_tok_s'], '.1f'):>13} "
+              f"{r['ratio']:12.2f}x {r['paired_ratio']:6.2f}x {act:>7} {r['ceiling']:7.2f}x "
               f"{r['ceiling_no_pred']:8.2f}x")
 
 
@@ -150,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", default="q4_0,f16")
     ap.add_argument("--modes", default="predictor,exact,off")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--interleave", type=int, default=16, metavar="N",
+                    help="all configurations in one process, taking turns of N decode tokens (default 16); "
+                         "0: one process per configuration and rep (prompt tok/s too)")
     ap.add_argument("-n", "--n-gen", type=int, default=128)
     ap.add_argument("-p", "--n-prompt", type=int, default=16)
     ap.add_argument("-t", "--threads", type=int, default=2)
@@ -167,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(a.dir).mkdir(parents=True, exist_ok=True)
     results = []
     for dtype in a.dtypes.split(","):
-        results.append(bench_dtype(dtype, a))
+        results.append(bench_dtype_interleaved(dtype, a) if a.interleave else bench_dtype(dtype, a))
         print_table(results[-1], a)
     for res in results:  # all tables together at the end, as the issue's README table wants them
         print_table(res, a)
