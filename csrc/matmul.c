@@ -660,6 +660,28 @@ static void q4_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
 }
 #endif
 
+/* ==== Q5_0 decode on AVX-512: one row at a time ================================================================
+ * tile_q for R = T = 1 (the same arithmetic, so the same bits as the 4-row tiles and the batched path), with
+ * the row stream prefetched Q5_ROW_PF_DIST ahead: one sequential stream per thread instead of four. Measured
+ * cold, two threads, against the 4-row tiles: 4096 x 4096 +20%, 11008 x 4096 +26%, 4096 x 11008 +18%. */
+#if defined(MM_AVX512)
+#define Q5_ROW_DECODE 1
+#define Q5_ROW_PF_DIST 4096
+static void q5_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
+    const int64_t size = kind_size(2), nb = j->n_cols / QK, nfull = nb / BPV * BPV;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *rows[1] = {mm_row(j, r)};
+        fv acc[1][4] = {{fv_zero()}};
+        for (int64_t b = 0; b < nfull; b += BPV) {
+            _mm_prefetch((const char *)rows[0] + b * size + Q5_ROW_PF_DIST, _MM_HINT_T0); /* past the end: next row */
+            tile_q_step(j, rows, 0, b, acc, 1, 1, 2, 1);
+        }
+        if (nfull < nb) tile_q_step(j, rows, 0, nfull, acc, 1, 1, 2, 0);
+        j->y[r] = fv_sum(acc[0][0]);
+    }
+}
+#endif
+
 /* ==== F16 / BF16 decode on AVX-512: one row at a time, for rows whose activations fit in L1 ====================
  * One sequential stream per thread, as for Q4_0 and Q8_0 above, software-prefetched F_ROW_PF_DIST bytes ahead
  * (the tiles prefetch nothing for float types). The activations are re-read once per row, so this pays only
@@ -728,6 +750,12 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
 #if defined(Q8_ROW_DECODE)
         if (j->type == PI_Q8_0) {
             q8_decode_rows(j, r, r_end);
+            return;
+        }
+#endif
+#if defined(Q5_ROW_DECODE)
+        if (j->type == PI_Q5_0 && !j->sel) {
+            q5_decode_rows(j, r, r_end);
             return;
         }
 #endif
