@@ -42,6 +42,7 @@
 #define INLINE static inline __attribute__((always_inline))
 /* decode streams each row once: the rows in flight are prefetched this many bytes ahead (the hardware
  * prefetcher alone leaves the 2-thread mat-vec ~25% short of the read probe on Zen 5) */
+#define STREAM_SPAN 1.1 /* gathers whose rows span <= 1.1 x their count decode as one stream (see mm_job) */
 #ifndef PF_DIST
 #define PF_DIST 768
 #endif
@@ -60,6 +61,8 @@ typedef struct {
     int64_t nbp;         /* blocks per token, rounded up to the vector's blocks */
     int64_t rows_per_chunk;
     const int32_t *sel;  /* NULL: output row i is weight row i; else weight row sel[i] (pi_matmul_rows) */
+    int stream;          /* decode reads its rows as one stream: dense, or a selection spanning at most
+                            STREAM_SPAN x its row count (mostly neighbours); else the gather tiles */
     float *y;            /* f32 [n_tok, n_rows] */
 } mm_job;
 
@@ -567,6 +570,24 @@ static void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
 }
 #endif
 
+/* ==== row-at-a-time decode: the prefetch stream ===============================================================
+ * The row decoders below walk their rows one after another and prefetch `dist` bytes ahead in the sequence of
+ * those rows laid end to end: for a dense matrix that is plain address + dist; for gathered rows (matmul_rows)
+ * it crosses into the next selected rows, so scattered rows are requested before they are reached as well. */
+typedef struct { int64_t r, off; } pf_stream;
+INLINE pf_stream pf_start(const mm_job *j, int64_t r, int64_t dist) {
+    pf_stream a = {r + dist / j->row_bytes, dist % j->row_bytes};
+    return a;
+}
+INLINE void pf_step(const mm_job *j, pf_stream *a, int64_t r1, int64_t step) {
+    if (a->r < r1) _mm_prefetch((const char *)mm_row(j, a->r) + a->off, _MM_HINT_T0);
+    a->off += step;
+    if (a->off >= j->row_bytes) {
+        a->off -= j->row_bytes;
+        a->r++;
+    }
+}
+
 /* ==== Q8_0 decode on AVX-512: one row at a time ================================================================
  * Each thread walks its rows in order, so its weights are one sequential stream that the hardware prefetcher
  * follows (the R-row tiles above interleave R streams; for Q8_0's 34-byte blocks that measured ~31 GB/s against
@@ -617,8 +638,9 @@ static void q8_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
  * (the correction and scale vectors in quad-lane order, two permutes per quad) is laid out once per chunk on
  * the stack and each quad of each row then needs loads only for it. The arithmetic is tile_quad_step's for
  * R = T = 1, operation for operation: the same bits as the quad tiles and the batched path. Measured cold, two
- * threads, against the 8-row quads: 4096 x 4096 +22-24%, 11008 x 4096 +16-19%, 4096 x 11008 +19%. Dense decode only
- * (gathered rows keep the quad tiles, tuned for scattered rows), rows up to Q4_ROW_MAX_QUADS quads. */
+ * threads, against the 8-row quads: 4096 x 4096 +22-24%, 11008 x 4096 +16-19%, 4096 x 11008 +19%. Dense decode
+ * and gathers of mostly neighbouring rows (mm_job.stream) only: scattered rows keep the quad tiles, whose 8 rows
+ * in flight serve them better (measured 26 against 34 GB/s at 50% of the rows), up to Q4_ROW_MAX_QUADS quads. */
 #if defined(MM_AVX512)
 #define Q4_ROW_DECODE 1
 #define Q4_ROW_MAX_QUADS 256 /* 32768 columns: 2 x 16 KB of activation-side vectors on the stack */
@@ -638,9 +660,9 @@ static void q4_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *row = mm_row(j, r);
         __m512 acc = _mm512_setzero_ps();
+        pf_stream ahead = pf_start(j, r, Q4_ROW_PF_DIST);
         for (int64_t b = 0; b < nq; b += QB) {
-            _mm_prefetch((const char *)row + b * size + Q4_ROW_PF_DIST, _MM_HINT_T0); /* rows are contiguous:
-                                                                                          past the end is the next row */
+            pf_step(j, &ahead, r1, QB * size);
             const wquad w = quad_load(row + b * size, 1);
             const __m512i xlo = _mm512_loadu_si512(j->xq + b * QK), xhi = _mm512_loadu_si512(j->xq + b * QK + 64);
             acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_dot(&w, xlo, xhi, xcv[b / QB])), _mm512_mul_ps(w.d, xdv[b / QB]),
@@ -672,8 +694,9 @@ static void q5_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *rows[1] = {mm_row(j, r)};
         fv acc[1][4] = {{fv_zero()}};
+        pf_stream ahead = pf_start(j, r, Q5_ROW_PF_DIST);
         for (int64_t b = 0; b < nfull; b += BPV) {
-            _mm_prefetch((const char *)rows[0] + b * size + Q5_ROW_PF_DIST, _MM_HINT_T0); /* past the end: next row */
+            pf_step(j, &ahead, r1, BPV * size);
             tile_q_step(j, rows, 0, b, acc, 1, 1, 2, 1);
         }
         if (nfull < nb) tile_q_step(j, rows, 0, nfull, acc, 1, 1, 2, 0);
@@ -698,9 +721,9 @@ static void f_decode_rows(const mm_job *j, int64_t r0, int64_t r1, const int typ
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *row = mm_row(j, r);
         fv acc = fv_zero();
+        pf_stream ahead = pf_start(j, r, F_ROW_PF_DIST);
         for (int64_t k = 0; k < kfull; k += FL) {
-            if (!(k & 31)) /* one prefetch per 64 bytes of the 2-byte types; past the end: the next row */
-                _mm_prefetch((const char *)row + 2 * k + F_ROW_PF_DIST, _MM_HINT_T0);
+            if (!(k & 31)) pf_step(j, &ahead, r1, 64); /* one prefetch per 64 bytes of the 2-byte types */
             acc = fv_fma(wf_load(type, row, k, 0, 0), xf_load(j->x + k, 0, 0), acc);
         }
         if (kfull < K) {
@@ -738,7 +761,7 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
     if (j->n_tok == 1) {
         int64_t r = r_beg;
 #if defined(Q4_ROW_DECODE)
-        if (j->type == PI_Q4_0 && !j->sel && (j->n_cols / QK + QB - 1) / QB <= Q4_ROW_MAX_QUADS) {
+        if (j->type == PI_Q4_0 && j->stream && (j->n_cols / QK + QB - 1) / QB <= Q4_ROW_MAX_QUADS) {
             q4_decode_rows(j, r, r_end);
             return;
         }
@@ -754,13 +777,13 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
         }
 #endif
 #if defined(Q5_ROW_DECODE)
-        if (j->type == PI_Q5_0 && !j->sel) {
+        if (j->type == PI_Q5_0 && j->stream) {
             q5_decode_rows(j, r, r_end);
             return;
         }
 #endif
 #if defined(F_ROW_DECODE)
-        if ((j->type == PI_F16 || j->type == PI_BF16) && !j->sel && j->n_cols <= F_ROW_MAX_COLS) {
+        if ((j->type == PI_F16 || j->type == PI_BF16) && j->stream && j->n_cols <= F_ROW_MAX_COLS) {
             if (j->type == PI_F16) f_decode_rows(j, r, r_end, PI_F16);
             else f_decode_rows(j, r, r_end, PI_BF16);
             return;
@@ -881,7 +904,8 @@ static void mm_run(pi_pool *pool, int type, const void *w, int64_t n_cols, const
         return;
     }
     mm_job j = {.type = type, .w = w, .row_bytes = pi_row_size(type, n_cols), .n_rows = n_out, .n_cols = n_cols,
-                .n_tok = n_tok, .x = x, .sel = sel, .y = y};
+                .n_tok = n_tok, .x = x, .sel = sel, .y = y,
+                .stream = !sel || (n_out > 0 && (double)(sel[n_out - 1] - sel[0] + 1) <= STREAM_SPAN * (double)n_out)};
     if (type == PI_Q8_0 || type == PI_Q4_0 || type == PI_Q5_0) {
         const int64_t nb = n_cols / QK;
         int64_t per = BPV; /* blocks per vector step */
