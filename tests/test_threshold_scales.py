@@ -154,3 +154,23 @@ def test_predictor_labels_follow_the_scaled_rule():
     d.add(np.zeros((1, 3), np.float32), act, 0.9)
     _, y = d.arrays()
     assert y.tolist() == [[True, False, False, True], [False, True, False, True]]
+
+
+@pytest.mark.parametrize("flag", [[], ["--plain"]])
+def test_cli_calibrate_plain_flag(synthetic_model, tmp_path, flag):
+    import json
+
+    from typer.testing import CliRunner
+
+    from powerinfer_cli.main import app
+
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    out = tmp_path / "c.gguf"
+    res = CliRunner().invoke(app, ["calibrate", "-m", str(synthetic_model("qwen2", "f32")), "--sparsity", "0.3",
+                                   "--text", str(text), "-o", str(out), "--tokens", "80", "-c", "32", "--json",
+                                   "-t", "1", *flag])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout.strip().splitlines()[-1])["neuron_scales"] is (not flag)
+    with open_gguf(out) as f:
+        assert bool([k for k in f.metadata if k.startswith(KEY_FFN_NEURON_SCALES)]) is (not flag)
