@@ -7,9 +7,10 @@
    the layer input), and act, the activated gating values. Label: neuron active iff act != 0, which is what
    the sparse engine skips on (ReLU-family FFNs: reglu, fatreglu, dreglu, relu). SwiGLU/GeGLU FFNs (llama with
    silu, qwen2, gemma3) have no exact zeros: their label is threshold mode's keep rule |act| * c >= the
-   layer's cut-off (threshold.py; c the file's neuron scales, 1 without them), read from a file calibrated by `powerinfer calibrate` (at its sparsity, or another one
-   interpolated from its quantiles), so the predictor learns to skip what threshold mode would skip -- without
-   computing the gate. ffn.py's predictor mode then computes gate and up rows for predicted neurons only.
+   layer's cut-off (threshold.py; c the file's neuron scales, 1 without them), read from a file calibrated
+   by `powerinfer calibrate` (at its sparsity, or another one interpolated from its quantiles), so the
+   predictor learns to skip what threshold mode would skip -- without computing the gate. ffn.py's predictor
+   mode then computes gate and up rows for predicted neurons only.
    Memory: p is kept as f32 [T, n_embd] per layer and the labels as packed bits, so T tokens of an L-layer
    model take about T * L * (4 * n_embd + n_ff / 8) bytes (2048 tokens of a 7B model: ~1.1 GB).
 2. train(): per layer, predictor_fit.fit_layer at a fixed rank, or with rank "auto" at the smallest rank of
