@@ -1,9 +1,11 @@
 """Threshold sparsity on Gemma 3 270M (the demo model): what it costs in perplexity and what it buys in decode speed.
 
-1. Calibrates the model on benchmarks/data/calibration.txt for --sparsity (default 0.4) into a temporary copy.
+1. Calibrates the model on benchmarks/data/calibration.txt for --sparsity (default 0.4) into a temporary copy,
+   with neuron scales (score |act_i| * c_i, threshold.py), and a second copy without (the plain |act_i| score).
 2. Perplexity on benchmarks/data/evaluation.txt (a different text, never seen by the calibration), dense and
    in threshold mode at the target sparsity (plus --sweep sparsities from the same calibration's quantiles),
-   with the skipped fraction measured on that text. The issue's target: increase <= 5% at 40%.
+   with the skipped fraction measured on that text; the plain copy at the target for comparison. The
+   issue's target: increase <= 5% at 40%.
 3. Decode tok/s, in this one process, alternating rep by rep: --sparse off, and threshold mode with each
    down-projection choice (threshold.py: auto, dense ffn_down matmul, transposed Q8_0 copy + AXPY). Medians.
 
@@ -69,18 +71,23 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = a.calibrated or Path(tmp) / "calibrated.gguf"
+        plain = None
         if a.calibrated is None:
             t0 = time.perf_counter()
             res = calibrate(model, path, a.sparsity, text=cal_text, n_tokens=100_000, ctx=256, threads=a.threads)
             print(f"calibrated {model.name} on {res.n_tokens} tokens of calibration.txt for sparsity "
                   f"{a.sparsity:g} in {time.perf_counter() - t0:.1f} s")
+            if not a.speed_only:
+                plain = Path(tmp) / "plain.gguf"
+                calibrate(model, plain, a.sparsity, text=cal_text, n_tokens=100_000, ctx=256, threads=a.threads,
+                          scales=False)
 
         if not a.speed_only:
-            ppl_table(path, eval_text, a)
+            ppl_table(path, eval_text, a, plain)
         decode_table(path, a)
 
 
-def ppl_table(path: Path, eval_text: str, a) -> None:
+def ppl_table(path: Path, eval_text: str, a, plain: Path | None = None) -> None:
     dense_ppl, _ = measure_ppl(path, eval_text, a.ctx, a.threads, sparse="off")
     print(f"\nperplexity on evaluation.txt (not used for calibration), windows of {a.ctx} tokens")
     print(f"{'mode':<24}{'skipped':>9}{'perplexity':>12}{'increase':>10}")
@@ -90,6 +97,10 @@ def ppl_table(path: Path, eval_text: str, a) -> None:
         mark = "  <- target" if s == a.sparsity else ""
         print(f"{'threshold ' + format(s, 'g'):<24}{100 * skipped:8.1f}%{ppl:12.3f}"
               f"{100 * (ppl / dense_ppl - 1):9.1f}%{mark}")
+    if plain is not None:
+        ppl, skipped = measure_ppl(plain, eval_text, a.ctx, a.threads, sparse="threshold", sparsity=a.sparsity)
+        print(f"{'plain |act| ' + format(a.sparsity, 'g'):<24}{100 * skipped:8.1f}%{ppl:12.3f}"
+              f"{100 * (ppl / dense_ppl - 1):9.1f}%  (no neuron scales)")
 
 
 def decode_table(path: Path, a) -> None:
@@ -100,7 +111,8 @@ def decode_table(path: Path, a) -> None:
         cuts = llm.config.ffn_thresholds
         variants = {"off": SparseSettings("off", 0.0)}
         for down in ("auto", "dense", "transposed"):
-            variants[f"threshold/{down}"] = SparseSettings("threshold", 0.0, a.sparsity, cuts, down)
+            variants[f"threshold/{down}"] = SparseSettings("threshold", 0.0, a.sparsity, cuts, down,
+                                                           llm.config.ffn_neuron_scales)
         models = {k: build_model(llm.config, weights.tensors, llm.kernels, v) for k, v in variants.items()}
         speeds: dict[str, list[float]] = {k: [] for k in models}
         for m in models.values():

@@ -17,8 +17,9 @@ EPILOG = """\
   powerinfer run -m gemma-270m.t40.gguf "Once upon a time" --sparse threshold -v
   powerinfer calibrate -m model.gguf --sparsity 0.5 -o model.t50.gguf      # text sampled from the model
 
-The copy holds every tensor of MODEL unchanged plus powerinfer.sparsity, powerinfer.ffn_thresholds and
-powerinfer.ffn_threshold_quantiles (a run may ask for another --sparsity without calibrating again).
+The copy holds every tensor of MODEL unchanged plus powerinfer.sparsity, powerinfer.ffn_thresholds,
+powerinfer.ffn_threshold_quantiles (a run may ask for another --sparsity without calibrating again) and, unless
+--plain, powerinfer.ffn_neuron_scales.N per layer (the cut-offs apply to |act| times each neuron's scale).
 """
 
 
@@ -31,10 +32,13 @@ def calibrate(
     tokens: int = typer.Option(1024, "--tokens", min=1, help="Calibration tokens at most."),
     ctx_size: int = typer.Option(256, "-c", "--ctx-size", min=2, help="Window size in tokens."),
     threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1, help="CPU threads (default: all cores)."),
+    plain: bool = typer.Option(False, "--plain", help="Cut-offs on |act(gate)| alone, without per-neuron scales "
+                               "(the mean |up·x| of each neuron; with them the perplexity cost is lower)."),
     as_json: bool = typer.Option(False, "--json", help="Print the thresholds as one JSON object."),
 ) -> None:
-    """Calibrate threshold sparsity: run MODEL densely over text, pick per-layer cut-offs on |act(gate)| that
-    skip the target fraction of neurons, write a copy of MODEL with them in its metadata."""
+    """Calibrate threshold sparsity: run MODEL densely over text, pick per-layer cut-offs on |act(gate)| times
+    per-neuron scales that skip the target fraction of neurons, write a copy of MODEL with them in its
+    metadata."""
     from powerinfer_py.calibrate import calibrate as run_calibration
     from powerinfer_py.errors import PowerInferError
 
@@ -46,7 +50,8 @@ def calibrate(
             except UnicodeDecodeError as e:
                 raise PowerInferError(f"{text}: not UTF-8 text ({e.reason})") from None
         result = run_calibration(model_path(model), out, sparsity, text=body, n_tokens=tokens, ctx=ctx_size,
-                                 threads=threads, on_progress=lambda m: stderr.print(m, style="dim"))
+                                 threads=threads, on_progress=lambda m: stderr.print(m, style="dim"),
+                                 scales=not plain)
     if as_json:
         print(json.dumps(result.to_json()))
         return

@@ -1,17 +1,21 @@
 """Calibrate threshold sparsity (threshold.py): run a SwiGLU/GeGLU model densely over calibration text, pick per
-layer the cut-off on |act(gate)| below which the target fraction of neurons falls, and write a copy of the
-model file with the cut-offs in its metadata (config.py: KEY_SPARSITY, KEY_FFN_THRESHOLDS, KEY_FFN_QUANTILES).
+layer the cut-off on the neuron score |act(gate)_i| * c_i below which the target fraction of neurons falls,
+and write a copy of the model file with the cut-offs and scales in its metadata (config.py: KEY_SPARSITY,
+KEY_FFN_THRESHOLDS, KEY_FFN_QUANTILES, KEY_FFN_NEURON_SCALES).
 
 The activations come from the FFN observer hook (ffn.py), which sees act(gate·x) of the real dense forward
 pass. The text runs in the windows perplexity.py uses (BOS + up to ctx - 1 tokens, fresh cache each), and the
 BOS position is left out of the statistics (its activations are atypical and it never needs predicting).
-Cut-off t_l = the `sparsity` quantile of |act| over all (token, neuron) pairs of layer l, so on this text a
-fraction `sparsity` of the neurons is skipped per layer, on average over tokens. The full quantile grid is
+The neuron scale c_i is the mean |up_i·x| over the text, divided by its mean over the layer's neurons
+(threshold.py says why); with scales=False every c_i is 1 and no scales are written (the plain |act| score).
+Cut-off t_l = the `sparsity` quantile of the score over all (token, neuron) pairs of layer l, so on this text
+a fraction `sparsity` of the neurons is skipped per layer, on average over tokens. The full quantile grid is
 stored too, so a run may ask for another sparsity without calibrating again.
 
 Without a text, calibration text is sampled from the model itself (temperature 0.8 from BOS, fixed seed):
 the result says so. Memory: at most MAX_VALUES |act| samples per layer are kept (a uniform subsample when the
-text has more), so calibrating a 7B model stays within a few hundred MB.
+text has more, with their neuron indices), so calibrating a 7B model stays within a few hundred MB. The up
+values cost one more up mat-vec per token during calibration (the observer sees act only).
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from .config import KEY_FFN_QUANTILES, KEY_FFN_THRESHOLDS, KEY_SPARSITY
+from .config import KEY_FFN_NEURON_SCALES, KEY_FFN_QUANTILES, KEY_FFN_THRESHOLDS, KEY_SPARSITY
 from .errors import PowerInferError, UnsupportedError
 from .perplexity import DEFAULT_BATCH, windows
 from .threshold import THRESHOLD_VARIANTS, check_sparsity, quantile_rows
@@ -41,25 +45,52 @@ class CalibrationResult:
     n_tokens: int  # text tokens whose activations were counted
     text_source: str  # "file" or "sampled from the model"
     skipped: list[float] = field(default_factory=list)  # per layer, fraction below the cut-off on the text
+    scaled: bool = True  # neuron scales written (score |act_i| * c_i), else the plain |act_i| score
 
     def to_json(self) -> dict:
         return {"path": str(self.path), "sparsity": self.sparsity, "thresholds": self.thresholds,
-                "n_tokens": self.n_tokens, "text_source": self.text_source, "skipped": self.skipped}
+                "n_tokens": self.n_tokens, "text_source": self.text_source, "skipped": self.skipped,
+                "neuron_scales": self.scaled}
 
 
 class _Collector:
-    """Observer that keeps |act| samples per layer (skipping the BOS row of each window)."""
+    """Observer that keeps |act| samples with their neuron indices per layer (skipping the BOS row of each
+    window) and, for the neuron scales, sums |up·x| per neuron over every counted row."""
 
-    def __init__(self, n_layer: int, keep: float, seed: int = 0):
+    def __init__(self, ffns, keep: float, scales: bool, seed: int = 0):
+        n_layer, n_ff = len(ffns), ffns[0].n_ff if ffns else 0
+        self.ffns, self.scales = ffns, scales
         self.values: list[list[np.ndarray]] = [[] for _ in range(n_layer)]
+        self.neurons: list[list[np.ndarray]] = [[] for _ in range(n_layer)]
+        self.up_sum = [np.zeros(f.n_ff, dtype=np.float64) for f in ffns]
+        self.rows = [0] * n_layer
         self.keep, self.rng = keep, np.random.default_rng(seed)
         self.skip_first = False  # set per forward call: the chunk starts with BOS
 
     def __call__(self, layer, x, p, act) -> None:
-        a = np.abs(act[1:] if self.skip_first else act).reshape(-1)
-        if self.keep < 1.0:
-            a = a[self.rng.random(a.shape[0]) < self.keep]
-        self.values[layer].append(a.astype(np.float32))
+        first = 1 if self.skip_first else 0
+        a = np.abs(act[first:])
+        if self.scales:
+            f = self.ffns[layer]
+            u = f.k.matmul(f.w.up, x[first:]) if len(a) else np.zeros((0, f.n_ff), np.float32)
+            self.up_sum[layer] += np.abs(u).sum(axis=0, dtype=np.float64)
+            self.rows[layer] += len(a)
+        n_ff = a.shape[1]
+        flat = a.reshape(-1)
+        if self.keep >= 1.0:
+            idx = np.arange(flat.shape[0])
+        else:
+            idx = np.flatnonzero(self.rng.random(flat.shape[0]) < self.keep)
+        self.values[layer].append(flat[idx].astype(np.float32))
+        self.neurons[layer].append((idx % n_ff).astype(np.int32))
+
+    def layer_scale(self, layer: int) -> np.ndarray | None:
+        """f32 [n_ff]: mean |up·x| per neuron over the counted rows, normalized to mean 1 (None: no scales)."""
+        if not self.scales or self.rows[layer] == 0:
+            return None
+        c = self.up_sum[layer] / self.rows[layer]
+        mean = c.mean()
+        return (c / mean if mean > 0 else np.ones_like(c)).astype(np.float32)
 
 
 def sample_text(llm, n_tokens: int, seed: int = SAMPLE_SEED) -> list[int]:
@@ -78,13 +109,15 @@ def sample_text(llm, n_tokens: int, seed: int = SAMPLE_SEED) -> list[int]:
 
 
 def collect_thresholds(llm, ids: list[int], sparsity: float, ctx: int = DEFAULT_CTX, batch: int = DEFAULT_BATCH,
-                       on_window: Callable[[int], None] | None = None) -> tuple[list[float], np.ndarray, list[float]]:
-    """(per-layer cut-offs, quantile table f32 [n_layer, 101], per-layer skipped fraction on ids) from a dense
-    run of `llm` over the token ids (no BOS; windows as in perplexity.py)."""
+                       on_window: Callable[[int], None] | None = None, scales: bool = True
+                       ) -> tuple[list[float], np.ndarray, list[float], list[np.ndarray] | None]:
+    """(per-layer cut-offs, quantile table f32 [n_layer, 101], per-layer skipped fraction on ids, per-layer
+    neuron scales f32 [n_ff] or None when scales=False) from a dense run of `llm` over the token ids (no BOS;
+    windows as in perplexity.py)."""
     c, model = llm.config, llm.model
     bos = llm.tokenizer.bos_id if llm.tokenizer.bos_id is not None and llm.tokenizer.bos_id >= 0 else None
     keep = min(1.0, MAX_VALUES / max(1, len(ids) * c.n_ff))
-    col = _Collector(c.n_layer, keep)
+    col = _Collector(model.ffns, keep, scales)
     cache = model.new_cache(min(ctx, llm.n_ctx))
     for f in model.ffns:
         f.observer = col
@@ -100,24 +133,29 @@ def collect_thresholds(llm, ids: list[int], sparsity: float, ctx: int = DEFAULT_
     finally:
         for f in model.ffns:
             f.observer = None
-    thresholds, table, skipped = [], [], []
+    thresholds, table, skipped, layer_scales = [], [], [], []
     for il in range(c.n_layer):
         mags = np.concatenate(col.values[il]) if col.values[il] else np.zeros(0, np.float32)
         if mags.size == 0:
             raise PowerInferError("no activations were collected: the calibration text is empty")
+        scale = col.layer_scale(il)
+        layer_scales.append(scale)
+        if scale is not None:  # the score threshold mode compares: |act_i| * c_i
+            mags *= scale[np.concatenate(col.neurons[il])]
         table.append(quantile_rows(mags))
         t = float(np.quantile(mags.astype(np.float64), sparsity)) if sparsity > 0 else 0.0
         thresholds.append(t)
         skipped.append(float(np.mean(mags < np.float32(t))) if sparsity > 0 else 0.0)
-        col.values[il] = []
-    return thresholds, np.stack(table), skipped
+        col.values[il], col.neurons[il] = [], []
+    return thresholds, np.stack(table), skipped, (layer_scales if scales else None)
 
 
 def calibrate(model: str | os.PathLike, out: str | os.PathLike, sparsity: float, text: str | None = None,
               n_tokens: int = DEFAULT_TOKENS, ctx: int = DEFAULT_CTX, threads: int | None = None,
-              on_progress: Callable[[str], None] | None = None) -> CalibrationResult:
+              on_progress: Callable[[str], None] | None = None, scales: bool = True) -> CalibrationResult:
     """Calibrate `model` for `sparsity` on `text` (None: text sampled from the model) and write the copy `out`
-    (atomically: a temporary file in out's folder, renamed when complete)."""
+    (atomically: a temporary file in out's folder, renamed when complete). scales=False: the plain |act|
+    score, no neuron scales (the module docstring)."""
     from .gguf import open_gguf
     from .gguf.writer import write_gguf
     from .llm import load
@@ -146,16 +184,19 @@ def calibrate(model: str | os.PathLike, out: str | os.PathLike, sparsity: float,
             if not ids:
                 raise PowerInferError("the calibration text is empty")
         say(f"calibrating on {len(ids)} tokens ({source})")
-        thresholds, table, skipped = collect_thresholds(llm, ids, sparsity, ctx)
+        thresholds, table, skipped, layer_scales = collect_thresholds(llm, ids, sparsity, ctx, scales=scales)
     with open_gguf(model) as src:
         meta = dict(src.metadata)
         types = dict(src.metadata_types)
-        for key in (KEY_SPARSITY, KEY_FFN_THRESHOLDS, KEY_FFN_QUANTILES):
+        stale = [k for k in meta if k.startswith(KEY_FFN_NEURON_SCALES)]  # a file calibrated before
+        for key in (KEY_SPARSITY, KEY_FFN_THRESHOLDS, KEY_FFN_QUANTILES, *stale):
             meta.pop(key, None)
             types.pop(key, None)
         meta[KEY_SPARSITY] = np.float32(sparsity)
         meta[KEY_FFN_THRESHOLDS] = np.asarray(thresholds, dtype=np.float32)
         meta[KEY_FFN_QUANTILES] = table.astype(np.float32).reshape(-1)
+        for il, scale in enumerate(layer_scales or ()):
+            meta[f"{KEY_FFN_NEURON_SCALES}{il}"] = scale
         write_gguf(out, meta, src.tensors, types=types, magic=src.magic, alignment=src.alignment)
     say(f"wrote {out}")
-    return CalibrationResult(out, sparsity, thresholds, len(ids), source, skipped)
+    return CalibrationResult(out, sparsity, thresholds, len(ids), source, skipped, layer_scales is not None)

@@ -22,7 +22,9 @@ Threshold calibration (written by `powerinfer calibrate`, any file; read by the 
 threshold.py): KEY_SPARSITY (f32, the fraction of FFN neurons the stored thresholds skip),
 KEY_FFN_THRESHOLDS (f32 [n_layer], per-layer cut-offs on |act(gate)|) and KEY_FFN_QUANTILES (f32
 [n_layer * (QUANTILE_STEPS + 1)], per layer the |act(gate)| quantiles at 0, 1/QUANTILE_STEPS, ..., 1, from
-which a run at another sparsity interpolates its thresholds).
+which a run at another sparsity interpolates its thresholds). Files calibrated with neuron scales also hold
+KEY_FFN_NEURON_SCALES + "<layer>" (f32 [n_ff] per layer): the per-neuron factor c_i of the score |act_i| * c_i
+that the thresholds and quantiles then apply to (threshold.py); without them the score is |act_i| itself.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ GEMMA3_FREQ_BASE_SWA = 10_000.0
 KEY_SPARSITY = "powerinfer.sparsity"
 KEY_FFN_THRESHOLDS = "powerinfer.ffn_thresholds"
 KEY_FFN_QUANTILES = "powerinfer.ffn_threshold_quantiles"
+KEY_FFN_NEURON_SCALES = "powerinfer.ffn_neuron_scales."  # + layer index: f32 [n_ff] per layer
 QUANTILE_STEPS = 100  # quantile grid of KEY_FFN_QUANTILES: 101 points per layer
 
 
@@ -78,6 +81,7 @@ class ModelConfig:
     calibrated_sparsity: float | None = None  # KEY_SPARSITY; None: the file has no threshold calibration
     ffn_thresholds: tuple[float, ...] = ()  # KEY_FFN_THRESHOLDS, per layer
     ffn_quantiles: tuple[tuple[float, ...], ...] = ()  # KEY_FFN_QUANTILES, per layer QUANTILE_STEPS + 1 values
+    ffn_neuron_scales: tuple[tuple[float, ...], ...] = ()  # KEY_FFN_NEURON_SCALES, per layer n_ff values; () none
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
@@ -206,6 +210,15 @@ class _Reader:
         flat = self._floats(KEY_FFN_QUANTILES, n_layer * n_q) if KEY_FFN_QUANTILES in self.meta else ()
         return sparsity, thresholds, tuple(flat[i * n_q:(i + 1) * n_q] for i in range(len(flat) // n_q))
 
+    def neuron_scales(self, n_layer: int, n_ff: int) -> tuple[tuple[float, ...], ...]:
+        """Per-layer neuron scales of a threshold calibration (KEY_FFN_NEURON_SCALES), or () when absent."""
+        if not any(k.startswith(KEY_FFN_NEURON_SCALES) for k in self.meta):
+            return ()
+        out = tuple(self._floats(f"{KEY_FFN_NEURON_SCALES}{il}", n_ff) for il in range(n_layer))
+        if any(v < 0 for row in out for v in row):
+            raise ModelFileError(f"{self.f.path}: {KEY_FFN_NEURON_SCALES}* holds a negative scale")
+        return out
+
     def _floats(self, key: str, n: int) -> tuple[float, ...]:
         value = self.meta.get(key)
         if (not isinstance(value, list) or len(value) != n
@@ -241,6 +254,7 @@ class _Reader:
         threshold = self.get("powerinfer.sparse_threshold", 0.0, kind=float) if self.f.is_sparse else 0.0
         hidden_act, hidden_act_param = self.hidden_act()
         calibrated, ffn_thresholds, ffn_quantiles = self.calibration(n_layer)
+        n_ff = self.positive("{arch}.feed_forward_length")
         return ModelConfig(
             arch=self.arch,
             name=self.get("general.name", "", kind=str),
@@ -248,7 +262,7 @@ class _Reader:
             n_ctx_train=self.positive("{arch}.context_length"),
             n_embd=n_embd,
             n_layer=n_layer,
-            n_ff=self.positive("{arch}.feed_forward_length"),
+            n_ff=n_ff,
             n_head=n_head,
             n_head_kv=n_head_kv,
             head_dim=head_dim,
@@ -271,4 +285,5 @@ class _Reader:
             calibrated_sparsity=calibrated,
             ffn_thresholds=ffn_thresholds,
             ffn_quantiles=ffn_quantiles,
+            ffn_neuron_scales=self.neuron_scales(n_layer, n_ff) if calibrated is not None else (),
         )

@@ -23,8 +23,8 @@ Modes (FORMATS.md section 2), chosen per model by resolve_sparse():
              transposed copy would need re-quantization (Q4_0/Q8_0 blocks run along n_ff) and a different
              summation order, so it could not be exact; exact mode there saves the up rows only.
   threshold  SwiGLU/GeGLU models (threshold.py): the gate is dense, then up and the down projection only for
-             neurons whose |act(gate·x)| reaches the layer's calibrated cut-off (file metadata written by
-             `powerinfer calibrate`); sparsity 0 is the dense FFN itself.
+             neurons whose |act(gate·x)| (times a calibrated per-neuron scale) reaches the layer's calibrated
+             cut-off (file metadata written by `powerinfer calibrate`); sparsity 0 is the dense FFN itself.
   predictor  PowerInfer (ReLU family; also swiglu/geglu with predictors trained on |act| >= a per-layer cut-off,
              predictor_train.py: the gate rows are then computed for predicted neurons only, act as in dense):
              p = the predictor input (pre-ffn_norm residual; falcon: the layer input),
@@ -91,6 +91,7 @@ class SparseSettings:
     sparsity: float | None = None  # threshold mode: the target fraction of neurons skipped
     thresholds: tuple[float, ...] = ()  # threshold mode: per-layer cut-offs on |act(gate)|
     down: str = "auto"  # threshold mode: down projection of dense files (threshold.DOWN_CHOICES)
+    scales: tuple[tuple[float, ...], ...] = ()  # threshold mode: per-layer neuron scales of the score; () none
 
 
 def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: float | None = None,
@@ -118,7 +119,7 @@ def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: floa
                                    f"FFN is {variant}: use 'exact' (ReLU models) or 'predictor'")
         cuts = layer_thresholds(config, sparsity)
         target = sparsity if sparsity is not None else config.calibrated_sparsity or 0.0
-        return SparseSettings(mode, 0.0, float(target), cuts)
+        return SparseSettings(mode, 0.0, float(target), cuts, scales=config.ffn_neuron_scales)
     if mode != "off" and variant not in RELU_FAMILY and not (mode == "predictor" and variant in PREDICTED_GLU):
         hint = ("'threshold' (after `powerinfer calibrate`) or 'off'" if variant in ("swiglu", "geglu") else "'off'")
         raise UnsupportedError(f"sparse mode {mode!r} needs a ReLU-family FFN; this {config.arch} model's FFN "
@@ -222,7 +223,7 @@ class FFN:
             from .threshold import ThresholdPath
 
             self.threshold_path = ThresholdPath(self, settings.thresholds[layer], settings.sparsity or 0.0,
-                                                settings.down)
+                                                settings.down, settings.scales[layer] if settings.scales else None)
         self.observer = None  # callable(layer, x, p, act): see the module docstring
         self.split = None  # hybrid.HybridSplit: predictor mode computes hot neurons on a device (hybrid/)
         # one-token predictor steps in one C call (kernels that offer it; gated ReLU variants without biases)

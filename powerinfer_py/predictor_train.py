@@ -6,10 +6,11 @@
    the FFN observer gives p, the exact predictor input of FORMATS.md section 2 (pre-ffn_norm residual; falcon:
    the layer input), and act, the activated gating values. Label: neuron active iff act != 0, which is what
    the sparse engine skips on (ReLU-family FFNs: reglu, fatreglu, dreglu, relu). SwiGLU/GeGLU FFNs (llama with
-   silu, qwen2, gemma3) have no exact zeros: their label is |act| >= the layer's cut-off of threshold mode
-   (threshold.py), read from a file calibrated by `powerinfer calibrate` (at its sparsity, or another one
-   interpolated from its quantiles), so the predictor learns to skip what threshold mode would skip -- without
-   computing the gate. ffn.py's predictor mode then computes gate and up rows for predicted neurons only.
+   silu, qwen2, gemma3) have no exact zeros: their label is threshold mode's keep rule |act| * c >= the
+   layer's cut-off (threshold.py; c the file's neuron scales, 1 without them), read from a file calibrated
+   by `powerinfer calibrate` (at its sparsity, or another one interpolated from its quantiles), so the
+   predictor learns to skip what threshold mode would skip -- without computing the gate. ffn.py's predictor
+   mode then computes gate and up rows for predicted neurons only.
    Memory: p is kept as f32 [T, n_embd] per layer and the labels as packed bits, so T tokens of an L-layer
    model take about T * L * (4 * n_embd + n_ff / 8) bytes (2048 tokens of a 7B model: ~1.1 GB).
 2. train(): per layer, predictor_fit.fit_layer at a fixed rank, or with rank "auto" at the smallest rank of
@@ -38,10 +39,16 @@ class LayerData:
     p_parts: list = field(default_factory=list)
     y_parts: list = field(default_factory=list)
 
-    def add(self, p: np.ndarray, act: np.ndarray, cut: float | None = None) -> None:
-        """One batch: p [n, n_embd], act [n, n_ff]; active = act != 0, or |act| >= cut when a cut is given."""
+    def add(self, p: np.ndarray, act: np.ndarray, cut: float | None = None, scale=None) -> None:
+        """One batch: p [n, n_embd], act [n, n_ff]; active = act != 0, or, when a cut is given, threshold
+        mode's keep rule |act| * scale >= cut (scale: the calibration's neuron scales, None: 1)."""
         self.p_parts.append(np.array(p, dtype=np.float32))
-        self.y_parts.append(np.packbits(act != 0 if cut is None else np.abs(act) >= np.float32(cut), axis=1))
+        if cut is None:
+            label = act != 0
+        else:
+            score = np.abs(act) if scale is None else np.abs(act) * np.asarray(scale, dtype=np.float32)
+            label = score >= np.float32(cut)
+        self.y_parts.append(np.packbits(label, axis=1))
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(p f32 [T, n_embd], y bool [T, n_ff])."""
@@ -74,7 +81,9 @@ def collect(llm, ids: Sequence[int], *, ctx: int = 512, batch: int = 256, add_bo
 
     cuts = label_cuts(llm.config, sparsity, str(llm.path))
     data = [LayerData(llm.config.n_ff) for _ in range(llm.config.n_layer)]
-    observe(llm, ids, lambda il, p, act: data[il].add(p, act, None if cuts is None else cuts[il]), ctx=ctx,
+    scales = llm.config.ffn_neuron_scales if cuts is not None else ()
+    observe(llm, ids, lambda il, p, act: data[il].add(p, act, None if cuts is None else cuts[il],
+                                                      scales[il] if scales else None), ctx=ctx,
             batch=batch, add_bos=add_bos, progress=progress)
     return data
 
