@@ -647,6 +647,14 @@ static void q8_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
 #ifndef Q4_ROW_PF_DIST
 #define Q4_ROW_PF_DIST 4096 /* one stream per thread: further ahead than the tiles (2048: -4%, 8192: -1..3%) */
 #endif
+/* acc + one quad (blocks b..b+3, its bytes at p) of one row, as tile_quad_step computes it for R = T = 1 */
+INLINE __m512 q4_row_quad(const mm_job *j, const uint8_t *p, int64_t b, const __m512i *xcv, const __m512 *xdv,
+                          __m512 acc) {
+    const wquad w = quad_load(p, 1);
+    const __m512i xlo = _mm512_loadu_si512(j->xq + b * QK), xhi = _mm512_loadu_si512(j->xq + b * QK + 64);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_dot(&w, xlo, xhi, xcv[b / QB])), _mm512_mul_ps(w.d, xdv[b / QB]), acc);
+}
+
 static void q4_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
     const int64_t size = (int64_t)sizeof(block_q4_0), nb = j->n_cols / QK, nq = nb / QB * QB;
     const int64_t n_quads = (nb + QB - 1) / QB;
@@ -663,19 +671,13 @@ static void q4_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
         pf_stream ahead = pf_start(j, r, Q4_ROW_PF_DIST);
         for (int64_t b = 0; b < nq; b += QB) {
             pf_step(j, &ahead, r1, QB * size);
-            const wquad w = quad_load(row + b * size, 1);
-            const __m512i xlo = _mm512_loadu_si512(j->xq + b * QK), xhi = _mm512_loadu_si512(j->xq + b * QK + 64);
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_dot(&w, xlo, xhi, xcv[b / QB])), _mm512_mul_ps(w.d, xdv[b / QB]),
-                                  acc);
+            acc = q4_row_quad(j, row + b * size, b, xcv, xdv, acc);
         }
         if (nq < nb) { /* the last 1-3 blocks in a zeroed quad, as tile_quad does */
             _Alignas(64) uint8_t buf[128];
             memset(buf, 0, sizeof(buf));
             memcpy(buf, row + nq * size, (size_t)((nb - nq) * size));
-            const wquad w = quad_load(buf, 1);
-            const __m512i xlo = _mm512_loadu_si512(j->xq + nq * QK), xhi = _mm512_loadu_si512(j->xq + nq * QK + 64);
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_dot(&w, xlo, xhi, xcv[nq / QB])), _mm512_mul_ps(w.d, xdv[nq / QB]),
-                                  acc);
+            acc = q4_row_quad(j, buf, nq, xcv, xdv, acc);
         }
         j->y[r] = fv_sum(acc);
     }
