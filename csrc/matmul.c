@@ -546,7 +546,19 @@ INLINE void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
         for (int t = 0; t < T; t++) acc[r][t] = fv_zero();
     }
     const int64_t K = j->n_cols, kfull = K / FL * FL;
-    for (int64_t k = 0; k < kfull; k += FL) tile_f_step(j, rows, t0, k, acc, R, T, type, 0, 0);
+    if (T == 1 && j->sel) { /* gathered rows are scattered: fetch the next tile's rows at this tile's offset, as
+                               the Q4_0 quads do (+5-12% at 50-95% sparsity, F16 7B shape, cold) */
+        const int64_t esz = type == PI_F32 ? 4 : 2;
+        const uint8_t *next[4];
+        for (int r = 0; r < R; r++) next[r] = mm_row(j, r0 + R + r < j->n_rows ? r0 + R + r : j->n_rows - 1);
+        for (int64_t k = 0; k < kfull; k += FL) {
+            if (!((k * esz) & 63))
+                for (int r = 0; r < R; r++) _mm_prefetch((const char *)next[r] + k * esz, _MM_HINT_T0);
+            tile_f_step(j, rows, t0, k, acc, R, T, type, 0, 0);
+        }
+    } else {
+        for (int64_t k = 0; k < kfull; k += FL) tile_f_step(j, rows, t0, k, acc, R, T, type, 0, 0);
+    }
 #if defined(MM_AVX512)
     if (kfull < K) tile_f_step(j, rows, t0, kfull, acc, R, T, type, 1, (lanemask)((1u << (K - kfull)) - 1));
 #endif
@@ -578,6 +590,7 @@ static void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
  * The row decoders below walk their rows one after another and prefetch `dist` bytes ahead in the sequence of
  * those rows laid end to end: for a dense matrix that is plain address + dist; for gathered rows (matmul_rows)
  * it crosses into the next selected rows, so scattered rows are requested before they are reached as well. */
+#if defined(MM_AVX512)
 typedef struct { int64_t r, off; } pf_stream;
 INLINE pf_stream pf_start(const mm_job *j, int64_t r, int64_t dist) {
     pf_stream a = {r + dist / j->row_bytes, dist % j->row_bytes};
@@ -591,6 +604,7 @@ INLINE void pf_step(const mm_job *j, pf_stream *a, int64_t r1, int64_t step) {
         a->r++;
     }
 }
+#endif
 
 /* ==== Q8_0 decode on AVX-512: one row at a time ================================================================
  * Each thread walks its rows in order, so its weights are one sequential stream that the hardware prefetcher
