@@ -10,7 +10,8 @@ that as % of pi_read_probe's bandwidth measured in the same run, and the time re
   axpy:  pi_axpy_rows on ffn_down_t [n_ff, n_embd] vs pi_matmul on ffn_down [n_embd, n_ff]
   rows:  pi_matmul_rows on ffn_gate [n_ff, n_embd] vs pi_matmul on the whole ffn_gate
 Every figure is of the C call itself (the Python wrappers run cold between kernels too, which the end-to-end
-benchmark counts). Every timed call starts with cold caches (a buffer of 4x the L3 is read between calls), as in a real model
+benchmark counts).
+Every timed call starts with cold caches (a buffer of 4x the L3 is read between calls), as in a real model
 whose layers together are far larger than the caches. All configurations of a type and the probe are timed
 round-robin, one call each per round, so drifts of a shared machine's bandwidth hit them alike. Targets: >= 70% of the probe at 50-95% sparsity and
 dense/sparse time ratio <= 1.10 at 0%.

@@ -670,7 +670,8 @@ INLINE __m512 q4_row_quad(const mm_job *j, const uint8_t *p, int64_t b, const __
                           __m512 acc) {
     const wquad w = quad_load(p, 1);
     const __m512i xlo = _mm512_loadu_si512(j->xq + b * QK), xhi = _mm512_loadu_si512(j->xq + b * QK + 64);
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_dot(&w, xlo, xhi, xcv[b / QB])), _mm512_mul_ps(w.d, xdv[b / QB]), acc);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_dot(&w, xlo, xhi, xcv[b / QB])), _mm512_mul_ps(w.d, xdv[b / QB]),
+                           acc);
 }
 
 static void q4_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
@@ -679,8 +680,8 @@ static void q4_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
     _Alignas(64) __m512i xcv[Q4_ROW_MAX_QUADS];
     _Alignas(64) __m512 xdv[Q4_ROW_MAX_QUADS];
     for (int64_t q = 0; q < n_quads; q++) {
-        xcv[q] = _mm512_maskz_permutexvar_epi32(0x1111, quad_lanes(),
-                                                _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(j->xc + q * QB))));
+        const __m128i c4 = _mm_loadu_si128((const __m128i *)(j->xc + q * QB));
+        xcv[q] = _mm512_maskz_permutexvar_epi32(0x1111, quad_lanes(), _mm512_castsi128_si512(c4));
         xdv[q] = _mm512_permutexvar_ps(quad_lanes(), _mm512_castps128_ps512(_mm_loadu_ps(j->xd + q * QB)));
     }
     for (int64_t r = r0; r < r1; r++) {

@@ -326,7 +326,8 @@ class FFN:
         k, w = self.k, self.w
         n_tok = x.shape[0]
         if n_tok == 1 and self.fused is not None and self.split is None:  # the same steps as below, in C
-            y, n_active, n_nonzero = k.sparse_ffn_decode(self.fused, np.ascontiguousarray(x[0]), np.ascontiguousarray(p[0]))
+            y, n_active, n_nonzero = k.sparse_ffn_decode(self.fused, np.ascontiguousarray(x[0]),
+                                                         np.ascontiguousarray(p[0]))
             if self.stats is not None:
                 self.stats.record(self.layer, 1, n_active, n_nonzero)
             return y[None, :]
