@@ -294,11 +294,13 @@ def test_matmul_rows_matches_dense_and_ref(kernels, ggml_type, n_tok):
         np.testing.assert_array_equal(kernels.matmul_rows(w, rows, x[0]), y[0])  # 1-D x
 
 
-@pytest.mark.parametrize("ggml_type", BLOCK_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", BLOCK_TYPES + (GGMLType.F16, GGMLType.BF16), ids=lambda t: t.name)
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_matmul_rows_decode_tiles(ggml_type, n_threads):
     """One token over rows long enough for the vector tiles' main loops (and their gather prefetch), plus a
-    tail block, with more selected rows than a tile holds: the same bits as the dense product's rows."""
+    tail block, with more selected rows than a tile holds: the same bits as the dense product's rows. The
+    selections cover both decode paths: scattered rows (tiles) and all rows or nearly all (the row-at-a-time
+    stream, whose prefetch runs on into the next selected rows)."""
     from powerinfer_py.kernels.cpu import CpuKernels
 
     n_rows, n_cols = 203, 32 * 41
@@ -307,7 +309,8 @@ def test_matmul_rows_decode_tiles(ggml_type, n_threads):
     k = CpuKernels(n_threads)
     try:
         dense = k.matmul(w, x)
-        for rows in (np.arange(0, n_rows, 3, dtype=np.int32), np.arange(n_rows, dtype=np.int32),
+        nearly_all = np.array([r for r in range(n_rows) if r % 20 != 7], dtype=np.int32)
+        for rows in (np.arange(0, n_rows, 3, dtype=np.int32), np.arange(n_rows, dtype=np.int32), nearly_all,
                      np.array([5, 17, 18, 150, 202], dtype=np.int32)):
             np.testing.assert_array_equal(k.matmul_rows(w, rows, x), dense[rows])
     finally:
