@@ -169,4 +169,21 @@ typedef struct {
 void pi_attn_block_decode(pi_pool *pool, const pi_attn_block *b, float *x, int32_t pos, uint16_t *k_cache,
                           uint16_t *v_cache, int64_t n_ctx, float *work, float *ffn_in);
 
+/* ---- one decode step of a threshold-mode SwiGLU/GeGLU FFN (sparse_ffn.c) -------------------------------
+ * a = act(gate . x); keep i where |a_i| * scale_i >= cut (scale NULL: |a_i|); h = a[kept] * (up[kept] . x);
+ * y = AXPY of h over down_t[kept] (down_transposed) or down . h scattered into zeros. Bit-identical to the
+ * separate kernels in threshold.py's order. gate/up [n_ff, n_embd]; down [n_embd, n_ff] or down_t
+ * [n_ff, n_embd]. fwork: f32 [4 * n_ff]; iwork: int32 [n_ff]; y: f32 [n_embd]. Returns the kept count. */
+enum pi_act { PI_ACT_SILU = 0, PI_ACT_GELU = 1 };
+typedef struct {
+    int act;              /* enum pi_act */
+    float cut;
+    const float *scale;   /* f32 [n_ff] or NULL */
+    int64_t n_embd, n_ff;
+    int gate_type, up_type, down_type, down_transposed;
+    const void *gate, *up, *down;
+} pi_threshold_ffn;
+int64_t pi_threshold_ffn_decode(pi_pool *pool, const pi_threshold_ffn *f, const float *x, float *fwork,
+                                int32_t *iwork, float *y, int64_t *n_nonzero);
+
 #endif

@@ -61,3 +61,41 @@ int64_t pi_sparse_ffn_decode(pi_pool *pool, const pi_sparse_ffn *f, const float 
     *n_nonzero = nz;
     return n_active;
 }
+
+/* ---- one decode step of a threshold-mode SwiGLU/GeGLU FFN (threshold.py) ---------------------------------
+ *   a     = act(gate . x)                       silu or gelu, dense (pi_silu / pi_gelu)
+ *   rows  = ascending i with |a_i| * scale_i >= cut   (scale NULL: |a_i|)
+ *   h_j   = a[rows[j]] * (up[rows[j]] . x)
+ *   y     = sum_j h_j * down_t[rows[j], :]      (transposed copy), or down . (h scattered into n_ff zeros)
+ * The kernels threshold.py calls for one token, in its order: the same bits. */
+int64_t pi_threshold_ffn_decode(pi_pool *pool, const pi_threshold_ffn *f, const float *x, float *fwork,
+                                int32_t *iwork, float *y, int64_t *n_nonzero) {
+    const int64_t n_ff = f->n_ff, n_embd = f->n_embd;
+    float *pre = fwork, *a = pre + n_ff, *score = a + n_ff, *u = score + n_ff;
+    int32_t *rows = iwork;
+
+    pi_matmul(pool, f->gate_type, f->gate, n_ff, n_embd, x, 1, pre);
+    if (f->act == PI_ACT_GELU) pi_gelu(pool, pre, a, n_ff);
+    else pi_silu(pool, pre, a, n_ff);
+    for (int64_t i = 0; i < n_ff; i++) {
+        const float m = a[i] < 0.0f ? -a[i] : a[i]; /* |a|, exact (NaN stays NaN and is never kept) */
+        score[i] = f->scale ? m * f->scale[i] : m;
+    }
+    const int64_t n_kept = pi_select_active(score, n_ff, f->cut, rows);
+    int64_t nz = 0;
+    if (n_kept > 0) pi_matmul_rows(pool, f->up_type, f->up, n_embd, rows, n_kept, x, 1, u);
+    for (int64_t j = 0; j < n_kept; j++) {
+        u[j] = a[rows[j]] * u[j]; /* h */
+        nz += u[j] != 0.0f;
+    }
+    *n_nonzero = nz;
+    if (f->down_transposed) {
+        if (n_kept > 0) pi_axpy_rows(pool, f->down_type, f->down, n_embd, rows, u, n_kept, 1, y);
+        else memset(y, 0, (size_t)n_embd * sizeof(float));
+    } else { /* the dense down projection of h scattered into zeros (score's space is free again) */
+        memset(score, 0, (size_t)n_ff * sizeof(float));
+        for (int64_t j = 0; j < n_kept; j++) score[rows[j]] = u[j];
+        pi_matmul(pool, f->down_type, f->down, n_embd, n_ff, score, 1, y);
+    }
+    return n_kept;
+}

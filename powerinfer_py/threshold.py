@@ -141,6 +141,14 @@ class ThresholdPath:
         w = ffn.w
         if self.cut > 0 and w.down is not None and use_transposed(w.down, sparsity, down):
             self.down_t = transposed_copy(w.down)
+        # one token in one C call (kernels that offer it, FFNs without biases): the same kernels, same bits
+        self.fused = None
+        k = ffn.k
+        if self.cut > 0 and hasattr(k, "threshold_ffn_plan") and w.b_up is None and w.b_down is None and \
+                (self.down_t is not None or w.down is not None):
+            down_w = self.down_t if self.down_t is not None else w.down
+            self.fused = k.threshold_ffn_plan("silu" if ffn.variant == "swiglu" else "gelu", w.gate, w.up, down_w,
+                                              self.down_t is not None, float(self.cut), self.scale)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         f, k = self.ffn, self.ffn.k
@@ -149,9 +157,14 @@ class ThresholdPath:
                 n = x.shape[0] * f.n_ff
                 f.stats.record(f.layer, x.shape[0], n, n)
             return f._dense(x)
+        n_tok = x.shape[0]
+        if n_tok == 1 and self.fused is not None:
+            y, n_kept, n_nonzero = k.threshold_ffn_decode(self.fused, np.ascontiguousarray(x[0]))
+            if f.stats is not None:
+                f.stats.record(f.layer, 1, n_kept, n_nonzero)
+            return y[None, :]
         pre = k.matmul(f.w.gate, x)
         a = k.silu(pre) if f.variant == "swiglu" else k.gelu(pre)  # [N, n_ff]
-        n_tok = x.shape[0]
         score = np.abs(a)
         if self.scale is not None:
             score *= self.scale

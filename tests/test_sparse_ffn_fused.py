@@ -133,3 +133,32 @@ def test_ffn_one_token_uses_the_fused_step(pools, variant):
     y_python = ffn(x, p)
     assert y_fused.shape == (1, N_EMBD)
     assert np.array_equal(y_fused.view(np.uint32), y_python.view(np.uint32))
+
+
+# ---- threshold mode (SwiGLU/GeGLU): the one-token step in C against threshold.py's Python path ------------
+
+@pytest.mark.parametrize("ggml_type", (GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0), ids=lambda t: t.name)
+@pytest.mark.parametrize("variant", ["swiglu", "geglu"])
+@pytest.mark.parametrize("down", ["dense", "transposed"])
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "scaled"])
+def test_threshold_step_equals_python_path(pools, ggml_type, variant, down, scaled):
+    rng = np.random.default_rng(9)
+    w = FFNWeights(up=weight("ffn_up", ggml_type, 256, N_EMBD, rng),
+                   gate=weight("ffn_gate", ggml_type, 256, N_EMBD, rng),
+                   down=weight("ffn_down", ggml_type, N_EMBD, 256, rng))
+    scales = (tuple(rng.uniform(0.5, 2.0, 256).astype(np.float32)),) if scaled else ()
+    for k in pools.values():
+        x = rng.standard_normal((1, N_EMBD)).astype(np.float32)
+        pre = k.matmul(w.gate, x)[0]
+        act = k.silu(pre) if variant == "swiglu" else k.gelu(pre)
+        score = np.abs(act) * (np.asarray(scales[0], np.float32) if scaled else np.float32(1))
+        cut = float(np.sort(score)[102] + np.sort(score)[103]) / 2  # ~60% kept, no tie
+        ffn = FFN(k, w, variant, SparseSettings("threshold", 0.0, 0.4, (cut,), down, scales=scales))
+        path = ffn.threshold_path
+        assert path.fused is not None and (path.down_t is not None) == (down == "transposed")
+        y_fused = ffn(x)
+        path.fused = None
+        y_python = ffn(x)
+        assert np.array_equal(y_fused.view(np.uint32), y_python.view(np.uint32))
+        kept = int(np.count_nonzero(score >= cut))
+        assert 0 < kept < 256

@@ -427,6 +427,53 @@ class CpuKernels:
                                  k_cache.shape[1], _fb(_FA, work), _fb(_FA, out))
         return out
 
+    # ---- one decode step of a threshold-mode SwiGLU/GeGLU FFN (sparse_ffn.c) ------------------------------
+
+    def threshold_ffn_plan(self, act: str, gate: Tensor, up: Tensor, down: Tensor, down_transposed: bool,
+                           cut: float, scale=None) -> "SparseFFNPlan":
+        """Checks one layer's weights once and describes them to C for threshold_ffn_decode. act: "silu" or
+        "gelu"; down: ffn_down [n_embd, n_ff], or its transposed copy [n_ff, n_embd] when down_transposed."""
+        if act not in ("silu", "gelu"):
+            raise ValueError(f"threshold_ffn_plan: act must be 'silu' or 'gelu', got {act!r}")
+        g, u, d = self._weight(gate), self._weight(up), self._weight(down)
+        n_ff, n_embd = g[3], g[4]
+        want_down = (n_ff, n_embd) if down_transposed else (n_embd, n_ff)
+        for nm, info, want in (("up", u, (n_ff, n_embd)), ("down", d, want_down)):
+            if (info[3], info[4]) != want:
+                raise ValueError(f"threshold_ffn_plan: {nm} has {info[3]} x {info[4]} values, expected {want[0]} x "
+                                 f"{want[1]}")
+        buffers = [g[1], u[1], d[1]]
+        desc = ffi.new("pi_threshold_ffn *")
+        desc.act, desc.cut = (1 if act == "gelu" else 0), cut
+        desc.scale = ffi.NULL
+        if scale is not None:
+            if not (type(scale) is np.ndarray and scale.dtype is _F32 and scale.flags.c_contiguous
+                    and scale.shape == (n_ff,)):
+                raise ValueError(f"threshold_ffn_plan: scale must be a C-contiguous float32 array of shape ({n_ff},)")
+            buffers.append(_fb(_FA, scale))
+            desc.scale = buffers[-1]
+        desc.n_embd, desc.n_ff = n_embd, n_ff
+        desc.gate_type, desc.up_type, desc.down_type = g[2], u[2], d[2]
+        desc.gate, desc.up, desc.down = g[1], u[1], d[1]
+        desc.down_transposed = 1 if down_transposed else 0
+        return SparseFFNPlan(desc, tuple(buffers), n_embd, n_ff, 0)
+
+    def threshold_ffn_decode(self, plan: "SparseFFNPlan", x) -> tuple[np.ndarray, int, int]:
+        """One token through a planned threshold FFN: (y f32 [n_embd], kept count, non-zero h count) for x the
+        normed FFN input f32 [n_embd]. Bit-identical to the separate kernels in threshold.py's order."""
+        if self._pool is None:
+            raise ValueError("this CpuKernels has been closed")
+        if not (type(x) is np.ndarray and x.dtype is _F32 and x.flags.c_contiguous and x.shape == (plan.n_embd,)):
+            raise ValueError(f"threshold_ffn_decode: x must be a C-contiguous float32 array of shape ({plan.n_embd},)")
+        work = self.__dict__.get("_thr_work")
+        if work is None or work[1].size < plan.n_ff:
+            work = self._thr_work = (np.empty(4 * plan.n_ff, _F32), np.empty(plan.n_ff, _I32))
+        y = np.empty(plan.n_embd, _F32)
+        nz = ffi.new("int64_t *")
+        n_kept = lib.pi_threshold_ffn_decode(self._pool, plan.desc, _fb(_FA, x), _fb(_FA, work[0]),
+                                             _fb(_IA, work[1]), _fb(_FA, y), nz)
+        return y, int(n_kept), int(nz[0])
+
     # ---- one decode step of a predictor-driven FFN (sparse_ffn.c) -----------------------------------------
     FUSED_VARIANTS = {"reglu": 0, "fatreglu": 1, "dreglu": 2}  # enum pi_ffn_variant
 
