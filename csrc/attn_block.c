@@ -1,14 +1,16 @@
 /* attn_block.c: one decode step (one token) of a LLaMA attention block, in one call.
  *
- *   pi_attn_block_decode   rmsnorm -> Q, K, V mat-vecs -> RoPE -> KV-cache store -> attention -> output
- *                          mat-vec -> residual add [-> the FFN's rmsnorm]
+ *   pi_attn_block_decode   rmsnorm -> Q, K, V mat-vecs [-> per-head Q/K norms] -> RoPE -> KV-cache store ->
+ *                          attention [sliding window] -> output mat-vec [-> its norm] -> residual add
+ *                          [-> the FFN's rmsnorm]
  *
  * The kernels of norm.c, matmul.c, rope.c and attention.c in the order models/llama.py calls them, so the
  * result is bit-identical to that Python path (tests/test_attn_block.py). What it saves is the Python between
  * the kernels: on a decode token every layer streams tens of MB of weights through the caches, so the
  * interpreter's own data is cold each time it runs between two kernels, and a dozen numpy calls and wrapper
- * checks per layer cost far more than their warm microsecond each. LLaMA-family blocks without biases only
- * (llama, bamboo); other architectures and batches keep the Python path.
+ * checks per layer cost far more than their warm microsecond each. Blocks without biases: llama, bamboo and
+ * gemma3 (Q/K norms, post-attention norm, sliding-window layers); other architectures and batches keep the
+ * Python path.
  */
 #include <string.h>
 
@@ -21,7 +23,9 @@ void pi_attn_block_decode(pi_pool *pool, const pi_attn_block *b, float *x, int32
 
     pi_rmsnorm(pool, x, b->attn_norm, b->eps, 1, n_embd, h);
     pi_matmul(pool, b->wq_type, b->wq, n_q, n_embd, h, 1, q);
+    if (b->q_norm) pi_rmsnorm(pool, q, b->q_norm, b->eps, b->n_head, b->head_dim, q);
     pi_matmul(pool, b->wk_type, b->wk, n_kv, n_embd, h, 1, k);
+    if (b->k_norm) pi_rmsnorm(pool, k, b->k_norm, b->eps, b->n_head_kv, b->head_dim, k);
     pi_matmul(pool, b->wv_type, b->wv, n_kv, n_embd, h, 1, v);
     if (b->n_rot) {
         pi_rope(pool, q, &pos, 1, b->n_head, b->head_dim, b->n_rot, b->rope_base, b->rope_scale, b->rope_neox);
@@ -29,8 +33,10 @@ void pi_attn_block_decode(pi_pool *pool, const pi_attn_block *b, float *x, int32
     }
     pi_store_kv(k, 1, b->n_head_kv, b->head_dim, k_cache, n_ctx, pos);
     pi_store_kv(v, 1, b->n_head_kv, b->head_dim, v_cache, n_ctx, pos);
-    pi_attention(pool, q, k_cache, v_cache, 1, b->n_head, b->n_head_kv, b->head_dim, n_ctx, pos, 0, b->attn_scale, a);
+    pi_attention(pool, q, k_cache, v_cache, 1, b->n_head, b->n_head_kv, b->head_dim, n_ctx, pos, b->window,
+                 b->attn_scale, a);
     pi_matmul(pool, b->wo_type, b->wo, n_embd, n_q, a, 1, o);
+    if (b->post_norm) pi_rmsnorm(pool, o, b->post_norm, b->eps, 1, n_embd, o);
     for (int64_t i = 0; i < n_embd; i++) x[i] += o[i];
     if (ffn_in) pi_rmsnorm(pool, x, b->ffn_norm, b->eps, 1, n_embd, ffn_in);
 }

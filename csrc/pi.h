@@ -154,14 +154,18 @@ int64_t pi_sparse_ffn_decode(pi_pool *pool, const pi_sparse_ffn *f, const float 
  *   h = rmsnorm(x) * attn_norm; q, k, v = Wq h, Wk h, Wv h; RoPE on q and k (n_rot dims, if n_rot > 0);
  *   k, v stored at pos in the f16 cache planes [n_head_kv, n_ctx, head_dim]; a = attention over positions
  *   0..pos; x += Wo a; then, if ffn_in is not NULL, ffn_in = rmsnorm(x) * ffn_norm (the FFN's input).
- * The same kernels in the order the Python path calls them: bit-identical to it. Blocks without biases or
- * Q/K norms, full attention (no sliding window). work: f32 [2 * n_embd + 2 * n_head * head_dim
+ * Optional (NULL / 0 for LLaMA): per-head RMSNorms of q and k right after their mat-vecs, an RMSNorm of the
+ * output before the residual add, a sliding window (gemma3). The same kernels in the order the Python path
+ * calls them: bit-identical to it. Blocks without biases. work: f32 [2 * n_embd + 2 * n_head * head_dim
  * + 2 * n_head_kv * head_dim]. */
 typedef struct {
     int64_t n_embd, n_head, n_head_kv, head_dim, n_rot;
     float eps, rope_base, rope_scale, attn_scale;
     int rope_neox;
     const float *attn_norm, *ffn_norm;   /* f32 [n_embd] (ffn_norm used only when ffn_in is given) */
+    const float *q_norm, *k_norm;        /* f32 [head_dim] per-head RMSNorms of q and k (gemma3), or NULL */
+    const float *post_norm;              /* f32 [n_embd] RMSNorm of the block's output before the add, or NULL */
+    int64_t window;                      /* sliding window (0: full attention) */
     int wq_type, wk_type, wv_type, wo_type;
     const void *wq, *wk, *wv, *wo;       /* [n_head*head_dim, n_embd] x 1, [n_head_kv*head_dim, n_embd] x 2,
                                             [n_embd, n_head*head_dim] */

@@ -1,5 +1,5 @@
 """The one-call attention block for one-token decode steps (csrc/attn_block.c): bit-identical to the Python
-path of models/llama.py (logits and KV cache), used only where it applies, and its inputs checked."""
+paths of models/llama.py and models/gemma3.py (logits and KV cache), and its inputs checked."""
 from __future__ import annotations
 
 import dataclasses
@@ -37,16 +37,20 @@ def decode_all(model, fused: bool, n_prompt: int = 3):
     return out, cache
 
 
-@pytest.mark.parametrize("dtype", ["f32", "f16", "q8_0", "q4_0"])
-def test_fused_attention_equals_python_path(synthetic_model, kernels, dtype):
-    model = load(synthetic_model("llama", dtype, n_layer=3), kernels)
+@pytest.mark.parametrize("arch,dtype", [("llama", "f32"), ("llama", "f16"), ("llama", "q8_0"), ("llama", "q4_0"),
+                                        ("gemma3", "f32"), ("gemma3", "q8_0")])
+def test_fused_attention_equals_python_path(synthetic_model, kernels, arch, dtype):
+    """gemma3 adds per-head Q/K norms, the post-attention norm and sliding-window layers (a window of 4 of
+    its 6 layers, shorter than the 8 positions decoded)."""
+    model = load(synthetic_model(arch, dtype, n_layer=3) if arch == "llama" else synthetic_model(arch, dtype), kernels)
+    n_layer = model.config.n_layer
     assert model.attn_plans() is not None
     fused, cache_f = decode_all(model, True)
     python, cache_p = decode_all(model, False)
     assert model.attn_plans() is None  # switched off: the Python path ran
     for a, b in zip(fused, python):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
-    for il in range(3):
+    for il in range(n_layer):
         assert np.array_equal(cache_f.k[il], cache_p.k[il]) and np.array_equal(cache_f.v[il], cache_p.v[il])
     assert cache_f.n_past == cache_p.n_past == len(TOKENS)
 

@@ -372,8 +372,10 @@ class CpuKernels:
 
     def attn_block_plan(self, wq: Tensor, wk: Tensor, wv: Tensor, wo: Tensor, attn_norm, ffn_norm, *,
                         n_head: int, n_head_kv: int, head_dim: int, n_rot: int, rope_base: float,
-                        rope_scale: float, rope_neox: bool, eps: float, attn_scale: float) -> "AttnBlockPlan":
-        """Checks one layer's attention weights once and describes them to C for attn_block_decode."""
+                        rope_scale: float, rope_neox: bool, eps: float, attn_scale: float, q_norm=None,
+                        k_norm=None, post_norm=None, window: int = 0) -> "AttnBlockPlan":
+        """Checks one layer's attention weights once and describes them to C for attn_block_decode. q_norm,
+        k_norm (f32 [head_dim]), post_norm (f32 [n_embd]) and a sliding window are gemma3's extras."""
         n_q, n_kv = n_head * head_dim, n_head_kv * head_dim
         infos = {nm: self._weight(t) for nm, t in (("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo))}
         n_embd = infos["wq"][4]
@@ -383,10 +385,17 @@ class CpuKernels:
                 raise ValueError(f"attn_block_plan: {nm} has {rows} x {cols} values, expected {want[nm][0]} x "
                                  f"{want[nm][1]}")
         norms = []
-        for nm, v in (("attn_norm", attn_norm), ("ffn_norm", ffn_norm)):
-            if not (type(v) is np.ndarray and v.dtype is _F32 and v.flags.c_contiguous and v.shape == (n_embd,)):
-                raise ValueError(f"attn_block_plan: {nm} must be a C-contiguous float32 array of shape ({n_embd},)")
+        for nm, v, dim, optional in (("attn_norm", attn_norm, n_embd, False), ("ffn_norm", ffn_norm, n_embd, False),
+                                     ("q_norm", q_norm, head_dim, True), ("k_norm", k_norm, head_dim, True),
+                                     ("post_norm", post_norm, n_embd, True)):
+            if optional and v is None:
+                norms.append(ffi.NULL)
+                continue
+            if not (type(v) is np.ndarray and v.dtype is _F32 and v.flags.c_contiguous and v.shape == (dim,)):
+                raise ValueError(f"attn_block_plan: {nm} must be a C-contiguous float32 array of shape ({dim},)")
             norms.append(_fb(_FA, v))
+        if window < 0:
+            raise ValueError(f"attn_block_plan: window must be >= 0, got {window}")
         if n_head % n_head_kv or n_rot % 2 or not 0 <= n_rot <= head_dim or not eps >= 0 or not rope_base > 0:
             raise ValueError(f"attn_block_plan: bad attention shape or RoPE settings (n_head {n_head}, n_head_kv "
                              f"{n_head_kv}, head_dim {head_dim}, n_rot {n_rot}, base {rope_base}, eps {eps})")
@@ -394,11 +403,13 @@ class CpuKernels:
         desc.n_embd, desc.n_head, desc.n_head_kv, desc.head_dim, desc.n_rot = n_embd, n_head, n_head_kv, head_dim, n_rot
         desc.eps, desc.rope_base, desc.rope_scale, desc.attn_scale = eps, rope_base, rope_scale, attn_scale
         desc.rope_neox = 1 if rope_neox else 0
-        desc.attn_norm, desc.ffn_norm = norms
+        desc.attn_norm, desc.ffn_norm, desc.q_norm, desc.k_norm, desc.post_norm = norms
+        desc.window = window
         for nm, (_, wp, ty, _, _) in infos.items():
             setattr(desc, nm, wp)
             setattr(desc, f"{nm}_type", ty)
-        return AttnBlockPlan(desc, tuple(info[1] for info in infos.values()) + tuple(norms), n_embd,
+        keep = tuple(info[1] for info in infos.values()) + tuple(n for n in norms if n != ffi.NULL)
+        return AttnBlockPlan(desc, keep, n_embd,
                              n_head_kv, head_dim, 2 * n_embd + 2 * n_q + 2 * n_kv)
 
     def attn_block_decode(self, plan: "AttnBlockPlan", x, pos: int, k_cache, v_cache) -> np.ndarray:

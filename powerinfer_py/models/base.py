@@ -179,3 +179,28 @@ class Model:
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         raise NotImplementedError
+
+    # ---- one-token steps: each attention block as one C call (kernels/cpu.py attn_block_decode) -------------
+    fused_attention = True  # False: the Python path (the two give the same bits; tests compare them)
+
+    def attn_plan_kwargs(self, il: int, layer) -> dict:
+        """attn_block_plan's RoPE/norm/window arguments for layer il (architectures add their extras)."""
+        c = self.config
+        return dict(rope_base=c.rope_freq_base, rope_scale=c.rope_freq_scale)
+
+    def attn_plans(self) -> list | None:
+        """Per-layer descriptions of the attention blocks for the one-call decode step, made on first use; None
+        when the kernels have no such step (CUDA) or fused_attention is switched off. Only the forward passes
+        that call it (llama, bamboo, gemma3) use it."""
+        if not self.fused_attention or not hasattr(self.kernels, "attn_block_plan"):
+            return None
+        plans = self.__dict__.get("_attn_plans")
+        if plans is None:
+            c = self.config
+            plans = self._attn_plans = [
+                self.kernels.attn_block_plan(L.wq, L.wk, L.wv, L.wo, L.attn_norm, L.ffn_norm, n_head=c.n_head,
+                                             n_head_kv=c.n_head_kv, head_dim=c.head_dim, n_rot=c.n_rot,
+                                             rope_neox=c.rope_neox, eps=c.norm_eps, attn_scale=c.attn_scale,
+                                             **self.attn_plan_kwargs(il, L))
+                for il, L in enumerate(self.layers)]
+        return plans

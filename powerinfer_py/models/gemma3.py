@@ -62,6 +62,11 @@ class Gemma3Model(Model):
             for swa in c.swa_layers
         ]
 
+    def attn_plan_kwargs(self, il: int, layer) -> dict:
+        window, (_, base, scale, _) = self.layer_attn[il]
+        return dict(rope_base=base, rope_scale=scale, q_norm=layer.q_norm, k_norm=layer.k_norm,
+                    post_norm=layer.post_attn_norm, window=window)
+
     def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         c, k = self.config, self.kernels
         ids, pos, p0 = self._begin(tokens, cache)
@@ -69,6 +74,13 @@ class Gemma3Model(Model):
 
         x = k.get_rows(self.token_embd, ids)  # [N, n_embd]
         x *= c.embd_scale
+        plans = self.attn_plans() if n == 1 else None
+        if plans is not None:  # one token: each attention block in one C call (kernels/cpu.py), same bits
+            for il, (plan, L) in enumerate(zip(plans, self.layers)):
+                m = k.attn_block_decode(plan, x[0], p0, cache.k[il], cache.v[il])
+                x += k.rmsnorm(self.ffns[il](m[None, :], x), L.post_ffw_norm, eps)
+            cache.n_past = p0 + 1
+            return self._head(x, all_logits)
         for il, L in enumerate(self.layers):
             window, rope = self.layer_attn[il]
             # attention with per-head Q/K norms

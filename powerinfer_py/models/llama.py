@@ -37,7 +37,6 @@ def expected_tensors(c: ModelConfig) -> Expected:
 
 class LlamaModel(Model):
     LAYER_TENSORS = LAYER_TENSORS
-    fused_attention = True  # one-token steps run each attention block as one C call (False: the Python path)
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         c, k = self.config, self.kernels
@@ -69,19 +68,3 @@ class LlamaModel(Model):
 
         cache.n_past = p0 + n
         return self._head(x, all_logits)
-
-    def attn_plans(self) -> list | None:
-        """Per-layer descriptions of the attention blocks for the one-call decode step, made on first use; None
-        when the kernels have no such step (CUDA) or fused_attention is switched off."""
-        if not self.fused_attention or not hasattr(self.kernels, "attn_block_plan"):
-            return None
-        plans = self.__dict__.get("_attn_plans")
-        if plans is None:
-            c = self.config
-            plans = self._attn_plans = [
-                self.kernels.attn_block_plan(L.wq, L.wk, L.wv, L.wo, L.attn_norm, L.ffn_norm, n_head=c.n_head,
-                                             n_head_kv=c.n_head_kv, head_dim=c.head_dim, n_rot=c.n_rot,
-                                             rope_base=c.rope_freq_base, rope_scale=c.rope_freq_scale,
-                                             rope_neox=c.rope_neox, eps=c.norm_eps, attn_scale=c.attn_scale)
-                for L in self.layers]
-        return plans
