@@ -1,6 +1,6 @@
 /* attn_block.c: one decode step (one token) of a LLaMA attention block, in one call.
  *
- *   pi_attn_block_decode   rmsnorm -> Q, K, V mat-vecs [-> per-head Q/K norms] -> RoPE -> KV-cache store ->
+ *   pi_attn_block_decode   rmsnorm -> Q, K, V mat-vecs [+ biases] [-> per-head Q/K norms] -> RoPE -> KV store ->
  *                          attention [sliding window] -> output mat-vec [-> its norm] -> residual add
  *                          [-> the FFN's rmsnorm]
  *
@@ -8,13 +8,18 @@
  * result is bit-identical to that Python path (tests/test_attn_block.py). What it saves is the Python between
  * the kernels: on a decode token every layer streams tens of MB of weights through the caches, so the
  * interpreter's own data is cold each time it runs between two kernels, and a dozen numpy calls and wrapper
- * checks per layer cost far more than their warm microsecond each. Blocks without biases: llama, bamboo and
+ * checks per layer cost far more than their warm microsecond each. llama, bamboo, qwen2 (Q/K/V biases) and
  * gemma3 (Q/K norms, post-attention norm, sliding-window layers); other architectures and batches keep the
  * Python path.
  */
 #include <string.h>
 
 #include "pi.h"
+
+static void add_bias(float *y, const float *bias, int64_t n) {
+    if (bias)
+        for (int64_t i = 0; i < n; i++) y[i] += bias[i];
+}
 
 void pi_attn_block_decode(pi_pool *pool, const pi_attn_block *b, float *x, int32_t pos, uint16_t *k_cache,
                           uint16_t *v_cache, int64_t n_ctx, float *work, float *ffn_in) {
@@ -23,10 +28,13 @@ void pi_attn_block_decode(pi_pool *pool, const pi_attn_block *b, float *x, int32
 
     pi_rmsnorm(pool, x, b->attn_norm, b->eps, 1, n_embd, h);
     pi_matmul(pool, b->wq_type, b->wq, n_q, n_embd, h, 1, q);
+    add_bias(q, b->bq, n_q);
     if (b->q_norm) pi_rmsnorm(pool, q, b->q_norm, b->eps, b->n_head, b->head_dim, q);
     pi_matmul(pool, b->wk_type, b->wk, n_kv, n_embd, h, 1, k);
+    add_bias(k, b->bk, n_kv);
     if (b->k_norm) pi_rmsnorm(pool, k, b->k_norm, b->eps, b->n_head_kv, b->head_dim, k);
     pi_matmul(pool, b->wv_type, b->wv, n_kv, n_embd, h, 1, v);
+    add_bias(v, b->bv, n_kv);
     if (b->n_rot) {
         pi_rope(pool, q, &pos, 1, b->n_head, b->head_dim, b->n_rot, b->rope_base, b->rope_scale, b->rope_neox);
         pi_rope(pool, k, &pos, 1, b->n_head_kv, b->head_dim, b->n_rot, b->rope_base, b->rope_scale, b->rope_neox);

@@ -155,7 +155,7 @@ int64_t pi_sparse_ffn_decode(pi_pool *pool, const pi_sparse_ffn *f, const float 
  *   k, v stored at pos in the f16 cache planes [n_head_kv, n_ctx, head_dim]; a = attention over positions
  *   0..pos; x += Wo a; then, if ffn_in is not NULL, ffn_in = rmsnorm(x) * ffn_norm (the FFN's input).
  * Optional (NULL / 0 for LLaMA): per-head RMSNorms of q and k right after their mat-vecs, an RMSNorm of the
- * output before the residual add, a sliding window (gemma3). The same kernels in the order the Python path
+ * output before the residual add, a sliding window (gemma3); Q/K/V biases (qwen2). The same kernels in the order the Python path
  * calls them: bit-identical to it. Blocks without biases. work: f32 [2 * n_embd + 2 * n_head * head_dim
  * + 2 * n_head_kv * head_dim]. */
 typedef struct {
@@ -166,6 +166,7 @@ typedef struct {
     const float *q_norm, *k_norm;        /* f32 [head_dim] per-head RMSNorms of q and k (gemma3), or NULL */
     const float *post_norm;              /* f32 [n_embd] RMSNorm of the block's output before the add, or NULL */
     int64_t window;                      /* sliding window (0: full attention) */
+    const float *bq, *bk, *bv;           /* f32 biases added after the Q, K, V mat-vecs (qwen2), or NULL */
     int wq_type, wk_type, wv_type, wo_type;
     const void *wq, *wk, *wv, *wo;       /* [n_head*head_dim, n_embd] x 1, [n_head_kv*head_dim, n_embd] x 2,
                                             [n_embd, n_head*head_dim] */

@@ -38,10 +38,10 @@ def decode_all(model, fused: bool, n_prompt: int = 3):
 
 
 @pytest.mark.parametrize("arch,dtype", [("llama", "f32"), ("llama", "f16"), ("llama", "q8_0"), ("llama", "q4_0"),
-                                        ("gemma3", "f32"), ("gemma3", "q8_0")])
+                                        ("gemma3", "f32"), ("gemma3", "q8_0"), ("qwen2", "f32"), ("qwen2", "q4_0")])
 def test_fused_attention_equals_python_path(synthetic_model, kernels, arch, dtype):
-    """gemma3 adds per-head Q/K norms, the post-attention norm and sliding-window layers (a window of 4 of
-    its 6 layers, shorter than the 8 positions decoded)."""
+    """gemma3 adds per-head Q/K norms, the post-attention norm and sliding-window layers (a window of 4,
+    shorter than the 8 positions decoded); qwen2 adds Q/K/V biases."""
     model = load(synthetic_model(arch, dtype, n_layer=3) if arch == "llama" else synthetic_model(arch, dtype), kernels)
     n_layer = model.config.n_layer
     assert model.attn_plans() is not None

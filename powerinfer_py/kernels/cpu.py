@@ -373,9 +373,10 @@ class CpuKernels:
     def attn_block_plan(self, wq: Tensor, wk: Tensor, wv: Tensor, wo: Tensor, attn_norm, ffn_norm, *,
                         n_head: int, n_head_kv: int, head_dim: int, n_rot: int, rope_base: float,
                         rope_scale: float, rope_neox: bool, eps: float, attn_scale: float, q_norm=None,
-                        k_norm=None, post_norm=None, window: int = 0) -> "AttnBlockPlan":
+                        k_norm=None, post_norm=None, window: int = 0, bq=None, bk=None, bv=None) -> "AttnBlockPlan":
         """Checks one layer's attention weights once and describes them to C for attn_block_decode. q_norm,
-        k_norm (f32 [head_dim]), post_norm (f32 [n_embd]) and a sliding window are gemma3's extras."""
+        k_norm (f32 [head_dim]), post_norm (f32 [n_embd]) and a sliding window are gemma3's extras; bq, bk, bv
+        (f32 [n_head * head_dim], [n_head_kv * head_dim] x 2) qwen2's."""
         n_q, n_kv = n_head * head_dim, n_head_kv * head_dim
         infos = {nm: self._weight(t) for nm, t in (("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo))}
         n_embd = infos["wq"][4]
@@ -387,7 +388,8 @@ class CpuKernels:
         norms = []
         for nm, v, dim, optional in (("attn_norm", attn_norm, n_embd, False), ("ffn_norm", ffn_norm, n_embd, False),
                                      ("q_norm", q_norm, head_dim, True), ("k_norm", k_norm, head_dim, True),
-                                     ("post_norm", post_norm, n_embd, True)):
+                                     ("post_norm", post_norm, n_embd, True), ("bq", bq, n_q, True),
+                                     ("bk", bk, n_kv, True), ("bv", bv, n_kv, True)):
             if optional and v is None:
                 norms.append(ffi.NULL)
                 continue
@@ -403,7 +405,7 @@ class CpuKernels:
         desc.n_embd, desc.n_head, desc.n_head_kv, desc.head_dim, desc.n_rot = n_embd, n_head, n_head_kv, head_dim, n_rot
         desc.eps, desc.rope_base, desc.rope_scale, desc.attn_scale = eps, rope_base, rope_scale, attn_scale
         desc.rope_neox = 1 if rope_neox else 0
-        desc.attn_norm, desc.ffn_norm, desc.q_norm, desc.k_norm, desc.post_norm = norms
+        desc.attn_norm, desc.ffn_norm, desc.q_norm, desc.k_norm, desc.post_norm, desc.bq, desc.bk, desc.bv = norms
         desc.window = window
         for nm, (_, wp, ty, _, _) in infos.items():
             setattr(desc, nm, wp)

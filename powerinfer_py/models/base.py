@@ -191,7 +191,7 @@ class Model:
     def attn_plans(self) -> list | None:
         """Per-layer descriptions of the attention blocks for the one-call decode step, made on first use; None
         when the kernels have no such step (CUDA) or fused_attention is switched off. Only the forward passes
-        that call it (llama, bamboo, gemma3) use it."""
+        that call it (llama, bamboo, qwen2, gemma3) use it."""
         if not self.fused_attention or not hasattr(self.kernels, "attn_block_plan"):
             return None
         plans = self.__dict__.get("_attn_plans")

@@ -37,6 +37,9 @@ def expected_tensors(c: ModelConfig) -> Expected:
 class Qwen2Model(Model):
     LAYER_TENSORS = LAYER_TENSORS
 
+    def attn_plan_kwargs(self, il: int, layer) -> dict:
+        return dict(super().attn_plan_kwargs(il, layer), bq=layer.bq, bk=layer.bk, bv=layer.bv)
+
     def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         c, k = self.config, self.kernels
         ids, pos, p0 = self._begin(tokens, cache)
@@ -44,6 +47,13 @@ class Qwen2Model(Model):
         rope = (c.n_rot, c.rope_freq_base, c.rope_freq_scale, c.rope_neox)
 
         x = k.get_rows(self.token_embd, ids)  # [N, n_embd]
+        plans = self.attn_plans() if n == 1 else None
+        if plans is not None:  # one token: each attention block in one C call (kernels/cpu.py), same bits
+            for il, plan in enumerate(plans):
+                m = k.attn_block_decode(plan, x[0], p0, cache.k[il], cache.v[il])
+                x += self.ffns[il](m[None, :], x)
+            cache.n_past = p0 + 1
+            return self._head(x, all_logits)
         for il, L in enumerate(self.layers):
             # attention; the biases broadcast over the N rows (matmul returns fresh arrays, so += is safe)
             h = k.rmsnorm(x, L.attn_norm, eps)
