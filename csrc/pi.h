@@ -190,5 +190,8 @@ typedef struct {
 } pi_threshold_ffn;
 int64_t pi_threshold_ffn_decode(pi_pool *pool, const pi_threshold_ffn *f, const float *x, float *fwork,
                                 int32_t *iwork, float *y, int64_t *n_nonzero);
+/* The dense SwiGLU/GeGLU FFN for one token: y = down . (act(gate . x) * (up . x)), with the same description
+ * (cut, scale and down_transposed unused; down [n_embd, n_ff]). fwork: f32 [2 * n_ff]. */
+void pi_dense_ffn_decode(pi_pool *pool, const pi_threshold_ffn *f, const float *x, float *fwork, float *y);
 
 #endif

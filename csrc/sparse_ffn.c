@@ -99,3 +99,15 @@ int64_t pi_threshold_ffn_decode(pi_pool *pool, const pi_threshold_ffn *f, const 
     }
     return n_kept;
 }
+
+/* ---- one decode step of a dense SwiGLU/GeGLU FFN (ffn.py's `off` path for ordinary GGUF files) ---------------
+ *   y = down . (act(gate . x) * (up . x))      pi_matmul x 3 and pi_swiglu / pi_geglu, in ffn.py's order */
+void pi_dense_ffn_decode(pi_pool *pool, const pi_threshold_ffn *f, const float *x, float *fwork, float *y) {
+    const int64_t n_ff = f->n_ff, n_embd = f->n_embd;
+    float *g = fwork, *u = fwork + n_ff;
+    pi_matmul(pool, f->gate_type, f->gate, n_ff, n_embd, x, 1, g);
+    pi_matmul(pool, f->up_type, f->up, n_ff, n_embd, x, 1, u);
+    if (f->act == PI_ACT_GELU) pi_geglu(pool, g, u, g, n_ff);
+    else pi_swiglu(pool, g, u, g, n_ff);
+    pi_matmul(pool, f->down_type, f->down, n_embd, n_ff, g, 1, y);
+}

@@ -226,6 +226,12 @@ class FFN:
                                                 settings.down, settings.scales[layer] if settings.scales else None)
         self.observer = None  # callable(layer, x, p, act): see the module docstring
         self.split = None  # hybrid.HybridSplit: predictor mode computes hot neurons on a device (hybrid/)
+        # one-token dense SwiGLU/GeGLU steps in one C call (dense files without biases; kernels that offer it)
+        self.fused_dense = None
+        if (variant in ("swiglu", "geglu") and hasattr(kernels, "dense_ffn_decode") and w.down is not None
+                and w.b_up is None and w.b_down is None):
+            self.fused_dense = kernels.threshold_ffn_plan("silu" if variant == "swiglu" else "gelu", w.gate, w.up,
+                                                          w.down, False, 0.0)
         # one-token predictor steps in one C call (kernels that offer it; gated ReLU variants without biases)
         self.fused = None
         if (self.mode == "predictor" and hasattr(kernels, "sparse_ffn_plan") and w.down_t is not None
@@ -283,6 +289,8 @@ class FFN:
 
     def _dense(self, x: np.ndarray) -> np.ndarray:
         k, w = self.k, self.w
+        if x.shape[0] == 1 and self.fused_dense is not None:  # the same kernels as below, in one C call
+            return k.dense_ffn_decode(self.fused_dense, np.ascontiguousarray(x[0]))[None, :]
         if self.variant in ("swiglu", "geglu"):
             glu = k.swiglu if self.variant == "swiglu" else k.geglu
             return self._down(glu(k.matmul(w.gate, x), k.matmul(w.up, x)), None)

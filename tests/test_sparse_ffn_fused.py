@@ -162,3 +162,25 @@ def test_threshold_step_equals_python_path(pools, ggml_type, variant, down, scal
         assert np.array_equal(y_fused.view(np.uint32), y_python.view(np.uint32))
         kept = int(np.count_nonzero(score >= cut))
         assert 0 < kept < 256
+
+
+@pytest.mark.parametrize("ggml_type", (GGMLType.F32, GGMLType.Q8_0, GGMLType.Q4_0), ids=lambda t: t.name)
+@pytest.mark.parametrize("variant", ["swiglu", "geglu"])
+def test_dense_step_equals_python_path(pools, ggml_type, variant):
+    """`off` on an ordinary SwiGLU/GeGLU file: the one-token C call gives the separate kernels' bits."""
+    rng = np.random.default_rng(13)
+    w = FFNWeights(up=weight("ffn_up", ggml_type, 256, N_EMBD, rng),
+                   gate=weight("ffn_gate", ggml_type, 256, N_EMBD, rng),
+                   down=weight("ffn_down", ggml_type, N_EMBD, 256, rng))
+    for k in pools.values():
+        ffn = FFN(k, w, variant, SparseSettings("off", 0.0))
+        assert ffn.fused_dense is not None
+        x = rng.standard_normal((1, N_EMBD)).astype(np.float32)
+        y_fused = ffn(x)
+        ffn.fused_dense = None
+        y_python = ffn(x)
+        assert np.array_equal(y_fused.view(np.uint32), y_python.view(np.uint32)) and np.abs(y_python).max() > 0
+    with pytest.raises(ValueError, match="transposed"):
+        plan = pools[1].threshold_ffn_plan("silu", w.gate, w.up, weight("ffn_down_t", ggml_type, 256, N_EMBD, rng),
+                                           True, 0.5)
+        pools[1].dense_ffn_decode(plan, np.zeros(N_EMBD, np.float32))

@@ -487,6 +487,22 @@ class CpuKernels:
                                              _fb(_IA, work[1]), _fb(_FA, y), nz)
         return y, int(n_kept), int(nz[0])
 
+    def dense_ffn_decode(self, plan: "SparseFFNPlan", x) -> np.ndarray:
+        """One token through a dense SwiGLU/GeGLU FFN planned by threshold_ffn_plan (down not transposed; the
+        cut is ignored): y f32 [n_embd] = down . (act(gate . x) * (up . x)), the separate kernels' bits."""
+        if self._pool is None:
+            raise ValueError("this CpuKernels has been closed")
+        if plan.desc.down_transposed:
+            raise ValueError("dense_ffn_decode: the plan's down projection must be ffn_down, not a transposed copy")
+        if not (type(x) is np.ndarray and x.dtype is _F32 and x.flags.c_contiguous and x.shape == (plan.n_embd,)):
+            raise ValueError(f"dense_ffn_decode: x must be a C-contiguous float32 array of shape ({plan.n_embd},)")
+        work = self.__dict__.get("_dense_work")
+        if work is None or work.size < 2 * plan.n_ff:
+            work = self._dense_work = np.empty(2 * plan.n_ff, _F32)
+        y = np.empty(plan.n_embd, _F32)
+        lib.pi_dense_ffn_decode(self._pool, plan.desc, _fb(_FA, x), _fb(_FA, work), _fb(_FA, y))
+        return y
+
     # ---- one decode step of a predictor-driven FFN (sparse_ffn.c) -----------------------------------------
     FUSED_VARIANTS = {"reglu": 0, "fatreglu": 1, "dreglu": 2}  # enum pi_ffn_variant
 
