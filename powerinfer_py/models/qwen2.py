@@ -49,11 +49,7 @@ class Qwen2Model(Model):
         x = k.get_rows(self.token_embd, ids)  # [N, n_embd]
         plans = self.attn_plans() if n == 1 else None
         if plans is not None:  # one token: each attention block in one C call (kernels/cpu.py), same bits
-            for il, plan in enumerate(plans):
-                m = k.attn_block_decode(plan, x[0], p0, cache.k[il], cache.v[il])
-                x += self.ffns[il](m[None, :], x)
-            cache.n_past = p0 + 1
-            return self._head(x, all_logits)
+            return self._fused_decode(plans, x, p0, cache, all_logits)
         for il, L in enumerate(self.layers):
             # attention; the biases broadcast over the N rows (matmul returns fresh arrays, so += is safe)
             h = k.rmsnorm(x, L.attn_norm, eps)
