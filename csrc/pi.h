@@ -137,6 +137,8 @@ int64_t pi_select_nonzero(const float *x, int64_t n, int32_t *out);
 enum pi_ffn_variant { PI_FFN_REGLU = 0, PI_FFN_FATREGLU = 1, PI_FFN_DREGLU = 2 };
 typedef struct {
     int variant;          /* enum pi_ffn_variant */
+    int exact;            /* 1: exact mode, no predictor: the gate for every neuron, live where act != 0
+                             (fc1/fc2 unused; the return value is the live count) */
     float act_param;      /* FATReLU: a is kept where a > act_param */
     float threshold;      /* predictor: neuron i is active where logits[i] >= threshold */
     int64_t n_embd, n_ff, rank;

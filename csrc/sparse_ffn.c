@@ -1,7 +1,8 @@
 /* sparse_ffn.c: one decode step (one token) of a predictor-driven ReLU-family FFN layer, in one call.
  *
  *   pi_sparse_ffn_decode   predictor -> active list -> gate gather -> activation -> up gather (live rows
- *                          only) -> h -> AXPY over ffn_down_t
+ *                          only) -> h -> AXPY over ffn_down_t; or (exact mode) the dense gate -> its non-zero
+ *                          activations -> the same up gather and AXPY
  *
  * It is a composition of the kernels in matmul.c and sparse.c, called in the order ffn.py calls them for
  * one token, so its output is bit-identical to that Python path (tests/test_kernels_sparse.py checks it).
@@ -22,6 +23,10 @@
 #include "pi.h"
 
 static inline float relu_keep_nan(float v) { return v < 0.0f ? 0.0f : v; } /* -0 and NaN pass, as np.maximum */
+/* the gating activation: relu; FATReLU a if a > act_param else 0 (NaN -> 0) */
+static inline float gate_act(const pi_sparse_ffn *f, float v) {
+    return f->variant == PI_FFN_FATREGLU ? (v > f->act_param ? v : 0.0f) : relu_keep_nan(v);
+}
 
 int64_t pi_sparse_ffn_decode(pi_pool *pool, const pi_sparse_ffn *f, const float *x, const float *p,
                              float *fwork, int32_t *iwork, float *y, int64_t *n_nonzero) {
@@ -29,16 +34,21 @@ int64_t pi_sparse_ffn_decode(pi_pool *pool, const pi_sparse_ffn *f, const float 
     float *r = fwork, *logits = fwork + f->rank, *a = logits + n_ff, *u = a + n_ff;
     int32_t *rows = iwork, *live = iwork + n_ff;
 
-    pi_matmul(pool, f->fc1_type, f->fc1, f->rank, n_embd, p, 1, r);
-    for (int64_t i = 0; i < f->rank; i++) r[i] = relu_keep_nan(r[i]);
-    pi_matmul(pool, f->fc2_type, f->fc2, n_ff, f->rank, r, 1, logits);
-    const int64_t n_active = pi_select_active(logits, n_ff, f->threshold, rows);
-
-    int64_t n_live = 0;
-    if (n_active > 0) {
+    int64_t n_active, n_live = 0;
+    if (f->exact) { /* exact mode: the gate for every neuron (ffn.py's dense matmul), its non-zero ones live */
+        pi_matmul(pool, f->gate_type, f->gate, n_ff, n_embd, x, 1, logits);
+        for (int64_t i = 0; i < n_ff; i++) logits[i] = gate_act(f, logits[i]);
+        n_active = n_live = pi_select_nonzero(logits, n_ff, rows);
+        for (int64_t k = 0; k < n_live; k++) a[k] = logits[rows[k]];
+    } else {
+        pi_matmul(pool, f->fc1_type, f->fc1, f->rank, n_embd, p, 1, r);
+        for (int64_t i = 0; i < f->rank; i++) r[i] = relu_keep_nan(r[i]);
+        pi_matmul(pool, f->fc2_type, f->fc2, n_ff, f->rank, r, 1, logits);
+        n_active = pi_select_active(logits, n_ff, f->threshold, rows);
+    }
+    if (!f->exact && n_active > 0) {
         pi_matmul_rows(pool, f->gate_type, f->gate, n_embd, rows, n_active, x, 1, a);
-        for (int64_t j = 0; j < n_active; j++)
-            a[j] = f->variant == PI_FFN_FATREGLU ? (a[j] > f->act_param ? a[j] : 0.0f) : relu_keep_nan(a[j]);
+        for (int64_t j = 0; j < n_active; j++) a[j] = gate_act(f, a[j]);
         /* compact the live neurons in place: rows[k] and a[k] for k < n_live (k <= j, so nothing is lost) */
         n_live = pi_select_nonzero(a, n_active, live);
         for (int64_t k = 0; k < n_live; k++) {

@@ -31,7 +31,8 @@ Modes (FORMATS.md section 2), chosen per model by resolve_sparse():
              logits = fc2 · relu(fc1 · p) in f32, neuron i active iff logits[i] >= threshold, h computed for
              active neurons only (inactive neurons are exactly 0), then the down projection over them.
              One token of a gated ReLU-family FFN without biases runs as one C call (sparse_ffn.c, same
-             kernels in the same order, so the same bits) unless a hybrid split or an observer is set.
+             kernels in the same order, so the same bits) unless a hybrid split or an observer is set;
+             so does `exact` on PWRI files.
              Gated ReLU variants gather up rows only where the gate activation is non-zero (h = 0 elsewhere).
 Batches (prefill, N > 1 tokens) compute the union of the tokens' active sets once for all tokens and then
 zero h[t, i] for the neurons token t did not select, so every token gets exactly its own per-token result;
@@ -234,10 +235,11 @@ class FFN:
                                                           w.down, False, 0.0)
         # one-token predictor steps in one C call (kernels that offer it; gated ReLU variants without biases)
         self.fused = None
-        if (self.mode == "predictor" and hasattr(kernels, "sparse_ffn_plan") and w.down_t is not None
+        if (self.mode in ("predictor", "exact") and hasattr(kernels, "sparse_ffn_plan") and w.down_t is not None
                 and variant in kernels.FUSED_VARIANTS and w.b_up is None and w.b_down is None):
             self.fused = kernels.sparse_ffn_plan(variant, w.fc1, w.fc2, w.gate, w.up, w.down_t,
-                                                 float(self.threshold), float(self.act_param))
+                                                 float(self.threshold), float(self.act_param),
+                                                 exact=self.mode == "exact")
 
     def __call__(self, x: np.ndarray, p: np.ndarray | None = None) -> np.ndarray:
         if self.observer is not None:
@@ -315,8 +317,14 @@ class FFN:
         return self._down(h, None)
 
     def _exact(self, x: np.ndarray) -> np.ndarray:
-        a = self._gate_act(self._pre(x))
         n_tok = x.shape[0]
+        if n_tok == 1 and self.fused is not None:  # the same steps as below, in C
+            y, n_active, n_nonzero = self.k.sparse_ffn_decode(self.fused, np.ascontiguousarray(x[0]),
+                                                              np.ascontiguousarray(x[0]))
+            if self.stats is not None:
+                self.stats.record(self.layer, 1, n_active, n_nonzero)
+            return y[None, :]
+        a = self._gate_act(self._pre(x))
         if n_tok == 1:
             rows = self.k.select_nonzero(a[0])
         else:

@@ -184,3 +184,24 @@ def test_dense_step_equals_python_path(pools, ggml_type, variant):
         plan = pools[1].threshold_ffn_plan("silu", w.gate, w.up, weight("ffn_down_t", ggml_type, 256, N_EMBD, rng),
                                            True, 0.5)
         pools[1].dense_ffn_decode(plan, np.zeros(N_EMBD, np.float32))
+
+
+@pytest.mark.parametrize("ggml_type", (GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0), ids=lambda t: t.name)
+@pytest.mark.parametrize("variant", ["reglu", "fatreglu", "dreglu"])
+def test_exact_step_equals_python_path_and_off(pools, ggml_type, variant):
+    """`exact` on a PWRI layer: the one-token C call gives the Python path's bits, and both give `off`'s (the
+    AXPY over every row, zeros skipped)."""
+    w = layer(ggml_type, seed=17)
+    w.fc1 = w.fc2 = None  # exact mode needs no predictor
+    act_param = 0.25 if variant == "fatreglu" else 0.0
+    rng = np.random.default_rng(18)
+    for k in pools.values():
+        x = rng.standard_normal((1, N_EMBD)).astype(np.float32)
+        ffn = FFN(k, w, variant, SparseSettings("exact", 0.0), act_param=act_param)
+        assert ffn.fused is not None
+        y_fused = ffn(x)
+        ffn.fused = None
+        y_python = ffn(x)
+        y_off = FFN(k, w, variant, SparseSettings("off", 0.0), act_param=act_param)(x)
+        assert np.array_equal(y_fused.view(np.uint32), y_python.view(np.uint32))
+        assert np.array_equal(y_fused.view(np.uint32), y_off.view(np.uint32)) and np.abs(y_off).max() > 0

@@ -506,23 +506,32 @@ class CpuKernels:
     # ---- one decode step of a predictor-driven FFN (sparse_ffn.c) -----------------------------------------
     FUSED_VARIANTS = {"reglu": 0, "fatreglu": 1, "dreglu": 2}  # enum pi_ffn_variant
 
-    def sparse_ffn_plan(self, variant: str, fc1: Tensor, fc2: Tensor, gate: Tensor, up: Tensor, down_t: Tensor,
-                        threshold: float, act_param: float = 0.0) -> "SparseFFNPlan":
-        """Checks one layer's weights once and describes them to C for sparse_ffn_decode."""
+    def sparse_ffn_plan(self, variant: str, fc1: Tensor | None, fc2: Tensor | None, gate: Tensor, up: Tensor,
+                        down_t: Tensor, threshold: float, act_param: float = 0.0,
+                        exact: bool = False) -> "SparseFFNPlan":
+        """Checks one layer's weights once and describes them to C for sparse_ffn_decode. exact: no predictor
+        (fc1, fc2 None): every neuron's gate is computed and the non-zero ones are live."""
         if variant not in self.FUSED_VARIANTS:
             raise ValueError(f"sparse_ffn_plan: variant {variant!r} is not one of {', '.join(self.FUSED_VARIANTS)}")
-        infos = {nm: self._weight(t) for nm, t in
-                 (("fc1", fc1), ("fc2", fc2), ("gate", gate), ("up", up), ("down_t", down_t))}
-        rank, n_embd = infos["fc1"][3], infos["fc1"][4]
-        n_ff = infos["gate"][3]
+        named = (("gate", gate), ("up", up), ("down_t", down_t))
+        if not exact:
+            if fc1 is None or fc2 is None:
+                raise ValueError("sparse_ffn_plan: predictor mode needs fc1 and fc2")
+            named = (("fc1", fc1), ("fc2", fc2)) + named
+        infos = {nm: self._weight(t) for nm, t in named}
+        n_ff, n_embd = infos["gate"][3], infos["gate"][4]
+        rank = 0 if exact else infos["fc1"][3]
         want = {"fc1": (rank, n_embd), "fc2": (n_ff, rank), "gate": (n_ff, n_embd), "up": (n_ff, n_embd),
                 "down_t": (n_ff, n_embd)}
+        if not exact and infos["fc1"][4] != n_embd:
+            raise ValueError(f"sparse_ffn_plan: fc1 has {infos['fc1'][4]} columns, the FFN input has {n_embd}")
         for nm, (_, _, _, rows, cols) in infos.items():
             if (rows, cols) != want[nm]:
                 raise ValueError(f"sparse_ffn_plan: {nm} has {rows} x {cols} values, expected {want[nm][0]} x "
                                  f"{want[nm][1]}")
         desc = ffi.new("pi_sparse_ffn *")
         desc.variant, desc.act_param, desc.threshold = self.FUSED_VARIANTS[variant], act_param, threshold
+        desc.exact = 1 if exact else 0
         desc.n_embd, desc.n_ff, desc.rank = n_embd, n_ff, rank
         for nm, (_, wp, ty, _, _) in infos.items():
             setattr(desc, nm, wp)
