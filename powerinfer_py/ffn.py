@@ -319,11 +319,8 @@ class FFN:
     def _exact(self, x: np.ndarray) -> np.ndarray:
         n_tok = x.shape[0]
         if n_tok == 1 and self.fused is not None:  # the same steps as below, in C
-            y, n_active, n_nonzero = self.k.sparse_ffn_decode(self.fused, np.ascontiguousarray(x[0]),
-                                                              np.ascontiguousarray(x[0]))
-            if self.stats is not None:
-                self.stats.record(self.layer, 1, n_active, n_nonzero)
-            return y[None, :]
+            x0 = np.ascontiguousarray(x[0])
+            return self._one_token(*self.k.sparse_ffn_decode(self.fused, x0, x0))
         a = self._gate_act(self._pre(x))
         if n_tok == 1:
             rows = self.k.select_nonzero(a[0])
@@ -342,11 +339,8 @@ class FFN:
         k, w = self.k, self.w
         n_tok = x.shape[0]
         if n_tok == 1 and self.fused is not None and self.split is None:  # the same steps as below, in C
-            y, n_active, n_nonzero = k.sparse_ffn_decode(self.fused, np.ascontiguousarray(x[0]),
-                                                         np.ascontiguousarray(p[0]))
-            if self.stats is not None:
-                self.stats.record(self.layer, 1, n_active, n_nonzero)
-            return y[None, :]
+            return self._one_token(*k.sparse_ffn_decode(self.fused, np.ascontiguousarray(x[0]),
+                                                        np.ascontiguousarray(p[0])))
         r = k.matmul(w.fc1, p)  # [N, R]
         np.maximum(r, 0, out=r)
         logits = k.matmul(w.fc2, r)  # [N, n_ff]
@@ -392,6 +386,12 @@ class FFN:
         return self._down(h, rows, bias), int(np.count_nonzero(h))
 
     # ---- pieces ------------------------------------------------------------------------------------------
+
+    def _one_token(self, y: np.ndarray, n_active: int, n_nonzero: int) -> np.ndarray:
+        """The result of a one-token C step (y f32 [n_embd] and its counts) as FFN output [1, n_embd], counted."""
+        if self.stats is not None:
+            self.stats.record(self.layer, 1, n_active, n_nonzero)
+        return y[None, :]
 
     def _rows(self, t: Tensor, rows: np.ndarray, x: np.ndarray, dense: bool) -> np.ndarray:
         """f32 [N, len(rows)] = x · t[rows].T, by the row gather or (dense) by the full matmul."""

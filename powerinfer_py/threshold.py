@@ -159,10 +159,7 @@ class ThresholdPath:
             return f._dense(x)
         n_tok = x.shape[0]
         if n_tok == 1 and self.fused is not None:
-            y, n_kept, n_nonzero = k.threshold_ffn_decode(self.fused, np.ascontiguousarray(x[0]))
-            if f.stats is not None:
-                f.stats.record(f.layer, 1, n_kept, n_nonzero)
-            return y[None, :]
+            return f._one_token(*k.threshold_ffn_decode(self.fused, np.ascontiguousarray(x[0])))
         pre = k.matmul(f.w.gate, x)
         a = k.silu(pre) if f.variant == "swiglu" else k.gelu(pre)  # [N, n_ff]
         score = np.abs(a)
