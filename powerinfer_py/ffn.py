@@ -231,8 +231,7 @@ class FFN:
         self.fused_dense = None
         if (variant in ("swiglu", "geglu") and hasattr(kernels, "dense_ffn_decode") and w.down is not None
                 and w.b_up is None and w.b_down is None):
-            self.fused_dense = kernels.threshold_ffn_plan("silu" if variant == "swiglu" else "gelu", w.gate, w.up,
-                                                          w.down, False, 0.0)
+            self.fused_dense = kernels.dense_ffn_plan("silu" if variant == "swiglu" else "gelu", w.gate, w.up, w.down)
         # one-token predictor steps in one C call (kernels that offer it; gated ReLU variants without biases)
         self.fused = None
         if (self.mode in ("predictor", "exact") and hasattr(kernels, "sparse_ffn_plan") and w.down_t is not None

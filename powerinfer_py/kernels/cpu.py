@@ -487,9 +487,13 @@ class CpuKernels:
                                              _fb(_IA, work[1]), _fb(_FA, y), nz)
         return y, int(n_kept), int(nz[0])
 
+    def dense_ffn_plan(self, act: str, gate: Tensor, up: Tensor, down: Tensor) -> "SparseFFNPlan":
+        """A dense SwiGLU/GeGLU FFN described to C for dense_ffn_decode (the threshold description, no cut)."""
+        return self.threshold_ffn_plan(act, gate, up, down, False, 0.0)
+
     def dense_ffn_decode(self, plan: "SparseFFNPlan", x) -> np.ndarray:
-        """One token through a dense SwiGLU/GeGLU FFN planned by threshold_ffn_plan (down not transposed; the
-        cut is ignored): y f32 [n_embd] = down . (act(gate . x) * (up . x)), the separate kernels' bits."""
+        """One token through a dense SwiGLU/GeGLU FFN planned by dense_ffn_plan: y f32 [n_embd] =
+        down . (act(gate . x) * (up . x)), the separate kernels' bits."""
         if self._pool is None:
             raise ValueError("this CpuKernels has been closed")
         if plan.desc.down_transposed:

@@ -189,15 +189,19 @@ class Model:
         return dict(rope_base=c.rope_freq_base, rope_scale=c.rope_freq_scale)
 
     def _fused_decode(self, plans: list, x: np.ndarray, p0: int, cache: KVCache, all_logits: bool) -> np.ndarray:
-        """One token through every layer of a pre-norm block (attention, then FFN; llama, bamboo, qwen2): x f32
+        """One token through every layer of a pre-norm block (attention, then FFN; llama, bamboo, qwen2, gemma3): x f32
         [1, n_embd] the embedded token at position p0. The attention block is one C call, which also returns
         the FFN's normed input."""
         k = self.kernels
         for il, plan in enumerate(plans):
             m = k.attn_block_decode(plan, x[0], p0, cache.k[il], cache.v[il])
-            x += self.ffns[il](m[None, :], x)
+            x += self._ffn_out(il, self.ffns[il](m[None, :], x))
         cache.n_past = p0 + 1
         return self._head(x, all_logits)
+
+    def _ffn_out(self, il: int, y: np.ndarray) -> np.ndarray:
+        """What the FFN adds to the residual: its output (gemma3 norms it first)."""
+        return y
 
     def attn_plans(self) -> list | None:
         """Per-layer descriptions of the attention blocks for the one-call decode step, made on first use; None

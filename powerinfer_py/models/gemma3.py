@@ -67,6 +67,9 @@ class Gemma3Model(Model):
         return dict(rope_base=base, rope_scale=scale, q_norm=layer.q_norm, k_norm=layer.k_norm,
                     post_norm=layer.post_attn_norm, window=window)
 
+    def _ffn_out(self, il: int, y: np.ndarray) -> np.ndarray:
+        return self.kernels.rmsnorm(y, self.layers[il].post_ffw_norm, self.config.norm_eps)
+
     def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         c, k = self.config, self.kernels
         ids, pos, p0 = self._begin(tokens, cache)
@@ -76,11 +79,7 @@ class Gemma3Model(Model):
         x *= c.embd_scale
         plans = self.attn_plans() if n == 1 else None
         if plans is not None:  # one token: each attention block in one C call (kernels/cpu.py), same bits
-            for il, (plan, L) in enumerate(zip(plans, self.layers)):
-                m = k.attn_block_decode(plan, x[0], p0, cache.k[il], cache.v[il])
-                x += k.rmsnorm(self.ffns[il](m[None, :], x), L.post_ffw_norm, eps)
-            cache.n_past = p0 + 1
-            return self._head(x, all_logits)
+            return self._fused_decode(plans, x, p0, cache, all_logits)
         for il, L in enumerate(self.layers):
             window, rope = self.layer_attn[il]
             # attention with per-head Q/K norms
@@ -95,7 +94,7 @@ class Gemma3Model(Model):
             x += k.rmsnorm(k.matmul(L.wo, a.reshape(n, c.n_head * hd)), L.post_attn_norm, eps)
             # feed-forward (GELU-gated), itself normed before the residual add
             f = self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x)
-            x += k.rmsnorm(f, L.post_ffw_norm, eps)
+            x += self._ffn_out(il, f)
 
         cache.n_past = p0 + n
         return self._head(x, all_logits)
