@@ -368,6 +368,26 @@ class CpuKernels:
             if len(x) else 0
         return out[:k]
 
+    # ---- one-call decode steps (attn_block.c, sparse_ffn.c): shared checks and scratch ---------------------
+
+    def _step_work(self, n_f32: int, n_i32: int = 0) -> tuple:
+        """cdata pointers to this kernels object's step scratch, grown to f32 [n_f32] and int32 [n_i32] (one pair
+        serves every step: they run one after another)."""
+        if self._pool is None:
+            raise ValueError("this CpuKernels has been closed")
+        w = self.__dict__.get("_steps")
+        if w is None or w[0].size < n_f32 or w[1].size < n_i32:
+            old = (0, 0) if w is None else (w[0].size, w[1].size)
+            w = self._steps = (np.empty(max(n_f32, old[0], 1), _F32), np.empty(max(n_i32, old[1], 1), _I32))
+        return _fb(_FA, w[0]), _fb(_IA, w[1])
+
+    @staticmethod
+    def _check_step_vector(op: str, name: str, v, n: int, writable: bool = False) -> None:
+        if not (type(v) is np.ndarray and v.dtype is _F32 and v.flags.c_contiguous and v.shape == (n,)
+                and (v.flags.writeable or not writable)):
+            raise ValueError(f"{op}: {name} must be a{' writable' if writable else ''} C-contiguous float32 array of "
+                             f"shape ({n},), got {getattr(v, 'dtype', type(v).__name__)} {getattr(v, 'shape', '')}")
+
     # ---- one decode step of a LLaMA attention block (attn_block.c) -----------------------------------------
 
     def attn_block_plan(self, wq: Tensor, wk: Tensor, wv: Tensor, wo: Tensor, attn_norm, ffn_norm, *,
@@ -418,12 +438,7 @@ class CpuKernels:
         """One token through a planned attention block: x f32 [n_embd] (the residual) gets the block's output
         added in place, the token's K/V go to position pos of the f16 cache planes [n_head_kv, n_ctx, head_dim];
         returns the FFN's input rmsnorm(x) * ffn_norm. Bit-identical to the separate kernels."""
-        if self._pool is None:
-            raise ValueError("this CpuKernels has been closed")
-        if not (type(x) is np.ndarray and x.dtype is _F32 and x.flags.c_contiguous and x.flags.writeable
-                and x.shape == (plan.n_embd,)):
-            raise ValueError(f"attn_block_decode: x must be a writable C-contiguous float32 array of shape "
-                             f"({plan.n_embd},)")
+        self._check_step_vector("attn_block_decode", "x", x, plan.n_embd, writable=True)
         for nm, c in (("k_cache", k_cache), ("v_cache", v_cache)):
             if not (type(c) is np.ndarray and c.dtype is _F16 and c.flags.c_contiguous and c.flags.writeable
                     and c.ndim == 3 and c.shape[0] == plan.n_head_kv and c.shape[2] == plan.head_dim
@@ -432,12 +447,10 @@ class CpuKernels:
                                  f"[{plan.n_head_kv}, n_ctx, {plan.head_dim}] like the other cache plane")
         if not 0 <= pos < k_cache.shape[1]:
             raise ValueError(f"attn_block_decode: position {pos} is outside the cache (n_ctx {k_cache.shape[1]})")
-        work = self.__dict__.get("_attn_work")
-        if work is None or work.size < plan.work_floats:
-            work = self._attn_work = np.empty(plan.work_floats, _F32)
+        fwork, _ = self._step_work(plan.work_floats)
         out = np.empty(plan.n_embd, _F32)
         lib.pi_attn_block_decode(self._pool, plan.desc, _fb(_FA, x), pos, _fb(_HA, k_cache), _fb(_HA, v_cache),
-                                 k_cache.shape[1], _fb(_FA, work), _fb(_FA, out))
+                                 k_cache.shape[1], fwork, _fb(_FA, out))
         return out
 
     # ---- one decode step of a threshold-mode SwiGLU/GeGLU FFN (sparse_ffn.c) ------------------------------
@@ -474,17 +487,11 @@ class CpuKernels:
     def threshold_ffn_decode(self, plan: "SparseFFNPlan", x) -> tuple[np.ndarray, int, int]:
         """One token through a planned threshold FFN: (y f32 [n_embd], kept count, non-zero h count) for x the
         normed FFN input f32 [n_embd]. Bit-identical to the separate kernels in threshold.py's order."""
-        if self._pool is None:
-            raise ValueError("this CpuKernels has been closed")
-        if not (type(x) is np.ndarray and x.dtype is _F32 and x.flags.c_contiguous and x.shape == (plan.n_embd,)):
-            raise ValueError(f"threshold_ffn_decode: x must be a C-contiguous float32 array of shape ({plan.n_embd},)")
-        work = self.__dict__.get("_thr_work")
-        if work is None or work[1].size < plan.n_ff:
-            work = self._thr_work = (np.empty(4 * plan.n_ff, _F32), np.empty(plan.n_ff, _I32))
+        self._check_step_vector("threshold_ffn_decode", "x", x, plan.n_embd)
+        fwork, iwork = self._step_work(4 * plan.n_ff, plan.n_ff)
         y = np.empty(plan.n_embd, _F32)
         nz = ffi.new("int64_t *")
-        n_kept = lib.pi_threshold_ffn_decode(self._pool, plan.desc, _fb(_FA, x), _fb(_FA, work[0]),
-                                             _fb(_IA, work[1]), _fb(_FA, y), nz)
+        n_kept = lib.pi_threshold_ffn_decode(self._pool, plan.desc, _fb(_FA, x), fwork, iwork, _fb(_FA, y), nz)
         return y, int(n_kept), int(nz[0])
 
     def dense_ffn_plan(self, act: str, gate: Tensor, up: Tensor, down: Tensor) -> "SparseFFNPlan":
@@ -494,17 +501,12 @@ class CpuKernels:
     def dense_ffn_decode(self, plan: "SparseFFNPlan", x) -> np.ndarray:
         """One token through a dense SwiGLU/GeGLU FFN planned by dense_ffn_plan: y f32 [n_embd] =
         down . (act(gate . x) * (up . x)), the separate kernels' bits."""
-        if self._pool is None:
-            raise ValueError("this CpuKernels has been closed")
         if plan.desc.down_transposed:
             raise ValueError("dense_ffn_decode: the plan's down projection must be ffn_down, not a transposed copy")
-        if not (type(x) is np.ndarray and x.dtype is _F32 and x.flags.c_contiguous and x.shape == (plan.n_embd,)):
-            raise ValueError(f"dense_ffn_decode: x must be a C-contiguous float32 array of shape ({plan.n_embd},)")
-        work = self.__dict__.get("_dense_work")
-        if work is None or work.size < 2 * plan.n_ff:
-            work = self._dense_work = np.empty(2 * plan.n_ff, _F32)
+        self._check_step_vector("dense_ffn_decode", "x", x, plan.n_embd)
+        fwork, _ = self._step_work(2 * plan.n_ff)
         y = np.empty(plan.n_embd, _F32)
-        lib.pi_dense_ffn_decode(self._pool, plan.desc, _fb(_FA, x), _fb(_FA, work), _fb(_FA, y))
+        lib.pi_dense_ffn_decode(self._pool, plan.desc, _fb(_FA, x), fwork, _fb(_FA, y))
         return y
 
     # ---- one decode step of a predictor-driven FFN (sparse_ffn.c) -----------------------------------------
@@ -547,21 +549,13 @@ class CpuKernels:
         """One token through a planned FFN: (y f32 [n_embd], predicted-active count, non-zero h count) for x
         the normed FFN input and p the predictor input (f32 [n_embd] each). Bit-identical to the separate
         kernels in ffn.py's order."""
-        if self._pool is None:
-            raise ValueError("this CpuKernels has been closed")
         for nm, v in (("x", x), ("p", p)):
-            if not (type(v) is np.ndarray and v.dtype is _F32 and v.flags.c_contiguous and v.shape == (plan.n_embd,)):
-                raise ValueError(f"sparse_ffn_decode: {nm} must be a C-contiguous float32 array of shape "
-                                 f"({plan.n_embd},), got {getattr(v, 'dtype', type(v).__name__)} "
-                                 f"{getattr(v, 'shape', '')}")
-        need = plan.rank + 3 * plan.n_ff
-        work = self.__dict__.get("_ffn_work")
-        if work is None or work[0].size < need or work[1].size < 2 * plan.n_ff:
-            work = self._ffn_work = (np.empty(need, _F32), np.empty(2 * plan.n_ff, _I32))
+            self._check_step_vector("sparse_ffn_decode", nm, v, plan.n_embd)
+        fwork, iwork = self._step_work(plan.rank + 3 * plan.n_ff, 2 * plan.n_ff)
         y = np.empty(plan.n_embd, _F32)
         nz = ffi.new("int64_t *")
-        n_active = lib.pi_sparse_ffn_decode(self._pool, plan.desc, _fb(_FA, x), _fb(_FA, p), _fb(_FA, work[0]),
-                                            _fb(_IA, work[1]), _fb(_FA, y), nz)
+        n_active = lib.pi_sparse_ffn_decode(self._pool, plan.desc, _fb(_FA, x), _fb(_FA, p), fwork, iwork,
+                                            _fb(_FA, y), nz)
         return y, int(n_active), int(nz[0])
 
 
