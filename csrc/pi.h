@@ -133,7 +133,12 @@ int64_t pi_select_nonzero(const float *x, int64_t n, int32_t *out);
  * r = relu(fc1 . p); rows = ascending i with (fc2 . r)[i] >= threshold; a = act(gate[rows] . x);
  * live = rows with a != 0; h = a * (up[live] . x) (dReLU: a * relu(up . x)); y = AXPY of h over down_t[live].
  * Gated ReLU-family variants without biases only. Weights: fc1 [rank, n_embd], fc2 [n_ff, rank],
- * gate/up [n_ff, n_embd], down_t [n_ff, n_embd], each of its own type. */
+ * gate/up [n_ff, n_embd], down_t [n_ff, n_embd], each of its own type.
+ * fc2_t (optional, NULL if none): fc2 transposed [rank, n_ff], the same values (float types). The predictor's
+ * hidden layer relu(fc1 . p) is sparse (about half its units are 0), so fc2 . r is then an AXPY over the
+ * non-zero r_k, reading only their rows, when they are at most PI_FC2_AXPY_MAX_PERCENT of the rank (past
+ * that the dense mat-vec reads as fast); same values, another summation order than the mat-vec. */
+enum { PI_FC2_AXPY_MAX_PERCENT = 80 };
 enum pi_ffn_variant { PI_FFN_REGLU = 0, PI_FFN_FATREGLU = 1, PI_FFN_DREGLU = 2 };
 typedef struct {
     int variant;          /* enum pi_ffn_variant */
@@ -142,11 +147,11 @@ typedef struct {
     float act_param;      /* FATReLU: a is kept where a > act_param */
     float threshold;      /* predictor: neuron i is active where logits[i] >= threshold */
     int64_t n_embd, n_ff, rank;
-    int fc1_type, fc2_type, gate_type, up_type, down_type;
-    const void *fc1, *fc2, *gate, *up, *down_t;
+    int fc1_type, fc2_type, gate_type, up_type, down_type, fc2_t_type;
+    const void *fc1, *fc2, *gate, *up, *down_t, *fc2_t;
 } pi_sparse_ffn;
-/* x: normed FFN input f32 [n_embd]; p: predictor input f32 [n_embd]; fwork: f32 [rank + 3 * n_ff];
- * iwork: int32 [2 * n_ff]; y: f32 [n_embd], overwritten. Returns the number of predicted-active neurons and
+/* x: normed FFN input f32 [n_embd]; p: predictor input f32 [n_embd]; fwork: f32 [2 * rank + 3 * n_ff];
+ * iwork: int32 [rank + 2 * n_ff]; y: f32 [n_embd], overwritten. Returns the number of predicted-active neurons and
  * stores the number of non-zero h in *n_nonzero. Bit-identical to the separate kernels. */
 int64_t pi_sparse_ffn_decode(pi_pool *pool, const pi_sparse_ffn *f, const float *x, const float *p,
                              float *fwork, int32_t *iwork, float *y, int64_t *n_nonzero);

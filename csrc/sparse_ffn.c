@@ -12,7 +12,9 @@
  *
  * Per token, with p the predictor input and x the normed FFN input:
  *   r      = relu(fc1 . p)                      f32 [rank]   (NaN stays NaN, as numpy's maximum)
- *   rows   = ascending i with (fc2 . r)[i] >= threshold
+ *   logits = fc2 . r                            mat-vec; or, with fc2_t and few enough non-zero r_k, the AXPY
+ *                                               sum_{r_k != 0} r_k * fc2_t[k, :] (predictor_logits)
+ *   rows   = ascending i with logits[i] >= threshold
  *   a_j    = act(gate[rows[j]] . x)             relu; fatrelu: a if a > act_param else 0
  *   live   = the j with a_j != 0                (a zero activation makes h zero whatever up is: skip its up row)
  *   h_j    = a_j * (up[rows[j]] . x)            dReLU: a_j * relu(up . x)        for j in live
@@ -28,11 +30,30 @@ static inline float gate_act(const pi_sparse_ffn *f, float v) {
     return f->variant == PI_FFN_FATREGLU ? (v > f->act_param ? v : 0.0f) : relu_keep_nan(v);
 }
 
+/* logits f32 [n_ff] = fc2 . relu(fc1 . p); r: f32 [2 * rank] scratch, ridx: int32 [rank] scratch */
+static void predictor_logits(pi_pool *pool, const pi_sparse_ffn *f, const float *p, float *r, int32_t *ridx,
+                             float *logits) {
+    const int64_t rank = f->rank;
+    pi_matmul(pool, f->fc1_type, f->fc1, rank, f->n_embd, p, 1, r);
+    for (int64_t i = 0; i < rank; i++) r[i] = relu_keep_nan(r[i]);
+    if (f->fc2_t) {
+        const int64_t n = pi_select_nonzero(r, rank, ridx);
+        if (n * 100 <= rank * PI_FC2_AXPY_MAX_PERCENT) {
+            float *rv = r + rank;
+            for (int64_t k = 0; k < n; k++) rv[k] = r[ridx[k]];
+            if (n > 0) pi_axpy_rows(pool, f->fc2_t_type, f->fc2_t, f->n_ff, ridx, rv, n, 1, logits);
+            else memset(logits, 0, (size_t)f->n_ff * sizeof(float));
+            return;
+        }
+    }
+    pi_matmul(pool, f->fc2_type, f->fc2, f->n_ff, rank, r, 1, logits);
+}
+
 int64_t pi_sparse_ffn_decode(pi_pool *pool, const pi_sparse_ffn *f, const float *x, const float *p,
                              float *fwork, int32_t *iwork, float *y, int64_t *n_nonzero) {
     const int64_t n_ff = f->n_ff, n_embd = f->n_embd;
-    float *r = fwork, *logits = fwork + f->rank, *a = logits + n_ff, *u = a + n_ff;
-    int32_t *rows = iwork, *live = iwork + n_ff;
+    float *r = fwork, *logits = fwork + 2 * f->rank, *a = logits + n_ff, *u = a + n_ff;
+    int32_t *rows = iwork, *live = iwork + n_ff, *ridx = iwork + 2 * n_ff;
 
     int64_t n_active, n_live = 0;
     if (f->exact) { /* exact mode: the gate for every neuron (ffn.py's dense matmul), its non-zero ones live */
@@ -41,9 +62,7 @@ int64_t pi_sparse_ffn_decode(pi_pool *pool, const pi_sparse_ffn *f, const float 
         n_active = n_live = pi_select_nonzero(logits, n_ff, rows);
         for (int64_t k = 0; k < n_live; k++) a[k] = logits[rows[k]];
     } else {
-        pi_matmul(pool, f->fc1_type, f->fc1, f->rank, n_embd, p, 1, r);
-        for (int64_t i = 0; i < f->rank; i++) r[i] = relu_keep_nan(r[i]);
-        pi_matmul(pool, f->fc2_type, f->fc2, n_ff, f->rank, r, 1, logits);
+        predictor_logits(pool, f, p, r, ridx, logits);
         n_active = pi_select_active(logits, n_ff, f->threshold, rows);
     }
     if (!f->exact && n_active > 0) {

@@ -34,6 +34,10 @@ Modes (FORMATS.md section 2), chosen per model by resolve_sparse():
              kernels in the same order, so the same bits) unless a hybrid split or an observer is set;
              so does `exact` on PWRI files.
              Gated ReLU variants gather up rows only where the gate activation is non-zero (h = 0 elsewhere).
+             The predictor's hidden layer relu(fc1 · p) is itself sparse (about half its units are 0): for one
+             token with a float fc2 (F32/F16/BF16), fc2 · r is the AXPY over the non-zero r_k of a transposed
+             copy fc2_t made at load (same values, another summation order), which reads only their rows
+             (fc2_t_logits; the C step makes the same choice and calls, so the same bits).
 Batches (prefill, N > 1 tokens) compute the union of the tokens' active sets once for all tokens and then
 zero h[t, i] for the neurons token t did not select, so every token gets exactly its own per-token result;
 when the union exceeds DENSE_FALLBACK of the neurons, the gated rows come from the dense matmul instead of the
@@ -64,6 +68,7 @@ from .tensor import Tensor
 
 MODES = ("predictor", "exact", "threshold", "off")
 THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"
+FC2_T_TYPES = ("F32", "F16", "BF16")  # fc2 types whose transposed copy holds the same values
 DENSE_FALLBACK = 0.5  # batches whose union of active neurons exceeds this fraction use the dense gate/up
 RELU_FAMILY = ("reglu", "fatreglu", "dreglu", "relu")
 PREDICTED_GLU = ("swiglu", "geglu")  # non-ReLU FFNs that predictor mode also runs (trained predictors skip the gate)
@@ -218,6 +223,8 @@ class FFN:
             raise ValueError(f"layer {layer}: the FFN needs exactly one of ffn_down and ffn_down_t")
         if self.mode == "predictor" and (w.fc1 is None or w.fc2 is None):
             raise ValueError(f"layer {layer}: predictor mode without fc1/fc2")
+        # fc2 transposed (rank, n_ff), for the one-token AXPY over the predictor's non-zero hidden units
+        self.fc2_t = transposed_predictor(w.fc2) if self.mode == "predictor" else None
         self.all_rows = np.arange(self.n_ff, dtype=np.int32)
         self.threshold_path = None
         if self.mode == "threshold":
@@ -238,7 +245,7 @@ class FFN:
                 and variant in kernels.FUSED_VARIANTS and w.b_up is None and w.b_down is None):
             self.fused = kernels.sparse_ffn_plan(variant, w.fc1, w.fc2, w.gate, w.up, w.down_t,
                                                  float(self.threshold), float(self.act_param),
-                                                 exact=self.mode == "exact")
+                                                 exact=self.mode == "exact", fc2_t=self.fc2_t)
 
     def __call__(self, x: np.ndarray, p: np.ndarray | None = None) -> np.ndarray:
         if self.observer is not None:
@@ -342,7 +349,9 @@ class FFN:
                                                         np.ascontiguousarray(p[0])))
         r = k.matmul(w.fc1, p)  # [N, R]
         np.maximum(r, 0, out=r)
-        logits = k.matmul(w.fc2, r)  # [N, n_ff]
+        logits = fc2_t_logits(k, self.fc2_t, r) if n_tok == 1 and self.fc2_t is not None else None
+        if logits is None:
+            logits = k.matmul(w.fc2, r)  # [N, n_ff]
         if n_tok == 1:
             rows = k.select_active(logits[0], float(self.threshold))
             mask, n_active = None, len(rows)
@@ -425,3 +434,30 @@ class FFN:
         if bias and w.b_down is not None:
             y += w.b_down
         return y
+
+
+def transposed_predictor(fc2: Tensor | None) -> Tensor | None:
+    """fc2 (n_ff, R) transposed to (R, n_ff) with the same values, for float types (FC2_T_TYPES); else None
+    (a quantized fc2 would need re-quantizing along the other axis: other values, other predictions)."""
+    if fc2 is None or fc2.type.name not in FC2_T_TYPES:
+        return None
+    data = np.asarray(fc2.data).reshape(fc2.shape)
+    return Tensor(fc2.name.replace("fc2", "fc2_t"), fc2.type, (fc2.shape[1], fc2.shape[0]),
+                  np.ascontiguousarray(data.T))
+
+
+# the hidden layer's non-zero share up to which the AXPY over fc2_t beats the dense mat-vec of fc2 (F16,
+# 7B shape, cold: 368 us at 50% against 616 us dense: the same bound as PI_FC2_AXPY_MAX_PERCENT in csrc/pi.h)
+FC2_AXPY_MAX_PERCENT = 80
+
+
+def fc2_t_logits(k, fc2_t: Tensor, r: np.ndarray) -> np.ndarray | None:
+    """One token's predictor logits f32 [1, n_ff] = fc2 · r as the AXPY over the non-zero r_k of fc2_t, or
+    None when too many r_k are non-zero for that to pay (then the caller runs the dense mat-vec)."""
+    rank = r.shape[1]
+    nz = k.select_nonzero(r[0])
+    if len(nz) * 100 > rank * FC2_AXPY_MAX_PERCENT:
+        return None
+    if len(nz) == 0:
+        return np.zeros((1, fc2_t.shape[1]), dtype=np.float32)
+    return k.axpy_rows(fc2_t, nz, np.ascontiguousarray(r[:, nz]))

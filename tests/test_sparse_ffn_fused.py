@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powerinfer_py.ffn import FFN, FFNWeights, SparseSettings
+from powerinfer_py import ffn as ffn_module
+from powerinfer_py.ffn import FFN, FFNWeights, SparseSettings, transposed_predictor
 from powerinfer_py.kernels import ref
 from powerinfer_py.tensor import GGMLType, Tensor
 
@@ -37,10 +38,19 @@ def layer(ggml_type, seed=0) -> FFNWeights:
                       fc2=weight("fc2", ggml_type, N_FF, RANK, rng, 0.3))
 
 
-def separate_kernels(k, w: FFNWeights, variant, x, p, threshold, act_param):
-    """The unfused steps, one kernel call each, as ffn.py runs them for one token."""
+def predictor_logits(k, w: FFNWeights, p, fc2_t=None):
+    """fc2 · relu(fc1 · p) by the kernels: the dense mat-vec, or with fc2_t the AXPY over the non-zero hidden
+    units when they are at most PI_FC2_AXPY_MAX_PERCENT of the rank."""
     r = np.maximum(k.matmul(w.fc1, p), 0)
-    rows = k.select_active(k.matmul(w.fc2, r), threshold)
+    nz = k.select_nonzero(r)
+    if fc2_t is not None and len(nz) * 100 <= RANK * cpu.lib.PI_FC2_AXPY_MAX_PERCENT:
+        return k.axpy_rows(fc2_t, nz, r[nz]) if len(nz) else np.zeros(N_FF, np.float32)
+    return k.matmul(w.fc2, r)
+
+
+def separate_kernels(k, w: FFNWeights, variant, x, p, threshold, act_param, fc2_t=None):
+    """The unfused steps, one kernel call each, as ffn.py runs them for one token."""
+    rows = k.select_active(predictor_logits(k, w, p, fc2_t), threshold)
     a = k.matmul_rows(w.gate, rows, x) if len(rows) else np.zeros(0, np.float32)
     a = np.where(a > act_param, a, np.float32(0)) if variant == "fatreglu" else np.maximum(a, 0)
     live = k.select_nonzero(a)
@@ -92,6 +102,55 @@ def test_fused_equals_separate_kernels(pools, ggml_type, variant):
                 assert np.abs(y - y_ref).max() <= 0.05 * np.abs(y_ref).max()
 
 
+def test_transposed_predictor_types():
+    """The transposed fc2 copy exists for float types only, with the same values (quantized blocks would need
+    re-quantizing along the other axis: other values, other predictions)."""
+    assert ffn_module.FC2_AXPY_MAX_PERCENT == cpu.lib.PI_FC2_AXPY_MAX_PERCENT  # Python and C choose alike
+    for ty in TYPES:
+        w = layer(ty)
+        t = transposed_predictor(w.fc2)
+        if ty in (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0):
+            assert t is None
+            continue
+        assert t.type == ty and t.shape == (RANK, N_FF)
+        assert np.array_equal(ref.dequantize(t).reshape(RANK, N_FF), ref.dequantize(w.fc2).reshape(N_FF, RANK).T)
+    assert transposed_predictor(None) is None
+
+
+@pytest.mark.parametrize("ggml_type", (GGMLType.F32, GGMLType.F16, GGMLType.BF16), ids=lambda t: t.name)
+def test_fused_with_transposed_fc2(pools, ggml_type):
+    """With fc2_t the step takes the AXPY over the non-zero hidden units when they are few enough (random
+    weights: about half), else the dense fc2 mat-vec; either way the bits of the separate kernels, and logits
+    close to the dense ones."""
+    w = layer(ggml_type, seed=11)
+    fc2_t = transposed_predictor(w.fc2)
+    rng = np.random.default_rng(2)
+    paths = set()
+    for n_threads, k in pools.items():
+        for trial in range(4):
+            p = rng.standard_normal(N_EMBD).astype(np.float32)
+            if trial == 3:  # every hidden unit positive: a large shared component along a vector all rows like
+                bias = ref.dequantize(w.fc1).reshape(RANK, N_EMBD).sum(0)
+                p = (p * 0.01 + bias / np.linalg.norm(bias) * 50).astype(np.float32)
+            x = rng.standard_normal(N_EMBD).astype(np.float32)
+            r = np.maximum(k.matmul(w.fc1, p), 0)
+            axpy = np.count_nonzero(r) * 100 <= RANK * cpu.lib.PI_FC2_AXPY_MAX_PERCENT
+            paths.add(axpy)
+            logits = predictor_logits(k, w, p, fc2_t)
+            dense = k.matmul(w.fc2, r)
+            np.testing.assert_allclose(logits, dense, rtol=1e-5, atol=1e-5 * np.abs(dense).max())
+            if not axpy:
+                assert np.array_equal(logits.view(np.uint32), dense.view(np.uint32))
+            srt = np.sort(logits)
+            threshold = float((srt[int(0.7 * N_FF)] + srt[int(0.7 * N_FF) + 1]) / 2)
+            plan = k.sparse_ffn_plan("reglu", w.fc1, w.fc2, w.gate, w.up, w.down_t, threshold, fc2_t=fc2_t)
+            y, n_active, _ = k.sparse_ffn_decode(plan, x, p)
+            y_sep, _ = separate_kernels(k, w, "reglu", x, p, threshold, 0.0, fc2_t)
+            assert np.array_equal(y.view(np.uint32), y_sep.view(np.uint32)), (n_threads, trial)
+            assert n_active == int(np.count_nonzero(logits >= threshold))
+    assert paths == {True, False}, "both the AXPY and the dense fc2 path must have run"
+
+
 def test_fused_edge_cases(pools):
     w = layer(GGMLType.Q4_0, seed=3)
     k = pools[2]
@@ -118,13 +177,16 @@ def test_fused_bad_input(pools):
         k.sparse_ffn_decode(plan, np.ones(N_EMBD, np.float32), np.ones(N_EMBD, np.float64))
 
 
+@pytest.mark.parametrize("ggml_type", (GGMLType.Q8_0, GGMLType.F16), ids=lambda t: t.name)
 @pytest.mark.parametrize("variant", ["reglu", "dreglu"])
-def test_ffn_one_token_uses_the_fused_step(pools, variant):
-    """FFN's one-token predictor path goes through C and gives what its Python path gives."""
-    w = layer(GGMLType.Q8_0, seed=5)
+def test_ffn_one_token_uses_the_fused_step(pools, variant, ggml_type):
+    """FFN's one-token predictor path goes through C and gives what its Python path gives (F16: both with the
+    transposed fc2 and its AXPY over the non-zero hidden units)."""
+    w = layer(ggml_type, seed=5)
     k = pools[2]
     ffn = FFN(k, w, variant, SparseSettings("predictor", 0.5))
     assert ffn.fused is not None
+    assert (ffn.fc2_t is not None) == (ggml_type == GGMLType.F16)
     rng = np.random.default_rng(7)
     x = rng.standard_normal((1, N_EMBD)).astype(np.float32)
     p = rng.standard_normal((1, N_EMBD)).astype(np.float32)

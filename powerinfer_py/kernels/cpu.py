@@ -514,9 +514,10 @@ class CpuKernels:
 
     def sparse_ffn_plan(self, variant: str, fc1: Tensor | None, fc2: Tensor | None, gate: Tensor, up: Tensor,
                         down_t: Tensor, threshold: float, act_param: float = 0.0,
-                        exact: bool = False) -> "SparseFFNPlan":
+                        exact: bool = False, fc2_t: Tensor | None = None) -> "SparseFFNPlan":
         """Checks one layer's weights once and describes them to C for sparse_ffn_decode. exact: no predictor
-        (fc1, fc2 None): every neuron's gate is computed and the non-zero ones are live."""
+        (fc1, fc2 None): every neuron's gate is computed and the non-zero ones are live. fc2_t: fc2 transposed
+        (rank, n_ff), the same values, for the AXPY over the predictor's non-zero hidden units (ffn.py)."""
         if variant not in self.FUSED_VARIANTS:
             raise ValueError(f"sparse_ffn_plan: variant {variant!r} is not one of {', '.join(self.FUSED_VARIANTS)}")
         named = (("gate", gate), ("up", up), ("down_t", down_t))
@@ -524,11 +525,13 @@ class CpuKernels:
             if fc1 is None or fc2 is None:
                 raise ValueError("sparse_ffn_plan: predictor mode needs fc1 and fc2")
             named = (("fc1", fc1), ("fc2", fc2)) + named
+            if fc2_t is not None:
+                named += (("fc2_t", fc2_t),)
         infos = {nm: self._weight(t) for nm, t in named}
         n_ff, n_embd = infos["gate"][3], infos["gate"][4]
         rank = 0 if exact else infos["fc1"][3]
         want = {"fc1": (rank, n_embd), "fc2": (n_ff, rank), "gate": (n_ff, n_embd), "up": (n_ff, n_embd),
-                "down_t": (n_ff, n_embd)}
+                "down_t": (n_ff, n_embd), "fc2_t": (rank, n_ff)}
         if not exact and infos["fc1"][4] != n_embd:
             raise ValueError(f"sparse_ffn_plan: fc1 has {infos['fc1'][4]} columns, the FFN input has {n_embd}")
         for nm, (_, _, _, rows, cols) in infos.items():
@@ -551,7 +554,7 @@ class CpuKernels:
         kernels in ffn.py's order."""
         for nm, v in (("x", x), ("p", p)):
             self._check_step_vector("sparse_ffn_decode", nm, v, plan.n_embd)
-        fwork, iwork = self._step_work(plan.rank + 3 * plan.n_ff, 2 * plan.n_ff)
+        fwork, iwork = self._step_work(2 * plan.rank + 3 * plan.n_ff, plan.rank + 2 * plan.n_ff)
         y = np.empty(plan.n_embd, _F32)
         nz = ffi.new("int64_t *")
         n_active = lib.pi_sparse_ffn_decode(self._pool, plan.desc, _fb(_FA, x), _fb(_FA, p), fwork, iwork,
