@@ -21,7 +21,8 @@ kept, i.e. given its down row, only if its exact |h_i| = |a_i * (up_i·x)| >= t_
 fraction `sparsity` of the down rows. The guess c_i of up_i·x is what costs the single-stage rule its
 perplexity; the second stage ranks by the true contribution among the candidates. On Gemma 3 270M (simulation,
 windows of 256) up 30% / down 40% skipped: +3.9% perplexity, against +7.3% for 40% / 40% and +6.0% for 35% /
-35% (the same bytes on a file whose down projection reads only kept rows); up 30% / down 50%: +5.4%.
+35% (the same bytes on a file whose down projection reads only kept rows); up 30% / down 50%: +5.4%. The CLI
+on the calibrated file (README): 30% / 40% +4.4%.
 A layer whose cut-off is <= 0 keeps every neuron and runs the dense FFN itself, so sparsity 0 is bit-for-bit
 dense. Batches (prefill) compute the union of the tokens' kept sets once and zero each token's own skipped
 neurons, exactly like predictor mode, so every token gets its per-token result whatever the batching.
