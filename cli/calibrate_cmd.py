@@ -64,6 +64,9 @@ def calibrate(
         return
     print(f"calibrated {result.n_tokens} tokens ({result.text_source}) for sparsity {result.sparsity:g}: "
           f"{result.path}")
+    if result.up_skipped is not None:  # two stages: the candidates' cut-off and the up rows they skip
+        print(f"up rows skipped: {100 * sum(result.up_skipped) / len(result.up_skipped):.1f}% (--up-sparsity "
+              f"{result.up_sparsity:g}); the thresholds below apply to |act * up| among the candidates")
     print("layer  threshold  skipped on the text")
     for il, (t, s) in enumerate(zip(result.thresholds, result.skipped)):
         print(f"{il:5d}  {t:9.5f}  {100 * s:5.1f}%")

@@ -54,11 +54,13 @@ class CalibrationResult:
     scaled: bool = True  # neuron scales written (score |act_i| * c_i), else the plain |act_i| score
     up_sparsity: float | None = None  # two-stage files: the fraction of up rows skipped (None: one stage)
     up_thresholds: list[float] | None = None  # two-stage files: per layer the candidate cut-offs
+    up_skipped: list[float] | None = None  # two-stage files: per layer, fraction of up rows not read on the text
 
     def to_json(self) -> dict:
         return {"path": str(self.path), "sparsity": self.sparsity, "thresholds": self.thresholds,
                 "n_tokens": self.n_tokens, "text_source": self.text_source, "skipped": self.skipped,
-                "neuron_scales": self.scaled, "up_sparsity": self.up_sparsity, "up_thresholds": self.up_thresholds}
+                "neuron_scales": self.scaled, "up_sparsity": self.up_sparsity, "up_thresholds": self.up_thresholds,
+                "up_skipped": self.up_skipped}
 
 
 class _Collector:
@@ -124,8 +126,8 @@ def collect_thresholds(llm, ids: list[int], sparsity: float, ctx: int = DEFAULT_
                        up_sparsity: float | None = None
                        ) -> tuple[list[float], np.ndarray, list[float], list[np.ndarray] | None, list[float] | None]:
     """(per-layer cut-offs, quantile table f32 [n_layer, 101], per-layer skipped fraction on ids, per-layer
-    neuron scales f32 [n_ff] or None when scales=False, per-layer candidate cut-offs or None when up_sparsity
-    is None) from a dense run of `llm` over the token ids (no BOS; windows as in perplexity.py). Two stages: the
+    neuron scales f32 [n_ff] or None when scales=False, (per-layer candidate cut-offs, per-layer fraction of up
+    rows skipped on ids) or None when up_sparsity is None) from a dense run of `llm` over the token ids (no BOS; windows as in perplexity.py). Two stages: the
     cut-offs apply to |h| among the candidates (the module docstring)."""
     c, model = llm.config, llm.model
     bos = llm.tokenizer.bos_id if llm.tokenizer.bos_id is not None and llm.tokenizer.bos_id >= 0 else None
@@ -146,7 +148,7 @@ def collect_thresholds(llm, ids: list[int], sparsity: float, ctx: int = DEFAULT_
     finally:
         for f in model.ffns:
             f.observer = None
-    thresholds, table, skipped, layer_scales, up_cuts = [], [], [], [], []
+    thresholds, table, skipped, layer_scales, up_cuts, up_skipped = [], [], [], [], [], []
     for il in range(c.n_layer):
         mags = np.concatenate(col.values[il]) if col.values[il] else np.zeros(0, np.float32)
         if mags.size == 0:
@@ -159,6 +161,7 @@ def collect_thresholds(llm, ids: list[int], sparsity: float, ctx: int = DEFAULT_
             u_cut = np.float32(np.quantile(mags.astype(np.float64), up_sparsity))
             up_cuts.append(float(u_cut))
             h = np.abs(np.concatenate(col.values[il])) * np.concatenate(col.up_values[il])
+            up_skipped.append(float(np.mean(mags < u_cut)))
             mags = np.where(mags >= u_cut, h, np.float32(-1))
             col.up_values[il] = []
         table.append(quantile_rows(mags))
@@ -166,8 +169,9 @@ def collect_thresholds(llm, ids: list[int], sparsity: float, ctx: int = DEFAULT_
         thresholds.append(t)
         skipped.append(float(np.mean(mags < np.float32(t))) if sparsity > 0 else 0.0)
         col.values[il], col.neurons[il] = [], []
+    two = up_sparsity is not None
     return thresholds, np.stack(table), skipped, (layer_scales if scales else None), (
-        up_cuts if up_sparsity is not None else None)
+        (up_cuts, up_skipped) if two else None)
 
 
 def calibrate(model: str | os.PathLike, out: str | os.PathLike, sparsity: float, text: str | None = None,
@@ -208,8 +212,9 @@ def calibrate(model: str | os.PathLike, out: str | os.PathLike, sparsity: float,
             if not ids:
                 raise PowerInferError("the calibration text is empty")
         say(f"calibrating on {len(ids)} tokens ({source})")
-        thresholds, table, skipped, layer_scales, up_cuts = collect_thresholds(llm, ids, sparsity, ctx, scales=scales,
-                                                                               up_sparsity=up_sparsity)
+        thresholds, table, skipped, layer_scales, two = collect_thresholds(llm, ids, sparsity, ctx, scales=scales,
+                                                                           up_sparsity=up_sparsity)
+        up_cuts, up_skipped = two if two is not None else (None, None)
     with open_gguf(model) as src:
         meta = dict(src.metadata)
         types = dict(src.metadata_types)
@@ -230,4 +235,4 @@ def calibrate(model: str | os.PathLike, out: str | os.PathLike, sparsity: float,
         write_gguf(out, meta, src.tensors, types=types, magic=src.magic, alignment=src.alignment)
     say(f"wrote {out}")
     return CalibrationResult(out, sparsity, thresholds, len(ids), source, skipped, layer_scales is not None,
-                             up_sparsity, up_cuts)
+                             up_sparsity, up_cuts, up_skipped)

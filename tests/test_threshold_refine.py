@@ -120,6 +120,7 @@ def test_skipped_fraction_on_calibration_text(two_stage, arch):
     _, res = two_stage[arch]
     assert res.up_sparsity == UP_SPARSITY and len(res.up_thresholds) == len(res.thresholds)
     assert all(abs(s - SPARSITY) < 0.01 for s in res.skipped)
+    assert all(abs(s - UP_SPARSITY) < 0.01 for s in res.up_skipped)
     with open_gguf(res.path) as f:
         assert KEY_FFN_QUANTILES not in f.metadata and f.metadata[KEY_UP_SPARSITY] == pytest.approx(UP_SPARSITY)
         np.testing.assert_allclose(f.metadata[KEY_FFN_UP_THRESHOLDS], res.up_thresholds, rtol=1e-6)
@@ -179,5 +180,10 @@ def test_cli_up_sparsity(synthetic_model, tmp_path):
     assert r.exit_code == 0, r.output
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["up_sparsity"] == pytest.approx(0.2) and len(got["up_thresholds"]) == len(got["thresholds"])
+    assert all(abs(s - 0.2) < 0.01 for s in got["up_skipped"])
+    r = CliRunner().invoke(app, ["calibrate", "-m", str(synthetic_model("llama", "f32")), "--sparsity", "0.4",
+                                 "--up-sparsity", "0.2", "--text", str(text), "--tokens", "200", "-c", "64", "-t", "1",
+                                 "-o", str(out)])
+    assert r.exit_code == 0 and "up rows skipped: 20.0%" in r.stdout, r.output
     with load(out, threads=1, sparse="threshold") as llm:
         assert llm.config.ffn_up_thresholds == pytest.approx(tuple(got["up_thresholds"]), rel=1e-6)
