@@ -185,12 +185,16 @@ void pi_attn_block_decode(pi_pool *pool, const pi_attn_block *b, float *x, int32
  * a = act(gate . x); keep i where |a_i| * scale_i >= cut (scale NULL: |a_i|); h = a[kept] * (up[kept] . x);
  * y = AXPY of h over down_t[kept] (down_transposed) or down . h scattered into zeros. Bit-identical to the
  * separate kernels in threshold.py's order. gate/up [n_ff, n_embd]; down [n_embd, n_ff] or down_t
- * [n_ff, n_embd]. fwork: f32 [4 * n_ff]; iwork: int32 [n_ff]; y: f32 [n_embd]. Returns the kept count. */
+ * [n_ff, n_embd]. fwork: f32 [4 * n_ff]; iwork: int32 [2 * n_ff]; y: f32 [n_embd]. Returns the kept count.
+ * refine (two-stage files, threshold.py): the score rule with up_cut picks the candidates whose up row is read;
+ * of them only those with |h_j| >= cut are kept (down projection, count); the others count as zero. */
 enum pi_act { PI_ACT_SILU = 0, PI_ACT_GELU = 1 };
 typedef struct {
     int act;              /* enum pi_act */
     float cut;
     const float *scale;   /* f32 [n_ff] or NULL */
+    int refine;           /* 1: candidates by |a_i| * scale_i >= up_cut, kept by |h_j| >= cut */
+    float up_cut;
     int64_t n_embd, n_ff;
     int gate_type, up_type, down_type, down_transposed;
     const void *gate, *up, *down;

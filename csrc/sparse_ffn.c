@@ -95,6 +95,8 @@ int64_t pi_sparse_ffn_decode(pi_pool *pool, const pi_sparse_ffn *f, const float 
  *   a     = act(gate . x)                       silu or gelu, dense (pi_silu / pi_gelu)
  *   rows  = ascending i with |a_i| * scale_i >= cut   (scale NULL: |a_i|)
  *   h_j   = a[rows[j]] * (up[rows[j]] . x)
+ *   refine: rows as above with up_cut instead of cut (the candidates whose up row is read), then only the j
+ *           with |h_j| >= cut stay in rows and h (compacted in order); the others count as zero
  *   y     = sum_j h_j * down_t[rows[j], :]      (transposed copy), or down . (h scattered into n_ff zeros)
  * The kernels threshold.py calls for one token, in its order: the same bits. */
 int64_t pi_threshold_ffn_decode(pi_pool *pool, const pi_threshold_ffn *f, const float *x, float *fwork,
@@ -110,13 +112,21 @@ int64_t pi_threshold_ffn_decode(pi_pool *pool, const pi_threshold_ffn *f, const 
         const float m = a[i] < 0.0f ? -a[i] : a[i]; /* |a|, exact (NaN stays NaN and is never kept) */
         score[i] = f->scale ? m * f->scale[i] : m;
     }
-    const int64_t n_kept = pi_select_active(score, n_ff, f->cut, rows);
+    int64_t n_kept = pi_select_active(score, n_ff, f->refine ? f->up_cut : f->cut, rows);
     int64_t nz = 0;
     if (n_kept > 0) pi_matmul_rows(pool, f->up_type, f->up, n_embd, rows, n_kept, x, 1, u);
-    for (int64_t j = 0; j < n_kept; j++) {
-        u[j] = a[rows[j]] * u[j]; /* h */
-        nz += u[j] != 0.0f;
+    for (int64_t j = 0; j < n_kept; j++) u[j] = a[rows[j]] * u[j]; /* h */
+    if (f->refine && n_kept > 0) { /* second stage: keep |h| >= cut, compacted in place (k <= j) */
+        int32_t *keep = iwork + n_ff;
+        for (int64_t j = 0; j < n_kept; j++) score[j] = u[j] < 0.0f ? -u[j] : u[j];
+        const int64_t n2 = pi_select_active(score, n_kept, f->cut, keep);
+        for (int64_t k = 0; k < n2; k++) {
+            rows[k] = rows[keep[k]];
+            u[k] = u[keep[k]];
+        }
+        n_kept = n2;
     }
+    for (int64_t j = 0; j < n_kept; j++) nz += u[j] != 0.0f;
     *n_nonzero = nz;
     if (f->down_transposed) {
         if (n_kept > 0) pi_axpy_rows(pool, f->down_type, f->down, n_embd, rows, u, n_kept, 1, y);

@@ -12,6 +12,11 @@ Cut-off t_l = the `sparsity` quantile of the score over all (token, neuron) pair
 a fraction `sparsity` of the neurons is skipped per layer, on average over tokens. The full quantile grid is
 stored too, so a run may ask for another sparsity without calibrating again.
 
+Two stages (up_sparsity U < sparsity, threshold.py): the candidate cut-off u_l is the U quantile of that score;
+the cut-off t_l is then the `sparsity` quantile of |h| = |act_i * (up_i·x)| over all pairs, the non-candidates
+counting as below any cut-off, so the fraction `sparsity` of neurons is skipped (down rows) and U of them are
+never read from ffn_up. Such a file is calibrated for its one sparsity (no quantile table).
+
 Without a text, calibration text is sampled from the model itself (temperature 0.8 from BOS, fixed seed):
 the result says so. Memory: at most MAX_VALUES |act| samples per layer are kept (a uniform subsample when the
 text has more, with their neuron indices), so calibrating a 7B model stays within a few hundred MB. The up
@@ -26,7 +31,8 @@ from typing import Callable
 
 import numpy as np
 
-from .config import KEY_FFN_NEURON_SCALES, KEY_FFN_QUANTILES, KEY_FFN_THRESHOLDS, KEY_SPARSITY
+from .config import (KEY_FFN_NEURON_SCALES, KEY_FFN_QUANTILES, KEY_FFN_THRESHOLDS, KEY_FFN_UP_THRESHOLDS,
+                     KEY_SPARSITY, KEY_UP_SPARSITY)
 from .errors import PowerInferError, UnsupportedError
 from .perplexity import DEFAULT_BATCH, windows
 from .threshold import THRESHOLD_VARIANTS, check_sparsity, quantile_rows
@@ -46,21 +52,26 @@ class CalibrationResult:
     text_source: str  # "file" or "sampled from the model"
     skipped: list[float] = field(default_factory=list)  # per layer, fraction below the cut-off on the text
     scaled: bool = True  # neuron scales written (score |act_i| * c_i), else the plain |act_i| score
+    up_sparsity: float | None = None  # two-stage files: the fraction of up rows skipped (None: one stage)
+    up_thresholds: list[float] | None = None  # two-stage files: per layer the candidate cut-offs
+    up_skipped: list[float] | None = None  # two-stage files: per layer, fraction of up rows not read on the text
 
     def to_json(self) -> dict:
         return {"path": str(self.path), "sparsity": self.sparsity, "thresholds": self.thresholds,
                 "n_tokens": self.n_tokens, "text_source": self.text_source, "skipped": self.skipped,
-                "neuron_scales": self.scaled}
+                "neuron_scales": self.scaled, "up_sparsity": self.up_sparsity, "up_thresholds": self.up_thresholds,
+                "up_skipped": self.up_skipped}
 
 
 class _Collector:
     """Observer that keeps |act| samples with their neuron indices per layer (skipping the BOS row of each
     window) and, for the neuron scales, sums |up·x| per neuron over every counted row."""
 
-    def __init__(self, ffns, keep: float, scales: bool, seed: int = 0):
+    def __init__(self, ffns, keep: float, scales: bool, seed: int = 0, ups: bool = False):
         n_layer, n_ff = len(ffns), ffns[0].n_ff if ffns else 0
-        self.ffns, self.scales = ffns, scales
+        self.ffns, self.scales, self.ups = ffns, scales, ups  # ups: keep |up·x| beside each |act| sample
         self.values: list[list[np.ndarray]] = [[] for _ in range(n_layer)]
+        self.up_values: list[list[np.ndarray]] = [[] for _ in range(n_layer)]
         self.neurons: list[list[np.ndarray]] = [[] for _ in range(n_layer)]
         self.up_sum = [np.zeros(f.n_ff, dtype=np.float64) for f in ffns]
         self.rows = [0] * n_layer
@@ -70,7 +81,7 @@ class _Collector:
     def __call__(self, layer, x, p, act) -> None:
         first = 1 if self.skip_first else 0
         a = np.abs(act[first:])
-        if self.scales:
+        if self.scales or self.ups:
             f = self.ffns[layer]
             u = f.k.matmul(f.w.up, x[first:]) if len(a) else np.zeros((0, f.n_ff), np.float32)
             self.up_sum[layer] += np.abs(u).sum(axis=0, dtype=np.float64)
@@ -82,6 +93,8 @@ class _Collector:
         else:
             idx = np.flatnonzero(self.rng.random(flat.shape[0]) < self.keep)
         self.values[layer].append(flat[idx].astype(np.float32))
+        if self.ups:
+            self.up_values[layer].append(np.abs(u).reshape(-1)[idx].astype(np.float32))
         self.neurons[layer].append((idx % n_ff).astype(np.int32))
 
     def layer_scale(self, layer: int) -> np.ndarray | None:
@@ -109,15 +122,17 @@ def sample_text(llm, n_tokens: int, seed: int = SAMPLE_SEED) -> list[int]:
 
 
 def collect_thresholds(llm, ids: list[int], sparsity: float, ctx: int = DEFAULT_CTX, batch: int = DEFAULT_BATCH,
-                       on_window: Callable[[int], None] | None = None, scales: bool = True
-                       ) -> tuple[list[float], np.ndarray, list[float], list[np.ndarray] | None]:
+                       on_window: Callable[[int], None] | None = None, scales: bool = True,
+                       up_sparsity: float | None = None
+                       ) -> tuple[list[float], np.ndarray, list[float], list[np.ndarray] | None, list[float] | None]:
     """(per-layer cut-offs, quantile table f32 [n_layer, 101], per-layer skipped fraction on ids, per-layer
-    neuron scales f32 [n_ff] or None when scales=False) from a dense run of `llm` over the token ids (no BOS;
-    windows as in perplexity.py)."""
+    neuron scales f32 [n_ff] or None when scales=False, (per-layer candidate cut-offs, per-layer fraction of up
+    rows skipped on ids) or None when up_sparsity is None) from a dense run of `llm` over the token ids (no BOS; windows as in perplexity.py). Two stages: the
+    cut-offs apply to |h| among the candidates (the module docstring)."""
     c, model = llm.config, llm.model
     bos = llm.tokenizer.bos_id if llm.tokenizer.bos_id is not None and llm.tokenizer.bos_id >= 0 else None
     keep = min(1.0, MAX_VALUES / max(1, len(ids) * c.n_ff))
-    col = _Collector(model.ffns, keep, scales)
+    col = _Collector(model.ffns, keep, scales, ups=up_sparsity is not None)
     cache = model.new_cache(min(ctx, llm.n_ctx))
     for f in model.ffns:
         f.observer = col
@@ -133,7 +148,7 @@ def collect_thresholds(llm, ids: list[int], sparsity: float, ctx: int = DEFAULT_
     finally:
         for f in model.ffns:
             f.observer = None
-    thresholds, table, skipped, layer_scales = [], [], [], []
+    thresholds, table, skipped, layer_scales, up_cuts, up_skipped = [], [], [], [], [], []
     for il in range(c.n_layer):
         mags = np.concatenate(col.values[il]) if col.values[il] else np.zeros(0, np.float32)
         if mags.size == 0:
@@ -142,25 +157,38 @@ def collect_thresholds(llm, ids: list[int], sparsity: float, ctx: int = DEFAULT_
         layer_scales.append(scale)
         if scale is not None:  # the score threshold mode compares: |act_i| * c_i
             mags *= scale[np.concatenate(col.neurons[il])]
+        if up_sparsity is not None:  # candidates: score >= u_l; then the score is |h| (-1: not a candidate)
+            u_cut = np.float32(np.quantile(mags.astype(np.float64), up_sparsity))
+            up_cuts.append(float(u_cut))
+            h = np.abs(np.concatenate(col.values[il])) * np.concatenate(col.up_values[il])
+            up_skipped.append(float(np.mean(mags < u_cut)))
+            mags = np.where(mags >= u_cut, h, np.float32(-1))
+            col.up_values[il] = []
         table.append(quantile_rows(mags))
         t = float(np.quantile(mags.astype(np.float64), sparsity)) if sparsity > 0 else 0.0
         thresholds.append(t)
         skipped.append(float(np.mean(mags < np.float32(t))) if sparsity > 0 else 0.0)
         col.values[il], col.neurons[il] = [], []
-    return thresholds, np.stack(table), skipped, (layer_scales if scales else None)
+    two = up_sparsity is not None
+    return thresholds, np.stack(table), skipped, (layer_scales if scales else None), (
+        (up_cuts, up_skipped) if two else None)
 
 
 def calibrate(model: str | os.PathLike, out: str | os.PathLike, sparsity: float, text: str | None = None,
               n_tokens: int = DEFAULT_TOKENS, ctx: int = DEFAULT_CTX, threads: int | None = None,
-              on_progress: Callable[[str], None] | None = None, scales: bool = True) -> CalibrationResult:
+              on_progress: Callable[[str], None] | None = None, scales: bool = True,
+              up_sparsity: float | None = None) -> CalibrationResult:
     """Calibrate `model` for `sparsity` on `text` (None: text sampled from the model) and write the copy `out`
     (atomically: a temporary file in out's folder, renamed when complete). scales=False: the plain |act|
-    score, no neuron scales (the module docstring)."""
+    score, no neuron scales. up_sparsity (< sparsity): two stages (the module docstring)."""
     from .gguf import open_gguf
     from .gguf.writer import write_gguf
     from .llm import load
 
     sparsity = check_sparsity(sparsity)
+    if up_sparsity is not None and not (0.0 <= check_sparsity(up_sparsity) < sparsity):
+        raise PowerInferError(f"--up-sparsity must be below --sparsity ({sparsity:g}), got {up_sparsity:g}: the "
+                              "neurons whose up row is skipped are a part of the skipped ones")
     if n_tokens < 1:
         raise PowerInferError(f"--tokens must be at least 1, got {n_tokens}")
     out = Path(out)
@@ -184,19 +212,27 @@ def calibrate(model: str | os.PathLike, out: str | os.PathLike, sparsity: float,
             if not ids:
                 raise PowerInferError("the calibration text is empty")
         say(f"calibrating on {len(ids)} tokens ({source})")
-        thresholds, table, skipped, layer_scales = collect_thresholds(llm, ids, sparsity, ctx, scales=scales)
+        thresholds, table, skipped, layer_scales, two = collect_thresholds(llm, ids, sparsity, ctx, scales=scales,
+                                                                           up_sparsity=up_sparsity)
+        up_cuts, up_skipped = two if two is not None else (None, None)
     with open_gguf(model) as src:
         meta = dict(src.metadata)
         types = dict(src.metadata_types)
         stale = [k for k in meta if k.startswith(KEY_FFN_NEURON_SCALES)]  # a file calibrated before
-        for key in (KEY_SPARSITY, KEY_FFN_THRESHOLDS, KEY_FFN_QUANTILES, *stale):
+        for key in (KEY_SPARSITY, KEY_FFN_THRESHOLDS, KEY_FFN_QUANTILES, KEY_UP_SPARSITY, KEY_FFN_UP_THRESHOLDS,
+                    *stale):
             meta.pop(key, None)
             types.pop(key, None)
         meta[KEY_SPARSITY] = np.float32(sparsity)
         meta[KEY_FFN_THRESHOLDS] = np.asarray(thresholds, dtype=np.float32)
-        meta[KEY_FFN_QUANTILES] = table.astype(np.float32).reshape(-1)
+        if up_cuts is None:  # a two-stage file runs at its one sparsity (its |h| cut-offs need the candidates)
+            meta[KEY_FFN_QUANTILES] = table.astype(np.float32).reshape(-1)
+        else:
+            meta[KEY_UP_SPARSITY] = np.float32(up_sparsity)
+            meta[KEY_FFN_UP_THRESHOLDS] = np.asarray(up_cuts, dtype=np.float32)
         for il, scale in enumerate(layer_scales or ()):
             meta[f"{KEY_FFN_NEURON_SCALES}{il}"] = scale
         write_gguf(out, meta, src.tensors, types=types, magic=src.magic, alignment=src.alignment)
     say(f"wrote {out}")
-    return CalibrationResult(out, sparsity, thresholds, len(ids), source, skipped, layer_scales is not None)
+    return CalibrationResult(out, sparsity, thresholds, len(ids), source, skipped, layer_scales is not None,
+                             up_sparsity, up_cuts, up_skipped)

@@ -25,6 +25,9 @@ KEY_FFN_THRESHOLDS (f32 [n_layer], per-layer cut-offs on |act(gate)|) and KEY_FF
 which a run at another sparsity interpolates its thresholds). Files calibrated with neuron scales also hold
 KEY_FFN_NEURON_SCALES + "<layer>" (f32 [n_ff] per layer): the per-neuron factor c_i of the score |act_i| * c_i
 that the thresholds and quantiles then apply to (threshold.py); without them the score is |act_i| itself.
+Two-stage files (`calibrate --up-sparsity`) also hold KEY_UP_SPARSITY (f32, the fraction of up rows skipped) and
+KEY_FFN_UP_THRESHOLDS (f32 [n_layer], cut-offs on that score picking the candidates whose up row is read); their
+KEY_FFN_THRESHOLDS then cut |h_i| = |act_i * (up_i·x)| among the candidates, and they have no quantile table.
 """
 from __future__ import annotations
 
@@ -47,6 +50,8 @@ KEY_SPARSITY = "powerinfer.sparsity"
 KEY_FFN_THRESHOLDS = "powerinfer.ffn_thresholds"
 KEY_FFN_QUANTILES = "powerinfer.ffn_threshold_quantiles"
 KEY_FFN_NEURON_SCALES = "powerinfer.ffn_neuron_scales."  # + layer index: f32 [n_ff] per layer
+KEY_UP_SPARSITY = "powerinfer.up_sparsity"
+KEY_FFN_UP_THRESHOLDS = "powerinfer.ffn_up_thresholds"
 QUANTILE_STEPS = 100  # quantile grid of KEY_FFN_QUANTILES: 101 points per layer
 
 
@@ -82,6 +87,7 @@ class ModelConfig:
     ffn_thresholds: tuple[float, ...] = ()  # KEY_FFN_THRESHOLDS, per layer
     ffn_quantiles: tuple[tuple[float, ...], ...] = ()  # KEY_FFN_QUANTILES, per layer QUANTILE_STEPS + 1 values
     ffn_neuron_scales: tuple[tuple[float, ...], ...] = ()  # KEY_FFN_NEURON_SCALES, per layer n_ff values; () none
+    ffn_up_thresholds: tuple[float, ...] = ()  # KEY_FFN_UP_THRESHOLDS, per layer (two-stage files); () none
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
@@ -219,6 +225,12 @@ class _Reader:
             raise ModelFileError(f"{self.f.path}: {KEY_FFN_NEURON_SCALES}* holds a negative scale")
         return out
 
+    def up_thresholds(self, n_layer: int) -> tuple[float, ...]:
+        """Per-layer candidate cut-offs of a two-stage calibration (KEY_FFN_UP_THRESHOLDS), or () when absent."""
+        if KEY_FFN_UP_THRESHOLDS not in self.meta:
+            return ()
+        return self._floats(KEY_FFN_UP_THRESHOLDS, n_layer)
+
     def _floats(self, key: str, n: int) -> tuple[float, ...]:
         value = self.meta.get(key)
         if (not isinstance(value, list) or len(value) != n
@@ -286,4 +298,5 @@ class _Reader:
             ffn_thresholds=ffn_thresholds,
             ffn_quantiles=ffn_quantiles,
             ffn_neuron_scales=self.neuron_scales(n_layer, n_ff) if calibrated is not None else (),
+            ffn_up_thresholds=self.up_thresholds(n_layer) if calibrated is not None else (),
         )

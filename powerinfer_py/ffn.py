@@ -98,6 +98,7 @@ class SparseSettings:
     thresholds: tuple[float, ...] = ()  # threshold mode: per-layer cut-offs on |act(gate)|
     down: str = "auto"  # threshold mode: down projection of dense files (threshold.DOWN_CHOICES)
     scales: tuple[tuple[float, ...], ...] = ()  # threshold mode: per-layer neuron scales of the score; () none
+    up_cuts: tuple[float, ...] = ()  # threshold mode, two-stage files: per-layer candidate cut-offs; () one stage
 
 
 def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: float | None = None,
@@ -125,7 +126,8 @@ def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: floa
                                    f"FFN is {variant}: use 'exact' (ReLU models) or 'predictor'")
         cuts = layer_thresholds(config, sparsity)
         target = sparsity if sparsity is not None else config.calibrated_sparsity or 0.0
-        return SparseSettings(mode, 0.0, float(target), cuts, scales=config.ffn_neuron_scales)
+        return SparseSettings(mode, 0.0, float(target), cuts, scales=config.ffn_neuron_scales,
+                              up_cuts=config.ffn_up_thresholds)
     if mode != "off" and variant not in RELU_FAMILY and not (mode == "predictor" and variant in PREDICTED_GLU):
         hint = ("'threshold' (after `powerinfer calibrate`) or 'off'" if variant in ("swiglu", "geglu") else "'off'")
         raise UnsupportedError(f"sparse mode {mode!r} needs a ReLU-family FFN; this {config.arch} model's FFN "
@@ -231,7 +233,8 @@ class FFN:
             from .threshold import ThresholdPath
 
             self.threshold_path = ThresholdPath(self, settings.thresholds[layer], settings.sparsity or 0.0,
-                                                settings.down, settings.scales[layer] if settings.scales else None)
+                                                settings.down, settings.scales[layer] if settings.scales else None,
+                                                settings.up_cuts[layer] if settings.up_cuts else None)
         self.observer = None  # callable(layer, x, p, act): see the module docstring
         self.split = None  # hybrid.HybridSplit: predictor mode computes hot neurons on a device (hybrid/)
         # one-token dense SwiGLU/GeGLU steps in one C call (dense files without biases; kernels that offer it)

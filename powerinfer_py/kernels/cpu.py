@@ -456,9 +456,10 @@ class CpuKernels:
     # ---- one decode step of a threshold-mode SwiGLU/GeGLU FFN (sparse_ffn.c) ------------------------------
 
     def threshold_ffn_plan(self, act: str, gate: Tensor, up: Tensor, down: Tensor, down_transposed: bool,
-                           cut: float, scale=None) -> "SparseFFNPlan":
+                           cut: float, scale=None, up_cut: float | None = None) -> "SparseFFNPlan":
         """Checks one layer's weights once and describes them to C for threshold_ffn_decode. act: "silu" or
-        "gelu"; down: ffn_down [n_embd, n_ff], or its transposed copy [n_ff, n_embd] when down_transposed."""
+        "gelu"; down: ffn_down [n_embd, n_ff], or its transposed copy [n_ff, n_embd] when down_transposed.
+        up_cut (two-stage files): candidates by the score >= up_cut, kept by |h| >= cut (threshold.py)."""
         if act not in ("silu", "gelu"):
             raise ValueError(f"threshold_ffn_plan: act must be 'silu' or 'gelu', got {act!r}")
         g, u, d = self._weight(gate), self._weight(up), self._weight(down)
@@ -472,6 +473,7 @@ class CpuKernels:
         desc = ffi.new("pi_threshold_ffn *")
         desc.act, desc.cut = (1 if act == "gelu" else 0), cut
         desc.scale = ffi.NULL
+        desc.refine, desc.up_cut = (0, 0.0) if up_cut is None else (1, up_cut)
         if scale is not None:
             if not (type(scale) is np.ndarray and scale.dtype is _F32 and scale.flags.c_contiguous
                     and scale.shape == (n_ff,)):
@@ -488,7 +490,7 @@ class CpuKernels:
         """One token through a planned threshold FFN: (y f32 [n_embd], kept count, non-zero h count) for x the
         normed FFN input f32 [n_embd]. Bit-identical to the separate kernels in threshold.py's order."""
         self._check_step_vector("threshold_ffn_decode", "x", x, plan.n_embd)
-        fwork, iwork = self._step_work(4 * plan.n_ff, plan.n_ff)
+        fwork, iwork = self._step_work(4 * plan.n_ff, 2 * plan.n_ff)
         y = np.empty(plan.n_embd, _F32)
         nz = ffi.new("int64_t *")
         n_kept = lib.pi_threshold_ffn_decode(self._pool, plan.desc, _fb(_FA, x), fwork, iwork, _fb(_FA, y), nz)
