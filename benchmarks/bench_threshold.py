@@ -112,7 +112,8 @@ def decode_table(path: Path, a) -> None:
         variants = {"off": SparseSettings("off", 0.0)}
         for down in ("auto", "dense", "transposed"):
             variants[f"threshold/{down}"] = SparseSettings("threshold", 0.0, a.sparsity, cuts, down,
-                                                           llm.config.ffn_neuron_scales)
+                                                           llm.config.ffn_neuron_scales,
+                                                           llm.config.ffn_up_thresholds)  # two-stage files
         models = {k: build_model(llm.config, weights.tensors, llm.kernels, v) for k, v in variants.items()}
         speeds: dict[str, list[float]] = {k: [] for k in models}
         for m in models.values():

@@ -124,11 +124,12 @@ def sample_text(llm, n_tokens: int, seed: int = SAMPLE_SEED) -> list[int]:
 def collect_thresholds(llm, ids: list[int], sparsity: float, ctx: int = DEFAULT_CTX, batch: int = DEFAULT_BATCH,
                        on_window: Callable[[int], None] | None = None, scales: bool = True,
                        up_sparsity: float | None = None
-                       ) -> tuple[list[float], np.ndarray, list[float], list[np.ndarray] | None, list[float] | None]:
+                       ) -> tuple[list[float], np.ndarray, list[float], list[np.ndarray] | None,
+                                  tuple[list[float], list[float]] | None]:
     """(per-layer cut-offs, quantile table f32 [n_layer, 101], per-layer skipped fraction on ids, per-layer
-    neuron scales f32 [n_ff] or None when scales=False, (per-layer candidate cut-offs, per-layer fraction of up
-    rows skipped on ids) or None when up_sparsity is None) from a dense run of `llm` over the token ids (no BOS; windows as in perplexity.py). Two stages: the
-    cut-offs apply to |h| among the candidates (the module docstring)."""
+    neuron scales f32 [n_ff] or None when scales=False, and for two stages (per-layer candidate cut-offs,
+    per-layer fraction of up rows skipped on ids), else None) from a dense run of `llm` over the token ids (no
+    BOS; windows as in perplexity.py). Two stages: the cut-offs apply to |h| among the candidates."""
     c, model = llm.config, llm.model
     bos = llm.tokenizer.bos_id if llm.tokenizer.bos_id is not None and llm.tokenizer.bos_id >= 0 else None
     keep = min(1.0, MAX_VALUES / max(1, len(ids) * c.n_ff))
@@ -169,9 +170,8 @@ def collect_thresholds(llm, ids: list[int], sparsity: float, ctx: int = DEFAULT_
         thresholds.append(t)
         skipped.append(float(np.mean(mags < np.float32(t))) if sparsity > 0 else 0.0)
         col.values[il], col.neurons[il] = [], []
-    two = up_sparsity is not None
-    return thresholds, np.stack(table), skipped, (layer_scales if scales else None), (
-        (up_cuts, up_skipped) if two else None)
+    two_stage = (up_cuts, up_skipped) if up_sparsity is not None else None
+    return thresholds, np.stack(table), skipped, (layer_scales if scales else None), two_stage
 
 
 def calibrate(model: str | os.PathLike, out: str | os.PathLike, sparsity: float, text: str | None = None,

@@ -187,3 +187,20 @@ def test_cli_up_sparsity(synthetic_model, tmp_path):
     assert r.exit_code == 0 and "up rows skipped: 20.0%" in r.stdout, r.output
     with load(out, threads=1, sparse="threshold") as llm:
         assert llm.config.ffn_up_thresholds == pytest.approx(tuple(got["up_thresholds"]), rel=1e-6)
+
+
+@pytest.mark.parametrize("down", ["dense", "transposed"])
+def test_no_candidate_or_none_kept_gives_zero(synthetic_model, down):
+    """Nothing passes the first (or the second) stage: both one-token paths and the batch path return zeros."""
+    with load(synthetic_model("gemma3", "f32"), threads=1) as llm:
+        base, n = llm.model.ffns[0], llm.config.n_layer
+        x = np.random.default_rng(5).standard_normal((3, llm.config.n_embd)).astype(np.float32)
+        for up_cut, cut in ((1e30, 1.0), (0.0, 1e30)):
+            ffn = FFN(llm.kernels, base.w, base.variant,
+                      SparseSettings("threshold", 0.0, 0.5, (cut,) * n, down, (), (up_cut,) * n))
+            assert ffn.threshold_path.fused is not None
+            outs = [ffn(x[:1])]
+            ffn.threshold_path.fused = None
+            outs += [ffn(x[:1]), ffn(x)]
+            for y in outs:
+                assert not np.any(y)
