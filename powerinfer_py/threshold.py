@@ -78,8 +78,9 @@ def layer_thresholds(config: ModelConfig, sparsity: float | None, path: str = "M
     if sparsity is None or abs(sparsity - config.calibrated_sparsity) < 1e-6:
         return config.ffn_thresholds
     if not config.ffn_quantiles:
-        raise PowerInferError(f"{path} is calibrated for sparsity {config.calibrated_sparsity:g} only (no "
-                              f"{KEY_FFN_QUANTILES}): calibrate it again with --sparsity {sparsity:g}")
+        raise PowerInferError(f"this model file is calibrated for sparsity {config.calibrated_sparsity:g} only (no "
+                              f"{KEY_FFN_QUANTILES}): calibrate it again, `powerinfer calibrate -m {path} "
+                              f"--sparsity {sparsity:g} -o calibrated.gguf`")
     return tuple(float(np.interp(sparsity, QUANTILE_GRID, q)) for q in config.ffn_quantiles)
 
 
