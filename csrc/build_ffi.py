@@ -2,7 +2,9 @@
 
 pi.h is the whole boundary: its preprocessor lines are dropped and the rest is handed to cdef().
 SIMD: by default the kernels are built for the build machine (-march=native) and pick AVX-512/AVX2 paths
-with #if; every kernel has a scalar fallback. PI_NATIVE=0 builds a portable, scalar-only extension.
+with #if; every kernel has a scalar fallback. PI_NATIVE=0 builds a portable, scalar-only extension;
+PI_MARCH=CPU builds for another CPU than this one (`PI_MARCH=haswell`: the AVX2 paths, to test them on an
+AVX-512 machine).
 """
 import os
 from pathlib import Path
@@ -20,7 +22,7 @@ def _cdef_text() -> str:
 def _compile_args() -> list[str]:
     args = ["-O3", "-std=c11", "-fno-strict-aliasing", "-Wall", "-Wno-unused-function", "-pthread"]
     if os.environ.get("PI_NATIVE", "1") != "0":
-        args.append("-march=native")
+        args.append(f"-march={os.environ.get('PI_MARCH') or 'native'}")
     if os.environ.get("PI_ASAN") == "1":
         args += ["-fsanitize=address", "-fno-omit-frame-pointer", "-g"]
     return args

@@ -9,8 +9,13 @@ FA-off 95.3%, ours vs llama.cpp 95.7% of all 256 positions. So:
   - teacher-forced over a 256-token English text: top-1 agrees with llama.cpp at >= 98% of the positions
     where llama.cpp's choice is clear (top-1 ahead by >= MIN_MARGIN), and on all positions at least as often
     as llama.cpp's two attention paths agree with each other (minus one point), measured in the same run;
-  - greedy continuations of three natural prompts on which llama.cpp's two attention paths produce the same
-    16 tokens (a premise the test checks): our 16 tokens are identical.
+  - greedy continuations (16 tokens) of three natural prompts: ours are identical to llama.cpp's up to its
+    first near-tie (top-1 ahead by less than TIE_MARGIN), where either of its top two tokens is accepted and
+    the comparison ends: two correct float orders may part there, and llama.cpp's own margins move by ~0.3
+    between its configurations. Premises the test checks: at least MIN_CLEAR_TOKENS tokens before the
+    near-tie, and llama.cpp's two attention paths agree up to their first near-ties. Seen: "The three most
+    famous paintings in the world are" has near-ties at tokens 4-5 and 10 (llama.cpp's margin 0.05 at 5);
+    an AVX2 build of ours (PI_MARCH=haswell) took the other token at 10, the AVX-512 build llama.cpp's.
 Needs the demo package (the `demo` extra; `make test` installs it). Deselect with -m "not real_model".
 """
 from __future__ import annotations
@@ -49,14 +54,18 @@ TEXT = (
     "prevent, and of the rescues it made possible."
 )
 
-# Natural prompts on which llama.cpp's flash and plain attention paths give the same 16 greedy tokens (the
-# test re-checks this premise): where the reference agrees with itself, we must agree with it exactly.
+# Natural prompts on which llama.cpp's flash and plain attention paths give the same greedy tokens up to
+# their first near-tie, with at least MIN_CLEAR_TOKENS before it (the test re-checks both premises): where the
+# reference agrees with itself, we must agree with it exactly. ("The three most famous paintings in the world
+# are" was one: near-ties at its tokens 4-5 and 10.)
 PROMPTS = (
     "def fibonacci(n):",
-    "The three most famous paintings in the world are",
     "The quick brown fox",
+    "Water boils at a temperature of",
 )
 MIN_MARGIN = 0.5
+TIE_MARGIN = MIN_MARGIN  # a top-1 lead below this is a near-tie: either token may come first (see the docstring)
+MIN_CLEAR_TOKENS = 4
 STORY = "Once upon a time, in a small village by the sea,"
 N_GREEDY = 16
 
@@ -124,32 +133,47 @@ def test_teacher_forced_top1_agrees_with_llama_cpp(ref, ref_plain, llm):
     assert same.mean() >= min(0.98, self_agreement) - 0.01, report
 
 
-def _llama_cpp_greedy(ref: LlamaCppRef, prompt_ids: list[int], n: int) -> tuple[list[int], float]:
-    """llama.cpp's greedy continuation (the end token included if reached) and its smallest top-1 margin."""
+def _llama_cpp_greedy(ref: LlamaCppRef, prompt_ids: list[int], n: int) -> tuple[list[int], list[int], list[float]]:
+    """llama.cpp's greedy continuation (the end token included if reached), and per token its runner-up and
+    the top-1 margin."""
     ref.reset()
-    logits, out, margin = ref.decode(prompt_ids), [], float("inf")
+    logits, out, second, margins = ref.decode(prompt_ids), [], [], []
     for _ in range(n):
-        top2 = np.partition(logits, -2)[-2:]
-        margin = min(margin, float(top2[1] - top2[0]))
-        tok = int(np.argmax(logits))
+        top2 = np.argsort(logits)[-2:]
+        margins.append(float(logits[top2[1]] - logits[top2[0]]))
+        tok = int(top2[1])
         out.append(tok)
+        second.append(int(top2[0]))
         if ref.is_eog(tok):
             break
         logits = ref.decode([tok])
-    return out, margin
+    return out, second, margins
+
+
+def _first_tie(margins: list[float]) -> int:
+    """Index of the first token whose top-1 margin is below TIE_MARGIN (len(margins) if none)."""
+    return next((i for i, m in enumerate(margins) if m < TIE_MARGIN), len(margins))
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_continuation_matches_llama_cpp(ref, ref_plain, llm, prompt):
     prompt_ids = ref.tokenize(prompt, add_bos=True)
     assert llm.tokenize(prompt) == prompt_ids
-    expected, _ = _llama_cpp_greedy(ref, prompt_ids, N_GREEDY)
-    plain, _ = _llama_cpp_greedy(ref_plain, prompt_ids, N_GREEDY)
-    assert plain == expected, "premise: llama.cpp's two attention paths agree on this prompt"
+    expected, second, margins = _llama_cpp_greedy(ref, prompt_ids, N_GREEDY)
+    tie = _first_tie(margins)
+    assert tie >= MIN_CLEAR_TOKENS, f"premise: llama.cpp's continuation has a near-tie at token {tie}: {margins}"
+    plain, _, plain_margins = _llama_cpp_greedy(ref_plain, prompt_ids, N_GREEDY)
+    n_same = min(tie, _first_tie(plain_margins))
+    assert plain[:n_same] == expected[:n_same], "premise: llama.cpp's two attention paths agree on this prompt"
     got = list(llm.generate_tokens(prompt, max_tokens=N_GREEDY, temperature=0.0))
-    if ref.is_eog(expected[-1]):  # our generator stops on the end token without yielding it
+    if tie == len(expected) and ref.is_eog(expected[-1]):  # our generator stops on the end token, not yielding it
         expected = expected[:-1]
-    assert got == expected, (llm.detokenize(got), llm.detokenize(expected))
+    report = (llm.detokenize(got), llm.detokenize(expected), f"first near-tie at token {tie}")
+    assert got[:tie] == expected[:tie], report
+    if tie < len(expected):  # a near-tie: either of llama.cpp's top two, and the continuations may part after it
+        assert len(got) > tie and got[tie] in (expected[tie], second[tie]), report
+    else:
+        assert got == expected, report
 
 
 def test_ctrl_c_keeps_the_text_and_exits_130(model_path):
