@@ -112,6 +112,12 @@ class _Spec:
         self.bias_std = o.pop("bias_std", 0.5)
         self.embd_std = o.pop("embd_std", _EMBD_STD[arch] if not gemma else _EMBD_STD[arch] / np.sqrt(n_embd))
         self.chat_template = o.pop("chat_template", None)  # a Jinja tokenizer.chat_template to embed
+        self.rope_freqs = o.pop("rope_freqs", None)  # RoPE frequency factors [head_dim/2] (llama: rope_freqs.weight)
+        if self.rope_freqs is not None:
+            self.rope_freqs = np.asarray(self.rope_freqs, dtype=np.float32).reshape(-1)
+            if arch != "llama" or self.rope_freqs.shape != (self.head_dim // 2,):
+                raise ValueError(f"rope_freqs: a llama model takes {self.head_dim // 2} factors "
+                                 f"(head_dim / 2); got {self.rope_freqs.shape[0]} for {arch}")
         if o:
             raise TypeError(f"unknown synthetic model option(s): {', '.join(sorted(o))}")
         if n_head % n_head_kv:
@@ -169,6 +175,8 @@ class _Spec:
             return 1.0 + 0.1 * rng.standard_normal(d, dtype=np.float32)
 
         out = [("token_embd.weight", self.embd_std * rng.standard_normal((self.n_vocab, E), dtype=np.float32))]
+        if self.rope_freqs is not None:
+            out.append(("rope_freqs.weight", self.rope_freqs))
         for il in range(self.n_layer):
             p = f"blk.{il}."
             out += [(p + "attn_norm.weight", norm(E)),
@@ -204,7 +212,8 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
     n_layer defaults to 2, and to 6 for gemma3 so that one of its layers is global (llama.cpp makes every
     6th gemma3 layer global). Overrides: head_dim, n_ctx_train, norm_eps, rope_freq_base, sliding_window
     (gemma3; default 4 tokens), tied (default: untied for llama, tied otherwise), bias_std (qwen2),
-    chat_template (a Jinja text stored as tokenizer.chat_template)."""
+    chat_template (a Jinja text stored as tokenizer.chat_template), rope_freqs (llama: head_dim / 2 RoPE
+    frequency factors, stored as rope_freqs.weight as LLaMA 3.1+ files have them)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; synthetic models exist for {', '.join(ARCHS)}")
     if dtype not in DTYPES:

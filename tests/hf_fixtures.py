@@ -164,10 +164,11 @@ def _rmsnorm(x, w, eps):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
-def _hf_rope(x, pos, theta):
-    """HF LLaMA RoPE: rotate the two halves of each head (x [T, H, D])."""
+def _hf_rope(x, pos, theta, inv_freq=None):
+    """HF LLaMA RoPE: rotate the two halves of each head (x [T, H, D]); inv_freq overrides the frequencies
+    (a scaled RoPE such as LLaMA 3.1's)."""
     d = x.shape[-1]
-    inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d) if inv_freq is None else inv_freq
     ang = pos[:, None].astype(np.float64) * inv[None, :]
     cos = np.concatenate([np.cos(ang)] * 2, -1)[:, None, :]
     sin = np.concatenate([np.sin(ang)] * 2, -1)[:, None, :]
@@ -175,8 +176,9 @@ def _hf_rope(x, pos, theta):
     return x * cos + np.concatenate([-x2, x1], -1) * sin
 
 
-def hf_llama_forward(w: dict[str, np.ndarray], cfg: dict, tokens) -> np.ndarray:
-    """Logits [T, n_vocab] of the HF LLaMA/Qwen2 model (float64), causal attention from position 0."""
+def hf_llama_forward(w: dict[str, np.ndarray], cfg: dict, tokens, inv_freq=None) -> np.ndarray:
+    """Logits [T, n_vocab] of the HF LLaMA/Qwen2 model (float64), causal attention from position 0; inv_freq:
+    the RoPE frequencies when they are scaled (default: theta^(-2i/d))."""
     w = {k: v.astype(np.float64) for k, v in w.items()}
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
@@ -193,7 +195,7 @@ def hf_llama_forward(w: dict[str, np.ndarray], cfg: dict, tokens) -> np.ndarray:
         for proj, nh in (("q_proj", n_head), ("k_proj", n_kv), ("v_proj", n_kv)):
             y = h @ w[f"{p}self_attn.{proj}.weight"].T + w.get(f"{p}self_attn.{proj}.bias", 0.0)
             qkv.append(y.reshape(T, nh, -1))
-        q, k, v = _hf_rope(qkv[0], pos, theta), _hf_rope(qkv[1], pos, theta), qkv[2]
+        q, k, v = _hf_rope(qkv[0], pos, theta, inv_freq), _hf_rope(qkv[1], pos, theta, inv_freq), qkv[2]
         hd = q.shape[-1]
         rep = n_head // n_kv
         k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)

@@ -49,11 +49,14 @@ def rms_norm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope(x, positions, n_rot, base, scale, neox):
-    """x [N, H, D]: rotate the first n_rot dims of every head by position * base^(-2i/n_rot) * scale."""
+def rope(x, positions, n_rot, base, scale, neox, factors=None):
+    """x [N, H, D]: rotate the first n_rot dims of every head by position * base^(-2i/n_rot) * scale / factors[i]
+    (factors: the file's rope_freqs.weight, or None)."""
     x = x.copy()
     half = n_rot // 2
     theta = positions[:, None] * scale * base ** (-np.arange(half) * 2.0 / n_rot)  # [N, half]
+    if factors is not None:
+        theta = theta / factors
     cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
     if neox:  # pairs (i, i + half)
         a, b = x[..., :half].copy(), x[..., half:n_rot].copy()
@@ -149,8 +152,9 @@ class ReferenceModel:
             q, k, v = q.reshape(n, self.n_head, hd), k.reshape(n, self.n_head_kv, hd), v.reshape(n, self.n_head_kv, hd)
             if a == "gemma3":
                 q, k = rms_norm(q, L("attn_q_norm.weight"), self.eps), rms_norm(k, L("attn_k_norm.weight"), self.eps)
-            q = rope(q, positions, self.n_rot, base, 1.0, neox)
-            k = rope(k, positions, self.n_rot, base, 1.0, neox)
+            ff = w.get("rope_freqs.weight")
+            q = rope(q, positions, self.n_rot, base, 1.0, neox, ff)
+            k = rope(k, positions, self.n_rot, base, 1.0, neox, ff)
             k, v = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)
             att = causal_attention(q, k, v, 1.0 / math.sqrt(hd), self.window if local else 0)
             o = W(att.reshape(n, -1), "attn_output.weight")

@@ -234,12 +234,16 @@ def test_rmsnorm_rope_attention(dev):
     px, pw, py = _put(dev, x), _put(dev, w), dev.alloc(4 * 600)
     dev.check(dev.lib.pi_cuda_rmsnorm(_f(dev, px), _f(dev, pw), _f(dev, py), 3, 200, 1e-5, dev.stream), "rmsnorm")
     np.testing.assert_allclose(_get(dev, py, (3, 200)), ref.rmsnorm(x, w, 1e-5), rtol=1e-5, atol=1e-6)
-    for neox in (0, 1):
+    ff = rng.uniform(0.5, 8.0, 24).astype(np.float32)  # RoPE frequency factors (rope_freqs.weight)
+    for neox, factors in ((0, None), (1, None), (0, ff), (1, ff)):
         q = rng.standard_normal((3, 4, 64)).astype(np.float32)
         pos = np.array([0, 7, 4000], np.int32)
         pq, pp = _put(dev, q), _put(dev, pos)
-        dev.check(dev.lib.pi_cuda_rope(_f(dev, pq), _i(dev, pp), 3, 4, 64, 48, 10000.0, 1.0, neox, dev.stream), "rope")
-        np.testing.assert_allclose(_get(dev, pq, q.shape), ref.rope(q.copy(), pos, 48, 10000.0, 1.0, neox), atol=2e-5)
+        pf = dev.ffi.NULL if factors is None else _f(dev, _put(dev, factors))
+        dev.check(dev.lib.pi_cuda_rope(_f(dev, pq), _i(dev, pp), 3, 4, 64, 48, 10000.0, 1.0, neox, pf, dev.stream),
+                  "rope")
+        want = ref.rope(q.copy(), pos, 48, 10000.0, 1.0, neox, factors)
+        np.testing.assert_allclose(_get(dev, pq, q.shape), want, atol=2e-5)
     for hd, window in ((32, 0), (128, 0), (256, 5)):
         n_ctx, p0 = 40, 17
         q = rng.standard_normal((3, 8, hd)).astype(np.float32)

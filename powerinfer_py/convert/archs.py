@@ -7,8 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..errors import UnsupportedError
+import numpy as np
+
+from ..errors import ModelFileError, UnsupportedError
+from ..tensor import GGMLType
 from .checkpoint import Checkpoint
+from .output import TensorPlan
 from .plan import Builder, cfg_value, falcon_qkv_order, rope_permutation
 
 ACTIVATIONS = ("silu", "relu", "fatrelu")
@@ -62,15 +66,51 @@ def llama_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
     meta[f"{arch}.rope.freq_base"] = float(cfg_value(ckpt, "rope_theta", default=10000.0))
     if d.head_dim != n_embd // n_head:
         meta[f"{arch}.attention.key_length"] = meta[f"{arch}.attention.value_length"] = d.head_dim
-    scaling = ckpt.config.get("rope_scaling")
-    if scaling:
-        kind = scaling.get("rope_type", scaling.get("type"))
-        if kind != "linear":
-            raise UnsupportedError(f"{ckpt.folder / 'config.json'}: rope_scaling {kind!r} is not supported (linear)")
+    kind = _rope_scaling_kind(ckpt, arch)
+    if kind == "linear":
         meta[f"{arch}.rope.scaling.type"] = "linear"
-        meta[f"{arch}.rope.scaling.factor"] = float(scaling["factor"])
+        meta[f"{arch}.rope.scaling.factor"] = float(ckpt.config["rope_scaling"]["factor"])
     meta.update(_activation(ckpt))
     return d, meta
+
+
+def _rope_scaling_kind(ckpt: Checkpoint, arch: str) -> str | None:
+    """config.json's rope_scaling type: None (none or "default"), "linear", or "llama3" (llama only: it becomes
+    the rope_freqs.weight tensor); anything else is refused."""
+    scaling = ckpt.config.get("rope_scaling")
+    kind = (scaling.get("rope_type", scaling.get("type")) if scaling else None) or None
+    supported = ("linear", "llama3") if arch == "llama" else ("linear",)
+    if kind in (None, "default") or kind in supported:
+        return None if kind == "default" else kind
+    raise UnsupportedError(f"{ckpt.folder / 'config.json'}: rope_scaling {kind!r} is not supported for {arch} "
+                           f"({', '.join(supported)})")
+
+
+def llama3_rope_factors(head_dim: int, base: float, factor: float, low_freq_factor: float,
+                        high_freq_factor: float, original_ctx: int) -> np.ndarray:
+    """LLaMA 3.1's RoPE frequency scaling as per-pair divisors (f32 [head_dim/2], rope_freqs.weight): pairs
+    whose wavelength is short next to the original context (< original_ctx / high_freq_factor) keep their
+    frequency (1), long ones (> original_ctx / low_freq_factor) are slowed by `factor`, and in between the
+    new frequency blends freq / factor and freq linearly in original_ctx / wavelength."""
+    if not (factor > 0 and high_freq_factor > low_freq_factor > 0 and original_ctx > 0):
+        raise ValueError(f"llama3 rope_scaling: need factor > 0, high_freq_factor > low_freq_factor > 0 and "
+                         f"original_max_position_embeddings > 0 (got {factor}, {low_freq_factor}, "
+                         f"{high_freq_factor}, {original_ctx})")
+    freq = float(base) ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * np.pi / freq
+    blend = np.clip((original_ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor), 0.0, 1.0)
+    return (1.0 / ((1.0 - blend) / factor + blend)).astype(np.float32)
+
+
+def _llama3_factors(ckpt: Checkpoint, d: Dims) -> np.ndarray:
+    s, where = ckpt.config["rope_scaling"], ckpt.folder / "config.json"
+    try:
+        return llama3_rope_factors(d.head_dim, float(cfg_value(ckpt, "rope_theta", default=10000.0)),
+                                   float(s["factor"]), float(s.get("low_freq_factor", 1.0)),
+                                   float(s.get("high_freq_factor", 4.0)),
+                                   int(s.get("original_max_position_embeddings", 8192)))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelFileError(f"{where}: bad llama3 rope_scaling {s!r}: {e}") from None
 
 
 def llama_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, sparse: bool, hook: LayerHook) -> None:
@@ -78,6 +118,9 @@ def llama_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, sparse: bool
     biases = arch == "qwen2"
     q_rows, kv_rows = d.n_head * d.head_dim, d.n_head_kv * d.head_dim
     b.add("token_embd.weight", "model.embed_tokens.weight", (d.n_vocab, d.n_embd))
+    if _rope_scaling_kind(ckpt, arch) == "llama3":  # baked into per-pair divisors, as llama.cpp reads them
+        factors = _llama3_factors(ckpt, d)
+        b.add_plain(TensorPlan("rope_freqs.weight", GGMLType.F32, factors.shape, lambda: iter([(factors, "F32")])))
     for il in range(d.n_layer):
         hf, blk = f"model.layers.{il}.", f"blk.{il}."
         b.add(blk + "attn_norm.weight", hf + "input_layernorm.weight", (d.n_embd,))

@@ -6,7 +6,8 @@ Both expose the same operations with the same names and argument order:
     get_rows(w: Tensor, ids)        int32 [N] -> f32 [N, K]                    (embedding lookup)
     rmsnorm(x, w, eps)              x f32 [..., D], w f32 [D] or None
     layernorm(x, w, b, eps)
-    rope(x, pos, n_rot, freq_base, freq_scale, neox)   x f32 [N, H, D], rotated in place and returned
+    rope(x, pos, n_rot, freq_base, freq_scale, neox, freq_factors=None)   x f32 [N, H, D], rotated in place
+                                                       and returned (freq_factors: f32 [n_rot/2] or None)
     softmax(x)                      last dim, in place and returned
     attention(q, k, v, pos0, window, scale)            q f32 [N, H, D], k/v f16 [Hkv, n_ctx, D] -> f32 [N, H, D]
     store_kv(dst, p0, x)            x f32 [N, Hkv, D] into the f16 cache plane dst [Hkv, n_ctx, D] at p0..p0+N-1

@@ -251,17 +251,19 @@ class CpuKernels:
                              ffi.NULL if b is None else _fb(_FA, b), eps, x.size // dim, dim, _fb(_FA, y))
         return y
 
-    def rope(self, x, pos, n_rot, freq_base, freq_scale, neox) -> np.ndarray:
-        """Rotates the first n_rot dims of every head of x f32 [N, H, D] in place (pos int32 [N]); returns x."""
+    def rope(self, x, pos, n_rot, freq_base, freq_scale, neox, freq_factors=None) -> np.ndarray:
+        """Rotates the first n_rot dims of every head of x f32 [N, H, D] in place (pos int32 [N]); returns x.
+        freq_factors: None or f32 [n_rot/2], divisors of the pair frequencies (rope_freqs.weight)."""
         if not (type(x) is np.ndarray and x.dtype is _F32 and x.flags.c_contiguous and x.flags.writeable
                 and x.ndim == 3 and type(pos) is np.ndarray and pos.dtype is _I32 and pos.flags.c_contiguous
                 and pos.shape == x.shape[:1] and 0 <= n_rot <= x.shape[2] and not n_rot % 2 and freq_base > 0
                 and -_OPS_BIG < freq_scale < _OPS_BIG):
             pos = _ops_check_rope(x, pos, n_rot, freq_base, freq_scale)
+        ff = ffi.NULL if freq_factors is None else _fb(_FA, _ops_check_freq_factors("rope", freq_factors, n_rot))
         if x.size and n_rot:
             n_tok, n_head, head_dim = x.shape
             lib.pi_rope(self._pool or _ops_closed(), _fb(_FA, x), _fb(_IA, pos), n_tok, n_head, head_dim, n_rot,
-                        freq_base, freq_scale, 1 if neox else 0)
+                        freq_base, freq_scale, 1 if neox else 0, ff)
         return x
 
     def softmax(self, x) -> np.ndarray:
@@ -393,10 +395,12 @@ class CpuKernels:
     def attn_block_plan(self, wq: Tensor, wk: Tensor, wv: Tensor, wo: Tensor, attn_norm, ffn_norm, *,
                         n_head: int, n_head_kv: int, head_dim: int, n_rot: int, rope_base: float,
                         rope_scale: float, rope_neox: bool, eps: float, attn_scale: float, q_norm=None,
-                        k_norm=None, post_norm=None, window: int = 0, bq=None, bk=None, bv=None) -> "AttnBlockPlan":
+                        k_norm=None, post_norm=None, window: int = 0, bq=None, bk=None, bv=None,
+                        rope_freqs=None) -> "AttnBlockPlan":
         """Checks one layer's attention weights once and describes them to C for attn_block_decode. q_norm,
         k_norm (f32 [head_dim]), post_norm (f32 [n_embd]) and a sliding window are gemma3's extras; bq, bk, bv
-        (f32 [n_head * head_dim], [n_head_kv * head_dim] x 2) qwen2's."""
+        (f32 [n_head * head_dim], [n_head_kv * head_dim] x 2) qwen2's; rope_freqs (f32 [n_rot/2], RoPE
+        frequency factors) LLaMA 3.1+'s."""
         n_q, n_kv = n_head * head_dim, n_head_kv * head_dim
         infos = {nm: self._weight(t) for nm, t in (("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo))}
         n_embd = infos["wq"][4]
@@ -409,7 +413,8 @@ class CpuKernels:
         for nm, v, dim, optional in (("attn_norm", attn_norm, n_embd, False), ("ffn_norm", ffn_norm, n_embd, False),
                                      ("q_norm", q_norm, head_dim, True), ("k_norm", k_norm, head_dim, True),
                                      ("post_norm", post_norm, n_embd, True), ("bq", bq, n_q, True),
-                                     ("bk", bk, n_kv, True), ("bv", bv, n_kv, True)):
+                                     ("bk", bk, n_kv, True), ("bv", bv, n_kv, True),
+                                     ("rope_freqs", rope_freqs, n_rot // 2, True)):
             if optional and v is None:
                 norms.append(ffi.NULL)
                 continue
@@ -425,7 +430,8 @@ class CpuKernels:
         desc.n_embd, desc.n_head, desc.n_head_kv, desc.head_dim, desc.n_rot = n_embd, n_head, n_head_kv, head_dim, n_rot
         desc.eps, desc.rope_base, desc.rope_scale, desc.attn_scale = eps, rope_base, rope_scale, attn_scale
         desc.rope_neox = 1 if rope_neox else 0
-        desc.attn_norm, desc.ffn_norm, desc.q_norm, desc.k_norm, desc.post_norm, desc.bq, desc.bk, desc.bv = norms
+        (desc.attn_norm, desc.ffn_norm, desc.q_norm, desc.k_norm, desc.post_norm, desc.bq, desc.bk, desc.bv,
+         desc.rope_ff) = norms
         desc.window = window
         for nm, (_, wp, ty, _, _) in infos.items():
             setattr(desc, nm, wp)
@@ -604,6 +610,16 @@ def _ops_check_norm(op: str, x, w, b, eps) -> None:
                 raise ValueError(f"{op}: {name} must have shape {x.shape[-1:]} to match x, got {p.shape}")
     if not float(eps) >= 0.0:
         raise ValueError(f"{op}: eps must be >= 0, got {eps}")
+
+
+def _ops_check_freq_factors(op, ff, n_rot) -> np.ndarray:
+    """RoPE frequency factors as C-contiguous f32 [n_rot/2], all finite and > 0."""
+    ff = np.ascontiguousarray(ff, dtype=np.float32)
+    if ff.shape != (n_rot // 2,):
+        raise ValueError(f"{op}: freq_factors must have shape ({n_rot // 2},) for n_rot {n_rot}, got {ff.shape}")
+    if not (np.isfinite(ff).all() and (ff > 0).all()):
+        raise ValueError(f"{op}: freq_factors must be finite and > 0")
+    return ff
 
 
 def _ops_check_rope(x, pos, n_rot, freq_base, freq_scale) -> np.ndarray:

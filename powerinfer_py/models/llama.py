@@ -10,8 +10,10 @@ The FFN is ffn.FFN: SwiGLU for ordinary files; ReGLU relu(Wgate·m) * (Wup·m) (
 when powerinfer.hidden_act says so or the file is a PowerInfer (PWRI) file, which also brings ffn_down_t and
 the per-layer predictor fc1/fc2. The predictor input is h, the residual after attention, before ffn_norm.
 
-Not handled yet: rope_freqs.weight (LLaMA-3.1 long-context frequency factors). The tensor is accepted and
-ignored, which is exact for files without it and changes the low-frequency RoPE dimensions of files with it.
+LLaMA 3.1+ files carry rope_freqs.weight, f32 [n_rot/2]: per-pair divisors of the RoPE frequencies (the
+long-context scaling, baked in by the converter; 1 for the fast pairs, up to the scaling factor for the slow
+ones). Every layer's RoPE divides its angles by them, as llama.cpp does; files without the tensor rotate as
+before.
 """
 from __future__ import annotations
 
@@ -19,8 +21,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ModelConfig
+from ..errors import ModelFileError
 from ..kv_cache import KVCache
-from .base import Expected, Model, llama_like_expected, sparsify_expected
+from .base import Expected, Model, get_tensor, llama_like_expected, norm_weight, sparsify_expected
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight",
@@ -35,14 +38,31 @@ def expected_tensors(c: ModelConfig) -> Expected:
     return sparsify_expected(c, e)
 
 
+def rope_factors(tensors) -> np.ndarray | None:
+    """The file's RoPE frequency factors (rope_freqs.weight) as f32 [n_rot/2], or None when it has none."""
+    ff = norm_weight(get_tensor(tensors, "rope_freqs.weight", required=False))
+    if ff is not None and not (np.isfinite(ff).all() and (ff > 0).all()):
+        bad = ff[~(np.isfinite(ff) & (ff > 0))]
+        raise ModelFileError(f"tensor 'rope_freqs.weight' must hold finite values > 0 (RoPE frequency factors); "
+                             f"it has {bad.size} others, e.g. {float(bad[0])}")
+    return ff
+
+
 class LlamaModel(Model):
     LAYER_TENSORS = LAYER_TENSORS
+
+    def __init__(self, config: ModelConfig, tensors, kernels, sparse=None):
+        super().__init__(config, tensors, kernels, sparse)
+        self.rope_freqs = rope_factors(tensors)
+
+    def attn_plan_kwargs(self, il: int, layer) -> dict:
+        return dict(super().attn_plan_kwargs(il, layer), rope_freqs=self.rope_freqs)
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         c, k = self.config, self.kernels
         ids, pos, p0 = self._begin(tokens, cache)
         n, hd, eps = ids.shape[0], c.head_dim, c.norm_eps
-        rope = (c.n_rot, c.rope_freq_base, c.rope_freq_scale, c.rope_neox)
+        rope = (c.n_rot, c.rope_freq_base, c.rope_freq_scale, c.rope_neox, self.rope_freqs)
 
         x = k.get_rows(self.token_embd, ids)  # [N, n_embd]
         plans = self.attn_plans() if n == 1 else None
