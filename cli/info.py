@@ -69,6 +69,12 @@ def _table(f: dict) -> Table:
         for label, key in _CONFIG_ROWS:
             value = f"{c['n_head']} / {c['n_head_kv']}" if key is None else c[key]
             t.add_row(label, str(value))
+        rs = f.get("rope_scaling")
+        if rs:
+            parts = ([f"linear x{rs['linear']:g}"] if rs["linear"] else []) + (
+                [f"frequency factors {rs['freq_factors'][0]:g}-{rs['freq_factors'][1]:g} (rope_freqs.weight)"]
+                if rs["freq_factors"] else [])
+            t.add_row("RoPE scaling", ", ".join(parts))
         if f["predictor_ranks"]:
             t.add_row("predictor ranks", ", ".join(map(str, f["predictor_ranks"])))
     t.add_row("tensors", f"{f['n_tensors']} ({f['n_params'] / 1e6:.1f} M parameters)")

@@ -6,6 +6,8 @@ import os
 from collections import Counter
 from typing import Any
 
+import numpy as np
+
 from .config import ModelConfig
 from .errors import PowerInferError
 from .gguf.reader import open_gguf
@@ -15,8 +17,10 @@ from .loader import conversion_target
 def model_info(path: str | os.PathLike) -> dict[str, Any]:
     """A JSON-ready dict: path, file_size, magic, gguf_version, sparse, arch, name, runnable, problem (why it
     cannot run, else None), tokenizer, config (ModelConfig fields, or None), n_tensors, n_params,
-    tensor_types ({type: {count, bytes}}, largest first), predictor_ranks, and conversions
-    ([{from, to, count}]: what load_weights would convert) and cuda ({available, reason}: the CUDA backend here). Nothing is dequantized: only the header is read.
+    tensor_types ({type: {count, bytes}}, largest first), predictor_ranks, conversions ([{from, to, count}]:
+    what load_weights would convert), rope_scaling ({linear, freq_factors} or None) and cuda ({available,
+    reason}: the CUDA backend here). Nothing is dequantized: only the header (and rope_freqs.weight, a few
+    dozen values) is read.
     Raises ModelFileError only when the file itself cannot be parsed."""
     f = open_gguf(path)
     try:
@@ -54,11 +58,28 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
             "tensor_types": dict(sorted(types.items(), key=lambda kv: -kv[1]["bytes"])),
             "predictor_ranks": list(config.predictor_ranks) if config is not None else [],
             "conversions": [{"from": a, "to": b, "count": n} for (a, b), n in sorted(planned.items())],
+            "rope_scaling": _rope_scaling(f, config),
             "cuda": _cuda(),
         }
         return info
     finally:
         f.close()
+
+
+def _rope_scaling(f, config) -> dict[str, Any] | None:
+    """How the file scales RoPE: {"linear": factor or None, "freq_factors": [min, max] of rope_freqs.weight
+    or None}; None when it does not (or the config could not be read)."""
+    if config is None:
+        return None
+    linear = 1.0 / config.rope_freq_scale if config.rope_freq_scale not in (0.0, 1.0) else None
+    t = f.tensors.get("rope_freqs.weight")
+    factors = None
+    if t is not None and t.type.name in ("F32", "F16"):  # a few dozen values: read them from the map
+        v = np.asarray(t.data, dtype=np.float64)
+        factors = [float(v.min()), float(v.max())] if v.size else None
+    if linear is None and factors is None:
+        return None
+    return {"linear": linear, "freq_factors": factors}
 
 
 def _cuda() -> dict[str, Any]:

@@ -128,6 +128,12 @@ def test_llama_cpp_agrees_on_a_file_with_factors(llama3_file, cpu_kernels):
     assert _rel(model.forward(TOKENS, model.new_cache(32), all_logits=True), theirs) > 0.05
 
 
+def test_info_shows_the_factors(llama3_file):
+    from powerinfer_py.info import model_info
+    info = model_info(llama3_file["q8_0"])
+    assert info["rope_scaling"] == {"linear": None, "freq_factors": [pytest.approx(0.4), pytest.approx(8.0)]}
+
+
 def test_expected_shape_and_bad_values(tmp_path, cpu_kernels):
     path = write_synthetic_model(tmp_path / "ok.gguf", "llama", rope_freqs=FACTORS)
     w = load_weights(open_gguf(path), expected_tensors)
