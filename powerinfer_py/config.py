@@ -4,6 +4,8 @@ Keys follow llama.cpp's names ({arch} is general.architecture); defaults are lla
 Per architecture:
   llama   (LLaMA-2/3, Mistral): normal (interleaved-pair) RoPE, attn_scale 1/sqrt(head_dim), rope base 10000
   qwen2   NeoX RoPE, rope base default 1e6, q/k/v biases (tensors, not config)
+  qwen3   NeoX RoPE, no q/k/v biases, per-head RMSNorm of Q and K (tensors); head_dim is {arch}.attention.key_length
+          (Qwen3-0.6B: 128, not n_embd / n_head = 64); rope base default llama.cpp's 10000 (real files carry it)
   gemma3  NeoX RoPE; layers with il % 6 != 5 attend within a sliding window and use RoPE base 10000 and
           freq scale 1.0; the other (global) layers use {arch}.rope.freq_base and rope_freq_scale;
           embeddings scaled by sqrt(n_embd); attn_scale 1/sqrt(head_dim) (27B: 1/sqrt(n_embd/n_head))
@@ -38,9 +40,9 @@ from typing import Any
 from .errors import ModelFileError, UnsupportedError
 from .gguf.reader import GGUFFile
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "gemma3", "bamboo", "falcon", "opt")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "bamboo", "falcon", "opt")
 
-_NEOX_ARCHS = {"qwen2", "gemma3", "falcon"}
+_NEOX_ARCHS = {"qwen2", "qwen3", "gemma3", "falcon"}
 _LAYERNORM_ARCHS = {"falcon", "opt"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
 _DEFAULT_FREQ_BASE = {"qwen2": 1_000_000.0}
 HIDDEN_ACTS = ("silu", "relu", "fatrelu", "gelu")

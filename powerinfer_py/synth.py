@@ -19,7 +19,7 @@ from gguf import GGUFValueType
 from .gguf import write_gguf
 from .tensor import GGMLType, Tensor
 
-ARCHS = ("llama", "qwen2", "gemma3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 DTYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "bf16": GGMLType.BF16,
           "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
 _FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}  # llama.cpp's general.file_type codes
@@ -39,8 +39,8 @@ put years different away again off went old number hello world story once upon c
 red blue green big small happy sad run walk talk say""".split()
 # With a tied head, large embeddings make every token predict itself (the residual stream is mostly its own
 # embedding): tied models get small embeddings; gemma3's are also multiplied by sqrt(n_embd) in the model.
-_EMBD_STD = {"llama": 1.0, "qwen2": 0.1, "gemma3": 0.4}
-_OUTPUT_NORM_GAIN = {"llama": 1.0, "qwen2": 3.0, "gemma3": 6.0}
+_EMBD_STD = {"llama": 1.0, "qwen2": 0.1, "qwen3": 0.1, "gemma3": 0.4}
+_OUTPUT_NORM_GAIN = {"llama": 1.0, "qwen2": 3.0, "qwen3": 3.0, "gemma3": 6.0}
 _CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()") + [SPACE]
 
 
@@ -102,8 +102,9 @@ class _Spec:
         self.n_head, self.n_head_kv, self.n_vocab = n_head, n_head_kv, n_vocab
         gemma = arch == "gemma3"
         o = dict(overrides)
-        # gemma3: a head_dim that differs from n_embd / n_head, as on the real model
-        self.head_dim = o.pop("head_dim", 2 * n_embd // n_head if gemma else n_embd // n_head)
+        # gemma3, qwen3: a head_dim that differs from n_embd / n_head, as on the real models (the Q rows
+        # n_head * head_dim then differ from n_embd, which exercises the key_length path)
+        self.head_dim = o.pop("head_dim", 2 * n_embd // n_head if arch in ("gemma3", "qwen3") else n_embd // n_head)
         self.n_ctx_train = o.pop("n_ctx_train", 512)
         self.norm_eps = o.pop("norm_eps", 1e-5 if arch == "llama" else 1e-6)
         self.rope_freq_base = o.pop("rope_freq_base", 10000.0 if arch == "llama" else 1_000_000.0)
@@ -186,7 +187,7 @@ class _Spec:
             if self.arch == "qwen2":
                 out += [(p + f"attn_{x}.bias", self.bias_std * rng.standard_normal(d, dtype=np.float32))
                         for x, d in (("q", q_dim), ("k", kv_dim), ("v", kv_dim))]
-            if self.arch == "gemma3":
+            if self.arch in ("gemma3", "qwen3"):
                 out += [(p + "attn_q_norm.weight", norm(hd)), (p + "attn_k_norm.weight", norm(hd))]
             out.append((p + "attn_output.weight", linear(E, q_dim)))
             if self.arch == "gemma3":
@@ -210,10 +211,11 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
     """Write a tiny random `arch` model to `path` (a GGUF file) and return the path.
 
     n_layer defaults to 2, and to 6 for gemma3 so that one of its layers is global (llama.cpp makes every
-    6th gemma3 layer global). Overrides: head_dim, n_ctx_train, norm_eps, rope_freq_base, sliding_window
-    (gemma3; default 4 tokens), tied (default: untied for llama, tied otherwise), bias_std (qwen2),
-    chat_template (a Jinja text stored as tokenizer.chat_template), rope_freqs (llama: head_dim / 2 RoPE
-    frequency factors, stored as rope_freqs.weight as LLaMA 3.1+ files have them)."""
+    6th gemma3 layer global). Overrides: head_dim (default n_embd / n_head; twice that for gemma3 and qwen3),
+    n_ctx_train, norm_eps, rope_freq_base, sliding_window (gemma3; default 4 tokens), tied (default: untied
+    for llama, tied otherwise), bias_std (qwen2), chat_template (a Jinja text stored as tokenizer.chat_template),
+    rope_freqs (llama: head_dim / 2 RoPE frequency factors, stored as rope_freqs.weight as LLaMA 3.1+ files
+    have them)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; synthetic models exist for {', '.join(ARCHS)}")
     if dtype not in DTYPES:

@@ -70,9 +70,11 @@ def stored(x: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     return raw, raw
 
 
-def llama_weights(rng, *, n_layer, n_embd, n_ff, n_head, n_head_kv, n_vocab, tied=False, qkv_bias=False):
-    """HF-named random LLaMA weights (float32), scaled so activations stay O(1)."""
-    hd = n_embd // n_head
+def llama_weights(rng, *, n_layer, n_embd, n_ff, n_head, n_head_kv, n_vocab, tied=False, qkv_bias=False,
+                  head_dim=None, qk_norm=False):
+    """HF-named random LLaMA weights (float32), scaled so activations stay O(1). Qwen3: head_dim (default
+    n_embd / n_head) and qk_norm (per-head self_attn.q_norm / k_norm weights [head_dim])."""
+    hd = head_dim or n_embd // n_head
     w = {"model.embed_tokens.weight": rng.standard_normal((n_vocab, n_embd)),
          "model.norm.weight": 1 + 0.1 * rng.standard_normal(n_embd)}
     if not tied:
@@ -90,6 +92,9 @@ def llama_weights(rng, *, n_layer, n_embd, n_ff, n_head, n_head_kv, n_vocab, tie
         if qkv_bias:
             for k in ("q_proj", "k_proj", "v_proj"):
                 w[f"{p}self_attn.{k}.bias"] = 0.1 * rng.standard_normal(w[f"{p}self_attn.{k}.weight"].shape[0])
+        if qk_norm:
+            w[p + "self_attn.q_norm.weight"] = 1 + 0.2 * rng.standard_normal(hd)
+            w[p + "self_attn.k_norm.weight"] = 1 + 0.2 * rng.standard_normal(hd)
     return {k: v.astype(np.float32) for k, v in w.items()}
 
 
@@ -177,8 +182,9 @@ def _hf_rope(x, pos, theta, inv_freq=None):
 
 
 def hf_llama_forward(w: dict[str, np.ndarray], cfg: dict, tokens, inv_freq=None) -> np.ndarray:
-    """Logits [T, n_vocab] of the HF LLaMA/Qwen2 model (float64), causal attention from position 0; inv_freq:
-    the RoPE frequencies when they are scaled (default: theta^(-2i/d))."""
+    """Logits [T, n_vocab] of the HF LLaMA/Qwen2/Qwen3 model (float64), causal attention from position 0.
+    Qwen3's per-head q_norm / k_norm (when the weights have them) apply to each head before RoPE. inv_freq: the
+    RoPE frequencies when they are scaled (default: theta^(-2i/d))."""
     w = {k: v.astype(np.float64) for k, v in w.items()}
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
@@ -195,6 +201,9 @@ def hf_llama_forward(w: dict[str, np.ndarray], cfg: dict, tokens, inv_freq=None)
         for proj, nh in (("q_proj", n_head), ("k_proj", n_kv), ("v_proj", n_kv)):
             y = h @ w[f"{p}self_attn.{proj}.weight"].T + w.get(f"{p}self_attn.{proj}.bias", 0.0)
             qkv.append(y.reshape(T, nh, -1))
+        if p + "self_attn.q_norm.weight" in w:
+            qkv[0] = _rmsnorm(qkv[0], w[p + "self_attn.q_norm.weight"], eps)
+            qkv[1] = _rmsnorm(qkv[1], w[p + "self_attn.k_norm.weight"], eps)
         q, k, v = _hf_rope(qkv[0], pos, theta, inv_freq), _hf_rope(qkv[1], pos, theta, inv_freq), qkv[2]
         hd = q.shape[-1]
         rep = n_head // n_kv

@@ -1,4 +1,4 @@
-"""An independent numpy forward pass for llama, qwen2 and gemma3, used as the oracle of test_models.py.
+"""An independent numpy forward pass for llama, qwen2, qwen3 and gemma3, used as the oracle of test_models.py.
 
 It shares no code with powerinfer_py.models or the kernels: it reads metadata keys itself, dequantizes every
 weight to f32 with the gguf package, and recomputes full causal attention over the whole sequence on every
@@ -137,7 +137,7 @@ class ReferenceModel:
         tokens = np.asarray(tokens)
         n = len(tokens)
         positions = np.arange(n, dtype=np.float64)
-        neox = a in ("qwen2", "gemma3")
+        neox = a in ("qwen2", "qwen3", "gemma3")
         x = w["token_embd.weight"][tokens].astype(np.float64)
         if a == "gemma3":
             x *= math.sqrt(self.n_embd)
@@ -150,7 +150,7 @@ class ReferenceModel:
             if a == "qwen2":
                 q, k, v = q + L("attn_q.bias"), k + L("attn_k.bias"), v + L("attn_v.bias")
             q, k, v = q.reshape(n, self.n_head, hd), k.reshape(n, self.n_head_kv, hd), v.reshape(n, self.n_head_kv, hd)
-            if a == "gemma3":
+            if a in ("gemma3", "qwen3"):  # per-head Q/K RMSNorm, before RoPE
                 q, k = rms_norm(q, L("attn_q_norm.weight"), self.eps), rms_norm(k, L("attn_k_norm.weight"), self.eps)
             ff = w.get("rope_freqs.weight")
             q = rope(q, positions, self.n_rot, base, 1.0, neox, ff)

@@ -1,5 +1,5 @@
 """The one-call attention block for one-token decode steps (csrc/attn_block.c): bit-identical to the Python
-paths of models/llama.py and models/gemma3.py (logits and KV cache), and its inputs checked."""
+paths of models/llama.py, gemma3.py, qwen2.py and qwen3.py (logits and KV cache), and its inputs checked."""
 from __future__ import annotations
 
 import dataclasses
@@ -38,10 +38,12 @@ def decode_all(model, fused: bool, n_prompt: int = 3):
 
 
 @pytest.mark.parametrize("arch,dtype", [("llama", "f32"), ("llama", "f16"), ("llama", "q8_0"), ("llama", "q4_0"),
-                                        ("gemma3", "f32"), ("gemma3", "q8_0"), ("qwen2", "f32"), ("qwen2", "q4_0")])
+                                        ("gemma3", "f32"), ("gemma3", "q8_0"), ("qwen2", "f32"), ("qwen2", "q4_0"),
+                                        ("qwen3", "f32"), ("qwen3", "q8_0")])
 def test_fused_attention_equals_python_path(synthetic_model, kernels, arch, dtype):
     """gemma3 adds per-head Q/K norms, the post-attention norm and sliding-window layers (a window of 4,
-    shorter than the 8 positions decoded); qwen2 adds Q/K/V biases."""
+    shorter than the 8 positions decoded); qwen2 adds Q/K/V biases; qwen3 has the Q/K norms without the rest,
+    and head_dim != n_embd / n_head."""
     model = load(synthetic_model(arch, dtype, n_layer=3) if arch == "llama" else synthetic_model(arch, dtype), kernels)
     n_layer = model.config.n_layer
     assert model.attn_plans() is not None

@@ -89,6 +89,7 @@ def test_template_choice():
     assert choose_template("gemma", CHATML_JINJA, "llama", "", "", has).name == "gemma"
     assert choose_template(None, None, "gemma3", "", "", has).name == "gemma"
     assert choose_template(None, None, "qwen2", "", "", lambda s: False).name == "chatml"
+    assert choose_template(None, None, "qwen3", "", "", lambda s: False).name == "chatml"
     assert choose_template(None, None, "llama", "", "", {"<|eot_id|>"}.__contains__).name == "llama-3"
     assert choose_template(None, None, "llama", "", "", lambda s: False).name == "plain"
     assert choose_template(None, None, "gemma3", "", "", has, base_model=True).name == "plain"

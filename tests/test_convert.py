@@ -102,6 +102,41 @@ def test_engine_runs_converted_model_like_hf(tmp_path):
     assert _rel(ours, expected) < 2e-3  # the KV cache is f16
 
 
+def test_qwen3_converts_and_runs_like_the_hf_model(tmp_path):
+    """Qwen3: per-head q_norm/k_norm, no biases, head_dim from config (32, not 64 / 4), tied head. llama.cpp and
+    our engine both run the converted file with the logits of the HF model."""
+    from powerinfer_py.kernels.cpu import CpuKernels
+    from powerinfer_py.loader import load_weights
+    from powerinfer_py.models import build_model, expected_tensors
+
+    cfg = llama_config(**DIMS, arch="Qwen3ForCausalLM", tied=True, head_dim=32, attention_bias=False,
+                       rope_theta=1e6, rms_norm_eps=1e-6)
+    w = llama_weights(np.random.default_rng(5), **DIMS, tied=True, head_dim=32, qk_norm=True)
+    w = write_checkpoint(tmp_path / "hf", cfg, w, dtype="BF16")
+    out = convert(tmp_path / "hf", tmp_path / "model.gguf", outtype="f32")
+    with open_gguf(out) as f:
+        m, t = f.metadata, f.tensors
+        assert m["general.architecture"] == "qwen3" and m["qwen3.attention.key_length"] == 32
+        assert t["blk.1.attn_q_norm.weight"].shape == (32,) and t["blk.0.attn_q.weight"].shape == (4 * 32, 64)
+        np.testing.assert_array_equal(_deq(t["blk.1.attn_k_norm.weight"]), w["model.layers.1.self_attn.k_norm.weight"])
+        assert "output.weight" not in t and "blk.0.attn_q.bias" not in t
+        weights = load_weights(f, expected_tensors)
+        k = CpuKernels(n_threads=2)
+        try:
+            model = build_model(weights.config, weights.tensors, k)
+            ours = model.forward(np.array(TOKENS, np.int32), model.new_cache(32), all_logits=True)
+        finally:
+            k.close()
+    expected = hf_llama_forward(w, cfg, TOKENS)
+    theirs = _llama_cpp_logits(out, TOKENS)
+    for got in (ours, theirs):
+        assert (got.argmax(1) == expected.argmax(1)).all()
+        assert _rel(got, expected) < 2e-3  # K/V are f16 in both engines
+    # the norms are not a no-op: without them the HF model computes other logits
+    plain = {k: v for k, v in w.items() if not k.endswith(("q_norm.weight", "k_norm.weight"))}
+    assert _rel(hf_llama_forward(plain, cfg, TOKENS), expected) > 0.05
+
+
 # ---- tensor layout ------------------------------------------------------------------------------------------
 
 def test_bf16_checkpoint_tensors_and_permutation(tmp_path):

@@ -9,7 +9,7 @@ from powerinfer_py import load
 from powerinfer_py.kernels import ref
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 def test_observer_sees_gate_activation_and_keeps_logits(synthetic_model, arch):
     path = synthetic_model(arch)
     ids = [1, 5, 9, 3, 7]

@@ -106,6 +106,24 @@ def test_qwen2_defaults(tmp_path):
     assert c.arch == "qwen2" and c.rope_neox and c.rope_freq_base == 1e6
 
 
+def test_qwen3_head_dim_from_key_length(tmp_path):
+    """Qwen3-0.6B's shape: 16 heads of 128 over n_embd 1024, so head_dim must come from key_length."""
+    meta = _meta("qwen3", **{"qwen3.embedding_length": 1024, "qwen3.attention.head_count": 16,
+                             "qwen3.attention.head_count_kv": 8, "qwen3.attention.key_length": 128,
+                             "qwen3.attention.value_length": 128, "qwen3.attention.layer_norm_rms_epsilon": 1e-6,
+                             "qwen3.rope.freq_base": 1e6})
+    c = ModelConfig.from_gguf(open_gguf(_write(tmp_path / "q3.gguf", meta, [])))
+    assert (c.arch, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_rot) == ("qwen3", 1024, 16, 8, 128, 128)
+    assert c.rope_neox and c.rope_freq_base == 1e6 and c.norm_eps == pytest.approx(1e-6)
+    assert c.attn_scale == pytest.approx(1 / math.sqrt(128))
+    # without rope.freq_base: llama.cpp's default base 10000 (qwen2's 1e6 default is not carried over)
+    meta.pop("qwen3.rope.freq_base")
+    assert ModelConfig.from_gguf(open_gguf(_write(tmp_path / "q3b.gguf", meta, []))).rope_freq_base == 10000.0
+    meta["qwen3.attention.value_length"] = 64
+    with pytest.raises(UnsupportedError, match="value_length 64"):
+        ModelConfig.from_gguf(open_gguf(_write(tmp_path / "q3c.gguf", meta, [])))
+
+
 def test_vocab_from_token_embd_without_tokenizer(tmp_path):
     meta = _meta(**{"tokenizer.ggml.tokens": None})
     c = ModelConfig.from_gguf(open_gguf(_write(tmp_path / "v.gguf", meta, [_f32("token_embd.weight", (50, 64))])))
@@ -128,7 +146,7 @@ def test_unknown_architecture(tmp_path):
     f = open_gguf(_write(tmp_path / "u.gguf", _meta("mamba"), []))
     with pytest.raises(UnsupportedError) as exc:
         ModelConfig.from_gguf(f)
-    assert "'mamba'" in str(exc.value) and all(a in str(exc.value) for a in ("llama", "qwen2", "gemma3"))
+    assert "'mamba'" in str(exc.value) and all(a in str(exc.value) for a in ("llama", "qwen2", "qwen3", "gemma3"))
 
 
 def test_powerinfer_architecture_parses(tmp_path):

@@ -1,4 +1,4 @@
-"""The llama, qwen2 and gemma3 models on tiny synthetic files: against an independent numpy forward pass
+"""The llama, qwen2, qwen3 and gemma3 models on tiny synthetic files: against an independent numpy forward pass
 (reference_forward.py), against llama.cpp on the same file, and against themselves (prefill vs steps)."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from powerinfer_py.kernels import ref
 from powerinfer_py.loader import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 
-ARCHS = ("llama", "qwen2", "gemma3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 # 12 ids of the synthetic vocabulary (<s> then the pieces of "Hello world, th"); longer than gemma3's
 # default synthetic window of 4, so sliding-window layers really drop positions.
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322], dtype=np.int32)
@@ -57,7 +57,8 @@ GELU_TOL = 3e-3
 GELU_Q_TOL = 0.06
 QUANT_TOL = 0.25
 QUANTIZED = ("q8_0", "q4_0")
-CASES = [(a, d) for a in ARCHS for d in ("f32", "q8_0")] + [("llama", "q4_0"), ("qwen2", "f16"), ("gemma3", "bf16")]
+CASES = [(a, d) for a in ARCHS for d in ("f32", "q8_0")] + [("llama", "q4_0"), ("qwen2", "f16"), ("gemma3", "bf16"),
+                                                          ("qwen3", "q4_0")]
 
 
 @pytest.mark.parametrize("backend", ["cpu", "ref"])
@@ -77,7 +78,7 @@ def test_logits_match_reference(synthetic_model, cpu_kernels, arch, dtype, backe
         assert (ours.argmax(1) == plain.argmax(1)).all()
 
 
-@pytest.mark.parametrize("arch,dtype", [(a, "f32") for a in ARCHS] + [("gemma3", "q8_0")])
+@pytest.mark.parametrize("arch,dtype", [(a, "f32") for a in ARCHS] + [("gemma3", "q8_0"), ("qwen3", "q8_0")])
 def test_prefill_equals_single_steps(synthetic_model, cpu_kernels, arch, dtype):
     model = load_model(synthetic_model(arch, dtype), cpu_kernels)
     batched = model.forward(TOKENS, model.new_cache(32), all_logits=True)
@@ -162,6 +163,29 @@ def test_expected_tensors_describe_the_file(synthetic_model, arch):
     del tensors["blk.1.ffn_up.weight"]
     with pytest.raises(ModelFileError, match="blk.1.ffn_up.weight"):
         build_model(w.config, tensors, ref.RefKernels())
+
+
+def test_qwen3_head_dim_and_qk_norms(synthetic_model, tmp_path):
+    """qwen3's head_dim is key_length (here 2 * n_embd / n_head, as on Qwen3-0.6B): Q has n_head * head_dim
+    rows, not n_embd; and a file without a layer's attn_q_norm is refused, naming the tensor."""
+    from powerinfer_py.gguf import write_gguf
+
+    path = synthetic_model("qwen3", "f32")
+    f = open_gguf(path)
+    c = load_weights(f, expected_tensors).config
+    assert (c.head_dim, c.n_embd, c.n_head) == (32, 64, 4) and c.rope_neox and c.tied_output
+    assert f.tensors["blk.0.attn_q.weight"].shape == (c.n_head * c.head_dim, c.n_embd)
+    # the norms matter: unit norm weights give other logits
+    model = load_model(path, ref.RefKernels())
+    ours = model.forward(TOKENS[:6], model.new_cache(8), all_logits=True)
+    plain = load_model(path, ref.RefKernels())
+    for L in plain.layers:
+        L.q_norm, L.k_norm = np.ones_like(L.q_norm), np.ones_like(L.k_norm)
+    assert rel_err(plain.forward(TOKENS[:6], plain.new_cache(8), all_logits=True), ours) > 100 * TOL
+    tensors = [t for name, t in f.tensors.items() if name != "blk.1.attn_q_norm.weight"]
+    bad = write_gguf(tmp_path / "no-q-norm.gguf", f.metadata, tensors)
+    with pytest.raises(ModelFileError, match=r"blk\.1\.attn_q_norm\.weight.*\(32,\)"):
+        load_weights(open_gguf(bad), expected_tensors)
 
 
 def test_unknown_arch_is_refused(synthetic_model):

@@ -193,7 +193,7 @@ def test_uncalibrated_non_relu_model_is_refused_with_a_clear_error(synthetic_mod
     assert not (tmp_path / "x.pwri").exists()
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "qwen2"])
+@pytest.mark.parametrize("arch", ["gemma3", "qwen2", "qwen3"])
 def test_glu_model_gets_predictors_that_skip_the_gate(synthetic_model, words, tmp_path, arch):
     """SwiGLU/GeGLU: labels are |act| >= the calibrated cut-offs; the PWRI runs in predictor mode, computing the
     gate only for predicted neurons, and with every neuron predicted it is the dense model."""

@@ -28,17 +28,17 @@ IDS = [1, 5, 9, 3, 7, 11, 2, 40, 17, 8, 21, 33]
 
 @pytest.fixture(scope="module")
 def calibrated(synthetic_model, tmp_path_factory):
-    """(source, calibrated copy at sparsity 0.5, CalibrationResult) for a synthetic gemma3 and qwen2."""
+    """(source, calibrated copy at sparsity 0.5, CalibrationResult) for a synthetic gemma3, qwen2 and qwen3."""
     out = {}
     folder = tmp_path_factory.mktemp("calibrated")
-    for arch in ("gemma3", "qwen2"):
+    for arch in ("gemma3", "qwen2", "qwen3"):
         src = synthetic_model(arch, "f32")
         res = calibrate(src, folder / f"{arch}.t50.gguf", 0.5, text=TEXT, n_tokens=400, ctx=64, threads=1)
         out[arch] = (src, res.path, res)
     return out
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "qwen2"])
+@pytest.mark.parametrize("arch", ["gemma3", "qwen2", "qwen3"])
 def test_sparsity_zero_equals_dense(calibrated, arch):
     _, path, _ = calibrated[arch]
     with load(path, threads=1, sparse="off") as dense, load(path, threads=1, sparse="threshold", sparsity=0) as sp:
@@ -91,7 +91,7 @@ def test_threshold_ffn_matches_numpy_reference(synthetic_model, down, n_tok):
     assert 0.3 < stats.skipped_fraction < 0.7
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "qwen2"])
+@pytest.mark.parametrize("arch", ["gemma3", "qwen2", "qwen3"])
 def test_skipped_fraction_on_calibration_text(calibrated, arch):
     _, path, res = calibrated[arch]
     assert all(abs(s - 0.5) < 0.01 for s in res.skipped)  # on the dense activations, by construction

@@ -27,10 +27,10 @@ IDS = [1, 5, 9, 3, 7, 11, 2, 40, 17, 8, 21, 33]
 
 @pytest.fixture(scope="module")
 def two_stage(synthetic_model, tmp_path_factory):
-    """arch -> (source, CalibrationResult of a two-stage calibration at 0.5 / up 0.3) for gemma3, qwen2, llama."""
+    """arch -> (source, CalibrationResult of a two-stage calibration at 0.5 / up 0.3) for gemma3, qwen2, qwen3, llama."""
     folder = tmp_path_factory.mktemp("refine")
     out = {}
-    for arch in ("gemma3", "qwen2", "llama"):
+    for arch in ("gemma3", "qwen2", "qwen3", "llama"):
         src = synthetic_model(arch, "f32")
         out[arch] = src, calibrate(src, folder / f"{arch}.gguf", SPARSITY, text=TEXT, n_tokens=N_TOKENS, ctx=CTX,
                                    threads=1, up_sparsity=UP_SPARSITY)
@@ -115,7 +115,7 @@ def test_one_token_step_equals_python_path(ggml_type, variant, down):
             k.close()
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "qwen2", "llama"])
+@pytest.mark.parametrize("arch", ["gemma3", "qwen2", "qwen3", "llama"])
 def test_skipped_fraction_on_calibration_text(two_stage, arch):
     _, res = two_stage[arch]
     assert res.up_sparsity == UP_SPARSITY and len(res.up_thresholds) == len(res.thresholds)

@@ -209,7 +209,7 @@ def default_builtin(arch: str, vocab_has: Callable[[str], bool]) -> str:
     """The built-in format for a model without its own template, from its architecture and vocabulary."""
     if arch == "gemma3":
         return "gemma"
-    if arch == "qwen2" or vocab_has("<|im_start|>"):
+    if arch in ("qwen2", "qwen3") or vocab_has("<|im_start|>"):
         return "chatml"
     if vocab_has("<|eot_id|>"):
         return "llama-3"

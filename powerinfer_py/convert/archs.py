@@ -52,7 +52,7 @@ def _activation(ckpt: Checkpoint, default: str = "silu") -> dict[str, Any]:
     return meta
 
 
-# ---- llama, bamboo, qwen2 ----------------------------------------------------------------------------------
+# ---- llama, bamboo, qwen2, qwen3 ----------------------------------------------------------------------------
 
 def llama_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
     n_embd = cfg_value(ckpt, "hidden_size")
@@ -114,8 +114,9 @@ def _llama3_factors(ckpt: Checkpoint, d: Dims) -> np.ndarray:
 
 
 def llama_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, sparse: bool, hook: LayerHook) -> None:
-    permute = arch in ("llama", "bamboo")  # qwen2 uses NeoX RoPE: HF's layout is already llama.cpp's
+    permute = arch in ("llama", "bamboo")  # qwen2/qwen3 use NeoX RoPE: HF's layout is already llama.cpp's
     biases = arch == "qwen2"
+    qk_norms = arch == "qwen3"  # per-head RMSNorm weights of Q and K, [head_dim] each
     q_rows, kv_rows = d.n_head * d.head_dim, d.n_head_kv * d.head_dim
     b.add("token_embd.weight", "model.embed_tokens.weight", (d.n_vocab, d.n_embd))
     if _rope_scaling_kind(ckpt, arch) == "llama3":  # baked into per-pair divisors, as llama.cpp reads them
@@ -134,6 +135,9 @@ def llama_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, sparse: bool
         if biases:
             for name, proj, rows in (("attn_q", "q_proj", q_rows), ("attn_k", "k_proj", kv_rows), ("attn_v", "v_proj", kv_rows)):
                 b.add(f"{blk}{name}.bias", f"{hf}self_attn.{proj}.bias", (rows,))
+        if qk_norms:
+            b.add(blk + "attn_q_norm.weight", hf + "self_attn.q_norm.weight", (d.head_dim,))
+            b.add(blk + "attn_k_norm.weight", hf + "self_attn.k_norm.weight", (d.head_dim,))
         b.add(blk + "attn_output.weight", hf + "self_attn.o_proj.weight", (d.n_embd, q_rows))
         b.add(blk + "ffn_norm.weight", hf + "post_attention_layernorm.weight", (d.n_embd,))
         b.add(blk + "ffn_gate.weight", hf + "mlp.gate_proj.weight", (d.n_ff, d.n_embd))
@@ -268,6 +272,7 @@ ARCHITECTURES = {
     "SparseLlamaForCausalLM": ("llama", llama_hparams, llama_tensors),
     "BambooForCausalLM": ("bamboo", llama_hparams, llama_tensors),
     "Qwen2ForCausalLM": ("qwen2", llama_hparams, llama_tensors),
+    "Qwen3ForCausalLM": ("qwen3", llama_hparams, llama_tensors),
     "FalconForCausalLM": ("falcon", falcon_hparams, falcon_tensors),
     "RWForCausalLM": ("falcon", falcon_hparams, falcon_tensors),
     "OPTForCausalLM": ("opt", opt_hparams, opt_tensors),

@@ -5,6 +5,7 @@ Architectures (config.json "architectures"[0] -> general.architecture):
   SparseLlamaForCausalLM                -> llama   ProSparse: fatrelu(x) = x if x > hidden_act_param else 0
   BambooForCausalLM                     -> bamboo  Mistral shape, dReLU FFN
   Qwen2ForCausalLM                      -> qwen2   q/k/v biases, NeoX RoPE (no Q/K permutation)
+  Qwen3ForCausalLM                      -> qwen3   no biases, per-head q_norm/k_norm, NeoX RoPE, config head_dim
   FalconForCausalLM, RWForCausalLM      -> falcon  fused QKV (regrouped to [all q | all k | all v]), NeoX RoPE
   OPTForCausalLM                        -> opt     biases, LayerNorm, learned positions
 A non-SiLU activation is recorded as powerinfer.hidden_act ("relu", "fatrelu") with powerinfer.hidden_act_param

@@ -172,7 +172,7 @@ def tokenizer_metadata(folder: Path, config: dict, n_vocab: int, arch: str) -> d
         else:
             tokens, scores, types, merges = _bpe_from_json(model)
             meta["tokenizer.ggml.model"] = "gpt2"
-            meta["tokenizer.ggml.pre"] = "qwen2" if arch == "qwen2" else "default"
+            meta["tokenizer.ggml.pre"] = "qwen2" if arch in ("qwen2", "qwen3") else "default"  # one tokenizer
         ids = {}
     else:
         raise ModelFileError(f"{folder}: no tokenizer.model or tokenizer.json")

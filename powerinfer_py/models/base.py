@@ -29,7 +29,7 @@ Expected = dict[str, tuple[tuple[int, ...], bool]]  # name -> (shape in numpy or
 
 
 def llama_like_expected(c: ModelConfig) -> Expected:
-    """Tensors of a pre-norm transformer with a gated FFN (llama, qwen2, gemma3 add their extras)."""
+    """Tensors of a pre-norm transformer with a gated FFN (llama, qwen2, qwen3, gemma3 add their extras)."""
     q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
     e: Expected = {
         "token_embd.weight": ((c.n_vocab, c.n_embd), True),
@@ -189,9 +189,9 @@ class Model:
         return dict(rope_base=c.rope_freq_base, rope_scale=c.rope_freq_scale)
 
     def _fused_decode(self, plans: list, x: np.ndarray, p0: int, cache: KVCache, all_logits: bool) -> np.ndarray:
-        """One token through every layer of a pre-norm block (attention, then FFN; llama, bamboo, qwen2, gemma3): x f32
-        [1, n_embd] the embedded token at position p0. The attention block is one C call, which also returns
-        the FFN's normed input."""
+        """One token through every layer of a pre-norm block (attention, then FFN; llama, bamboo, qwen2, qwen3,
+        gemma3): x f32 [1, n_embd] the embedded token at position p0. The attention block is one C call, which
+        also returns the FFN's normed input."""
         k = self.kernels
         for il, plan in enumerate(plans):
             m = k.attn_block_decode(plan, x[0], p0, cache.k[il], cache.v[il])
@@ -206,7 +206,7 @@ class Model:
     def attn_plans(self) -> list | None:
         """Per-layer descriptions of the attention blocks for the one-call decode step, made on first use; None
         when the kernels have no such step (CUDA) or fused_attention is switched off. Only the forward passes
-        that call it (llama, bamboo, qwen2, gemma3) use it."""
+        that call it (llama, bamboo, qwen2, qwen3, gemma3) use it."""
         if not self.fused_attention or not hasattr(self.kernels, "attn_block_plan"):
             return None
         plans = self.__dict__.get("_attn_plans")
