@@ -72,6 +72,7 @@ class LLM:
             self.file.close()
             raise
         self._cache = None  # allocated by the first generate()
+        self._closed = False
         self._active: Generation | None = None  # the generation that owns the cache right now
         self.last_stats: GenerationStats | None = None
 
@@ -111,6 +112,8 @@ class LLM:
         greedy; max_tokens < 0 runs until an end-of-generation token or a full context. The returned
         Generation's .stats (also self.last_stats) fill in as it runs. Raises ContextFullError if the
         prompt does not fit."""
+        if self._closed:
+            raise ValueError(f"this LLM ({self.path}) has been closed")
         ids = self.tokenize(prompt, add_bos=add_bos) if isinstance(prompt, str) else [int(t) for t in prompt]
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed)
@@ -158,6 +161,7 @@ class LLM:
             if obj is not None and hasattr(obj, "close"):
                 obj.close()
         self._cache = None
+        self._closed = True
 
     def __enter__(self) -> "LLM":
         return self

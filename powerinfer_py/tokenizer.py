@@ -174,7 +174,7 @@ class Tokenizer:
         n_max = len(raw) + 8
         while True:
             buf = (lc.llama_token * n_max)()
-            n = lc.llama_tokenize(self._vocab, raw, len(raw), buf, n_max, add_bos, special)
+            n = lc.llama_tokenize(self._live(), raw, len(raw), buf, n_max, add_bos, special)
             if n >= 0:
                 return list(buf[:n])
             if -n <= n_max:  # a negative count is the size needed; anything else is a failure
@@ -193,7 +193,7 @@ class Tokenizer:
         size = 64
         while True:
             buf = ctypes.create_string_buffer(size)
-            n = lc.llama_token_to_piece(self._vocab, token_id, buf, size, 0, special)
+            n = lc.llama_token_to_piece(self._live(), token_id, buf, size, 0, special)
             if n >= 0:
                 self._pieces[key] = buf.raw[:n]
                 return self._pieces[key]
@@ -217,17 +217,23 @@ class Tokenizer:
         size = 16 * len(ids) + 16
         while True:
             buf = ctypes.create_string_buffer(size)
-            n = lc.llama_detokenize(self._vocab, arr, len(ids), buf, size, False, special)
+            n = lc.llama_detokenize(self._live(), arr, len(ids), buf, size, False, special)
             if n >= 0:
                 return buf.raw[:n].decode("utf-8", "replace")
             size = -n
 
     def is_eog(self, token_id: int) -> bool:
         """True for tokens that end generation (EOS, EOT, <|im_end|> ...), as llama.cpp decides it."""
-        return 0 <= token_id < self.n_vocab and bool(_llama().llama_vocab_is_eog(self._vocab, int(token_id)))
+        return 0 <= token_id < self.n_vocab and bool(_llama().llama_vocab_is_eog(self._live(), int(token_id)))
 
     def stream(self, special: bool = False) -> "StreamDecoder":
         return StreamDecoder(self, special)
+
+    def _live(self):
+        """The llama.cpp vocabulary handle; after close() a clear error (a NULL handle would crash llama.cpp)."""
+        if self._vocab is None:
+            raise ValueError(f"the tokenizer of {self.path} is closed (the model was closed)")
+        return self._vocab
 
     def close(self) -> None:
         if self._model is not None:

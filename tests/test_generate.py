@@ -191,6 +191,12 @@ def test_llm_defaults_and_close(synthetic_model, tmp_path):
         assert m.n_ctx == min(m.config.n_ctx_train, 4096)
         assert m.detokenize(m.tokenize("hello world")) == "hello world"
         assert m.last_stats is None
+    # after close: clear errors, not a crash in llama.cpp on a freed vocabulary
+    for call in (lambda: m.tokenize("hi"), lambda: m.detokenize([1, 5]), lambda: m.generate_tokens([1, 5]),
+                 lambda: m.generate("hi"), lambda: m.tokenizer.is_eog(2)):
+        with pytest.raises(ValueError, match="closed"):
+            call()
+    m.close()  # twice is fine
 
 
 def test_llm_a_new_generation_ends_the_previous_one(llm):
