@@ -73,7 +73,9 @@ def _table(f: dict) -> Table:
         if rs:
             parts = ([f"linear x{rs['linear']:g}"] if rs["linear"] else []) + (
                 [f"frequency factors {rs['freq_factors'][0]:g}-{rs['freq_factors'][1]:g} (rope_freqs.weight)"]
-                if rs["freq_factors"] else [])
+                if rs["freq_factors"] else []) + (
+                [f"YaRN, frequency factors {rs['yarn']['factors'][0]:.3g}-{rs['yarn']['factors'][1]:.3g}, rotated "
+                 f"dims x{rs['yarn']['mscale']:.3g}"] if rs.get("yarn") else [])
             t.add_row("RoPE scaling", ", ".join(parts))
         if f["predictor_ranks"]:
             t.add_row("predictor ranks", ", ".join(map(str, f["predictor_ranks"])))

@@ -37,9 +37,9 @@ void pi_attn_block_decode(pi_pool *pool, const pi_attn_block *b, float *x, int32
     add_bias(v, b->bv, n_kv);
     if (b->n_rot) {
         pi_rope(pool, q, &pos, 1, b->n_head, b->head_dim, b->n_rot, b->rope_base, b->rope_scale, b->rope_neox,
-                b->rope_ff);
+                b->rope_ff, b->rope_mscale);
         pi_rope(pool, k, &pos, 1, b->n_head_kv, b->head_dim, b->n_rot, b->rope_base, b->rope_scale, b->rope_neox,
-                b->rope_ff);
+                b->rope_ff, b->rope_mscale);
     }
     pi_store_kv(k, 1, b->n_head_kv, b->head_dim, k_cache, n_ctx, pos);
     pi_store_kv(v, 1, b->n_head_kv, b->head_dim, v_cache, n_ctx, pos);

@@ -86,11 +86,13 @@ void pi_layernorm(pi_pool *pool, const float *x, const float *w, const float *b,
 /* ---- rotary position embedding (rope.c) ----------------------------------------------------------------
  * x: f32 [n_tok, n_head, head_dim], rotated in place. pos: int32 [n_tok]. Only the first n_rot dims of each
  * head rotate. theta_i = pos * freq_scale * freq_base^(-2i/n_rot) / freq_factors[i] (freq_factors: f32 [n_rot/2]
- * or NULL for all 1; GGUF rope_freqs.weight of LLaMA 3.1+ files).
+ * or NULL for all 1; GGUF rope_freqs.weight of LLaMA 3.1+ files); the rotated pairs are also scaled by mscale
+ * (cos and sin times mscale, as ggml's attention factor does: YaRN; 1 for plain RoPE).
  * neox == 0: pairs are (x[2i], x[2i+1]) (llama.cpp "normal", GGUF llama Q/K are permuted for it);
  * neox != 0: pairs are (x[i], x[i + n_rot/2]) (NeoX / HF layout: qwen2, gemma3, falcon). */
 void pi_rope(pi_pool *pool, float *x, const int32_t *pos, int64_t n_tok, int64_t n_head, int64_t head_dim,
-             int64_t n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors);
+             int64_t n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors,
+             float mscale);
 
 /* ---- softmax and attention (attention.c) ---------------------------------------------------------------
  * softmax over the last dim of x f32 [n_rows, n_cols], in place. */
@@ -176,6 +178,7 @@ typedef struct {
     int64_t window;                      /* sliding window (0: full attention) */
     const float *bq, *bk, *bv;           /* f32 biases added after the Q, K, V mat-vecs (qwen2), or NULL */
     const float *rope_ff;                /* f32 [n_rot/2] RoPE frequency factors (rope_freqs.weight), or NULL */
+    float rope_mscale;                   /* scale of the rotated dims (YaRN attention factor; 1 otherwise) */
     int wq_type, wk_type, wv_type, wo_type;
     const void *wq, *wk, *wv, *wo;       /* [n_head*head_dim, n_embd] x 1, [n_head_kv*head_dim, n_embd] x 2,
                                             [n_embd, n_head*head_dim] */

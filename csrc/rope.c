@@ -5,6 +5,7 @@
  * Layouts: normal (neox == 0) pairs (x[2i], x[2i+1]); NeoX (neox != 0) pairs (x[i], x[i + n_rot/2]).
  * Dims n_rot..head_dim-1 are left as they are. ff is NULL (all 1) or f32 [n_rot/2]: per-pair frequency factors
  * (GGUF rope_freqs.weight, LLaMA 3.1+ long-context scaling; llama.cpp divides the angle by them the same way).
+ * mscale multiplies cos and sin, so the rotated dims come out scaled by it (YaRN's attention factor; 1 otherwise).
  * The angles are computed in double (theta reaches thousands of radians at long contexts, where a float angle
  * would be off by ~1e-4 rad) once per token and pair block, and shared by all heads. The rotation itself is a
  * plain loop over float arrays that the compiler vectorises (AVX-512/AVX2 under -march=native, SSE2 in
@@ -25,6 +26,7 @@ typedef struct {
     float freq_base, freq_scale;
     int neox;
     const float *ff;
+    float mscale;
 } rope_job;
 
 static void rotate_heads(float *x, int64_t n_head, int64_t head_dim, int64_t half, int neox, int64_t i0,
@@ -62,8 +64,8 @@ static void rope_tokens(const rope_job *j, int64_t t0, int64_t t1) {
             double p = (double)j->pos[t];
             for (int64_t i = 0; i < nb; i++) {
                 double theta = p * inv_freq[i];
-                c[i] = (float)cos(theta);
-                s[i] = (float)sin(theta);
+                c[i] = (float)cos(theta) * j->mscale;
+                s[i] = (float)sin(theta) * j->mscale;
             }
             rotate_heads(j->x + t * j->n_head * j->head_dim, j->n_head, j->head_dim, half, j->neox, i0, nb, c, s);
         }
@@ -77,8 +79,8 @@ static void rope_chunk(void *ctx, int64_t chunk, int thread_id) {
 }
 
 void pi_rope(pi_pool *pool, float *x, const int32_t *pos, int64_t n_tok, int64_t n_head, int64_t head_dim,
-             int64_t n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors) {
-    rope_job j = {x, pos, n_tok, n_head, head_dim, n_rot, 1, freq_base, freq_scale, neox, freq_factors};
+             int64_t n_rot, float freq_base, float freq_scale, int neox, const float *freq_factors, float mscale) {
+    rope_job j = {x, pos, n_tok, n_head, head_dim, n_rot, 1, freq_base, freq_scale, neox, freq_factors, mscale};
     int64_t per_tok = n_head * n_rot;
     if (n_tok < 2 || n_tok * per_tok < PAR_MIN || pi_pool_n_threads(pool) == 1) {
         rope_tokens(&j, 0, n_tok);

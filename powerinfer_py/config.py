@@ -43,6 +43,7 @@ from .gguf.reader import GGUFFile
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "bamboo", "falcon", "opt")
 
 _NEOX_ARCHS = {"qwen2", "qwen3", "gemma3", "falcon"}
+_YARN_ARCHS = ("llama", "qwen2", "qwen3")  # their models take per-pair RoPE factors and a scale (models/base.py)
 _LAYERNORM_ARCHS = {"falcon", "opt"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
 _DEFAULT_FREQ_BASE = {"qwen2": 1_000_000.0}
 HIDDEN_ACTS = ("silu", "relu", "fatrelu", "gelu")
@@ -90,11 +91,38 @@ class ModelConfig:
     ffn_quantiles: tuple[tuple[float, ...], ...] = ()  # KEY_FFN_QUANTILES, per layer QUANTILE_STEPS + 1 values
     ffn_neuron_scales: tuple[tuple[float, ...], ...] = ()  # KEY_FFN_NEURON_SCALES, per layer n_ff values; () none
     ffn_up_thresholds: tuple[float, ...] = ()  # KEY_FFN_UP_THRESHOLDS, per layer (two-stage files); () none
+    rope_factors: tuple[float, ...] = ()  # YaRN: per-pair divisors of the RoPE frequencies [n_rot/2]; () none
+    rope_mscale: float = 1.0  # YaRN: scale of the rotated dims of q and k (1: none)
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
         """Read the config of `f`; an architecture outside SUPPORTED_ARCHS is an UnsupportedError."""
         return _Reader(f).config()
+
+
+def yarn_rope(n_rot: int, freq_base: float, factor: float, n_ctx_orig: int, attn_factor: float = 1.0,
+              beta_fast: float = 32.0, beta_slow: float = 1.0) -> tuple[tuple[float, ...], float]:
+    """YaRN as llama.cpp computes it, in the form our RoPE takes: (per-pair divisors of the frequencies,
+    scale of the rotated dims). Pairs that turn many times within the original context (those before the
+    pair where a wavelength spans n_ctx_orig / beta_fast) keep their angle, pairs past the one where it spans
+    n_ctx_orig / beta_slow are interpolated (angle / factor), and a linear ramp over the pairs in between
+    blends the two; the angle is linear in the position either way, so each pair's blend is a fixed divisor.
+    The rotated dims of q and k are scaled by attn_factor * (1 + 0.1 ln factor)."""
+    if not (n_rot > 0 and freq_base > 0 and factor > 0 and n_ctx_orig > 0 and attn_factor > 0):
+        raise ModelFileError(f"bad YaRN settings: n_rot {n_rot}, base {freq_base}, factor {factor}, "
+                             f"original context {n_ctx_orig}, attn_factor {attn_factor}")
+
+    def pair_at(n_turns: float) -> float:  # the (fractional) pair index whose wavelength is n_ctx_orig / n_turns
+        return n_rot * math.log(n_ctx_orig / (n_turns * 2 * math.pi)) / (2 * math.log(freq_base))
+
+    lo = max(0.0, math.floor(pair_at(beta_fast)))
+    hi = min(n_rot - 1.0, math.ceil(pair_at(beta_slow)))
+    scale = 1.0 / factor
+    factors = []
+    for i in range(n_rot // 2):
+        keep = 1.0 - min(1.0, max(0.0, (i - lo) / max(0.001, hi - lo)))  # 1: original angle, 0: interpolated
+        factors.append(1.0 / (scale * (1.0 - keep) + keep))
+    return tuple(factors), attn_factor * (1.0 + 0.1 * math.log(factor))
 
 
 class _Reader:
@@ -154,17 +182,29 @@ class _Reader:
         raise ModelFileError(f"{self.f.path}: cannot tell the vocabulary size: no {self.key('{arch}.vocab_size')}, "
                              "tokenizer.ggml.tokens or token_embd.weight")
 
-    def rope_freq_scale(self) -> float:
+    def rope_scaling(self, n_rot: int, freq_base: float, n_ctx_train: int) -> tuple[float, tuple, float]:
+        """(rope_freq_scale, rope_factors, rope_mscale) from {arch}.rope.scaling.*: none and linear scale the
+        frequencies; yarn (llama, qwen2, qwen3) becomes per-pair factors and a scale of the rotated dims."""
         scaling = self.get("{arch}.rope.scaling.type", "none", kind=str)
-        if scaling == "linear":
+        if scaling == "linear" or scaling == "yarn":
             factor = self.get("{arch}.rope.scaling.factor", kind=float)
         elif scaling == "none":
             factor = self.get("{arch}.rope.scale_linear", 1.0, kind=float)  # older files
         else:
-            raise UnsupportedError(f"{self.f.path}: RoPE scaling {scaling!r} is not supported (none, linear)")
-        if factor <= 0:
+            raise UnsupportedError(f"{self.f.path}: RoPE scaling {scaling!r} is not supported (none, linear, yarn)")
+        if not factor > 0:
             raise ModelFileError(f"{self.f.path}: RoPE scaling factor must be positive, got {factor}")
-        return 1.0 / factor
+        if scaling != "yarn":
+            return 1.0 / factor, (), 1.0
+        if self.arch not in _YARN_ARCHS:
+            raise UnsupportedError(f"{self.f.path}: YaRN RoPE scaling is supported for {', '.join(_YARN_ARCHS)}, "
+                                   f"not {self.arch}")
+        factors, mscale = yarn_rope(
+            n_rot, freq_base, factor, self.positive("{arch}.rope.scaling.original_context_length", n_ctx_train),
+            self.get("{arch}.rope.scaling.attn_factor", 1.0, kind=float),
+            self.get("{arch}.rope.scaling.yarn_beta_fast", 32.0, kind=float),
+            self.get("{arch}.rope.scaling.yarn_beta_slow", 1.0, kind=float))
+        return 1.0, factors, mscale
 
     def swa(self, n_layer: int, rope_freq_base: float) -> tuple[int, tuple[bool, ...], float]:
         """(sliding_window, swa_layers, rope_freq_base_swa)."""
@@ -269,11 +309,13 @@ class _Reader:
         hidden_act, hidden_act_param = self.hidden_act()
         calibrated, ffn_thresholds, ffn_quantiles = self.calibration(n_layer)
         n_ff = self.positive("{arch}.feed_forward_length")
+        n_ctx_train = self.positive("{arch}.context_length")
+        rope_scale, rope_factors, rope_mscale = self.rope_scaling(n_rot, freq_base, n_ctx_train)
         return ModelConfig(
             arch=self.arch,
             name=self.get("general.name", "", kind=str),
             n_vocab=self.n_vocab(),
-            n_ctx_train=self.positive("{arch}.context_length"),
+            n_ctx_train=n_ctx_train,
             n_embd=n_embd,
             n_layer=n_layer,
             n_ff=n_ff,
@@ -282,7 +324,7 @@ class _Reader:
             head_dim=head_dim,
             norm_eps=self.get("{arch}.attention." + eps_key, kind=float),
             rope_freq_base=freq_base,
-            rope_freq_scale=self.rope_freq_scale(),
+            rope_freq_scale=rope_scale,
             n_rot=n_rot,
             rope_neox=self.arch in _NEOX_ARCHS,
             rope_freq_base_swa=freq_base_swa,
@@ -301,4 +343,6 @@ class _Reader:
             ffn_quantiles=ffn_quantiles,
             ffn_neuron_scales=self.neuron_scales(n_layer, n_ff) if calibrated is not None else (),
             ffn_up_thresholds=self.up_thresholds(n_layer) if calibrated is not None else (),
+            rope_factors=rope_factors,
+            rope_mscale=rope_mscale,
         )

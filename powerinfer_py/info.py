@@ -68,7 +68,8 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
 
 def _rope_scaling(f, config) -> dict[str, Any] | None:
     """How the file scales RoPE: {"linear": factor or None, "freq_factors": [min, max] of rope_freqs.weight
-    or None}; None when it does not (or the config could not be read)."""
+    or None, "yarn": {"factors": [min, max], "mscale": m} or None}; None when it does not (or the config could
+    not be read)."""
     if config is None:
         return None
     linear = 1.0 / config.rope_freq_scale if config.rope_freq_scale not in (0.0, 1.0) else None
@@ -77,9 +78,11 @@ def _rope_scaling(f, config) -> dict[str, Any] | None:
     if t is not None and t.type.name in ("F32", "F16"):  # a few dozen values: read them from the map
         v = np.asarray(t.data, dtype=np.float64)
         factors = [float(v.min()), float(v.max())] if v.size else None
-    if linear is None and factors is None:
+    yarn = ({"factors": [min(config.rope_factors), max(config.rope_factors)], "mscale": config.rope_mscale}
+            if config.rope_factors else None)
+    if linear is None and factors is None and yarn is None:
         return None
-    return {"linear": linear, "freq_factors": factors}
+    return {"linear": linear, "freq_factors": factors, "yarn": yarn}
 
 
 def _cuda() -> dict[str, Any]:

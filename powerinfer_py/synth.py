@@ -113,6 +113,7 @@ class _Spec:
         self.bias_std = o.pop("bias_std", 0.5)
         self.embd_std = o.pop("embd_std", _EMBD_STD[arch] if not gemma else _EMBD_STD[arch] / np.sqrt(n_embd))
         self.chat_template = o.pop("chat_template", None)  # a Jinja tokenizer.chat_template to embed
+        self.rope_scaling = dict(o.pop("rope_scaling", None) or {})  # {arch}.rope.scaling.<key>: value
         self.rope_freqs = o.pop("rope_freqs", None)  # RoPE frequency factors [head_dim/2] (llama: rope_freqs.weight)
         if self.rope_freqs is not None:
             self.rope_freqs = np.asarray(self.rope_freqs, dtype=np.float32).reshape(-1)
@@ -144,6 +145,8 @@ class _Spec:
         }
         if self.sliding_window:
             meta[f"{a}.attention.sliding_window"] = self.sliding_window
+        for key, value in self.rope_scaling.items():
+            meta[f"{a}.rope.scaling.{key}"] = value
         tokens, scores, token_types = synthetic_vocab(self.n_vocab)
         meta.update({
             "tokenizer.ggml.model": "llama",
@@ -215,7 +218,8 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
     n_ctx_train, norm_eps, rope_freq_base, sliding_window (gemma3; default 4 tokens), tied (default: untied
     for llama, tied otherwise), bias_std (qwen2), chat_template (a Jinja text stored as tokenizer.chat_template),
     rope_freqs (llama: head_dim / 2 RoPE frequency factors, stored as rope_freqs.weight as LLaMA 3.1+ files
-    have them)."""
+    have them), rope_scaling (a dict written as {arch}.rope.scaling.<key>, e.g. type "yarn", factor,
+    original_context_length)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; synthetic models exist for {', '.join(ARCHS)}")
     if dtype not in DTYPES:

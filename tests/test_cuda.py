@@ -235,14 +235,14 @@ def test_rmsnorm_rope_attention(dev):
     dev.check(dev.lib.pi_cuda_rmsnorm(_f(dev, px), _f(dev, pw), _f(dev, py), 3, 200, 1e-5, dev.stream), "rmsnorm")
     np.testing.assert_allclose(_get(dev, py, (3, 200)), ref.rmsnorm(x, w, 1e-5), rtol=1e-5, atol=1e-6)
     ff = rng.uniform(0.5, 8.0, 24).astype(np.float32)  # RoPE frequency factors (rope_freqs.weight)
-    for neox, factors in ((0, None), (1, None), (0, ff), (1, ff)):
+    for neox, factors, mscale in ((0, None, 1.0), (1, None, 1.0), (0, ff, 1.0), (1, ff, 1.25)):
         q = rng.standard_normal((3, 4, 64)).astype(np.float32)
         pos = np.array([0, 7, 4000], np.int32)
         pq, pp = _put(dev, q), _put(dev, pos)
         pf = dev.ffi.NULL if factors is None else _f(dev, _put(dev, factors))
-        dev.check(dev.lib.pi_cuda_rope(_f(dev, pq), _i(dev, pp), 3, 4, 64, 48, 10000.0, 1.0, neox, pf, dev.stream),
-                  "rope")
-        want = ref.rope(q.copy(), pos, 48, 10000.0, 1.0, neox, factors)
+        dev.check(dev.lib.pi_cuda_rope(_f(dev, pq), _i(dev, pp), 3, 4, 64, 48, 10000.0, 1.0, neox, pf, mscale,
+                                       dev.stream), "rope")
+        want = ref.rope(q.copy(), pos, 48, 10000.0, 1.0, neox, factors, mscale)
         np.testing.assert_allclose(_get(dev, pq, q.shape), want, atol=2e-5)
     for hd, window in ((32, 0), (128, 0), (256, 5)):
         n_ctx, p0 = 40, 17

@@ -1,6 +1,7 @@
-"""RoPE frequency factors (rope_freqs.weight, LLaMA 3.1+ files): the kernels against the numpy reference, a
-llama model that carries them against the independent forward pass and against llama.cpp on the same file,
-bad factor values, and the conversion of a Hugging Face `rope_scaling: llama3` config into the tensor.
+"""RoPE scaling beyond a linear factor: frequency factors (rope_freqs.weight, LLaMA 3.1+ files) and YaRN
+(rope.scaling.type "yarn"). The kernels against the numpy reference, models that carry them against the
+independent forward pass and against llama.cpp on the same file, bad values, and the conversion of a Hugging
+Face `rope_scaling: llama3` config into the tensor.
 
 Every comparison also checks that the factors matter in it (ignoring them moves the logits far beyond the
 tolerance), so none of these tests could pass by leaving the factors out."""
@@ -131,7 +132,8 @@ def test_llama_cpp_agrees_on_a_file_with_factors(llama3_file, cpu_kernels):
 def test_info_shows_the_factors(llama3_file):
     from powerinfer_py.info import model_info
     info = model_info(llama3_file["q8_0"])
-    assert info["rope_scaling"] == {"linear": None, "freq_factors": [pytest.approx(0.4), pytest.approx(8.0)]}
+    assert info["rope_scaling"] == {"linear": None, "freq_factors": [pytest.approx(0.4), pytest.approx(8.0)],
+                                    "yarn": None}
 
 
 def test_expected_shape_and_bad_values(tmp_path, cpu_kernels):
@@ -227,3 +229,78 @@ def test_convert_refuses_other_scalings(tmp_path, arch, scaling, error):
     with pytest.raises((UnsupportedError, ModelFileError), match=error):
         convert(tmp_path / "hf", tmp_path / "model.gguf", outtype="f32")
     assert not (tmp_path / "model.gguf").exists()
+
+
+# ---- YaRN (rope.scaling.type "yarn" in the metadata) -----------------------------------------------------------
+
+YARN = {"type": "yarn", "factor": 4.0, "original_context_length": 32}  # short original context: visible at 12 tokens
+
+
+def _yarn_angles_ggml_style(pos, n_rot, base, factor, n_ctx_orig, beta_fast=32.0, beta_slow=1.0):
+    """The angles written the way the YaRN paper and ggml state them: per pair, a blend of the original angle
+    (extrapolation) and the angle / factor (interpolation), weighted by a ramp over the pair index."""
+    def corr(n_turns):
+        return n_rot * np.log(n_ctx_orig / (n_turns * 2 * np.pi)) / (2 * np.log(base))
+    lo, hi = max(0.0, np.floor(corr(beta_fast))), min(n_rot - 1.0, np.ceil(corr(beta_slow)))
+    out = np.empty((len(pos), n_rot // 2))
+    for i in range(n_rot // 2):
+        extrap = pos * base ** (-2.0 * i / n_rot)
+        ramp = 1.0 - np.clip((i - lo) / max(0.001, hi - lo), 0.0, 1.0)
+        out[:, i] = extrap / factor * (1.0 - ramp) + extrap * ramp
+    return out
+
+
+@pytest.mark.parametrize("n_rot,base,factor,n_ctx_orig", [(16, 10000.0, 4.0, 32), (128, 1e6, 4.0, 32768),
+                                                          (64, 500000.0, 8.0, 8192)])
+def test_yarn_factors_give_the_blended_angles(n_rot, base, factor, n_ctx_orig):
+    from powerinfer_py.config import yarn_rope
+    factors, mscale = yarn_rope(n_rot, base, factor, n_ctx_orig)
+    pos = np.array([0, 1, 7, 1000, 100000], dtype=np.float64)
+    ours = pos[:, None] * base ** (-2.0 * np.arange(n_rot // 2) / n_rot) / np.array(factors)
+    np.testing.assert_allclose(ours, _yarn_angles_ggml_style(pos, n_rot, base, factor, n_ctx_orig), rtol=1e-12)
+    assert mscale == pytest.approx(1 + 0.1 * np.log(factor))
+    assert factors[0] == 1.0 and factors[-1] == pytest.approx(factor)
+
+
+@pytest.mark.parametrize("arch,scaling", [("llama", YARN), ("qwen2", dict(YARN, attn_factor=0.8)), ("qwen3", YARN)])
+def test_yarn_matches_llama_cpp(tmp_path, cpu_kernels, arch, scaling):
+    path = write_synthetic_model(tmp_path / f"{arch}-yarn.gguf", arch, rope_scaling=scaling, rope_freq_base=10000.0)
+    model = _model(path, cpu_kernels)
+    assert model.rope_mscale == pytest.approx(scaling.get("attn_factor", 1.0) * (1 + 0.1 * np.log(4.0)))
+    ours = model.forward(TOKENS, model.new_cache(32), all_logits=True)
+    cache = model.new_cache(32)  # one token at a time: the one-call attention block takes the same RoPE
+    steps = np.stack([model.forward(TOKENS[i:i + 1], cache) for i in range(len(TOKENS))])
+    llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=32, n_threads=2, verbose=False)
+    try:
+        llm.eval(TOKENS.tolist())
+        theirs = np.array(llm.scores[:len(TOKENS)], dtype=np.float32)
+    finally:
+        llm.close()
+    assert _rel(ours, theirs) < 0.01 and _rel(steps, theirs) < 0.01
+    model.rope_freqs, model.rope_mscale = None, 1.0  # without YaRN: far from llama.cpp
+    model.__dict__.pop("_attn_plans", None)
+    assert _rel(model.forward(TOKENS, model.new_cache(32), all_logits=True), theirs) > 0.1
+
+
+def test_cpu_rope_mscale(cpu_kernels):
+    rng = np.random.default_rng(4)
+    x, pos = rng.standard_normal((5, 2, 12)).astype(np.float32), np.arange(5, dtype=np.int32)
+    ours = cpu_kernels.rope(x.copy(), pos, 8, 10000.0, 1.0, True, None, 1.25)
+    np.testing.assert_allclose(ours, ref.rope(x.copy(), pos, 8, 10000.0, 1.0, True, None, 1.25), atol=1e-5)
+    np.testing.assert_array_equal(ours[..., 8:], x[..., 8:])  # only the rotated dims are scaled
+    np.testing.assert_allclose(ours[..., :8], 1.25 * cpu_kernels.rope(x.copy(), pos, 8, 10000.0, 1.0, True)[..., :8],
+                               rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="mscale"):
+        cpu_kernels.rope(x, pos, 8, 10000.0, 1.0, True, None, 0.0)
+
+
+def test_yarn_refusals(tmp_path):
+    gemma = write_synthetic_model(tmp_path / "g.gguf", "gemma3", rope_scaling=YARN)
+    with pytest.raises(UnsupportedError, match="YaRN"):
+        load_weights(open_gguf(gemma), expected_tensors)
+    other = write_synthetic_model(tmp_path / "l.gguf", "llama", rope_scaling={"type": "longrope", "factor": 2.0})
+    with pytest.raises(UnsupportedError, match="longrope"):
+        load_weights(open_gguf(other), expected_tensors)
+    bad = write_synthetic_model(tmp_path / "b.gguf", "qwen2", rope_scaling=dict(YARN, factor=-1.0))
+    with pytest.raises(ModelFileError, match="factor"):
+        load_weights(open_gguf(bad), expected_tensors)

@@ -32,7 +32,7 @@ rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w, float *
 
 __global__ void rope_kernel(float *__restrict__ x, const int32_t *__restrict__ pos, int n_tok, int n_head,
                             int head_dim, int n_rot, float freq_base, float freq_scale, int neox,
-                            const float *__restrict__ ff) {
+                            const float *__restrict__ ff, float mscale) {
     const int half = n_rot / 2;
     const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (id >= (long long)n_tok * n_head * half) return;
@@ -41,7 +41,7 @@ __global__ void rope_kernel(float *__restrict__ x, const int32_t *__restrict__ p
     const int t = (int)(id / ((long long)half * n_head));
     const double theta = (double)pos[t] * (double)freq_scale * pow((double)freq_base, -2.0 * i / n_rot) /
                          (ff ? (double)ff[i] : 1.0);
-    const float c = (float)cos(theta), s = (float)sin(theta);
+    const float c = (float)cos(theta) * mscale, s = (float)sin(theta) * mscale;
     float *v = x + ((size_t)t * n_head + head) * head_dim;
     const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
     const float a = v[ia], b = v[ib];
@@ -59,11 +59,11 @@ extern "C" int pi_cuda_rmsnorm(const float *x, const float *w, float *y, int n_t
 
 extern "C" int pi_cuda_rope(float *x, const int32_t *pos, int n_tok, int n_head, int head_dim, int n_rot,
                             float freq_base, float freq_scale, int neox, const float *freq_factors,
-                            void *stream) {
+                            float mscale, void *stream) {
     const long long n = (long long)n_tok * n_head * (n_rot / 2);
     if (n <= 0) return 0;
     const int threads = 256;
     rope_kernel<<<(unsigned)((n + threads - 1) / threads), threads, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
-        x, pos, n_tok, n_head, head_dim, n_rot, freq_base, freq_scale, neox, freq_factors);
+        x, pos, n_tok, n_head, head_dim, n_rot, freq_base, freq_scale, neox, freq_factors, mscale);
     return pi_launch_status();
 }

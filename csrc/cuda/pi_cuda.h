@@ -73,9 +73,10 @@ int pi_cuda_axpy_rows(int type, const void *w, int n_rows, int n_cols, const int
 int pi_cuda_rmsnorm(const float *x, const float *w, float *y, int n_tok, int dim, float eps, void *stream);
 /* In place on x f32 [n_tok, n_head, head_dim]: pair i < n_rot / 2 of token t turns by
  * pos[t] * freq_scale * freq_base^(-2i / n_rot) / freq_factors[i]; pairs (2i, 2i + 1), or (i, i + n_rot / 2)
- * when neox. freq_factors: device f32 [n_rot / 2] (rope_freqs.weight), or NULL for all 1. */
+ * when neox. freq_factors: device f32 [n_rot / 2] (rope_freqs.weight), or NULL for all 1; the rotated pairs are
+ * scaled by mscale (YaRN's attention factor; 1 otherwise). */
 int pi_cuda_rope(float *x, const int32_t *pos, int n_tok, int n_head, int head_dim, int n_rot,
-                 float freq_base, float freq_scale, int neox, const float *freq_factors, void *stream);
+                 float freq_base, float freq_scale, int neox, const float *freq_factors, float mscale, void *stream);
 /* Causal GQA attention over a device f16 cache k, v [n_head_kv, n_ctx, head_dim]: token t (position
  * pos0 + t) of q f32 [n_tok, n_head, head_dim] reads positions j <= pos0 + t (and j > pos0 + t - window
  * when window > 0) of KV head h / (n_head / n_head_kv). head_dim: 32, 64, 128 or 256. */

@@ -251,9 +251,10 @@ class CpuKernels:
                              ffi.NULL if b is None else _fb(_FA, b), eps, x.size // dim, dim, _fb(_FA, y))
         return y
 
-    def rope(self, x, pos, n_rot, freq_base, freq_scale, neox, freq_factors=None) -> np.ndarray:
+    def rope(self, x, pos, n_rot, freq_base, freq_scale, neox, freq_factors=None, mscale=1.0) -> np.ndarray:
         """Rotates the first n_rot dims of every head of x f32 [N, H, D] in place (pos int32 [N]); returns x.
-        freq_factors: None or f32 [n_rot/2], divisors of the pair frequencies (rope_freqs.weight)."""
+        freq_factors: None or f32 [n_rot/2], divisors of the pair frequencies (rope_freqs.weight); mscale scales
+        the rotated dims (YaRN's attention factor)."""
         if not (type(x) is np.ndarray and x.dtype is _F32 and x.flags.c_contiguous and x.flags.writeable
                 and x.ndim == 3 and type(pos) is np.ndarray and pos.dtype is _I32 and pos.flags.c_contiguous
                 and pos.shape == x.shape[:1] and 0 <= n_rot <= x.shape[2] and not n_rot % 2 and freq_base > 0
@@ -263,7 +264,8 @@ class CpuKernels:
         if x.size and n_rot:
             n_tok, n_head, head_dim = x.shape
             lib.pi_rope(self._pool or _ops_closed(), _fb(_FA, x), _fb(_IA, pos), n_tok, n_head, head_dim, n_rot,
-                        freq_base, freq_scale, 1 if neox else 0, ff)
+                        freq_base, freq_scale, 1 if neox else 0, ff,
+                        1.0 if mscale == 1.0 else _ops_check_mscale("rope", mscale))
         return x
 
     def softmax(self, x) -> np.ndarray:
@@ -396,11 +398,11 @@ class CpuKernels:
                         n_head: int, n_head_kv: int, head_dim: int, n_rot: int, rope_base: float,
                         rope_scale: float, rope_neox: bool, eps: float, attn_scale: float, q_norm=None,
                         k_norm=None, post_norm=None, window: int = 0, bq=None, bk=None, bv=None,
-                        rope_freqs=None) -> "AttnBlockPlan":
+                        rope_freqs=None, rope_mscale: float = 1.0) -> "AttnBlockPlan":
         """Checks one layer's attention weights once and describes them to C for attn_block_decode. q_norm,
         k_norm (f32 [head_dim]), post_norm (f32 [n_embd]) and a sliding window are gemma3's extras; bq, bk, bv
         (f32 [n_head * head_dim], [n_head_kv * head_dim] x 2) qwen2's; rope_freqs (f32 [n_rot/2], RoPE
-        frequency factors) LLaMA 3.1+'s."""
+        frequency factors) LLaMA 3.1+'s; rope_mscale (scale of the rotated dims) YaRN's."""
         n_q, n_kv = n_head * head_dim, n_head_kv * head_dim
         infos = {nm: self._weight(t) for nm, t in (("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo))}
         n_embd = infos["wq"][4]
@@ -433,6 +435,7 @@ class CpuKernels:
         (desc.attn_norm, desc.ffn_norm, desc.q_norm, desc.k_norm, desc.post_norm, desc.bq, desc.bk, desc.bv,
          desc.rope_ff) = norms
         desc.window = window
+        desc.rope_mscale = _ops_check_mscale("attn_block_plan", rope_mscale)
         for nm, (_, wp, ty, _, _) in infos.items():
             setattr(desc, nm, wp)
             setattr(desc, f"{nm}_type", ty)
@@ -610,6 +613,12 @@ def _ops_check_norm(op: str, x, w, b, eps) -> None:
                 raise ValueError(f"{op}: {name} must have shape {x.shape[-1:]} to match x, got {p.shape}")
     if not float(eps) >= 0.0:
         raise ValueError(f"{op}: eps must be >= 0, got {eps}")
+
+
+def _ops_check_mscale(op, mscale) -> float:
+    if not 0 < float(mscale) < _OPS_BIG:
+        raise ValueError(f"{op}: mscale must be finite and > 0, got {mscale}")
+    return float(mscale)
 
 
 def _ops_check_freq_factors(op, ff, n_rot) -> np.ndarray:

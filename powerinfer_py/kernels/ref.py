@@ -330,16 +330,16 @@ def layernorm(x, w, b, eps) -> np.ndarray:
     return y.astype(np.float32)
 
 
-def rope(x, pos, n_rot, freq_base, freq_scale, neox, freq_factors=None) -> np.ndarray:
+def rope(x, pos, n_rot, freq_base, freq_scale, neox, freq_factors=None, mscale=1.0) -> np.ndarray:
     """Rotates x f32 [N, H, D] in place and returns it. Pair i < n_rot/2 of token t turns by
     pos[t] * freq_scale * freq_base^(-2i/n_rot) / freq_factors[i] (factors default to 1); pairs are (2i, 2i+1)
-    (normal) or (i, i + n_rot/2) (neox)."""
+    (normal) or (i, i + n_rot/2) (neox). The rotated pairs are scaled by mscale (cos and sin times mscale)."""
     half = n_rot // 2
     inv_freq = float(freq_base) ** (-2.0 * np.arange(half) / n_rot)
     if freq_factors is not None:
         inv_freq = inv_freq / np.asarray(freq_factors, dtype=np.float64).reshape(half)
     theta = np.asarray(pos, dtype=np.float64)[:, None] * (float(freq_scale) * inv_freq)  # [N, half]
-    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]  # broadcast over heads
+    c, s = mscale * np.cos(theta)[:, None, :], mscale * np.sin(theta)[:, None, :]  # broadcast over heads
     if neox:
         ia, ib = np.arange(half), np.arange(half) + half
     else:

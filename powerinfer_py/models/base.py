@@ -117,6 +117,11 @@ class Model:
         self.layers = [layer_tensors(tensors, il, self.LAYER_TENSORS, optional=self.OPTIONAL_TENSORS)
                        for il in range(config.n_layer)]
         self.ffns = self.build_ffns(tensors, biases=self.FFN_BIASES)
+        # RoPE beyond base and linear scale (llama, qwen2, qwen3 pass them on): per-pair divisors of the
+        # frequencies (YaRN from the metadata; llama multiplies in its rope_freqs.weight) and a scale of the
+        # rotated dims (YaRN)
+        self.rope_freqs = np.array(config.rope_factors, dtype=np.float32) if config.rope_factors else None
+        self.rope_mscale = config.rope_mscale
 
     def build_ffns(self, tensors: Mapping[str, Tensor], biases: bool = False) -> list[FFN]:
         """Every layer's FFN (ffn.py) in this model's sparse mode; sets self.sparsity for ReLU-family FFNs."""
@@ -186,7 +191,13 @@ class Model:
     def attn_plan_kwargs(self, il: int, layer) -> dict:
         """attn_block_plan's RoPE/norm/window arguments for layer il (architectures add their extras)."""
         c = self.config
-        return dict(rope_base=c.rope_freq_base, rope_scale=c.rope_freq_scale)
+        return dict(rope_base=c.rope_freq_base, rope_scale=c.rope_freq_scale, rope_freqs=self.rope_freqs,
+                    rope_mscale=self.rope_mscale)
+
+    def rope_args(self) -> tuple:
+        """The arguments of kernels.rope after the positions, for the models that use one RoPE for all layers."""
+        c = self.config
+        return (c.n_rot, c.rope_freq_base, c.rope_freq_scale, c.rope_neox, self.rope_freqs, self.rope_mscale)
 
     def _fused_decode(self, plans: list, x: np.ndarray, p0: int, cache: KVCache, all_logits: bool) -> np.ndarray:
         """One token through every layer of a pre-norm block (attention, then FFN; llama, bamboo, qwen2, qwen3,

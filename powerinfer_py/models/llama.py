@@ -53,16 +53,15 @@ class LlamaModel(Model):
 
     def __init__(self, config: ModelConfig, tensors, kernels, sparse=None):
         super().__init__(config, tensors, kernels, sparse)
-        self.rope_freqs = rope_factors(tensors)
-
-    def attn_plan_kwargs(self, il: int, layer) -> dict:
-        return dict(super().attn_plan_kwargs(il, layer), rope_freqs=self.rope_freqs)
+        ff = rope_factors(tensors)
+        if ff is not None:  # divides the angle before any YaRN blend, so the two multiply
+            self.rope_freqs = ff if self.rope_freqs is None else (ff * self.rope_freqs).astype(np.float32)
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         c, k = self.config, self.kernels
         ids, pos, p0 = self._begin(tokens, cache)
         n, hd, eps = ids.shape[0], c.head_dim, c.norm_eps
-        rope = (c.n_rot, c.rope_freq_base, c.rope_freq_scale, c.rope_neox, self.rope_freqs)
+        rope = self.rope_args()
 
         x = k.get_rows(self.token_embd, ids)  # [N, n_embd]
         plans = self.attn_plans() if n == 1 else None

@@ -44,7 +44,7 @@ class Qwen2Model(Model):
         c, k = self.config, self.kernels
         ids, pos, p0 = self._begin(tokens, cache)
         n, hd, eps = ids.shape[0], c.head_dim, c.norm_eps
-        rope = (c.n_rot, c.rope_freq_base, c.rope_freq_scale, c.rope_neox)
+        rope = self.rope_args()
 
         x = k.get_rows(self.token_embd, ids)  # [N, n_embd]
         plans = self.attn_plans() if n == 1 else None
