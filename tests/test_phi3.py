@@ -134,3 +134,18 @@ def test_threshold_sparsity_runs_through_the_split_ffn(synthetic_model, tmp_path
     with load(res.path, threads=1, sparse="threshold") as llm:
         perplexity(llm, text, ctx=64, max_tokens=200)
         assert abs(llm.sparsity_stats.skipped_fraction - 0.5) <= 0.05
+
+
+def test_info_shows_partial_rotary_and_longrope(longrope, synthetic_model):
+    from typer.testing import CliRunner
+
+    from powerinfer_cli.main import app
+    from powerinfer_py.info import model_info
+    info = model_info(longrope["q8_0"])
+    assert info["config"]["n_rot"] == N_ROT
+    assert info["rope_scaling"] == {"linear": None, "freq_factors": None,
+                                    "longrope": {"orig_ctx": ORIG_CTX, "attn_factor": pytest.approx(1.3)}}
+    assert model_info(synthetic_model("phi3", "f32"))["rope_scaling"] is None  # Phi-3-mini-4k: no factors
+    out = CliRunner().invoke(app, ["info", str(longrope["q8_0"])])
+    assert out.exit_code == 0, out.output
+    assert "RoPE dims" in out.output and f"long when n_ctx > {ORIG_CTX}" in out.output
