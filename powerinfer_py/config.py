@@ -317,4 +317,4 @@ class _Reader:
         if not (math.isfinite(factor) and factor > 0):
             raise ModelFileError(f"{self.f.path}: {self.key('{arch}.rope.scaling.attn_factor')} must be a "
                                  f"finite number > 0, got {factor}")
-        return dict(rope_orig_ctx=orig, rope_attn_factor=factor)
+        return {"rope_orig_ctx": orig, "rope_attn_factor": factor}

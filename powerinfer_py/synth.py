@@ -229,8 +229,8 @@ def _phi3_options(arch: str, head_dim: int, o: dict) -> dict:
         factors = tuple(np.asarray(f, dtype=np.float32).reshape(-1) for f in factors)
         if len(factors) != 2 or any(f.shape != (n_rot // 2,) for f in factors):
             raise ValueError(f"rope_factors: (short, long), {n_rot // 2} factors each (n_rot / 2)")
-    return dict(n_rot=n_rot, rope_factors=factors, orig_ctx=o.pop("orig_ctx", 16),
-                attn_factor=o.pop("attn_factor", 1.0), fused_qkv=o.pop("fused_qkv", True))
+    return {"n_rot": n_rot, "rope_factors": factors, "orig_ctx": o.pop("orig_ctx", 16),
+            "attn_factor": o.pop("attn_factor", 1.0), "fused_qkv": o.pop("fused_qkv", True)}
 
 
 def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f32", n_layer: int | None = None,

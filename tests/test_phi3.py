@@ -24,7 +24,7 @@ N_ROT = 12  # of head_dim 16: Phi-4-mini's partial rotary (96 of 128), also the 
 _RNG = np.random.default_rng(7)
 FACTORS = (1 + 3 * _RNG.random(N_ROT // 2), 1 + 20 * _RNG.random(N_ROT // 2))  # (short, long)
 ORIG_CTX = 256  # llama.cpp rounds n_ctx up to 256: 32 stays short there too, 512 is long
-LONGROPE = dict(n_rot=N_ROT, rope_factors=FACTORS, orig_ctx=ORIG_CTX, attn_factor=1.3)
+LONGROPE = {"n_rot": N_ROT, "rope_factors": FACTORS, "orig_ctx": ORIG_CTX, "attn_factor": 1.3}
 
 
 @pytest.fixture(scope="module")
@@ -137,9 +137,9 @@ def test_threshold_sparsity_runs_through_the_split_ffn(synthetic_model, tmp_path
 
 
 def test_info_shows_partial_rotary_and_longrope(longrope, synthetic_model):
+    from powerinfer_cli.main import app
     from typer.testing import CliRunner
 
-    from powerinfer_cli.main import app
     from powerinfer_py.info import model_info
     info = model_info(longrope["q8_0"])
     assert info["config"]["n_rot"] == N_ROT
@@ -149,3 +149,22 @@ def test_info_shows_partial_rotary_and_longrope(longrope, synthetic_model):
     out = CliRunner().invoke(app, ["info", str(longrope["q8_0"])])
     assert out.exit_code == 0, out.output
     assert "RoPE dims" in out.output and f"long when n_ctx > {ORIG_CTX}" in out.output
+
+
+def test_exact_mode_on_a_relu_phi3(synthetic_model, tmp_path):
+    """The split gate/up views feed the exact-mode FFN: on a ReLU phi3 copy it gives bit-for-bit the dense result
+    while skipping up rows; the SwiGLU original refuses exact mode with the usual message."""
+    from powerinfer_py.errors import UnsupportedError
+    from powerinfer_py.gguf.writer import write_gguf
+    src = synthetic_model("phi3", "q8_0")
+    with pytest.raises(UnsupportedError, match="ReLU"):
+        load(src, threads=1, sparse="exact")
+    relu = tmp_path / "phi3-relu.gguf"
+    with open_gguf(src) as f:
+        write_gguf(relu, {**f.metadata, "powerinfer.hidden_act": "relu"}, f.tensors, types=f.metadata_types)
+    with load(relu, threads=1, sparse="off") as dense, load(relu, threads=1, sparse="exact") as exact:
+        a = dense.model.forward(TOKENS, dense.model.new_cache(32), all_logits=True)
+        np.testing.assert_array_equal(a, exact.model.forward(TOKENS, exact.model.new_cache(32), all_logits=True))
+        assert list(dense.generate_tokens(TOKENS[:4].tolist(), max_tokens=6, temperature=0)) == \
+            list(exact.generate_tokens(TOKENS[:4].tolist(), max_tokens=6, temperature=0))
+        assert 0.2 < exact.sparsity_stats.skipped_fraction < 0.8  # ReLU zeros about half the neurons

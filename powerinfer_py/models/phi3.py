@@ -20,7 +20,7 @@ phi3.attention.sliding_window is ignored: llama.cpp switches sliding-window atte
 """
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
