@@ -168,3 +168,18 @@ def test_exact_mode_on_a_relu_phi3(synthetic_model, tmp_path):
         assert list(dense.generate_tokens(TOKENS[:4].tolist(), max_tokens=6, temperature=0)) == \
             list(exact.generate_tokens(TOKENS[:4].tolist(), max_tokens=6, temperature=0))
         assert 0.2 < exact.sparsity_stats.skipped_fraction < 0.8  # ReLU zeros about half the neurons
+
+
+def test_one_call_decode_switches_factor_sets(cpu_kernels, tmp_path):
+    """attn_factor 1 keeps the one-call decode block; its plans carry the factors, so one model decoding in a
+    short and then a long context must use each context's own set (checked against that context's prefill)."""
+    path = write_synthetic_model(tmp_path / "phi3-af1.gguf", "phi3", **{**LONGROPE, "attn_factor": 1.0})
+    model = load_model(path, cpu_kernels)
+    assert model.attn_plans() is not None
+    for n_ctx in (32, 512, 32):
+        batched = model.forward(TOKENS, model.new_cache(n_ctx), all_logits=True)
+        assert rel_err(batched, ReferenceModel(path, n_ctx=n_ctx).logits(TOKENS)) < TOL
+        cache = model.new_cache(n_ctx)
+        steps = np.stack([model.forward(TOKENS[i:i + 1], cache) for i in range(len(TOKENS))])
+        np.testing.assert_allclose(steps, batched, rtol=0, atol=TOL * batched.std())
+    assert set(model._plans_by_factors) == {"short", "long"}
