@@ -22,7 +22,7 @@ EPILOG = """\
 _CONFIG_ROWS = (  # (label, ModelConfig field) shown in the table, in this order
     ("vocabulary", "n_vocab"), ("layers", "n_layer"), ("embedding dim", "n_embd"), ("FFN dim", "n_ff"),
     ("heads / KV heads", None), ("head dim", "head_dim"), ("trained context", "n_ctx_train"),
-    ("RoPE base", "rope_freq_base"), ("sliding window", "sliding_window"), ("tied output", "tied_output"),
+    ("RoPE base", "rope_freq_base"), ("RoPE dims", "n_rot"), ("sliding window", "sliding_window"), ("tied output", "tied_output"),
 )
 
 
@@ -75,7 +75,9 @@ def _table(f: dict) -> Table:
                 [f"frequency factors {rs['freq_factors'][0]:g}-{rs['freq_factors'][1]:g} (rope_freqs.weight)"]
                 if rs["freq_factors"] else []) + (
                 [f"YaRN, frequency factors {rs['yarn']['factors'][0]:.3g}-{rs['yarn']['factors'][1]:.3g}, rotated "
-                 f"dims x{rs['yarn']['mscale']:.3g}"] if rs.get("yarn") else [])
+                 f"dims x{rs['yarn']['mscale']:.3g}"] if rs.get("yarn") else []) + (
+                [f"short/long factors (long when n_ctx > {rs['longrope']['orig_ctx']}), attn_factor "
+                 f"{rs['longrope']['attn_factor']:g}"] if rs.get("longrope") else [])
             t.add_row("RoPE scaling", ", ".join(parts))
         if f["predictor_ranks"]:
             t.add_row("predictor ranks", ", ".join(map(str, f["predictor_ranks"])))

@@ -12,6 +12,10 @@ Per architecture:
   bamboo  the llama block (Mistral shape, GQA, normal RoPE) with a dReLU FFN
   falcon  LayerNorm with biases, fused attn_qkv, NeoX RoPE, parallel attention + MLP, no ffn_norm
   opt     LayerNorm with biases, biases on every projection, learned positions (no RoPE), ReLU FFN
+  phi3    the llama block with fused attn_qkv and gate+up, NeoX RoPE (partial: n_rot < head_dim on Phi-4-mini);
+          long-context files carry rope_factors_long/short (used when n_ctx > rope.scaling.original_context_length
+          / otherwise) and rope.scaling.attn_factor, which scales the rotated dims of q and k (llama.cpp's
+          mscale); phi3.attention.sliding_window is ignored, as llama.cpp does
 PowerInfer files (magic PWRI) add is_sparse, powerinfer.sparse_threshold and per-layer predictor ranks.
 FFN activation (hidden_act, written by our converter as powerinfer.hidden_act / powerinfer.hidden_act_param):
 "silu", "relu", "fatrelu" (x if x > hidden_act_param else 0) or "gelu". Defaults when the key is absent:
@@ -40,9 +44,9 @@ from typing import Any
 from .errors import ModelFileError, UnsupportedError
 from .gguf.reader import GGUFFile
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "bamboo", "falcon", "opt")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "bamboo", "falcon", "opt", "phi3")
 
-_NEOX_ARCHS = {"qwen2", "qwen3", "gemma3", "falcon"}
+_NEOX_ARCHS = {"qwen2", "qwen3", "gemma3", "falcon", "phi3"}
 _YARN_ARCHS = ("llama", "qwen2", "qwen3")  # their models take per-pair RoPE factors and a scale (models/base.py)
 _LAYERNORM_ARCHS = {"falcon", "opt"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
 _DEFAULT_FREQ_BASE = {"qwen2": 1_000_000.0}
@@ -93,6 +97,8 @@ class ModelConfig:
     ffn_up_thresholds: tuple[float, ...] = ()  # KEY_FFN_UP_THRESHOLDS, per layer (two-stage files); () none
     rope_factors: tuple[float, ...] = ()  # YaRN: per-pair divisors of the RoPE frequencies [n_rot/2]; () none
     rope_mscale: float = 1.0  # YaRN: scale of the rotated dims of q and k (1: none)
+    rope_orig_ctx: int = 0  # phi3: rope.scaling.original_context_length (default n_ctx_train); 0 for others
+    rope_attn_factor: float = 1.0  # phi3: rope.scaling.attn_factor, multiplies the rotated dims of q and k
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
@@ -345,4 +351,16 @@ class _Reader:
             ffn_up_thresholds=self.up_thresholds(n_layer) if calibrated is not None else (),
             rope_factors=rope_factors,
             rope_mscale=rope_mscale,
+            **self.phi3_rope(),
         )
+
+    def phi3_rope(self) -> dict:
+        """phi3's long-context RoPE keys (see the module docstring); {} for the other architectures."""
+        if self.arch != "phi3":
+            return {}
+        orig = self.positive("{arch}.rope.scaling.original_context_length", self.positive("{arch}.context_length"))
+        factor = self.get("{arch}.rope.scaling.attn_factor", 1.0, kind=float)
+        if not (math.isfinite(factor) and factor > 0):
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.rope.scaling.attn_factor')} must be a "
+                                 f"finite number > 0, got {factor}")
+        return {"rope_orig_ctx": orig, "rope_attn_factor": factor}

@@ -68,8 +68,8 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
 
 def _rope_scaling(f, config) -> dict[str, Any] | None:
     """How the file scales RoPE: {"linear": factor or None, "freq_factors": [min, max] of rope_freqs.weight
-    or None, "yarn": {"factors": [min, max], "mscale": m} or None}; None when it does not (or the config could
-    not be read)."""
+    or None, "yarn": {"factors": [min, max], "mscale": m} or None, and for phi3 files with long/short factors
+    "longrope": {orig_ctx, attn_factor}}; None when it does not (or the config could not be read)."""
     if config is None:
         return None
     linear = 1.0 / config.rope_freq_scale if config.rope_freq_scale not in (0.0, 1.0) else None
@@ -80,9 +80,12 @@ def _rope_scaling(f, config) -> dict[str, Any] | None:
         factors = [float(v.min()), float(v.max())] if v.size else None
     yarn = ({"factors": [min(config.rope_factors), max(config.rope_factors)], "mscale": config.rope_mscale}
             if config.rope_factors else None)
-    if linear is None and factors is None and yarn is None:
+    longrope = None  # phi3's long-context factors (rope_factors_long/short.weight, picked by n_ctx)
+    if "rope_factors_long.weight" in f.tensors and config.rope_orig_ctx:
+        longrope = {"orig_ctx": config.rope_orig_ctx, "attn_factor": config.rope_attn_factor}
+    if linear is None and factors is None and yarn is None and longrope is None:
         return None
-    return {"linear": linear, "freq_factors": factors, "yarn": yarn}
+    return {"linear": linear, "freq_factors": factors, "yarn": yarn, **({"longrope": longrope} if longrope else {})}
 
 
 def _cuda() -> dict[str, Any]:

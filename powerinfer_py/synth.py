@@ -19,7 +19,7 @@ from gguf import GGUFValueType
 from .gguf import write_gguf
 from .tensor import GGMLType, Tensor
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
 DTYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "bf16": GGMLType.BF16,
           "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
 _FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}  # llama.cpp's general.file_type codes
@@ -39,8 +39,8 @@ put years different away again off went old number hello world story once upon c
 red blue green big small happy sad run walk talk say""".split()
 # With a tied head, large embeddings make every token predict itself (the residual stream is mostly its own
 # embedding): tied models get small embeddings; gemma3's are also multiplied by sqrt(n_embd) in the model.
-_EMBD_STD = {"llama": 1.0, "qwen2": 0.1, "qwen3": 0.1, "gemma3": 0.4}
-_OUTPUT_NORM_GAIN = {"llama": 1.0, "qwen2": 3.0, "qwen3": 3.0, "gemma3": 6.0}
+_EMBD_STD = {"llama": 1.0, "qwen2": 0.1, "qwen3": 0.1, "gemma3": 0.4, "phi3": 1.0}
+_OUTPUT_NORM_GAIN = {"llama": 1.0, "qwen2": 3.0, "qwen3": 3.0, "gemma3": 6.0, "phi3": 1.0}
 _CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()") + [SPACE]
 
 
@@ -106,10 +106,12 @@ class _Spec:
         # n_head * head_dim then differ from n_embd, which exercises the key_length path)
         self.head_dim = o.pop("head_dim", 2 * n_embd // n_head if arch in ("gemma3", "qwen3") else n_embd // n_head)
         self.n_ctx_train = o.pop("n_ctx_train", 512)
-        self.norm_eps = o.pop("norm_eps", 1e-5 if arch == "llama" else 1e-6)
-        self.rope_freq_base = o.pop("rope_freq_base", 10000.0 if arch == "llama" else 1_000_000.0)
-        self.sliding_window = o.pop("sliding_window", 4 if gemma else 0)  # < the 12-token test sequences
-        self.tied = o.pop("tied", arch != "llama")
+        self.norm_eps = o.pop("norm_eps", 1e-5 if arch in ("llama", "phi3") else 1e-6)
+        self.rope_freq_base = o.pop("rope_freq_base", 10000.0 if arch in ("llama", "phi3") else 1_000_000.0)
+        # gemma3 uses its window; phi3 files carry one too (Phi-3-mini: 2047), which llama.cpp ignores
+        self.sliding_window = o.pop("sliding_window", 4 if arch in ("gemma3", "phi3") else 0)
+        self.tied = o.pop("tied", arch not in ("llama", "phi3"))
+        self.phi3 = _phi3_options(arch, self.head_dim, o)
         self.bias_std = o.pop("bias_std", 0.5)
         self.embd_std = o.pop("embd_std", _EMBD_STD[arch] if not gemma else _EMBD_STD[arch] / np.sqrt(n_embd))
         self.chat_template = o.pop("chat_template", None)  # a Jinja tokenizer.chat_template to embed
@@ -129,7 +131,8 @@ class _Spec:
         a = self.arch
         meta = {
             "general.architecture": a,
-            "general.name": f"synthetic-{a}-{dtype}",
+            # llama.cpp gives models named "phi3" / "phi-3" special <|endoftext|> handling this vocabulary lacks
+            "general.name": f"synthetic-{a.replace('phi3', 'phi')}-{dtype}",
             "general.file_type": _FILE_TYPE[dtype],
             f"{a}.context_length": self.n_ctx_train,
             f"{a}.embedding_length": self.n_embd,
@@ -147,6 +150,11 @@ class _Spec:
             meta[f"{a}.attention.sliding_window"] = self.sliding_window
         for key, value in self.rope_scaling.items():
             meta[f"{a}.rope.scaling.{key}"] = value
+        if a == "phi3":
+            meta[f"{a}.rope.dimension_count"] = self.phi3["n_rot"]
+            if self.phi3["rope_factors"] is not None:
+                meta[f"{a}.rope.scaling.original_context_length"] = self.phi3["orig_ctx"]
+                meta[f"{a}.rope.scaling.attn_factor"] = float(self.phi3["attn_factor"])
         tokens, scores, token_types = synthetic_vocab(self.n_vocab)
         meta.update({
             "tokenizer.ggml.model": "llama",
@@ -181,6 +189,9 @@ class _Spec:
         out = [("token_embd.weight", self.embd_std * rng.standard_normal((self.n_vocab, E), dtype=np.float32))]
         if self.rope_freqs is not None:
             out.append(("rope_freqs.weight", self.rope_freqs))
+        if self.arch == "phi3" and self.phi3["rope_factors"] is not None:
+            out += [("rope_factors_short.weight", self.phi3["rope_factors"][0]),
+                    ("rope_factors_long.weight", self.phi3["rope_factors"][1])]
         for il in range(self.n_layer):
             p = f"blk.{il}."
             out += [(p + "attn_norm.weight", norm(E)),
@@ -192,6 +203,8 @@ class _Spec:
                         for x, d in (("q", q_dim), ("k", kv_dim), ("v", kv_dim))]
             if self.arch in ("gemma3", "qwen3"):
                 out += [(p + "attn_q_norm.weight", norm(hd)), (p + "attn_k_norm.weight", norm(hd))]
+            if self.arch == "phi3" and self.phi3["fused_qkv"]:  # one attn_qkv: rows [q | k | v]
+                out[-3:] = [(p + "attn_qkv.weight", np.concatenate([t for _, t in out[-3:]]))]
             out.append((p + "attn_output.weight", linear(E, q_dim)))
             if self.arch == "gemma3":
                 out.append((p + "post_attention_norm.weight", norm(E)))
@@ -199,6 +212,8 @@ class _Spec:
                     (p + "ffn_gate.weight", linear(F, E)),
                     (p + "ffn_up.weight", linear(F, E)),
                     (p + "ffn_down.weight", linear(E, F))]
+            if self.arch == "phi3":  # one ffn_up: rows [gate | up]
+                out[-3:-1] = [(p + "ffn_up.weight", np.concatenate([out[-3][1], out[-2][1]]))]
             if self.arch == "gemma3":
                 out.append((p + "post_ffw_norm.weight", norm(E)))
         # tied heads see small embeddings: a larger output norm gain gives logits std ~2 all the same
@@ -206,6 +221,20 @@ class _Spec:
         if not self.tied:
             out.append(("output.weight", 2.5 * linear(self.n_vocab, E)))  # logits std ~2.5: a clear top-1
         return out
+
+
+def _phi3_options(arch: str, head_dim: int, o: dict) -> dict:
+    """phi3's own overrides (popped from o): n_rot, rope_factors, orig_ctx, attn_factor, fused_qkv."""
+    if arch != "phi3":
+        return {}
+    n_rot = o.pop("n_rot", head_dim * 3 // 4 // 2 * 2)  # partial rotary by default, as on Phi-4-mini (96 of 128)
+    factors = o.pop("rope_factors", None)
+    if factors is not None:
+        factors = tuple(np.asarray(f, dtype=np.float32).reshape(-1) for f in factors)
+        if len(factors) != 2 or any(f.shape != (n_rot // 2,) for f in factors):
+            raise ValueError(f"rope_factors: (short, long), {n_rot // 2} factors each (n_rot / 2)")
+    return {"n_rot": n_rot, "rope_factors": factors, "orig_ctx": o.pop("orig_ctx", 16),
+            "attn_factor": o.pop("attn_factor", 1.0), "fused_qkv": o.pop("fused_qkv", True)}
 
 
 def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f32", n_layer: int | None = None,
@@ -219,7 +248,10 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
     for llama, tied otherwise), bias_std (qwen2), chat_template (a Jinja text stored as tokenizer.chat_template),
     rope_freqs (llama: head_dim / 2 RoPE frequency factors, stored as rope_freqs.weight as LLaMA 3.1+ files
     have them), rope_scaling (a dict written as {arch}.rope.scaling.<key>, e.g. type "yarn", factor,
-    original_context_length)."""
+    original_context_length); phi3: n_rot (rotated dims per head, default 3/4 of head_dim as on Phi-4-mini),
+    rope_factors ((short, long), n_rot / 2 each, stored as rope_factors_short/long.weight), orig_ctx
+    (rope.scaling.original_context_length, default 16), attn_factor (default 1.0), fused_qkv (default True: one
+    attn_qkv tensor; False: attn_q/k/v)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; synthetic models exist for {', '.join(ARCHS)}")
     if dtype not in DTYPES:

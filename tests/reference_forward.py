@@ -1,4 +1,5 @@
-"""An independent numpy forward pass for llama, qwen2, qwen3 and gemma3, used as the oracle of test_models.py.
+"""An independent numpy forward pass for llama, qwen2, qwen3, gemma3 and phi3, used as the oracle of
+test_models.py.
 
 It shares no code with powerinfer_py.models or the kernels: it reads metadata keys itself, dequantizes every
 weight to f32 with the gguf package, and recomputes full causal attention over the whole sequence on every
@@ -102,7 +103,7 @@ def gelu_tanh(x):
 class ReferenceModel:
     """All weights of one GGUF file in f32, and logits(tokens) -> f32 [N, n_vocab] for every position."""
 
-    def __init__(self, path, *, sliding_window: int | None = None):
+    def __init__(self, path, *, sliding_window: int | None = None, n_ctx: int = 32):
         f = open_gguf(path)
         m = f.metadata
         self.arch = a = m["general.architecture"]
@@ -119,6 +120,30 @@ class ReferenceModel:
         self.base = m.get(f"{a}.rope.freq_base", 10000.0)
         # the window may be overridden to show what the model would compute without one
         self.window = sliding_window if sliding_window is not None else m.get(f"{a}.attention.sliding_window", 0)
+        self.phi3_factors, self.attn_factor = None, 1.0
+        if a == "phi3":
+            self._phi3_unfuse(m, n_ctx)
+
+    def _phi3_unfuse(self, m, n_ctx):
+        """phi3: split attn_qkv (rows q | k | v) and ffn_up (rows gate | up) into llama's tensors; pick the
+        RoPE factors llama.cpp picks for a context of n_ctx (long beyond the original context, else short)
+        and the attn_factor that multiplies RoPE's cos and sin."""
+        q_dim, kv_dim = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
+        for il in range(self.n_layer):
+            p = f"blk.{il}."
+            parts = [("attn_qkv.weight", ("attn_q.weight", "attn_k.weight", "attn_v.weight"), (q_dim, q_dim + kv_dim)),
+                     ("ffn_up.weight", ("ffn_gate.weight", "ffn_up.weight"), (m["phi3.feed_forward_length"],))]
+            for fused, names, cuts in parts:
+                if p + fused not in self.w:
+                    continue
+                quantized = p + fused in self.quantized
+                for name, rows in zip(names, np.split(self.w.pop(p + fused), cuts)):
+                    self.w[p + name] = rows
+                    if quantized:
+                        self.quantized.add(p + name)
+        orig = m.get("phi3.rope.scaling.original_context_length", m["phi3.context_length"])
+        self.phi3_factors = self.w.get("rope_factors_long.weight" if n_ctx > orig else "rope_factors_short.weight")
+        self.attn_factor = m.get("phi3.rope.scaling.attn_factor", 1.0)
 
     def layer_rope(self, il):
         """(freq base, is sliding-window layer) of layer il. Gemma 3: 5 local layers then 1 global, repeated."""
@@ -137,7 +162,7 @@ class ReferenceModel:
         tokens = np.asarray(tokens)
         n = len(tokens)
         positions = np.arange(n, dtype=np.float64)
-        neox = a in ("qwen2", "qwen3", "gemma3")
+        neox = a in ("qwen2", "qwen3", "gemma3", "phi3")
         x = w["token_embd.weight"][tokens].astype(np.float64)
         if a == "gemma3":
             x *= math.sqrt(self.n_embd)
@@ -152,9 +177,10 @@ class ReferenceModel:
             q, k, v = q.reshape(n, self.n_head, hd), k.reshape(n, self.n_head_kv, hd), v.reshape(n, self.n_head_kv, hd)
             if a in ("gemma3", "qwen3"):  # per-head Q/K RMSNorm, before RoPE
                 q, k = rms_norm(q, L("attn_q_norm.weight"), self.eps), rms_norm(k, L("attn_k_norm.weight"), self.eps)
-            ff = w.get("rope_freqs.weight")
-            q = rope(q, positions, self.n_rot, base, 1.0, neox, ff)
-            k = rope(k, positions, self.n_rot, base, 1.0, neox, ff)
+            ff, r = w.get("rope_freqs.weight", self.phi3_factors), self.n_rot  # llama.cpp: rope_freqs wins
+            q = rope(q, positions, r, base, 1.0, neox, ff)
+            k = rope(k, positions, r, base, 1.0, neox, ff)
+            q[..., :r], k[..., :r] = q[..., :r] * self.attn_factor, k[..., :r] * self.attn_factor
             k, v = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)
             att = causal_attention(q, k, v, 1.0 / math.sqrt(hd), self.window if local else 0)
             o = W(att.reshape(n, -1), "attn_output.weight")

@@ -1,5 +1,5 @@
-"""The llama, qwen2, qwen3 and gemma3 models on tiny synthetic files: against an independent numpy forward pass
-(reference_forward.py), against llama.cpp on the same file, and against themselves (prefill vs steps)."""
+"""The llama, qwen2, qwen3, gemma3 and phi3 models on tiny synthetic files: against an independent numpy
+forward pass (reference_forward.py), against llama.cpp on the same file, and against themselves (prefill vs steps)."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,7 +15,7 @@ from powerinfer_py.kernels import ref
 from powerinfer_py.loader import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3")  # phi3: fused attn_qkv and gate+up, synthetic window ignored
 # 12 ids of the synthetic vocabulary (<s> then the pieces of "Hello world, th"); longer than gemma3's
 # default synthetic window of 4, so sliding-window layers really drop positions.
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322], dtype=np.int32)

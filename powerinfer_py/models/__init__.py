@@ -17,7 +17,7 @@ from ..config import ModelConfig
 from ..errors import UnsupportedError
 from ..ffn import SparseSettings
 from ..tensor import Tensor
-from . import bamboo, falcon, gemma3, llama, opt, qwen2, qwen3
+from . import bamboo, falcon, gemma3, llama, opt, phi3, qwen2, qwen3
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -28,6 +28,7 @@ _FAMILIES = {
     "bamboo": (bamboo.BambooModel, bamboo.expected_tensors),
     "falcon": (falcon.FalconModel, falcon.expected_tensors),
     "opt": (opt.OptModel, opt.expected_tensors),
+    "phi3": (phi3.Phi3Model, phi3.expected_tensors),
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma3 ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
