@@ -52,6 +52,16 @@ def _rel(ours, want) -> float:
     return float(np.abs(ours - want).max() / want.std())
 
 
+def _llama_cpp_logits(path, tokens) -> np.ndarray:
+    """llama.cpp's logits for every position of `tokens` on the same file."""
+    llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=32, n_threads=2, verbose=False)
+    try:
+        llm.eval([int(t) for t in tokens])
+        return np.array(llm.scores[:len(tokens)], dtype=np.float64)
+    finally:
+        llm.close()
+
+
 # ---- kernels -----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("neox", [False, True])
@@ -116,12 +126,7 @@ def test_llama_cpp_agrees_on_a_file_with_factors(llama3_file, cpu_kernels):
     path = llama3_file["f32"]
     model = _model(path, cpu_kernels)
     ours = model.forward(TOKENS, model.new_cache(32), all_logits=True)
-    llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=32, n_threads=2, verbose=False)
-    try:
-        llm.eval(TOKENS.tolist())
-        theirs = np.array(llm.scores[:len(TOKENS)], dtype=np.float32)
-    finally:
-        llm.close()
+    theirs = _llama_cpp_logits(path, TOKENS)
     assert (ours.argmax(1) == theirs.argmax(1)).all()
     assert _rel(ours, theirs) < 0.01
     model.rope_freqs = None  # what we computed before the factors were read: far from llama.cpp
@@ -194,12 +199,7 @@ def test_convert_llama3_rope_scaling(tmp_path, cpu_kernels):
     model = _model(out, cpu_kernels)
     ours = model.forward(np.array(HF_TOKENS, np.int32), model.new_cache(32), all_logits=True)
     assert _rel(ours, expected) < 2e-3 < 0.05 < _rel(ours, unscaled)
-    llm = llama_cpp.Llama(str(out), logits_all=True, n_ctx=32, n_threads=2, verbose=False)
-    try:
-        llm.eval(HF_TOKENS)
-        theirs = np.array(llm.scores[:len(HF_TOKENS)], dtype=np.float64)
-    finally:
-        llm.close()
+    theirs = _llama_cpp_logits(out, HF_TOKENS)
     assert _rel(theirs, expected) < 2e-3
 
 
@@ -270,12 +270,7 @@ def test_yarn_matches_llama_cpp(tmp_path, cpu_kernels, arch, scaling):
     ours = model.forward(TOKENS, model.new_cache(32), all_logits=True)
     cache = model.new_cache(32)  # one token at a time: the one-call attention block takes the same RoPE
     steps = np.stack([model.forward(TOKENS[i:i + 1], cache) for i in range(len(TOKENS))])
-    llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=32, n_threads=2, verbose=False)
-    try:
-        llm.eval(TOKENS.tolist())
-        theirs = np.array(llm.scores[:len(TOKENS)], dtype=np.float32)
-    finally:
-        llm.close()
+    theirs = _llama_cpp_logits(path, TOKENS)
     assert _rel(ours, theirs) < 0.01 and _rel(steps, theirs) < 0.01
     model.rope_freqs, model.rope_mscale = None, 1.0  # without YaRN: far from llama.cpp
     model.__dict__.pop("_attn_plans", None)
