@@ -34,3 +34,12 @@ def synthetic_model(tmp_path_factory):
         return made[key]
 
     return make
+
+
+@pytest.fixture(scope="module")
+def cpu_kernels():
+    """A 2-thread CpuKernels shared by the tests of one module (closed after them)."""
+    from powerinfer_py.kernels.cpu import CpuKernels
+    k = CpuKernels(n_threads=2)
+    yield k
+    k.close()

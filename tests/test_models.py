@@ -21,14 +21,6 @@ ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3")  # phi3: fused attn_qkv an
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322], dtype=np.int32)
 
 
-@pytest.fixture(scope="module")
-def cpu_kernels():
-    from powerinfer_py.kernels.cpu import CpuKernels
-    k = CpuKernels(n_threads=2)
-    yield k
-    k.close()
-
-
 def load_model(path, kernels):
     f = open_gguf(path)
     w = load_weights(f, expected_tensors)

@@ -28,14 +28,6 @@ LONGROPE = {"n_rot": N_ROT, "rope_factors": FACTORS, "orig_ctx": ORIG_CTX, "attn
 
 
 @pytest.fixture(scope="module")
-def cpu_kernels():
-    from powerinfer_py.kernels.cpu import CpuKernels
-    k = CpuKernels(n_threads=2)
-    yield k
-    k.close()
-
-
-@pytest.fixture(scope="module")
 def longrope(tmp_path_factory):
     """dtype -> a synthetic phi3 file with LONGROPE (written once per module)."""
     folder = tmp_path_factory.mktemp("phi3-longrope")

@@ -29,14 +29,6 @@ TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322], dt
 
 
 @pytest.fixture(scope="module")
-def cpu_kernels():
-    from powerinfer_py.kernels.cpu import CpuKernels
-    k = CpuKernels(n_threads=2)
-    yield k
-    k.close()
-
-
-@pytest.fixture(scope="module")
 def llama3_file(tmp_path_factory):
     folder = tmp_path_factory.mktemp("rope_freqs")
     return {dtype: write_synthetic_model(folder / f"llama-ff-{dtype}.gguf", "llama", dtype=dtype, rope_freqs=FACTORS)
