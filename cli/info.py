@@ -16,6 +16,7 @@ EPILOG = """\
   powerinfer info demo
   powerinfer info model.gguf
   powerinfer info model.gguf --json
+  powerinfer info -m calibrated.gguf      (-m as in run/chat/bench; shows a threshold calibration too)
   powerinfer info model.powerinfer.gguf --verbose     (also runs it briefly: active neurons per layer)
 """
 
@@ -27,7 +28,9 @@ _CONFIG_ROWS = (  # (label, ModelConfig field) shown in the table, in this order
 
 
 def info(
-    model: str = typer.Argument(..., metavar="MODEL", help='GGUF or PWRI file, or "demo" (Gemma 3 270M).'),
+    model: Optional[str] = typer.Argument(None, metavar="MODEL", help='GGUF or PWRI file, or "demo" (Gemma 3 270M).'),
+    model_opt: Optional[str] = typer.Option(None, "-m", "--model", metavar="MODEL",
+                                            help="The same as MODEL (as run, chat and bench spell it)."),
     as_json: bool = typer.Option(False, "--json", help="Print the facts as one JSON object."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also load the model and run a short sample "
                                  "text, to measure the fraction of FFN neurons active per layer."),
@@ -36,8 +39,10 @@ def info(
     """Describe a model file: architecture, dimensions, tensor types, sparsity, and what loading converts."""
     from powerinfer_py.info import measure_activity, model_info
 
+    if (model is None) == (model_opt is None):
+        raise typer.BadParameter("give the model once: `powerinfer info MODEL` or `powerinfer info -m MODEL`")
     with user_errors(verbose):
-        path = model_path(model)
+        path = model_path(model if model is not None else model_opt)
         facts = model_info(path)
         if verbose and facts["runnable"]:
             facts["activity"] = measure_activity(path, threads=threads)
@@ -53,6 +58,19 @@ def _size(n_bytes: int) -> str:
             return f"{n_bytes:.0f} {unit}" if unit == "B" else f"{n_bytes:.1f} {unit}"
         n_bytes /= 1024
     return str(n_bytes)
+
+
+def _calibration_text(cal: dict) -> str:
+    """One line for a threshold-calibrated file: what it skips and how to run it."""
+    if cal["up_sparsity"] is not None:
+        what = (f"{100 * cal['sparsity']:.0f}% of FFN neurons zeroed, {100 * cal['up_sparsity']:.0f}% of ffn_up rows "
+                "skipped (two stages)")
+    else:
+        what = f"{100 * cal['sparsity']:.0f}% of FFN neurons skipped"
+    how = ["scores scaled per neuron" if cal["neuron_scales"] else "plain |act| scores"]
+    if cal["other_sparsities"]:
+        how.append("--sparsity may ask for another fraction")
+    return f"{what}; {', '.join(how)}; run with --sparse threshold"
 
 
 def _table(f: dict) -> Table:
@@ -79,6 +97,9 @@ def _table(f: dict) -> Table:
                 [f"short/long factors (long when n_ctx > {rs['longrope']['orig_ctx']}), attn_factor "
                  f"{rs['longrope']['attn_factor']:g}"] if rs.get("longrope") else [])
             t.add_row("RoPE scaling", ", ".join(parts))
+        cal = f.get("calibration")
+        if cal:
+            t.add_row("threshold sparsity", _calibration_text(cal))
         if f["predictor_ranks"]:
             t.add_row("predictor ranks", ", ".join(map(str, f["predictor_ranks"])))
     t.add_row("tensors", f"{f['n_tensors']} ({f['n_params'] / 1e6:.1f} M parameters)")

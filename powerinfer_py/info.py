@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .config import ModelConfig
+from .config import KEY_UP_SPARSITY, ModelConfig
 from .errors import PowerInferError
 from .gguf.reader import open_gguf
 from .loader import conversion_target
@@ -18,8 +18,10 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
     """A JSON-ready dict: path, file_size, magic, gguf_version, sparse, arch, name, runnable, problem (why it
     cannot run, else None), tokenizer, config (ModelConfig fields, or None), n_tensors, n_params,
     tensor_types ({type: {count, bytes}}, largest first), predictor_ranks, conversions ([{from, to, count}]:
-    what load_weights would convert), rope_scaling ({linear, freq_factors} or None) and cuda ({available,
-    reason}: the CUDA backend here). Nothing is dequantized: only the header (and rope_freqs.weight, a few
+    what load_weights would convert), rope_scaling ({linear, freq_factors} or None), calibration (threshold
+    sparsity, see _calibration; None when the file has none) and cuda ({available, reason}: the CUDA backend
+    here). The config's bulky calibration arrays (per-neuron scales, quantile tables: about a megabyte of JSON
+    for Gemma 3 270M) are left out of "config"; "calibration" summarizes them. Nothing is dequantized: only the header (and rope_freqs.weight, a few
     dozen values) is read.
     Raises ModelFileError only when the file itself cannot be parsed."""
     f = open_gguf(path)
@@ -52,13 +54,14 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
             "runnable": runnable,
             "problem": problem,
             "tokenizer": f.metadata.get("tokenizer.ggml.model"),
-            "config": _jsonable(dataclasses.asdict(config)) if config is not None else None,
+            "config": _config_facts(config),
             "n_tensors": len(f.tensors),
             "n_params": sum(_n_elems(t.shape) for t in f.tensors.values()),
             "tensor_types": dict(sorted(types.items(), key=lambda kv: -kv[1]["bytes"])),
             "predictor_ranks": list(config.predictor_ranks) if config is not None else [],
             "conversions": [{"from": a, "to": b, "count": n} for (a, b), n in sorted(planned.items())],
             "rope_scaling": _rope_scaling(f, config),
+            "calibration": _calibration(f, config),
             "cuda": _cuda(),
         }
         return info
@@ -86,6 +89,32 @@ def _rope_scaling(f, config) -> dict[str, Any] | None:
     if linear is None and factors is None and yarn is None and longrope is None:
         return None
     return {"linear": linear, "freq_factors": factors, "yarn": yarn, **({"longrope": longrope} if longrope else {})}
+
+
+_BULKY = ("ffn_neuron_scales", "ffn_quantiles")  # per-neuron / per-quantile arrays: summarized, not listed
+
+
+def _config_facts(config) -> dict[str, Any] | None:
+    if config is None:
+        return None
+    return {k: v for k, v in _jsonable(dataclasses.asdict(config)).items() if k not in _BULKY}
+
+
+def _calibration(f, config) -> dict[str, Any] | None:
+    """What `powerinfer calibrate` stored for `--sparse threshold`: {sparsity (fraction of FFN neurons that
+    count as zero), up_sparsity (two-stage files: fraction of ffn_up rows skipped, else None), thresholds (the
+    per-layer cut-offs), neuron_scales (whether scores are scaled per neuron), other_sparsities (whether a
+    quantile table lets --sparsity ask for another fraction)}; None for a file without calibration."""
+    if config is None or config.calibrated_sparsity is None:
+        return None
+    up = f.metadata.get(KEY_UP_SPARSITY) if config.ffn_up_thresholds else None
+    return {
+        "sparsity": round(float(config.calibrated_sparsity), 6),  # stored as f32
+        "up_sparsity": round(float(up), 6) if up is not None else None,
+        "thresholds": list(config.ffn_thresholds),
+        "neuron_scales": bool(config.ffn_neuron_scales),
+        "other_sparsities": bool(config.ffn_quantiles),
+    }
 
 
 def _cuda() -> dict[str, Any]:

@@ -251,3 +251,27 @@ def test_auto_down_choice_by_bytes():
     assert use_transposed(q8, 0.5) and not use_transposed(q4, 0.5)  # a Q8_0 copy of Q4_0 reads ~as much
     assert use_transposed(f16, 0.3) and not use_transposed(f16, 0.2)
     assert not use_transposed(q8, 0.9, "dense") and use_transposed(q4, 0.0, "transposed")
+
+
+def test_info_shows_the_calibration(calibrated, synthetic_model):
+    """`info` names the calibrated sparsity (table and JSON) and keeps the per-neuron arrays out of the JSON."""
+    src, path, res = calibrated["gemma3"]
+    table = CliRunner().invoke(app, ["info", "-m", str(path)])
+    assert table.exit_code == 0, table.output
+    assert "threshold sparsity" in table.output and "50% of FFN neurons skipped" in table.output
+    facts = json.loads(CliRunner().invoke(app, ["info", str(path), "--json"]).stdout)
+    cal = facts["calibration"]
+    assert cal["sparsity"] == 0.5 and cal["up_sparsity"] is None
+    assert cal["neuron_scales"] is True and cal["other_sparsities"] is True
+    np.testing.assert_allclose(cal["thresholds"], res.thresholds, rtol=1e-6)
+    assert "ffn_neuron_scales" not in facts["config"] and "ffn_quantiles" not in facts["config"]
+    plain = json.loads(CliRunner().invoke(app, ["info", str(src), "--json"]).stdout)
+    assert plain["calibration"] is None
+    assert "threshold sparsity" not in CliRunner().invoke(app, ["info", str(src)]).output
+
+
+def test_info_takes_the_model_once(calibrated):
+    _, path, _ = calibrated["gemma3"]
+    for args in (["info"], ["info", str(path), "-m", str(path)]):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2 and "give the model once" in res.output

@@ -8,7 +8,9 @@ import json
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from powerinfer_cli.main import app
 from powerinfer_py import load
 from powerinfer_py.calibrate import calibrate
 from powerinfer_py.config import KEY_FFN_QUANTILES, KEY_FFN_UP_THRESHOLDS, KEY_UP_SPARSITY
@@ -167,10 +169,6 @@ def test_up_sparsity_must_be_below_sparsity(synthetic_model, tmp_path):
 
 
 def test_cli_up_sparsity(synthetic_model, tmp_path):
-    from typer.testing import CliRunner
-
-    from powerinfer_cli.main import app
-
     text = tmp_path / "t.txt"
     text.write_text(TEXT, encoding="utf-8")
     out = tmp_path / "c.gguf"
@@ -204,3 +202,13 @@ def test_no_candidate_or_none_kept_gives_zero(synthetic_model, down):
             outs += [ffn(x[:1]), ffn(x)]
             for y in outs:
                 assert not np.any(y)
+
+
+def test_info_shows_two_stages(two_stage):
+    _, res = two_stage["qwen2"]
+    facts = json.loads(CliRunner().invoke(app, ["info", str(res.path), "--json"]).stdout)
+    assert facts["calibration"]["sparsity"] == pytest.approx(SPARSITY)
+    assert facts["calibration"]["up_sparsity"] == pytest.approx(UP_SPARSITY)
+    assert facts["calibration"]["other_sparsities"] is False  # a two-stage file runs at its one sparsity
+    out = CliRunner().invoke(app, ["info", str(res.path)]).output
+    assert "two stages" in out and f"{100 * UP_SPARSITY:.0f}% of ffn_up rows" in out
