@@ -9,6 +9,10 @@ For each kernel the table prints the median time, GB/s on the bytes it touches (
 that as % of pi_read_probe's bandwidth measured in the same run, and the time relative to the dense kernel:
   axpy:  pi_axpy_rows on ffn_down_t [n_ff, n_embd] vs pi_matmul on ffn_down [n_embd, n_ff]
   rows:  pi_matmul_rows on ffn_gate [n_ff, n_embd] vs pi_matmul on the whole ffn_gate
+  load:  pi_read_rows_probe over the same rows with no arithmetic (the best of prefetching 4 rows ahead, as
+         the gathers do, and of the hardware prefetcher alone): what the access pattern itself allows. Columns
+         "load % probe" and "% of load" set each kernel against it, so a shortfall can be told apart from the
+         cost of scattered rows on this host.
 Every figure is of the C call itself (the Python wrappers run cold between kernels too, which the end-to-end
 benchmark counts).
 Every timed call starts with cold caches (a buffer of 4x the L3 is read between calls), as in a real model
@@ -75,7 +79,7 @@ def main() -> None:
     print(f"threads {k.n_threads}, layer n_embd {args.n_embd} n_ff {args.n_ff}, median of {args.repeat} "
           f"interleaved rounds{'' if hasattr(lib, 'pi_matmul_rows') else ' (pi_matmul_rows not built: row-gather skipped)'}")
     print(f"{'type':5} {'kernel':5} {'sparsity':>8} {'active':>6} {'time us':>9} {'GB/s':>6} {'% probe':>7} "
-          f"{'vs dense':>8}")
+          f"{'vs dense':>8} {'load % probe':>12} {'% of load':>9}")
     for name in args.types.split(","):
         ty = GGMLType[name.strip().upper()]
         w_t = random_weight(ty, args.n_ff, args.n_embd, rng, "ffn_down_t")   # also serves as ffn_gate
@@ -100,6 +104,9 @@ def main() -> None:
             rows = active_set(args.n_ff, s, rng)
             h = np.abs(rng.standard_normal(len(rows), dtype=np.float32)) + np.float32(0.01)
             sizes[s] = (len(rows), len(rows) * rb)
+            for ahead in (0, 4):  # the same rows read with no arithmetic
+                fns[("load", s, ahead)] = (lambda rows=rows, ahead=ahead: lib.pi_read_rows_probe(
+                    k._pool, wp, rb, ffi.from_buffer("int32_t[]", rows), len(rows), ahead))
             if do_axpy:  # the C call itself, like the row gather below: a cold Python wrapper costs tens of us
                 y_embd = np.empty(args.n_embd, np.float32)
                 fns[("axpy", s)] = (lambda rows=rows, h=h, y=y_embd: lib.pi_axpy_rows(
@@ -118,8 +125,9 @@ def main() -> None:
                     continue
                 t, t_dense = med[(kernel, s)], med[f"dense {kernel}"]
                 gbs = nbytes / t / 1e9
+                load_gbs = nbytes / min(med[("load", s, 0)], med[("load", s, 4)]) / 1e9
                 print(f"{name:5} {kernel:5} {s:8.0%} {n_active:6d} {t * 1e6:9.1f} {gbs:6.1f} "
-                      f"{gbs / probe_gbs:7.0%} {t / t_dense:8.2f}")
+                      f"{gbs / probe_gbs:7.0%} {t / t_dense:8.2f} {load_gbs / probe_gbs:12.0%} {gbs / load_gbs:9.0%}")
         print(f"{name:5} dense: ffn_down mat-vec {med.get('dense axpy', 0) * 1e6:.1f} us, ffn_gate mat-vec "
               f"{med.get('dense rows', 0) * 1e6:.1f} us; read probe {probe_gbs:.1f} GB/s")
         del w_t, w_d

@@ -76,6 +76,11 @@ void pi_matmul_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, cons
  * nothing can be skipped) and returns the sum so the compiler keeps the loads. Used by benchmarks to print
  * kernel GB/s beside what this machine can read. */
 double pi_read_probe(pi_pool *pool, const void *buf, int64_t bytes);
+/* The probe over the listed rows (ascending indices into a row-major matrix of row_bytes-byte rows) only:
+ * what a sparse kernel's access pattern allows with no arithmetic. ahead > 0: each row prefetches the row
+ * `ahead` places later, as the gathers do; 0: the hardware prefetcher alone. */
+double pi_read_rows_probe(pi_pool *pool, const void *buf, int64_t row_bytes, const int32_t *rows, int64_t n_sel,
+                          int ahead);
 
 /* ---- norms (norm.c) ------------------------------------------------------------------------------------
  * x, y: f32 [n_tok, dim] (y may alias x). w, b: f32 [dim] or NULL (NULL = 1 for w, 0 for b). */

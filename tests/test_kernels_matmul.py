@@ -273,6 +273,25 @@ def test_read_probe_sums_every_byte(kernels):
     assert kernels.read_probe(ones[:-1]) == float((8191 * 0x0101010101010101 + 7) % 2**64)  # byte tail
 
 
+def _word_sum(rows: np.ndarray) -> float:
+    """The probes' sum: 8-byte little-endian words modulo 2^64, then the tail bytes of each row one by one."""
+    w = rows.shape[1] // 8 * 8
+    total = int(np.ascontiguousarray(rows[:, :w]).view(np.uint64).sum(dtype=np.uint64))
+    return float((total + int(rows[:, w:].astype(np.uint64).sum())) % 2**64)
+
+
+@pytest.mark.parametrize("row_bytes", [2304, 4352, 100, 7])
+@pytest.mark.parametrize("ahead", [0, 4])
+def test_read_rows_probe_reads_exactly_the_listed_rows(kernels, row_bytes, ahead):
+    rng = np.random.default_rng(row_bytes)
+    buf = rng.integers(0, 256, size=(300, row_bytes), dtype=np.uint8)
+    for rows in (np.sort(rng.choice(300, 37, replace=False)), np.arange(300), np.array([299]), np.array([], int)):
+        want = _word_sum(buf[rows]) if rows.size else 0.0
+        assert kernels.read_rows_probe(buf, row_bytes, rows, ahead) == want
+    with pytest.raises(ValueError, match="rows must lie"):
+        kernels.read_rows_probe(buf, row_bytes, [300])
+
+
 # ---- row gather (sparse FFN) ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("ggml_type", FLOAT_TYPES + BLOCK_TYPES + K_TYPES, ids=lambda t: t.name)

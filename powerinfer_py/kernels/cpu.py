@@ -220,6 +220,19 @@ class CpuKernels:
             raise ValueError("read_probe: buf must be C-contiguous")
         return float(lib.pi_read_probe(self._pool, ffi.from_buffer(arr), arr.nbytes))
 
+    def read_rows_probe(self, buf, row_bytes: int, rows, ahead: int = 4) -> float:
+        """Reads only the listed rows (ascending ids) of buf seen as rows of row_bytes bytes, on all threads, with
+        no arithmetic beyond a sum (the access pattern of a sparse kernel alone; for benchmarks). ahead: rows
+        prefetched ahead as the gathers do (0: none). Returns the sum of its 64-bit words (wrapping)."""
+        arr = np.asarray(buf)
+        ids = np.ascontiguousarray(rows, dtype=np.int32)
+        if not arr.flags.c_contiguous:
+            raise ValueError("read_rows_probe: buf must be C-contiguous")
+        if row_bytes <= 0 or (ids.size and (ids.min() < 0 or (int(ids.max()) + 1) * row_bytes > arr.nbytes)):
+            raise ValueError(f"read_rows_probe: rows must lie in [0, {arr.nbytes // max(row_bytes, 1)})")
+        return float(lib.pi_read_rows_probe(self._pool, ffi.from_buffer(arr), int(row_bytes),
+                                            ffi.from_buffer("int32_t[]", ids), ids.size, int(ahead)))
+
 
     # ==== norms, rope, softmax, attention, activations (owner: ops helper) ===============================
 
