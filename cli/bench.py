@@ -34,7 +34,8 @@ def bench(
     reps: int = typer.Option(3, "-r", "--reps", min=1, help="Repetitions per engine."),
     as_json: bool = typer.Option(False, "--json", help="Print the report (every run and the medians) as JSON."),
     sparse: Optional[str] = typer.Option(None, "--sparse", metavar=SPARSE_METAVAR,
-                                         help="Our FFN mode (default: predictor for PWRI files, off for GGUF)."),
+                                         help="Our FFN mode (default: predictor for PWRI files, threshold for calibrated files, "
+                                         "off for other GGUF files)."),
     sparse_threshold: Optional[float] = typer.Option(None, "--sparse-threshold",
                                                      help="Our predictor threshold (default: the file's)."),
     sparsity: Optional[float] = typer.Option(None, "--sparsity", help=SPARSITY_HELP),

@@ -7,8 +7,8 @@ import typer
 SPARSE_METAVAR = "[predictor|exact|threshold|off]"
 SPARSE_HELP = ('FFN mode: "predictor" (default for PowerInfer/PWRI files: only predicted-active neurons), '
                '"exact" (ReLU models: only non-zero neurons, bit-for-bit dense), "threshold" (SwiGLU/GeGLU models '
-               'calibrated by `powerinfer calibrate`: skip neurons with small |act(gate)|) or "off" (dense; '
-               'default for GGUF).')
+               'calibrated by `powerinfer calibrate`: skip neurons with small |act(gate)|; default for such files) or '
+               '"off" (dense; default for other GGUF files).')
 SPARSITY_HELP = ("--sparse threshold: fraction of FFN neurons to skip, in [0, 1) (default: the sparsity the file "
                  "was calibrated for; 0 = dense).")
 BACKEND_HELP = ('"auto": hot FFN neurons of a PWRI model on the GPU when one is usable, else the CPU; "cpu"; '

@@ -101,15 +101,27 @@ class SparseSettings:
     up_cuts: tuple[float, ...] = ()  # threshold mode, two-stage files: per-layer candidate cut-offs; () one stage
 
 
+def default_mode(config: ModelConfig) -> str:
+    """The mode a file runs in when none is asked for: what its own metadata was written for. PWRI files carry
+    predictors ("predictor"); a calibrated SwiGLU/GeGLU file carries threshold cut-offs ("threshold": the user
+    calibrated it to run sparse, so it does, and `--sparse off` still runs it dense); anything else is dense."""
+    if config.is_sparse:
+        return "predictor"
+    if config.calibrated_sparsity is not None and ffn_variant(config) in ("swiglu", "geglu"):
+        return "threshold"
+    return "off"
+
+
 def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: float | None = None,
                    environ: Mapping[str, str] | None = None, sparsity: float | None = None) -> SparseSettings:
     """The sparse mode and threshold a model runs with.
 
-    mode None: "predictor" for PWRI files, "off" otherwise. threshold: the explicit value, else
+    mode None: default_mode(config): "predictor" for PWRI files, "threshold" for SwiGLU/GeGLU files that
+    `powerinfer calibrate` wrote, "off" otherwise. threshold: the explicit value, else
     $LLAMA_SPARSE_PRED_THRESHOLD from `environ` (the runtime passes os.environ; None reads no environment),
     else the file's powerinfer.sparse_threshold. sparsity: threshold mode only (None: the file's calibration)."""
     if mode is None:
-        mode = "predictor" if config.is_sparse else "off"
+        mode = default_mode(config)
     if mode not in MODES:
         raise UnsupportedError(f"unknown sparse mode {mode!r}; one of {', '.join(MODES)}")
     variant = ffn_variant(config)

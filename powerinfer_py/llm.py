@@ -8,8 +8,8 @@
 
 PowerInfer (PWRI) files run in sparse mode "predictor" by default; load(..., sparse="exact" | "off") picks
 another mode and sparse_threshold (or $LLAMA_SPARSE_PRED_THRESHOLD) overrides the file's threshold (ffn.py).
-SwiGLU/GeGLU models calibrated by `powerinfer calibrate` run with sparse="threshold" (and optionally
-sparsity=S, default the calibrated one; threshold.py).
+SwiGLU/GeGLU models calibrated by `powerinfer calibrate` run with sparse="threshold" by default (and
+optionally sparsity=S, default the calibrated one; threshold.py); sparse="off" runs them dense.
 
 Each generate() call starts from an empty context (the cache is reset), prefills the prompt and streams.
 There is one cache, so starting a generation ends the one before it (its iterator simply stops).
@@ -191,8 +191,9 @@ def load(path: str | os.PathLike, threads: int | None = None, n_ctx: int | None 
     sparse: "predictor" (default for PowerInfer PWRI files), "exact" (ReLU-family models: bit-for-bit dense,
     computing only non-zero neurons) or "off" (dense; the default for GGUF files). sparse_threshold: the
     predictor threshold, overriding $LLAMA_SPARSE_PRED_THRESHOLD and the file's powerinfer.sparse_threshold.
-    sparse="threshold" (SwiGLU/GeGLU models with `powerinfer calibrate` metadata) skips the neurons whose
-    |act(gate)| is below the per-layer cut-off; sparsity: the fraction to skip (default: the calibrated one).
+    sparse="threshold" (SwiGLU/GeGLU models with `powerinfer calibrate` metadata, and their default) skips the
+    neurons whose |act(gate)| is below the per-layer cut-off; sparsity: the fraction to skip (default: the
+    calibrated one).
     """
     return LLM(path, threads=threads, n_ctx=n_ctx, backend=backend, cache_dir=cache_dir, sparse=sparse,
                sparse_threshold=sparse_threshold, sparsity=sparsity, vram_budget=vram_budget, placement=placement)

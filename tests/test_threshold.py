@@ -275,3 +275,25 @@ def test_info_takes_the_model_once(calibrated):
     for args in (["info"], ["info", str(path), "-m", str(path)]):
         res = CliRunner().invoke(app, args)
         assert res.exit_code == 2 and "give the model once" in res.output
+
+
+def test_calibrated_file_runs_threshold_by_default(calibrated):
+    """A file `calibrate` wrote runs sparse without --sparse (what it was calibrated for); --sparse off is dense;
+    the uncalibrated source stays dense; --sparsity alone picks another fraction of the quantile table."""
+    src, path, res = calibrated["qwen2"]
+    with load(path, threads=1) as llm:
+        assert llm.sparse.mode == "threshold" and llm.sparse.sparsity == pytest.approx(0.5)
+        default = _all_logits(llm)
+    with load(path, threads=1, sparse="threshold") as llm:
+        np.testing.assert_array_equal(default, _all_logits(llm))
+    with load(path, threads=1, sparse="off") as llm, load(src, threads=1) as plain:
+        assert llm.sparse.mode == "off" and plain.sparse.mode == "off"
+        dense = _all_logits(llm)
+        np.testing.assert_array_equal(dense, _all_logits(plain))
+        assert not np.array_equal(dense, default)  # the default really skipped neurons
+    with load(path, threads=1, sparsity=0.2) as llm:
+        assert llm.sparse.mode == "threshold" and llm.sparse.sparsity == pytest.approx(0.2)
+
+
+def _all_logits(llm) -> np.ndarray:
+    return llm.model.forward(IDS, llm.model.new_cache(32), all_logits=True)
