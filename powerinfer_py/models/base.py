@@ -1,9 +1,12 @@
 """Pieces every architecture shares: tensor lookup with clear errors, the expected-tensor table of a
-llama-shaped transformer, and a Model base class (cache, input checks, K/V store, output head).
+llama-shaped transformer, and a Model base class (cache, input checks, K/V store, output head) whose forward
+is the pre-norm decoder block of llama, bamboo, qwen2, qwen3, phi3 and gemma3.
 
-The forward pass itself lives in each family's module, readable top to bottom. Everything that can be
-resolved once (per-layer tensors, RoPE parameters, window sizes) is resolved in __init__ into plain lists,
-so a decode step makes kernel calls and almost nothing else.
+Each family's module states its math and holds only what differs from that block: flags (QKV_BIASES,
+QK_NORMS) and small hooks (_embed, layer_attention, _attn_out, _ffn_out); falcon (parallel block) and opt
+(learned positions, LayerNorm) write their own forward. Everything that can be resolved once (per-layer
+tensors, RoPE parameters, window sizes) is resolved in __init__ into plain lists, so a decode step makes
+kernel calls and almost nothing else.
 """
 from __future__ import annotations
 
@@ -28,14 +31,20 @@ from ..tensor import Tensor
 Expected = dict[str, tuple[tuple[int, ...], bool]]  # name -> (shape in numpy order, required)
 
 
+def head_expected(c: ModelConfig, layer_norm: bool = False) -> Expected:
+    """The tensors outside the layers: embeddings, the final norm (with its bias for LayerNorm models) and the
+    output head (absent: tied to token_embd)."""
+    e: Expected = {"token_embd.weight": ((c.n_vocab, c.n_embd), True), "output_norm.weight": ((c.n_embd,), True)}
+    if layer_norm:
+        e["output_norm.bias"] = ((c.n_embd,), True)
+    e["output.weight"] = ((c.n_vocab, c.n_embd), False)
+    return e
+
+
 def llama_like_expected(c: ModelConfig) -> Expected:
     """Tensors of a pre-norm transformer with a gated FFN (llama, qwen2, qwen3, gemma3 add their extras)."""
     q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
-    e: Expected = {
-        "token_embd.weight": ((c.n_vocab, c.n_embd), True),
-        "output_norm.weight": ((c.n_embd,), True),
-        "output.weight": ((c.n_vocab, c.n_embd), False),  # absent: tied to token_embd
-    }
+    e = head_expected(c)
     for il in range(c.n_layer):
         p = f"blk.{il}."
         e[p + "attn_norm.weight"] = ((c.n_embd,), True)
@@ -85,23 +94,28 @@ def norm_weight(t: Tensor | None) -> np.ndarray | None:
 def layer_tensors(tensors: Mapping[str, Tensor], il: int, names: Mapping[str, str],
                   optional: tuple[str, ...] = ()) -> SimpleNamespace:
     """Layer il's tensors as attributes: names maps attribute -> tensor suffix ("attn_q.weight").
-    Suffixes ending in "norm.weight" or ".bias" become f32 arrays; the rest stay Tensors for matmul."""
+    Suffixes ending in "norm.weight", "norm_2.weight" or ".bias" become f32 arrays; the rest stay Tensors for
+    matmul."""
     out = {}
     for attr, suffix in names.items():
         t = get_tensor(tensors, f"blk.{il}.{suffix}", required=attr not in optional)
-        out[attr] = norm_weight(t) if suffix.endswith(("norm.weight", ".bias")) else t
+        out[attr] = norm_weight(t) if suffix.endswith(("norm.weight", "norm_2.weight", ".bias")) else t
     return SimpleNamespace(**out)
 
 
 class Model:
     """Base class: holds config, kernels, the sparse settings, the global tensors and, per layer, `layers`
     (LAYER_TENSORS as attributes, OPTIONAL_TENSORS may be absent) and `ffns` (ffn.FFN, with biases when
-    FFN_BIASES); subclasses name their tensors and write forward(). `sparsity` (ffn.SparsityStats, None for
-    FFNs that count nothing) counts active neurons per layer."""
+    FFN_BIASES); subclasses name their tensors and set the flags and hooks of the pre-norm forward() (or
+    write their own). `sparsity` (ffn.SparsityStats, None for FFNs that count nothing) counts active neurons
+    per layer."""
 
     LAYER_TENSORS: Mapping[str, str] = {}
     OPTIONAL_TENSORS: tuple[str, ...] = ()
     FFN_BIASES = False
+    LAYER_NORM = False  # the final norm is a LayerNorm with output_norm.bias (falcon, opt), not an RMSNorm
+    QKV_BIASES = False  # the layers' bq, bk, bv are added to the Q, K, V projections (qwen2, opt)
+    QK_NORMS = False  # each head of Q and K goes through an RMSNorm by q_norm, k_norm before RoPE (qwen3, gemma3)
 
     def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
                  sparse: SparseSettings | None = None):
@@ -111,6 +125,7 @@ class Model:
         self.sparsity: SparsityStats | None = None
         self.token_embd = get_tensor(tensors, "token_embd.weight")
         self.output_norm = norm_weight(get_tensor(tensors, "output_norm.weight"))
+        self.output_norm_b = norm_weight(get_tensor(tensors, "output_norm.bias")) if self.LAYER_NORM else None
         output = get_tensor(tensors, "output.weight", required=False)
         self.output = output if output is not None else self.token_embd  # tied head
         self.n_vocab = self.output.shape[0]
@@ -179,11 +194,66 @@ class Model:
         return self.kernels.matmul(self.output, self._final_norm(x[-1:])[0])
 
     def _final_norm(self, x: np.ndarray) -> np.ndarray:
-        """output_norm applied to x f32 [N, n_embd] (RMSNorm; the LayerNorm models override this)."""
+        """output_norm applied to x f32 [N, n_embd]: RMSNorm, or LayerNorm with output_norm_b (LAYER_NORM)."""
+        if self.LAYER_NORM:
+            return self.kernels.layernorm(x, self.output_norm, self.output_norm_b, self.config.norm_eps)
         return self.kernels.rmsnorm(x, self.output_norm, self.config.norm_eps)
 
+    # ---- the pre-norm decoder block ---------------------------------------------------------------------------
     def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
-        raise NotImplementedError
+        """Logits of tokens (the last, or all rows with all_logits) after appending their K/V to cache. Per layer:
+            n = rmsnorm(x) * attn_norm;   q, k, v = _qkv(n)          (projections, biases, per-head norms)
+            x = x + _attn_out(Wo · attention(rope(q), rope(k), v))   (the layer's RoPE and window)
+            x = x + _ffn_out(ffn(rmsnorm(x) * ffn_norm, x))          (the predictor reads the residual x)
+        One token (CPU kernels): each attention block is one C call (_fused_decode), with the same bits."""
+        c, k = self.config, self.kernels
+        ids, pos, p0 = self._begin(tokens, cache)
+        n, eps = ids.shape[0], c.norm_eps
+
+        x = self._embed(ids, pos)  # [N, n_embd]
+        plans = self.attn_plans() if n == 1 else None
+        if plans is not None:
+            return self._fused_decode(plans, x, p0, cache, all_logits)
+        for il, (L, (window, rope)) in enumerate(zip(self.layers, self.layer_attention())):
+            q, kk, v = self._qkv(L, k.rmsnorm(x, L.attn_norm, eps), n)
+            k.rope(q, pos, *rope)
+            k.rope(kk, pos, *rope)
+            self._store_kv(cache, il, p0, kk, v)
+            a = k.attention(q, cache.k[il], cache.v[il], p0, window, c.attn_scale)  # [N, n_head, head_dim]
+            x += self._attn_out(il, k.matmul(L.wo, a.reshape(n, c.n_head * c.head_dim)))
+            x += self._ffn_out(il, self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x))
+
+        cache.n_past = p0 + n
+        return self._head(x, all_logits)
+
+    def _embed(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """The input rows f32 [N, n_embd] of token ids at positions pos (gemma3 scales them)."""
+        return self.kernels.get_rows(self.token_embd, ids)
+
+    def layer_attention(self) -> list[tuple[int, tuple]]:
+        """Per layer (attention window, 0 for all positions; the arguments of kernels.rope after the positions)."""
+        return [(0, self.rope_args())] * len(self.layers)
+
+    def _qkv(self, L, h: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """q f32 [N, n_head, head_dim] and k, v [N, n_head_kv, head_dim] of layer L's normed input h, before
+        RoPE: the projections, plus the biases (QKV_BIASES), then the per-head norms of q and k (QK_NORMS)."""
+        c, k = self.config, self.kernels
+        q, kk, v = k.matmul(L.wq, h), k.matmul(L.wk, h), k.matmul(L.wv, h)
+        if self.QKV_BIASES:  # broadcast over the N rows (matmul returns fresh arrays, so += is safe)
+            q += L.bq
+            kk += L.bk
+            v += L.bv
+        q = q.reshape(n, c.n_head, c.head_dim)
+        kk = kk.reshape(n, c.n_head_kv, c.head_dim)
+        v = v.reshape(n, c.n_head_kv, c.head_dim)
+        if self.QK_NORMS:
+            q = k.rmsnorm(q, L.q_norm, c.norm_eps)
+            kk = k.rmsnorm(kk, L.k_norm, c.norm_eps)
+        return q, kk, v
+
+    def _attn_out(self, il: int, y: np.ndarray) -> np.ndarray:
+        """What the attention adds to the residual: its output projection (gemma3 norms it first)."""
+        return y
 
     # ---- one-token steps: each attention block as one C call (kernels/cpu.py attn_block_decode) -------------
     fused_attention = True  # False: the Python path (the two give the same bits; tests compare them)
@@ -191,8 +261,13 @@ class Model:
     def attn_plan_kwargs(self, il: int, layer) -> dict:
         """attn_block_plan's RoPE/norm/window arguments for layer il (architectures add their extras)."""
         c = self.config
-        return dict(rope_base=c.rope_freq_base, rope_scale=c.rope_freq_scale, rope_freqs=self.rope_freqs,
-                    rope_mscale=self.rope_mscale)
+        kw = dict(rope_base=c.rope_freq_base, rope_scale=c.rope_freq_scale, rope_freqs=self.rope_freqs,
+                  rope_mscale=self.rope_mscale)
+        if self.QKV_BIASES:
+            kw.update(bq=layer.bq, bk=layer.bk, bv=layer.bv)
+        if self.QK_NORMS:
+            kw.update(q_norm=layer.q_norm, k_norm=layer.k_norm)
+        return kw
 
     def rope_args(self) -> tuple:
         """The arguments of kernels.rope after the positions, for the models that use one RoPE for all layers."""

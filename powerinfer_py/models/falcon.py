@@ -11,21 +11,11 @@ No biases on the projections. In PWRI files the predictor input is x, the layer 
 """
 from __future__ import annotations
 
-from typing import Mapping
-
 import numpy as np
 
 from ..config import ModelConfig
-from ..ffn import SparseSettings
 from ..kv_cache import KVCache
-from ..tensor import Tensor
-from .base import (
-    Expected,
-    Model,
-    get_tensor,
-    norm_weight,
-    sparsify_expected,
-)
+from .base import Expected, Model, head_expected, sparsify_expected
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight", "attn_norm_b": "attn_norm.bias",
@@ -37,12 +27,7 @@ OPTIONAL = ("attn_norm_2", "attn_norm_2_b")
 
 def expected_tensors(c: ModelConfig) -> Expected:
     q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
-    e: Expected = {
-        "token_embd.weight": ((c.n_vocab, c.n_embd), True),
-        "output_norm.weight": ((c.n_embd,), True),
-        "output_norm.bias": ((c.n_embd,), True),
-        "output.weight": ((c.n_vocab, c.n_embd), False),
-    }
+    e = head_expected(c, layer_norm=True)
     for il in range(c.n_layer):
         p = f"blk.{il}."
         for norm, required in (("attn_norm", True), ("attn_norm_2", False)):
@@ -56,15 +41,11 @@ def expected_tensors(c: ModelConfig) -> Expected:
 
 
 class FalconModel(Model):
+    """Its own forward: attention and MLP read the same layer input (the parallel block above)."""
+
     LAYER_TENSORS = LAYER_TENSORS
     OPTIONAL_TENSORS = OPTIONAL
-
-    def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
-                 sparse: SparseSettings | None = None):
-        super().__init__(config, tensors, kernels, sparse)
-        self.output_norm_b = norm_weight(get_tensor(tensors, "output_norm.bias"))
-        for L in self.layers:  # "attn_norm_2.weight" does not end in "norm.weight": make it an f32 array here
-            L.attn_norm_2 = norm_weight(L.attn_norm_2)
+    LAYER_NORM = True
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         c, k = self.config, self.kernels
@@ -91,6 +72,3 @@ class FalconModel(Model):
 
         cache.n_past = p0 + n
         return self._head(x, all_logits)
-
-    def _final_norm(self, x: np.ndarray) -> np.ndarray:
-        return self.kernels.layernorm(x, self.output_norm, self.output_norm_b, self.config.norm_eps)

@@ -23,7 +23,6 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..ffn import SparseSettings
-from ..kv_cache import KVCache
 from ..tensor import Tensor
 from .base import Expected, Model, llama_like_expected, sparsify_expected
 
@@ -49,7 +48,11 @@ def expected_tensors(c: ModelConfig) -> Expected:
 
 
 class Gemma3Model(Model):
+    """The pre-norm block of models/base.py with scaled embeddings, per-head Q/K norms, per-layer RoPE base and
+    window, and post-norms of the attention and FFN outputs."""
+
     LAYER_TENSORS = LAYER_TENSORS
+    QK_NORMS = True
 
     def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
                  sparse: SparseSettings | None = None):
@@ -67,34 +70,16 @@ class Gemma3Model(Model):
         return dict(rope_base=base, rope_scale=scale, q_norm=layer.q_norm, k_norm=layer.k_norm,
                     post_norm=layer.post_attn_norm, window=window)
 
+    def _embed(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        x = self.kernels.get_rows(self.token_embd, ids)
+        x *= self.config.embd_scale
+        return x
+
+    def layer_attention(self) -> list[tuple[int, tuple]]:
+        return self.layer_attn
+
+    def _attn_out(self, il: int, y: np.ndarray) -> np.ndarray:
+        return self.kernels.rmsnorm(y, self.layers[il].post_attn_norm, self.config.norm_eps)
+
     def _ffn_out(self, il: int, y: np.ndarray) -> np.ndarray:
         return self.kernels.rmsnorm(y, self.layers[il].post_ffw_norm, self.config.norm_eps)
-
-    def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
-        c, k = self.config, self.kernels
-        ids, pos, p0 = self._begin(tokens, cache)
-        n, hd, eps = ids.shape[0], c.head_dim, c.norm_eps
-
-        x = k.get_rows(self.token_embd, ids)  # [N, n_embd]
-        x *= c.embd_scale
-        plans = self.attn_plans() if n == 1 else None
-        if plans is not None:  # one token: each attention block in one C call (kernels/cpu.py), same bits
-            return self._fused_decode(plans, x, p0, cache, all_logits)
-        for il, L in enumerate(self.layers):
-            window, rope = self.layer_attn[il]
-            # attention with per-head Q/K norms
-            h = k.rmsnorm(x, L.attn_norm, eps)
-            q = k.rmsnorm(k.matmul(L.wq, h).reshape(n, c.n_head, hd), L.q_norm, eps)
-            kk = k.rmsnorm(k.matmul(L.wk, h).reshape(n, c.n_head_kv, hd), L.k_norm, eps)
-            v = k.matmul(L.wv, h).reshape(n, c.n_head_kv, hd)
-            k.rope(q, pos, *rope)
-            k.rope(kk, pos, *rope)
-            self._store_kv(cache, il, p0, kk, v)
-            a = k.attention(q, cache.k[il], cache.v[il], p0, window, c.attn_scale)  # [N, n_head, hd]
-            x += k.rmsnorm(k.matmul(L.wo, a.reshape(n, c.n_head * hd)), L.post_attn_norm, eps)
-            # feed-forward (GELU-gated), itself normed before the residual add
-            f = self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x)
-            x += self._ffn_out(il, f)
-
-        cache.n_past = p0 + n
-        return self._head(x, all_logits)

@@ -17,12 +17,10 @@ before.
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ModelFileError
-from ..kv_cache import KVCache
 from .base import Expected, Model, get_tensor, llama_like_expected, norm_weight, sparsify_expected
 
 LAYER_TENSORS = {
@@ -49,6 +47,8 @@ def rope_factors(tensors) -> np.ndarray | None:
 
 
 class LlamaModel(Model):
+    """The pre-norm block of models/base.py as it is; only the RoPE factors of rope_freqs.weight are llama's."""
+
     LAYER_TENSORS = LAYER_TENSORS
 
     def __init__(self, config: ModelConfig, tensors, kernels, sparse=None):
@@ -56,30 +56,3 @@ class LlamaModel(Model):
         ff = rope_factors(tensors)
         if ff is not None:  # divides the angle before any YaRN blend, so the two multiply
             self.rope_freqs = ff if self.rope_freqs is None else (ff * self.rope_freqs).astype(np.float32)
-
-    def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
-        c, k = self.config, self.kernels
-        ids, pos, p0 = self._begin(tokens, cache)
-        n, hd, eps = ids.shape[0], c.head_dim, c.norm_eps
-        rope = self.rope_args()
-
-        x = k.get_rows(self.token_embd, ids)  # [N, n_embd]
-        plans = self.attn_plans() if n == 1 else None
-        if plans is not None:  # one token: each attention block in one C call (kernels/cpu.py), same bits
-            return self._fused_decode(plans, x, p0, cache, all_logits)
-        for il, L in enumerate(self.layers):
-            # attention
-            h = k.rmsnorm(x, L.attn_norm, eps)
-            q = k.matmul(L.wq, h).reshape(n, c.n_head, hd)
-            kk = k.matmul(L.wk, h).reshape(n, c.n_head_kv, hd)
-            v = k.matmul(L.wv, h).reshape(n, c.n_head_kv, hd)
-            k.rope(q, pos, *rope)
-            k.rope(kk, pos, *rope)
-            self._store_kv(cache, il, p0, kk, v)
-            a = k.attention(q, cache.k[il], cache.v[il], p0, 0, c.attn_scale)  # [N, n_head, hd]
-            x += k.matmul(L.wo, a.reshape(n, c.n_head * hd))
-            # feed-forward; the predictor (sparse files) reads the residual x, the FFN its normed copy
-            x += self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x)
-
-        cache.n_past = p0 + n
-        return self._head(x, all_logits)

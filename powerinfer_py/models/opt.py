@@ -24,13 +24,7 @@ from ..errors import ContextFullError
 from ..ffn import SparseSettings
 from ..kv_cache import KVCache
 from ..tensor import Tensor
-from .base import (
-    Expected,
-    Model,
-    get_tensor,
-    norm_weight,
-    sparsify_expected,
-)
+from .base import Expected, Model, get_tensor, head_expected, sparsify_expected
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight", "attn_norm_b": "attn_norm.bias",
@@ -42,13 +36,8 @@ LAYER_TENSORS = {
 
 def expected_tensors(c: ModelConfig) -> Expected:
     q_dim = c.n_head * c.head_dim
-    e: Expected = {
-        "token_embd.weight": ((c.n_vocab, c.n_embd), True),
-        "position_embd.weight": ((c.n_ctx_train, c.n_embd), True),
-        "output_norm.weight": ((c.n_embd,), True),
-        "output_norm.bias": ((c.n_embd,), True),
-        "output.weight": ((c.n_vocab, c.n_embd), False),
-    }
+    e = head_expected(c, layer_norm=True)
+    e["position_embd.weight"] = ((c.n_ctx_train, c.n_embd), True)
     for il in range(c.n_layer):
         p = f"blk.{il}."
         for name, shape in (("attn_norm", (c.n_embd,)), ("attn_q", (q_dim, c.n_embd)), ("attn_k", (q_dim, c.n_embd)),
@@ -61,15 +50,18 @@ def expected_tensors(c: ModelConfig) -> Expected:
 
 
 class OptModel(Model):
+    """Its own forward: learned positions, no RoPE, LayerNorms with biases (the projections share _qkv)."""
+
     LAYER_TENSORS = LAYER_TENSORS
     FFN_BIASES = True
+    QKV_BIASES = True
+    LAYER_NORM = True
 
     def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
                  sparse: SparseSettings | None = None):
         super().__init__(config, tensors, kernels, sparse)
         self.position_embd = get_tensor(tensors, "position_embd.weight")
         self.n_positions = self.position_embd.shape[0]
-        self.output_norm_b = norm_weight(get_tensor(tensors, "output_norm.bias"))
 
     def new_cache(self, n_ctx: int | None = None) -> KVCache:
         n_ctx = n_ctx or self.n_positions
@@ -86,15 +78,9 @@ class OptModel(Model):
         x = k.get_rows(self.token_embd, ids)  # [N, n_embd]
         x += k.get_rows(self.position_embd, pos)
         for il, L in enumerate(self.layers):
-            h = k.layernorm(x, L.attn_norm, L.attn_norm_b, eps)
-            q = k.matmul(L.wq, h)
-            q += L.bq
-            kk = k.matmul(L.wk, h)
-            kk += L.bk
-            v = k.matmul(L.wv, h)
-            v += L.bv
-            self._store_kv(cache, il, p0, kk.reshape(n, c.n_head_kv, hd), v.reshape(n, c.n_head_kv, hd))
-            a = k.attention(q.reshape(n, c.n_head, hd), cache.k[il], cache.v[il], p0, 0, c.attn_scale)
+            q, kk, v = self._qkv(L, k.layernorm(x, L.attn_norm, L.attn_norm_b, eps), n)  # with the biases
+            self._store_kv(cache, il, p0, kk, v)
+            a = k.attention(q, cache.k[il], cache.v[il], p0, 0, c.attn_scale)  # [N, n_head, hd]
             x += k.matmul(L.wo, a.reshape(n, c.n_head * hd))
             x += L.bo
             # feed-forward; the predictor (sparse files) reads the residual x, the FFN its normed copy
@@ -102,6 +88,3 @@ class OptModel(Model):
 
         cache.n_past = p0 + n
         return self._head(x, all_logits)
-
-    def _final_norm(self, x: np.ndarray) -> np.ndarray:
-        return self.kernels.layernorm(x, self.output_norm, self.output_norm_b, self.config.norm_eps)

@@ -123,28 +123,7 @@ class Phi3Model(Model):
         return self._plans_by_factors[key]
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
-        c, k = self.config, self.kernels
-        ids, pos, p0 = self._begin(tokens, cache)
-        n, hd, eps = ids.shape[0], c.head_dim, c.norm_eps
+        """The pre-norm block of models/base.py with the RoPE factors the cache's context size selects."""
         self._factor_key = self.rope_factors_for(cache.n_ctx)
         self.rope_freqs = self.rope_table[self._factor_key]
-        rope = self.rope_args()
-
-        x = k.get_rows(self.token_embd, ids)  # [N, n_embd]
-        plans = self.attn_plans() if n == 1 else None
-        if plans is not None:  # one token: each attention block in one C call (kernels/cpu.py), same bits
-            return self._fused_decode(plans, x, p0, cache, all_logits)
-        for il, L in enumerate(self.layers):
-            h = k.rmsnorm(x, L.attn_norm, eps)
-            q = k.matmul(L.wq, h).reshape(n, c.n_head, hd)
-            kk = k.matmul(L.wk, h).reshape(n, c.n_head_kv, hd)
-            v = k.matmul(L.wv, h).reshape(n, c.n_head_kv, hd)
-            k.rope(q, pos, *rope)
-            k.rope(kk, pos, *rope)
-            self._store_kv(cache, il, p0, kk, v)
-            a = k.attention(q, cache.k[il], cache.v[il], p0, 0, c.attn_scale)  # [N, n_head, hd]
-            x += k.matmul(L.wo, a.reshape(n, c.n_head * hd))
-            x += self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x)
-
-        cache.n_past = p0 + n
-        return self._head(x, all_logits)
+        return super().forward(tokens, cache, all_logits)

@@ -9,11 +9,7 @@ Per layer:  h = x + Wo · attn(rope(Wq·n + bq), rope(Wk·n + bk), Wv·n + bv)  
 """
 from __future__ import annotations
 
-
-import numpy as np
-
 from ..config import ModelConfig
-from ..kv_cache import KVCache
 from .base import Expected, Model, llama_like_expected, sparsify_expected
 
 LAYER_TENSORS = {
@@ -35,39 +31,7 @@ def expected_tensors(c: ModelConfig) -> Expected:
 
 
 class Qwen2Model(Model):
+    """The pre-norm block of models/base.py with the Q, K, V biases (rope_neox comes from the config)."""
+
     LAYER_TENSORS = LAYER_TENSORS
-
-    def attn_plan_kwargs(self, il: int, layer) -> dict:
-        return dict(super().attn_plan_kwargs(il, layer), bq=layer.bq, bk=layer.bk, bv=layer.bv)
-
-    def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
-        c, k = self.config, self.kernels
-        ids, pos, p0 = self._begin(tokens, cache)
-        n, hd, eps = ids.shape[0], c.head_dim, c.norm_eps
-        rope = self.rope_args()
-
-        x = k.get_rows(self.token_embd, ids)  # [N, n_embd]
-        plans = self.attn_plans() if n == 1 else None
-        if plans is not None:  # one token: each attention block in one C call (kernels/cpu.py), same bits
-            return self._fused_decode(plans, x, p0, cache, all_logits)
-        for il, L in enumerate(self.layers):
-            # attention; the biases broadcast over the N rows (matmul returns fresh arrays, so += is safe)
-            h = k.rmsnorm(x, L.attn_norm, eps)
-            q = k.matmul(L.wq, h)
-            q += L.bq
-            kk = k.matmul(L.wk, h)
-            kk += L.bk
-            v = k.matmul(L.wv, h)
-            v += L.bv
-            q = q.reshape(n, c.n_head, hd)
-            kk = kk.reshape(n, c.n_head_kv, hd)
-            k.rope(q, pos, *rope)
-            k.rope(kk, pos, *rope)
-            self._store_kv(cache, il, p0, kk, v.reshape(n, c.n_head_kv, hd))
-            a = k.attention(q, cache.k[il], cache.v[il], p0, 0, c.attn_scale)  # [N, n_head, hd]
-            x += k.matmul(L.wo, a.reshape(n, c.n_head * hd))
-            # feed-forward (SwiGLU)
-            x += self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x)
-
-        cache.n_past = p0 + n
-        return self._head(x, all_logits)
+    QKV_BIASES = True

@@ -16,10 +16,7 @@ Per layer:  n = rmsnorm(x) * attn_norm
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..config import ModelConfig
-from ..kv_cache import KVCache
 from .base import Expected, Model, llama_like_expected, sparsify_expected
 
 LAYER_TENSORS = {
@@ -39,34 +36,7 @@ def expected_tensors(c: ModelConfig) -> Expected:
 
 
 class Qwen3Model(Model):
+    """The pre-norm block of models/base.py with the per-head Q/K norms (rope_neox comes from the config)."""
+
     LAYER_TENSORS = LAYER_TENSORS
-
-    def attn_plan_kwargs(self, il: int, layer) -> dict:
-        return dict(super().attn_plan_kwargs(il, layer), q_norm=layer.q_norm, k_norm=layer.k_norm)
-
-    def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
-        c, k = self.config, self.kernels
-        ids, pos, p0 = self._begin(tokens, cache)
-        n, hd, eps = ids.shape[0], c.head_dim, c.norm_eps
-        rope = self.rope_args()
-
-        x = k.get_rows(self.token_embd, ids)  # [N, n_embd]
-        plans = self.attn_plans() if n == 1 else None
-        if plans is not None:  # one token: each attention block in one C call (kernels/cpu.py), same bits
-            return self._fused_decode(plans, x, p0, cache, all_logits)
-        for il, L in enumerate(self.layers):
-            # attention with per-head Q/K norms before RoPE
-            h = k.rmsnorm(x, L.attn_norm, eps)
-            q = k.rmsnorm(k.matmul(L.wq, h).reshape(n, c.n_head, hd), L.q_norm, eps)
-            kk = k.rmsnorm(k.matmul(L.wk, h).reshape(n, c.n_head_kv, hd), L.k_norm, eps)
-            v = k.matmul(L.wv, h).reshape(n, c.n_head_kv, hd)
-            k.rope(q, pos, *rope)
-            k.rope(kk, pos, *rope)
-            self._store_kv(cache, il, p0, kk, v)
-            a = k.attention(q, cache.k[il], cache.v[il], p0, 0, c.attn_scale)  # [N, n_head, hd]
-            x += k.matmul(L.wo, a.reshape(n, c.n_head * hd))
-            # feed-forward (SwiGLU); the predictor (PWRI files) reads the residual x, the FFN its normed copy
-            x += self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x)
-
-        cache.n_past = p0 + n
-        return self._head(x, all_logits)
+    QK_NORMS = True
