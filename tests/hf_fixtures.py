@@ -249,3 +249,95 @@ def write_bpe_tokenizer_json(folder: Path, merges: list[tuple[str, str]], specia
            "model": {"type": "BPE", "vocab": vocab, "merges": [f"{a} {b}" for a, b in merges]}}
     (folder / "tokenizer.json").write_text(json.dumps(tok))
     return vocab
+
+
+# ---- Phi-3: weights, config and a numpy reference of the HF forward pass -----------------------------------
+
+def phi3_weights(rng, *, n_layer, n_embd, n_ff, n_head, n_head_kv, n_vocab, tied=False):
+    """HF-named random Phi-3 weights (float32): fused self_attn.qkv_proj (rows q | k | v) and mlp.gate_up_proj
+    (rows gate | up), as Phi3ForCausalLM stores them."""
+    hd = n_embd // n_head
+    w = {"model.embed_tokens.weight": rng.standard_normal((n_vocab, n_embd)),
+         "model.norm.weight": 1 + 0.1 * rng.standard_normal(n_embd)}
+    if not tied:
+        w["lm_head.weight"] = rng.standard_normal((n_vocab, n_embd)) / np.sqrt(n_embd)
+    for il in range(n_layer):
+        p = f"model.layers.{il}."
+        shapes = {"self_attn.qkv_proj.weight": ((n_head + 2 * n_head_kv) * hd, n_embd),
+                  "self_attn.o_proj.weight": (n_embd, n_head * hd), "mlp.gate_up_proj.weight": (2 * n_ff, n_embd),
+                  "mlp.down_proj.weight": (n_embd, n_ff)}
+        for k, s in shapes.items():
+            w[p + k] = rng.standard_normal(s) / np.sqrt(s[1])
+        w[p + "input_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(n_embd)
+        w[p + "post_attention_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(n_embd)
+    return {k: v.astype(np.float32) for k, v in w.items()}
+
+
+def phi3_config(*, n_layer, n_embd, n_ff, n_head, n_head_kv, n_vocab, tied=False, **extra):
+    """A Phi3ForCausalLM config.json (the keys Phi-3-mini's has; extra overrides/adds, e.g. rope_scaling)."""
+    cfg = {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": n_embd,
+           "intermediate_size": n_ff, "num_hidden_layers": n_layer, "num_attention_heads": n_head,
+           "num_key_value_heads": n_head_kv, "vocab_size": n_vocab, "hidden_act": "silu", "rms_norm_eps": 1e-5,
+           "rope_theta": 10000.0, "max_position_embeddings": 4096, "original_max_position_embeddings": 4096,
+           "rope_scaling": None, "sliding_window": 2047, "attention_bias": False, "tie_word_embeddings": tied,
+           "bos_token_id": 1, "eos_token_id": 2}
+    cfg.update(extra)
+    return cfg
+
+
+def hf_phi3_forward(w: dict[str, np.ndarray], cfg: dict, tokens, factors: str = "short",
+                    kv_f16: bool = False) -> np.ndarray:
+    """Logits [T, n_vocab] (float64) of Phi3ForCausalLM as transformers computes it, written from the HF
+    tensors and config.json alone: split qkv_proj into q | k | v and gate_up_proj into gate | up; rotate-half
+    RoPE over the first int(head_dim * partial_rotary_factor) dims of each head; with LongRoPE the frequencies
+    are divided by rope_scaling.{factors}_factor and cos/sin multiplied by the attention factor
+    (rope_scaling.attention_factor, else sqrt(1 + ln(s)/ln(orig)), s = max_pos / original_max_pos).
+    HF picks the factor set by the sequence length, llama.cpp by its context size: the caller names it.
+    Causal attention from position 0; the sequence must fit the sliding window (no window is applied).
+    kv_f16: round K (after RoPE) and V to float16, the precision of the KV cache of llama.cpp and our engine."""
+    w = {k: v.astype(np.float64) for k, v in w.items()}
+    n_embd, n_head, n_kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd, eps, n_ff = n_embd // n_head, cfg["rms_norm_eps"], cfg["intermediate_size"]
+    rot = int(hd * cfg.get("partial_rotary_factor", 1.0))
+    exponent = np.arange(0, rot, 2, dtype=np.float64) / rot
+    inv_freq, mscale = 1.0 / cfg["rope_theta"] ** exponent, 1.0
+    scaling = cfg.get("rope_scaling")
+    if scaling:
+        inv_freq = inv_freq / np.asarray(scaling[f"{factors}_factor"], np.float64)
+        orig = cfg.get("original_max_position_embeddings", cfg["max_position_embeddings"])
+        s = cfg["max_position_embeddings"] / orig
+        mscale = scaling.get("attention_factor") or (np.sqrt(1 + np.log(s) / np.log(orig)) if s > 1 else 1.0)
+    tokens = np.asarray(tokens)
+    T = len(tokens)
+    if cfg.get("sliding_window") and T > cfg["sliding_window"]:
+        raise ValueError("this reference applies no sliding window: keep the sequence within it")
+    ang = np.arange(T, dtype=np.float64)[:, None] * inv_freq[None, :]
+    cos = (np.concatenate([np.cos(ang)] * 2, -1) * mscale)[:, None, :]
+    sin = (np.concatenate([np.sin(ang)] * 2, -1) * mscale)[:, None, :]
+
+    def rope(x):  # x [T, H, hd]: rotate-half on x[..., :rot], the rest passes through
+        xr, rest = x[..., :rot], x[..., rot:]
+        x1, x2 = xr[..., :rot // 2], xr[..., rot // 2:]
+        return np.concatenate([xr * cos + np.concatenate([-x2, x1], -1) * sin, rest], -1)
+
+    x = w["model.embed_tokens.weight"][tokens]
+    for il in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{il}."
+        qkv = _rmsnorm(x, w[p + "input_layernorm.weight"], eps) @ w[p + "self_attn.qkv_proj.weight"].T
+        q = qkv[:, :n_head * hd].reshape(T, n_head, hd)
+        k = qkv[:, n_head * hd:(n_head + n_kv) * hd].reshape(T, n_kv, hd)
+        v = qkv[:, (n_head + n_kv) * hd:].reshape(T, n_kv, hd)
+        q, k = rope(q), rope(k)
+        if kv_f16:
+            k, v = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)
+        k, v = np.repeat(k, n_head // n_kv, axis=1), np.repeat(v, n_head // n_kv, axis=1)
+        scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd)
+        scores = np.where(np.tril(np.ones((T, T), bool))[None], scores, -np.inf)
+        prob = np.exp(scores - scores.max(-1, keepdims=True))
+        prob /= prob.sum(-1, keepdims=True)
+        x = x + np.einsum("hts,shd->thd", prob, v).reshape(T, -1) @ w[p + "self_attn.o_proj.weight"].T
+        gu = _rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps) @ w[p + "mlp.gate_up_proj.weight"].T
+        gate, up = gu[:, :n_ff], gu[:, n_ff:]
+        x = x + (gate / (1 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
+    x = _rmsnorm(x, w["model.norm.weight"], eps)
+    return x @ w.get("lm_head.weight", w["model.embed_tokens.weight"]).T

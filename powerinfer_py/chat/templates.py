@@ -7,7 +7,7 @@ Two kinds, behind one interface (ChatTemplate.render(messages, add_generation_pr
                    the variables messages, bos_token, eos_token, add_generation_prompt, and the helpers
                    raise_exception() and strftime_now().
   BuiltinTemplate  the well-known formats written out in Python (BUILTIN: llama-2, llama-3, chatml, gemma,
-                   mistral, plain), for files that carry no template or when --template asks for one.
+                   mistral, phi-3, plain), for files that carry no template or when --template asks for one.
 
 `stops` are the texts that end a reply besides the vocabulary's end-of-generation tokens: the end-of-turn
 marker of the format (<end_of_turn>, <|im_end|>, ...), or for the plain format the start of the next
@@ -141,6 +141,16 @@ def _mistral(system, msgs, gen, bos, eos):
     return "".join(out)
 
 
+def _phi3(system, msgs, gen, bos, eos):
+    """Phi-3/3.5/4-mini: every message (the system one too) as <|role|>\n text <|end|>\n; no BOS text, as in
+    Phi-3.5's own template and llama.cpp's built-in (the session adds a BOS if the vocabulary wants one)."""
+    turns = ([{"role": "system", "content": system}] if system else []) + list(msgs)
+    out = [f"<|{m['role']}|>\n{m['content']}<|end|>\n" for m in turns]
+    if gen:
+        out.append("<|assistant|>\n")
+    return "".join(out)
+
+
 def _plain(system, msgs, gen, bos, eos):
     out = [f"{system}\n\n"] if system else []
     for m in msgs:
@@ -159,6 +169,7 @@ BUILTIN: dict[str, BuiltinTemplate] = {
     "chatml": BuiltinTemplate("chatml", _chatml, ("<|im_end|>",)),
     "gemma": BuiltinTemplate("gemma", _gemma, ("<end_of_turn>",)),
     "mistral": BuiltinTemplate("mistral", _mistral, ("</s>",)),
+    "phi-3": BuiltinTemplate("phi-3", _phi3, ("<|end|>",)),
     "plain": BuiltinTemplate("plain", _plain, ("\nUser:",)),
 }
 
@@ -209,6 +220,8 @@ def default_builtin(arch: str, vocab_has: Callable[[str], bool]) -> str:
     """The built-in format for a model without its own template, from its architecture and vocabulary."""
     if arch == "gemma3":
         return "gemma"
+    if (arch == "phi3" or (vocab_has("<|assistant|>") and vocab_has("<|end|>"))) and not vocab_has("<|im_start|>"):
+        return "phi-3"  # Phi-4 (14B) is arch phi3 too, with a ChatML-like vocabulary
     if arch in ("qwen2", "qwen3") or vocab_has("<|im_start|>"):
         return "chatml"
     if vocab_has("<|eot_id|>"):

@@ -13,6 +13,7 @@ from ..errors import ModelFileError, UnsupportedError
 from ..tensor import GGMLType
 from .checkpoint import Checkpoint
 from .output import TensorPlan
+from .phi3 import phi3_hparams, phi3_tensors
 from .plan import Builder, cfg_value, falcon_qkv_order, rope_permutation
 
 ACTIVATIONS = ("silu", "relu", "fatrelu")
@@ -276,5 +277,6 @@ ARCHITECTURES = {
     "FalconForCausalLM": ("falcon", falcon_hparams, falcon_tensors),
     "RWForCausalLM": ("falcon", falcon_hparams, falcon_tensors),
     "OPTForCausalLM": ("opt", opt_hparams, opt_tensors),
+    "Phi3ForCausalLM": ("phi3", phi3_hparams, phi3_tensors),
 }
 SPARSE_ARCHS = ("llama", "bamboo", "falcon", "opt")  # what a PWRI file may hold (FORMATS.md §1)

@@ -8,6 +8,7 @@ Architectures (config.json "architectures"[0] -> general.architecture):
   Qwen3ForCausalLM                      -> qwen3   no biases, per-head q_norm/k_norm, NeoX RoPE, config head_dim
   FalconForCausalLM, RWForCausalLM      -> falcon  fused QKV (regrouped to [all q | all k | all v]), NeoX RoPE
   OPTForCausalLM                        -> opt     biases, LayerNorm, learned positions
+  Phi3ForCausalLM                       -> phi3    fused qkv and gate+up kept fused, partial NeoX RoPE, LongRoPE (phi3.py)
 A non-SiLU activation is recorded as powerinfer.hidden_act ("relu", "fatrelu") with powerinfer.hidden_act_param
 (the fatrelu threshold), so the runtime can apply it; llama.cpp ignores these keys.
 
