@@ -63,7 +63,12 @@ def main() -> None:
     ap.add_argument("--sparsity", default=",".join(f"{s:g}" for s in SPARSITY), help="comma-separated fractions")
     ap.add_argument("--kernels", default="axpy,rows", help="axpy, rows or both")
     ap.add_argument("--l3-mib", type=int, default=32, help="last-level cache size (evicted between calls)")
+    ap.add_argument("--row-sizes", default="", help="instead of the kernels: the load-only probe over n_ff rows "
+                    "of each of these byte sizes (comma-separated, e.g. 2304,6912: a Q4_0 row of ffn_down_t, and "
+                    "a neuron's gate, up and down rows side by side), to see what a longer-row layout would allow")
     args = ap.parse_args()
+    if args.row_sizes:
+        return row_size_study(args, [int(v) for v in args.row_sizes.split(",")])
 
     k = cpu.CpuKernels(args.threads)
     lib, ffi = cpu.lib, cpu.ffi
@@ -131,6 +136,30 @@ def main() -> None:
         print(f"{name:5} dense: ffn_down mat-vec {med.get('dense axpy', 0) * 1e6:.1f} us, ffn_gate mat-vec "
               f"{med.get('dense rows', 0) * 1e6:.1f} us; read probe {probe_gbs:.1f} GB/s")
         del w_t, w_d
+
+
+def row_size_study(args, sizes: list[int]) -> None:
+    """The load-only probe (pi_read_rows_probe, best of prefetching 4 rows ahead and none) over the same active
+    sets on matrices of n_ff rows of each size, round-robin with the read probe: % of the probe per sparsity."""
+    k = cpu.CpuKernels(args.threads)
+    rng = np.random.default_rng(0)
+    probe = np.ones(256 << 20, dtype=np.uint8)
+    flush = np.ones(4 * args.l3_mib << 20, dtype=np.uint8)
+    bufs = {rb: np.ones(args.n_ff * rb, dtype=np.uint8) for rb in sizes}
+    sets = {float(v): active_set(args.n_ff, float(v), rng) for v in args.sparsity.split(",")}
+    fns = {"probe": lambda: k.read_probe(probe)}
+    for rb, buf in bufs.items():
+        for s, rows in sets.items():
+            for ahead in (0, 4):
+                fns[(rb, s, ahead)] = lambda buf=buf, rb=rb, rows=rows, ahead=ahead: k.read_rows_probe(buf, rb, rows, ahead)
+    med = {name: statistics.median(t) for name, t in round_robin(fns, args.repeat, lambda: k.read_probe(flush)).items()}
+    probe_gbs = probe.nbytes / med["probe"] / 1e9
+    print(f"threads {k.n_threads}, {args.n_ff} rows, median of {args.repeat} interleaved rounds; read probe "
+          f"{probe_gbs:.1f} GB/s; load only, % of the probe:")
+    print(f"{'row bytes':>9} " + " ".join(f"{s:>6.0%}" for s in sets))
+    for rb in bufs:
+        pct = [len(rows) * rb / min(med[(rb, s, 0)], med[(rb, s, 4)]) / 1e9 / probe_gbs for s, rows in sets.items()]
+        print(f"{rb:9d} " + " ".join(f"{p:6.0%}" for p in pct))
 
 
 if __name__ == "__main__":
