@@ -998,6 +998,12 @@ static void probe_chunk(void *ctx, int64_t c, int thread_id) {
     p->partial[c] = s;
 }
 
+static double sum_partials(const uint64_t *partial, int64_t n) {
+    uint64_t s = 0;
+    for (int64_t c = 0; c < n; c++) s += partial[c]; /* chunk order: same sum every run */
+    return (double)s;
+}
+
 double pi_read_probe(pi_pool *pool, const void *buf, int64_t bytes) {
     if (bytes <= 0) return 0.0;
     probe_job p = {.buf = buf, .bytes = bytes};
@@ -1006,9 +1012,7 @@ double pi_read_probe(pi_pool *pool, const void *buf, int64_t bytes) {
     p.per_chunk = ((bytes + n - 1) / n + 63) & ~(int64_t)63; /* whole cache lines per chunk */
     n = (bytes + p.per_chunk - 1) / p.per_chunk;
     pi_pool_run(pool, probe_chunk, &p, n);
-    uint64_t s = 0;
-    for (int64_t c = 0; c < n; c++) s += p.partial[c]; /* chunk order: same sum every run */
-    return (double)s;
+    return sum_partials(p.partial, n);
 }
 
 /* ---- the same probe over scattered rows --------------------------------------------------------------------
@@ -1066,7 +1070,5 @@ double pi_read_rows_probe(pi_pool *pool, const void *buf, int64_t row_bytes, con
     p.per_chunk = (n_sel + n - 1) / n;
     n = (n_sel + p.per_chunk - 1) / p.per_chunk;
     pi_pool_run(pool, rows_probe_chunk, &p, n);
-    uint64_t s = 0;
-    for (int64_t c = 0; c < n; c++) s += p.partial[c];
-    return (double)s;
+    return sum_partials(p.partial, n);
 }

@@ -70,15 +70,21 @@ def stored(x: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     return raw, raw
 
 
+def _embeddings_and_head(rng, n_vocab: int, n_embd: int, tied: bool) -> dict:
+    """The HF tensors outside the layers: embeddings, final norm and (unless tied) lm_head."""
+    w = {"model.embed_tokens.weight": rng.standard_normal((n_vocab, n_embd)),
+         "model.norm.weight": 1 + 0.1 * rng.standard_normal(n_embd)}
+    if not tied:
+        w["lm_head.weight"] = rng.standard_normal((n_vocab, n_embd)) / np.sqrt(n_embd)
+    return w
+
+
 def llama_weights(rng, *, n_layer, n_embd, n_ff, n_head, n_head_kv, n_vocab, tied=False, qkv_bias=False,
                   head_dim=None, qk_norm=False):
     """HF-named random LLaMA weights (float32), scaled so activations stay O(1). Qwen3: head_dim (default
     n_embd / n_head) and qk_norm (per-head self_attn.q_norm / k_norm weights [head_dim])."""
     hd = head_dim or n_embd // n_head
-    w = {"model.embed_tokens.weight": rng.standard_normal((n_vocab, n_embd)),
-         "model.norm.weight": 1 + 0.1 * rng.standard_normal(n_embd)}
-    if not tied:
-        w["lm_head.weight"] = rng.standard_normal((n_vocab, n_embd)) / np.sqrt(n_embd)
+    w = _embeddings_and_head(rng, n_vocab, n_embd, tied)
     for il in range(n_layer):
         p = f"model.layers.{il}."
         shapes = {"self_attn.q_proj.weight": (n_head * hd, n_embd), "self_attn.k_proj.weight": (n_head_kv * hd, n_embd),
@@ -257,10 +263,7 @@ def phi3_weights(rng, *, n_layer, n_embd, n_ff, n_head, n_head_kv, n_vocab, tied
     """HF-named random Phi-3 weights (float32): fused self_attn.qkv_proj (rows q | k | v) and mlp.gate_up_proj
     (rows gate | up), as Phi3ForCausalLM stores them."""
     hd = n_embd // n_head
-    w = {"model.embed_tokens.weight": rng.standard_normal((n_vocab, n_embd)),
-         "model.norm.weight": 1 + 0.1 * rng.standard_normal(n_embd)}
-    if not tied:
-        w["lm_head.weight"] = rng.standard_normal((n_vocab, n_embd)) / np.sqrt(n_embd)
+    w = _embeddings_and_head(rng, n_vocab, n_embd, tied)
     for il in range(n_layer):
         p = f"model.layers.{il}."
         shapes = {"self_attn.qkv_proj.weight": ((n_head + 2 * n_head_kv) * hd, n_embd),
