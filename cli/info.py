@@ -113,7 +113,7 @@ def _table(f: dict) -> Table:
         if "note" in a:
             t.add_row("active neurons", f"all ({a['note']}; {a['tokens']} tokens run)")
         else:
-            what = "predicted active" if a["mode"] == "predictor" else "non-zero"
+            what = {"predictor": "predicted active", "threshold": "computed (above the cut-off)"}.get(a["mode"], "non-zero")
             t.add_row("active neurons", f"{100 * a['active_fraction']:.1f}% {what} per token, mode {a['mode']} "
                       f"({a['tokens']} tokens of sample text)")
             t.add_row("  per layer %", " ".join(f"{il}:{100 * x:.1f}" for il, x in enumerate(a["layers"])))

@@ -268,6 +268,10 @@ def test_info_shows_the_calibration(calibrated, synthetic_model):
     plain = json.loads(CliRunner().invoke(app, ["info", str(src), "--json"]).stdout)
     assert plain["calibration"] is None
     assert "threshold sparsity" not in CliRunner().invoke(app, ["info", str(src)]).output
+    measured = CliRunner().invoke(app, ["info", str(path), "-v", "-t", "1"])  # runs its default mode: threshold
+    assert measured.exit_code == 0, measured.output
+    text = " ".join(measured.output.split())  # the table wraps long cells
+    assert "computed (above the cut-off) per token, mode threshold" in text
 
 
 def test_info_takes_the_model_once(calibrated):
