@@ -212,9 +212,14 @@ INLINE void decode_group(const int T, const int G, const uint8_t *const *p, cons
 #if defined(SP_AVX512)
             if (T == PI_Q8_0 || T == PI_Q4_0) { /* h * d in all lanes: broadcast the f16, convert 16 at once */
                 __m512 s[TILE / QK];
+                /* s = h * d (one f32 rounding either way). Q4_0: a scalar product, broadcast once: measured
+                 * 42-44% against 36-39% of the read probe at 95% sparsity, 75-81% against 53-73% at 0% (three
+                 * alternating runs); Q8_0 (half the blocks per byte) ran 2-3 points better with the vector form. */
                 for (int b = 0; b < NS(T); b++)
-                    s[b] = _mm512_mul_ps(_mm512_set1_ps(hs[r]), _mm512_cvtph_ps(_mm256_set1_epi16(
-                                         (short)(T == PI_Q8_0 ? ((const block_q8_0 *)pt)[b].d : ((const block_q4_0 *)pt)[b].d))));
+                    s[b] = T == PI_Q4_0
+                        ? _mm512_set1_ps(hs[r] * _cvtsh_ss(((const block_q4_0 *)pt)[b].d))
+                        : _mm512_mul_ps(_mm512_set1_ps(hs[r]),
+                                        _mm512_cvtph_ps(_mm256_set1_epi16((short)((const block_q8_0 *)pt)[b].d)));
                 for (int v = 0; v < NV; v++) acc[v] = V_FMA(s[SIDX(T, v)], vq(T, pt, v * VL), acc[v]);
                 continue;
             }
