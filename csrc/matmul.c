@@ -966,36 +966,52 @@ typedef struct {
     uint64_t partial[PROBE_MAX_CHUNKS];
 } probe_job;
 
-static void probe_chunk(void *ctx, int64_t c, int thread_id) {
-    (void)thread_id;
-    probe_job *p = ctx;
-    int64_t beg = c * p->per_chunk, end = beg + p->per_chunk < p->bytes ? beg + p->per_chunk : p->bytes;
+/* The sum of the 8-byte words of b[0, n) (wrapping), then of its tail bytes: four independent chains keep
+ * many loads in flight. pf: when not NULL, the same offsets of another buffer are prefetched as b is read (the
+ * rows probe's next row). */
+static uint64_t sum_words(const uint8_t *b, int64_t n, const uint8_t *pf) {
     uint64_t s = 0;
-    int64_t i = beg;
+    int64_t i = 0;
 #if defined(MM_AVX512)
-    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0; /* 4 chains: many loads in flight */
-    for (; i + 256 <= end; i += 256) {
-        a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(p->buf + i));
-        a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(p->buf + i + 64));
-        a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(p->buf + i + 128));
-        a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(p->buf + i + 192));
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    for (; i + 256 <= n; i += 256) {
+        if (pf)
+            for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)pf + i + o, _MM_HINT_T0);
+        a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(b + i));
+        a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(b + i + 64));
+        a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(b + i + 128));
+        a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(b + i + 192));
     }
     s = (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
 #elif defined(MM_AVX2)
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-    for (; i + 128 <= end; i += 128) {
-        a0 = _mm256_add_epi64(a0, _mm256_loadu_si256((const __m256i *)(p->buf + i)));
-        a1 = _mm256_add_epi64(a1, _mm256_loadu_si256((const __m256i *)(p->buf + i + 32)));
-        a2 = _mm256_add_epi64(a2, _mm256_loadu_si256((const __m256i *)(p->buf + i + 64)));
-        a3 = _mm256_add_epi64(a3, _mm256_loadu_si256((const __m256i *)(p->buf + i + 96)));
+    for (; i + 128 <= n; i += 128) {
+        if (pf)
+            for (int o = 0; o < 128; o += 64) _mm_prefetch((const char *)pf + i + o, _MM_HINT_T0);
+        a0 = _mm256_add_epi64(a0, _mm256_loadu_si256((const __m256i *)(b + i)));
+        a1 = _mm256_add_epi64(a1, _mm256_loadu_si256((const __m256i *)(b + i + 32)));
+        a2 = _mm256_add_epi64(a2, _mm256_loadu_si256((const __m256i *)(b + i + 64)));
+        a3 = _mm256_add_epi64(a3, _mm256_loadu_si256((const __m256i *)(b + i + 96)));
     }
     uint64_t l[4];
     _mm256_storeu_si256((__m256i *)l, _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
     s = l[0] + l[1] + l[2] + l[3];
 #endif
-    for (; i + 8 <= end; i += 8) { uint64_t v; memcpy(&v, p->buf + i, 8); s += v; }
-    for (; i < end; i++) s += p->buf[i];
-    p->partial[c] = s;
+    for (; i + 8 <= n; i += 8) {
+        if (pf && !(i & 63)) _mm_prefetch((const char *)pf + i, _MM_HINT_T0);
+        uint64_t v;
+        memcpy(&v, b + i, 8);
+        s += v;
+    }
+    for (; i < n; i++) s += b[i];
+    return s;
+}
+
+static void probe_chunk(void *ctx, int64_t c, int thread_id) {
+    (void)thread_id;
+    probe_job *p = ctx;
+    int64_t beg = c * p->per_chunk, end = beg + p->per_chunk < p->bytes ? beg + p->per_chunk : p->bytes;
+    p->partial[c] = sum_words(p->buf + beg, end - beg, NULL);
 }
 
 static double sum_partials(const uint64_t *partial, int64_t n) {
@@ -1017,8 +1033,8 @@ double pi_read_probe(pi_pool *pool, const void *buf, int64_t bytes) {
 
 /* ---- the same probe over scattered rows --------------------------------------------------------------------
  * Reads only the listed rows of a row-major matrix, as a sparse kernel's gathers do, but with no arithmetic:
- * what the access pattern itself allows. Threads take equal runs of the list; each row is summed with the
- * probe's four chains and, when `ahead` > 0, prefetches the row `ahead` places later at the same offset (the
+ * what the access pattern itself allows. Threads take equal runs of the list; each row is summed as the
+ * probe sums its chunks (sum_words) and, when `ahead` > 0, prefetches the row `ahead` places later at the same offset (the
  * kernels' scheme). Benchmarks print a kernel's GB/s against this beside the sequential probe. */
 typedef struct {
     const uint8_t *buf;
@@ -1034,29 +1050,9 @@ static void rows_probe_chunk(void *ctx, int64_t c, int thread_id) {
     int64_t beg = c * p->per_chunk, end = beg + p->per_chunk < p->n_sel ? beg + p->per_chunk : p->n_sel;
     uint64_t s = 0;
     for (int64_t r = beg; r < end; r++) {
-        const uint8_t *row = p->buf + (int64_t)p->rows[r] * p->row_bytes;
         const uint8_t *next = p->ahead > 0 && r + p->ahead < p->n_sel
                               ? p->buf + (int64_t)p->rows[r + p->ahead] * p->row_bytes : NULL;
-        int64_t i = 0;
-#if defined(MM_AVX512)
-        __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-        for (; i + 256 <= p->row_bytes; i += 256) {
-            if (next)
-                for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)next + i + o, _MM_HINT_T0);
-            a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(row + i));
-            a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(row + i + 64));
-            a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(row + i + 128));
-            a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(row + i + 192));
-        }
-        s += (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
-#endif
-        for (; i + 8 <= p->row_bytes; i += 8) {
-            if (next && !(i & 63)) _mm_prefetch((const char *)next + i, _MM_HINT_T0);
-            uint64_t v;
-            memcpy(&v, row + i, 8);
-            s += v;
-        }
-        for (; i < p->row_bytes; i++) s += row[i];
+        s += sum_words(p->buf + (int64_t)p->rows[r] * p->row_bytes, p->row_bytes, next);
     }
     p->partial[c] = s;
 }

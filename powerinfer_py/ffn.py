@@ -107,7 +107,9 @@ def default_mode(config: ModelConfig) -> str:
     calibrated it to run sparse, so it does, and `--sparse off` still runs it dense); anything else is dense."""
     if config.is_sparse:
         return "predictor"
-    if config.calibrated_sparsity is not None and ffn_variant(config) in ("swiglu", "geglu"):
+    from .threshold import THRESHOLD_VARIANTS  # threshold.py builds on this module: imported when needed
+
+    if config.calibrated_sparsity is not None and ffn_variant(config) in THRESHOLD_VARIANTS:
         return "threshold"
     return "off"
 

@@ -21,8 +21,8 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
     what load_weights would convert), rope_scaling ({linear, freq_factors} or None), calibration (threshold
     sparsity, see _calibration; None when the file has none) and cuda ({available, reason}: the CUDA backend
     here). The config's bulky calibration arrays (per-neuron scales, quantile tables: about a megabyte of JSON
-    for Gemma 3 270M) are left out of "config"; "calibration" summarizes them. Nothing is dequantized: only the header (and rope_freqs.weight, a few
-    dozen values) is read.
+    for Gemma 3 270M) are left out of "config"; "calibration" summarizes them. Nothing is dequantized: only
+    the header (and rope_freqs.weight, a few dozen values) is read.
     Raises ModelFileError only when the file itself cannot be parsed."""
     f = open_gguf(path)
     try:
