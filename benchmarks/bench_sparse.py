@@ -13,8 +13,9 @@ that as % of pi_read_probe's bandwidth measured in the same run, and the time re
          the gathers do, and of the hardware prefetcher alone): what the access pattern itself allows. Columns
          "load % probe" and "% of load" set each kernel against it, so a shortfall can be told apart from the
          cost of scattered rows on this host.
-Every figure is of the C call itself (the Python wrappers run cold between kernels too, which the end-to-end
-benchmark counts).
+Every figure is the C call's own time, read in C (csrc/bench.c): timed from Python, a call on cold caches
+carries ~10 us of cffi call around it, which the decode paths (kernels called from C) do not pay; the
+end-to-end benchmark counts everything.
 Every timed call starts with cold caches (a buffer of 4x the L3 is read between calls), as in a real model
 whose layers together are far larger than the caches. All configurations of a type and the probe are timed
 round-robin, one call each per round, so drifts of a shared machine's bandwidth hit them alike. Targets: >= 70% of the probe at 50-95% sparsity and
@@ -74,6 +75,7 @@ def main() -> None:
     lib, ffi = cpu.lib, cpu.ffi
     rng = np.random.default_rng(0)
     probe = np.ones(256 << 20, dtype=np.uint8)
+    probe_p = ffi.from_buffer(probe)
     flush = np.ones(4 * args.l3_mib << 20, dtype=np.uint8)
 
     def evict():
@@ -93,15 +95,15 @@ def main() -> None:
         x_ff = rng.standard_normal(args.n_ff, dtype=np.float32)
         x_embd = rng.standard_normal(args.n_embd, dtype=np.float32)
         wp = ffi.from_buffer(w_t.data)
-        fns = {"probe": lambda: k.read_probe(probe)}
+        fns = {"probe": lambda: lib.pi_timed_read_probe(k._pool, probe_p, probe.nbytes)}
         wdp = ffi.from_buffer(w_d.data)
         y_dense = (np.empty(args.n_embd, np.float32), np.empty(args.n_ff, np.float32))
         if do_axpy:  # dense references as C calls too
-            fns["dense axpy"] = lambda: lib.pi_matmul(k._pool, int(ty), wdp, args.n_embd, args.n_ff,
+            fns["dense axpy"] = lambda: lib.pi_timed_matmul(k._pool, int(ty), wdp, args.n_embd, args.n_ff,
                                                       ffi.from_buffer("float[]", x_ff), 1,
                                                       ffi.from_buffer("float[]", y_dense[0]))
         if has_rows:
-            fns["dense rows"] = lambda: lib.pi_matmul(k._pool, int(ty), wp, args.n_ff, args.n_embd,
+            fns["dense rows"] = lambda: lib.pi_timed_matmul(k._pool, int(ty), wp, args.n_ff, args.n_embd,
                                                       ffi.from_buffer("float[]", x_embd), 1,
                                                       ffi.from_buffer("float[]", y_dense[1]))
         sizes = {}
@@ -110,19 +112,19 @@ def main() -> None:
             h = np.abs(rng.standard_normal(len(rows), dtype=np.float32)) + np.float32(0.01)
             sizes[s] = (len(rows), len(rows) * rb)
             for ahead in (0, 4):  # the same rows read with no arithmetic
-                fns[("load", s, ahead)] = (lambda rows=rows, ahead=ahead: lib.pi_read_rows_probe(
+                fns[("load", s, ahead)] = (lambda rows=rows, ahead=ahead: lib.pi_timed_read_rows_probe(
                     k._pool, wp, rb, ffi.from_buffer("int32_t[]", rows), len(rows), ahead))
-            if do_axpy:  # the C call itself, like the row gather below: a cold Python wrapper costs tens of us
+            if do_axpy:
                 y_embd = np.empty(args.n_embd, np.float32)
-                fns[("axpy", s)] = (lambda rows=rows, h=h, y=y_embd: lib.pi_axpy_rows(
+                fns[("axpy", s)] = (lambda rows=rows, h=h, y=y_embd: lib.pi_timed_axpy_rows(
                     k._pool, int(ty), wp, args.n_embd, ffi.from_buffer("int32_t[]", rows),
                     ffi.from_buffer("float[]", h), len(rows), 1, ffi.from_buffer("float[]", y)))
             if has_rows:
                 y = np.empty(len(rows), np.float32)
-                fns[("rows", s)] = (lambda rows=rows, y=y: lib.pi_matmul_rows(
+                fns[("rows", s)] = (lambda rows=rows, y=y: lib.pi_timed_matmul_rows(
                     k._pool, int(ty), wp, args.n_embd, ffi.from_buffer("int32_t[]", rows), len(rows),
                     ffi.from_buffer("float[]", x_embd), 1, ffi.from_buffer("float[]", y)))
-        med = {name: statistics.median(t) for name, t in round_robin(fns, args.repeat, evict).items()}
+        med = {name: statistics.median(t) for name, t in round_robin(fns, args.repeat, evict, self_timed=True).items()}
         probe_gbs = probe.nbytes / med["probe"] / 1e9
         for s, (n_active, nbytes) in sizes.items():
             for kernel in ("axpy", "rows"):
@@ -147,12 +149,15 @@ def row_size_study(args, sizes: list[int]) -> None:
     flush = np.ones(4 * args.l3_mib << 20, dtype=np.uint8)
     bufs = {rb: np.ones(args.n_ff * rb, dtype=np.uint8) for rb in sizes}
     sets = {float(v): active_set(args.n_ff, float(v), rng) for v in args.sparsity.split(",")}
-    fns = {"probe": lambda: k.read_probe(probe)}
+    lib, ffi = cpu.lib, cpu.ffi
+    fns = {"probe": lambda p=ffi.from_buffer(probe): lib.pi_timed_read_probe(k._pool, p, probe.nbytes)}
     for rb, buf in bufs.items():
         for s, rows in sets.items():
-            for ahead in (0, 4):
-                fns[(rb, s, ahead)] = lambda buf=buf, rb=rb, rows=rows, ahead=ahead: k.read_rows_probe(buf, rb, rows, ahead)
-    med = {name: statistics.median(t) for name, t in round_robin(fns, args.repeat, lambda: k.read_probe(flush)).items()}
+            for ahead in (0, 4):  # timed in C, like the main table (the Python wrapper checks the rows too)
+                fns[(rb, s, ahead)] = (lambda p=ffi.from_buffer(buf), rb=rb, r=ffi.from_buffer("int32_t[]", rows),
+                                       n=len(rows), ahead=ahead: lib.pi_timed_read_rows_probe(k._pool, p, rb, r, n, ahead))
+    med = {name: statistics.median(t)
+           for name, t in round_robin(fns, args.repeat, lambda: k.read_probe(flush), self_timed=True).items()}
     probe_gbs = probe.nbytes / med["probe"] / 1e9
     print(f"threads {k.n_threads}, {args.n_ff} rows, median of {args.repeat} interleaved rounds; read probe "
           f"{probe_gbs:.1f} GB/s; load only, % of the probe:")

@@ -7,9 +7,10 @@ from typing import Callable, Hashable
 
 
 def round_robin(fns: dict[Hashable, Callable[[], object]], repeat: int,
-                before: Callable[[], object] | None = None) -> dict[Hashable, list[float]]:
+                before: Callable[[], object] | None = None, self_timed: bool = False) -> dict[Hashable, list[float]]:
     """Seconds of each fn over `repeat` rounds (after one warm-up call each); `before` (a cache flush, say)
-    runs untimed before every timed call."""
+    runs untimed before every timed call. self_timed: each fn returns its own time in seconds (a C kernel
+    timed in C: csrc/bench.c), which is taken instead of the time of the Python call around it."""
     for fn in fns.values():
         fn()
     times: dict[Hashable, list[float]] = {name: [] for name in fns}
@@ -18,6 +19,6 @@ def round_robin(fns: dict[Hashable, Callable[[], object]], repeat: int,
             if before is not None:
                 before()
             t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
+            own = fn()
+            times[name].append(float(own) if self_timed else time.perf_counter() - t0)
     return times

@@ -82,6 +82,18 @@ double pi_read_probe(pi_pool *pool, const void *buf, int64_t bytes);
 double pi_read_rows_probe(pi_pool *pool, const void *buf, int64_t row_bytes, const int32_t *rows, int64_t n_sel,
                           int ahead);
 
+/* Benchmark stopwatch (bench.c): one call of the kernel named, same arguments; returns its wall time in seconds
+ * measured in C, without the Python call around it. */
+double pi_timed_matmul(pi_pool *pool, int type, const void *w, int64_t n_rows, int64_t n_cols, const float *x,
+                       int64_t n_tok, float *y);
+double pi_timed_matmul_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *rows,
+                            int64_t n_sel, const float *x, int64_t n_tok, float *y);
+double pi_timed_axpy_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *rows,
+                          const float *h, int64_t n_sel, int64_t n_tok, float *y);
+double pi_timed_read_probe(pi_pool *pool, const void *buf, int64_t bytes);
+double pi_timed_read_rows_probe(pi_pool *pool, const void *buf, int64_t row_bytes, const int32_t *rows,
+                                int64_t n_sel, int ahead);
+
 /* ---- norms (norm.c) ------------------------------------------------------------------------------------
  * x, y: f32 [n_tok, dim] (y may alias x). w, b: f32 [dim] or NULL (NULL = 1 for w, 0 for b). */
 void pi_rmsnorm(pi_pool *pool, const float *x, const float *w, float eps, int64_t n_tok, int64_t dim, float *y);

@@ -292,6 +292,44 @@ def test_read_rows_probe_reads_exactly_the_listed_rows(kernels, row_bytes, ahead
         kernels.read_rows_probe(buf, row_bytes, [300])
 
 
+def test_benchmark_stopwatch_runs_the_kernel_it_names(kernels):
+    """csrc/bench.c: each pi_timed_* makes the same call as the kernel it names (same outputs, bit for bit) and
+    returns a positive time in seconds, so the benchmarks may time kernels in C."""
+    lib, ffi, pool = cpu.lib, cpu.ffi, kernels._pool
+    rng = np.random.default_rng(5)
+    n_rows, n_cols = 70, 96
+    w = cpu.quantize(rng.standard_normal((n_rows, n_cols), dtype=np.float32), GGMLType.Q4_0)
+    x = rng.standard_normal(n_cols, dtype=np.float32)
+    rows = np.array([1, 5, 6, 40, 69], dtype=np.int32)
+    h = rng.standard_normal(len(rows), dtype=np.float32)
+    fp = lambda a: ffi.from_buffer("float[]", a)  # noqa: E731
+    rp = ffi.from_buffer("int32_t[]", rows)
+    calls = {  # name: (output buffer, plain call, timed call)
+        "matmul": (n_rows, lambda y: lib.pi_matmul(pool, int(GGMLType.Q4_0), ffi.from_buffer(w), n_rows, n_cols,
+                                                   fp(x), 1, fp(y)),
+                   lambda y: lib.pi_timed_matmul(pool, int(GGMLType.Q4_0), ffi.from_buffer(w), n_rows, n_cols,
+                                                 fp(x), 1, fp(y))),
+        "rows": (len(rows), lambda y: lib.pi_matmul_rows(pool, int(GGMLType.Q4_0), ffi.from_buffer(w), n_cols, rp,
+                                                         len(rows), fp(x), 1, fp(y)),
+                 lambda y: lib.pi_timed_matmul_rows(pool, int(GGMLType.Q4_0), ffi.from_buffer(w), n_cols, rp,
+                                                    len(rows), fp(x), 1, fp(y))),
+        "axpy": (n_cols, lambda y: lib.pi_axpy_rows(pool, int(GGMLType.Q4_0), ffi.from_buffer(w), n_cols, rp, fp(h),
+                                                    len(rows), 1, fp(y)),
+                 lambda y: lib.pi_timed_axpy_rows(pool, int(GGMLType.Q4_0), ffi.from_buffer(w), n_cols, rp, fp(h),
+                                                  len(rows), 1, fp(y))),
+    }
+    for name, (n_out, plain, timed) in calls.items():
+        y0, y1 = np.full(n_out, np.nan, np.float32), np.full(n_out, np.nan, np.float32)
+        plain(y0)
+        seconds = timed(y1)
+        assert 0.0 < seconds < 1.0, name
+        np.testing.assert_array_equal(y1, y0, err_msg=name)
+        assert np.isfinite(y0).all(), name
+    for fn in (lambda: lib.pi_timed_read_probe(pool, ffi.from_buffer(w), w.nbytes),
+               lambda: lib.pi_timed_read_rows_probe(pool, ffi.from_buffer(w), w.shape[1], rp, len(rows), 4)):
+        assert 0.0 < fn() < 1.0
+
+
 # ---- row gather (sparse FFN) ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("ggml_type", FLOAT_TYPES + BLOCK_TYPES + K_TYPES, ids=lambda t: t.name)
