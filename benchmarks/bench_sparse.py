@@ -67,9 +67,14 @@ def main() -> None:
     ap.add_argument("--row-sizes", default="", help="instead of the kernels: the load-only probe over n_ff rows "
                     "of each of these byte sizes (comma-separated, e.g. 2304,6912: a Q4_0 row of ffn_down_t, and "
                     "a neuron's gate, up and down rows side by side), to see what a longer-row layout would allow")
+    ap.add_argument("--compute", action="store_true", help="instead of the table: each kernel's arithmetic rate "
+                    "(G weights/s per thread) over 8 rows that stay in L1, read 256 times each, to tell "
+                    "compute-bound kernels from memory-bound ones")
     args = ap.parse_args()
     if args.row_sizes:
         return row_size_study(args, [int(v) for v in args.row_sizes.split(",")])
+    if args.compute:
+        return compute_rate(args)
 
     k = cpu.CpuKernels(args.threads)
     lib, ffi = cpu.lib, cpu.ffi
@@ -138,6 +143,43 @@ def main() -> None:
         print(f"{name:5} dense: ffn_down mat-vec {med.get('dense axpy', 0) * 1e6:.1f} us, ffn_gate mat-vec "
               f"{med.get('dense rows', 0) * 1e6:.1f} us; read probe {probe_gbs:.1f} GB/s")
         del w_t, w_d
+
+
+def compute_rate(args) -> None:
+    """The AXPY and the row gather over a list of 2048 rows that cycles through 8 distinct rows (L1-resident),
+    1 thread and all: weights converted per second, and that rate in GB/s of the type's bytes, to compare with
+    what one thread reads (the probe's rate per thread)."""
+    rng = np.random.default_rng(0)
+    probe = np.ones(256 << 20, dtype=np.uint8)
+    lib, ffi = cpu.lib, cpu.ffi
+    rows = (np.arange(2048) % 8).astype(np.int32)
+    h = np.ones(len(rows), np.float32)
+    x = rng.standard_normal(args.n_embd, dtype=np.float32)
+    y_axpy, y_rows = np.empty(args.n_embd, np.float32), np.empty(len(rows), np.float32)
+    for threads in sorted({1, cpu.CpuKernels(args.threads).n_threads}):
+        k = cpu.CpuKernels(threads)
+        fns = {"probe": lambda k=k: lib.pi_timed_read_probe(k._pool, ffi.from_buffer(probe), probe.nbytes)}
+        weights = {}
+        for name in args.types.split(","):
+            ty = GGMLType[name.strip().upper()]
+            w = weights[name] = random_weight(ty, 8, args.n_embd, rng, "w")
+            fns[("axpy", name)] = lambda k=k, ty=ty, w=w: lib.pi_timed_axpy_rows(
+                k._pool, int(ty), ffi.from_buffer(w.data), args.n_embd, ffi.from_buffer("int32_t[]", rows),
+                ffi.from_buffer("float[]", h), len(rows), 1, ffi.from_buffer("float[]", y_axpy))
+            fns[("rows", name)] = lambda k=k, ty=ty, w=w: lib.pi_timed_matmul_rows(
+                k._pool, int(ty), ffi.from_buffer(w.data), args.n_embd, ffi.from_buffer("int32_t[]", rows),
+                len(rows), ffi.from_buffer("float[]", x), 1, ffi.from_buffer("float[]", y_rows))
+        med = {n: statistics.median(t) for n, t in round_robin(fns, args.repeat, None, self_timed=True).items()}
+        per_thread = probe.nbytes / med["probe"] / 1e9 / threads
+        print(f"{threads} thread(s): read probe {per_thread:.1f} GB/s per thread")
+        for name, w in weights.items():
+            for kernel in ("axpy", "rows"):
+                t = med[(kernel, name)]
+                n_w = len(rows) * args.n_embd
+                gbs = len(rows) * (w.data.nbytes // 8) / t / 1e9
+                print(f"  {name:5} {kernel:5} {n_w / t / 1e9 / threads:6.1f} G weights/s per thread = "
+                      f"{gbs / threads:5.1f} GB/s per thread ({gbs / threads / per_thread:.0%} of the probe's)")
+        k.close()
 
 
 def row_size_study(args, sizes: list[int]) -> None:
