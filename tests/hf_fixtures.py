@@ -243,15 +243,16 @@ def byte_level_alphabet() -> list[str]:
     return [chars[b] for b in range(256)]
 
 
-def write_bpe_tokenizer_json(folder: Path, merges: list[tuple[str, str]], specials: list[str]) -> dict[str, int]:
+def write_bpe_tokenizer_json(folder: Path, merges: list[tuple[str, str]], specials: list[str],
+                             pre_tokenizer: dict | None = None) -> dict[str, int]:
     """tokenizer.json with a byte-level BPE model: 256 byte tokens, one token per merge, then special
-    added tokens. Returns the vocabulary."""
+    added tokens; pre_tokenizer: the file's pre_tokenizer (default: a plain ByteLevel). Returns the vocabulary."""
     vocab = {c: i for i, c in enumerate(byte_level_alphabet())}
     for a, b in merges:
         vocab[a + b] = len(vocab)
     added = [{"id": len(vocab) + i, "content": s, "special": True} for i, s in enumerate(specials)]
     tok = {"version": "1.0", "added_tokens": added,
-           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False},
+           "pre_tokenizer": pre_tokenizer or {"type": "ByteLevel", "add_prefix_space": False},
            "model": {"type": "BPE", "vocab": vocab, "merges": [f"{a} {b}" for a, b in merges]}}
     (folder / "tokenizer.json").write_text(json.dumps(tok))
     return vocab

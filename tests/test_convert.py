@@ -418,6 +418,82 @@ def test_tokenizer_json_bpe_carried_into_llama_cpp(tmp_path):
         llm.close()
 
 
+# The split regexes of real tokenizer.json files (data, as the files hold them): Llama 3, Qwen2, Phi-4-mini (o200k)
+_CONTR = "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+_TAIL = r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_LLAMA3 = _CONTR + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}" + _TAIL
+_QWEN2 = _CONTR + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}" + _TAIL
+_CASED_UP, _LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_O200K = (rf"[^\r\n\p{{L}}\p{{N}}]?{_CASED_UP}*{_LOWER}+{_CONTR}?|[^\r\n\p{{L}}\p{{N}}]?{_CASED_UP}+{_LOWER}*{_CONTR}?"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _split_then_bytes(regex: str) -> dict:
+    return {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+
+
+# name, pre_tokenizer, and how llama.cpp must then split "12345" and "aB" with the merges below
+_PRE_CASES = [
+    ("llama-bpe", _split_then_bytes(_LLAMA3), ["123", "45"], ["aB"]),
+    ("qwen2", _split_then_bytes(_QWEN2), ["1", "2", "3", "4", "5"], ["aB"]),
+    ("gpt-4o", _split_then_bytes(_O200K), ["123", "45"], ["a", "B"]),
+    ("tekken", _split_then_bytes(rf"[^\r\n\p{{L}}\p{{N}}]?{_CASED_UP}*{_LOWER}+|[^\r\n\p{{L}}\p{{N}}]?{_CASED_UP}+{_LOWER}*"
+                                 r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"),
+     ["1", "2", "3", "4", "5"], ["a", "B"]),
+    ("falcon", {"type": "Sequence", "pretokenizers": [
+        {"type": "Punctuation", "behavior": "Contiguous"},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        {"type": "Digits", "individual_digits": False},
+        {"type": "Split", "pattern": {"Regex": "[0-9][0-9][0-9]"}, "behavior": "Isolated", "invert": False}]},
+     ["123", "45"], ["aB"]),
+    ("gpt-2", {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}, ["12", "34", "5"], ["aB"]),
+    ("smollm", {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True},
+                                                       {"type": "ByteLevel", "add_prefix_space": False}]},
+     ["1", "2", "3", "4", "5"], ["aB"]),
+]
+
+
+@pytest.mark.parametrize("name,pre,digits,letters", _PRE_CASES, ids=[c[0] for c in _PRE_CASES])
+def test_pre_tokenizer_read_from_tokenizer_json(tmp_path, name, pre, digits, letters):
+    """tokenizer.ggml.pre follows the split rules of tokenizer.json (it used to be "default" for every
+    non-Qwen model, which splits numbers and words as no Llama 3 or Phi-4 tokenizer does), and llama.cpp then
+    splits text as that model family's tokenizer would: digits in runs of three (Llama 3, o200k), one by one
+    (Qwen2, SmolLM) or whole (GPT-2), letters at case changes (o200k). The merges make each split visible: "3 4"
+    ranks first, so a chunk holding "34" merges it before "12"."""
+    from hf_fixtures import write_bpe_tokenizer_json
+
+    hf = tmp_path / "hf"
+    _checkpoint(hf)
+    (hf / "tokenizer.model").unlink()
+    merges = [("3", "4"), ("1", "2"), ("12", "3"), ("4", "5"), ("a", "B")]
+    vocab = write_bpe_tokenizer_json(hf, merges, ["<|endoftext|>"], pre_tokenizer=pre)
+    (hf / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>", "add_bos_token": False}))
+    out = convert(hf, tmp_path / "m.gguf", outtype="f16")
+    with open_gguf(out) as f:
+        assert f.metadata["tokenizer.ggml.pre"] == name
+    llm = llama_cpp.Llama(str(out), vocab_only=True, verbose=False)
+    try:
+        assert llm.tokenize(b"12345", add_bos=False) == [vocab[t] for t in digits]
+        assert llm.tokenize(b"aB", add_bos=False) == [vocab[t] for t in letters]
+    finally:
+        llm.close()
+
+
+def test_unknown_pre_tokenizer_warns_and_keeps_the_old_name(tmp_path):
+    from hf_fixtures import write_bpe_tokenizer_json
+
+    hf = tmp_path / "hf"
+    _checkpoint(hf)
+    (hf / "tokenizer.model").unlink()
+    write_bpe_tokenizer_json(hf, [("a", "b")], ["<|endoftext|>"], pre_tokenizer=_split_then_bytes(r"\w+|\s+"))
+    with pytest.warns(UserWarning, match="not one we recognize"):
+        out = convert(hf, tmp_path / "m.gguf", outtype="f16")
+    with open_gguf(out) as f:
+        assert f.metadata["tokenizer.ggml.pre"] == "default"
+
+
 # ---- falcon and opt -----------------------------------------------------------------------------------------
 
 def _random(rng, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:

@@ -12,6 +12,7 @@ falling back to config.json ids. The token list is padded with unused "[PADn]" t
 from __future__ import annotations
 
 import struct
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,60 @@ def _bpe_from_json(model: dict) -> tuple[list, list, list, list[str]]:
     return tokens, [0.0] * len(tokens), types, merges
 
 
+# ---- pre-tokenizer ---------------------------------------------------------------------------------------
+# A byte-level BPE splits text into chunks before merging, by a regex that differs between model families, and
+# llama.cpp picks its own copy of that regex by the name in tokenizer.ggml.pre. llama.cpp's converter finds the
+# name by hashing how the `tokenizers` library tokenizes a test text; without that library we read the split
+# rules in tokenizer.json and tell the families apart by the pieces of their regexes that differ.
+_CASED = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"  # letters split at case changes (GPT-4o's o200k, Mistral's tekken)
+_DIGITS_3 = r"\p{N}{1,3}"                 # numbers in chunks of up to three digits (Llama 3, o200k)
+_DIGIT_1 = r"|\p{N}|"                     # one digit per chunk (Qwen2, tekken)
+_CONTRACTIONS = "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+
+
+def _pre_tokenizer_steps(node: Any) -> list[dict]:
+    """The steps of a tokenizer.json pre_tokenizer, Sequences flattened."""
+    if not isinstance(node, dict):
+        return []
+    if node.get("type") == "Sequence":
+        return [step for child in node.get("pretokenizers") or [] for step in _pre_tokenizer_steps(child)]
+    return [node]
+
+
+def pre_tokenizer_name(tok_json: dict, arch: str, path: Path) -> str:
+    """llama.cpp's pre-tokenizer name for the byte-level BPE tokenizer.json `tok_json`: llama-bpe (Llama 3),
+    qwen2, gpt-4o (Phi-4-mini), tekken, smollm, falcon or gpt-2 (plain ByteLevel). A split rule we do not
+    recognize keeps the name by architecture (qwen2 for qwen2/qwen3, else default) with a warning: text then
+    splits as llama.cpp's default does, which may differ from the model's own tokenizer."""
+    steps = _pre_tokenizer_steps(tok_json.get("pre_tokenizer"))
+    kinds = [step.get("type") for step in steps]
+    regex = "|".join(str((step.get("pattern") or {}).get("Regex", "")) for step in steps if step.get("type") == "Split")
+    if _CASED in regex:
+        if _DIGITS_3 in regex:
+            return "gpt-4o"
+        if _DIGIT_1 in regex:
+            return "tekken"
+    elif _CONTRACTIONS in regex:
+        if _DIGITS_3 in regex:
+            return "llama-bpe"
+        if _DIGIT_1 in regex:
+            return "qwen2"
+    if "Punctuation" in kinds and "ByteLevel" in kinds and "[0-9][0-9][0-9]" in regex:
+        return "falcon"
+    if not regex and "ByteLevel" in kinds and all(step.get("use_regex", True) for step in steps
+                                                   if step.get("type") == "ByteLevel"):
+        if kinds == ["ByteLevel"]:
+            return "qwen2" if arch in ("qwen2", "qwen3") else "gpt-2"
+        if sorted(kinds) == ["ByteLevel", "Digits"] and all(step.get("individual_digits") for step in steps
+                                                            if step.get("type") == "Digits"):
+            return "smollm"
+    fallback = "qwen2" if arch in ("qwen2", "qwen3") else "default"
+    warnings.warn(f"{path}: pre-tokenizer {kinds or 'none'} {regex!r} is not one we recognize; writing "
+                  f"tokenizer.ggml.pre = {fallback!r}, so text may split into tokens differently than the model's "
+                  "own tokenizer does", stacklevel=2)
+    return fallback
+
+
 def tokenizer_metadata(folder: Path, config: dict, n_vocab: int, arch: str) -> dict[str, Any]:
     """tokenizer.ggml.* and tokenizer.chat_template keys for the checkpoint in `folder`."""
     tok_config = read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").exists() else {}
@@ -172,7 +227,7 @@ def tokenizer_metadata(folder: Path, config: dict, n_vocab: int, arch: str) -> d
         else:
             tokens, scores, types, merges = _bpe_from_json(model)
             meta["tokenizer.ggml.model"] = "gpt2"
-            meta["tokenizer.ggml.pre"] = "qwen2" if arch in ("qwen2", "qwen3") else "default"  # one tokenizer
+            meta["tokenizer.ggml.pre"] = pre_tokenizer_name(tok_json, arch, folder / "tokenizer.json")
         ids = {}
     else:
         raise ModelFileError(f"{folder}: no tokenizer.model or tokenizer.json")
