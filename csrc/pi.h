@@ -9,7 +9,7 @@
  *   - Weight types use ggml's numbering (enum pi_type). Quantized rows are arrays of blocks in llama.cpp's
  *     layout: Q8_0 = {f16 d; int8 qs[32]} (34 B), Q4_0 = {f16 d; uint8 qs[16]} (18 B, element j in the low
  *     nibble of qs[j] for j < 16, element j+16 in the high nibble; value = (nibble - 8) * d); Q4_1, Q5_0,
- *     Q5_1 (32 elements) and Q4_K, Q5_K, Q6_K (256) are described in csrc/matmul_internal.h.
+ *     Q5_1 (32 elements) and Q2_K ... Q6_K (256) are described in csrc/matmul_internal.h.
  *   - C trusts its arguments: Python validates shapes, types, contiguity and bounds before calling.
  *   - Every multi-threaded kernel takes the pool as its first argument; no kernel keeps hidden global state.
  */
@@ -26,6 +26,8 @@ enum pi_type {
     PI_Q5_0 = 6,
     PI_Q5_1 = 7,
     PI_Q8_0 = 8,
+    PI_Q2_K = 10,
+    PI_Q3_K = 11,
     PI_Q4_K = 12,
     PI_Q5_K = 13,
     PI_Q6_K = 14,
