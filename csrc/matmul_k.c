@@ -199,22 +199,37 @@ INLINE void q2_planes(const uint8_t *qs, __m512i *z0, __m512i *z1) {
     *z1 = _mm512_and_si512(_mm512_srlv_epi16(q, c46), _mm512_set1_epi8(3));
 }
 
+/* 16 scales of groups of 16 (int16 words of sc16) -> v[c] for the 64 weights 64c .. 64c + 63: each 128-bit lane
+ * (8 pair sums = one group) holds its group's scale in every word; in-lane byte shuffles, no cross-lane permute */
+INLINE void group16_scales(__m256i sc16, __m512i v[4]) {
+    const __m512i lo = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc16));     /* words 0..7 in each lane */
+    const __m512i hi = _mm512_broadcast_i32x4(_mm256_extracti128_si256(sc16, 1)); /* words 8..15 */
+    const __m512i i0 = _mm512_set_epi64(0x0706070607060706, 0x0706070607060706, 0x0504050405040504,
+                                        0x0504050405040504, 0x0302030203020302, 0x0302030203020302,
+                                        0x0100010001000100, 0x0100010001000100); /* lane i: word i */
+    const __m512i i1 = _mm512_add_epi8(i0, _mm512_set1_epi8(8));                 /* lane i: word 4 + i */
+    v[0] = _mm512_shuffle_epi8(lo, i0);
+    v[1] = _mm512_shuffle_epi8(lo, i1);
+    v[2] = _mm512_shuffle_epi8(hi, i0);
+    v[3] = _mm512_shuffle_epi8(hi, i1);
+}
+
 static float dot_q2k(const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < n_sb; i++, x++) {
         const block_q2_K *b = (const block_q2_K *)(row + i * sizeof(block_q2_K));
         const __m128i sm = _mm_loadu_si128((const __m128i *)b->scales);
-        const __m512i s16 = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(sm, _mm_set1_epi8(15))));
+        __m512i sv[4];
+        group16_scales(_mm256_cvtepu8_epi16(_mm_and_si128(sm, _mm_set1_epi8(15))), sv);
         const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(15)));
         __m512i isum = _mm512_setzero_si512();
 #pragma GCC unroll 2
         for (int n = 0; n < 2; n++) {
             __m512i z0, z1;
             q2_planes(b->qs + 32 * n, &z0, &z1);
-            isum = dot_acc(isum, _mm512_maddubs_epi16(z0, _mm512_loadu_si512(x->qs + 128 * n)), scale_words(s16, 8 * n, 1));
-            isum = dot_acc(isum, _mm512_maddubs_epi16(z1, _mm512_loadu_si512(x->qs + 128 * n + 64)),
-                           scale_words(s16, 8 * n + 4, 1));
+            isum = dot_acc(isum, _mm512_maddubs_epi16(z0, _mm512_loadu_si512(x->qs + 128 * n)), sv[2 * n]);
+            isum = dot_acc(isum, _mm512_maddubs_epi16(z1, _mm512_loadu_si512(x->qs + 128 * n + 64)), sv[2 * n + 1]);
         }
         const float dx = x->d;
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dx * pi_h2f(b->d)), acc);
@@ -228,15 +243,18 @@ static float dot_q3k(const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n_sb; i++, x++) {
         const block_q3_K *b = (const block_q3_K *)(row + i * sizeof(block_q3_K));
-        uint32_t a[3], u[4]; /* the 16 scales: low nibbles from bytes 0..7, two high bits from bytes 8..11 */
-        memcpy(a, b->scales, 12);
-        u[0] = (a[0] & 0x0f0f0f0f) | (a[2] & 0x03030303) << 4;
-        u[1] = (a[1] & 0x0f0f0f0f) | ((a[2] >> 2) & 0x03030303) << 4;
-        u[2] = ((a[0] >> 4) & 0x0f0f0f0f) | ((a[2] >> 4) & 0x03030303) << 4;
-        u[3] = ((a[1] >> 4) & 0x0f0f0f0f) | ((a[2] >> 6) & 0x03030303) << 4;
-        const __m256i sc = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)u)),
+        /* the 16 scales: low nibbles from bytes 0..7 (group g < 8: low, else high nibble of byte g % 8), two
+         * high bits from bytes 8..11 (bits 2(g / 4) of byte 8 + g % 4); 16 bytes loaded ending at the block's
+         * last scale byte (never past the block), then shifted down */
+        const __m128i raw = _mm_srli_si128(_mm_loadu_si128((const __m128i *)(b->scales - 4)), 4);
+        const __m128i nib = _mm_unpacklo_epi64(_mm_and_si128(raw, _mm_set1_epi8(15)),
+                                               _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
+        const __m128i top = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(raw, 0xaa), _mm_setr_epi32(0, 2, 4, 6)),
+                                          _mm_set1_epi8(3));
+        const __m256i sc = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_or_si128(nib, _mm_slli_epi16(top, 4))),
                                             _mm256_set1_epi16(32));
-        const __m512i s16 = _mm512_zextsi256_si512(sc);
+        __m512i sv[4];
+        group16_scales(sc, sv);
         /* -4 * sum_g s_g * bsum_g, in the low 8 lanes */
         const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)x->bsums)), 2);
         __m512i isum = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(corr));
@@ -252,9 +270,8 @@ static float dot_q3k(const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
                                                   _mm256_set1_epi8((char)(1 << (4 * n + 3))), 1);
             z0 = _mm512_mask_add_epi8(z0, _mm512_test_epi8_mask(h, b0), z0, _mm512_set1_epi8(4));
             z1 = _mm512_mask_add_epi8(z1, _mm512_test_epi8_mask(h, b1), z1, _mm512_set1_epi8(4));
-            isum = dot_acc(isum, _mm512_maddubs_epi16(z0, _mm512_loadu_si512(x->qs + 128 * n)), scale_words(s16, 8 * n, 1));
-            isum = dot_acc(isum, _mm512_maddubs_epi16(z1, _mm512_loadu_si512(x->qs + 128 * n + 64)),
-                           scale_words(s16, 8 * n + 4, 1));
+            isum = dot_acc(isum, _mm512_maddubs_epi16(z0, _mm512_loadu_si512(x->qs + 128 * n)), sv[2 * n]);
+            isum = dot_acc(isum, _mm512_maddubs_epi16(z1, _mm512_loadu_si512(x->qs + 128 * n + 64)), sv[2 * n + 1]);
         }
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(x->d * pi_h2f(b->d)), acc);
     }
