@@ -199,19 +199,27 @@ INLINE void q2_planes(const uint8_t *qs, __m512i *z0, __m512i *z1) {
     *z1 = _mm512_and_si512(_mm512_srlv_epi16(q, c46), _mm512_set1_epi8(3));
 }
 
-/* 16 scales of groups of 16 (int16 words of sc16) -> v[c] for the 64 weights 64c .. 64c + 63: each 128-bit lane
- * (8 pair sums = one group) holds its group's scale in every word; in-lane byte shuffles, no cross-lane permute */
-INLINE void group16_scales(__m256i sc16, __m512i v[4]) {
-    const __m512i lo = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc16));     /* words 0..7 in each lane */
-    const __m512i hi = _mm512_broadcast_i32x4(_mm256_extracti128_si256(sc16, 1)); /* words 8..15 */
-    const __m512i i0 = _mm512_set_epi64(0x0706070607060706, 0x0706070607060706, 0x0504050405040504,
-                                        0x0504050405040504, 0x0302030203020302, 0x0302030203020302,
-                                        0x0100010001000100, 0x0100010001000100); /* lane i: word i */
-    const __m512i i1 = _mm512_add_epi8(i0, _mm512_set1_epi8(8));                 /* lane i: word 4 + i */
-    v[0] = _mm512_shuffle_epi8(lo, i0);
-    v[1] = _mm512_shuffle_epi8(lo, i1);
-    v[2] = _mm512_shuffle_epi8(hi, i0);
-    v[3] = _mm512_shuffle_epi8(hi, i1);
+/* Groups of 16 (Q2_K, Q3_K): one zmm of 64 unsigned weights times 64 activations -> 16 int32 sums of 4 products,
+ * so each 128-bit lane holds one group's 4 partial sums (|sum| <= 4 * 7 * 128: they fit in int16) */
+INLINE __m512i dot4(__m512i z, const int8_t *xq) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), z, _mm512_loadu_si512(xq));
+#else
+    return _mm512_madd_epi16(_mm512_maddubs_epi16(z, _mm512_loadu_si512(xq)), _mm512_set1_epi16(1));
+#endif
+}
+
+/* The 4 zmm of dot4 sums of one super-block (zmm c: groups 4c + lane) scaled and summed into isum: two zmm
+ * packed to int16 (lane i: group 8k + i in words 0..3, 8k + 4 + i in words 4..7), then one pair multiply-add
+ * with the matching scale words, taken from the 16 int16 scales sc16 by in-lane byte shuffles */
+INLINE __m512i scale_groups16(__m512i isum, __m256i sc16, __m512i d0, __m512i d1, __m512i d2, __m512i d3) {
+    const __m512i idx = _mm512_set_epi64(0x0f0e0f0e0f0e0f0e, 0x0706070607060706, 0x0d0c0d0c0d0c0d0c,
+                                         0x0504050405040504, 0x0b0a0b0a0b0a0b0a, 0x0302030203020302,
+                                         0x0908090809080908, 0x0100010001000100); /* lane i: words i, 4 + i */
+    const __m512i s0 = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm256_castsi256_si128(sc16)), idx);
+    const __m512i s1 = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm256_extracti128_si256(sc16, 1)), idx);
+    isum = dot_acc(isum, _mm512_packs_epi32(d0, d1), s0);
+    return dot_acc(isum, _mm512_packs_epi32(d2, d3), s1);
 }
 
 static float dot_q2k(const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
@@ -220,17 +228,14 @@ static float dot_q2k(const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
     for (int64_t i = 0; i < n_sb; i++, x++) {
         const block_q2_K *b = (const block_q2_K *)(row + i * sizeof(block_q2_K));
         const __m128i sm = _mm_loadu_si128((const __m128i *)b->scales);
-        __m512i sv[4];
-        group16_scales(_mm256_cvtepu8_epi16(_mm_and_si128(sm, _mm_set1_epi8(15))), sv);
         const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(15)));
-        __m512i isum = _mm512_setzero_si512();
-#pragma GCC unroll 2
-        for (int n = 0; n < 2; n++) {
-            __m512i z0, z1;
-            q2_planes(b->qs + 32 * n, &z0, &z1);
-            isum = dot_acc(isum, _mm512_maddubs_epi16(z0, _mm512_loadu_si512(x->qs + 128 * n)), sv[2 * n]);
-            isum = dot_acc(isum, _mm512_maddubs_epi16(z1, _mm512_loadu_si512(x->qs + 128 * n + 64)), sv[2 * n + 1]);
-        }
+        __m512i z0, z1, z2, z3;
+        q2_planes(b->qs, &z0, &z1);
+        q2_planes(b->qs + 32, &z2, &z3);
+        const __m512i isum = scale_groups16(_mm512_setzero_si512(),
+                                            _mm256_cvtepu8_epi16(_mm_and_si128(sm, _mm_set1_epi8(15))),
+                                            dot4(z0, x->qs), dot4(z1, x->qs + 64), dot4(z2, x->qs + 128),
+                                            dot4(z3, x->qs + 192));
         const float dx = x->d;
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dx * pi_h2f(b->d)), acc);
         const __m256i pm = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), m16);
@@ -253,26 +258,21 @@ static float dot_q3k(const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
                                           _mm_set1_epi8(3));
         const __m256i sc = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_or_si128(nib, _mm_slli_epi16(top, 4))),
                                             _mm256_set1_epi16(32));
-        __m512i sv[4];
-        group16_scales(sc, sv);
         /* -4 * sum_g s_g * bsum_g, in the low 8 lanes */
         const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)x->bsums)), 2);
-        __m512i isum = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(corr));
         const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b->hmask));
-#pragma GCC unroll 2
-        for (int n = 0; n < 2; n++) {
-            __m512i z0, z1;
-            q2_planes(b->qs + 32 * n, &z0, &z1);
-            /* bit 4n + j of hmask[l] adds 4 */
-            const __m512i b0 = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (4 * n))),
-                                                  _mm256_set1_epi8((char)(1 << (4 * n + 1))), 1);
-            const __m512i b1 = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (4 * n + 2))),
-                                                  _mm256_set1_epi8((char)(1 << (4 * n + 3))), 1);
-            z0 = _mm512_mask_add_epi8(z0, _mm512_test_epi8_mask(h, b0), z0, _mm512_set1_epi8(4));
-            z1 = _mm512_mask_add_epi8(z1, _mm512_test_epi8_mask(h, b1), z1, _mm512_set1_epi8(4));
-            isum = dot_acc(isum, _mm512_maddubs_epi16(z0, _mm512_loadu_si512(x->qs + 128 * n)), sv[2 * n]);
-            isum = dot_acc(isum, _mm512_maddubs_epi16(z1, _mm512_loadu_si512(x->qs + 128 * n + 64)), sv[2 * n + 1]);
+        __m512i z[4];
+        q2_planes(b->qs, &z[0], &z[1]);
+        q2_planes(b->qs + 32, &z[2], &z[3]);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) { /* bit 2c (low half) or 2c + 1 (high half) of hmask[l] adds 4 */
+            const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * c))),
+                                                   _mm256_set1_epi8((char)(1 << (2 * c + 1))), 1);
+            z[c] = _mm512_mask_add_epi8(z[c], _mm512_test_epi8_mask(h, bit), z[c], _mm512_set1_epi8(4));
         }
+        const __m512i isum = scale_groups16(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(corr)), sc,
+                                            dot4(z[0], x->qs), dot4(z[1], x->qs + 64), dot4(z[2], x->qs + 128),
+                                            dot4(z[3], x->qs + 192));
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(x->d * pi_h2f(b->d)), acc);
     }
     return _mm512_reduce_add_ps(acc);
