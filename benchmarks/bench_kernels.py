@@ -29,8 +29,14 @@ from powerinfer_py.tensor import GGMLType, Tensor  # noqa: E402
 from roundrobin import round_robin  # noqa: E402  (benchmarks/, beside this script)
 
 TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.F16,
-         GGMLType.BF16, GGMLType.F32)
-K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,)}  # f16 scales in a block
+         GGMLType.BF16, GGMLType.F32,
+         GGMLType.Q2_K,
+         GGMLType.Q3_K,
+         )
+K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),  # f16 scales in a block
+                GGMLType.Q2_K: (80, 82),
+                GGMLType.Q3_K: (108,),
+                }
 SHAPES = ((11008, 4096), (4096, 11008))  # (rows M, cols K)
 COLD_BYTES = 256 << 20  # rotate over weight copies adding up to this much: well past the last-level cache
 

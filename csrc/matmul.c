@@ -1004,7 +1004,7 @@ static uint64_t sum_words(const uint8_t *b, int64_t n, const uint8_t *pf) {
     s = l[0] + l[1] + l[2] + l[3];
 #endif
     for (; i + 8 <= n; i += 8) {
-        if (pf && !(i & 63)) _mm_prefetch((const char *)pf + i, _MM_HINT_T0);
+        if (pf && !(i & 63)) __builtin_prefetch((const char *)pf + i); /* T0; builds without intrinsics */
         uint64_t v;
         memcpy(&v, b + i, 8);
         s += v;

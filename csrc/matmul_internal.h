@@ -10,6 +10,11 @@
  *   Q6_K (256 = 16 groups of 16, int8 scale each): half h < 2 of 128 elements uses ql[64h..], qh[32h..];
  *     element 32i + l (i < 4, l < 32) = nibble (i >= 2 ? high : low) of ql[64h + 32(i & 1) + l] | bits 2i..2i+1
  *     of qh[32h + l] << 4. value = d * sc * (q - 32).
+ *   Q2_K (256 = 16 groups of 16, 4-bit scale sc and min m each: scales[g] = sc | m << 4): element
+ *     128n + 32j + l (n < 2, j < 4, l < 32) = bits 2j..2j+1 of qs[32n + l]. value = d * sc * q - dmin * m.
+ *   Q3_K (256 = 16 groups of 16, 6-bit scale each, packed in scales[12], used as sc - 32): element
+ *     128n + 32j + l = bits 2j..2j+1 of qs[32n + l] | bit 4n + j of hmask[l] << 2; value = d * (sc - 32) * (q - 4).
+ *     Group g's scale: low 4 bits = nibble g / 8 of scales[g % 8], high 2 bits = bits 2(g / 4).. of scales[8 + g % 4].
  *   Q8_K (activations only): f32 d, int8 qs[256], int16 bsums[16] (sums of 16 consecutive qs).
  */
 #ifndef PI_MATMUL_INTERNAL_H
@@ -31,6 +36,8 @@ typedef struct { uint16_t d; uint8_t qs[QK / 2]; } block_q4_0;
 typedef struct { uint16_t d, m; uint8_t qs[QK / 2]; } block_q4_1;
 typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_0;
 typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_1;
+typedef struct { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; uint16_t d, dmin; } block_q2_K;
+typedef struct { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; uint16_t d; } block_q3_K;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_K;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } block_q6_K;
@@ -40,6 +47,8 @@ _Static_assert(sizeof(block_q4_0) == 18, "Q4_0 block is 18 bytes");
 _Static_assert(sizeof(block_q4_1) == 20, "Q4_1 block is 20 bytes");
 _Static_assert(sizeof(block_q5_0) == 22, "Q5_0 block is 22 bytes");
 _Static_assert(sizeof(block_q5_1) == 24, "Q5_1 block is 24 bytes");
+_Static_assert(sizeof(block_q2_K) == 84, "Q2_K block is 84 bytes");
+_Static_assert(sizeof(block_q3_K) == 110, "Q3_K block is 110 bytes");
 _Static_assert(sizeof(block_q4_K) == 144, "Q4_K block is 144 bytes");
 _Static_assert(sizeof(block_q5_K) == 176, "Q5_K block is 176 bytes");
 _Static_assert(sizeof(block_q6_K) == 210, "Q6_K block is 210 bytes");
@@ -58,7 +67,22 @@ static inline float pi_h2f(uint16_t h) {
 #endif
 }
 
-static inline int pi_is_k_type(int type) { return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q6_K; }
+static inline int pi_is_k_type(int type) {
+    return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q6_K
+        || type == PI_Q2_K
+        || type == PI_Q3_K;
+}
+
+/* elements per scale group of a K-quant: 32 (Q4_K, Q5_K) or 16 (Q2_K, Q3_K, Q6_K) */
+static inline int pi_qk_group(int type) { return type == PI_Q4_K || type == PI_Q5_K ? 32 : 16; }
+
+/* Q3_K: the 16 six-bit scales of a super-block from its 12 packed bytes, minus 32 */
+static inline void pi_q3k_scales(const uint8_t *p, int8_t sc[16]) {
+    for (int g = 0; g < 16; g++) {
+        const int lo = g < 8 ? p[g] & 15 : p[g - 8] >> 4;
+        sc[g] = (int8_t)((lo | ((p[8 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32);
+    }
+}
 
 /* Q4_K/Q5_K: the 8 six-bit scales and mins of a super-block from its 12 packed bytes */
 static inline void pi_k_scale_min(const uint8_t *p, uint8_t sc[8], uint8_t mn[8]) {
@@ -88,10 +112,36 @@ static inline void pi_unpack_q32(int type, const uint8_t *blk, int8_t q[QK], flo
     *m = type == PI_Q5_0 ? 0.0f : pi_h2f(mh);
 }
 
-/* One K-quant super-block -> q int8 [256] (Q6_K: minus 32; Q4_K/Q5_K: unsigned 0..31), and per group the
- * f32 factors of value = dsc[g] * q - dmn[g]: groups of 32 (Q4_K/Q5_K: dsc = d * sc, dmn = dmin * m) or of 16
- * (Q6_K: dsc = d * sc, dmn = 0). The products are rounded to f32 the way gguf's numpy decoder rounds them. */
+/* One K-quant super-block -> q int8 [256] (Q6_K: minus 32; Q3_K: minus 4; Q2_K/Q4_K/Q5_K: unsigned), and per
+ * group the f32 factors of value = dsc[g] * q - dmn[g]: groups of 32 (Q4_K/Q5_K: dsc = d * sc, dmn = dmin * m)
+ * or of 16 (Q2_K: the same; Q3_K: dsc = d * (sc - 32), dmn = 0; Q6_K: dsc = d * sc, dmn = 0). The products are
+ * rounded to f32 the way gguf's numpy decoder rounds them. */
 static inline void pi_unpack_qk(int type, const uint8_t *blk, int8_t q[QK_K], float dsc[16], float dmn[16]) {
+    if (type == PI_Q2_K || type == PI_Q3_K) { /* same element order; Q3_K adds a high bit from hmask */
+        const block_q2_K *b2 = (const block_q2_K *)blk;
+        const block_q3_K *b3 = (const block_q3_K *)blk;
+        const uint8_t *qs = type == PI_Q2_K ? b2->qs : b3->qs;
+        for (int n = 0; n < 2; n++)
+            for (int j = 0; j < 4; j++)
+                for (int l = 0; l < 32; l++) {
+                    int v = (qs[32 * n + l] >> (2 * j)) & 3;
+                    if (type == PI_Q3_K) v += (((b3->hmask[l] >> (4 * n + j)) & 1) << 2) - 4;
+                    q[128 * n + 32 * j + l] = (int8_t)v;
+                }
+        if (type == PI_Q2_K) {
+            const float d = pi_h2f(b2->d), dmin = pi_h2f(b2->dmin);
+            for (int g = 0; g < 16; g++) {
+                dsc[g] = d * (float)(b2->scales[g] & 15);
+                dmn[g] = dmin * (float)(b2->scales[g] >> 4);
+            }
+        } else {
+            int8_t sc[16];
+            pi_q3k_scales(b3->scales, sc);
+            const float d = pi_h2f(b3->d);
+            for (int g = 0; g < 16; g++) { dsc[g] = d * (float)sc[g]; dmn[g] = 0.0f; }
+        }
+        return;
+    }
     if (type == PI_Q6_K) {
         const block_q6_K *b = (const block_q6_K *)blk;
         const float d = pi_h2f(b->d);
@@ -123,7 +173,7 @@ static inline void pi_unpack_qk(int type, const uint8_t *blk, int8_t q[QK_K], fl
     }
 }
 
-/* K-quant matmuls (matmul_k.c), called by pi_matmul / pi_matmul_rows for Q4_K, Q5_K and Q6_K.
+/* K-quant matmuls (matmul_k.c), called by pi_matmul / pi_matmul_rows for Q2_K, Q3_K, Q4_K, Q5_K and Q6_K.
  * rows == NULL: all n_rows rows; else the n_rows selected rows rows[0..n_rows-1]. y f32 [n_tok, n_rows]. */
 void pi_matmul_k(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *rows, int64_t n_rows,
                  const float *x, int64_t n_tok, float *y);

@@ -1,4 +1,4 @@
-/* matmul_k.c: y[t, r] = sum_c w[r, c] * x[t, c] for the K-quants Q4_K, Q5_K and Q6_K (llama.cpp's layouts,
+/* matmul_k.c: y[t, r] = sum_c w[r, c] * x[t, c] for the K-quants Q2_K ... Q6_K (llama.cpp's layouts,
  * see matmul_internal.h), dense (pi_matmul) or on selected rows (pi_matmul_rows).
  *
  * As in llama.cpp, each token's activations are first quantized to Q8_K super-blocks of 256:
@@ -9,6 +9,10 @@
  *              y += (d_x * d) * isum - (d_x * dmin) * imin;
  *   Q6_K:      isum = sum_g sc_g * (q_w . q_x over group g) - 32 * sum_g sc_g * bsum_g  (q_w unsigned 0..63),
  *              y += (d_x * d) * isum.
+ *   Q2_K:      as Q4_K over 16 groups of 16: imin = sum_g m_g * bsum_g.
+ *   Q3_K:      as Q6_K with s_g = sc_g - 32 and q_w unsigned 0..7: isum = sum_g s_g * (q_w . q_x) - 4 * sum_g s_g * bsum_g.
+ * (llama.cpp's ggml_vec_dot_q2_K_q8_K / q3_K_q8_K compute the same integers and the same per-super-block f32
+ * scale products; only the order of the f32 additions across super-blocks differs.)
  * Variants:
  *   - AVX-512 (F + BW + VL): 64 weights per zmm in the activations' natural order; maddubs(q_w, q_x) gives
  *     int16 pair sums (no saturation: q_w <= 63), then dpwssd (VNNI) or madd + add multiplies them by the
@@ -185,7 +189,98 @@ static float dot_q6k(const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
     return _mm512_reduce_add_ps(acc);
 }
 
+/* Q2_K / Q3_K: 2 bits of element 128n + 32j + l in bits 2j of qs[32n + l]; one zmm holds j = 2c (low half)
+ * and 2c + 1 (high half) of one n, i.e. 64 elements in natural order, groups 8n + 4c .. 8n + 4c + 3 */
+INLINE void q2_planes(const uint8_t *qs, __m512i *z0, __m512i *z1) {
+    const __m512i c02 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i c46 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+    const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qs));
+    *z0 = _mm512_and_si512(_mm512_srlv_epi16(q, c02), _mm512_set1_epi8(3)); /* spill across bytes masked off */
+    *z1 = _mm512_and_si512(_mm512_srlv_epi16(q, c46), _mm512_set1_epi8(3));
+}
+
+/* Groups of 16 (Q2_K, Q3_K): one zmm of 64 unsigned weights times 64 activations -> 16 int32 sums of 4 products,
+ * so each 128-bit lane holds one group's 4 partial sums (|sum| <= 4 * 7 * 128: they fit in int16) */
+INLINE __m512i dot4(__m512i z, const int8_t *xq) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), z, _mm512_loadu_si512(xq));
+#else
+    return _mm512_madd_epi16(_mm512_maddubs_epi16(z, _mm512_loadu_si512(xq)), _mm512_set1_epi16(1));
+#endif
+}
+
+/* The 4 zmm of dot4 sums of one super-block (zmm c: groups 4c + lane) scaled and summed into isum: two zmm
+ * packed to int16 (lane i: group 8k + i in words 0..3, 8k + 4 + i in words 4..7), then one pair multiply-add
+ * with the matching scale words, taken from the 16 int16 scales sc16 by in-lane byte shuffles */
+INLINE __m512i scale_groups16(__m512i isum, __m256i sc16, __m512i d0, __m512i d1, __m512i d2, __m512i d3) {
+    const __m512i idx = _mm512_set_epi64(0x0f0e0f0e0f0e0f0e, 0x0706070607060706, 0x0d0c0d0c0d0c0d0c,
+                                         0x0504050405040504, 0x0b0a0b0a0b0a0b0a, 0x0302030203020302,
+                                         0x0908090809080908, 0x0100010001000100); /* lane i: words i, 4 + i */
+    const __m512i s0 = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm256_castsi256_si128(sc16)), idx);
+    const __m512i s1 = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm256_extracti128_si256(sc16, 1)), idx);
+    isum = dot_acc(isum, _mm512_packs_epi32(d0, d1), s0);
+    return dot_acc(isum, _mm512_packs_epi32(d2, d3), s1);
+}
+
+static float dot_q2k(const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
+    __m512 acc = _mm512_setzero_ps();
+    __m256 accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n_sb; i++, x++) {
+        const block_q2_K *b = (const block_q2_K *)(row + i * sizeof(block_q2_K));
+        const __m128i sm = _mm_loadu_si128((const __m128i *)b->scales);
+        const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(15)));
+        __m512i z0, z1, z2, z3;
+        q2_planes(b->qs, &z0, &z1);
+        q2_planes(b->qs + 32, &z2, &z3);
+        const __m512i isum = scale_groups16(_mm512_setzero_si512(),
+                                            _mm256_cvtepu8_epi16(_mm_and_si128(sm, _mm_set1_epi8(15))),
+                                            dot4(z0, x->qs), dot4(z1, x->qs + 64), dot4(z2, x->qs + 128),
+                                            dot4(z3, x->qs + 192));
+        const float dx = x->d;
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dx * pi_h2f(b->d)), acc);
+        const __m256i pm = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), m16);
+        accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pm), _mm256_set1_ps(dx * pi_h2f(b->dmin)), accm);
+    }
+    return hsum(acc, accm);
+}
+
+static float dot_q3k(const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n_sb; i++, x++) {
+        const block_q3_K *b = (const block_q3_K *)(row + i * sizeof(block_q3_K));
+        /* the 16 scales: low nibbles from bytes 0..7 (group g < 8: low, else high nibble of byte g % 8), two
+         * high bits from bytes 8..11 (bits 2(g / 4) of byte 8 + g % 4); 16 bytes loaded ending at the block's
+         * last scale byte (never past the block), then shifted down */
+        const __m128i raw = _mm_srli_si128(_mm_loadu_si128((const __m128i *)(b->scales - 4)), 4);
+        const __m128i nib = _mm_unpacklo_epi64(_mm_and_si128(raw, _mm_set1_epi8(15)),
+                                               _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
+        const __m128i top = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(raw, 0xaa), _mm_setr_epi32(0, 2, 4, 6)),
+                                          _mm_set1_epi8(3));
+        const __m256i sc = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_or_si128(nib, _mm_slli_epi16(top, 4))),
+                                            _mm256_set1_epi16(32));
+        /* -4 * sum_g s_g * bsum_g, in the low 8 lanes */
+        const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)x->bsums)), 2);
+        const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b->hmask));
+        __m512i z[4];
+        q2_planes(b->qs, &z[0], &z[1]);
+        q2_planes(b->qs + 32, &z[2], &z[3]);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) { /* bit 2c (low half) or 2c + 1 (high half) of hmask[l] adds 4 */
+            const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * c))),
+                                                   _mm256_set1_epi8((char)(1 << (2 * c + 1))), 1);
+            z[c] = _mm512_mask_add_epi8(z[c], _mm512_test_epi8_mask(h, bit), z[c], _mm512_set1_epi8(4));
+        }
+        const __m512i isum = scale_groups16(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(corr)), sc,
+                                            dot4(z[0], x->qs), dot4(z[1], x->qs + 64), dot4(z[2], x->qs + 128),
+                                            dot4(z[3], x->qs + 192));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(x->d * pi_h2f(b->d)), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
 static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
+    if (type == PI_Q2_K) return dot_q2k(row, x, n_sb);
+    if (type == PI_Q3_K) return dot_q3k(row, x, n_sb);
     if (type == PI_Q6_K) return dot_q6k(row, x, n_sb);
     return type == PI_Q5_K ? dot_q45k(row, x, n_sb, 1) : dot_q45k(row, x, n_sb, 0);
 }
@@ -199,6 +294,23 @@ static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t 
         float dsc[16], dmn[16];
         pi_unpack_qk(type, blk, q, dsc, dmn);
         int32_t isum = 0, imin = 0;
+        if (type == PI_Q2_K || type == PI_Q3_K) { /* 16 groups of 16; Q3_K's q already minus 4 */
+            int8_t s3[16];
+            if (type == PI_Q3_K) pi_q3k_scales(((const block_q3_K *)blk)->scales, s3);
+            const block_q2_K *b2 = (const block_q2_K *)blk;
+            for (int g = 0; g < 16; g++) {
+                int32_t s = 0;
+                for (int l = 0; l < 16; l++) s += q[16 * g + l] * x->qs[16 * g + l];
+                isum += (type == PI_Q3_K ? s3[g] : b2->scales[g] & 15) * s;
+                if (type == PI_Q2_K) imin += (b2->scales[g] >> 4) * x->bsums[g];
+            }
+            if (type == PI_Q3_K) {
+                acc += (x->d * pi_h2f(((const block_q3_K *)blk)->d)) * (float)isum;
+                continue;
+            }
+            acc += (x->d * pi_h2f(b2->d)) * (float)isum - (x->d * pi_h2f(b2->dmin)) * (float)imin;
+            continue;
+        }
         if (type == PI_Q6_K) { /* q already minus 32: the same integer as the -32 * bsums form */
             const block_q6_K *b = (const block_q6_K *)blk;
             for (int g = 0; g < 16; g++) {

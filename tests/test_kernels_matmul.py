@@ -15,11 +15,17 @@ cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not b
 
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 BLOCK_TYPES = (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0)  # 32-element blocks, Q8_0 activations
-K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)  # 256-element super-blocks, Q8_K activations
+K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,  # 256-element super-blocks, Q8_K activations
+           GGMLType.Q2_K,
+           GGMLType.Q3_K,
+           )
 QUANTIZABLE = FLOAT_TYPES + BLOCK_TYPES
 EPS32 = 2.0 ** -24  # f32 unit roundoff
 # byte offsets of the f16 scales in a K-quant block: random bytes elsewhere are a valid block
-K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,)}
+K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),
+                GGMLType.Q2_K: (80, 82),
+                GGMLType.Q3_K: (108,),
+                }
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["t1", "t2"])
@@ -247,9 +253,9 @@ def test_bad_input_raises(kernels):
         kernels.get_rows(w, np.array([-1], dtype=np.int32))
     with pytest.raises(ValueError, match="integer"):
         kernels.get_rows(w, np.array([0.5]))
-    q2k = Tensor("blk.0.ffn_down.weight", GGMLType.Q2_K, (2, 256), np.zeros((2, 84), dtype=np.uint8))
-    with pytest.raises(UnsupportedError, match="blk.0.ffn_down.weight.*Q2_K"):
-        kernels.matmul(q2k, np.zeros(256, dtype=np.float32))
+    iq = Tensor("blk.0.ffn_down.weight", GGMLType.IQ2_XXS, (2, 256), np.zeros((2, 66), dtype=np.uint8))
+    with pytest.raises(UnsupportedError, match="blk.0.ffn_down.weight.*IQ2_XXS"):
+        kernels.matmul(iq, np.zeros(256, dtype=np.float32))
     q4k = Tensor("odd", GGMLType.Q4_K, (2, 128), np.zeros((2, 72), dtype=np.uint8))
     with pytest.raises(ValueError, match="odd.*multiple of 256"):
         kernels.matmul(q4k, np.zeros(128, dtype=np.float32))
@@ -259,7 +265,7 @@ def test_bad_input_raises(kernels):
     for module in (cpu, ref):
         with pytest.raises(ValueError, match="multiple of 32"):
             module.quantize(np.zeros((2, 33), dtype=np.float32), GGMLType.Q4_0)
-        for unsupported in (GGMLType.Q4_1, GGMLType.Q2_K, GGMLType.Q4_K):
+        for unsupported in (GGMLType.Q4_1, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K):
             with pytest.raises(UnsupportedError):
                 module.quantize(np.zeros((2, 256), dtype=np.float32), unsupported)
 

@@ -25,7 +25,10 @@ def pools():
 
 
 # byte offsets of the f16 scales in a K-quant block: random bytes elsewhere make a valid block
-K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,)}
+K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),
+                GGMLType.Q2_K: (80, 82),
+                GGMLType.Q3_K: (108,),
+                }
 
 
 def make_weight(ggml_type, n_rows, n_cols, seed=0, name="ffn_down_t") -> Tensor:
@@ -197,7 +200,7 @@ def test_axpy_bad_input(pools):
     bad = Tensor("ffn_down_t", GGMLType.Q4_0, (4, 64), np.zeros((4, 10), np.uint8))
     with pytest.raises(ValueError, match="ffn_down_t"):
         k.axpy_rows(bad, np.array([0], np.int32), np.ones(1, np.float32))
-    q = Tensor("ffn_down_t", GGMLType.Q2_K, (4, 256), np.zeros((4, 84), np.uint8))
+    q = Tensor("ffn_down_t", GGMLType.IQ2_XXS, (4, 256), np.zeros((4, 66), np.uint8))
     with pytest.raises(UnsupportedError):
         k.axpy_rows(q, np.array([0], np.int32), np.ones(1, np.float32))
     for impl in (k, ref):

@@ -187,8 +187,6 @@ def test_gemma3_swa_and_scaling(tmp_path):
 def _mixed_file(tmp_path: Path):
     # converted: types without a kernel
     q5, q5_ref = _q("blk.0.ffn_up.weight", GGMLType.Q5_1, (96, 64))
-    q4k, q4k_ref = _kquant("blk.0.attn_output.weight", GGMLType.Q3_K, (5, 256))
-    q6k, q6k_ref = _kquant("blk.0.ffn_down.weight", GGMLType.Q2_K, (3, 512))
     q41_1d, q41_ref = _q("blk.0.odd.weight", GGMLType.Q4_1, (64,))
     f64 = Tensor("blk.0.f64.weight", GGMLType.F64, (3, 5), rng.standard_normal((3, 5)))
     q8, _ = _q("token_embd.weight", GGMLType.Q8_0, (32, 64))
@@ -197,9 +195,11 @@ def _mixed_file(tmp_path: Path):
     # kept as they are: the quantized types the kernels compute on (Gemma 3's Q5_0 / Q4_K / Q6_K)
     native = [_q("blk.0.attn_v.weight", GGMLType.Q5_0, (16, 64))[0],
               _kquant("blk.0.ffn_gate.weight", GGMLType.Q4_K, (4, 256))[0],
-              _kquant("blk.1.ffn_down.weight", GGMLType.Q6_K, (2, 256))[0]]
-    tensors = [q5, q4k, q6k, q41_1d, f64, q8, f16, norm] + native
-    refs = {q5.name: q5_ref, q4k.name: q4k_ref, q6k.name: q6k_ref, q41_1d.name: q41_ref,
+              _kquant("blk.1.ffn_down.weight", GGMLType.Q6_K, (2, 256))[0],
+              _kquant("blk.0.attn_output.weight", GGMLType.Q3_K, (5, 256))[0],
+              _kquant("blk.0.ffn_down.weight", GGMLType.Q2_K, (3, 512))[0]]
+    tensors = [q5, q41_1d, f64, q8, f16, norm] + native
+    refs = {q5.name: q5_ref, q41_1d.name: q41_ref,
             f64.name: f64.data.astype(np.float32)}
     return _write(tmp_path / "mixed.gguf", _meta(), tensors), refs
 
@@ -212,8 +212,6 @@ def test_conversion_of_non_kernel_types(tmp_path):
     assert list(w.tensors) == list(f.tensors)
     assert w.conversions == [
         Conversion("blk.0.ffn_up.weight", GGMLType.Q5_1, GGMLType.Q8_0),
-        Conversion("blk.0.attn_output.weight", GGMLType.Q3_K, GGMLType.Q8_0),
-        Conversion("blk.0.ffn_down.weight", GGMLType.Q2_K, GGMLType.Q8_0),
         Conversion("blk.0.odd.weight", GGMLType.Q4_1, GGMLType.F32),  # 1-D
         Conversion("blk.0.f64.weight", GGMLType.F64, GGMLType.F32),  # rows of 5: not a multiple of 32
     ]
@@ -231,7 +229,8 @@ def test_conversion_of_non_kernel_types(tmp_path):
             assert np.all(np.abs(got.reshape(-1, 32) - blocks) <= bound), name
     # kernel types are untouched zero-copy views
     for name in ("token_embd.weight", "blk.0.attn_q.weight", "output_norm.weight", "blk.0.attn_v.weight",
-                 "blk.0.ffn_gate.weight", "blk.1.ffn_down.weight"):
+                 "blk.0.ffn_gate.weight", "blk.1.ffn_down.weight",
+                 "blk.0.attn_output.weight", "blk.0.ffn_down.weight"):
         assert w.tensors[name] is f.tensors[name] and np.shares_memory(w.tensors[name].data, f._map)
 
 
@@ -278,7 +277,7 @@ def test_model_info(tmp_path):
     assert info["tensor_types"]["Q5_1"] == {"count": 1, "bytes": 96 * 64 // 32 * 24}
     assert info["tensor_types"]["Q5_0"] == {"count": 1, "bytes": 16 * 64 // 32 * 22}
     assert {(c["from"], c["to"], c["count"]) for c in info["conversions"]} == {
-        ("Q5_1", "Q8_0", 1), ("Q3_K", "Q8_0", 1), ("Q2_K", "Q8_0", 1), ("Q4_1", "F32", 1), ("F64", "F32", 1)}
+        ("Q5_1", "Q8_0", 1), ("Q4_1", "F32", 1), ("F64", "F32", 1)}
 
 
 def test_model_info_sparse_and_unsupported(tmp_path):

@@ -20,9 +20,16 @@ QK = 32  # elements per Q8_0 / Q4_0 / Q5_0 block
 QK_K = 256  # elements per K-quant super-block (and per Q8_K activation block)
 _FLOAT_DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.BF16: np.uint16}
 _Q32_TYPES = (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0)  # activations quantized to Q8_0
-_K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)  # activations quantized to Q8_K
+_K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,  # activations quantized to Q8_K
+            GGMLType.Q2_K,
+            GGMLType.Q3_K,
+            )
 _BLOCK_BYTES = {GGMLType.Q8_0: 34, GGMLType.Q4_0: 18, GGMLType.Q5_0: 22,
-                GGMLType.Q4_K: 144, GGMLType.Q5_K: 176, GGMLType.Q6_K: 210}
+                GGMLType.Q4_K: 144, GGMLType.Q5_K: 176, GGMLType.Q6_K: 210,
+                GGMLType.Q2_K: 84,
+                GGMLType.Q3_K: 110,
+                }
+_TWO_BIT_SHIFTS = np.array([0, 2, 4, 6], np.uint8)[:, None]  # Q2_K/Q3_K: 2-bit field j of a byte
 
 
 def check_kernel_type(ggml_type, what: str = "tensor") -> GGMLType:
@@ -147,10 +154,24 @@ def _blocks(t: Tensor) -> tuple[np.ndarray, np.ndarray]:
 
 def _k_blocks(t: Tensor) -> dict:
     """K-quant tensor -> integer parts, per row r, super-block s:
-    q int8 [R, S, 256] (Q6_K: minus 32), sc int [R, S, G] (G = 8 groups of 32, or 16 of 16 for Q6_K),
-    mn int [R, S, 8] (Q4_K/Q5_K), d, dmin f32 [R, S]."""
+    q int8 [R, S, 256] (Q6_K: minus 32, Q3_K: minus 4), sc int [R, S, G] (G = 8 groups of 32 for Q4_K/Q5_K,
+    16 of 16 for Q2_K/Q3_K/Q6_K; Q3_K: the 6-bit scale minus 32), mn int [R, S, G] (Q2_K/Q4_K/Q5_K: the mins),
+    d, dmin f32 [R, S]."""
     ns = t.n_cols // QK_K
     b = np.ascontiguousarray(t.data).reshape(t.n_rows, ns, _BLOCK_BYTES[t.type])
+    if t.type in (GGMLType.Q2_K, GGMLType.Q3_K):  # element 128n + 32j + l: bits 2j of qs[32n + l]
+        qs = b[..., 16:80] if t.type == GGMLType.Q2_K else b[..., 32:96]
+        q = ((qs.reshape(*b.shape[:2], 2, 1, 32) >> _TWO_BIT_SHIFTS) & 3).reshape(*b.shape[:2], QK_K).astype(np.int8)
+        if t.type == GGMLType.Q2_K:
+            scales = b[..., :16].astype(np.int64)
+            return {"q": q, "sc": scales & 15, "mn": scales >> 4, "d": _f16(b[..., 80:82]), "dmin": _f16(b[..., 82:84])}
+        high = (b[..., None, :32] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # [R, S, 4n + j, l]
+        q = q + (high.reshape(q.shape).astype(np.int8) << 2) - np.int8(4)
+        packed = b[..., 96:108].astype(np.int64)
+        low = np.concatenate([packed[..., :8] & 15, packed[..., :8] >> 4], axis=-1)  # group g: nibble g // 8
+        top = (packed[..., None, 8:12] >> (2 * np.arange(4))[:, None]) & 3  # [R, S, g // 4, g % 4]
+        sc = low | (top.reshape(low.shape) << 4)
+        return {"q": q, "sc": sc - 32, "d": _f16(b[..., 108:110])}
     if t.type == GGMLType.Q6_K:
         ql, qh = b[..., :128].reshape(*b.shape[:2], 2, 2, 32), b[..., 128:192].reshape(*b.shape[:2], 2, 1, 32)
         low = np.concatenate([ql & 0x0F, ql >> 4], axis=-2)  # [R, S, half, i = 0..3, 32]
@@ -183,7 +204,7 @@ def dequantize(t: Tensor) -> np.ndarray:
         g = k["sc"].shape[-1]
         q = k["q"].reshape(*k["q"].shape[:2], g, -1).astype(np.float32)
         y = (k["d"][..., None] * k["sc"].astype(np.float32))[..., None] * q
-        if ty != GGMLType.Q6_K:
+        if "mn" in k:
             y = y - (k["dmin"][..., None] * k["mn"].astype(np.float32))[..., None]
         return y.astype(np.float32).reshape(t.shape)
     d, q = _blocks(t)
@@ -215,9 +236,10 @@ def _matmul_quantized(w: Tensor, x2: np.ndarray, absolute: bool) -> np.ndarray:
                        f(qx.astype(np.int64)).reshape(n, ns * g, -1)).reshape(ns, g, m, n)
     isum = np.einsum("msg,sgmt->tms", f(k["sc"]).astype(np.float64), dots)  # [N, M, S]
     y = isum * f(k["d"].astype(np.float64))[None]
-    if w.type != GGMLType.Q6_K:
-        pair_sums = bsums.reshape(n, ns, 8, 2).sum(axis=-1).astype(np.float64)  # [N, S, 8]
-        imin = np.einsum("msg,tsg->tms", k["mn"].astype(np.float64), f(pair_sums))
+    if "mn" in k:  # Q2_K (16 mins), Q4_K / Q5_K (8 mins: pairs of bsums)
+        gm = k["mn"].shape[-1]
+        group_sums = bsums.reshape(n, ns, gm, 16 // gm).sum(axis=-1).astype(np.float64)  # [N, S, gm]
+        imin = np.einsum("msg,tsg->tms", k["mn"].astype(np.float64), f(group_sums))
         y = y + (1.0 if absolute else -1.0) * imin * f(k["dmin"].astype(np.float64))[None]
     return np.einsum("tms,ts->tm", y, f(dx.astype(np.float64).reshape(n, ns)))
 
