@@ -61,7 +61,8 @@ typedef struct {
     const float *x;      /* float types: f32 [n_tok, n_cols] */
     const int8_t *xq;    /* block types: int8 [n_tok, nbp * 32] quantized activations (AVX-512: Q4_0 quad order, Q5_0 pair order) */
     const float *xd;     /* f32 [n_tok, nbp] block scales */
-    const int32_t *xc;   /* int32 [n_tok, nbp] correction: -128 * sum(q) (Q8_0, VNNI), -8 * sum(q) (Q4_0), else 0 */
+    const int32_t *xc;   /* int32 [n_tok, nbp] correction: -128 * sum(q) (Q8_0, IQ4_NL, VNNI), -8 * sum(q) (Q4_0), else 0 */
+    const float *xs;     /* f32 [n_tok, nbp] Q4_1/Q5_1: f16(d_x * sum(q)), the term the weight's min m multiplies */
     int64_t nbp;         /* blocks per token, rounded up to the vector's blocks */
     int64_t rows_per_chunk;
     const int32_t *sel;  /* NULL: output row i is weight row i; else weight row sel[i] (pi_matmul_rows) */
@@ -70,9 +71,34 @@ typedef struct {
     float *y;            /* f32 [n_tok, n_rows] */
 } mm_job;
 
-/* bytes per block of the 32-element types handled by tile_q: kind 0 = Q8_0, 1 = Q4_0, 2 = Q5_0 */
+/* The 32-element types handled by tile_q, as a compile-time `kind`: 0 = Q8_0, 1 = Q4_0, 2 = Q5_0, 3 = Q4_1,
+ * 4 = Q5_1, 5 = IQ4_NL. Kinds 2-5 share the nibble-pair layout (AVX-512) and the row decoder. Q4_1/Q5_1 add
+ * m_w * s_x per block (s_x = f16(d_x * sum(q_x)), llama.cpp's Q8_1 activation sum) in a separate f32 sum. */
+#define K_Q8 0
+#define K_Q4 1
+#define K_Q5 2
+#define K_Q41 3
+#define K_Q51 4
+#define K_IQ4NL 5
 INLINE int64_t kind_size(int kind) {
-    return kind == 0 ? (int64_t)sizeof(block_q8_0) : kind == 1 ? (int64_t)sizeof(block_q4_0) : (int64_t)sizeof(block_q5_0);
+    return kind == K_Q8 ? (int64_t)sizeof(block_q8_0) : kind == K_Q4 ? (int64_t)sizeof(block_q4_0)
+         : kind == K_Q5 ? (int64_t)sizeof(block_q5_0) : kind == K_Q41 ? (int64_t)sizeof(block_q4_1)
+         : kind == K_Q51 ? (int64_t)sizeof(block_q5_1) : (int64_t)sizeof(block_iq4_nl);
+}
+INLINE int kind_min(int kind) { return kind == K_Q41 || kind == K_Q51; }      /* has m: the s_x term */
+INLINE int kind_uns(int kind) { return kind >= K_Q4 && kind <= K_Q51; }       /* unsigned nibble weights */
+INLINE int kind_qs(int kind) { return kind == K_Q5 ? 6 : kind == K_Q41 ? 4 : kind == K_Q51 ? 8 : 2; } /* qs offset */
+INLINE int kind_qh(int kind) { return kind == K_Q5 ? 2 : kind == K_Q51 ? 4 : -1; } /* qh offset, -1: none */
+static int type_kind(int type) {
+    switch (type) {
+    case PI_Q8_0: return K_Q8;
+    case PI_Q4_0: return K_Q4;
+    case PI_Q5_0: return K_Q5;
+    case PI_Q4_1: return K_Q41;
+    case PI_Q5_1: return K_Q51;
+    case PI_IQ4_NL: return K_IQ4NL;
+    default: return -1;
+    }
 }
 INLINE const uint8_t *mm_row(const mm_job *j, int64_t i) { return j->w + (j->sel ? j->sel[i] : i) * j->row_bytes; }
 
@@ -113,41 +139,75 @@ INLINE wvec w_load_q8(const block_q8_0 *b, int two) {
     return v;
 }
 
-/* Q5_0: the nibbles plus 16 where the element's qh bit is set, in pair order */
-INLINE wvec w_load_q5(const block_q5_0 *b, int two) {
-    __m128i q0 = _mm_loadu_si128((const __m128i *)b[0].qs);
-    __m256i q = two ? _mm256_inserti128_si256(_mm256_castsi128_si256(q0), _mm_loadu_si128((const __m128i *)b[1].qs), 1)
+/* Q5_0 / Q4_1 / Q5_1 / IQ4_NL, block pair at p (a lone block when !two), in pair order: the nibbles, plus 16
+ * where the element's qh bit is set (Q5_*); IQ4_NL maps them through its table to signed levels, then as Q8_0 */
+INLINE wvec w_load_nib(const uint8_t *p, const int kind, int two) {
+    const int64_t size = kind_size(kind);
+    const int qo = kind_qs(kind), ho = kind_qh(kind);
+    __m128i q0 = _mm_loadu_si128((const __m128i *)(p + qo));
+    __m256i q = two ? _mm256_inserti128_si256(_mm256_castsi128_si256(q0), _mm_loadu_si128((const __m128i *)(p + size + qo)), 1)
                     : _mm256_zextsi128_si256(q0);
     __m512i z = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1),
                                  _mm512_set1_epi8(0x0f));
-    uint32_t h0, h1 = 0;
-    memcpy(&h0, b[0].qh, 4);
-    if (two) memcpy(&h1, b[1].qh, 4);
-    /* every byte gets the qh byte holding its element's bit (in-lane shuffle of h0 | h1 << 32, broadcast):
-     * 16-byte lane 0 = b0 elements 0-15 (qh0 bytes 0, 1), 1 = b1 0-15 (bytes 4, 5), 2 = b0 16-31 (2, 3),
-     * 3 = b1 16-31 (6, 7); then bit (element % 8) of it, which is byte % 8 */
-    const __m512i hb = _mm512_shuffle_epi8(_mm512_set1_epi64((long long)((uint64_t)h0 | (uint64_t)h1 << 32)),
-                                           _mm512_set_epi64(0x0707070707070707LL, 0x0606060606060606LL,
-                                                            0x0303030303030303LL, 0x0202020202020202LL,
-                                                            0x0505050505050505LL, 0x0404040404040404LL,
-                                                            0x0101010101010101LL, 0x0000000000000000LL));
-    const __mmask64 hi = _mm512_test_epi8_mask(hb, _mm512_set1_epi64((long long)0x8040201008040201ULL));
-    wvec v = {_mm512_mask_add_epi8(z, hi, z, _mm512_set1_epi8(16)), 0};
+    wvec v;
+    if (kind == K_IQ4NL) {
+        const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)pi_iq4nl_values));
+        z = _mm512_shuffle_epi8(tab, z);
+#if Q8_UNSIGNED
+        v.a = _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80));
+        v.neg = 0;
+#else
+        v.a = _mm512_abs_epi8(z);
+        v.neg = _mm512_movepi8_mask(z);
+#endif
+        return v;
+    }
+    if (ho >= 0) {
+        uint32_t h0, h1 = 0;
+        memcpy(&h0, p + ho, 4);
+        if (two) memcpy(&h1, p + size + ho, 4);
+        /* every byte gets the qh byte holding its element's bit (in-lane shuffle of h0 | h1 << 32, broadcast):
+         * 16-byte lane 0 = b0 elements 0-15 (qh0 bytes 0, 1), 1 = b1 0-15 (bytes 4, 5), 2 = b0 16-31 (2, 3),
+         * 3 = b1 16-31 (6, 7); then bit (element % 8) of it, which is byte % 8 */
+        const __m512i hb = _mm512_shuffle_epi8(_mm512_set1_epi64((long long)((uint64_t)h0 | (uint64_t)h1 << 32)),
+                                               _mm512_set_epi64(0x0707070707070707LL, 0x0606060606060606LL,
+                                                                0x0303030303030303LL, 0x0202020202020202LL,
+                                                                0x0505050505050505LL, 0x0404040404040404LL,
+                                                                0x0101010101010101LL, 0x0000000000000000LL));
+        const __mmask64 hi = _mm512_test_epi8_mask(hb, _mm512_set1_epi64((long long)0x8040201008040201ULL));
+        z = _mm512_mask_add_epi8(z, hi, z, _mm512_set1_epi8(16));
+    }
+    v.a = z;
+    v.neg = 0;
     return v;
 }
 
 /* the 2R weight scales of a block pair, one conversion: f32 [r0 b0, r0 b1, r1 b0, r1 b1, ...] */
 typedef __m256 wscales;
-INLINE wscales w_scales(const uint8_t **rows, int64_t b, const int R, const int kind, const int two) {
+INLINE __m256 w_f16pairs(const uint8_t **rows, int64_t b, const int R, const int kind, const int two, const int off) {
     const int64_t size = kind_size(kind);
     uint32_t u[4] = {0, 0, 0, 0};
     for (int r = 0; r < R; r++) {
         uint16_t d0, d1 = 0;
-        memcpy(&d0, rows[r] + b * size, 2);
-        if (two) memcpy(&d1, rows[r] + (b + 1) * size, 2);
+        memcpy(&d0, rows[r] + b * size + off, 2);
+        if (two) memcpy(&d1, rows[r] + (b + 1) * size + off, 2);
         u[r] = (uint32_t)d0 | ((uint32_t)d1 << 16);
     }
     return _mm256_cvtph_ps(_mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]));
+}
+INLINE wscales w_scales(const uint8_t **rows, int64_t b, const int R, const int kind, const int two) {
+    return w_f16pairs(rows, b, R, kind, two, 0);
+}
+/* Q4_1/Q5_1 min terms: per token one 8-lane sum [r0 b0, r0 b1, r1 b0, ...] of m_w * s_x */
+typedef __m256 mvec;
+INLINE mvec m_zero(void) { return _mm256_setzero_ps(); }
+INLINE mvec m_acc(mvec acc, const uint8_t **rows, int64_t b, const int R, const int kind, const int two, const float *xs) {
+    return _mm256_fmadd_ps(w_f16pairs(rows, b, R, kind, two, 2), _mm256_castpd_ps(_mm256_broadcast_sd((const double *)xs)), acc);
+}
+INLINE float m_get(mvec acc, int r) {
+    float l[8];
+    _mm256_storeu_ps(l, acc);
+    return l[2 * r] + l[2 * r + 1];
 }
 /* times the token's two block scales (a 64-bit broadcast): every (row, block) product at once */
 typedef __m512 tscales;
@@ -211,18 +271,34 @@ INLINE wvec w_load_q4(const block_q4_0 *b, int two) {
     return v;
 }
 
-INLINE wvec w_load_q5(const block_q5_0 *b, int two) {
+/* Q5_0 / Q4_1 / Q5_1 / IQ4_NL, one block: nibbles (plus 16 where the qh bit is set); IQ4_NL's table levels as Q8_0 */
+INLINE wvec w_load_nib(const uint8_t *p, const int kind, int two) {
     (void)two;
-    __m128i q = _mm_loadu_si128((const __m128i *)b[0].qs);
+    const int ho = kind_qh(kind);
+    __m128i q = _mm_loadu_si128((const __m128i *)(p + kind_qs(kind)));
     __m256i z = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
-    uint32_t h;
-    memcpy(&h, b[0].qh, 4);
-    /* byte i <- byte i / 8 of qh, then test bit i % 8: 0xff where element i has its fifth bit */
-    __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h),
-                                     _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    hb = _mm256_cmpeq_epi8(_mm256_and_si256(hb, bit), bit);
-    z = _mm256_or_si256(z, _mm256_and_si256(hb, _mm256_set1_epi8(16)));
+    if (kind == K_IQ4NL) {
+        const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)pi_iq4nl_values));
+        z = _mm256_shuffle_epi8(tab, z);
+        wvec v;
+#if Q8_UNSIGNED
+        v.a = _mm256_xor_si256(z, _mm256_set1_epi8((char)0x80));
+#else
+        v.a = _mm256_sign_epi8(z, z);
+#endif
+        v.s = z;
+        return v;
+    }
+    if (ho >= 0) {
+        uint32_t h;
+        memcpy(&h, p + ho, 4);
+        /* byte i <- byte i / 8 of qh, then test bit i % 8: 0xff where element i has its fifth bit */
+        __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h),
+                                         _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL));
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+        hb = _mm256_cmpeq_epi8(_mm256_and_si256(hb, bit), bit);
+        z = _mm256_or_si256(z, _mm256_and_si256(hb, _mm256_set1_epi8(16)));
+    }
     wvec v = {z, z};
     return v;
 }
@@ -237,6 +313,22 @@ INLINE wscales w_scales(const uint8_t **rows, int64_t b, const int R, const int 
         w.s[r] = _mm256_set1_ps(_cvtsh_ss(d));
     }
     return w;
+}
+/* Q4_1/Q5_1 min terms: per token one 4-lane sum [r0, r1, r2, r3] of m_w * s_x */
+typedef __m128 mvec;
+INLINE mvec m_zero(void) { return _mm_setzero_ps(); }
+INLINE mvec m_acc(mvec acc, const uint8_t **rows, int64_t b, const int R, const int kind, const int two, const float *xs) {
+    (void)two;
+    uint16_t m[4] = {0, 0, 0, 0};
+    for (int r = 0; r < R; r++) memcpy(&m[r], rows[r] + b * kind_size(kind) + 2, 2);
+    uint64_t u;
+    memcpy(&u, m, 8);
+    return _mm_fmadd_ps(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)u)), _mm_broadcast_ss(xs), acc);
+}
+INLINE float m_get(mvec acc, int r) {
+    float l[4];
+    _mm_storeu_ps(l, acc);
+    return l[r];
 }
 typedef fv tscales;
 INLINE tscales t_scales(wscales ws, const float *xd) { (void)ws; return _mm256_broadcast_ss(xd); }
@@ -285,28 +377,29 @@ INLINE float fv_sum(fv v) { return hsum8(v); }
 /* ==== block-type tiles ================================================================================ */
 #if defined(MM_AVX512) || defined(MM_AVX2)
 /* one vector step (BPV blocks starting at block b) of an R x T tile; `two` = 0 only for a lone last block */
-INLINE void tile_q_step(const mm_job *j, const uint8_t **rows, int64_t t0, int64_t b, fv acc[][4],
+INLINE void tile_q_step(const mm_job *j, const uint8_t **rows, int64_t t0, int64_t b, fv acc[][4], mvec *accm,
                         const int R, const int T, const int kind, const int two) {
-    const int q4 = kind != 0; /* nibble layout, unsigned weights with a correction term */
+    const int lay = kind != K_Q8, uns = kind_uns(kind); /* nibble layout; unsigned weights (correction term) */
     wvec wv[4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #if defined(MM_AVX512)
-        wv[r] = kind == 2 ? w_load_q5((const block_q5_0 *)rows[r] + b, two)
-                          : w_load_q8((const block_q8_0 *)rows[r] + b, two); /* Q4_0: tile_quad */
+        wv[r] = kind != K_Q8 ? w_load_nib(rows[r] + b * kind_size(kind), kind, two)
+                             : w_load_q8((const block_q8_0 *)rows[r] + b, two); /* Q4_0: tile_quad */
 #else
-        wv[r] = kind == 2   ? w_load_q5((const block_q5_0 *)rows[r] + b, two)
-                : kind == 1 ? w_load_q4((const block_q4_0 *)rows[r] + b, two)
-                            : w_load_q8((const block_q8_0 *)rows[r] + b, two);
+        wv[r] = kind == K_Q4   ? w_load_q4((const block_q4_0 *)rows[r] + b, two)
+                : kind != K_Q8 ? w_load_nib(rows[r] + b * kind_size(kind), kind, two)
+                               : w_load_q8((const block_q8_0 *)rows[r] + b, two);
 #endif
     wscales ws = w_scales(rows, b, R, kind, two);
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++) {
         const int64_t o = (t0 + t) * j->nbp + b;
-        qv xv = x_load(j->xq + o * QK), xc = x_corr(j->xc + o, q4);
+        qv xv = x_load(j->xq + o * QK), xc = x_corr(j->xc + o, lay);
         tscales ts = t_scales(ws, j->xd + o);
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) acc[r][t] = fv_acc(acc[r][t], dot_q(wv[r], xv, xc, q4), scale_rt(ts, ws, r, q4));
+        for (int r = 0; r < R; r++) acc[r][t] = fv_acc(acc[r][t], dot_q(wv[r], xv, xc, uns), scale_rt(ts, ws, r, lay));
+        if (kind_min(kind)) accm[t] = m_acc(accm[t], rows, b, R, kind, two, j->xs + o);
     }
 }
 
@@ -424,6 +517,8 @@ INLINE void tile_quad(const mm_job *j, const uint8_t **rows, int64_t r0, int64_t
 INLINE void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T, const int kind) {
     fv acc[8][4]; /* R <= 4, or <= 8 with T == 1 (quad decode) */
     const uint8_t *rows[8];
+    mvec accm[4];
+    for (int t = 0; t < 4; t++) accm[t] = m_zero();
     for (int r = 0; r < R; r++) {
         rows[r] = mm_row(j, r0 + r);
         for (int t = 0; t < T; t++) acc[r][t] = fv_zero();
@@ -446,11 +541,12 @@ INLINE void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
             for (int r = 0; r < R; r++) _mm_prefetch((const char *)(o >= j->row_bytes ? next[r] : rows[r]) + o, _MM_HINT_T0);
         }
 #endif
-        tile_q_step(j, rows, t0, b, acc, R, T, kind, 1);
+        tile_q_step(j, rows, t0, b, acc, accm, R, T, kind, 1);
     }
-    if (nfull < nb) tile_q_step(j, rows, t0, nfull, acc, R, T, kind, 0);
+    if (nfull < nb) tile_q_step(j, rows, t0, nfull, acc, accm, R, T, kind, 0);
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) j->y[(t0 + t) * j->n_rows + r0 + r] = fv_sum(acc[r][t]);
+        for (int t = 0; t < T; t++)
+            j->y[(t0 + t) * j->n_rows + r0 + r] = kind_min(kind) ? fv_sum(acc[r][t]) + m_get(accm[t], r) : fv_sum(acc[r][t]);
 }
 
 #else
@@ -461,11 +557,17 @@ static void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
         for (int t = 0; t < T; t++) {
             const int8_t *xq = j->xq + (t0 + t) * j->nbp * QK;
             const float *xd = j->xd + (t0 + t) * j->nbp;
-            float acc = 0.0f;
+            float acc = 0.0f, accm = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
                 int32_t s = 0;
                 float dw;
-                if (kind == 2) {
+                if (kind >= K_Q41) { /* Q4_1, Q5_1, IQ4_NL */
+                    int8_t q[QK];
+                    float m;
+                    pi_unpack_q32(j->type, row + b * kind_size(kind), q, &dw, &m);
+                    for (int i = 0; i < QK; i++) s += q[i] * xq[b * QK + i];
+                    if (kind_min(kind)) accm += m * j->xs[(t0 + t) * j->nbp + b];
+                } else if (kind == 2) {
                     const block_q5_0 *wb = (const block_q5_0 *)row + b;
                     uint32_t qh;
                     memcpy(&qh, wb->qh, 4);
@@ -485,7 +587,7 @@ static void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
                 }
                 acc += (float)s * (dw * xd[b]);
             }
-            j->y[(t0 + t) * j->n_rows + r0 + r] = acc;
+            j->y[(t0 + t) * j->n_rows + r0 + r] = kind_min(kind) ? acc + accm : acc;
         }
     }
 }
@@ -703,25 +805,34 @@ static void q4_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
 }
 #endif
 
-/* ==== Q5_0 decode on AVX-512: one row at a time ================================================================
+/* ==== Q5_0 / Q4_1 / Q5_1 / IQ4_NL decode on AVX-512: one row at a time =======================================
  * tile_q for R = T = 1 (the same arithmetic, so the same bits as the 4-row tiles and the batched path), with
  * the row stream prefetched Q5_ROW_PF_DIST ahead: one sequential stream per thread instead of four. Measured
- * cold, two threads, against the 4-row tiles: 4096 x 4096 +20%, 11008 x 4096 +26%, 4096 x 11008 +18%. */
+ * (Q5_0) cold, two threads, against the 4-row tiles: 4096 x 4096 +20%, 11008 x 4096 +26%, 4096 x 11008 +18%. */
 #if defined(MM_AVX512)
 #define Q5_ROW_DECODE 1
 #define Q5_ROW_PF_DIST 4096
-static void q5_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
-    const int64_t size = kind_size(2), nb = j->n_cols / QK, nfull = nb / BPV * BPV;
+INLINE void pair_decode_rows(const mm_job *j, int64_t r0, int64_t r1, const int kind) {
+    const int64_t size = kind_size(kind), nb = j->n_cols / QK, nfull = nb / BPV * BPV;
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *rows[1] = {mm_row(j, r)};
         fv acc[1][4] = {{fv_zero()}};
+        mvec accm[1] = {m_zero()};
         pf_stream ahead = pf_start(j, r, Q5_ROW_PF_DIST);
         for (int64_t b = 0; b < nfull; b += BPV) {
             pf_step(j, &ahead, r1, BPV * size);
-            tile_q_step(j, rows, 0, b, acc, 1, 1, 2, 1);
+            tile_q_step(j, rows, 0, b, acc, accm, 1, 1, kind, 1);
         }
-        if (nfull < nb) tile_q_step(j, rows, 0, nfull, acc, 1, 1, 2, 0);
-        j->y[r] = fv_sum(acc[0][0]);
+        if (nfull < nb) tile_q_step(j, rows, 0, nfull, acc, accm, 1, 1, kind, 0);
+        j->y[r] = kind_min(kind) ? fv_sum(acc[0][0]) + m_get(accm[0], 0) : fv_sum(acc[0][0]);
+    }
+}
+static void q5_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
+    switch (j->type) {
+    case PI_Q5_0: pair_decode_rows(j, r0, r1, K_Q5); break;
+    case PI_Q4_1: pair_decode_rows(j, r0, r1, K_Q41); break;
+    case PI_Q5_1: pair_decode_rows(j, r0, r1, K_Q51); break;
+    default: pair_decode_rows(j, r0, r1, K_IQ4NL); break;
     }
 }
 #endif
@@ -763,6 +874,9 @@ static void f_decode_rows(const mm_job *j, int64_t r0, int64_t r1, const int typ
         case PI_Q8_0: tile_q(j, r0, t0, R, T, 0); break;                                                     \
         case PI_Q4_0: tile_q(j, r0, t0, R, T, 1); break;                                                     \
         case PI_Q5_0: tile_q(j, r0, t0, R, T, 2); break;                                                     \
+        case PI_Q4_1: tile_q(j, r0, t0, R, T, K_Q41); break;                                                 \
+        case PI_Q5_1: tile_q(j, r0, t0, R, T, K_Q51); break;                                                 \
+        case PI_IQ4_NL: tile_q(j, r0, t0, R, T, K_IQ4NL); break;                                             \
         case PI_F32: tile_f(j, r0, t0, R, T, PI_F32); break;                                                 \
         case PI_F16: tile_f(j, r0, t0, R, T, PI_F16); break;                                                 \
         default: tile_f(j, r0, t0, R, T, PI_BF16); break;                                                    \
@@ -798,7 +912,7 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
         }
 #endif
 #if defined(Q5_ROW_DECODE)
-        if (j->type == PI_Q5_0 && j->stream) {
+        if (type_kind(j->type) >= K_Q5 && j->stream) {
             q5_decode_rows(j, r, r_end);
             return;
         }
@@ -861,10 +975,11 @@ INLINE __m512i round_away16(__m512 v) { /* as round_away: trunc, then +-1 where 
     return _mm512_cvttps_epi32(t);
 }
 
-static float quantize_block(const float *x, int8_t *q, int32_t *sum) {
+static float quantize_block(const float *x, int8_t *q, int32_t *sum, float *draw) {
     __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
     float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
     float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    *draw = d;
     __m512 vid = _mm512_set1_ps(id);
     __m512i qa = round_away16(_mm512_mul_ps(a, vid)), qb = round_away16(_mm512_mul_ps(b, vid));
     *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
@@ -873,13 +988,14 @@ static float quantize_block(const float *x, int8_t *q, int32_t *sum) {
     return f16_round(d);
 }
 #else
-static float quantize_block(const float *x, int8_t *q, int32_t *sum) {
+static float quantize_block(const float *x, int8_t *q, int32_t *sum, float *draw) {
     float amax = 0.0f;
     for (int i = 0; i < QK; i++) {
         float a = x[i] < 0 ? -x[i] : x[i];
         if (a > amax) amax = a;
     }
     float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    *draw = d;
     int32_t s = 0;
     for (int i = 0; i < QK; i++) { q[i] = (int8_t)round_away(x[i] * id); s += q[i]; }
     *sum = s;
@@ -895,17 +1011,21 @@ static void quantize_token(void *ctx, int64_t t, int thread_id) {
     int8_t *xq = (int8_t *)j->xq + t * j->nbp * QK;
     float *xd = (float *)j->xd + t * j->nbp;
     int32_t *xc = (int32_t *)j->xc + t * j->nbp;
-    const int32_t corr = j->type == PI_Q4_0 ? 8 : j->type == PI_Q5_0 ? 16 : Q8_CORR;
+    float *xs = (float *)j->xs + t * j->nbp;
+    const int kind = type_kind(j->type);
+    const int32_t corr = kind == K_Q4 ? 8 : kind == K_Q5 ? 16 : kind_min(kind) ? 0 : Q8_CORR;
     for (int64_t b = 0; b < j->nbp; b++) {
         int8_t q[QK] = {0};
         int32_t s = 0;
-        xd[b] = b < nb ? quantize_block(x + b * QK, q, &s) : 0.0f;
+        float draw = 0.0f;
+        xd[b] = b < nb ? quantize_block(x + b * QK, q, &s, &draw) : 0.0f;
         xc[b] = -corr * s;
+        xs[b] = f16_round(draw * (float)s); /* llama.cpp's Q8_1 s: the unrounded d times the sum, as f16 */
 #if defined(MM_AVX512)
         if (j->type == PI_Q4_0) { /* quad order [b0..b3 elements 0..15 | b0..b3 elements 16..31], as tile_quad */
             memcpy(xq + (b & ~3) * QK + 16 * (b & 3), q, 16);
             memcpy(xq + (b & ~3) * QK + 64 + 16 * (b & 3), q + 16, 16);
-        } else if (j->type == PI_Q5_0) { /* pair order [b0 0..15 | b1 0..15 | b0 16..31 | b1 16..31], as w_load_q5 */
+        } else if (kind != K_Q8) { /* pair order [b0 0..15 | b1 0..15 | b0 16..31 | b1 16..31], as w_load_nib */
             memcpy(xq + (b & ~1) * QK + 16 * (b & 1), q, 16);
             memcpy(xq + (b & ~1) * QK + 32 + 16 * (b & 1), q + 16, 16);
         } else
@@ -927,7 +1047,7 @@ static void mm_run(pi_pool *pool, int type, const void *w, int64_t n_cols, const
     mm_job j = {.type = type, .w = w, .row_bytes = pi_row_size(type, n_cols), .n_rows = n_out, .n_cols = n_cols,
                 .n_tok = n_tok, .x = x, .sel = sel, .y = y,
                 .stream = !sel || (n_out > 0 && (double)(sel[n_out - 1] - sel[0] + 1) <= STREAM_SPAN * (double)n_out)};
-    if (type == PI_Q8_0 || type == PI_Q4_0 || type == PI_Q5_0) {
+    if (type_kind(type) >= 0) {
         const int64_t nb = n_cols / QK;
         int64_t per = BPV; /* blocks per vector step */
 #if defined(MM_AVX512)
@@ -935,10 +1055,11 @@ static void mm_run(pi_pool *pool, int type, const void *w, int64_t n_cols, const
 #endif
         j.nbp = (nb + per - 1) / per * per;
         const size_t nq = (size_t)(n_tok * j.nbp);
-        char *s = pi_pool_scratch(pool, nq * QK + 2 * nq * 4);
+        char *s = pi_pool_scratch(pool, nq * QK + 3 * nq * 4);
         j.xq = (const int8_t *)s;
         j.xd = (const float *)(s + nq * QK);
         j.xc = (const int32_t *)(s + nq * QK + nq * 4);
+        j.xs = (const float *)(s + nq * QK + 2 * nq * 4);
         pi_pool_run(pool, quantize_token, &j, n_tok);
     }
     const int64_t n_blocks = (n_out + ROW_BLOCK - 1) / ROW_BLOCK;
@@ -1004,7 +1125,7 @@ static uint64_t sum_words(const uint8_t *b, int64_t n, const uint8_t *pf) {
     s = l[0] + l[1] + l[2] + l[3];
 #endif
     for (; i + 8 <= n; i += 8) {
-        if (pf && !(i & 63)) _mm_prefetch((const char *)pf + i, _MM_HINT_T0);
+        if (pf && !(i & 63)) __builtin_prefetch(pf + i); /* also in scalar builds (no immintrin.h) */
         uint64_t v;
         memcpy(&v, b + i, 8);
         s += v;

@@ -29,6 +29,7 @@ enum pi_type {
     PI_Q4_K = 12,
     PI_Q5_K = 13,
     PI_Q6_K = 14,
+    PI_IQ4_NL = 20,
     PI_BF16 = 30
 };
 
