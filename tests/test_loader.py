@@ -41,7 +41,8 @@ def _q(name: str, ggml_type: GGMLType, shape: tuple[int, ...]) -> tuple[Tensor, 
 
 
 # Where each K-quant block keeps its f16 scales (byte offsets in the block): random bytes elsewhere are valid.
-_KQUANT_F16_FIELDS = {GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,), GGMLType.Q4_K: (0, 2), GGMLType.Q6_K: (208,)}
+_KQUANT_F16_FIELDS = {GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,), GGMLType.Q4_K: (0, 2), GGMLType.Q6_K: (208,),
+                      GGMLType.IQ4_XS: (0,)}
 
 
 def _kquant(name: str, ggml_type: GGMLType, shape: tuple[int, ...]) -> tuple[Tensor, np.ndarray]:
@@ -189,12 +190,12 @@ def _mixed_file(tmp_path: Path):
     q5, q5_ref = _q("blk.0.ffn_up.weight", GGMLType.Q5_1, (96, 64))
     q4k, q4k_ref = _kquant("blk.0.attn_output.weight", GGMLType.Q3_K, (5, 256))
     q6k, q6k_ref = _kquant("blk.0.ffn_down.weight", GGMLType.Q2_K, (3, 512))
-    q41_1d, q41_ref = _q("blk.0.odd.weight", GGMLType.Q4_1, (64,))
+    q41_1d, q41_ref = _kquant("blk.0.odd.weight", GGMLType.IQ4_XS, (256,))
     f64 = Tensor("blk.0.f64.weight", GGMLType.F64, (3, 5), rng.standard_normal((3, 5)))
     q8, _ = _q("token_embd.weight", GGMLType.Q8_0, (32, 64))
     f16 = Tensor("blk.0.attn_q.weight", GGMLType.F16, (64, 64), rng.standard_normal((64, 64)).astype(np.float16))
     norm = _f32("output_norm.weight", (64,))
-    # kept as they are: the quantized types the kernels compute on (Gemma 3's Q5_0 / Q4_K / Q6_K)
+    # kept as they are: the quantized types the kernels compute on (Gemma 3's Q5_0 / Q4_K / Q6_K; Q5_1 (q5))
     native = [_q("blk.0.attn_v.weight", GGMLType.Q5_0, (16, 64))[0],
               _kquant("blk.0.ffn_gate.weight", GGMLType.Q4_K, (4, 256))[0],
               _kquant("blk.1.ffn_down.weight", GGMLType.Q6_K, (2, 256))[0]]
@@ -211,10 +212,9 @@ def test_conversion_of_non_kernel_types(tmp_path):
     assert w.config.arch == "llama" and w.file is f
     assert list(w.tensors) == list(f.tensors)
     assert w.conversions == [
-        Conversion("blk.0.ffn_up.weight", GGMLType.Q5_1, GGMLType.Q8_0),
         Conversion("blk.0.attn_output.weight", GGMLType.Q3_K, GGMLType.Q8_0),
         Conversion("blk.0.ffn_down.weight", GGMLType.Q2_K, GGMLType.Q8_0),
-        Conversion("blk.0.odd.weight", GGMLType.Q4_1, GGMLType.F32),  # 1-D
+        Conversion("blk.0.odd.weight", GGMLType.IQ4_XS, GGMLType.F32),  # 1-D
         Conversion("blk.0.f64.weight", GGMLType.F64, GGMLType.F32),  # rows of 5: not a multiple of 32
     ]
     for name, ref in refs.items():
@@ -231,7 +231,7 @@ def test_conversion_of_non_kernel_types(tmp_path):
             assert np.all(np.abs(got.reshape(-1, 32) - blocks) <= bound), name
     # kernel types are untouched zero-copy views
     for name in ("token_embd.weight", "blk.0.attn_q.weight", "output_norm.weight", "blk.0.attn_v.weight",
-                 "blk.0.ffn_gate.weight", "blk.1.ffn_down.weight"):
+                 "blk.0.ffn_gate.weight", "blk.1.ffn_down.weight", "blk.0.ffn_up.weight"):
         assert w.tensors[name] is f.tensors[name] and np.shares_memory(w.tensors[name].data, f._map)
 
 
@@ -278,7 +278,7 @@ def test_model_info(tmp_path):
     assert info["tensor_types"]["Q5_1"] == {"count": 1, "bytes": 96 * 64 // 32 * 24}
     assert info["tensor_types"]["Q5_0"] == {"count": 1, "bytes": 16 * 64 // 32 * 22}
     assert {(c["from"], c["to"], c["count"]) for c in info["conversions"]} == {
-        ("Q5_1", "Q8_0", 1), ("Q3_K", "Q8_0", 1), ("Q2_K", "Q8_0", 1), ("Q4_1", "F32", 1), ("F64", "F32", 1)}
+        ("Q3_K", "Q8_0", 1), ("Q2_K", "Q8_0", 1), ("IQ4_XS", "F32", 1), ("F64", "F32", 1)}
 
 
 def test_model_info_sparse_and_unsupported(tmp_path):
