@@ -415,20 +415,43 @@ INLINE void tile_q_step(const mm_job *j, const uint8_t **rows, int64_t t0, int64
 #ifndef DQ
 #define DQ 8 /* decode rows per quad tile */
 #endif
-typedef struct { __m512i lo, hi; __m512 d; } wquad;
-INLINE wquad quad_load(const uint8_t *p, const int kind) { /* p: the quad's first byte (4 x 18 bytes) */
-    (void)kind; /* Q4_0 only (Q5_0 keeps the pair layout: its rounding is what the llama.cpp comparisons pin) */
-    __m512i raw = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + 2)));
-    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i *)(p + 20)), 1);
-    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i *)(p + 38)), 2);
-    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i *)(p + 56)), 3);
+/* Q4_1 (20-byte blocks) and, with VNNI, IQ4_NL (18 bytes, like Q4_0) use the same quads: Q4_1's nibbles are
+ * its unsigned values (no correction) and its m goes to lane 4k of a vector `m` beside d; IQ4_NL's nibbles
+ * index its table (shifted by 128, unsigned for dpbusd; the -128 * sum(x) correction in lane 4k as Q8_0's).
+ * Without VNNI, IQ4_NL keeps the pair tiles (maddubs would saturate on its 8-bit levels). */
+#if defined(__AVX512VNNI__)
+INLINE int kind_quad(int kind) { return kind == K_Q4 || kind == K_Q41 || kind == K_IQ4NL; }
+#else
+INLINE int kind_quad(int kind) { return kind == K_Q4 || kind == K_Q41; }
+#endif
+typedef struct { __m512i lo, hi; __m512 d, m; } wquad;
+INLINE wquad quad_load(const uint8_t *p, const int kind) { /* p: the quad's first byte (4 blocks) */
+    const int64_t size = kind_size(kind), qo = kind_qs(kind);
+    __m512i raw = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + qo)));
+    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i *)(p + qo + size)), 1);
+    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i *)(p + qo + 2 * size)), 2);
+    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i *)(p + qo + 3 * size)), 3);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
-    wquad q = {_mm512_and_si512(raw, m4), _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4), _mm512_setzero_ps()};
-    /* f16 d of block k (byte 18k = word 9k of the first 64 bytes) into words 4k..4k+3 */
-    const __m512i dw = _mm512_permutexvar_epi16(_mm512_setr_epi32(0, 0, 9 | 9 << 16, 9 | 9 << 16, 18 | 18 << 16,
-                                                18 | 18 << 16, 27 | 27 << 16, 27 | 27 << 16, 0, 0, 0, 0, 0, 0, 0, 0),
-                                                _mm512_loadu_si512(p));
+    wquad q = {_mm512_and_si512(raw, m4), _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4), _mm512_setzero_ps(),
+               _mm512_setzero_ps()};
+    if (kind == K_IQ4NL) {
+        const __m512i tab = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)pi_iq4nl_values)),
+                                             _mm512_set1_epi8((char)0x80));
+        q.lo = _mm512_shuffle_epi8(tab, q.lo);
+        q.hi = _mm512_shuffle_epi8(tab, q.hi);
+    }
+    /* f16 d of block k (word size/2 * k of the first 64 bytes) into words 4k..4k+3; Q4_1's m (the next word)
+     * into word 4k alone */
+    const int w1 = (int)(size / 2), w2 = 2 * w1, w3 = 3 * w1;
+    const __m512i raw64 = _mm512_loadu_si512(p);
+    const __m512i dw = _mm512_permutexvar_epi16(_mm512_setr_epi32(0, 0, w1 | w1 << 16, w1 | w1 << 16, w2 | w2 << 16,
+                                                w2 | w2 << 16, w3 | w3 << 16, w3 | w3 << 16, 0, 0, 0, 0, 0, 0, 0, 0), raw64);
     q.d = _mm512_cvtph_ps(_mm512_castsi512_si256(dw));
+    if (kind_min(kind)) {
+        const __m512i mw = _mm512_maskz_permutexvar_epi16(0x1111, _mm512_setr_epi32(1, 0, w1 + 1, 0, w2 + 1, 0,
+                                                          w3 + 1, 0, 0, 0, 0, 0, 0, 0, 0, 0), raw64);
+        q.m = _mm512_cvtph_ps(_mm512_castsi512_si256(mw));
+    }
     return q;
 }
 
@@ -444,6 +467,14 @@ INLINE __m512i quad_dot(const wquad *w, __m512i xlo, __m512i xhi, __m512i xc) {
 #endif
 }
 
+/* the token's 4 block sums s_x in the quad's lane order (Q4_1) */
+INLINE __m512 quad_xs(const float *xs) { return _mm512_permutexvar_ps(quad_lanes(), _mm512_castps128_ps512(_mm_loadu_ps(xs))); }
+/* acc + dot * (d_w * d_x), then (Q4_1) + m_w * s_x in lane 4k: the one operation order of every quad path */
+INLINE __m512 quad_acc(const wquad *w, __m512i dot, __m512 xd, __m512 xs, __m512 acc, const int kind) {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(w->d, xd), acc);
+    return kind_min(kind) ? _mm512_fmadd_ps(w->m, xs, acc) : acc;
+}
+
 /* one quad (x blocks b..b+3) of an R x T tile; wp[r] = the quad's first byte in row r */
 INLINE void tile_quad_step(const mm_job *j, const uint8_t *const *wp, int64_t t0, int64_t b, fv acc[][4],
                            const int R, const int T, const int kind) {
@@ -454,10 +485,11 @@ INLINE void tile_quad_step(const mm_job *j, const uint8_t *const *wp, int64_t t0
         const __m512i xc = _mm512_maskz_permutexvar_epi32(0x1111, quad_lanes(),
                                                           _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(j->xc + t0 * j->nbp + b))));
         const __m512 xd = _mm512_permutexvar_ps(quad_lanes(), _mm512_castps128_ps512(_mm_loadu_ps(j->xd + t0 * j->nbp + b)));
+        const __m512 xs = kind_min(kind) ? quad_xs(j->xs + t0 * j->nbp + b) : _mm512_setzero_ps();
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             const wquad q = quad_load(wp[r], kind);
-            acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_dot(&q, xlo, xhi, xc)), _mm512_mul_ps(q.d, xd), acc[r][0]);
+            acc[r][0] = quad_acc(&q, quad_dot(&q, xlo, xhi, xc), xd, xs, acc[r][0], kind);
         }
         return;
     }
@@ -470,10 +502,9 @@ INLINE void tile_quad_step(const mm_job *j, const uint8_t *const *wp, int64_t t0
         const __m512i xc = _mm512_maskz_permutexvar_epi32(0x1111, quad_lanes(),
                                                           _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(j->xc + o))));
         const __m512 xd = _mm512_permutexvar_ps(quad_lanes(), _mm512_castps128_ps512(_mm_loadu_ps(j->xd + o)));
+        const __m512 xs = kind_min(kind) ? quad_xs(j->xs + o) : _mm512_setzero_ps();
 #pragma GCC unroll 8
-        for (int r = 0; r < R; r++)
-            acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_dot(&w[r], xlo, xhi, xc)), _mm512_mul_ps(w[r].d, xd),
-                                        acc[r][t]);
+        for (int r = 0; r < R; r++) acc[r][t] = quad_acc(&w[r], quad_dot(&w[r], xlo, xhi, xc), xd, xs, acc[r][t], kind);
     }
 }
 
@@ -524,7 +555,7 @@ INLINE void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
         for (int t = 0; t < T; t++) acc[r][t] = fv_zero();
     }
 #if defined(MM_AVX512)
-    if (kind == 1) {
+    if (kind_quad(kind)) {
         tile_quad(j, rows, r0, t0, acc, R, T, kind);
         return;
     }
@@ -769,22 +800,23 @@ static void q8_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
 #endif
 /* acc + one quad (blocks b..b+3, its bytes at p) of one row, as tile_quad_step computes it for R = T = 1 */
 INLINE __m512 q4_row_quad(const mm_job *j, const uint8_t *p, int64_t b, const __m512i *xcv, const __m512 *xdv,
-                          __m512 acc) {
-    const wquad w = quad_load(p, 1);
+                          const __m512 *xsv, __m512 acc, const int kind) {
+    const wquad w = quad_load(p, kind);
     const __m512i xlo = _mm512_loadu_si512(j->xq + b * QK), xhi = _mm512_loadu_si512(j->xq + b * QK + 64);
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_dot(&w, xlo, xhi, xcv[b / QB])), _mm512_mul_ps(w.d, xdv[b / QB]),
-                           acc);
+    return quad_acc(&w, quad_dot(&w, xlo, xhi, xcv[b / QB]), xdv[b / QB], kind_min(kind) ? xsv[b / QB] : xdv[0], acc,
+                    kind);
 }
 
-static void q4_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
-    const int64_t size = (int64_t)sizeof(block_q4_0), nb = j->n_cols / QK, nq = nb / QB * QB;
+INLINE void quad_decode_rows(const mm_job *j, int64_t r0, int64_t r1, const int kind) {
+    const int64_t size = kind_size(kind), nb = j->n_cols / QK, nq = nb / QB * QB;
     const int64_t n_quads = (nb + QB - 1) / QB;
     _Alignas(64) __m512i xcv[Q4_ROW_MAX_QUADS];
-    _Alignas(64) __m512 xdv[Q4_ROW_MAX_QUADS];
+    _Alignas(64) __m512 xdv[Q4_ROW_MAX_QUADS], xsv[kind_min(kind) ? Q4_ROW_MAX_QUADS : 1];
     for (int64_t q = 0; q < n_quads; q++) {
         const __m128i c4 = _mm_loadu_si128((const __m128i *)(j->xc + q * QB));
         xcv[q] = _mm512_maskz_permutexvar_epi32(0x1111, quad_lanes(), _mm512_castsi128_si512(c4));
         xdv[q] = _mm512_permutexvar_ps(quad_lanes(), _mm512_castps128_ps512(_mm_loadu_ps(j->xd + q * QB)));
+        if (kind_min(kind)) xsv[q] = quad_xs(j->xs + q * QB);
     }
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *row = mm_row(j, r);
@@ -792,15 +824,22 @@ static void q4_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
         pf_stream ahead = pf_start(j, r, Q4_ROW_PF_DIST);
         for (int64_t b = 0; b < nq; b += QB) {
             pf_step(j, &ahead, r1, QB * size);
-            acc = q4_row_quad(j, row + b * size, b, xcv, xdv, acc);
+            acc = q4_row_quad(j, row + b * size, b, xcv, xdv, xsv, acc, kind);
         }
         if (nq < nb) { /* the last 1-3 blocks in a zeroed quad, as tile_quad does */
             _Alignas(64) uint8_t buf[128];
             memset(buf, 0, sizeof(buf));
             memcpy(buf, row + nq * size, (size_t)((nb - nq) * size));
-            acc = q4_row_quad(j, buf, nq, xcv, xdv, acc);
+            acc = q4_row_quad(j, buf, nq, xcv, xdv, xsv, acc, kind);
         }
         j->y[r] = fv_sum(acc);
+    }
+}
+static void q4_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
+    switch (j->type) {
+    case PI_Q4_0: quad_decode_rows(j, r0, r1, K_Q4); break;
+    case PI_Q4_1: quad_decode_rows(j, r0, r1, K_Q41); break;
+    default: quad_decode_rows(j, r0, r1, K_IQ4NL); break;
     }
 }
 #endif
@@ -896,14 +935,19 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
     if (j->n_tok == 1) {
         int64_t r = r_beg;
 #if defined(Q4_ROW_DECODE)
-        if (j->type == PI_Q4_0 && j->stream && (j->n_cols / QK + QB - 1) / QB <= Q4_ROW_MAX_QUADS) {
+        const int quads = type_kind(j->type) >= 0 && kind_quad(type_kind(j->type));
+        if (quads && j->stream && (j->n_cols / QK + QB - 1) / QB <= Q4_ROW_MAX_QUADS) {
             q4_decode_rows(j, r, r_end);
             return;
         }
 #endif
 #if defined(MM_AVX512)
-        if (j->type == PI_Q4_0) /* quads: DQ rows share each activation load */
-            for (; r + DQ <= r_end; r += DQ) tile_q(j, r, 0, DQ, 1, 1);
+        if (type_kind(j->type) >= 0 && kind_quad(type_kind(j->type))) /* quads: DQ rows share each activation load */
+            for (; r + DQ <= r_end; r += DQ) switch (j->type) {
+                case PI_Q4_0: tile_q(j, r, 0, DQ, 1, K_Q4); break;
+                case PI_Q4_1: tile_q(j, r, 0, DQ, 1, K_Q41); break;
+                default: tile_q(j, r, 0, DQ, 1, K_IQ4NL); break;
+                }
 #endif
 #if defined(Q8_ROW_DECODE)
         if (j->type == PI_Q8_0) {
@@ -912,7 +956,7 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
         }
 #endif
 #if defined(Q5_ROW_DECODE)
-        if (type_kind(j->type) >= K_Q5 && j->stream) {
+        if (type_kind(j->type) >= K_Q5 && !kind_quad(type_kind(j->type)) && j->stream) {
             q5_decode_rows(j, r, r_end);
             return;
         }
@@ -1022,7 +1066,7 @@ static void quantize_token(void *ctx, int64_t t, int thread_id) {
         xc[b] = -corr * s;
         xs[b] = f16_round(draw * (float)s); /* llama.cpp's Q8_1 s: the unrounded d times the sum, as f16 */
 #if defined(MM_AVX512)
-        if (j->type == PI_Q4_0) { /* quad order [b0..b3 elements 0..15 | b0..b3 elements 16..31], as tile_quad */
+        if (kind_quad(kind)) { /* quad order [b0..b3 elements 0..15 | b0..b3 elements 16..31], as tile_quad */
             memcpy(xq + (b & ~3) * QK + 16 * (b & 3), q, 16);
             memcpy(xq + (b & ~3) * QK + 64 + 16 * (b & 3), q + 16, 16);
         } else if (kind != K_Q8) { /* pair order [b0 0..15 | b1 0..15 | b0 16..31 | b1 16..31], as w_load_nib */
@@ -1051,7 +1095,7 @@ static void mm_run(pi_pool *pool, int type, const void *w, int64_t n_cols, const
         const int64_t nb = n_cols / QK;
         int64_t per = BPV; /* blocks per vector step */
 #if defined(MM_AVX512)
-        if (type == PI_Q4_0) per = QB;
+        if (kind_quad(type_kind(type))) per = QB;
 #endif
         j.nbp = (nb + per - 1) / per * per;
         const size_t nq = (size_t)(n_tok * j.nbp);

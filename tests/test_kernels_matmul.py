@@ -136,6 +136,17 @@ def test_q1_iq4nl_matmul_is_exact_integer_arithmetic(kernels, ggml_type):
     np.testing.assert_array_equal(kernels.matmul_rows(w, np.array([0, 4, 8], np.int32), x), want[:, [0, 4, 8]])
 
 
+@pytest.mark.parametrize("ggml_type", BLOCK_TYPES, ids=lambda t: t.name)
+def test_matmul_rows_longer_than_the_row_decoder_takes(kernels, ggml_type):
+    """Past 32768 columns the AVX-512 row-at-a-time decoders of the quad types hand over to the tiles, whose
+    activations share the quads' layout: decode still matches the reference and the batched bits."""
+    w = make_weight(ggml_type, 9, 32 * 1027, seed=17)
+    x = np.random.default_rng(18).standard_normal((2, w.n_cols), dtype=np.float32)
+    y = kernels.matmul(w, x)
+    assert (np.abs(y.astype(np.float64) - ref.matmul(w, x)) <= error_bound(w, x)).all()
+    np.testing.assert_array_equal(kernels.matmul(w, x[1]), y[1])
+
+
 @pytest.mark.parametrize("ggml_type", KERNEL_TYPES, ids=lambda t: t.name)
 def test_matmul_bit_identical_across_runs_and_threads(ggml_type):
     w = make_weight(ggml_type, 300, 512, seed=3)
