@@ -418,11 +418,13 @@ INLINE void tile_q_step(const mm_job *j, const uint8_t **rows, int64_t t0, int64
 /* Q4_1 (20-byte blocks) and, with VNNI, IQ4_NL (18 bytes, like Q4_0) use the same quads: Q4_1's nibbles are
  * its unsigned values (no correction) and its m goes to lane 4k of a vector `m` beside d; IQ4_NL's nibbles
  * index its table (shifted by 128, unsigned for dpbusd; the -128 * sum(x) correction in lane 4k as Q8_0's).
- * Without VNNI, IQ4_NL keeps the pair tiles (maddubs would saturate on its 8-bit levels). */
+ * Q5_1 (24 bytes) adds 16 where the qh bit is set: bits 0-15 of block k's qh are its lo bytes, 16-31 its hi
+ * bytes, so the 4 qh words make one 64-bit byte mask for lo and one for hi. Without VNNI, IQ4_NL keeps the
+ * pair tiles (maddubs would saturate on its 8-bit levels). (Q5_0 keeps them too: see quad_load.) */
 #if defined(__AVX512VNNI__)
-INLINE int kind_quad(int kind) { return kind == K_Q4 || kind == K_Q41 || kind == K_IQ4NL; }
+INLINE int kind_quad(int kind) { return kind == K_Q4 || kind == K_Q41 || kind == K_Q51 || kind == K_IQ4NL; }
 #else
-INLINE int kind_quad(int kind) { return kind == K_Q4 || kind == K_Q41; }
+INLINE int kind_quad(int kind) { return kind == K_Q4 || kind == K_Q41 || kind == K_Q51; }
 #endif
 typedef struct { __m512i lo, hi; __m512 d, m; } wquad;
 INLINE wquad quad_load(const uint8_t *p, const int kind) { /* p: the quad's first byte (4 blocks) */
@@ -439,6 +441,24 @@ INLINE wquad quad_load(const uint8_t *p, const int kind) { /* p: the quad's firs
                                              _mm512_set1_epi8((char)0x80));
         q.lo = _mm512_shuffle_epi8(tab, q.lo);
         q.hi = _mm512_shuffle_epi8(tab, q.hi);
+    }
+    if (kind == K_Q51) {
+        /* the quad's 96 bytes as words 0-31 (a) and 16-47 (b2, indices 32 + word - 16 in the two-source
+         * permutes): block k's d and m are words 12k and 12k + 1, its qh words 12k + 2 (bits 0-15: the lo
+         * bytes) and 12k + 3 (hi bytes) */
+        const __m512i a = _mm512_loadu_si512(p), b2 = _mm512_loadu_si512(p + 32);
+        const __m128i qh = _mm512_castsi512_si128(_mm512_permutex2var_epi16(a, _mm512_setr_epi32(
+            2 | 14 << 16, 26 | 54 << 16, 3 | 15 << 16, 27 | 55 << 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), b2));
+        q.lo = _mm512_mask_add_epi8(q.lo, (__mmask64)_mm_cvtsi128_si64(qh), q.lo, _mm512_set1_epi8(16));
+        q.hi = _mm512_mask_add_epi8(q.hi, (__mmask64)_mm_extract_epi64(qh, 1), q.hi, _mm512_set1_epi8(16));
+        const __m512i dw = _mm512_permutex2var_epi16(a, _mm512_setr_epi32(0, 0, 12 | 12 << 16, 12 | 12 << 16,
+                                                     24 | 24 << 16, 24 | 24 << 16, 52 | 52 << 16, 52 | 52 << 16,
+                                                     0, 0, 0, 0, 0, 0, 0, 0), b2);
+        const __m512i mw = _mm512_maskz_permutex2var_epi16(0x1111, a, _mm512_setr_epi32(1, 0, 13, 0, 25, 0, 53, 0,
+                                                           0, 0, 0, 0, 0, 0, 0, 0), b2);
+        q.d = _mm512_cvtph_ps(_mm512_castsi512_si256(dw));
+        q.m = _mm512_cvtph_ps(_mm512_castsi512_si256(mw));
+        return q;
     }
     /* f16 d of block k (word size/2 * k of the first 64 bytes) into words 4k..4k+3; Q4_1's m (the next word)
      * into word 4k alone */
@@ -839,6 +859,7 @@ static void q4_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
     switch (j->type) {
     case PI_Q4_0: quad_decode_rows(j, r0, r1, K_Q4); break;
     case PI_Q4_1: quad_decode_rows(j, r0, r1, K_Q41); break;
+    case PI_Q5_1: quad_decode_rows(j, r0, r1, K_Q51); break;
     default: quad_decode_rows(j, r0, r1, K_IQ4NL); break;
     }
 }
@@ -946,6 +967,7 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
             for (; r + DQ <= r_end; r += DQ) switch (j->type) {
                 case PI_Q4_0: tile_q(j, r, 0, DQ, 1, K_Q4); break;
                 case PI_Q4_1: tile_q(j, r, 0, DQ, 1, K_Q41); break;
+                case PI_Q5_1: tile_q(j, r, 0, DQ, 1, K_Q51); break;
                 default: tile_q(j, r, 0, DQ, 1, K_IQ4NL); break;
                 }
 #endif
