@@ -1,4 +1,5 @@
-/* matmul.c: y[t, r] = sum_c w[r, c] * x[t, c] for F32/F16/BF16/Q8_0/Q4_0 weights, and the read probe.
+/* matmul.c: y[t, r] = sum_c w[r, c] * x[t, c] for F32/F16/BF16/Q8_0/Q4_0/Q5_0/Q4_1/Q5_1/IQ4_NL weights (K-quants:
+ * matmul_k.c), and the read probe.
  *
  * Variants (chosen at compile time):
  *   - AVX-512 (F + BW + VL): float types 16 lanes with masked column tails. Q8_0: two blocks per zmm; the
@@ -6,7 +7,7 @@
  *     scales, one permute per (row, token) spreads them over the lanes of each block; Q5_0 the same with
  *     nibble pairs, its fifth bits made a byte mask with one shuffle + one test. Q4_0: quads of four blocks
  *     (tile_quad): 64 nibbles of 4 blocks per zmm, 4 int32 lanes per block after two dpbusd, so one convert
- *     and one FMA per 4 blocks.
+ *     and one FMA per 4 blocks; Q4_1, Q5_1 and (VNNI) IQ4_NL use the same quads (see kind_quad).
  *   - AVX2 + FMA + F16C: 8 float lanes, scalar column tail; one block per ymm.
  *   - scalar: everything else (PI_NATIVE=0).
  * Block types: the activations are quantized once per call to Q8_0 (d = f16(amax / 127)) in the pool's
