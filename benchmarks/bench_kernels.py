@@ -31,8 +31,8 @@ from roundrobin import round_robin  # noqa: E402  (benchmarks/, beside this scri
 TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.F16,
          GGMLType.BF16, GGMLType.F32,
          GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.IQ4_NL)
-K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),  # f16 scales in a block
-                GGMLType.IQ4_NL: (0,)}
+K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,)}  # f16 scales in a block
+K_F16_FIELDS[GGMLType.IQ4_NL] = (0,)  # random bytes after its f16 d are a valid IQ4_NL block
 SHAPES = ((11008, 4096), (4096, 11008))  # (rows M, cols K)
 COLD_BYTES = 256 << 20  # rotate over weight copies adding up to this much: well past the last-level cache
 

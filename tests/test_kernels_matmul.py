@@ -23,7 +23,8 @@ RANDOM_TYPES = K_TYPES + (GGMLType.IQ4_NL,)  # types tests build from random byt
 QUANTIZABLE = FLOAT_TYPES + Q0_TYPES + Q1_TYPES
 EPS32 = 2.0 ** -24  # f32 unit roundoff
 # byte offsets of the f16 scales in a K-quant block: random bytes elsewhere are a valid block
-K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,), GGMLType.IQ4_NL: (0,)}
+K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,)}
+K_F16_FIELDS[GGMLType.IQ4_NL] = (0,)  # its one f16 d: random bytes after it are a valid IQ4_NL block too
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["t1", "t2"])

@@ -26,7 +26,8 @@ def pools():
 
 
 # byte offsets of the f16 scales in a K-quant block: random bytes elsewhere make a valid block
-K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,), GGMLType.IQ4_NL: (0,)}
+K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,)}
+K_F16_FIELDS[GGMLType.IQ4_NL] = (0,)  # its one f16 d: random bytes after it are a valid IQ4_NL block too
 
 
 def make_weight(ggml_type, n_rows, n_cols, seed=0, name="ffn_down_t") -> Tensor:

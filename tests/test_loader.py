@@ -41,8 +41,8 @@ def _q(name: str, ggml_type: GGMLType, shape: tuple[int, ...]) -> tuple[Tensor, 
 
 
 # Where each K-quant block keeps its f16 scales (byte offsets in the block): random bytes elsewhere are valid.
-_KQUANT_F16_FIELDS = {GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,), GGMLType.Q4_K: (0, 2), GGMLType.Q6_K: (208,),
-                      GGMLType.IQ4_XS: (0,)}
+_KQUANT_F16_FIELDS = {GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,), GGMLType.Q4_K: (0, 2), GGMLType.Q6_K: (208,)}
+_KQUANT_F16_FIELDS[GGMLType.IQ4_XS] = (0,)  # its f16 d (random scale bytes after it are valid)
 
 
 def _kquant(name: str, ggml_type: GGMLType, shape: tuple[int, ...]) -> tuple[Tensor, np.ndarray]:

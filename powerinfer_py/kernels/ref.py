@@ -26,8 +26,8 @@ _MIN_TYPES = (GGMLType.Q4_1, GGMLType.Q5_1)  # value d * q + m: the activations'
 #: IQ4_NL's 16 levels (llama.cpp's kvalues_iq4nl)
 IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 _K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)  # activations quantized to Q8_K
-_BLOCK_BYTES = {GGMLType.Q8_0: 34, GGMLType.Q4_0: 18, GGMLType.Q5_0: 22, GGMLType.Q4_1: 20, GGMLType.Q5_1: 24,
-                GGMLType.IQ4_NL: 18,
+_BLOCK_BYTES = {GGMLType.Q8_0: 34, GGMLType.Q4_0: 18, GGMLType.Q5_0: 22,
+                GGMLType.Q4_1: 20, GGMLType.Q5_1: 24, GGMLType.IQ4_NL: 18,
                 GGMLType.Q4_K: 144, GGMLType.Q5_K: 176, GGMLType.Q6_K: 210}
 
 
