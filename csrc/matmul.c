@@ -199,7 +199,8 @@ INLINE __m256 w_f16pairs(const uint8_t **rows, int64_t b, const int R, const int
 INLINE wscales w_scales(const uint8_t **rows, int64_t b, const int R, const int kind, const int two) {
     return w_f16pairs(rows, b, R, kind, two, 0);
 }
-/* Q4_1/Q5_1 min terms: per token one 8-lane sum [r0 b0, r0 b1, r1 b0, ...] of m_w * s_x */
+/* Q4_1/Q5_1 min terms in the pair tiles: per token one 8-lane sum [r0 b0, r0 b1, r1 b0, ...] of m_w * s_x
+ * (on AVX-512 both types take the quads, see kind_quad; this keeps the pair tiles complete for every kind) */
 typedef __m256 mvec;
 INLINE mvec m_zero(void) { return _mm256_setzero_ps(); }
 INLINE mvec m_acc(mvec acc, const uint8_t **rows, int64_t b, const int R, const int kind, const int two, const float *xs) {
@@ -421,7 +422,8 @@ INLINE void tile_q_step(const mm_job *j, const uint8_t **rows, int64_t t0, int64
  * index its table (shifted by 128, unsigned for dpbusd; the -128 * sum(x) correction in lane 4k as Q8_0's).
  * Q5_1 (24 bytes) adds 16 where the qh bit is set: bits 0-15 of block k's qh are its lo bytes, 16-31 its hi
  * bytes, so the 4 qh words make one 64-bit byte mask for lo and one for hi. Without VNNI, IQ4_NL keeps the
- * pair tiles (maddubs would saturate on its 8-bit levels). (Q5_0 keeps them too: see quad_load.) */
+ * pair tiles (maddubs would saturate on its 8-bit levels). Q5_0 keeps them too: its rounding (the pair tiles'
+ * f32 operation order) is what the llama.cpp comparisons pin. */
 #if defined(__AVX512VNNI__)
 INLINE int kind_quad(int kind) { return kind == K_Q4 || kind == K_Q41 || kind == K_Q51 || kind == K_IQ4NL; }
 #else
