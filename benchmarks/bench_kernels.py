@@ -30,6 +30,7 @@ from roundrobin import round_robin  # noqa: E402  (benchmarks/, beside this scri
 
 TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.F16,
          GGMLType.BF16, GGMLType.F32,
+         GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.IQ4_NL,
          GGMLType.Q2_K,
          GGMLType.Q3_K,
          )
@@ -37,6 +38,7 @@ K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (20
                 GGMLType.Q2_K: (80, 82),
                 GGMLType.Q3_K: (108,),
                 }
+K_F16_FIELDS[GGMLType.IQ4_NL] = (0,)  # random bytes after its f16 d are a valid IQ4_NL block
 SHAPES = ((11008, 4096), (4096, 11008))  # (rows M, cols K)
 COLD_BYTES = 256 << 20  # rotate over weight copies adding up to this much: well past the last-level cache
 
@@ -54,7 +56,7 @@ def timings(fn, repeat: int) -> tuple[float, float]:
 
 def random_weight(ggml_type: GGMLType, n_rows: int, n_cols: int, rng) -> Tensor:
     """A random weight in the type's layout, quantized 1024 rows at a time to keep the f32 copy small
-    (K-quants, which we do not produce: random blocks with sane f16 scales)."""
+    (K-quants and IQ4_NL, which we do not produce: random blocks with sane f16 scales)."""
     if ggml_type in K_F16_FIELDS:
         block, size = GGML_QUANT_SIZES[ggml_type]
         b = rng.integers(0, 256, (n_rows * n_cols // block, size), dtype=np.uint8)

@@ -1,4 +1,5 @@
-/* matmul.c: y[t, r] = sum_c w[r, c] * x[t, c] for F32/F16/BF16/Q8_0/Q4_0 weights, and the read probe.
+/* matmul.c: y[t, r] = sum_c w[r, c] * x[t, c] for F32/F16/BF16/Q8_0/Q4_0/Q5_0/Q4_1/Q5_1/IQ4_NL weights (K-quants:
+ * matmul_k.c), and the read probe.
  *
  * Variants (chosen at compile time):
  *   - AVX-512 (F + BW + VL): float types 16 lanes with masked column tails. Q8_0: two blocks per zmm; the
@@ -6,7 +7,7 @@
  *     scales, one permute per (row, token) spreads them over the lanes of each block; Q5_0 the same with
  *     nibble pairs, its fifth bits made a byte mask with one shuffle + one test. Q4_0: quads of four blocks
  *     (tile_quad): 64 nibbles of 4 blocks per zmm, 4 int32 lanes per block after two dpbusd, so one convert
- *     and one FMA per 4 blocks.
+ *     and one FMA per 4 blocks; Q4_1, Q5_1 and (VNNI) IQ4_NL use the same quads (see kind_quad).
  *   - AVX2 + FMA + F16C: 8 float lanes, scalar column tail; one block per ymm.
  *   - scalar: everything else (PI_NATIVE=0).
  * Block types: the activations are quantized once per call to Q8_0 (d = f16(amax / 127)) in the pool's
@@ -61,7 +62,8 @@ typedef struct {
     const float *x;      /* float types: f32 [n_tok, n_cols] */
     const int8_t *xq;    /* block types: int8 [n_tok, nbp * 32] quantized activations (AVX-512: Q4_0 quad order, Q5_0 pair order) */
     const float *xd;     /* f32 [n_tok, nbp] block scales */
-    const int32_t *xc;   /* int32 [n_tok, nbp] correction: -128 * sum(q) (Q8_0, VNNI), -8 * sum(q) (Q4_0), else 0 */
+    const int32_t *xc;   /* int32 [n_tok, nbp] correction: -128 * sum(q) (Q8_0, IQ4_NL, VNNI), -8 * sum(q) (Q4_0), else 0 */
+    const float *xs;     /* f32 [n_tok, nbp] Q4_1/Q5_1: f16(d_x * sum(q)), the term the weight's min m multiplies */
     int64_t nbp;         /* blocks per token, rounded up to the vector's blocks */
     int64_t rows_per_chunk;
     const int32_t *sel;  /* NULL: output row i is weight row i; else weight row sel[i] (pi_matmul_rows) */
@@ -70,9 +72,34 @@ typedef struct {
     float *y;            /* f32 [n_tok, n_rows] */
 } mm_job;
 
-/* bytes per block of the 32-element types handled by tile_q: kind 0 = Q8_0, 1 = Q4_0, 2 = Q5_0 */
+/* The 32-element types handled by tile_q, as a compile-time `kind`: 0 = Q8_0, 1 = Q4_0, 2 = Q5_0, 3 = Q4_1,
+ * 4 = Q5_1, 5 = IQ4_NL. Kinds 2-5 share the nibble-pair layout (AVX-512) and the row decoder. Q4_1/Q5_1 add
+ * m_w * s_x per block (s_x = f16(d_x * sum(q_x)), llama.cpp's Q8_1 activation sum) in a separate f32 sum. */
+#define K_Q8 0
+#define K_Q4 1
+#define K_Q5 2
+#define K_Q41 3
+#define K_Q51 4
+#define K_IQ4NL 5
 INLINE int64_t kind_size(int kind) {
-    return kind == 0 ? (int64_t)sizeof(block_q8_0) : kind == 1 ? (int64_t)sizeof(block_q4_0) : (int64_t)sizeof(block_q5_0);
+    return kind == K_Q8 ? (int64_t)sizeof(block_q8_0) : kind == K_Q4 ? (int64_t)sizeof(block_q4_0)
+         : kind == K_Q5 ? (int64_t)sizeof(block_q5_0) : kind == K_Q41 ? (int64_t)sizeof(block_q4_1)
+         : kind == K_Q51 ? (int64_t)sizeof(block_q5_1) : (int64_t)sizeof(block_iq4_nl);
+}
+INLINE int kind_min(int kind) { return kind == K_Q41 || kind == K_Q51; }      /* has m: the s_x term */
+INLINE int kind_uns(int kind) { return kind >= K_Q4 && kind <= K_Q51; }       /* unsigned nibble weights */
+INLINE int kind_qs(int kind) { return kind == K_Q5 ? 6 : kind == K_Q41 ? 4 : kind == K_Q51 ? 8 : 2; } /* qs offset */
+INLINE int kind_qh(int kind) { return kind == K_Q5 ? 2 : kind == K_Q51 ? 4 : -1; } /* qh offset, -1: none */
+static int type_kind(int type) {
+    switch (type) {
+    case PI_Q8_0: return K_Q8;
+    case PI_Q4_0: return K_Q4;
+    case PI_Q5_0: return K_Q5;
+    case PI_Q4_1: return K_Q41;
+    case PI_Q5_1: return K_Q51;
+    case PI_IQ4_NL: return K_IQ4NL;
+    default: return -1;
+    }
 }
 INLINE const uint8_t *mm_row(const mm_job *j, int64_t i) { return j->w + (j->sel ? j->sel[i] : i) * j->row_bytes; }
 
@@ -113,41 +140,76 @@ INLINE wvec w_load_q8(const block_q8_0 *b, int two) {
     return v;
 }
 
-/* Q5_0: the nibbles plus 16 where the element's qh bit is set, in pair order */
-INLINE wvec w_load_q5(const block_q5_0 *b, int two) {
-    __m128i q0 = _mm_loadu_si128((const __m128i *)b[0].qs);
-    __m256i q = two ? _mm256_inserti128_si256(_mm256_castsi128_si256(q0), _mm_loadu_si128((const __m128i *)b[1].qs), 1)
+/* Q5_0 / Q4_1 / Q5_1 / IQ4_NL, block pair at p (a lone block when !two), in pair order: the nibbles, plus 16
+ * where the element's qh bit is set (Q5_*); IQ4_NL maps them through its table to signed levels, then as Q8_0 */
+INLINE wvec w_load_nib(const uint8_t *p, const int kind, int two) {
+    const int64_t size = kind_size(kind);
+    const int qo = kind_qs(kind), ho = kind_qh(kind);
+    __m128i q0 = _mm_loadu_si128((const __m128i *)(p + qo));
+    __m256i q = two ? _mm256_inserti128_si256(_mm256_castsi128_si256(q0), _mm_loadu_si128((const __m128i *)(p + size + qo)), 1)
                     : _mm256_zextsi128_si256(q0);
     __m512i z = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1),
                                  _mm512_set1_epi8(0x0f));
-    uint32_t h0, h1 = 0;
-    memcpy(&h0, b[0].qh, 4);
-    if (two) memcpy(&h1, b[1].qh, 4);
-    /* every byte gets the qh byte holding its element's bit (in-lane shuffle of h0 | h1 << 32, broadcast):
-     * 16-byte lane 0 = b0 elements 0-15 (qh0 bytes 0, 1), 1 = b1 0-15 (bytes 4, 5), 2 = b0 16-31 (2, 3),
-     * 3 = b1 16-31 (6, 7); then bit (element % 8) of it, which is byte % 8 */
-    const __m512i hb = _mm512_shuffle_epi8(_mm512_set1_epi64((long long)((uint64_t)h0 | (uint64_t)h1 << 32)),
-                                           _mm512_set_epi64(0x0707070707070707LL, 0x0606060606060606LL,
-                                                            0x0303030303030303LL, 0x0202020202020202LL,
-                                                            0x0505050505050505LL, 0x0404040404040404LL,
-                                                            0x0101010101010101LL, 0x0000000000000000LL));
-    const __mmask64 hi = _mm512_test_epi8_mask(hb, _mm512_set1_epi64((long long)0x8040201008040201ULL));
-    wvec v = {_mm512_mask_add_epi8(z, hi, z, _mm512_set1_epi8(16)), 0};
+    wvec v;
+    if (kind == K_IQ4NL) {
+        const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)pi_iq4nl_values));
+        z = _mm512_shuffle_epi8(tab, z);
+#if Q8_UNSIGNED
+        v.a = _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80));
+        v.neg = 0;
+#else
+        v.a = _mm512_abs_epi8(z);
+        v.neg = _mm512_movepi8_mask(z);
+#endif
+        return v;
+    }
+    if (ho >= 0) {
+        uint32_t h0, h1 = 0;
+        memcpy(&h0, p + ho, 4);
+        if (two) memcpy(&h1, p + size + ho, 4);
+        /* every byte gets the qh byte holding its element's bit (in-lane shuffle of h0 | h1 << 32, broadcast):
+         * 16-byte lane 0 = b0 elements 0-15 (qh0 bytes 0, 1), 1 = b1 0-15 (bytes 4, 5), 2 = b0 16-31 (2, 3),
+         * 3 = b1 16-31 (6, 7); then bit (element % 8) of it, which is byte % 8 */
+        const __m512i hb = _mm512_shuffle_epi8(_mm512_set1_epi64((long long)((uint64_t)h0 | (uint64_t)h1 << 32)),
+                                               _mm512_set_epi64(0x0707070707070707LL, 0x0606060606060606LL,
+                                                                0x0303030303030303LL, 0x0202020202020202LL,
+                                                                0x0505050505050505LL, 0x0404040404040404LL,
+                                                                0x0101010101010101LL, 0x0000000000000000LL));
+        const __mmask64 hi = _mm512_test_epi8_mask(hb, _mm512_set1_epi64((long long)0x8040201008040201ULL));
+        z = _mm512_mask_add_epi8(z, hi, z, _mm512_set1_epi8(16));
+    }
+    v.a = z;
+    v.neg = 0;
     return v;
 }
 
 /* the 2R weight scales of a block pair, one conversion: f32 [r0 b0, r0 b1, r1 b0, r1 b1, ...] */
 typedef __m256 wscales;
-INLINE wscales w_scales(const uint8_t **rows, int64_t b, const int R, const int kind, const int two) {
+INLINE __m256 w_f16pairs(const uint8_t **rows, int64_t b, const int R, const int kind, const int two, const int off) {
     const int64_t size = kind_size(kind);
     uint32_t u[4] = {0, 0, 0, 0};
     for (int r = 0; r < R; r++) {
         uint16_t d0, d1 = 0;
-        memcpy(&d0, rows[r] + b * size, 2);
-        if (two) memcpy(&d1, rows[r] + (b + 1) * size, 2);
+        memcpy(&d0, rows[r] + b * size + off, 2);
+        if (two) memcpy(&d1, rows[r] + (b + 1) * size + off, 2);
         u[r] = (uint32_t)d0 | ((uint32_t)d1 << 16);
     }
     return _mm256_cvtph_ps(_mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]));
+}
+INLINE wscales w_scales(const uint8_t **rows, int64_t b, const int R, const int kind, const int two) {
+    return w_f16pairs(rows, b, R, kind, two, 0);
+}
+/* Q4_1/Q5_1 min terms in the pair tiles: per token one 8-lane sum [r0 b0, r0 b1, r1 b0, ...] of m_w * s_x
+ * (on AVX-512 both types take the quads, see kind_quad; this keeps the pair tiles complete for every kind) */
+typedef __m256 mvec;
+INLINE mvec m_zero(void) { return _mm256_setzero_ps(); }
+INLINE mvec m_acc(mvec acc, const uint8_t **rows, int64_t b, const int R, const int kind, const int two, const float *xs) {
+    return _mm256_fmadd_ps(w_f16pairs(rows, b, R, kind, two, 2), _mm256_castpd_ps(_mm256_broadcast_sd((const double *)xs)), acc);
+}
+INLINE float m_get(mvec acc, int r) {
+    float l[8];
+    _mm256_storeu_ps(l, acc);
+    return l[2 * r] + l[2 * r + 1];
 }
 /* times the token's two block scales (a 64-bit broadcast): every (row, block) product at once */
 typedef __m512 tscales;
@@ -211,18 +273,34 @@ INLINE wvec w_load_q4(const block_q4_0 *b, int two) {
     return v;
 }
 
-INLINE wvec w_load_q5(const block_q5_0 *b, int two) {
+/* Q5_0 / Q4_1 / Q5_1 / IQ4_NL, one block: nibbles (plus 16 where the qh bit is set); IQ4_NL's table levels as Q8_0 */
+INLINE wvec w_load_nib(const uint8_t *p, const int kind, int two) {
     (void)two;
-    __m128i q = _mm_loadu_si128((const __m128i *)b[0].qs);
+    const int ho = kind_qh(kind);
+    __m128i q = _mm_loadu_si128((const __m128i *)(p + kind_qs(kind)));
     __m256i z = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
-    uint32_t h;
-    memcpy(&h, b[0].qh, 4);
-    /* byte i <- byte i / 8 of qh, then test bit i % 8: 0xff where element i has its fifth bit */
-    __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h),
-                                     _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    hb = _mm256_cmpeq_epi8(_mm256_and_si256(hb, bit), bit);
-    z = _mm256_or_si256(z, _mm256_and_si256(hb, _mm256_set1_epi8(16)));
+    if (kind == K_IQ4NL) {
+        const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)pi_iq4nl_values));
+        z = _mm256_shuffle_epi8(tab, z);
+        wvec v;
+#if Q8_UNSIGNED
+        v.a = _mm256_xor_si256(z, _mm256_set1_epi8((char)0x80));
+#else
+        v.a = _mm256_sign_epi8(z, z);
+#endif
+        v.s = z;
+        return v;
+    }
+    if (ho >= 0) {
+        uint32_t h;
+        memcpy(&h, p + ho, 4);
+        /* byte i <- byte i / 8 of qh, then test bit i % 8: 0xff where element i has its fifth bit */
+        __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h),
+                                         _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL));
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+        hb = _mm256_cmpeq_epi8(_mm256_and_si256(hb, bit), bit);
+        z = _mm256_or_si256(z, _mm256_and_si256(hb, _mm256_set1_epi8(16)));
+    }
     wvec v = {z, z};
     return v;
 }
@@ -237,6 +315,22 @@ INLINE wscales w_scales(const uint8_t **rows, int64_t b, const int R, const int 
         w.s[r] = _mm256_set1_ps(_cvtsh_ss(d));
     }
     return w;
+}
+/* Q4_1/Q5_1 min terms: per token one 4-lane sum [r0, r1, r2, r3] of m_w * s_x */
+typedef __m128 mvec;
+INLINE mvec m_zero(void) { return _mm_setzero_ps(); }
+INLINE mvec m_acc(mvec acc, const uint8_t **rows, int64_t b, const int R, const int kind, const int two, const float *xs) {
+    (void)two;
+    uint16_t m[4] = {0, 0, 0, 0};
+    for (int r = 0; r < R; r++) memcpy(&m[r], rows[r] + b * kind_size(kind) + 2, 2);
+    uint64_t u;
+    memcpy(&u, m, 8);
+    return _mm_fmadd_ps(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)u)), _mm_broadcast_ss(xs), acc);
+}
+INLINE float m_get(mvec acc, int r) {
+    float l[4];
+    _mm_storeu_ps(l, acc);
+    return l[r];
 }
 typedef fv tscales;
 INLINE tscales t_scales(wscales ws, const float *xd) { (void)ws; return _mm256_broadcast_ss(xd); }
@@ -285,28 +379,29 @@ INLINE float fv_sum(fv v) { return hsum8(v); }
 /* ==== block-type tiles ================================================================================ */
 #if defined(MM_AVX512) || defined(MM_AVX2)
 /* one vector step (BPV blocks starting at block b) of an R x T tile; `two` = 0 only for a lone last block */
-INLINE void tile_q_step(const mm_job *j, const uint8_t **rows, int64_t t0, int64_t b, fv acc[][4],
+INLINE void tile_q_step(const mm_job *j, const uint8_t **rows, int64_t t0, int64_t b, fv acc[][4], mvec *accm,
                         const int R, const int T, const int kind, const int two) {
-    const int q4 = kind != 0; /* nibble layout, unsigned weights with a correction term */
+    const int lay = kind != K_Q8, uns = kind_uns(kind); /* nibble layout; unsigned weights (correction term) */
     wvec wv[4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #if defined(MM_AVX512)
-        wv[r] = kind == 2 ? w_load_q5((const block_q5_0 *)rows[r] + b, two)
-                          : w_load_q8((const block_q8_0 *)rows[r] + b, two); /* Q4_0: tile_quad */
+        wv[r] = kind != K_Q8 ? w_load_nib(rows[r] + b * kind_size(kind), kind, two)
+                             : w_load_q8((const block_q8_0 *)rows[r] + b, two); /* Q4_0: tile_quad */
 #else
-        wv[r] = kind == 2   ? w_load_q5((const block_q5_0 *)rows[r] + b, two)
-                : kind == 1 ? w_load_q4((const block_q4_0 *)rows[r] + b, two)
-                            : w_load_q8((const block_q8_0 *)rows[r] + b, two);
+        wv[r] = kind == K_Q4   ? w_load_q4((const block_q4_0 *)rows[r] + b, two)
+                : kind != K_Q8 ? w_load_nib(rows[r] + b * kind_size(kind), kind, two)
+                               : w_load_q8((const block_q8_0 *)rows[r] + b, two);
 #endif
     wscales ws = w_scales(rows, b, R, kind, two);
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++) {
         const int64_t o = (t0 + t) * j->nbp + b;
-        qv xv = x_load(j->xq + o * QK), xc = x_corr(j->xc + o, q4);
+        qv xv = x_load(j->xq + o * QK), xc = x_corr(j->xc + o, lay);
         tscales ts = t_scales(ws, j->xd + o);
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) acc[r][t] = fv_acc(acc[r][t], dot_q(wv[r], xv, xc, q4), scale_rt(ts, ws, r, q4));
+        for (int r = 0; r < R; r++) acc[r][t] = fv_acc(acc[r][t], dot_q(wv[r], xv, xc, uns), scale_rt(ts, ws, r, lay));
+        if (kind_min(kind)) accm[t] = m_acc(accm[t], rows, b, R, kind, two, j->xs + o);
     }
 }
 
@@ -322,20 +417,64 @@ INLINE void tile_q_step(const mm_job *j, const uint8_t **rows, int64_t t0, int64
 #ifndef DQ
 #define DQ 8 /* decode rows per quad tile */
 #endif
-typedef struct { __m512i lo, hi; __m512 d; } wquad;
-INLINE wquad quad_load(const uint8_t *p, const int kind) { /* p: the quad's first byte (4 x 18 bytes) */
-    (void)kind; /* Q4_0 only (Q5_0 keeps the pair layout: its rounding is what the llama.cpp comparisons pin) */
-    __m512i raw = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + 2)));
-    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i *)(p + 20)), 1);
-    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i *)(p + 38)), 2);
-    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i *)(p + 56)), 3);
+/* Q4_1 (20-byte blocks) and, with VNNI, IQ4_NL (18 bytes, like Q4_0) use the same quads: Q4_1's nibbles are
+ * its unsigned values (no correction) and its m goes to lane 4k of a vector `m` beside d; IQ4_NL's nibbles
+ * index its table (shifted by 128, unsigned for dpbusd; the -128 * sum(x) correction in lane 4k as Q8_0's).
+ * Q5_1 (24 bytes) adds 16 where the qh bit is set: bits 0-15 of block k's qh are its lo bytes, 16-31 its hi
+ * bytes, so the 4 qh words make one 64-bit byte mask for lo and one for hi. Without VNNI, IQ4_NL keeps the
+ * pair tiles (maddubs would saturate on its 8-bit levels). Q5_0 keeps them too: its rounding (the pair tiles'
+ * f32 operation order) is what the llama.cpp comparisons pin. */
+#if defined(__AVX512VNNI__)
+INLINE int kind_quad(int kind) { return kind == K_Q4 || kind == K_Q41 || kind == K_Q51 || kind == K_IQ4NL; }
+#else
+INLINE int kind_quad(int kind) { return kind == K_Q4 || kind == K_Q41 || kind == K_Q51; }
+#endif
+typedef struct { __m512i lo, hi; __m512 d, m; } wquad;
+INLINE wquad quad_load(const uint8_t *p, const int kind) { /* p: the quad's first byte (4 blocks) */
+    const int64_t size = kind_size(kind), qo = kind_qs(kind);
+    __m512i raw = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + qo)));
+    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i *)(p + qo + size)), 1);
+    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i *)(p + qo + 2 * size)), 2);
+    raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i *)(p + qo + 3 * size)), 3);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
-    wquad q = {_mm512_and_si512(raw, m4), _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4), _mm512_setzero_ps()};
-    /* f16 d of block k (byte 18k = word 9k of the first 64 bytes) into words 4k..4k+3 */
-    const __m512i dw = _mm512_permutexvar_epi16(_mm512_setr_epi32(0, 0, 9 | 9 << 16, 9 | 9 << 16, 18 | 18 << 16,
-                                                18 | 18 << 16, 27 | 27 << 16, 27 | 27 << 16, 0, 0, 0, 0, 0, 0, 0, 0),
-                                                _mm512_loadu_si512(p));
+    wquad q = {_mm512_and_si512(raw, m4), _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4), _mm512_setzero_ps(),
+               _mm512_setzero_ps()};
+    if (kind == K_IQ4NL) {
+        const __m512i tab = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)pi_iq4nl_values)),
+                                             _mm512_set1_epi8((char)0x80));
+        q.lo = _mm512_shuffle_epi8(tab, q.lo);
+        q.hi = _mm512_shuffle_epi8(tab, q.hi);
+    }
+    if (kind == K_Q51) {
+        /* the quad's 96 bytes as words 0-31 (a) and 16-47 (b2, indices 32 + word - 16 in the two-source
+         * permutes): block k's d and m are words 12k and 12k + 1, its qh words 12k + 2 (bits 0-15: the lo
+         * bytes) and 12k + 3 (hi bytes) */
+        const __m512i a = _mm512_loadu_si512(p), b2 = _mm512_loadu_si512(p + 32);
+        const __m128i qh = _mm512_castsi512_si128(_mm512_permutex2var_epi16(a, _mm512_setr_epi32(
+            2 | 14 << 16, 26 | 54 << 16, 3 | 15 << 16, 27 | 55 << 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), b2));
+        q.lo = _mm512_mask_add_epi8(q.lo, (__mmask64)_mm_cvtsi128_si64(qh), q.lo, _mm512_set1_epi8(16));
+        q.hi = _mm512_mask_add_epi8(q.hi, (__mmask64)_mm_extract_epi64(qh, 1), q.hi, _mm512_set1_epi8(16));
+        const __m512i dw = _mm512_permutex2var_epi16(a, _mm512_setr_epi32(0, 0, 12 | 12 << 16, 12 | 12 << 16,
+                                                     24 | 24 << 16, 24 | 24 << 16, 52 | 52 << 16, 52 | 52 << 16,
+                                                     0, 0, 0, 0, 0, 0, 0, 0), b2);
+        const __m512i mw = _mm512_maskz_permutex2var_epi16(0x1111, a, _mm512_setr_epi32(1, 0, 13, 0, 25, 0, 53, 0,
+                                                           0, 0, 0, 0, 0, 0, 0, 0), b2);
+        q.d = _mm512_cvtph_ps(_mm512_castsi512_si256(dw));
+        q.m = _mm512_cvtph_ps(_mm512_castsi512_si256(mw));
+        return q;
+    }
+    /* f16 d of block k (word size/2 * k of the first 64 bytes) into words 4k..4k+3; Q4_1's m (the next word)
+     * into word 4k alone */
+    const int w1 = (int)(size / 2), w2 = 2 * w1, w3 = 3 * w1;
+    const __m512i raw64 = _mm512_loadu_si512(p);
+    const __m512i dw = _mm512_permutexvar_epi16(_mm512_setr_epi32(0, 0, w1 | w1 << 16, w1 | w1 << 16, w2 | w2 << 16,
+                                                w2 | w2 << 16, w3 | w3 << 16, w3 | w3 << 16, 0, 0, 0, 0, 0, 0, 0, 0), raw64);
     q.d = _mm512_cvtph_ps(_mm512_castsi512_si256(dw));
+    if (kind_min(kind)) {
+        const __m512i mw = _mm512_maskz_permutexvar_epi16(0x1111, _mm512_setr_epi32(1, 0, w1 + 1, 0, w2 + 1, 0,
+                                                          w3 + 1, 0, 0, 0, 0, 0, 0, 0, 0, 0), raw64);
+        q.m = _mm512_cvtph_ps(_mm512_castsi512_si256(mw));
+    }
     return q;
 }
 
@@ -351,6 +490,14 @@ INLINE __m512i quad_dot(const wquad *w, __m512i xlo, __m512i xhi, __m512i xc) {
 #endif
 }
 
+/* the token's 4 block sums s_x in the quad's lane order (Q4_1) */
+INLINE __m512 quad_xs(const float *xs) { return _mm512_permutexvar_ps(quad_lanes(), _mm512_castps128_ps512(_mm_loadu_ps(xs))); }
+/* acc + dot * (d_w * d_x), then (Q4_1) + m_w * s_x in lane 4k: the one operation order of every quad path */
+INLINE __m512 quad_acc(const wquad *w, __m512i dot, __m512 xd, __m512 xs, __m512 acc, const int kind) {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(w->d, xd), acc);
+    return kind_min(kind) ? _mm512_fmadd_ps(w->m, xs, acc) : acc;
+}
+
 /* one quad (x blocks b..b+3) of an R x T tile; wp[r] = the quad's first byte in row r */
 INLINE void tile_quad_step(const mm_job *j, const uint8_t *const *wp, int64_t t0, int64_t b, fv acc[][4],
                            const int R, const int T, const int kind) {
@@ -361,10 +508,11 @@ INLINE void tile_quad_step(const mm_job *j, const uint8_t *const *wp, int64_t t0
         const __m512i xc = _mm512_maskz_permutexvar_epi32(0x1111, quad_lanes(),
                                                           _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(j->xc + t0 * j->nbp + b))));
         const __m512 xd = _mm512_permutexvar_ps(quad_lanes(), _mm512_castps128_ps512(_mm_loadu_ps(j->xd + t0 * j->nbp + b)));
+        const __m512 xs = kind_min(kind) ? quad_xs(j->xs + t0 * j->nbp + b) : _mm512_setzero_ps();
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             const wquad q = quad_load(wp[r], kind);
-            acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_dot(&q, xlo, xhi, xc)), _mm512_mul_ps(q.d, xd), acc[r][0]);
+            acc[r][0] = quad_acc(&q, quad_dot(&q, xlo, xhi, xc), xd, xs, acc[r][0], kind);
         }
         return;
     }
@@ -377,10 +525,9 @@ INLINE void tile_quad_step(const mm_job *j, const uint8_t *const *wp, int64_t t0
         const __m512i xc = _mm512_maskz_permutexvar_epi32(0x1111, quad_lanes(),
                                                           _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(j->xc + o))));
         const __m512 xd = _mm512_permutexvar_ps(quad_lanes(), _mm512_castps128_ps512(_mm_loadu_ps(j->xd + o)));
+        const __m512 xs = kind_min(kind) ? quad_xs(j->xs + o) : _mm512_setzero_ps();
 #pragma GCC unroll 8
-        for (int r = 0; r < R; r++)
-            acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_dot(&w[r], xlo, xhi, xc)), _mm512_mul_ps(w[r].d, xd),
-                                        acc[r][t]);
+        for (int r = 0; r < R; r++) acc[r][t] = quad_acc(&w[r], quad_dot(&w[r], xlo, xhi, xc), xd, xs, acc[r][t], kind);
     }
 }
 
@@ -424,12 +571,14 @@ INLINE void tile_quad(const mm_job *j, const uint8_t **rows, int64_t r0, int64_t
 INLINE void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T, const int kind) {
     fv acc[8][4]; /* R <= 4, or <= 8 with T == 1 (quad decode) */
     const uint8_t *rows[8];
+    mvec accm[4];
+    for (int t = 0; t < 4; t++) accm[t] = m_zero();
     for (int r = 0; r < R; r++) {
         rows[r] = mm_row(j, r0 + r);
         for (int t = 0; t < T; t++) acc[r][t] = fv_zero();
     }
 #if defined(MM_AVX512)
-    if (kind == 1) {
+    if (kind_quad(kind)) {
         tile_quad(j, rows, r0, t0, acc, R, T, kind);
         return;
     }
@@ -446,11 +595,12 @@ INLINE void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
             for (int r = 0; r < R; r++) _mm_prefetch((const char *)(o >= j->row_bytes ? next[r] : rows[r]) + o, _MM_HINT_T0);
         }
 #endif
-        tile_q_step(j, rows, t0, b, acc, R, T, kind, 1);
+        tile_q_step(j, rows, t0, b, acc, accm, R, T, kind, 1);
     }
-    if (nfull < nb) tile_q_step(j, rows, t0, nfull, acc, R, T, kind, 0);
+    if (nfull < nb) tile_q_step(j, rows, t0, nfull, acc, accm, R, T, kind, 0);
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) j->y[(t0 + t) * j->n_rows + r0 + r] = fv_sum(acc[r][t]);
+        for (int t = 0; t < T; t++)
+            j->y[(t0 + t) * j->n_rows + r0 + r] = kind_min(kind) ? fv_sum(acc[r][t]) + m_get(accm[t], r) : fv_sum(acc[r][t]);
 }
 
 #else
@@ -461,11 +611,17 @@ static void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
         for (int t = 0; t < T; t++) {
             const int8_t *xq = j->xq + (t0 + t) * j->nbp * QK;
             const float *xd = j->xd + (t0 + t) * j->nbp;
-            float acc = 0.0f;
+            float acc = 0.0f, accm = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
                 int32_t s = 0;
                 float dw;
-                if (kind == 2) {
+                if (kind >= K_Q41) { /* Q4_1, Q5_1, IQ4_NL */
+                    int8_t q[QK];
+                    float m;
+                    pi_unpack_q32(j->type, row + b * kind_size(kind), q, &dw, &m);
+                    for (int i = 0; i < QK; i++) s += q[i] * xq[b * QK + i];
+                    if (kind_min(kind)) accm += m * j->xs[(t0 + t) * j->nbp + b];
+                } else if (kind == 2) {
                     const block_q5_0 *wb = (const block_q5_0 *)row + b;
                     uint32_t qh;
                     memcpy(&qh, wb->qh, 4);
@@ -485,7 +641,7 @@ static void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
                 }
                 acc += (float)s * (dw * xd[b]);
             }
-            j->y[(t0 + t) * j->n_rows + r0 + r] = acc;
+            j->y[(t0 + t) * j->n_rows + r0 + r] = kind_min(kind) ? acc + accm : acc;
         }
     }
 }
@@ -667,22 +823,23 @@ static void q8_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
 #endif
 /* acc + one quad (blocks b..b+3, its bytes at p) of one row, as tile_quad_step computes it for R = T = 1 */
 INLINE __m512 q4_row_quad(const mm_job *j, const uint8_t *p, int64_t b, const __m512i *xcv, const __m512 *xdv,
-                          __m512 acc) {
-    const wquad w = quad_load(p, 1);
+                          const __m512 *xsv, __m512 acc, const int kind) {
+    const wquad w = quad_load(p, kind);
     const __m512i xlo = _mm512_loadu_si512(j->xq + b * QK), xhi = _mm512_loadu_si512(j->xq + b * QK + 64);
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(quad_dot(&w, xlo, xhi, xcv[b / QB])), _mm512_mul_ps(w.d, xdv[b / QB]),
-                           acc);
+    return quad_acc(&w, quad_dot(&w, xlo, xhi, xcv[b / QB]), xdv[b / QB], kind_min(kind) ? xsv[b / QB] : xdv[0], acc,
+                    kind);
 }
 
-static void q4_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
-    const int64_t size = (int64_t)sizeof(block_q4_0), nb = j->n_cols / QK, nq = nb / QB * QB;
+INLINE void quad_decode_rows(const mm_job *j, int64_t r0, int64_t r1, const int kind) {
+    const int64_t size = kind_size(kind), nb = j->n_cols / QK, nq = nb / QB * QB;
     const int64_t n_quads = (nb + QB - 1) / QB;
     _Alignas(64) __m512i xcv[Q4_ROW_MAX_QUADS];
-    _Alignas(64) __m512 xdv[Q4_ROW_MAX_QUADS];
+    _Alignas(64) __m512 xdv[Q4_ROW_MAX_QUADS], xsv[kind_min(kind) ? Q4_ROW_MAX_QUADS : 1];
     for (int64_t q = 0; q < n_quads; q++) {
         const __m128i c4 = _mm_loadu_si128((const __m128i *)(j->xc + q * QB));
         xcv[q] = _mm512_maskz_permutexvar_epi32(0x1111, quad_lanes(), _mm512_castsi128_si512(c4));
         xdv[q] = _mm512_permutexvar_ps(quad_lanes(), _mm512_castps128_ps512(_mm_loadu_ps(j->xd + q * QB)));
+        if (kind_min(kind)) xsv[q] = quad_xs(j->xs + q * QB);
     }
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *row = mm_row(j, r);
@@ -690,38 +847,55 @@ static void q4_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
         pf_stream ahead = pf_start(j, r, Q4_ROW_PF_DIST);
         for (int64_t b = 0; b < nq; b += QB) {
             pf_step(j, &ahead, r1, QB * size);
-            acc = q4_row_quad(j, row + b * size, b, xcv, xdv, acc);
+            acc = q4_row_quad(j, row + b * size, b, xcv, xdv, xsv, acc, kind);
         }
         if (nq < nb) { /* the last 1-3 blocks in a zeroed quad, as tile_quad does */
             _Alignas(64) uint8_t buf[128];
             memset(buf, 0, sizeof(buf));
             memcpy(buf, row + nq * size, (size_t)((nb - nq) * size));
-            acc = q4_row_quad(j, buf, nq, xcv, xdv, acc);
+            acc = q4_row_quad(j, buf, nq, xcv, xdv, xsv, acc, kind);
         }
         j->y[r] = fv_sum(acc);
     }
 }
+static void q4_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
+    switch (j->type) {
+    case PI_Q4_0: quad_decode_rows(j, r0, r1, K_Q4); break;
+    case PI_Q4_1: quad_decode_rows(j, r0, r1, K_Q41); break;
+    case PI_Q5_1: quad_decode_rows(j, r0, r1, K_Q51); break;
+    default: quad_decode_rows(j, r0, r1, K_IQ4NL); break;
+    }
+}
 #endif
 
-/* ==== Q5_0 decode on AVX-512: one row at a time ================================================================
+/* ==== Q5_0 / Q4_1 / Q5_1 / IQ4_NL decode on AVX-512: one row at a time =======================================
  * tile_q for R = T = 1 (the same arithmetic, so the same bits as the 4-row tiles and the batched path), with
  * the row stream prefetched Q5_ROW_PF_DIST ahead: one sequential stream per thread instead of four. Measured
- * cold, two threads, against the 4-row tiles: 4096 x 4096 +20%, 11008 x 4096 +26%, 4096 x 11008 +18%. */
+ * (Q5_0) cold, two threads, against the 4-row tiles: 4096 x 4096 +20%, 11008 x 4096 +26%, 4096 x 11008 +18%. */
 #if defined(MM_AVX512)
 #define Q5_ROW_DECODE 1
 #define Q5_ROW_PF_DIST 4096
-static void q5_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
-    const int64_t size = kind_size(2), nb = j->n_cols / QK, nfull = nb / BPV * BPV;
+INLINE void pair_decode_rows(const mm_job *j, int64_t r0, int64_t r1, const int kind) {
+    const int64_t size = kind_size(kind), nb = j->n_cols / QK, nfull = nb / BPV * BPV;
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *rows[1] = {mm_row(j, r)};
         fv acc[1][4] = {{fv_zero()}};
+        mvec accm[1] = {m_zero()};
         pf_stream ahead = pf_start(j, r, Q5_ROW_PF_DIST);
         for (int64_t b = 0; b < nfull; b += BPV) {
             pf_step(j, &ahead, r1, BPV * size);
-            tile_q_step(j, rows, 0, b, acc, 1, 1, 2, 1);
+            tile_q_step(j, rows, 0, b, acc, accm, 1, 1, kind, 1);
         }
-        if (nfull < nb) tile_q_step(j, rows, 0, nfull, acc, 1, 1, 2, 0);
-        j->y[r] = fv_sum(acc[0][0]);
+        if (nfull < nb) tile_q_step(j, rows, 0, nfull, acc, accm, 1, 1, kind, 0);
+        j->y[r] = kind_min(kind) ? fv_sum(acc[0][0]) + m_get(accm[0], 0) : fv_sum(acc[0][0]);
+    }
+}
+static void q5_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
+    switch (j->type) {
+    case PI_Q5_0: pair_decode_rows(j, r0, r1, K_Q5); break;
+    case PI_Q4_1: pair_decode_rows(j, r0, r1, K_Q41); break;
+    case PI_Q5_1: pair_decode_rows(j, r0, r1, K_Q51); break;
+    default: pair_decode_rows(j, r0, r1, K_IQ4NL); break;
     }
 }
 #endif
@@ -763,6 +937,9 @@ static void f_decode_rows(const mm_job *j, int64_t r0, int64_t r1, const int typ
         case PI_Q8_0: tile_q(j, r0, t0, R, T, 0); break;                                                     \
         case PI_Q4_0: tile_q(j, r0, t0, R, T, 1); break;                                                     \
         case PI_Q5_0: tile_q(j, r0, t0, R, T, 2); break;                                                     \
+        case PI_Q4_1: tile_q(j, r0, t0, R, T, K_Q41); break;                                                 \
+        case PI_Q5_1: tile_q(j, r0, t0, R, T, K_Q51); break;                                                 \
+        case PI_IQ4_NL: tile_q(j, r0, t0, R, T, K_IQ4NL); break;                                             \
         case PI_F32: tile_f(j, r0, t0, R, T, PI_F32); break;                                                 \
         case PI_F16: tile_f(j, r0, t0, R, T, PI_F16); break;                                                 \
         default: tile_f(j, r0, t0, R, T, PI_BF16); break;                                                    \
@@ -782,14 +959,20 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
     if (j->n_tok == 1) {
         int64_t r = r_beg;
 #if defined(Q4_ROW_DECODE)
-        if (j->type == PI_Q4_0 && j->stream && (j->n_cols / QK + QB - 1) / QB <= Q4_ROW_MAX_QUADS) {
+        const int quads = type_kind(j->type) >= 0 && kind_quad(type_kind(j->type));
+        if (quads && j->stream && (j->n_cols / QK + QB - 1) / QB <= Q4_ROW_MAX_QUADS) {
             q4_decode_rows(j, r, r_end);
             return;
         }
 #endif
 #if defined(MM_AVX512)
-        if (j->type == PI_Q4_0) /* quads: DQ rows share each activation load */
-            for (; r + DQ <= r_end; r += DQ) tile_q(j, r, 0, DQ, 1, 1);
+        if (type_kind(j->type) >= 0 && kind_quad(type_kind(j->type))) /* quads: DQ rows share each activation load */
+            for (; r + DQ <= r_end; r += DQ) switch (j->type) {
+                case PI_Q4_0: tile_q(j, r, 0, DQ, 1, K_Q4); break;
+                case PI_Q4_1: tile_q(j, r, 0, DQ, 1, K_Q41); break;
+                case PI_Q5_1: tile_q(j, r, 0, DQ, 1, K_Q51); break;
+                default: tile_q(j, r, 0, DQ, 1, K_IQ4NL); break;
+                }
 #endif
 #if defined(Q8_ROW_DECODE)
         if (j->type == PI_Q8_0) {
@@ -798,7 +981,7 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
         }
 #endif
 #if defined(Q5_ROW_DECODE)
-        if (j->type == PI_Q5_0 && j->stream) {
+        if (type_kind(j->type) >= K_Q5 && !kind_quad(type_kind(j->type)) && j->stream) {
             q5_decode_rows(j, r, r_end);
             return;
         }
@@ -861,10 +1044,11 @@ INLINE __m512i round_away16(__m512 v) { /* as round_away: trunc, then +-1 where 
     return _mm512_cvttps_epi32(t);
 }
 
-static float quantize_block(const float *x, int8_t *q, int32_t *sum) {
+static float quantize_block(const float *x, int8_t *q, int32_t *sum, float *draw) {
     __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
     float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
     float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    *draw = d;
     __m512 vid = _mm512_set1_ps(id);
     __m512i qa = round_away16(_mm512_mul_ps(a, vid)), qb = round_away16(_mm512_mul_ps(b, vid));
     *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
@@ -873,13 +1057,14 @@ static float quantize_block(const float *x, int8_t *q, int32_t *sum) {
     return f16_round(d);
 }
 #else
-static float quantize_block(const float *x, int8_t *q, int32_t *sum) {
+static float quantize_block(const float *x, int8_t *q, int32_t *sum, float *draw) {
     float amax = 0.0f;
     for (int i = 0; i < QK; i++) {
         float a = x[i] < 0 ? -x[i] : x[i];
         if (a > amax) amax = a;
     }
     float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    *draw = d;
     int32_t s = 0;
     for (int i = 0; i < QK; i++) { q[i] = (int8_t)round_away(x[i] * id); s += q[i]; }
     *sum = s;
@@ -895,17 +1080,21 @@ static void quantize_token(void *ctx, int64_t t, int thread_id) {
     int8_t *xq = (int8_t *)j->xq + t * j->nbp * QK;
     float *xd = (float *)j->xd + t * j->nbp;
     int32_t *xc = (int32_t *)j->xc + t * j->nbp;
-    const int32_t corr = j->type == PI_Q4_0 ? 8 : j->type == PI_Q5_0 ? 16 : Q8_CORR;
+    float *xs = (float *)j->xs + t * j->nbp;
+    const int kind = type_kind(j->type);
+    const int32_t corr = kind == K_Q4 ? 8 : kind == K_Q5 ? 16 : kind_min(kind) ? 0 : Q8_CORR;
     for (int64_t b = 0; b < j->nbp; b++) {
         int8_t q[QK] = {0};
         int32_t s = 0;
-        xd[b] = b < nb ? quantize_block(x + b * QK, q, &s) : 0.0f;
+        float draw = 0.0f;
+        xd[b] = b < nb ? quantize_block(x + b * QK, q, &s, &draw) : 0.0f;
         xc[b] = -corr * s;
+        xs[b] = f16_round(draw * (float)s); /* llama.cpp's Q8_1 s: the unrounded d times the sum, as f16 */
 #if defined(MM_AVX512)
-        if (j->type == PI_Q4_0) { /* quad order [b0..b3 elements 0..15 | b0..b3 elements 16..31], as tile_quad */
+        if (kind_quad(kind)) { /* quad order [b0..b3 elements 0..15 | b0..b3 elements 16..31], as tile_quad */
             memcpy(xq + (b & ~3) * QK + 16 * (b & 3), q, 16);
             memcpy(xq + (b & ~3) * QK + 64 + 16 * (b & 3), q + 16, 16);
-        } else if (j->type == PI_Q5_0) { /* pair order [b0 0..15 | b1 0..15 | b0 16..31 | b1 16..31], as w_load_q5 */
+        } else if (kind != K_Q8) { /* pair order [b0 0..15 | b1 0..15 | b0 16..31 | b1 16..31], as w_load_nib */
             memcpy(xq + (b & ~1) * QK + 16 * (b & 1), q, 16);
             memcpy(xq + (b & ~1) * QK + 32 + 16 * (b & 1), q + 16, 16);
         } else
@@ -927,18 +1116,19 @@ static void mm_run(pi_pool *pool, int type, const void *w, int64_t n_cols, const
     mm_job j = {.type = type, .w = w, .row_bytes = pi_row_size(type, n_cols), .n_rows = n_out, .n_cols = n_cols,
                 .n_tok = n_tok, .x = x, .sel = sel, .y = y,
                 .stream = !sel || (n_out > 0 && (double)(sel[n_out - 1] - sel[0] + 1) <= STREAM_SPAN * (double)n_out)};
-    if (type == PI_Q8_0 || type == PI_Q4_0 || type == PI_Q5_0) {
+    if (type_kind(type) >= 0) {
         const int64_t nb = n_cols / QK;
         int64_t per = BPV; /* blocks per vector step */
 #if defined(MM_AVX512)
-        if (type == PI_Q4_0) per = QB;
+        if (kind_quad(type_kind(type))) per = QB;
 #endif
         j.nbp = (nb + per - 1) / per * per;
         const size_t nq = (size_t)(n_tok * j.nbp);
-        char *s = pi_pool_scratch(pool, nq * QK + 2 * nq * 4);
+        char *s = pi_pool_scratch(pool, nq * QK + 3 * nq * 4);
         j.xq = (const int8_t *)s;
         j.xd = (const float *)(s + nq * QK);
         j.xc = (const int32_t *)(s + nq * QK + nq * 4);
+        j.xs = (const float *)(s + nq * QK + 2 * nq * 4);
         pi_pool_run(pool, quantize_token, &j, n_tok);
     }
     const int64_t n_blocks = (n_out + ROW_BLOCK - 1) / ROW_BLOCK;
@@ -1004,7 +1194,7 @@ static uint64_t sum_words(const uint8_t *b, int64_t n, const uint8_t *pf) {
     s = l[0] + l[1] + l[2] + l[3];
 #endif
     for (; i + 8 <= n; i += 8) {
-        if (pf && !(i & 63)) __builtin_prefetch((const char *)pf + i); /* T0; builds without intrinsics */
+        if (pf && !(i & 63)) __builtin_prefetch(pf + i); /* also in scalar builds (no immintrin.h) */
         uint64_t v;
         memcpy(&v, b + i, 8);
         s += v;

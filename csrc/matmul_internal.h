@@ -4,6 +4,7 @@
  * Layouts are llama.cpp's (gguf/quants.py decodes the same bytes). Element order inside a block:
  *   Q4_0/Q4_1/Q5_0/Q5_1 (32): element j < 16 in the low nibble of qs[j], j + 16 in its high nibble; bit 4 of
  *     element j (Q5_*) is bit j of the little-endian uint32 qh. Q*_0: value = d * (q - 8 or 16); Q*_1: d * q + m.
+ *   IQ4_NL (32): f16 d, then nibbles in the Q4_0 order; value = d * pi_iq4nl_values[nibble] (a fixed table).
  *   Q4_K/Q5_K (256 = 8 sub-blocks of 32, 6-bit scale sc and min m each, packed in scales[12]):
  *     chunk c < 4 of 64 elements: sub-block 2c = low nibbles of qs[32c..32c+31], 2c + 1 = high nibbles;
  *     bit 4 (Q5_K) of element l of sub-block s is bit s of qh[l]. value = d * sc * q - dmin * m.
@@ -38,6 +39,7 @@ typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_0;
 typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_1;
 typedef struct { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; uint16_t d, dmin; } block_q2_K;
 typedef struct { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; uint16_t d; } block_q3_K;
+typedef struct { uint16_t d; uint8_t qs[QK / 2]; } block_iq4_nl;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_K;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } block_q6_K;
@@ -49,6 +51,7 @@ _Static_assert(sizeof(block_q5_0) == 22, "Q5_0 block is 22 bytes");
 _Static_assert(sizeof(block_q5_1) == 24, "Q5_1 block is 24 bytes");
 _Static_assert(sizeof(block_q2_K) == 84, "Q2_K block is 84 bytes");
 _Static_assert(sizeof(block_q3_K) == 110, "Q3_K block is 110 bytes");
+_Static_assert(sizeof(block_iq4_nl) == 18, "IQ4_NL block is 18 bytes");
 _Static_assert(sizeof(block_q4_K) == 144, "Q4_K block is 144 bytes");
 _Static_assert(sizeof(block_q5_K) == 176, "Q5_K block is 176 bytes");
 _Static_assert(sizeof(block_q6_K) == 210, "Q6_K block is 210 bytes");
@@ -66,6 +69,9 @@ static inline float pi_h2f(uint16_t h) {
     float f; memcpy(&f, &u, 4); return f;
 #endif
 }
+
+/* IQ4_NL's 16 levels (llama.cpp's non-uniform 4-bit grid, finer near zero) */
+static const int8_t pi_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 static inline int pi_is_k_type(int type) {
     return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q6_K
@@ -94,12 +100,22 @@ static inline void pi_k_scale_min(const uint8_t *p, uint8_t sc[8], uint8_t mn[8]
     }
 }
 
-/* One 32-element block of Q4_1/Q5_0/Q5_1 -> integer values q (Q5_0: already minus 16), d and m (0 for Q5_0) */
+/* One 32-element block of Q4_1/Q5_0/Q5_1/IQ4_NL -> integer values q (Q5_0: already minus 16; IQ4_NL: the
+ * table's levels), d and m (0 for Q5_0 and IQ4_NL) */
 static inline void pi_unpack_q32(int type, const uint8_t *blk, int8_t q[QK], float *d, float *m) {
     uint16_t dh, mh = 0;
     uint32_t qh = 0;
     const uint8_t *qs;
     memcpy(&dh, blk, 2);
+    *d = pi_h2f(dh);
+    if (type == PI_IQ4_NL) {
+        for (int j = 0; j < QK / 2; j++) {
+            q[j] = pi_iq4nl_values[blk[2 + j] & 15];
+            q[j + QK / 2] = pi_iq4nl_values[blk[2 + j] >> 4];
+        }
+        *m = 0.0f;
+        return;
+    }
     if (type == PI_Q5_0) { memcpy(&qh, blk + 2, 4); qs = blk + 6; }
     else if (type == PI_Q5_1) { memcpy(&mh, blk + 2, 2); memcpy(&qh, blk + 4, 4); qs = blk + 8; }
     else { memcpy(&mh, blk + 2, 2); qs = blk + 4; }
@@ -108,7 +124,6 @@ static inline void pi_unpack_q32(int type, const uint8_t *blk, int8_t q[QK], flo
         q[j] = (int8_t)(((qs[j] & 15) | ((qh >> j) & 1) << 4) - off);
         q[j + QK / 2] = (int8_t)(((qs[j] >> 4) | ((qh >> (j + QK / 2)) & 1) << 4) - off);
     }
-    *d = pi_h2f(dh);
     *m = type == PI_Q5_0 ? 0.0f : pi_h2f(mh);
 }
 

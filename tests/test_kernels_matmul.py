@@ -14,18 +14,23 @@ from powerinfer_py.tensor import KERNEL_TYPES, GGMLType, Tensor
 cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not built", exc_type=ImportError)
 
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
-BLOCK_TYPES = (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0)  # 32-element blocks, Q8_0 activations
+Q0_TYPES = (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0)  # value d * q
+Q1_TYPES = (GGMLType.Q4_1, GGMLType.Q5_1)  # value d * q + m (Q8_1 activation sums)
+# 32-element blocks, Q8_0 activations (IQ4_NL: computed on, not produced: random blocks)
+BLOCK_TYPES = Q0_TYPES + Q1_TYPES + (GGMLType.IQ4_NL,)
 K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,  # 256-element super-blocks, Q8_K activations
            GGMLType.Q2_K,
            GGMLType.Q3_K,
            )
-QUANTIZABLE = FLOAT_TYPES + BLOCK_TYPES
+RANDOM_TYPES = K_TYPES + (GGMLType.IQ4_NL,)  # types tests build from random bytes
+QUANTIZABLE = FLOAT_TYPES + Q0_TYPES + Q1_TYPES
 EPS32 = 2.0 ** -24  # f32 unit roundoff
 # byte offsets of the f16 scales in a K-quant block: random bytes elsewhere are a valid block
 K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),
                 GGMLType.Q2_K: (80, 82),
                 GGMLType.Q3_K: (108,),
                 }
+K_F16_FIELDS[GGMLType.IQ4_NL] = (0,)  # its one f16 d: random bytes after it are a valid IQ4_NL block too
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["t1", "t2"])
@@ -36,7 +41,8 @@ def kernels(request):
 
 
 def random_k_blocks(ggml_type, n_rows, n_cols, rng, scale=(0.001, 0.02)) -> np.ndarray:
-    """Random K-quant bytes uint8 [n_rows, row_bytes] with finite f16 scales (we cannot quantize K-quants)."""
+    """Random K-quant (or IQ4_NL) bytes uint8 [n_rows, row_bytes] with finite f16 scales (we cannot quantize
+    those types)."""
     block, size = GGML_QUANT_SIZES[ggml_type]
     b = rng.integers(0, 256, (n_rows * n_cols // block, size), dtype=np.uint8)
     for off in K_F16_FIELDS[ggml_type]:
@@ -46,7 +52,7 @@ def random_k_blocks(ggml_type, n_rows, n_cols, rng, scale=(0.001, 0.02)) -> np.n
 
 def make_weight(ggml_type, n_rows, n_cols, seed=0) -> Tensor:
     rng = np.random.default_rng(seed)
-    if ggml_type in K_TYPES:
+    if ggml_type in RANDOM_TYPES:
         return Tensor("w", ggml_type, (n_rows, n_cols), random_k_blocks(ggml_type, n_rows, n_cols, rng))
     w = rng.standard_normal((n_rows, n_cols), dtype=np.float32)
     return Tensor("w", ggml_type, (n_rows, n_cols), ref.quantize(w, ggml_type))
@@ -88,7 +94,7 @@ def test_matmul_matches_ref(kernels, ggml_type, n_tok):
             np.testing.assert_array_equal(kernels.matmul(w, x[t]), y[t])
 
 
-@pytest.mark.parametrize("ggml_type", BLOCK_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", Q0_TYPES, ids=lambda t: t.name)
 def test_quantized_matmul_is_exact_integer_arithmetic(kernels, ggml_type):
     """Activations and weights that are exact in Q8_0 with power-of-two scales: every product and sum is
     exact in f32, so C must agree with the reference bit for bit."""
@@ -108,6 +114,44 @@ def test_quantized_matmul_is_exact_integer_arithmetic(kernels, ggml_type):
     xq = np.trunc(x + np.copysign(np.float32(0.5), x))
     np.testing.assert_array_equal(kernels.matmul(w, x), xq @ wv.T)
     np.testing.assert_array_equal(ref.matmul(w, x), xq @ wv.T)
+
+
+@pytest.mark.parametrize("ggml_type", Q1_TYPES + (GGMLType.IQ4_NL,), ids=lambda t: t.name)
+def test_q1_iq4nl_matmul_is_exact_integer_arithmetic(kernels, ggml_type):
+    """Power-of-two d (and m), activations with d_x = 1 and block sums exact in f16: every product and sum is
+    exact in f32, so C, the reference and a plain product with the dequantized weights agree bit for bit.
+    Pins the min term m_w * s_x (s_x = d_x * sum(q_x)) of Q4_1/Q5_1 and IQ4_NL's table."""
+    rng = np.random.default_rng(15)
+    n_rows, n_cols = 9, 32 * 11
+    if ggml_type == GGMLType.IQ4_NL:
+        data = random_k_blocks(ggml_type, n_rows, n_cols, rng)
+        data.reshape(-1, 18)[:, :2] = np.full(n_rows * n_cols // 32, 2.0 ** -3, np.float16).view(np.uint8).reshape(-1, 2)
+        w = Tensor("w", ggml_type, (n_rows, n_cols), data)
+        wv = ref.dequantize(w)
+    else:
+        half = 8 if ggml_type == GGMLType.Q4_1 else 16
+        wv = rng.integers(-half, half, size=(n_rows, n_cols)).astype(np.float32)
+        wv[:, ::32], wv[:, 1::32] = -half, half - 1  # d = 1, m = -half per block
+        w = Tensor("w", ggml_type, wv.shape, ref.quantize(wv, ggml_type))
+        np.testing.assert_array_equal(ref.dequantize(w), wv)
+    x = rng.integers(-3, 4, size=(4, n_cols)).astype(np.float32)
+    x[:, ::32] = 127
+    want = (x.astype(np.float64) @ wv.T.astype(np.float64)).astype(np.float32)
+    np.testing.assert_array_equal(kernels.matmul(w, x), want)
+    np.testing.assert_array_equal(kernels.matmul(w, x[1]), want[1])
+    np.testing.assert_array_equal(ref.matmul(w, x), want)
+    np.testing.assert_array_equal(kernels.matmul_rows(w, np.array([0, 4, 8], np.int32), x), want[:, [0, 4, 8]])
+
+
+@pytest.mark.parametrize("ggml_type", BLOCK_TYPES, ids=lambda t: t.name)
+def test_matmul_rows_longer_than_the_row_decoder_takes(kernels, ggml_type):
+    """Past 32768 columns the AVX-512 row-at-a-time decoders of the quad types hand over to the tiles, whose
+    activations share the quads' layout: decode still matches the reference and the batched bits."""
+    w = make_weight(ggml_type, 9, 32 * 1027, seed=17)
+    x = np.random.default_rng(18).standard_normal((2, w.n_cols), dtype=np.float32)
+    y = kernels.matmul(w, x)
+    assert (np.abs(y.astype(np.float64) - ref.matmul(w, x)) <= error_bound(w, x)).all()
+    np.testing.assert_array_equal(kernels.matmul(w, x[1]), y[1])
 
 
 @pytest.mark.parametrize("ggml_type", KERNEL_TYPES, ids=lambda t: t.name)
@@ -204,7 +248,7 @@ def test_f16_bf16_conversions_exact():
     np.testing.assert_array_equal(cpu.quantize(tie, GGMLType.BF16), np.array([[0x3F80, 0x3F82]], dtype=np.uint16))
 
 
-@pytest.mark.parametrize("ggml_type", K_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", RANDOM_TYPES, ids=lambda t: t.name)
 def test_k_quant_dequantize_is_llama_cpp(ggml_type):
     """gguf's numpy decoder (llama.cpp's layout) and ours give the same f32 values, bit for bit."""
     data = random_k_blocks(ggml_type, 9, 768, np.random.default_rng(9), scale=(-0.05, 0.05))
@@ -214,9 +258,11 @@ def test_k_quant_dequantize_is_llama_cpp(ggml_type):
     np.testing.assert_array_equal(cpu.dequantize(t), want)
     with pytest.raises(UnsupportedError, match="not produced"):
         cpu.quantize(np.zeros((1, 256), np.float32), ggml_type)
+    with pytest.raises(UnsupportedError, match="not produced"):
+        ref.quantize(np.zeros((1, 256), np.float32), ggml_type)
 
 
-@pytest.mark.parametrize("ggml_type", BLOCK_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", Q0_TYPES + Q1_TYPES, ids=lambda t: t.name)
 def test_block_layout_is_llama_cpp(ggml_type):
     """gguf's own numpy codec (llama.cpp's layout) decodes our bytes, and encodes to the same bytes."""
     x = np.random.default_rng(6).standard_normal((5, 128), dtype=np.float32)
@@ -265,7 +311,7 @@ def test_bad_input_raises(kernels):
     for module in (cpu, ref):
         with pytest.raises(ValueError, match="multiple of 32"):
             module.quantize(np.zeros((2, 33), dtype=np.float32), GGMLType.Q4_0)
-        for unsupported in (GGMLType.Q4_1, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K):
+        for unsupported in (GGMLType.IQ4_XS, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K):
             with pytest.raises(UnsupportedError):
                 module.quantize(np.zeros((2, 256), dtype=np.float32), unsupported)
 

@@ -14,6 +14,7 @@ cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not b
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 EPS32 = 2.0 ** -24  # f32 unit roundoff
 K_TYPES = tuple(t for t in KERNEL_TYPES if t.name.endswith("_K"))  # 256-element super-blocks
+RANDOM_TYPES = K_TYPES + (GGMLType.IQ4_NL,)  # computed on, not produced by quantize(): random bytes
 
 
 @pytest.fixture(scope="module")
@@ -29,13 +30,15 @@ K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (20
                 GGMLType.Q2_K: (80, 82),
                 GGMLType.Q3_K: (108,),
                 }
+K_F16_FIELDS[GGMLType.IQ4_NL] = (0,)  # its one f16 d: random bytes after it are a valid IQ4_NL block too
 
 
 def make_weight(ggml_type, n_rows, n_cols, seed=0, name="ffn_down_t") -> Tensor:
     rng = np.random.default_rng(seed)
-    if ggml_type in K_TYPES:  # not produced by quantize(): random bytes with finite scales
-        size = row_bytes(ggml_type, 256)
-        b = rng.integers(0, 256, (n_rows * n_cols // 256, size), dtype=np.uint8)
+    if ggml_type in RANDOM_TYPES:  # not produced by quantize(): random bytes with finite scales
+        bs = 256 if ggml_type in K_TYPES else 32
+        size = row_bytes(ggml_type, bs)
+        b = rng.integers(0, 256, (n_rows * n_cols // bs, size), dtype=np.uint8)
         for off in K_F16_FIELDS[ggml_type]:
             b[:, off:off + 2] = rng.uniform(0.001, 0.02, len(b)).astype(np.float16).view(np.uint8).reshape(-1, 2)
         return Tensor(name, ggml_type, (n_rows, n_cols), b.reshape(n_rows, -1))
@@ -157,7 +160,8 @@ def test_axpy_deterministic(pools):
                 np.testing.assert_array_equal(pools[n].axpy_rows(w, rows, h), first)
 
 
-@pytest.mark.parametrize("ggml_type", (GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0), ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", (GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_1,
+                                       GGMLType.IQ4_NL), ids=lambda t: t.name)
 def test_axpy_decode_split_ignores_zero_rows(pools, ggml_type):
     """Decode splits the list of live rows (non-zero h) among threads: the full list with zeros (`off`) and
     the live rows alone (`exact`) give the same bits for every thread count, and the parts sum to the

@@ -12,19 +12,25 @@ from ..tensor import GGMLType, Tensor
 # ==== quantization and matmul (owner: matmul helper) =====================================================
 # Byte layouts (llama.cpp): Q8_0 block = f16 d + int8 q[32] (34 B); Q4_0 block = f16 d + uint8 q[16] (18 B),
 # element j in the low nibble of q[j], element j + 16 in the high nibble, value (nibble - 8) * d; Q5_0 = f16 d +
-# uint32 qh + q[16] (22 B), bit 4 of element j in bit j of qh, value (q - 16) * d. K-quants: csrc/matmul_internal.h.
+# uint32 qh + q[16] (22 B), bit 4 of element j in bit j of qh, value (q - 16) * d. Q4_1 / Q5_1 = f16 d, f16 m
+# (+ qh) + q[16] (20 / 24 B), value d * q + m. IQ4_NL = f16 d + q[16] (18 B), value d * IQ4NL_VALUES[nibble].
+# K-quants: csrc/matmul_internal.h.
 from ..errors import UnsupportedError  # noqa: E402
 from ..tensor import KERNEL_TYPES  # noqa: E402
 
 QK = 32  # elements per Q8_0 / Q4_0 / Q5_0 block
 QK_K = 256  # elements per K-quant super-block (and per Q8_K activation block)
 _FLOAT_DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.BF16: np.uint16}
-_Q32_TYPES = (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0)  # activations quantized to Q8_0
+_Q32_TYPES = (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.IQ4_NL)
+_MIN_TYPES = (GGMLType.Q4_1, GGMLType.Q5_1)  # value d * q + m: the activations' Q8_1 sum s enters (see matmul)
+#: IQ4_NL's 16 levels (llama.cpp's kvalues_iq4nl)
+IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 _K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,  # activations quantized to Q8_K
             GGMLType.Q2_K,
             GGMLType.Q3_K,
             )
 _BLOCK_BYTES = {GGMLType.Q8_0: 34, GGMLType.Q4_0: 18, GGMLType.Q5_0: 22,
+                GGMLType.Q4_1: 20, GGMLType.Q5_1: 24, GGMLType.IQ4_NL: 18,
                 GGMLType.Q4_K: 144, GGMLType.Q5_K: 176, GGMLType.Q6_K: 210,
                 GGMLType.Q2_K: 84,
                 GGMLType.Q3_K: 110,
@@ -102,10 +108,20 @@ def _quantize_q_0_blocks(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarr
     return d.astype(np.float16), q
 
 
+def _quantize_q_1_blocks(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_1 / Q5_1: x f32 [n, 32] -> (d f16, m f16 [n], q uint8 [n, 32]); d = (max - min) / (2^bits - 1),
+    m = min, q = min(2^bits - 1, trunc((x - min) * (1 / d) + 0.5))."""
+    qmax = (1 << bits) - 1
+    lo, hi = x.min(axis=-1), x.max(axis=-1)
+    d = ((hi - lo) / np.float32(qmax)).astype(np.float32)
+    q = np.minimum(np.trunc((x - lo[:, None]) * _inverse(d)[:, None] + np.float32(0.5)), qmax).astype(np.uint8)
+    return d.astype(np.float16), lo.astype(np.float16), q
+
+
 def quantize(x, ggml_type) -> np.ndarray:
     """x f32 [R, K] -> data in Tensor layout: f32/f16/uint16 (bf16) [R, K] or uint8 [R, row_bytes]."""
     t = check_kernel_type(ggml_type, "quantize")
-    if t in _K_TYPES:
+    if t in _K_TYPES or t == GGMLType.IQ4_NL:
         raise UnsupportedError(f"quantize: {t.name} is computed on but not produced by these kernels")
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2:
@@ -124,10 +140,15 @@ def quantize(x, ggml_type) -> np.ndarray:
         d, q = quantize_q8_0_blocks(blocks)
         parts = [q.view(np.uint8)]
     else:
-        d, q = _quantize_q_0_blocks(blocks, 4 if t == GGMLType.Q4_0 else 5)
+        if t in _MIN_TYPES:
+            d, m, q = _quantize_q_1_blocks(blocks, 4 if t == GGMLType.Q4_1 else 5)
+        else:
+            d, q = _quantize_q_0_blocks(blocks, 4 if t == GGMLType.Q4_0 else 5)
         qs = (q[:, :16] & 0x0F) | (q[:, 16:] << 4)
-        qh = np.packbits(q >> 4, axis=-1, bitorder="little")  # Q5_0: bit 4 of element j = bit j of qh
-        parts = [qs] if t == GGMLType.Q4_0 else [qh, qs]
+        qh = np.packbits(q >> 4, axis=-1, bitorder="little")  # Q5_*: bit 4 of element j = bit j of qh
+        parts = [qs] if t in (GGMLType.Q4_0, GGMLType.Q4_1) else [qh, qs]
+        if t in _MIN_TYPES:
+            parts = [m.view(np.uint8).reshape(-1, 2)] + parts
     out = np.concatenate([d.view(np.uint8).reshape(-1, 2)] + parts, axis=1)
     return out.reshape(n_rows, -1)
 
@@ -137,10 +158,19 @@ def _f16(b: np.ndarray) -> np.ndarray:
     return b.copy().view(np.float16)[..., 0].astype(np.float32)
 
 
+def _raw_blocks(t: Tensor) -> np.ndarray:
+    return np.ascontiguousarray(t.data).reshape(t.n_rows, t.n_cols // QK, _BLOCK_BYTES[t.type])
+
+
+def _mins(t: Tensor) -> np.ndarray:
+    """Q4_1/Q5_1 tensor -> m f32 [n_rows, nb]."""
+    return _f16(_raw_blocks(t)[..., 2:4])
+
+
 def _blocks(t: Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Q8_0/Q4_0/Q5_0 tensor -> (d f32 [n_rows, nb], integer values int8 [n_rows, nb, 32])."""
-    nb = t.n_cols // QK
-    b = np.ascontiguousarray(t.data).reshape(t.n_rows, nb, _BLOCK_BYTES[t.type])
+    """32-element block tensor -> (d f32 [n_rows, nb], integer values int8 [n_rows, nb, 32]): Q4_0 / Q5_0
+    minus 8 / 16, Q4_1 / Q5_1 unsigned (their m: _mins), IQ4_NL the table's levels."""
+    b = _raw_blocks(t)
     d = _f16(b[..., :2])
     if t.type == GGMLType.Q8_0:
         return d, b[..., 2:].view(np.int8)
@@ -148,8 +178,13 @@ def _blocks(t: Tensor) -> tuple[np.ndarray, np.ndarray]:
     q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int8)
     if t.type == GGMLType.Q4_0:
         return d, q - np.int8(8)
-    high = np.unpackbits(b[..., 2:6], axis=-1, bitorder="little").astype(np.int8)  # bit j of qh
-    return d, q + (high << 4) - np.int8(16)
+    if t.type == GGMLType.Q4_1:
+        return d, q
+    if t.type == GGMLType.IQ4_NL:
+        return d, IQ4NL_VALUES[q]
+    qh = b[..., 4:8] if t.type == GGMLType.Q5_1 else b[..., 2:6]
+    high = np.unpackbits(qh, axis=-1, bitorder="little").astype(np.int8)  # bit j of qh
+    return d, q + (high << 4) - np.int8(16 if t.type == GGMLType.Q5_0 else 0)
 
 
 def _k_blocks(t: Tensor) -> dict:
@@ -208,7 +243,10 @@ def dequantize(t: Tensor) -> np.ndarray:
             y = y - (k["dmin"][..., None] * k["mn"].astype(np.float32))[..., None]
         return y.astype(np.float32).reshape(t.shape)
     d, q = _blocks(t)
-    return (d[..., None] * q.astype(np.float32)).reshape(t.shape)
+    y = d[..., None] * q.astype(np.float32)
+    if ty in _MIN_TYPES:
+        y = y + _mins(t)[..., None]
+    return y.reshape(t.shape)
 
 
 def _group_dots(qw: np.ndarray, qx: np.ndarray) -> np.ndarray:
@@ -218,7 +256,8 @@ def _group_dots(qw: np.ndarray, qx: np.ndarray) -> np.ndarray:
 
 def _matmul_quantized(w: Tensor, x2: np.ndarray, absolute: bool) -> np.ndarray:
     """f64 [N, M] by llama.cpp's arithmetic (absolute=True: the same sum over |terms|, for error bounds).
-    Q8_0/Q4_0/Q5_0: y = sum_b (d_w d_x)_b * (q_w . q_x)_b over blocks of 32 (x quantized to Q8_0).
+    32-element blocks: y = sum_b (d_w d_x)_b * (q_w . q_x)_b over blocks of 32 (x quantized to Q8_0); Q4_1 / Q5_1
+    add sum_b m_b * s_b with s = f16(d * sum(q_x)), d the unrounded amax / 127 (llama.cpp's Q8_1 activations).
     K-quants: y = sum_s d_x * (d * sum_g sc_g (q_w . q_x)_g - dmin * sum_g m_g bsum_g) (x quantized to Q8_K)."""
     n = len(x2)
     f = np.abs if absolute else (lambda a: a)
@@ -227,7 +266,12 @@ def _matmul_quantized(w: Tensor, x2: np.ndarray, absolute: bool) -> np.ndarray:
         dx, qx = quantize_q8_0_blocks(x2.reshape(-1, QK))
         nb = w.n_cols // QK
         isum = _group_dots(f(qw.astype(np.int64)), f(qx.reshape(n, nb, QK).astype(np.int64)))  # [nb, M, N]
-        return np.einsum("mb,tb,bmt->tm", f(dw.astype(np.float64)), f(dx.astype(np.float64).reshape(n, nb)), isum)
+        y = np.einsum("mb,tb,bmt->tm", f(dw.astype(np.float64)), f(dx.astype(np.float64).reshape(n, nb)), isum)
+        if w.type in _MIN_TYPES:
+            d_raw = (np.abs(x2.reshape(-1, QK)).max(axis=-1) / np.float32(127)).astype(np.float32)
+            s = (d_raw * qx.astype(np.int64).sum(axis=-1).astype(np.float32)).astype(np.float16).astype(np.float64)
+            y = y + f(s.reshape(n, nb)) @ f(_mins(w).astype(np.float64)).T
+        return y
     k = _k_blocks(w)
     ns, g = w.n_cols // QK_K, k["sc"].shape[-1]
     dx, qx, bsums = quantize_q8_K_blocks(x2.reshape(-1, QK_K))
