@@ -252,9 +252,8 @@ typedef __m256 fv;
 #endif
 typedef struct { qv a; qv s; } wvec; /* unsigned operand; w itself (sign source for Q8_0 without VNNI) */
 
-INLINE wvec w_load_q8(const block_q8_0 *b, int two) {
-    (void)two;
-    __m256i z = _mm256_loadu_si256((const __m256i *)b[0].qs);
+/* signed int8 weights z (Q8_0, IQ4_NL's levels) as the unsigned dot operand */
+INLINE wvec w_signed(__m256i z) {
     wvec v;
 #if Q8_UNSIGNED
     v.a = _mm256_xor_si256(z, _mm256_set1_epi8((char)0x80));
@@ -263,6 +262,11 @@ INLINE wvec w_load_q8(const block_q8_0 *b, int two) {
 #endif
     v.s = z;
     return v;
+}
+
+INLINE wvec w_load_q8(const block_q8_0 *b, int two) {
+    (void)two;
+    return w_signed(_mm256_loadu_si256((const __m256i *)b[0].qs));
 }
 
 INLINE wvec w_load_q4(const block_q4_0 *b, int two) {
@@ -281,15 +285,7 @@ INLINE wvec w_load_nib(const uint8_t *p, const int kind, int two) {
     __m256i z = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
     if (kind == K_IQ4NL) {
         const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)pi_iq4nl_values));
-        z = _mm256_shuffle_epi8(tab, z);
-        wvec v;
-#if Q8_UNSIGNED
-        v.a = _mm256_xor_si256(z, _mm256_set1_epi8((char)0x80));
-#else
-        v.a = _mm256_sign_epi8(z, z);
-#endif
-        v.s = z;
-        return v;
+        return w_signed(_mm256_shuffle_epi8(tab, z));
     }
     if (ho >= 0) {
         uint32_t h;

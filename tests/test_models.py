@@ -7,6 +7,7 @@ import dataclasses
 import llama_cpp
 import numpy as np
 import pytest
+from llama_ref import llama_cpp_logits
 from reference_forward import ReferenceModel
 
 from powerinfer_py.errors import ContextFullError, ModelFileError, UnsupportedError
@@ -192,12 +193,7 @@ def test_logits_match_llama_cpp(synthetic_model, cpu_kernels, arch):
     path = synthetic_model(arch, "f32")
     model = load_model(path, cpu_kernels)
     ours = model.forward(TOKENS, model.new_cache(32), all_logits=True)
-    llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=32, n_threads=2, verbose=False)
-    try:
-        llm.eval(TOKENS.tolist())
-        theirs = np.array(llm.scores[:len(TOKENS)], dtype=np.float32)
-    finally:
-        llm.close()
+    theirs = llama_cpp_logits(path, TOKENS)
     assert (ours.argmax(1) == theirs.argmax(1)).all()
     # llama.cpp differs from an exact f32 computation by ~3e-3 of the logits' spread (its CPU attention and
     # GELU work partly in f16); 1% is tight enough to catch any wrong op

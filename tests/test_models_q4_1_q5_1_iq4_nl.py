@@ -7,6 +7,7 @@ import collections
 import llama_cpp
 import numpy as np
 import pytest
+from llama_ref import llama_cpp_logits
 
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.loader import load_weights
@@ -33,12 +34,7 @@ def test_llama_cpp_file_runs_natively(synthetic_model, cpu_kernels, tmp_path, na
     assert w.conversions == []  # nothing re-encoded at load
     model = build_model(w.config, w.tensors, cpu_kernels)
     ours = model.forward(TOKENS, model.new_cache(32), all_logits=True)
-    llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=32, n_threads=2, verbose=False)
-    try:
-        llm.eval(TOKENS.tolist())
-        theirs = np.array(llm.scores[:len(TOKENS)], dtype=np.float32)
-    finally:
-        llm.close()
+    theirs = llama_cpp_logits(path, TOKENS)
     spread = theirs.std()
     # position 0 (attention over one position: only matmuls, norms and activations) repeats llama.cpp's
     # arithmetic: Q8_0 (IQ4_NL) or Q8_1 sums (Q4_1/Q5_1) of the activations, block by block; measured 7e-7 to

@@ -5,6 +5,7 @@ from __future__ import annotations
 import llama_cpp
 import numpy as np
 import pytest
+from llama_ref import llama_cpp_logits
 
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.loader import load_weights
@@ -42,11 +43,6 @@ def test_llama_cpp_quantized_file_matches_llama_cpp(source, tmp_path, cpu_kernel
     step = model.new_cache(32)  # one token at a time (the decode mat-vec) gives the same bits as prefill
     singles = np.stack([model.forward(TOKENS[i:i + 1], step, all_logits=True)[-1] for i in range(len(TOKENS))])
     np.testing.assert_array_equal(singles, ours)
-    llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=32, n_threads=2, verbose=False)
-    try:
-        llm.eval(TOKENS.tolist())
-        theirs = np.array(llm.scores[:len(TOKENS)], dtype=np.float32)
-    finally:
-        llm.close()
+    theirs = llama_cpp_logits(path, TOKENS)
     assert (ours.argmax(1) == theirs.argmax(1)).all()
     assert np.abs(ours - theirs).max() / theirs.std() < TOL
