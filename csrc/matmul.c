@@ -125,10 +125,8 @@ INLINE __m512i pair_idx(int q4, int r) { /* lane -> 2r (block 0 of row r) or 2r 
 
 typedef struct { qv a; __mmask64 neg; } wvec; /* unsigned operand; sign mask of w (Q8_0 without VNNI) */
 
-INLINE wvec w_load_q8(const block_q8_0 *b, int two) {
-    __m256i lo = _mm256_loadu_si256((const __m256i *)b[0].qs);
-    __m512i z = two ? _mm512_inserti64x4(_mm512_castsi256_si512(lo), _mm256_loadu_si256((const __m256i *)b[1].qs), 1)
-                    : _mm512_zextsi256_si512(lo);
+/* signed int8 weights z (Q8_0, IQ4_NL's levels) as the unsigned dot operand */
+INLINE wvec w_signed(__m512i z) {
     wvec v;
 #if Q8_UNSIGNED
     v.a = _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80)); /* w + 128 as unsigned bytes */
@@ -138,6 +136,12 @@ INLINE wvec w_load_q8(const block_q8_0 *b, int two) {
     v.neg = _mm512_movepi8_mask(z);
 #endif
     return v;
+}
+
+INLINE wvec w_load_q8(const block_q8_0 *b, int two) {
+    __m256i lo = _mm256_loadu_si256((const __m256i *)b[0].qs);
+    return w_signed(two ? _mm512_inserti64x4(_mm512_castsi256_si512(lo), _mm256_loadu_si256((const __m256i *)b[1].qs), 1)
+                        : _mm512_zextsi256_si512(lo));
 }
 
 /* Q5_0 / Q4_1 / Q5_1 / IQ4_NL, block pair at p (a lone block when !two), in pair order: the nibbles, plus 16
@@ -153,15 +157,7 @@ INLINE wvec w_load_nib(const uint8_t *p, const int kind, int two) {
     wvec v;
     if (kind == K_IQ4NL) {
         const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)pi_iq4nl_values));
-        z = _mm512_shuffle_epi8(tab, z);
-#if Q8_UNSIGNED
-        v.a = _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80));
-        v.neg = 0;
-#else
-        v.a = _mm512_abs_epi8(z);
-        v.neg = _mm512_movepi8_mask(z);
-#endif
-        return v;
+        return w_signed(_mm512_shuffle_epi8(tab, z));
     }
     if (ho >= 0) {
         uint32_t h0, h1 = 0;
