@@ -3,23 +3,22 @@
     python benchmarks/bench_matvec_hot.py [--rows 192] [--cols 4096] [--calls 400] [--rounds 3]
 
 A decode mat-vec is memory-bound only if the kernel digests bytes faster than DRAM delivers them: this prints the
-GB/s of weight bytes one thread gets through when the weights are already in cache (the call overhead included),
-to compare with a thread's share of the read probe (benchmarks/bench_kernels.py). The best of `calls` x `rounds`
+GB/s of weight bytes one thread gets through when the weights are already in cache (each call timed in C,
+csrc/bench.c, as bench_sparse.py does), to compare with a thread's share of the read probe (benchmarks/bench_kernels.py). The best of `calls` x `rounds`
 runs, so other work on the machine shows up less than in a median.
 """
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the source tree, unless installed
 
-from powerinfer_py.kernels import cpu  # noqa: E402
-from powerinfer_py.tensor import GGMLType, Tensor  # noqa: E402
+from powerinfer_py.kernels import cpu
+from powerinfer_py.tensor import GGMLType, Tensor
 
 TYPES = ("Q4_0", "Q5_0", "Q4_1", "Q5_1", "IQ4_NL", "Q8_0")
 
@@ -58,9 +57,9 @@ def main() -> None:
 
 
 def _timed(k, w, x) -> float:
-    t0 = time.perf_counter()
-    k.matmul(w, x)
-    return time.perf_counter() - t0
+    y = np.empty(w.shape[0], np.float32)
+    return cpu.lib.pi_timed_matmul(k._pool, int(w.type), cpu.ffi.from_buffer(w.data), w.shape[0], w.shape[1],
+                                   cpu.ffi.from_buffer("float[]", x), 1, cpu.ffi.from_buffer("float[]", y))
 
 
 if __name__ == "__main__":

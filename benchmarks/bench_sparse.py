@@ -24,6 +24,7 @@ dense/sparse time ratio <= 1.10 at 0%.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -156,7 +157,7 @@ def compute_rate(args) -> None:
     h = np.ones(len(rows), np.float32)
     x = rng.standard_normal(args.n_embd, dtype=np.float32)
     y_axpy, y_rows = np.empty(args.n_embd, np.float32), np.empty(len(rows), np.float32)
-    for threads in sorted({1, cpu.CpuKernels(args.threads).n_threads}):
+    for threads in sorted({1, args.threads or os.cpu_count() or 1}):
         k = cpu.CpuKernels(threads)
         fns = {"probe": lambda k=k: lib.pi_timed_read_probe(k._pool, ffi.from_buffer(probe), probe.nbytes)}
         weights = {}

@@ -860,7 +860,7 @@ static void q4_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
 }
 #endif
 
-/* ==== Q5_0 / Q4_1 / Q5_1 / IQ4_NL decode on AVX-512: one row at a time =======================================
+/* ==== Q5_0 / IQ4_NL (without VNNI) decode on AVX-512: one row at a time ================================
  * tile_q for R = T = 1 (the same arithmetic, so the same bits as the 4-row tiles and the batched path), with
  * the row stream prefetched Q5_ROW_PF_DIST ahead: one sequential stream per thread instead of four. Measured
  * (Q5_0) cold, two threads, against the 4-row tiles: 4096 x 4096 +20%, 11008 x 4096 +26%, 4096 x 11008 +18%. */
@@ -882,13 +882,10 @@ INLINE void pair_decode_rows(const mm_job *j, int64_t r0, int64_t r1, const int 
         j->y[r] = kind_min(kind) ? fv_sum(acc[0][0]) + m_get(accm[0], 0) : fv_sum(acc[0][0]);
     }
 }
+/* the pair-tile kinds on AVX-512: Q5_0, and IQ4_NL without VNNI (Q4_1 and Q5_1 always take the quads) */
 static void q5_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
-    switch (j->type) {
-    case PI_Q5_0: pair_decode_rows(j, r0, r1, K_Q5); break;
-    case PI_Q4_1: pair_decode_rows(j, r0, r1, K_Q41); break;
-    case PI_Q5_1: pair_decode_rows(j, r0, r1, K_Q51); break;
-    default: pair_decode_rows(j, r0, r1, K_IQ4NL); break;
-    }
+    if (j->type == PI_Q5_0) pair_decode_rows(j, r0, r1, K_Q5);
+    else pair_decode_rows(j, r0, r1, K_IQ4NL);
 }
 #endif
 
