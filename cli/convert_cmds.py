@@ -47,7 +47,8 @@ def _folder(text: str, what: str) -> Path:
 
 def _progress() -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                    TimeElapsedColumn(), console=stderr, transient=True)
+                    TimeElapsedColumn(), console=stderr, transient=True,
+                    disable=not stderr.is_terminal)  # piped or logged: no bar, no stray blank line
 
 
 def _run(fn, src_bytes: int | None, **kwargs) -> None:

@@ -1,8 +1,10 @@
 """What every command shares: the stderr console and the error boundary that turns a PowerInferError (or a
-file the OS cannot open) into one `error: <message>` line and exit code 1, without a traceback."""
+file the OS cannot open, a full disk, a read-only file system) into one `error: <message>` line and exit
+code 1, without a traceback."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import sys
 import traceback
 from pathlib import Path
@@ -16,6 +18,8 @@ from powerinfer_py.errors import PowerInferError
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+#: OS errors that describe the user's machine, not a bug: a full disk or quota, a read-only file system
+USER_OS_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -38,6 +42,12 @@ def user_errors(verbose: bool = False) -> Iterator[None]:
         raise fail(str(e)) from None
     except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
         raise fail(f"{e.strerror or e}: {e.filename}" if e.filename else str(e)) from None
+    except OSError as e:
+        if e.errno not in USER_OS_ERRORS:
+            raise
+        if verbose:
+            traceback.print_exc(file=sys.stderr)
+        raise fail(f"{e.strerror}: {e.filename}" if e.filename else f"{e.strerror or e}") from None
     except ImportError as e:  # an incomplete installation (C kernels not built, llama-cpp-python missing)
         if verbose:
             traceback.print_exc(file=sys.stderr)

@@ -182,7 +182,7 @@ def calibrate(model: str | os.PathLike, out: str | os.PathLike, sparsity: float,
     (atomically: a temporary file in out's folder, renamed when complete). scales=False: the plain |act|
     score, no neuron scales. up_sparsity (< sparsity): two stages (the module docstring)."""
     from .gguf import open_gguf
-    from .gguf.writer import write_gguf
+    from .gguf.writer import check_free_space, write_gguf
     from .llm import load
 
     sparsity = check_sparsity(sparsity)
@@ -196,6 +196,7 @@ def calibrate(model: str | os.PathLike, out: str | os.PathLike, sparsity: float,
         raise PowerInferError(f"output folder does not exist: {out.parent}")
     if out.is_dir():
         raise PowerInferError(f"output path is a folder: {out}")
+    check_free_space(out, Path(model).stat().st_size)  # the copy is about the source's size: fail before the work
     say = on_progress or (lambda msg: None)
     with load(model, threads=threads, n_ctx=max(ctx, 2), sparse="off") as llm:
         from .ffn import ffn_variant

@@ -228,3 +228,27 @@ def test_process_error_has_no_traceback(tmp_path):
                           timeout=120)
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+
+
+def test_full_disk_is_one_error_line(synthetic_model, tmp_path, monkeypatch):
+    """A full disk or a read-only file system is the user's to fix: one `error:` line, exit 1, no traceback."""
+    import errno
+    import shutil
+
+    from powerinfer_py import outfile
+
+    gemma, llama = synthetic_model("gemma3", "f32"), synthetic_model("llama", "f32")
+    real_usage = shutil.disk_usage
+    monkeypatch.setattr(outfile.shutil, "disk_usage", lambda p: real_usage(p)._replace(free=0))
+    res = invoke("calibrate", "-m", gemma, "--sparsity", "0.3", "--tokens", "8",
+                 "-o", tmp_path / "cal.gguf")
+    assert_user_error(res, "not enough free disk space")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(outfile.shutil, "disk_usage", real_usage)
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / "x.gguf"))
+
+    monkeypatch.setattr(outfile.tempfile, "mkstemp", read_only)
+    res = invoke("quantize", llama, tmp_path / "x.gguf", "f16")
+    assert_user_error(res, "Read-only file system", "x.gguf")

@@ -276,7 +276,9 @@ def test_existing_output_needs_force(tmp_path):
 
 def test_not_enough_disk_space(tmp_path, monkeypatch):
     _checkpoint(tmp_path / "hf")
-    monkeypatch.setattr(output_mod.shutil, "disk_usage", lambda p: type("U", (), {"free": 1000})())
+    from powerinfer_py import outfile
+
+    monkeypatch.setattr(outfile.shutil, "disk_usage", lambda p: type("U", (), {"free": 1000})())
     with pytest.raises(PowerInferError, match=r"not enough free disk space .* MB are free"):
         convert(tmp_path / "hf", tmp_path / "model.gguf")
     assert not (tmp_path / "model.gguf").exists()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gguf import GGUFValueType as VT
 
-from powerinfer_py.errors import ModelFileError
+from powerinfer_py.errors import ModelFileError, PowerInferError
 from powerinfer_py.gguf import open_gguf, read_metadata_only, write_gguf
 from powerinfer_py.gguf import writer as writer_module
 from powerinfer_py.tensor import GGMLType, Tensor
@@ -248,6 +248,34 @@ def test_failed_write_leaves_no_file(tmp_path, monkeypatch, exc):
     calls.clear()
     monkeypatch.setattr(writer_module, "_write_data", failing_write)
     with pytest.raises(type(exc)):
+        write_gguf(old, {"general.architecture": "other"}, _tensors())
+    assert old.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["old.gguf"]
+
+
+def test_full_disk_is_a_clear_error_and_loses_nothing(tmp_path, monkeypatch):
+    """A disk too small for the output is refused before anything is written; a disk that fills up while
+    writing (other writers share it) is a PowerInferError naming the file; the old file survives either way."""
+    import errno
+    import shutil
+
+    from powerinfer_py import outfile
+
+    old, _ = _write_valid(tmp_path / "old.gguf")
+    before = old.read_bytes()
+
+    real_usage = shutil.disk_usage
+    monkeypatch.setattr(outfile.shutil, "disk_usage",
+                        lambda p: real_usage(p)._replace(free=1 << 20))  # 1 MB free
+    with pytest.raises(PowerInferError, match=r"not enough free disk space .* needs .* MB, 1\.0 MB are free"):
+        write_gguf(old, META, _tensors())
+    monkeypatch.setattr(outfile.shutil, "disk_usage", real_usage)
+
+    def filling_write(fh, t, alignment):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writer_module, "_write_data", filling_write)
+    with pytest.raises(PowerInferError, match=r"old\.gguf: the disk holding .* is full"):
         write_gguf(old, {"general.architecture": "other"}, _tensors())
     assert old.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["old.gguf"]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Iterator, Sequence
 
 from ..errors import ContextFullError, PowerInferError
 from ..generate import Generation
+from ..outfile import atomic_output
 from ..sampler import Sampler, SamplingParams
 from .templates import ChatTemplate, TemplateError, split_system
 
@@ -153,15 +153,9 @@ class ChatSession:
         data = {"format": SAVE_FORMAT, "version": SAVE_VERSION, "template": self.template.name,
                 "system": self.system, "messages": self.messages}
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(data, f, ensure_ascii=False, indent=1)
-                f.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_output(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, ensure_ascii=False, indent=1)
+            f.write("\n")
         return path
 
     def load(self, path: str | os.PathLike) -> int:

@@ -12,10 +12,7 @@ the next blocks, with a bounded number of blocks in flight.
 """
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
-import tempfile
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,11 +23,17 @@ import numpy as np
 from gguf import quants as gguf_quants
 
 from ..errors import PowerInferError
-from ..gguf.writer import _resolve_alignment, build_header, data_layout, tensor_info_bytes, tensor_nbytes
+from ..gguf.writer import (
+    _resolve_alignment,
+    build_header,
+    data_layout,
+    tensor_info_bytes,
+    tensor_nbytes,
+)
+from ..outfile import atomic_output, check_free_space
 from ..tensor import GGMLType
 from .source import to_f32
 
-SPACE_MARGIN = 16 << 20  # bytes kept free beyond the output size (file system metadata, other writers)
 QUANTIZED = (GGMLType.Q8_0, GGMLType.Q4_0)
 
 #: one block of a tensor: (raw values, their dtype in safetensors spelling, e.g. "BF16"), rows in output order;
@@ -137,30 +140,6 @@ def check_target(path: Path, force: bool) -> None:
         raise PowerInferError(f"{path}: is a folder; give a file name")
     if path.exists() and not force:
         raise PowerInferError(f"{path}: already exists; pass --force to overwrite it")
-
-
-def check_free_space(path: Path, n_bytes: int) -> None:
-    free = shutil.disk_usage(path.parent).free
-    if free < n_bytes + SPACE_MARGIN:
-        raise PowerInferError(f"{path}: not enough free disk space in {path.parent}: the output needs "
-                              f"{n_bytes / 1e6:.1f} MB, {free / 1e6:.1f} MB are free")
-
-
-@contextlib.contextmanager
-def atomic_output(path: Path) -> Iterator[Path]:
-    """Yield a temporary path next to `path`; rename it to `path` if the block completes, else delete it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions of a new file
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def write_streamed(path: str | os.PathLike, metadata: Mapping[str, Any], plans: Iterable[TensorPlan], *,

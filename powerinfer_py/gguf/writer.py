@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import struct
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -22,6 +21,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from gguf.quants import quant_shape_from_byte_shape
 
+from ..outfile import atomic_output, check_free_space
 from ..tensor import Tensor
 from .reader import _SCALARS, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGICS
 
@@ -236,20 +236,10 @@ def write_gguf(path: str | os.PathLike, metadata: Mapping[str, Any], tensors: It
     alignment = _resolve_alignment(metadata, alignment)
     header = _build_header(magic, metadata, types or {}, tensor_list, alignment)
 
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(header)
-            for t in tensor_list:
-                _write_data(fh, t, alignment)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions of a new file
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    check_free_space(path, len(header) + sum(t.data.nbytes + _pad(t.data.nbytes, alignment) for t in tensor_list))
+    with atomic_output(path) as tmp, open(tmp, "wb") as fh:
+        fh.write(header)
+        for t in tensor_list:
+            _write_data(fh, t, alignment)
     return path
+
