@@ -18,10 +18,11 @@ SPACE_MARGIN = 16 << 20  # bytes kept free beyond the output size (file system m
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
-def check_free_space(path: Path, n_bytes: int) -> None:
-    """Refuse, before anything is written, an output of n_bytes that the folder of `path` cannot hold."""
+def check_free_space(path: Path, n_bytes: int, margin: int = SPACE_MARGIN) -> None:
+    """Refuse, before anything is written, an output of n_bytes that the folder of `path` cannot hold with
+    `margin` bytes to spare."""
     free = shutil.disk_usage(path.parent).free
-    if free < n_bytes + SPACE_MARGIN:
+    if free < n_bytes + margin:
         raise PowerInferError(f"{path}: not enough free disk space in {path.parent}: the output needs "
                               f"{n_bytes / 1e6:.1f} MB, {free / 1e6:.1f} MB are free")
 

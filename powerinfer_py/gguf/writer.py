@@ -236,7 +236,9 @@ def write_gguf(path: str | os.PathLike, metadata: Mapping[str, Any], tensors: It
     alignment = _resolve_alignment(metadata, alignment)
     header = _build_header(magic, metadata, types or {}, tensor_list, alignment)
 
-    check_free_space(path, len(header) + sum(t.data.nbytes + _pad(t.data.nbytes, alignment) for t in tensor_list))
+    # no margin: small files (a tokenizer's vocab-only copy) must still be written on a nearly full disk
+    check_free_space(path, len(header) + sum(t.data.nbytes + _pad(t.data.nbytes, alignment) for t in tensor_list),
+                     margin=0)
     with atomic_output(path) as tmp, open(tmp, "wb") as fh:
         fh.write(header)
         for t in tensor_list:
