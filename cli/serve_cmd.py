@@ -44,11 +44,11 @@ def serve(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks of errors at start-up."),
 ) -> None:
     """Serve MODEL over HTTP with OpenAI's completions and chat completions API."""
-    from powerinfer_py import load
-    from powerinfer_py.sampler import SamplingParams
-    from powerinfer_py.serve import log_to_stderr, make_server, serve_forever
-
     with user_errors(verbose):
+        from powerinfer_py import load
+        from powerinfer_py.sampler import SamplingParams
+        from powerinfer_py.serve import log_to_stderr, make_server, serve_forever
+
         try:
             llm = load(model_path(model), threads=threads, n_ctx=ctx_size, sparse=sparse,
                        sparse_threshold=sparse_threshold, sparsity=sparsity, backend=backend,

@@ -240,6 +240,8 @@ BAD = [
     ("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, ['"max_tokens" must be at least 1']),
     ("POST", "/v1/completions", {"prompt": "hi", "temperature": -1}, 400, ['"temperature"', "-1"]),
     ("POST", "/v1/completions", {"prompt": "hi", "top_p": 1.5}, 400, ['"top_p"', "1.5"]),
+    ("POST", "/v1/completions", b'{"prompt": "hi", "temperature": NaN}', 400, ['"temperature" must be a finite']),
+    ("POST", "/v1/completions", {"prompt": "hi", "seed": -1}, 400, ['"seed" must be at least 0']),
     ("POST", "/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, ['"stream" must be true or false']),
     ("POST", "/v1/completions", {"prompt": "hi", "stop": 5}, 400, ['"stop" must be']),
     ("POST", "/v1/completions", {"prompt": "hi", "n": 2}, 400, ['"n" must be 1', "got 2"]),
@@ -274,6 +276,19 @@ def test_bad_requests_get_an_openai_error_and_the_server_goes_on(server, method,
         assert w in err["message"], (w, err["message"])
     assert "Traceback" not in err["message"]
     assert request(server, "/health") == (200, {"status": "ok"})
+
+
+def test_a_bug_is_a_500_without_traceback_and_the_server_goes_on(server, monkeypatch):
+    def broken(req):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(server.engine, "complete", broken)
+    status, out = request(server, "/v1/completions", {"prompt": "hi"})
+    assert status == 500 and out["error"]["type"] == "server_error"
+    assert "internal server error" in out["error"]["message"] and "a bug" not in out["error"]["message"]
+    assert any("RuntimeError: a bug" in line and "Traceback" in line for line in server.logs)
+    monkeypatch.undo()
+    assert request(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2})[0] == 200
 
 
 def test_the_long_prompt_error_names_its_real_length(server, ref):

@@ -44,8 +44,10 @@ def serve_forever(server: Server) -> bool:
     finally:
         server.engine.stopping.set()  # a run in progress stops at its next token
         server.server_close()
-    idle = server.engine.lock.acquire(timeout=SHUTDOWN_WAIT_S)  # kept: no request may start after this
-    return idle
+    try:
+        return server.engine.lock.acquire(timeout=SHUTDOWN_WAIT_S)  # kept: no request may start after this
+    except KeyboardInterrupt:  # a second Ctrl-C: leave without waiting (the caller must not free the model)
+        return False
 
 
 __all__ = ["ApiError", "Engine", "Server", "log_to_stderr", "make_server", "serve_forever"]

@@ -14,6 +14,7 @@ many optional ones (user, presence_penalty: 0, ...).
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -102,6 +103,8 @@ def _number(body: dict, name: str, default: float, lo: float | None = None, hi: 
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise bad(f'"{name}" must be a number, got {_kind(value)}')
+    if not math.isfinite(value):  # Python's json reads NaN and Infinity
+        raise bad(f'"{name}" must be a finite number, got {value}')
     if (lo is not None and (value < lo or (lo_open and value == lo))) or (hi is not None and value > hi):
         left = "(" if lo_open else "["
         raise bad(f'"{name}" must be in {left}{lo if lo is not None else "-inf"}, {hi if hi is not None else "inf"}]'
@@ -151,7 +154,7 @@ def parse_common(body: dict, defaults: SamplingParams, max_tokens_names: Sequenc
     max_tokens = None
     for name in max_tokens_names:
         max_tokens = _integer(body, name, max_tokens, lo=1)
-    seed = _integer(body, "seed", None)
+    seed = _integer(body, "seed", None, lo=0)
     sampling = SamplingParams(
         temperature=_number(body, "temperature", defaults.temperature, lo=0.0),
         top_k=_integer(body, "top_k", defaults.top_k, lo=0),

@@ -46,8 +46,10 @@ class Server(ThreadingHTTPServer):
 
 class Handler(BaseHTTPRequestHandler):
     server: Server
-    server_version = "powerinfer"
-    sys_version = ""
+
+    def version_string(self) -> str:
+        from .. import __version__
+        return f"powerinfer/{__version__}"
 
     # path -> {method: handler name}; paths are also accepted without the /v1 prefix, as llama.cpp does
     ROUTES = {
@@ -145,7 +147,7 @@ class Handler(BaseHTTPRequestHandler):
         self._headers_sent = True
 
     def _send_json(self, status: int, obj: dict) -> None:
-        data = json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        data = (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")  # a newline for terminals
         self._log_line(status, obj.get("error", {}).get("message") if status >= 400 else None)
         self._start(status, "application/json", len(data))
         self.wfile.write(data)
@@ -156,8 +158,9 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def _log_line(self, status: int, note: str | None = None) -> None:
-        ms = (time.perf_counter() - getattr(self, "_t0", time.perf_counter())) * 1000
-        self.server.log(f"{self.command} {self.path} {status} {ms:.0f} ms" + (f": {note}" if note else ""))
+        t0 = getattr(self, "_t0", None)  # unset when http.server refused the request before routing it
+        took = f" {(time.perf_counter() - t0) * 1000:.0f} ms" if t0 is not None else ""
+        self.server.log(f"{self.command} {self.path} {status}{took}" + (f": {note}" if note else ""))
 
     def _body(self) -> dict:
         length = self.headers.get("Content-Length")
