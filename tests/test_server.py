@@ -328,6 +328,25 @@ def test_a_client_leaving_mid_stream_stops_the_generation(server):
     assert status == 200 and out["usage"]["completion_tokens"] == 4
 
 
+def test_a_client_leaving_before_a_plain_answer_stops_the_generation(server):
+    body = {"prompt": PROMPT, "max_tokens": 100, "temperature": 0}
+    n_before = sum("went away" in line for line in server.logs)
+    with recorded_forward(server, delay_s=0.05) as calls:
+        host, port = server.server_address[:2]
+        conn = http.client.HTTPConnection(host, port, timeout=30)
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        deadline = time.time() + 20
+        while len(calls) < 3 and time.time() < deadline:  # generating
+            time.sleep(0.01)
+        conn.close()
+        while sum("went away" in line for line in server.logs) == n_before and time.time() < deadline:
+            time.sleep(0.05)
+        assert sum("went away" in line for line in server.logs) == n_before + 1, server.logs
+        n_calls = len(calls)
+    assert n_calls < 20  # this prompt runs 38 tokens to its end
+    assert request(server, "/health") == (200, {"status": "ok"})
+
+
 def test_requests_take_turns_on_the_model(server):
     body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0}
     want = request(server, "/v1/completions", body)[1]["choices"][0]["text"]

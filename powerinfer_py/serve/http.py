@@ -6,13 +6,16 @@ the model waits for the one in progress; /health and /v1/models answer at once. 
 one `data: {chunk}` event per piece of text, then `data: [DONE]`. Responses are HTTP/1.0 style: the
 connection closes after each one, which also ends an event stream without chunked encoding.
 
-A client that goes away mid-stream (a broken pipe or a reset connection when writing) stops its generation;
-the server goes on. An unexpected exception becomes a 500 with a short message; its traceback goes to the
+A client that goes away stops its generation: mid-stream, a write fails (a broken pipe or a reset
+connection); before a plain JSON answer, the socket is checked for a hang-up after each piece. The server
+goes on. An unexpected exception becomes a 500 with a short message; its traceback goes to the
 server's log, never to the client.
 """
 from __future__ import annotations
 
 import json
+import select
+import socket
 import sys
 import time
 import traceback
@@ -174,6 +177,16 @@ class Handler(BaseHTTPRequestHandler):
                                f"{api.MAX_BODY_BYTES}", "body_too_large")
         return api.parse_body(self.rfile.read(n) if n > 0 else b"")
 
+    def _client_left(self) -> bool:
+        """True when the client has closed its side: the request is read (one per connection), so a socket
+        that turns readable can only be at end of file (or a reset)."""
+        try:
+            if not select.select([self.connection], [], [], 0)[0]:
+                return False
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+
     # -- endpoints -----------------------------------------------------------------------------------------
 
     def _health(self) -> None:
@@ -210,7 +223,12 @@ class Handler(BaseHTTPRequestHandler):
         rid, created, model = api.new_id(prefix), int(time.time()), engine.model_id
         try:
             if not common.stream:
-                text = "".join(run)
+                pieces = []
+                for piece in run:  # nothing is written until the end: watch the socket for a hang-up
+                    pieces.append(piece)
+                    if self._client_left():
+                        raise ConnectionResetError("the client closed the connection")
+                text = "".join(pieces)
                 use = api.usage(run.prompt_tokens, run.completion_tokens)
                 body = (api.chat_completion(rid, created, model, text, run.finish_reason, use) if chat else
                         api.completion(rid, created, model, text, run.finish_reason, use))
