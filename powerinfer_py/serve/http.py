@@ -100,7 +100,10 @@ class Handler(BaseHTTPRequestHandler):
                 raise api.ApiError(405, f"{method} is not allowed on {path}; use {allowed}", "method_not_allowed")
             getattr(self, methods[method])()
         except api.ApiError as e:
-            self._send_json(e.status, e.body())
+            try:
+                self._send_json(e.status, e.body())
+            except GONE:
+                self.close_connection = True
         except GONE:
             self.close_connection = True
             self.server.log(f"{self.command} {self.path}: the client went away")
@@ -143,7 +146,6 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", content_type)
         if length is not None:
             self.send_header("Content-Length", str(length))
-        self.send_header("Access-Control-Allow-Origin", "*")  # browser chat UIs on another port
         if content_type == "text/event-stream":
             self.send_header("Cache-Control", "no-cache")
         self.end_headers()
