@@ -46,9 +46,7 @@ PROMPT, MORE = ">>> ", "... "
 def chat(
     model: str = O.MODEL,
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
-    template: Optional[str] = typer.Option(
-        None, "--template", help="Chat format: llama-2, llama-3, chatml, gemma, mistral, phi-3, plain (User:/Assistant:), "
-        "or model (the file's own). Default: the file's own, else one chosen by architecture."),
+    template: Optional[str] = typer.Option(None, "--template", help=O.TEMPLATE_HELP),
     n_predict: int = typer.Option(-1, "-n", "--n-predict", min=-1,
                                   help="Tokens per reply at most; -1 = until the end of the turn."),
     temp: float = O.TEMP,

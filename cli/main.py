@@ -6,6 +6,7 @@ import typer
 
 from . import bench, chat, convert_cmds, hub_cmds, calibrate_cmd, info, perplexity_cmd, place_cmd, run, synth_cmd
 from . import predictor_cmd, profile_cmd  # issue 7: activation profiles and predictor training
+from . import serve_cmd
 
 app = typer.Typer(
     name="powerinfer",
@@ -35,6 +36,7 @@ app.command("perplexity", epilog=perplexity_cmd.EPILOG)(perplexity_cmd.perplexit
 app.command("synth", hidden=True, epilog=synth_cmd.EPILOG)(synth_cmd.synth)
 app.command("profile", epilog=profile_cmd.EPILOG)(profile_cmd.profile)
 app.command("train-predictor", epilog=predictor_cmd.EPILOG)(predictor_cmd.train_predictor)
+app.command("serve", epilog=serve_cmd.EPILOG)(serve_cmd.serve)
 
 
 if __name__ == "__main__":

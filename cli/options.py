@@ -13,6 +13,8 @@ SPARSITY_HELP = ("--sparse threshold: fraction of FFN neurons to skip, in [0, 1)
                  "was calibrated for; 0 = dense).")
 BACKEND_HELP = ('"auto": hot FFN neurons of a PWRI model on the GPU when one is usable, else the CPU; "cpu"; '
                 '"cuda"; "cpu-emulated": the hybrid executor on the CPU kernels (testing).')
+TEMPLATE_HELP = ("Chat format: llama-2, llama-3, chatml, gemma, mistral, phi-3, plain (User:/Assistant:), or model (the "
+                 "file's own). Default: the file's own, else one chosen by architecture.")
 BUDGET_HELP = "GiB of GPU memory for the hybrid backend (default: 90% of the free memory)."
 
 MODEL = typer.Option(..., "-m", "--model", help='GGUF or PWRI file, or "demo" (Gemma 3 270M).')

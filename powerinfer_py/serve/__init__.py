@@ -1,0 +1,53 @@
+"""An OpenAI-compatible HTTP server on one loaded model, with the standard library only.
+
+    llm = powerinfer_py.load("model.gguf")
+    server = make_server(llm, port=0)        # port 0: a free port; server.url says which
+    serve_forever(server)                    # until Ctrl-C (KeyboardInterrupt), then a clean stop
+
+Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions (api.py says which
+fields). The model serves one request at a time; the others wait (engine.py). http.py is the HTTP side.
+"""
+from __future__ import annotations
+
+import errno
+
+from ..errors import PowerInferError
+from ..sampler import SamplingParams
+from .api import ApiError
+from .engine import Engine
+from .http import Log, Server, log_to_stderr
+
+SHUTDOWN_WAIT_S = 30.0  # how long a stop waits for the request in progress to notice it
+
+
+def make_server(llm, host: str = "127.0.0.1", port: int = 8080, *, template: str | None = None,
+                defaults: SamplingParams | None = None, log: Log | None = None) -> Server:
+    """Bind a server for `llm` (not yet serving). template: a chat template name as in `powerinfer chat
+    --template` (default: the model's own). defaults: sampling for the fields a request leaves out.
+    Raises PowerInferError when the address cannot be bound (in use, not an address of this machine)."""
+    engine = Engine(llm, template, defaults)
+    try:
+        return Server(engine, host, port, log)
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise PowerInferError(f"port {port} on {host} is in use; choose another with --port") from None
+        raise PowerInferError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def serve_forever(server: Server) -> bool:
+    """Serve until KeyboardInterrupt (Ctrl-C) or server.shutdown(); then stop a generation in progress and
+    close the socket. Returns True when the model is idle afterwards (safe to close the LLM)."""
+    try:
+        server.serve_forever(poll_interval=0.25)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.engine.stopping.set()  # a run in progress stops at its next token
+        server.server_close()
+    try:
+        return server.engine.lock.acquire(timeout=SHUTDOWN_WAIT_S)  # kept: no request may start after this
+    except KeyboardInterrupt:  # a second Ctrl-C: leave without waiting (the caller must not free the model)
+        return False
+
+
+__all__ = ["ApiError", "Engine", "Server", "log_to_stderr", "make_server", "serve_forever"]

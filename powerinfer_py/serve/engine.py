@@ -1,0 +1,168 @@
+"""The server's one model, and the runs that turn a request into streamed text.
+
+There is one LLM with one KV cache, so requests take turns: the HTTP layer holds `Engine.lock` from the
+moment a request starts a run until its last piece is written, and the other requests wait for it.
+
+Chat requests go through one ChatSession (powerinfer_py.chat), the same code as `powerinfer chat`: the
+conversation is rendered with the same template, tokenized and stopped the same way. The session is kept
+from request to request, so a client that sends the conversation again with one more message prefills only
+the new tokens (ChatSession reuses the longest common prefix of the cached ids). A completion request resets
+the cache (LLM.generate_tokens), so the session is dropped then and made afresh by the next chat request.
+
+A Run yields text pieces; when it ends, `finish_reason` is "stop" (the model ended its text, or a stop
+string or end-of-turn marker was met) or "length" (max_tokens reached, or the context window is full) and
+`prompt_tokens` / `completion_tokens` hold the usage. close() stops it early (a client went away).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Iterator
+
+from ..chat import ChatSession, StopMatcher, template_for
+from ..errors import ContextFullError, PowerInferError
+from ..sampler import Sampler, SamplingParams
+from .api import ApiError, ChatRequest, CompletionRequest, bad
+
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat replies run to the end of the turn
+
+
+class Stopping(Exception):
+    """The server is shutting down: a run in progress ends without a finish reason."""
+
+
+class Run:
+    """Text pieces of one response, with its finish reason and usage once exhausted."""
+
+    def __init__(self, prompt_tokens: int, pieces):
+        """pieces(run) -> the generator of text pieces, which fills in the run's usage and finish reason."""
+        self._pieces = pieces(self)
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        return self._pieces
+
+    def close(self) -> None:
+        self._pieces.close()
+
+
+def _finish(reason: str | None) -> str:
+    """Our stop reasons in OpenAI's terms: the text ended by itself ("stop") or was cut ("length")."""
+    return "length" if reason in ("length", "context") else "stop"
+
+
+class Engine:
+    """The loaded model behind the HTTP server: its id, chat template, sampling defaults and the lock."""
+
+    def __init__(self, llm, template: str | None = None, defaults: SamplingParams | None = None,
+                 model_id: str | None = None):
+        self.llm = llm
+        self.template = template_for(llm, template)  # a bad --chat-template fails at start, not per request
+        self.defaults = defaults or SamplingParams()
+        self.model_id = model_id or llm.path.stem
+        self.created = int(time.time())
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self._session: ChatSession | None = None
+
+    # -- /v1/completions -----------------------------------------------------------------------------------
+
+    def complete(self, req: CompletionRequest) -> Run:
+        """Start a completion (hold self.lock). Raises ApiError for a prompt the model cannot take."""
+        llm, c = self.llm, req.common
+        if isinstance(req.prompt, list):
+            n_vocab = llm.tokenizer.n_vocab
+            wrong = [t for t in req.prompt if not 0 <= t < n_vocab]
+            if wrong:
+                raise bad(f'"prompt": token id {wrong[0]} is outside the vocabulary (0 to {n_vocab - 1})')
+        self._session = None  # generate_tokens resets the cache the chat session relied on
+        s = c.sampling
+        max_tokens = c.max_tokens if c.max_tokens is not None else COMPLETION_MAX_TOKENS
+        try:
+            gen = llm.generate_tokens(req.prompt, max_tokens=max_tokens, temperature=s.temperature, top_k=s.top_k,
+                                      top_p=s.top_p, min_p=s.min_p, repeat_penalty=s.repeat_penalty,
+                                      repeat_last_n=s.repeat_last_n, seed=s.seed)
+        except ContextFullError as e:
+            raise self._too_long(str(e)) from None
+        except PowerInferError as e:
+            raise bad(str(e)) from None
+        return Run(gen.stats.n_prompt, lambda run: self._completion_pieces(run, gen, c.stop))
+
+    def _completion_pieces(self, run: Run, gen, stops: list[str]) -> Iterator[str]:
+        decoder = self.llm.tokenizer.stream()
+        matcher = StopMatcher(stops)
+        try:
+            for token in gen:
+                self._check_stopping()
+                run.completion_tokens += 1
+                shown = matcher.feed(decoder.feed(token))
+                if shown:
+                    yield shown
+                if matcher.stopped:
+                    break
+            if not matcher.stopped:
+                tail = matcher.feed(decoder.flush())
+                tail += "" if matcher.stopped else matcher.flush()
+                if tail:
+                    yield tail
+            run.finish_reason = "stop" if matcher.stopped else _finish(gen.stats.stop_reason)
+        finally:
+            gen.close()
+
+    # -- /v1/chat/completions ------------------------------------------------------------------------------
+
+    def chat(self, req: ChatRequest) -> Run:
+        """Start a chat reply (hold self.lock). Raises ApiError for a conversation the model cannot take."""
+        c = req.common
+        # The session is kept only once its reply has run to its end (or been closed) and the session knows
+        # again which ids the cache holds; a run dropped before its first piece leaves it unset.
+        session, self._session = self._session, None
+        if session is None:
+            session = ChatSession(self.llm, self.template)
+        session.system = req.system or None
+        session.messages = [dict(m) for m in req.history]
+        session.max_tokens = c.max_tokens if c.max_tokens is not None else -1
+        session.sampler = Sampler(c.sampling)
+        try:
+            reply = session.send(req.user)
+        except ContextFullError as e:  # send() changed nothing: the session still matches the cache
+            self._session = session
+            raise self._too_long(str(e)) from None
+        except PowerInferError as e:  # a template that refuses the conversation
+            self._session = session
+            raise bad(str(e)) from None
+        return Run(reply.stats.n_prompt, lambda run: self._chat_pieces(run, session, reply, c.stop))
+
+    def _chat_pieces(self, run: Run, session: ChatSession, reply, stops: list[str]) -> Iterator[str]:
+        matcher = StopMatcher(stops)  # the request's stops; the template's own are the session's business
+        try:
+            for piece in reply:
+                self._check_stopping()
+                run.completion_tokens = reply.gen.stats.n_gen
+                shown = matcher.feed(piece)
+                if shown:
+                    yield shown
+                if matcher.stopped:
+                    break
+            if not matcher.stopped:
+                tail = matcher.flush()
+                if tail:
+                    yield tail
+        finally:
+            reply.close()
+            run.completion_tokens = reply.stats.n_gen
+            self._session = session
+        run.finish_reason = "stop" if matcher.stopped else _finish(reply.stats.stop_reason)
+
+    # -- shared --------------------------------------------------------------------------------------------
+
+    def _check_stopping(self) -> None:
+        if self.stopping.is_set():
+            raise Stopping("the server is shutting down")
+
+    @staticmethod
+    def _too_long(message: str) -> ApiError:
+        """The runtime's ContextFullError already names the prompt's length and the context window."""
+        return ApiError(400, message, "context_length_exceeded")
