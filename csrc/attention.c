@@ -3,7 +3,10 @@
  *
  * Attention, per query token t (position p = pos0 + t) and query head h (kv head h / (n_head / n_head_kv)):
  *   s_j = scale * q.k_j for the visible j (j <= p, and j > p - window when window > 0),
+ *   then, when softcap > 0 (Gemma 2's attention logit soft-capping), s_j = softcap * tanh(s_j / softcap),
  *   w = softmax(s) in f32 with the max subtracted, out = sum_j w_j v_j.
+ * The soft-cap is a separate pass over a head's scores (tanhf per score: n_ctx per head, small next to the
+ * q.k and p.v sweeps); softcap == 0 skips it, so uncapped models get the same bits as without it.
  * A work item is one token and a group of query heads that share a kv head, so each cached row is converted
  * from f16 once for the whole group. The group shrinks (to a divisor of n_head / n_head_kv) until there are
  * enough items for every thread; each head's arithmetic is the same whatever the group, so results do not
@@ -162,7 +165,7 @@ typedef struct {
     const uint16_t *k, *v;
     float *out;
     int64_t n_tok, n_head, n_head_kv, head_dim, n_ctx, pos0, window;
-    float scale;
+    float scale, softcap; /* softcap 0: no soft-capping */
     int64_t group;       /* query heads per item (divides n_head / n_head_kv) */
     int64_t n_items, n_chunks;
     int64_t sc_stride;   /* floats of scores per head */
@@ -170,15 +173,22 @@ typedef struct {
     float *scratch;
 } attn_job;
 
+/* s = cap * tanh(s / cap) over n scores, as llama.cpp writes it: a multiply by 1/cap, tanh, a multiply by cap */
+static void softcap_row(float *s, int64_t n, float cap) {
+    const float inv = 1.0f / cap;
+    for (int64_t i = 0; i < n; i++) s[i] = cap * tanhf(s[i] * inv);
+}
+
 /* the scalar form of one head: scores, softmax, weighted sum of v rows (n visible rows from k, v) */
 static void attn_head_scalar(const float *q, const uint16_t *k, const uint16_t *v, int64_t n, int64_t hd,
-                             float scale, float *sc, float *out) {
+                             float scale, float softcap, float *sc, float *out) {
     for (int64_t jj = 0; jj < n; jj++) {
         const uint16_t *kj = k + jj * hd;
         float s = 0.0f;
         for (int64_t d = 0; d < hd; d++) s += q[d] * f16_to_f32(kj[d]);
         sc[jj] = s * scale;
     }
+    if (softcap > 0.0f) softcap_row(sc, n, softcap);
     softmax_row(sc, n);
     for (int64_t d = 0; d < hd; d++) out[d] = 0.0f;
     for (int64_t jj = 0; jj < n; jj++) {
@@ -232,9 +242,11 @@ static inline __attribute__((always_inline)) void pv_block(const uint16_t *v, in
 }
 
 static inline __attribute__((always_inline)) void attn_tile(const float *q, const uint16_t *k, const uint16_t *v,
-                                                            int64_t n, int64_t hd, float scale, float *sc,
-                                                            int64_t sc_stride, float *out, const int G) {
+                                                            int64_t n, int64_t hd, float scale, float softcap,
+                                                            float *sc, int64_t sc_stride, float *out, const int G) {
     qk_tile(q, k, n, hd, scale, sc, sc_stride, G);
+    if (softcap > 0.0f)
+        for (int g = 0; g < G; g++) softcap_row(sc + g * sc_stride, n, softcap);
     for (int g = 0; g < G; g++) softmax_row(sc + g * sc_stride, n);
     int64_t d0 = 0;
     for (; d0 + PV_NB * VW <= hd; d0 += PV_NB * VW) pv_block(v, n, hd, sc, sc_stride, out, d0, G, PV_NB);
@@ -258,16 +270,17 @@ static void attn_item(const attn_job *j, int64_t item, float *sc) {
             const float *qg = q + g0 * hd;
             float *og = out + g0 * hd;
             switch (g) {
-            case 1: attn_tile(qg, k, v, n, hd, j->scale, sc, j->sc_stride, og, 1); break;
-            case 2: attn_tile(qg, k, v, n, hd, j->scale, sc, j->sc_stride, og, 2); break;
-            case 3: attn_tile(qg, k, v, n, hd, j->scale, sc, j->sc_stride, og, 3); break;
-            default: attn_tile(qg, k, v, n, hd, j->scale, sc, j->sc_stride, og, 4); break;
+            case 1: attn_tile(qg, k, v, n, hd, j->scale, j->softcap, sc, j->sc_stride, og, 1); break;
+            case 2: attn_tile(qg, k, v, n, hd, j->scale, j->softcap, sc, j->sc_stride, og, 2); break;
+            case 3: attn_tile(qg, k, v, n, hd, j->scale, j->softcap, sc, j->sc_stride, og, 3); break;
+            default: attn_tile(qg, k, v, n, hd, j->scale, j->softcap, sc, j->sc_stride, og, 4); break;
             }
         }
         return;
     }
 #endif
-    for (int64_t g = 0; g < j->group; g++) attn_head_scalar(q + g * hd, k, v, n, hd, j->scale, sc, out + g * hd);
+    for (int64_t g = 0; g < j->group; g++)
+        attn_head_scalar(q + g * hd, k, v, n, hd, j->scale, j->softcap, sc, out + g * hd);
 }
 
 static void attn_chunk(void *ctx, int64_t c, int thread_id) {
@@ -278,7 +291,7 @@ static void attn_chunk(void *ctx, int64_t c, int thread_id) {
 
 void pi_attention(pi_pool *pool, const float *q, const uint16_t *k, const uint16_t *v, int64_t n_tok,
                   int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t n_ctx, int64_t pos0, int64_t window,
-                  float scale, float *out) {
+                  float scale, float softcap, float *out) {
     if (n_tok <= 0 || n_head <= 0) return;
     int64_t n_rep = n_head / n_head_kv, n_threads = pi_pool_n_threads(pool);
     int64_t span = pos0 + n_tok; /* most kv rows one query sees */
@@ -286,7 +299,7 @@ void pi_attention(pi_pool *pool, const float *q, const uint16_t *k, const uint16
     double work = (double)n_tok * (double)n_head * (double)span * (double)head_dim;
     attn_job j = {.q = q, .k = k, .v = v, .out = out, .n_tok = n_tok, .n_head = n_head, .n_head_kv = n_head_kv,
                   .head_dim = head_dim, .n_ctx = n_ctx, .pos0 = pos0, .window = window, .scale = scale,
-                  .group = n_rep};
+                  .softcap = softcap, .group = n_rep};
     if (work >= PAR_MIN && n_threads > 1) {
         /* the largest group (fewest re-reads of the cache) that still gives every thread an item */
         for (int64_t g = n_rep; g >= 1; g--)
