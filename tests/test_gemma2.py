@@ -223,6 +223,44 @@ def test_gemma2_threshold_calibration(synthetic_model, tmp_path):
         assert res.n_tokens == 11 and res.nll == pytest.approx(nll.mean(), rel=1e-5)
 
 
+@pytest.mark.parametrize("arch,kw", [("gemma", {}), ("gemma2", CAPS)])
+def test_pwri_predictor_mode(synthetic_model, tmp_path, arch, kw):
+    """A PWRI file of the model (predictors as `powerinfer train-predictor` writes them): with every neuron
+    predicted active it is the dense model; the emulated hybrid backend (hot neurons on the "device", attention
+    and its soft-cap on the CPU kernels) gives the CPU backend's tokens and logits."""
+    from powerinfer_py.predictor_fit import LayerPredictor, Metrics
+    from powerinfer_py.predictor_out import write_pwri
+    src = synthetic_model(arch, "f32", n_layer=4, **kw)
+    c = ModelConfig.from_gguf(open_gguf(src))
+    rng = np.random.default_rng(1)
+    preds = [LayerPredictor(rng.standard_normal((8, c.n_embd)).astype(np.float32),
+                            rng.standard_normal((c.n_ff, 8)).astype(np.float32), Metrics(1, 1, 0.5, 0.5), 1, "numpy")
+             for _ in range(c.n_layer)]
+    out = write_pwri(src, preds, tmp_path / f"{arch}.pwri")
+    ids = [int(t) for t in TOKENS]
+    with load(src, threads=1) as llm:
+        dense = llm.model.forward(ids, llm.model.new_cache(32), all_logits=True)
+    with load(out, threads=1, sparse="predictor", sparse_threshold=-1e30) as llm:
+        assert llm.config.is_sparse and llm.config.attn_softcap == kw.get("attn_softcap", 0.0)
+        got = llm.model.forward(ids, llm.model.new_cache(32), all_logits=True)
+    # the GELU rounds to f16 (as llama.cpp's), and the transposed down projection sums in another order
+    np.testing.assert_allclose(got, dense, rtol=0, atol=2e-3 * dense.std())
+    runs = {}
+    for backend in ("cpu", "cpu-emulated"):
+        # 0.75 MiB: the fixed 0.6 MiB plus about half the FFN neurons (measured: 256 of 512 on the "device")
+        budget = 0.75 / 1024 if backend != "cpu" else None
+        with load(out, threads=1, n_ctx=32, backend=backend, vram_budget=budget) as llm:
+            toks = list(llm.generate_tokens(ids[:4], max_tokens=6, temperature=0))
+            llm.reset()
+            runs[backend] = (toks, llm.model.forward(ids, llm.cache, all_logits=True))
+            if backend != "cpu":
+                hot = sum(len(h) for h in llm.backend.plan.hot)
+                assert 0 < hot < c.n_layer * c.n_ff, hot
+    assert runs["cpu"][0] == runs["cpu-emulated"][0]
+    # the two halves' sums add in another order; the f16-rounding GELU turns that into steps like the above
+    np.testing.assert_allclose(runs["cpu-emulated"][1], runs["cpu"][1], rtol=0, atol=2e-3 * dense.std())
+
+
 # ---- broken files ------------------------------------------------------------------------------------------------
 
 def _rewrite(src, dst, replace: dict):

@@ -32,9 +32,9 @@ _FAMILIES = {
     "opt": (opt.OptModel, opt.expected_tensors),
     "phi3": (phi3.Phi3Model, phi3.expected_tensors),
 }
-# families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma3 ones come from
+# families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
-_SPARSE_FAMILIES = ("llama", "bamboo", "falcon", "opt", "qwen2", "qwen3", "gemma3")
+_SPARSE_FAMILIES = ("llama", "bamboo", "falcon", "opt", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
 
 
 def _family(config: ModelConfig):
