@@ -33,6 +33,7 @@ CAPS = {"attn_softcap": 2.0, "final_softcap": 4.0}
 # llama.cpp differs from an exact f32 computation by a few 1e-3 of the logits' spread (its CPU attention rounds
 # q to f16, its GELU works in f16); the same 1% as tests/test_models.py, tight enough to catch any wrong op
 TOL = 0.01
+QUANT_TOL = 0.25  # tests/test_models.py's bound for quantized files
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["t1", "t2"])
@@ -155,15 +156,21 @@ def test_gemma_chat_format():
 
 # ---- against llama.cpp ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("arch,kw", [("gemma", {}), ("gemma2", CAPS), ("gemma2", {})],
-                         ids=["gemma", "gemma2-small-caps", "gemma2-default-caps"])
-def test_logits_match_llama_cpp(synthetic_model, cpu_kernels, arch, kw):
+@pytest.mark.parametrize("arch,dtype,kw", [("gemma", "f32", {}), ("gemma2", "f32", CAPS), ("gemma2", "f32", {}),
+                                            ("gemma2", "q8_0", CAPS)],
+                         ids=["gemma", "gemma2-small-caps", "gemma2-default-caps", "gemma2-q8_0"])
+def test_logits_match_llama_cpp(synthetic_model, cpu_kernels, arch, dtype, kw):
     """Same file, same tokens: every position (0 to 11, past the window of 4) against llama.cpp's logits."""
     kern = cpu_kernels
-    path = synthetic_model(arch, "f32", n_layer=4, **kw)
+    path = synthetic_model(arch, dtype, n_layer=4, **kw)
     model = load_model(path, kern)
     ours = model.forward(TOKENS, model.new_cache(32), all_logits=True)
     theirs = llama_cpp_logits(path, TOKENS)
+    if dtype != "f32":
+        # quantized weights: llama.cpp's activation rounding, amplified by the f16 GELU, moves the largest logit
+        # by up to ~9% of the spread here (measured; gemma3 and llama files in the same test: 6-12%)
+        assert rel_err(ours, theirs) < QUANT_TOL
+        return
     assert (ours.argmax(1) == theirs.argmax(1)).all()
     assert rel_err(ours[:1], theirs[:1]) < TOL and rel_err(ours, theirs) < TOL
     if kw:
