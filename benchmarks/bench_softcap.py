@@ -37,8 +37,9 @@ def main() -> None:
         for n_tok in (1, 64):
             q = rng.standard_normal((n_tok, N_HEAD, HEAD_DIM)).astype(np.float32)
             p0 = n_ctx - n_tok
-            times = round_robin({cap: (lambda cap=cap: k.attention(q, kc, vc, p0, 0, HEAD_DIM ** -0.5, cap))
-                                 for cap in (0.0, 50.0)}, args.repeat)
+            def call(cap, q=q, kc=kc, vc=vc, p0=p0):
+                return lambda: k.attention(q, kc, vc, p0, 0, HEAD_DIM ** -0.5, cap)
+            times = round_robin({cap: call(cap) for cap in (0.0, 50.0)}, args.repeat)
             off, on = (1e3 * statistics.median(times[c]) for c in (0.0, 50.0))
             print(f"{n_ctx:>6} {n_tok:>6} {off:>11.3f} {on:>12.3f} {on / off:>6.2f}")
     k.close()

@@ -1,6 +1,6 @@
 """Pieces every architecture shares: tensor lookup with clear errors, the expected-tensor table of a
 llama-shaped transformer, and a Model base class (cache, input checks, K/V store, output head) whose forward
-is the pre-norm decoder block of llama, bamboo, qwen2, qwen3, phi3 and gemma3.
+is the pre-norm decoder block of llama, bamboo, qwen2, qwen3, phi3, gemma, gemma2 and gemma3.
 
 Each family's module states its math and holds only what differs from that block: flags (QKV_BIASES,
 QK_NORMS) and small hooks (_embed, layer_attention, _attn_out, _ffn_out); falcon (parallel block) and opt
