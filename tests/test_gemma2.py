@@ -23,6 +23,7 @@ from powerinfer_py.kernels.cpu import CpuKernels
 from powerinfer_py.loader import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.perplexity import perplexity
+from powerinfer_py.profile import profile_model
 from powerinfer_py.tensor import GGMLType, Tensor
 
 # <s> then the pieces of "Hello world, th": longer than the synthetic window of 4
@@ -216,7 +217,7 @@ def test_fused_decode_equals_python_path(synthetic_model, kern, arch, kw):
 
 
 def test_gemma2_threshold_calibration(synthetic_model, tmp_path):
-    """calibrate and perplexity accept gemma2; threshold mode at sparsity 0 is the dense model, bit for bit."""
+    """calibrate, perplexity and profile accept gemma2; threshold mode at sparsity 0 is the dense model, bit for bit."""
     src = synthetic_model("gemma2", "f32", n_layer=4, **CAPS)
     res = calibrate(src, tmp_path / "g2.t50.gguf", 0.5, text="the cat sat on the mat " * 20, n_tokens=96, ctx=32,
                     threads=1)
@@ -239,6 +240,10 @@ def test_gemma2_threshold_calibration(synthetic_model, tmp_path):
         nll = -logp[np.arange(11), seq[1:]]
         res = perplexity(llm, ids[1:], ctx=32)
         assert res.n_tokens == 11 and res.nll == pytest.approx(nll.mean(), rel=1e-5)
+    with load(src, threads=1) as llm:  # profile reads gemma2's GeGLU activations (no exact zeros)
+        prof = profile_model(llm, None, ids=ids[1:], ctx=32)
+        assert prof.summary["arch"] == "gemma2" and prof.summary["ffn_variant"] == "geglu"
+        assert prof.summary["tokens"] == 11
 
 
 @pytest.mark.parametrize("arch,kw", [("gemma", {}), ("gemma2", CAPS)])
