@@ -3,7 +3,10 @@
  *
  * Attention, per query token t (position p = pos0 + t) and query head h (kv head h / (n_head / n_head_kv)):
  *   s_j = scale * q.k_j for the visible j (j <= p, and j > p - window when window > 0),
+ *   then, when softcap > 0 (Gemma 2's attention logit soft-capping), s_j = softcap * tanh(s_j / softcap),
  *   w = softmax(s) in f32 with the max subtracted, out = sum_j w_j v_j.
+ * The soft-cap is a separate pass over a head's scores (vectorised tanh from vexp, see softcap_row);
+ * softcap == 0 skips it, so uncapped models get the same bits as without it.
  * A work item is one token and a group of query heads that share a kv head, so each cached row is converted
  * from f16 once for the whole group. The group shrinks (to a divisor of n_head / n_head_kv) until there are
  * enough items for every thread; each head's arithmetic is the same whatever the group, so results do not
@@ -65,6 +68,11 @@ typedef __m512 vf;
 #define V_LOAD_FILL(p, m, fill) _mm512_mask_loadu_ps(V_SET1(fill), m, p)
 #define V_KEEP(v, m) _mm512_maskz_mov_ps(m, v)
 #define V_STORE_TAIL(p, v, m) _mm512_mask_storeu_ps(p, m, v)
+#define V_DIV _mm512_div_ps
+#define V_BITS(op, a, b) _mm512_castsi512_ps(op(_mm512_castps_si512(a), _mm512_castps_si512(b)))
+#define V_AND(a, b) V_BITS(_mm512_and_si512, a, b)
+#define V_OR(a, b) V_BITS(_mm512_or_si512, a, b)
+#define V_ANDNOT(a, b) V_BITS(_mm512_andnot_si512, a, b) /* ~a & b */
 static inline float v_hsum(vf v) { return _mm512_reduce_add_ps(v); }
 static inline float v_hmax(vf v) { return _mm512_reduce_max_ps(v); }
 static inline vf vexp(vf x) { return pi_vexp16(x); }
@@ -87,6 +95,10 @@ typedef __m256 vf;
 #define V_LOAD_FILL(p, m, fill) _mm256_blendv_ps(V_SET1(fill), _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m))
 #define V_KEEP(v, m) _mm256_and_ps(v, _mm256_castsi256_ps(m))
 #define V_STORE_TAIL(p, v, m) _mm256_maskstore_ps(p, m, v)
+#define V_DIV _mm256_div_ps
+#define V_AND _mm256_and_ps
+#define V_OR _mm256_or_ps
+#define V_ANDNOT _mm256_andnot_ps /* ~a & b */
 static inline float v_hsum(vf v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -162,7 +174,7 @@ typedef struct {
     const uint16_t *k, *v;
     float *out;
     int64_t n_tok, n_head, n_head_kv, head_dim, n_ctx, pos0, window;
-    float scale;
+    float scale, softcap; /* softcap 0: no soft-capping */
     int64_t group;       /* query heads per item (divides n_head / n_head_kv) */
     int64_t n_items, n_chunks;
     int64_t sc_stride;   /* floats of scores per head */
@@ -170,15 +182,46 @@ typedef struct {
     float *scratch;
 } attn_job;
 
+/* s = cap * tanh(s / cap) over n scores, as llama.cpp writes it: a multiply by 1/cap, tanh, a multiply by cap.
+ * Vector form: tanh|x| = (1 - e) / (1 + e) with e = exp(-2|x|) in [0, 1] (no overflow for any x), the sign of x
+ * put back; its absolute error is vexp's (~1e-7), so a score moves by < cap * 1e-7 from the correctly rounded
+ * value, far below the f16 rounding of the cached keys. The tail of the row goes through the same vector code
+ * (masked), so a score's value never depends on its place in the row. Scalar builds: tanhf. */
+#ifdef VW
+static inline vf v_softcap(vf s, vf inv, vf cap) {
+    const vf sign = V_SET1(-0.0f), one = V_SET1(1.0f);
+    vf x = V_MUL(s, inv);
+    vf e = vexp(V_MUL(V_SET1(-2.0f), V_ANDNOT(sign, x)));
+    vf t = V_MUL(cap, V_DIV(V_SUB(one, e), V_ADD(one, e)));
+    return V_OR(t, V_AND(x, sign));
+}
+
+static void softcap_row(float *s, int64_t n, float cap) {
+    const vf inv = V_SET1(1.0f / cap), vcap = V_SET1(cap);
+    int64_t i, nv = n / VW * VW;
+    for (i = 0; i < nv; i += VW) V_STORE(s + i, v_softcap(V_LOAD(s + i), inv, vcap));
+    if (nv < n) {
+        V_MASK_T m = V_MASK((int)(n - nv));
+        V_STORE_TAIL(s + nv, v_softcap(V_LOAD_FILL(s + nv, m, 0.0f), inv, vcap), m);
+    }
+}
+#else
+static void softcap_row(float *s, int64_t n, float cap) {
+    const float inv = 1.0f / cap;
+    for (int64_t i = 0; i < n; i++) s[i] = cap * tanhf(s[i] * inv);
+}
+#endif
+
 /* the scalar form of one head: scores, softmax, weighted sum of v rows (n visible rows from k, v) */
 static void attn_head_scalar(const float *q, const uint16_t *k, const uint16_t *v, int64_t n, int64_t hd,
-                             float scale, float *sc, float *out) {
+                             float scale, float softcap, float *sc, float *out) {
     for (int64_t jj = 0; jj < n; jj++) {
         const uint16_t *kj = k + jj * hd;
         float s = 0.0f;
         for (int64_t d = 0; d < hd; d++) s += q[d] * f16_to_f32(kj[d]);
         sc[jj] = s * scale;
     }
+    if (softcap > 0.0f) softcap_row(sc, n, softcap);
     softmax_row(sc, n);
     for (int64_t d = 0; d < hd; d++) out[d] = 0.0f;
     for (int64_t jj = 0; jj < n; jj++) {
@@ -232,9 +275,11 @@ static inline __attribute__((always_inline)) void pv_block(const uint16_t *v, in
 }
 
 static inline __attribute__((always_inline)) void attn_tile(const float *q, const uint16_t *k, const uint16_t *v,
-                                                            int64_t n, int64_t hd, float scale, float *sc,
-                                                            int64_t sc_stride, float *out, const int G) {
+                                                            int64_t n, int64_t hd, float scale, float softcap,
+                                                            float *sc, int64_t sc_stride, float *out, const int G) {
     qk_tile(q, k, n, hd, scale, sc, sc_stride, G);
+    if (softcap > 0.0f)
+        for (int g = 0; g < G; g++) softcap_row(sc + g * sc_stride, n, softcap);
     for (int g = 0; g < G; g++) softmax_row(sc + g * sc_stride, n);
     int64_t d0 = 0;
     for (; d0 + PV_NB * VW <= hd; d0 += PV_NB * VW) pv_block(v, n, hd, sc, sc_stride, out, d0, G, PV_NB);
@@ -258,16 +303,17 @@ static void attn_item(const attn_job *j, int64_t item, float *sc) {
             const float *qg = q + g0 * hd;
             float *og = out + g0 * hd;
             switch (g) {
-            case 1: attn_tile(qg, k, v, n, hd, j->scale, sc, j->sc_stride, og, 1); break;
-            case 2: attn_tile(qg, k, v, n, hd, j->scale, sc, j->sc_stride, og, 2); break;
-            case 3: attn_tile(qg, k, v, n, hd, j->scale, sc, j->sc_stride, og, 3); break;
-            default: attn_tile(qg, k, v, n, hd, j->scale, sc, j->sc_stride, og, 4); break;
+            case 1: attn_tile(qg, k, v, n, hd, j->scale, j->softcap, sc, j->sc_stride, og, 1); break;
+            case 2: attn_tile(qg, k, v, n, hd, j->scale, j->softcap, sc, j->sc_stride, og, 2); break;
+            case 3: attn_tile(qg, k, v, n, hd, j->scale, j->softcap, sc, j->sc_stride, og, 3); break;
+            default: attn_tile(qg, k, v, n, hd, j->scale, j->softcap, sc, j->sc_stride, og, 4); break;
             }
         }
         return;
     }
 #endif
-    for (int64_t g = 0; g < j->group; g++) attn_head_scalar(q + g * hd, k, v, n, hd, j->scale, sc, out + g * hd);
+    for (int64_t g = 0; g < j->group; g++)
+        attn_head_scalar(q + g * hd, k, v, n, hd, j->scale, j->softcap, sc, out + g * hd);
 }
 
 static void attn_chunk(void *ctx, int64_t c, int thread_id) {
@@ -278,7 +324,7 @@ static void attn_chunk(void *ctx, int64_t c, int thread_id) {
 
 void pi_attention(pi_pool *pool, const float *q, const uint16_t *k, const uint16_t *v, int64_t n_tok,
                   int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t n_ctx, int64_t pos0, int64_t window,
-                  float scale, float *out) {
+                  float scale, float softcap, float *out) {
     if (n_tok <= 0 || n_head <= 0) return;
     int64_t n_rep = n_head / n_head_kv, n_threads = pi_pool_n_threads(pool);
     int64_t span = pos0 + n_tok; /* most kv rows one query sees */
@@ -286,7 +332,7 @@ void pi_attention(pi_pool *pool, const float *q, const uint16_t *k, const uint16
     double work = (double)n_tok * (double)n_head * (double)span * (double)head_dim;
     attn_job j = {.q = q, .k = k, .v = v, .out = out, .n_tok = n_tok, .n_head = n_head, .n_head_kv = n_head_kv,
                   .head_dim = head_dim, .n_ctx = n_ctx, .pos0 = pos0, .window = window, .scale = scale,
-                  .group = n_rep};
+                  .softcap = softcap, .group = n_rep};
     if (work >= PAR_MIN && n_threads > 1) {
         /* the largest group (fewest re-reads of the cache) that still gives every thread an item */
         for (int64_t g = n_rep; g >= 1; g--)

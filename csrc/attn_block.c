@@ -8,9 +8,9 @@
  * result is bit-identical to that Python path (tests/test_attn_block.py). What it saves is the Python between
  * the kernels: on a decode token every layer streams tens of MB of weights through the caches, so the
  * interpreter's own data is cold each time it runs between two kernels, and a dozen numpy calls and wrapper
- * checks per layer cost far more than their warm microsecond each. llama, bamboo, qwen2 (Q/K/V biases) and
- * gemma3 (Q/K norms, post-attention norm, sliding-window layers); other architectures and batches keep the
- * Python path.
+ * checks per layer cost far more than their warm microsecond each. llama, bamboo, qwen2 (Q/K/V biases),
+ * gemma3 (Q/K norms, post-attention norm, sliding-window layers), gemma and gemma2 (attention soft-cap); other
+ * architectures and batches keep the Python path.
  */
 #include <string.h>
 
@@ -44,7 +44,7 @@ void pi_attn_block_decode(pi_pool *pool, const pi_attn_block *b, float *x, int32
     pi_store_kv(k, 1, b->n_head_kv, b->head_dim, k_cache, n_ctx, pos);
     pi_store_kv(v, 1, b->n_head_kv, b->head_dim, v_cache, n_ctx, pos);
     pi_attention(pool, q, k_cache, v_cache, 1, b->n_head, b->n_head_kv, b->head_dim, n_ctx, pos, b->window,
-                 b->attn_scale, a);
+                 b->attn_scale, b->attn_softcap, a);
     pi_matmul(pool, b->wo_type, b->wo, n_embd, n_q, a, 1, o);
     if (b->post_norm) pi_rmsnorm(pool, o, b->post_norm, b->eps, 1, n_embd, o);
     for (int64_t i = 0; i < n_embd; i++) x[i] += o[i];

@@ -124,10 +124,11 @@ void pi_softmax(pi_pool *pool, float *x, int64_t n_rows, int64_t n_cols);
  * k,v: f16 [n_head_kv, n_ctx, head_dim] (one layer of the cache); positions < pos0 + n_tok are filled.
  * out: f32 [n_tok, n_head, head_dim].
  * Query head h uses kv head h / (n_head / n_head_kv). Query at position p sees kv positions j with
- * j <= p and (window == 0 or j > p - window). Scores are scale * q.k, softmax in f32. */
+ * j <= p and (window == 0 or j > p - window). Scores are scale * q.k, then, if softcap > 0, softcap *
+ * tanh(score / softcap) (Gemma 2's attention logit soft-capping; 0: off), softmax in f32. */
 void pi_attention(pi_pool *pool, const float *q, const uint16_t *k, const uint16_t *v,
                   int64_t n_tok, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t n_ctx,
-                  int64_t pos0, int64_t window, float scale, float *out);
+                  int64_t pos0, int64_t window, float scale, float softcap, float *out);
 
 /* ---- activations (act.c); x, g, u, y: f32 [n]; y may alias an input ----------------------------------- */
 void pi_relu(pi_pool *pool, const float *x, float *y, int64_t n);
@@ -187,12 +188,14 @@ int64_t pi_sparse_ffn_decode(pi_pool *pool, const pi_sparse_ffn *f, const float 
  *   k, v stored at pos in the f16 cache planes [n_head_kv, n_ctx, head_dim]; a = attention over positions
  *   0..pos; x += Wo a; then, if ffn_in is not NULL, ffn_in = rmsnorm(x) * ffn_norm (the FFN's input).
  * Optional (NULL / 0 for LLaMA): per-head RMSNorms of q and k right after their mat-vecs, an RMSNorm of the
- * output before the residual add, a sliding window (gemma3); Q/K/V biases (qwen2). The same kernels in the order the Python path
+ * output before the residual add, a sliding window (gemma3); Q/K/V biases (qwen2); attention logit soft-capping
+ * (gemma2: attn_softcap > 0, see pi_attention). The same kernels in the order the Python path
  * calls them: bit-identical to it. Blocks without biases. work: f32 [2 * n_embd + 2 * n_head * head_dim
  * + 2 * n_head_kv * head_dim]. */
 typedef struct {
     int64_t n_embd, n_head, n_head_kv, head_dim, n_rot;
     float eps, rope_base, rope_scale, attn_scale;
+    float attn_softcap;                  /* attention logit soft-cap (gemma2), 0: off */
     int rope_neox;
     const float *attn_norm, *ffn_norm;   /* f32 [n_embd] (ffn_norm used only when ffn_in is given) */
     const float *q_norm, *k_norm;        /* f32 [head_dim] per-head RMSNorms of q and k (gemma3), or NULL */

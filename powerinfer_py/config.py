@@ -9,6 +9,14 @@ Per architecture:
   gemma3  NeoX RoPE; layers with il % 6 != 5 attend within a sliding window and use RoPE base 10000 and
           freq scale 1.0; the other (global) layers use {arch}.rope.freq_base and rope_freq_scale;
           embeddings scaled by sqrt(n_embd); attn_scale 1/sqrt(head_dim) (27B: 1/sqrt(n_embd/n_head))
+  gemma   (Gemma 1) NeoX RoPE, embeddings scaled by sqrt(n_embd), GeGLU FFN, attn_scale 1/sqrt(head_dim) (head_dim
+          is {arch}.attention.key_length: 256 on Gemma 7B with n_embd / n_head = 192), tied output head
+  gemma2  gemma plus post-norms (as gemma3, without Q/K norms); layers with il % period < period - 1 (period
+          {arch}.attention.sliding_window_pattern, default 2: the even layers) attend within
+          {arch}.attention.sliding_window (default 4096) with RoPE base {arch}.rope.freq_base_swa (default: the
+          global base); attention logit soft-capping ({arch}.attn_logit_softcapping, default 50) and final
+          logit soft-capping ({arch}.final_logit_softcapping, default 30): x -> cap * tanh(x / cap);
+          attn_scale 1/sqrt(head_dim) (27B, 46 layers: 1/sqrt(n_embd / n_head)). Defaults are llama.cpp's.
   bamboo  the llama block (Mistral shape, GQA, normal RoPE) with a dReLU FFN
   falcon  LayerNorm with biases, fused attn_qkv, NeoX RoPE, parallel attention + MLP, no ffn_norm
   opt     LayerNorm with biases, biases on every projection, learned positions (no RoPE), ReLU FFN
@@ -44,15 +52,20 @@ from typing import Any
 from .errors import ModelFileError, UnsupportedError
 from .gguf.reader import GGUFFile
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "bamboo", "falcon", "opt", "phi3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "bamboo", "falcon", "opt", "phi3")
 
-_NEOX_ARCHS = {"qwen2", "qwen3", "gemma3", "falcon", "phi3"}
+GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")  # scaled embeddings, GeGLU FFN, the "gemma" chat format
+_NEOX_ARCHS = {"qwen2", "qwen3", "gemma", "gemma2", "gemma3", "falcon", "phi3"}
 _YARN_ARCHS = ("llama", "qwen2", "qwen3")  # their models take per-pair RoPE factors and a scale (models/base.py)
 _LAYERNORM_ARCHS = {"falcon", "opt"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
 _DEFAULT_FREQ_BASE = {"qwen2": 1_000_000.0}
 HIDDEN_ACTS = ("silu", "relu", "fatrelu", "gelu")
 GEMMA3_SWA_PERIOD = 6  # every 6th layer (il % 6 == 5) is global
 GEMMA3_FREQ_BASE_SWA = 10_000.0
+GEMMA2_SWA_PERIOD = 2  # layers il % 2 == 0 attend within the window, odd layers globally
+GEMMA2_SLIDING_WINDOW = 4096
+GEMMA2_ATTN_SOFTCAP = 50.0
+GEMMA2_FINAL_SOFTCAP = 30.0
 KEY_SPARSITY = "powerinfer.sparsity"
 KEY_FFN_THRESHOLDS = "powerinfer.ffn_thresholds"
 KEY_FFN_QUANTILES = "powerinfer.ffn_threshold_quantiles"
@@ -99,6 +112,8 @@ class ModelConfig:
     rope_mscale: float = 1.0  # YaRN: scale of the rotated dims of q and k (1: none)
     rope_orig_ctx: int = 0  # phi3: rope.scaling.original_context_length (default n_ctx_train); 0 for others
     rope_attn_factor: float = 1.0  # phi3: rope.scaling.attn_factor, multiplies the rotated dims of q and k
+    attn_softcap: float = 0.0  # gemma2: attention scores s -> cap * tanh(s / cap) before the softmax; 0 = off
+    final_softcap: float = 0.0  # gemma2: output logits l -> cap * tanh(l / cap); 0 = off
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
@@ -213,17 +228,34 @@ class _Reader:
         return 1.0, factors, mscale
 
     def swa(self, n_layer: int, rope_freq_base: float) -> tuple[int, tuple[bool, ...], float]:
-        """(sliding_window, swa_layers, rope_freq_base_swa)."""
-        if self.arch != "gemma3":
+        """(sliding_window, swa_layers, rope_freq_base_swa) of gemma2 and gemma3 (see the module docstring)."""
+        if self.arch not in ("gemma2", "gemma3"):
             return 0, (False,) * n_layer, rope_freq_base
-        window = self.positive("{arch}.attention.sliding_window")
+        gemma2 = self.arch == "gemma2"
+        window = self.positive("{arch}.attention.sliding_window", GEMMA2_SLIDING_WINDOW if gemma2 else None)
         pattern = self.meta.get(self.key("{arch}.attention.sliding_window_pattern"))
         if isinstance(pattern, list) and len(pattern) == n_layer:
             layers = tuple(bool(p) for p in pattern)
         else:
-            period = pattern if isinstance(pattern, int) and pattern > 0 else GEMMA3_SWA_PERIOD
+            default = GEMMA2_SWA_PERIOD if gemma2 else GEMMA3_SWA_PERIOD
+            period = pattern if isinstance(pattern, int) and pattern > 0 else default
             layers = tuple(il % period != period - 1 for il in range(n_layer))
-        return window, layers, self.get("{arch}.rope.freq_base_swa", GEMMA3_FREQ_BASE_SWA, kind=float)
+        base_swa = rope_freq_base if gemma2 else GEMMA3_FREQ_BASE_SWA
+        return window, layers, self.get("{arch}.rope.freq_base_swa", base_swa, kind=float)
+
+    def softcaps(self) -> dict:
+        """gemma2's attention and final logit soft-caps (ModelConfig.attn_softcap, final_softcap); {} otherwise."""
+        if self.arch != "gemma2":
+            return {}
+        out = {}
+        for field, suffix, default in (("attn_softcap", "{arch}.attn_logit_softcapping", GEMMA2_ATTN_SOFTCAP),
+                                       ("final_softcap", "{arch}.final_logit_softcapping", GEMMA2_FINAL_SOFTCAP)):
+            cap = self.get(suffix, default, kind=float)
+            if not (math.isfinite(cap) and cap > 0):
+                raise ModelFileError(f"{self.f.path}: metadata key {self.key(suffix)!r} must be a finite number > 0, "
+                                     f"got {cap}")
+            out[field] = cap
+        return out
 
     def predictor_ranks(self, n_layer: int) -> tuple[int, ...]:
         if not self.f.is_sparse:
@@ -309,7 +341,7 @@ class _Reader:
         if not 0 <= n_rot <= head_dim or n_rot % 2:
             raise ModelFileError(f"{self.f.path}: rope.dimension_count {n_rot} must be even and <= {head_dim}")
         attn_scale = 1.0 / math.sqrt(head_dim)
-        if self.arch == "gemma3" and n_layer == 62:  # Gemma 3 27B scales queries by 1/sqrt(n_embd / n_head)
+        if (self.arch, n_layer) in (("gemma3", 62), ("gemma2", 46)):  # the 27B models: 1/sqrt(n_embd / n_head)
             attn_scale = 1.0 / math.sqrt(n_embd / n_head)
         threshold = self.get("powerinfer.sparse_threshold", 0.0, kind=float) if self.f.is_sparse else 0.0
         hidden_act, hidden_act_param = self.hidden_act()
@@ -337,7 +369,7 @@ class _Reader:
             sliding_window=window,
             swa_layers=swa_layers,
             attn_scale=attn_scale,
-            embd_scale=math.sqrt(n_embd) if self.arch == "gemma3" else 1.0,
+            embd_scale=math.sqrt(n_embd) if self.arch in GEMMA_ARCHS else 1.0,
             tied_output="output.weight" not in self.f.tensors,
             is_sparse=self.f.is_sparse,
             sparse_threshold=threshold,
@@ -352,6 +384,7 @@ class _Reader:
             rope_factors=rope_factors,
             rope_mscale=rope_mscale,
             **self.phi3_rope(),
+            **self.softcaps(),
         )
 
     def phi3_rope(self) -> dict:

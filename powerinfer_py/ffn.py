@@ -62,7 +62,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .config import ModelConfig
+from .config import GEMMA_ARCHS, ModelConfig
 from .errors import PowerInferError, UnsupportedError
 from .tensor import Tensor
 
@@ -80,7 +80,7 @@ def ffn_variant(config: ModelConfig) -> str:
     act = config.hidden_act
     if config.arch == "bamboo":
         return "dreglu"
-    if config.arch == "gemma3":
+    if config.arch in GEMMA_ARCHS:
         return "geglu"
     if config.arch in ("falcon", "opt"):
         if act in ("relu", "gelu"):

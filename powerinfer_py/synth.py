@@ -19,7 +19,8 @@ from gguf import GGUFValueType
 from .gguf import write_gguf
 from .tensor import GGMLType, Tensor
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3")
+_GEMMA = ("gemma", "gemma2", "gemma3")
 DTYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "bf16": GGMLType.BF16,
           "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
 _FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}  # llama.cpp's general.file_type codes
@@ -38,9 +39,10 @@ around another came come work three word must because does part even place well 
 put years different away again off went old number hello world story once upon cat dog house tree sun day night
 red blue green big small happy sad run walk talk say""".split()
 # With a tied head, large embeddings make every token predict itself (the residual stream is mostly its own
-# embedding): tied models get small embeddings; gemma3's are also multiplied by sqrt(n_embd) in the model.
-_EMBD_STD = {"llama": 1.0, "qwen2": 0.1, "qwen3": 0.1, "gemma3": 0.4, "phi3": 1.0}
-_OUTPUT_NORM_GAIN = {"llama": 1.0, "qwen2": 3.0, "qwen3": 3.0, "gemma3": 6.0, "phi3": 1.0}
+# embedding): tied models get small embeddings; Gemma's are also multiplied by sqrt(n_embd) in the model.
+_EMBD_STD = {"llama": 1.0, "qwen2": 0.1, "qwen3": 0.1, "gemma": 0.4, "gemma2": 0.4, "gemma3": 0.4, "phi3": 1.0}
+_OUTPUT_NORM_GAIN = {"llama": 1.0, "qwen2": 3.0, "qwen3": 3.0, "gemma": 6.0, "gemma2": 6.0, "gemma3": 6.0,
+                     "phi3": 1.0}
 _CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()") + [SPACE]
 
 
@@ -100,16 +102,18 @@ class _Spec:
     def __init__(self, arch, n_layer, n_embd, n_ff, n_head, n_head_kv, n_vocab, overrides):
         self.arch, self.n_layer, self.n_embd, self.n_ff = arch, n_layer, n_embd, n_ff
         self.n_head, self.n_head_kv, self.n_vocab = n_head, n_head_kv, n_vocab
-        gemma = arch == "gemma3"
+        gemma = arch in _GEMMA
         o = dict(overrides)
-        # gemma3, qwen3: a head_dim that differs from n_embd / n_head, as on the real models (the Q rows
+        # Gemma, qwen3: a head_dim that differs from n_embd / n_head, as on the real models (the Q rows
         # n_head * head_dim then differ from n_embd, which exercises the key_length path)
-        self.head_dim = o.pop("head_dim", 2 * n_embd // n_head if arch in ("gemma3", "qwen3") else n_embd // n_head)
+        self.head_dim = o.pop("head_dim", 2 * n_embd // n_head if gemma or arch == "qwen3" else n_embd // n_head)
         self.n_ctx_train = o.pop("n_ctx_train", 512)
         self.norm_eps = o.pop("norm_eps", 1e-5 if arch in ("llama", "phi3") else 1e-6)
         self.rope_freq_base = o.pop("rope_freq_base", 10000.0 if arch in ("llama", "phi3") else 1_000_000.0)
-        # gemma3 uses its window; phi3 files carry one too (Phi-3-mini: 2047), which llama.cpp ignores
-        self.sliding_window = o.pop("sliding_window", 4 if arch in ("gemma3", "phi3") else 0)
+        # gemma2/3 use their window; phi3 files carry one too (Phi-3-mini: 2047), which llama.cpp ignores
+        self.sliding_window = o.pop("sliding_window", 4 if arch in ("gemma2", "gemma3", "phi3") else 0)
+        # gemma2's soft-caps ({arch}.attn_logit_softcapping, final_logit_softcapping; None: key left out)
+        self.softcaps = (o.pop("attn_softcap", 50.0), o.pop("final_softcap", 30.0)) if arch == "gemma2" else ()
         self.tied = o.pop("tied", arch not in ("llama", "phi3"))
         self.phi3 = _phi3_options(arch, self.head_dim, o)
         self.bias_std = o.pop("bias_std", 0.5)
@@ -148,6 +152,9 @@ class _Spec:
         }
         if self.sliding_window:
             meta[f"{a}.attention.sliding_window"] = self.sliding_window
+        for key, cap in zip(("attn_logit_softcapping", "final_logit_softcapping"), self.softcaps):
+            if cap is not None:
+                meta[f"{a}.{key}"] = float(cap)
         for key, value in self.rope_scaling.items():
             meta[f"{a}.rope.scaling.{key}"] = value
         if a == "phi3":
@@ -206,7 +213,7 @@ class _Spec:
             if self.arch == "phi3" and self.phi3["fused_qkv"]:  # one attn_qkv: rows [q | k | v]
                 out[-3:] = [(p + "attn_qkv.weight", np.concatenate([t for _, t in out[-3:]]))]
             out.append((p + "attn_output.weight", linear(E, q_dim)))
-            if self.arch == "gemma3":
+            if self.arch in ("gemma2", "gemma3"):
                 out.append((p + "post_attention_norm.weight", norm(E)))
             out += [(p + "ffn_norm.weight", norm(E)),
                     (p + "ffn_gate.weight", linear(F, E)),
@@ -214,7 +221,7 @@ class _Spec:
                     (p + "ffn_down.weight", linear(E, F))]
             if self.arch == "phi3":  # one ffn_up: rows [gate | up]
                 out[-3:-1] = [(p + "ffn_up.weight", np.concatenate([out[-3][1], out[-2][1]]))]
-            if self.arch == "gemma3":
+            if self.arch in ("gemma2", "gemma3"):
                 out.append((p + "post_ffw_norm.weight", norm(E)))
         # tied heads see small embeddings: a larger output norm gain gives logits std ~2 all the same
         out.append(("output_norm.weight", norm(E) * _OUTPUT_NORM_GAIN[self.arch if self.tied else "llama"]))
@@ -243,8 +250,10 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
     """Write a tiny random `arch` model to `path` (a GGUF file) and return the path.
 
     n_layer defaults to 2, and to 6 for gemma3 so that one of its layers is global (llama.cpp makes every
-    6th gemma3 layer global). Overrides: head_dim (default n_embd / n_head; twice that for gemma3 and qwen3),
-    n_ctx_train, norm_eps, rope_freq_base, sliding_window (gemma3; default 4 tokens), tied (default: untied
+    6th gemma3 layer global; gemma2 alternates window / global from layer 0). Overrides: head_dim (default
+    n_embd / n_head; twice that for gemma, gemma2, gemma3 and qwen3), n_ctx_train, norm_eps, rope_freq_base,
+    sliding_window (gemma2, gemma3; default 4 tokens), attn_softcap and final_softcap (gemma2: the values of
+    its soft-cap keys, default 50 and 30 as in real files; None leaves the key out), tied (default: untied
     for llama, tied otherwise), bias_std (qwen2), chat_template (a Jinja text stored as tokenizer.chat_template),
     rope_freqs (llama: head_dim / 2 RoPE frequency factors, stored as rope_freqs.weight as LLaMA 3.1+ files
     have them), rope_scaling (a dict written as {arch}.rope.scaling.<key>, e.g. type "yarn", factor,

@@ -218,7 +218,7 @@ def _tojson(value, indent=None, ensure_ascii=False, separators=None, sort_keys=F
 
 def default_builtin(arch: str, vocab_has: Callable[[str], bool]) -> str:
     """The built-in format for a model without its own template, from its architecture and vocabulary."""
-    if arch == "gemma3":
+    if arch in ("gemma", "gemma2", "gemma3"):
         return "gemma"
     if (arch == "phi3" or (vocab_has("<|assistant|>") and vocab_has("<|end|>"))) and not vocab_has("<|im_start|>"):
         return "phi-3"  # Phi-4 (14B) is arch phi3 too, with a ChatML-like vocabulary

@@ -13,7 +13,9 @@ launches are asynchronous, so the CPU half (HybridSplit) runs while the device w
 Status: written against pi_cuda.h and compiled, but NOT RUN: the machine it was written on has no GPU
 (the runtime answers error 35). tests/test_cuda.py holds the checks to run on one (`pytest -m cuda`).
 Attention, norms and the predictor stay on the CPU in this executor even though the placement reserves
-device memory for them (their kernels exist: pi_cuda_rmsnorm / rope / attention / predictor).
+device memory for them (their kernels exist: pi_cuda_rmsnorm / rope / attention / predictor). gemma2's attention
+logit soft-cap is therefore right on this backend; pi_cuda_attention itself has no soft-cap, so a device
+attention path must refuse configs with attn_softcap != 0 until it gets one.
 """
 from __future__ import annotations
 

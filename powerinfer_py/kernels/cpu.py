@@ -292,19 +292,21 @@ class CpuKernels:
             lib.pi_softmax(self._pool or _ops_closed(), _fb(_FA, x), x.size // n_cols, n_cols)
         return x
 
-    def attention(self, q, k, v, pos0, window, scale) -> np.ndarray:
-        """Causal GQA: q f32 [N, H, D] at positions pos0.., k/v f16 [Hkv, n_ctx, D] -> f32 [N, H, D]."""
+    def attention(self, q, k, v, pos0, window, scale, softcap=0.0) -> np.ndarray:
+        """Causal GQA: q f32 [N, H, D] at positions pos0.., k/v f16 [Hkv, n_ctx, D] -> f32 [N, H, D]. softcap > 0:
+        scores become softcap * tanh(score / softcap) before the softmax (Gemma 2); 0: off."""
         if not (type(q) is np.ndarray and q.dtype is _F32 and q.flags.c_contiguous and q.ndim == 3
                 and type(k) is np.ndarray and k.dtype is _F16 and k.flags.c_contiguous and k.ndim == 3
                 and type(v) is np.ndarray and v.dtype is _F16 and v.flags.c_contiguous and v.shape == k.shape
                 and k.shape[2] == q.shape[2] and k.shape[0] and not q.shape[1] % k.shape[0]
-                and 0 <= pos0 and pos0 + q.shape[0] <= k.shape[1] and window >= 0 and -_OPS_BIG < scale < _OPS_BIG):
-            _ops_check_attention(q, k, v, pos0, window, scale)
+                and 0 <= pos0 and pos0 + q.shape[0] <= k.shape[1] and window >= 0 and -_OPS_BIG < scale < _OPS_BIG
+                and 0 <= softcap < _OPS_BIG):
+            _ops_check_attention(q, k, v, pos0, window, scale, softcap)
         out = np.empty(q.shape, _F32)
         if q.size:
             n_tok, n_head, head_dim = q.shape
             lib.pi_attention(self._pool or _ops_closed(), _fb(_FA, q), _fb(_HA, k), _fb(_HA, v), n_tok, n_head,
-                             k.shape[0], head_dim, k.shape[1], pos0, window, scale, _fb(_FA, out))
+                             k.shape[0], head_dim, k.shape[1], pos0, window, scale, softcap, _fb(_FA, out))
         return out
 
     def _unary(self, fn, x, op: str) -> np.ndarray:
@@ -411,11 +413,12 @@ class CpuKernels:
                         n_head: int, n_head_kv: int, head_dim: int, n_rot: int, rope_base: float,
                         rope_scale: float, rope_neox: bool, eps: float, attn_scale: float, q_norm=None,
                         k_norm=None, post_norm=None, window: int = 0, bq=None, bk=None, bv=None,
-                        rope_freqs=None, rope_mscale: float = 1.0) -> "AttnBlockPlan":
+                        rope_freqs=None, rope_mscale: float = 1.0, attn_softcap: float = 0.0) -> "AttnBlockPlan":
         """Checks one layer's attention weights once and describes them to C for attn_block_decode. q_norm,
         k_norm (f32 [head_dim]), post_norm (f32 [n_embd]) and a sliding window are gemma3's extras; bq, bk, bv
         (f32 [n_head * head_dim], [n_head_kv * head_dim] x 2) qwen2's; rope_freqs (f32 [n_rot/2], RoPE
-        frequency factors) LLaMA 3.1+'s; rope_mscale (scale of the rotated dims) YaRN's."""
+        frequency factors) LLaMA 3.1+'s; rope_mscale (scale of the rotated dims) YaRN's; attn_softcap (attention
+        logit soft-cap, 0 = off) gemma2's."""
         n_q, n_kv = n_head * head_dim, n_head_kv * head_dim
         infos = {nm: self._weight(t) for nm, t in (("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo))}
         n_embd = infos["wq"][4]
@@ -449,6 +452,7 @@ class CpuKernels:
          desc.rope_ff) = norms
         desc.window = window
         desc.rope_mscale = _ops_check_mscale("attn_block_plan", rope_mscale)
+        desc.attn_softcap = _ops_check_softcap("attn_block_plan", attn_softcap)
         for nm, (_, wp, ty, _, _) in infos.items():
             setattr(desc, nm, wp)
             setattr(desc, f"{nm}_type", ty)
@@ -663,7 +667,7 @@ def _ops_check_rope(x, pos, n_rot, freq_base, freq_scale) -> np.ndarray:
     return pos
 
 
-def _ops_check_attention(q, k, v, pos0, window, scale) -> None:
+def _ops_check_attention(q, k, v, pos0, window, scale, softcap=0.0) -> None:
     _ops_check_f32("attention", "q", q)
     if q.ndim != 3:
         raise ValueError(f"attention: q must be [n_tok, n_head, head_dim], got shape {q.shape}")
@@ -687,3 +691,11 @@ def _ops_check_attention(q, k, v, pos0, window, scale) -> None:
         raise ValueError(f"attention: window must be >= 0 (0 = no window), got {window}")
     if not abs(float(scale)) < _OPS_BIG:
         raise ValueError(f"attention: scale must be finite, got {scale}")
+    _ops_check_softcap("attention", softcap)
+
+
+def _ops_check_softcap(op: str, softcap) -> float:
+    """The attention soft-cap as a float: finite and >= 0 (0 = off)."""
+    if not 0 <= float(softcap) < _OPS_BIG:
+        raise ValueError(f"{op}: softcap must be finite and >= 0 (0 = off), got {softcap}")
+    return float(softcap)

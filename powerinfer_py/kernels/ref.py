@@ -424,10 +424,11 @@ def softmax(x) -> np.ndarray:
     return x
 
 
-def attention(q, k, v, pos0, window, scale) -> np.ndarray:
+def attention(q, k, v, pos0, window, scale, softcap=0.0) -> np.ndarray:
     """Causal grouped-query attention. q f32 [N, H, D] (token t at position pos0 + t); k, v f16 [Hkv, n_ctx, D].
     Query head h reads kv head h // (H // Hkv); position p sees j <= p with j > p - window when window > 0.
-    Returns f32 [N, H, D]."""
+    Scores are scale * q.k; softcap > 0 (Gemma 2) squashes them to softcap * tanh(score / softcap) before the
+    softmax, 0 leaves them as they are. Returns f32 [N, H, D]."""
     n_tok, n_head, _ = q.shape
     n_rep = n_head // k.shape[0]
     out = np.empty(q.shape, dtype=np.float32)
@@ -438,6 +439,8 @@ def attention(q, k, v, pos0, window, scale) -> np.ndarray:
             kh = k[h // n_rep, j0:p + 1].astype(np.float64)  # [n, D]
             vh = v[h // n_rep, j0:p + 1].astype(np.float64)
             s = float(scale) * (kh @ q[t, h].astype(np.float64))
+            if softcap:
+                s = float(softcap) * np.tanh(s / float(softcap))
             w = np.exp(s - s.max())
             out[t, h] = (w / w.sum()) @ vh
     return out

@@ -17,22 +17,24 @@ from ..config import ModelConfig
 from ..errors import UnsupportedError
 from ..ffn import SparseSettings
 from ..tensor import Tensor
-from . import bamboo, falcon, gemma3, llama, opt, phi3, qwen2, qwen3
+from . import bamboo, falcon, gemma, gemma3, llama, opt, phi3, qwen2, qwen3
 from .base import Expected, Model
 
 _FAMILIES = {
     "llama": (llama.LlamaModel, llama.expected_tensors),
     "qwen2": (qwen2.Qwen2Model, qwen2.expected_tensors),
     "qwen3": (qwen3.Qwen3Model, qwen3.expected_tensors),
+    "gemma": (gemma.GemmaModel, gemma.expected_tensors),
+    "gemma2": (gemma.Gemma2Model, gemma.expected_tensors),
     "gemma3": (gemma3.Gemma3Model, gemma3.expected_tensors),
     "bamboo": (bamboo.BambooModel, bamboo.expected_tensors),
     "falcon": (falcon.FalconModel, falcon.expected_tensors),
     "opt": (opt.OptModel, opt.expected_tensors),
     "phi3": (phi3.Phi3Model, phi3.expected_tensors),
 }
-# families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma3 ones come from
+# families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
-_SPARSE_FAMILIES = ("llama", "bamboo", "falcon", "opt", "qwen2", "qwen3", "gemma3")
+_SPARSE_FAMILIES = ("llama", "bamboo", "falcon", "opt", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
 
 
 def _family(config: ModelConfig):

@@ -1,6 +1,6 @@
 """Pieces every architecture shares: tensor lookup with clear errors, the expected-tensor table of a
 llama-shaped transformer, and a Model base class (cache, input checks, K/V store, output head) whose forward
-is the pre-norm decoder block of llama, bamboo, qwen2, qwen3, phi3 and gemma3.
+is the pre-norm decoder block of llama, bamboo, qwen2, qwen3, phi3, gemma, gemma2 and gemma3.
 
 Each family's module states its math and holds only what differs from that block: flags (QKV_BIASES,
 QK_NORMS) and small hooks (_embed, layer_attention, _attn_out, _ffn_out); falcon (parallel block) and opt
@@ -188,10 +188,17 @@ class Model:
 
     def _head(self, x: np.ndarray, all_logits: bool) -> np.ndarray:
         """Final norm and output projection: x f32 [N, n_embd] -> logits f32 [n_vocab] (last token) or
-        [N, n_vocab]. Only the rows asked for go through the (large) output matmul."""
+        [N, n_vocab]. Only the rows asked for go through the (large) output matmul. Models with a final
+        soft-cap (gemma2) squash the logits to cap * tanh(logit / cap), in f32 as llama.cpp does."""
         if all_logits:
-            return self.kernels.matmul(self.output, self._final_norm(x))
-        return self.kernels.matmul(self.output, self._final_norm(x[-1:])[0])
+            logits = self.kernels.matmul(self.output, self._final_norm(x))
+        else:
+            logits = self.kernels.matmul(self.output, self._final_norm(x[-1:])[0])
+        cap = self.config.final_softcap
+        if cap:
+            np.tanh(logits * np.float32(1.0 / cap), out=logits)
+            logits *= np.float32(cap)
+        return logits
 
     def _final_norm(self, x: np.ndarray) -> np.ndarray:
         """output_norm applied to x f32 [N, n_embd]: RMSNorm, or LayerNorm with output_norm_b (LAYER_NORM)."""
@@ -219,7 +226,7 @@ class Model:
             k.rope(q, pos, *rope)
             k.rope(kk, pos, *rope)
             self._store_kv(cache, il, p0, kk, v)
-            a = k.attention(q, cache.k[il], cache.v[il], p0, window, c.attn_scale)  # [N, n_head, head_dim]
+            a = k.attention(q, cache.k[il], cache.v[il], p0, window, c.attn_scale, c.attn_softcap)  # [N, H, hd]
             x += self._attn_out(il, k.matmul(L.wo, a.reshape(n, c.n_head * c.head_dim)))
             x += self._ffn_out(il, self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x))
 
@@ -302,6 +309,6 @@ class Model:
                 self.kernels.attn_block_plan(L.wq, L.wk, L.wv, L.wo, L.attn_norm, L.ffn_norm, n_head=c.n_head,
                                              n_head_kv=c.n_head_kv, head_dim=c.head_dim, n_rot=c.n_rot,
                                              rope_neox=c.rope_neox, eps=c.norm_eps, attn_scale=c.attn_scale,
-                                             **self.attn_plan_kwargs(il, L))
+                                             attn_softcap=c.attn_softcap, **self.attn_plan_kwargs(il, L))
                 for il, L in enumerate(self.layers)]
         return plans
