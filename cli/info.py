@@ -87,6 +87,8 @@ def _table(f: dict) -> Table:
         for label, key in _CONFIG_ROWS:
             value = f"{c['n_head']} / {c['n_head_kv']}" if key is None else c[key]
             t.add_row(label, str(value))
+        if c.get("attn_softcap") or c.get("final_softcap"):
+            t.add_row("soft-capping", f"attention scores {c['attn_softcap']:g}, output logits {c['final_softcap']:g}")
         rs = f.get("rope_scaling")
         if rs:
             parts = ([f"linear x{rs['linear']:g}"] if rs["linear"] else []) + (

@@ -175,6 +175,10 @@ def test_info_table(synthetic_model):
     assert res.exit_code == 0, res.stderr
     for word in ("gemma3", "layers", "Q8_0", "dense", "converted at load"):
         assert word in res.stdout, word
+    assert "soft-capping" not in res.stdout
+    res = invoke("info", synthetic_model("gemma2", "f32"))
+    assert res.exit_code == 0, res.stderr
+    assert "soft-capping         attention scores 50, output logits 30" in res.stdout, res.stdout
 
 
 # ---- bad input ---------------------------------------------------------------------------------------------
