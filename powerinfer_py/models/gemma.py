@@ -60,7 +60,8 @@ class GemmaModel(Model):
 
 class Gemma2Model(GemmaModel):
     """Gemma 2: Gemma 1 plus the post-norms, the sliding-window layers and the two soft-caps (the attention one
-    travels to the kernels through config.attn_softcap, the final one is applied by base.Model._head)."""
+    travels to the kernels through config.attn_softcap, the final one is applied by base.Model._head).
+    Gemma 3 (models/gemma3.py) is this block with per-head Q/K norms and its own RoPE rule."""
 
     LAYER_TENSORS = GEMMA2_LAYER_TENSORS
 
@@ -68,12 +69,15 @@ class Gemma2Model(GemmaModel):
                  sparse: SparseSettings | None = None):
         super().__init__(config, tensors, kernels, sparse)
         c = config
-        # per layer: (window, rope args after pos); the sliding layers may have their own base (rope.freq_base_swa)
-        self.layer_attn = [
-            (c.sliding_window if swa else 0,
-             (c.n_rot, c.rope_freq_base_swa if swa else c.rope_freq_base, c.rope_freq_scale, c.rope_neox))
-            for swa in c.swa_layers
-        ]
+        # per layer: (window, rope args after pos)
+        self.layer_attn = [(c.sliding_window if swa else 0, (c.n_rot, *self._rope(swa), c.rope_neox))
+                           for swa in c.swa_layers]
+
+    def _rope(self, swa: bool) -> tuple[float, float]:
+        """(RoPE base, frequency scale) of a sliding-window or global layer: the sliding layers may have their
+        own base (rope.freq_base_swa), the scale is the same for all."""
+        c = self.config
+        return (c.rope_freq_base_swa if swa else c.rope_freq_base), c.rope_freq_scale
 
     def layer_attention(self) -> list[tuple[int, tuple]]:
         return self.layer_attn

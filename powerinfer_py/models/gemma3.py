@@ -17,14 +17,9 @@ multiply. Layers with il % 6 != 5 are sliding-window layers (config.swa_layers).
 """
 from __future__ import annotations
 
-from typing import Mapping
-
-import numpy as np
-
 from ..config import ModelConfig
-from ..ffn import SparseSettings
-from ..tensor import Tensor
-from .base import Expected, Model, llama_like_expected, sparsify_expected
+from .base import Expected, llama_like_expected, sparsify_expected
+from .gemma import Gemma2Model
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight",
@@ -47,39 +42,16 @@ def expected_tensors(c: ModelConfig) -> Expected:
     return sparsify_expected(c, e)  # PWRI files (trained predictors): ffn_down_t, fc1, fc2
 
 
-class Gemma3Model(Model):
-    """The pre-norm block of models/base.py with scaled embeddings, per-head Q/K norms, per-layer RoPE base and
-    window, and post-norms of the attention and FFN outputs."""
+class Gemma3Model(Gemma2Model):
+    """Gemma 2's block (scaled embeddings, post-norms, sliding-window layers) with per-head Q/K norms, the
+    sliding layers' own RoPE base without frequency scaling, and no soft-caps (config leaves them at 0)."""
 
     LAYER_TENSORS = LAYER_TENSORS
     QK_NORMS = True
 
-    def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
-                 sparse: SparseSettings | None = None):
-        super().__init__(config, tensors, kernels, sparse)
-        c = config
-        # per layer: (window, rope args after pos) -- sliding layers use their own base and no freq scaling
-        self.layer_attn = [
-            (c.sliding_window, (c.n_rot, c.rope_freq_base_swa, 1.0, c.rope_neox)) if swa else
-            (0, (c.n_rot, c.rope_freq_base, c.rope_freq_scale, c.rope_neox))
-            for swa in c.swa_layers
-        ]
+    def _rope(self, swa: bool) -> tuple[float, float]:
+        c = self.config
+        return (c.rope_freq_base_swa, 1.0) if swa else (c.rope_freq_base, c.rope_freq_scale)
 
     def attn_plan_kwargs(self, il: int, layer) -> dict:
-        window, (_, base, scale, _) = self.layer_attn[il]
-        return dict(rope_base=base, rope_scale=scale, q_norm=layer.q_norm, k_norm=layer.k_norm,
-                    post_norm=layer.post_attn_norm, window=window)
-
-    def _embed(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
-        x = self.kernels.get_rows(self.token_embd, ids)
-        x *= self.config.embd_scale
-        return x
-
-    def layer_attention(self) -> list[tuple[int, tuple]]:
-        return self.layer_attn
-
-    def _attn_out(self, il: int, y: np.ndarray) -> np.ndarray:
-        return self.kernels.rmsnorm(y, self.layers[il].post_attn_norm, self.config.norm_eps)
-
-    def _ffn_out(self, il: int, y: np.ndarray) -> np.ndarray:
-        return self.kernels.rmsnorm(y, self.layers[il].post_ffw_norm, self.config.norm_eps)
+        return dict(super().attn_plan_kwargs(il, layer), q_norm=layer.q_norm, k_norm=layer.k_norm)
