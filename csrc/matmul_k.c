@@ -31,6 +31,13 @@
 
 #define ROW_BLOCK 16 /* rows per chunk granule */
 #define TOK_BLOCK 16 /* tokens per pass over a row (its super-blocks stay in L1) */
+#ifndef KT
+#define KT 8 /* tokens per tile: a super-block is unpacked once per KT tokens */
+#endif
+#ifndef SPAN
+#define SPAN 8 /* super-blocks per span (AVX-512 prefill) */
+#endif
+#define RB 16 /* rows per block (AVX-512 prefill) */
 
 typedef struct {
     int type;
@@ -117,76 +124,97 @@ INLINE float hsum(__m512 acc, __m256 accm) {
     return _mm512_reduce_add_ps(acc) - _mm_cvtss_f32(m);
 }
 
+/* ---- one super-block of one row, unpacked once for every token of a tile ---------------------------------
+ * A prefill tile is one row against KT tokens: the weights' bit unpacking (nibbles, high bits, 6-bit scales)
+ * is the larger part of a super-block's work, so it is done once per KT tokens. Per token only the integer
+ * dots, one convert and one FMA (and the mins / bsum term) remain, in the same order for every token count,
+ * so a token's result has the same bits whether it was computed alone (decode) or in a tile (prefill). */
+typedef struct {
+    __m512i z[4];  /* the 256 weights as unsigned bytes, in the order of the activation bytes they multiply */
+    __m512i sw[4]; /* Q4_K/Q5_K/Q6_K: the scale of each int16 pair sum of z[c], one per word;
+                      Q2_K/Q3_K: sw[0], sw[1] the 16 scales arranged for scale_groups16 */
+    __m256i m16;   /* Q4_K/Q5_K/Q2_K: the mins as words, each paired with its bsum; Q6_K/Q3_K: the signed
+                      scales (for the -32 / -4 offset term) */
+    float d, dmin;
+} ksb;
+
 /* Q4_K / Q5_K (q5 = 1) */
-INLINE float dot_q45k(const uint8_t *row, const block_q8_K *x, int64_t n_sb, const int q5) {
-    __m512 acc = _mm512_setzero_ps();
-    __m256 accm = _mm256_setzero_ps();
-    const size_t size = q5 ? sizeof(block_q5_K) : sizeof(block_q4_K);
-    for (int64_t i = 0; i < n_sb; i++, x++) {
-        const block_q4_K *b = (const block_q4_K *)(row + i * size);
-        const uint8_t *qs = q5 ? ((const block_q5_K *)b)->qs : b->qs;
-        uint32_t a[3], u[4];
-        memcpy(a, b->scales, 12);
-        u[0] = a[0] & 0x3f3f3f3f;                                             /* sc 0..3 */
-        u[1] = (a[2] & 0x0f0f0f0f) | ((a[0] >> 6) & 0x03030303) << 4;         /* sc 4..7 */
-        u[2] = a[1] & 0x3f3f3f3f;                                             /* m 0..3 */
-        u[3] = ((a[2] >> 4) & 0x0f0f0f0f) | ((a[1] >> 6) & 0x03030303) << 4;  /* m 4..7 */
-        const __m128i scm = _mm_loadu_si128((const __m128i *)u);
-        const __m512i s16 = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(scm)); /* words 0..7 sc, 8..15 m */
-        __m256i hb = _mm256_setzero_si256();
-        if (q5) hb = _mm256_loadu_si256((const __m256i *)((const block_q5_K *)b)->qh);
-        const __m512i h = _mm512_broadcast_i64x4(hb);
-        __m512i isum = _mm512_setzero_si512();
+INLINE void unpack_q45k(const uint8_t *blk, ksb *s, const int q5) {
+    const block_q4_K *b = (const block_q4_K *)blk;
+    const uint8_t *qs = q5 ? ((const block_q5_K *)b)->qs : b->qs;
+    uint32_t a[3], u[4];
+    memcpy(a, b->scales, 12);
+    u[0] = a[0] & 0x3f3f3f3f;                                             /* sc 0..3 */
+    u[1] = (a[2] & 0x0f0f0f0f) | ((a[0] >> 6) & 0x03030303) << 4;         /* sc 4..7 */
+    u[2] = a[1] & 0x3f3f3f3f;                                             /* m 0..3 */
+    u[3] = ((a[2] >> 4) & 0x0f0f0f0f) | ((a[1] >> 6) & 0x03030303) << 4;  /* m 4..7 */
+    const __m128i scm = _mm_loadu_si128((const __m128i *)u);
+    const __m512i s16 = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(scm)); /* words 0..7 sc, 8..15 m */
+    __m256i hb = _mm256_setzero_si256();
+    if (q5) hb = _mm256_loadu_si256((const __m256i *)((const block_q5_K *)b)->qh);
+    const __m512i h = _mm512_broadcast_i64x4(hb);
 #pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) { /* 64 weights: sub-block 2c (low nibbles), 2c + 1 (high nibbles) */
-            __m512i z = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * c)));
-            z = _mm512_and_si512(_mm512_mask_srli_epi16(z, 0xffff0000u, z, 4), _mm512_set1_epi8(0x0f));
-            if (q5) {
-                const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * c))),
-                                                       _mm256_set1_epi8((char)(1 << (2 * c + 1))), 1);
-                z = _mm512_mask_add_epi8(z, _mm512_test_epi8_mask(h, bit), z, _mm512_set1_epi8(16));
-            }
-            __m512i p = _mm512_maddubs_epi16(z, _mm512_loadu_si512(x->qs + 64 * c));
-            isum = dot_acc(isum, p, scale_words(s16, 2 * c, 0));
+    for (int c = 0; c < 4; c++) { /* 64 weights: sub-block 2c (low nibbles), 2c + 1 (high nibbles) */
+        __m512i z = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * c)));
+        z = _mm512_and_si512(_mm512_mask_srli_epi16(z, 0xffff0000u, z, 4), _mm512_set1_epi8(0x0f));
+        if (q5) {
+            const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * c))),
+                                                   _mm256_set1_epi8((char)(1 << (2 * c + 1))), 1);
+            z = _mm512_mask_add_epi8(z, _mm512_test_epi8_mask(h, bit), z, _mm512_set1_epi8(16));
         }
-        const float dx = x->d;
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dx * pi_h2f(b->d)), acc);
-        /* mins: word k of the bsums pairs with m_(k / 2) */
-        const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_srli_si128(scm, 8), _mm_srli_si128(scm, 8)));
-        const __m256i pm = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), m16);
-        accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pm), _mm256_set1_ps(dx * pi_h2f(b->dmin)), accm);
+        s->z[c] = z;
+        s->sw[c] = scale_words(s16, 2 * c, 0);
     }
-    return hsum(acc, accm);
+    /* mins: word k of the bsums pairs with m_(k / 2) */
+    s->m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_srli_si128(scm, 8), _mm_srli_si128(scm, 8)));
+    s->d = pi_h2f(b->d);
+    s->dmin = pi_h2f(b->dmin);
 }
 
-static float dot_q6k(const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
-    __m512 acc = _mm512_setzero_ps();
+INLINE void token_q45k(const ksb *s, const block_q8_K *x, __m512 *acc, __m256 *accm) {
+    __m512i isum = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++)
+        isum = dot_acc(isum, _mm512_maddubs_epi16(s->z[c], _mm512_loadu_si512(x->qs + 64 * c)), s->sw[c]);
+    const float dx = x->d;
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dx * s->d), *acc);
+    const __m256i pm = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), s->m16);
+    *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pm), _mm256_set1_ps(dx * s->dmin), *accm);
+}
+
+/* Q6_K: z[2 hf] the 6-bit values of the low nibbles of ql[64 hf ..], z[2 hf + 1] of the high nibbles */
+INLINE void unpack_q6k(const uint8_t *blk, ksb *s) {
+    const block_q6_K *b = (const block_q6_K *)blk;
     const __m512i c02 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
     const __m512i c46 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
-    for (int64_t i = 0; i < n_sb; i++, x++) {
-        const block_q6_K *b = (const block_q6_K *)(row + i * sizeof(block_q6_K));
-        const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
-        const __m512i s16 = _mm512_zextsi256_si512(sc);
-        /* -32 * sum_g sc_g * bsum_g, in the low 8 lanes */
-        __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)x->bsums)), 5);
-        __m512i isum = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(corr));
+    const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+    const __m512i s16 = _mm512_zextsi256_si512(sc);
 #pragma GCC unroll 2
-        for (int hf = 0; hf < 2; hf++) {
-            const __m512i l = _mm512_loadu_si512(b->ql + 64 * hf);
-            const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * hf)));
-            const __m512i lo = _mm512_and_si512(l, _mm512_set1_epi8(0x0f));
-            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(l, 4), _mm512_set1_epi8(0x0f));
-            /* bits 2i..2i+1 of qh -> bits 4..5 of the byte (shifts within 16-bit words; the mask drops spill) */
-            const __m512i h0 = _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(h, c02), 4), _mm512_set1_epi8(0x30));
-            const __m512i h1 = _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(h, c46), 4), _mm512_set1_epi8(0x30));
-            __m512i p0 = _mm512_maddubs_epi16(_mm512_or_si512(lo, h0), _mm512_loadu_si512(x->qs + 128 * hf));
-            __m512i p1 = _mm512_maddubs_epi16(_mm512_or_si512(hi, h1), _mm512_loadu_si512(x->qs + 128 * hf + 64));
-            isum = dot_acc(isum, p0, scale_words(s16, 8 * hf, 1));
-            isum = dot_acc(isum, p1, scale_words(s16, 8 * hf + 4, 1));
-        }
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(x->d * pi_h2f(b->d)), acc);
+    for (int hf = 0; hf < 2; hf++) {
+        const __m512i l = _mm512_loadu_si512(b->ql + 64 * hf);
+        const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * hf)));
+        const __m512i lo = _mm512_and_si512(l, _mm512_set1_epi8(0x0f));
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(l, 4), _mm512_set1_epi8(0x0f));
+        /* bits 2i..2i+1 of qh -> bits 4..5 of the byte (shifts within 16-bit words; the mask drops spill) */
+        const __m512i h0 = _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(h, c02), 4), _mm512_set1_epi8(0x30));
+        const __m512i h1 = _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(h, c46), 4), _mm512_set1_epi8(0x30));
+        s->z[2 * hf] = _mm512_or_si512(lo, h0);
+        s->z[2 * hf + 1] = _mm512_or_si512(hi, h1);
+        s->sw[2 * hf] = scale_words(s16, 8 * hf, 1);
+        s->sw[2 * hf + 1] = scale_words(s16, 8 * hf + 4, 1);
     }
-    return _mm512_reduce_add_ps(acc);
+    s->m16 = sc;
+    s->d = pi_h2f(b->d);
+}
+
+INLINE void token_q6k(const ksb *s, const block_q8_K *x, __m512 *acc) {
+    /* -32 * sum_g sc_g * bsum_g, in the low 8 lanes */
+    const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(s->m16, _mm256_loadu_si256((const __m256i *)x->bsums)), 5);
+    __m512i isum = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(corr));
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++)
+        isum = dot_acc(isum, _mm512_maddubs_epi16(s->z[k], _mm512_loadu_si512(x->qs + 64 * k)), s->sw[k]);
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(x->d * s->d), *acc);
 }
 
 /* Q2_K / Q3_K: 2 bits of element 128n + 32j + l in bits 2j of qs[32n + l]; one zmm holds j = 2c (low half)
@@ -209,81 +237,181 @@ INLINE __m512i dot4(__m512i z, const int8_t *xq) {
 #endif
 }
 
-/* The 4 zmm of dot4 sums of one super-block (zmm c: groups 4c + lane) scaled and summed into isum: two zmm
- * packed to int16 (lane i: group 8k + i in words 0..3, 8k + 4 + i in words 4..7), then one pair multiply-add
- * with the matching scale words, taken from the 16 int16 scales sc16 by in-lane byte shuffles */
-INLINE __m512i scale_groups16(__m512i isum, __m256i sc16, __m512i d0, __m512i d1, __m512i d2, __m512i d3) {
+/* The 16 int16 scales sc16 spread for scale_groups16 by in-lane byte shuffles: lane i of s0 holds the scales of
+ * groups i and 4 + i, of s1 those of groups 8 + i and 12 + i */
+INLINE void groups16_scales(__m256i sc16, __m512i *s0, __m512i *s1) {
     const __m512i idx = _mm512_set_epi64(0x0f0e0f0e0f0e0f0e, 0x0706070607060706, 0x0d0c0d0c0d0c0d0c,
                                          0x0504050405040504, 0x0b0a0b0a0b0a0b0a, 0x0302030203020302,
                                          0x0908090809080908, 0x0100010001000100); /* lane i: words i, 4 + i */
-    const __m512i s0 = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm256_castsi256_si128(sc16)), idx);
-    const __m512i s1 = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm256_extracti128_si256(sc16, 1)), idx);
-    isum = dot_acc(isum, _mm512_packs_epi32(d0, d1), s0);
-    return dot_acc(isum, _mm512_packs_epi32(d2, d3), s1);
+    *s0 = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm256_castsi256_si128(sc16)), idx);
+    *s1 = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm256_extracti128_si256(sc16, 1)), idx);
 }
 
-static float dot_q2k(const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
+/* The 4 zmm of dot4 sums of one super-block (zmm c: groups 4c + lane) scaled and summed into isum: two zmm
+ * packed to int16 (lane i: group 8k + i in words 0..3, 8k + 4 + i in words 4..7), then one pair multiply-add
+ * with the matching scale words (groups16_scales) */
+INLINE __m512i scale_groups16(__m512i isum, const __m512i *s, __m512i d0, __m512i d1, __m512i d2, __m512i d3) {
+    isum = dot_acc(isum, _mm512_packs_epi32(d0, d1), s[0]);
+    return dot_acc(isum, _mm512_packs_epi32(d2, d3), s[1]);
+}
+
+INLINE void unpack_q23k(const uint8_t *blk, ksb *s, const int q3) {
+    if (!q3) {
+        const block_q2_K *b = (const block_q2_K *)blk;
+        const __m128i sm = _mm_loadu_si128((const __m128i *)b->scales);
+        s->m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(15)));
+        q2_planes(b->qs, &s->z[0], &s->z[1]);
+        q2_planes(b->qs + 32, &s->z[2], &s->z[3]);
+        groups16_scales(_mm256_cvtepu8_epi16(_mm_and_si128(sm, _mm_set1_epi8(15))), &s->sw[0], &s->sw[1]);
+        s->d = pi_h2f(b->d);
+        s->dmin = pi_h2f(b->dmin);
+        return;
+    }
+    const block_q3_K *b = (const block_q3_K *)blk;
+    /* the 16 scales: low nibbles from bytes 0..7 (group g < 8: low, else high nibble of byte g % 8), two
+     * high bits from bytes 8..11 (bits 2(g / 4) of byte 8 + g % 4); 16 bytes loaded ending at the block's
+     * last scale byte (never past the block), then shifted down */
+    const __m128i raw = _mm_srli_si128(_mm_loadu_si128((const __m128i *)(b->scales - 4)), 4);
+    const __m128i nib = _mm_unpacklo_epi64(_mm_and_si128(raw, _mm_set1_epi8(15)),
+                                           _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
+    const __m128i top = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(raw, 0xaa), _mm_setr_epi32(0, 2, 4, 6)),
+                                      _mm_set1_epi8(3));
+    const __m256i sc = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_or_si128(nib, _mm_slli_epi16(top, 4))),
+                                        _mm256_set1_epi16(32));
+    const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b->hmask));
+    q2_planes(b->qs, &s->z[0], &s->z[1]);
+    q2_planes(b->qs + 32, &s->z[2], &s->z[3]);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) { /* bit 2c (low half) or 2c + 1 (high half) of hmask[l] adds 4 */
+        const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * c))),
+                                               _mm256_set1_epi8((char)(1 << (2 * c + 1))), 1);
+        s->z[c] = _mm512_mask_add_epi8(s->z[c], _mm512_test_epi8_mask(h, bit), s->z[c], _mm512_set1_epi8(4));
+    }
+    groups16_scales(sc, &s->sw[0], &s->sw[1]);
+    s->m16 = sc;
+    s->d = pi_h2f(b->d);
+}
+
+INLINE void token_q23k(const ksb *s, const block_q8_K *x, __m512 *acc, __m256 *accm, const int q3) {
+    __m512i isum = _mm512_setzero_si512();
+    if (q3) { /* -4 * sum_g s_g * bsum_g, in the low 8 lanes */
+        const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(s->m16, _mm256_loadu_si256((const __m256i *)x->bsums)), 2);
+        isum = _mm512_sub_epi32(isum, _mm512_zextsi256_si512(corr));
+    }
+    isum = scale_groups16(isum, s->sw, dot4(s->z[0], x->qs), dot4(s->z[1], x->qs + 64), dot4(s->z[2], x->qs + 128),
+                          dot4(s->z[3], x->qs + 192));
+    const float dx = x->d;
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dx * s->d), *acc);
+    if (!q3) {
+        const __m256i pm = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), s->m16);
+        *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pm), _mm256_set1_ps(dx * s->dmin), *accm);
+    }
+}
+
+INLINE int k_has_min(const int type) { return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q2_K; }
+
+INLINE void k_unpack(const int type, const uint8_t *blk, ksb *s) {
+    if (type == PI_Q4_K || type == PI_Q5_K) unpack_q45k(blk, s, type == PI_Q5_K);
+    else if (type == PI_Q6_K) unpack_q6k(blk, s);
+    else unpack_q23k(blk, s, type == PI_Q3_K);
+}
+
+INLINE void k_token(const int type, const ksb *s, const block_q8_K *x, __m512 *acc, __m256 *accm) {
+    if (type == PI_Q4_K || type == PI_Q5_K) token_q45k(s, x, acc, accm);
+    else if (type == PI_Q6_K) token_q6k(s, x, acc);
+    else token_q23k(s, x, acc, accm, type == PI_Q3_K);
+}
+
+/* Running sums of one row against KT tokens (a prefill tile), kept in memory between spans of super-blocks */
+typedef struct {
+    __m512 acc[KT];
+    __m256 accm[KT];
+} kacc;
+
+/* Super-blocks i0 .. i1 - 1 of one row against T tokens (x: token 0's super-blocks, each next token's n_sb
+ * later), continuing the sums in a. Whether a row's super-blocks run in one span or several, each sum sees
+ * the same FMAs in the same order. */
+INLINE void k_span(const int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb, int64_t i0, int64_t i1,
+                   const int T, kacc *a) {
+    const size_t size = type == PI_Q4_K ? sizeof(block_q4_K) : type == PI_Q5_K ? sizeof(block_q5_K)
+                      : type == PI_Q6_K ? sizeof(block_q6_K) : type == PI_Q2_K ? sizeof(block_q2_K)
+                      : sizeof(block_q3_K);
+    __m512 acc[KT];
+    __m256 accm[KT];
+    for (int t = 0; t < T; t++) {
+        acc[t] = a->acc[t];
+        accm[t] = a->accm[t];
+    }
+    for (int64_t i = i0; i < i1; i++) {
+        ksb s;
+        k_unpack(type, row + i * size, &s);
+        for (int t = 0; t < T; t++) k_token(type, &s, x + t * n_sb + i, &acc[t], &accm[t]);
+    }
+    for (int t = 0; t < T; t++) {
+        a->acc[t] = acc[t];
+        a->accm[t] = accm[t];
+    }
+}
+
+/* One row against one token, all its super-blocks: the same FMAs as a span of T = 1 from zero */
+INLINE float k_dot(const int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
+    const size_t size = type == PI_Q4_K ? sizeof(block_q4_K) : type == PI_Q5_K ? sizeof(block_q5_K)
+                      : type == PI_Q6_K ? sizeof(block_q6_K) : type == PI_Q2_K ? sizeof(block_q2_K)
+                      : sizeof(block_q3_K);
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n_sb; i++, x++) {
-        const block_q2_K *b = (const block_q2_K *)(row + i * sizeof(block_q2_K));
-        const __m128i sm = _mm_loadu_si128((const __m128i *)b->scales);
-        const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(15)));
-        __m512i z0, z1, z2, z3;
-        q2_planes(b->qs, &z0, &z1);
-        q2_planes(b->qs + 32, &z2, &z3);
-        const __m512i isum = scale_groups16(_mm512_setzero_si512(),
-                                            _mm256_cvtepu8_epi16(_mm_and_si128(sm, _mm_set1_epi8(15))),
-                                            dot4(z0, x->qs), dot4(z1, x->qs + 64), dot4(z2, x->qs + 128),
-                                            dot4(z3, x->qs + 192));
-        const float dx = x->d;
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dx * pi_h2f(b->d)), acc);
-        const __m256i pm = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), m16);
-        accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pm), _mm256_set1_ps(dx * pi_h2f(b->dmin)), accm);
+    for (int64_t i = 0; i < n_sb; i++) {
+        ksb s;
+        k_unpack(type, row + i * size, &s);
+        k_token(type, &s, x + i, &acc, &accm);
     }
-    return hsum(acc, accm);
+    return k_has_min(type) ? hsum(acc, accm) : _mm512_reduce_add_ps(acc);
 }
 
-static float dot_q3k(const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n_sb; i++, x++) {
-        const block_q3_K *b = (const block_q3_K *)(row + i * sizeof(block_q3_K));
-        /* the 16 scales: low nibbles from bytes 0..7 (group g < 8: low, else high nibble of byte g % 8), two
-         * high bits from bytes 8..11 (bits 2(g / 4) of byte 8 + g % 4); 16 bytes loaded ending at the block's
-         * last scale byte (never past the block), then shifted down */
-        const __m128i raw = _mm_srli_si128(_mm_loadu_si128((const __m128i *)(b->scales - 4)), 4);
-        const __m128i nib = _mm_unpacklo_epi64(_mm_and_si128(raw, _mm_set1_epi8(15)),
-                                               _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
-        const __m128i top = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(raw, 0xaa), _mm_setr_epi32(0, 2, 4, 6)),
-                                          _mm_set1_epi8(3));
-        const __m256i sc = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_or_si128(nib, _mm_slli_epi16(top, 4))),
-                                            _mm256_set1_epi16(32));
-        /* -4 * sum_g s_g * bsum_g, in the low 8 lanes */
-        const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)x->bsums)), 2);
-        const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b->hmask));
-        __m512i z[4];
-        q2_planes(b->qs, &z[0], &z[1]);
-        q2_planes(b->qs + 32, &z[2], &z[3]);
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) { /* bit 2c (low half) or 2c + 1 (high half) of hmask[l] adds 4 */
-            const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * c))),
-                                                   _mm256_set1_epi8((char)(1 << (2 * c + 1))), 1);
-            z[c] = _mm512_mask_add_epi8(z[c], _mm512_test_epi8_mask(h, bit), z[c], _mm512_set1_epi8(4));
-        }
-        const __m512i isum = scale_groups16(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(corr)), sc,
-                                            dot4(z[0], x->qs), dot4(z[1], x->qs + 64), dot4(z[2], x->qs + 128),
-                                            dot4(z[3], x->qs + 192));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(x->d * pi_h2f(b->d)), acc);
+#define K_SPAN_FN(name, dname, TYPE)                                                                           \
+    static void name(const uint8_t *row, const block_q8_K *x, int64_t n_sb, int64_t i0, int64_t i1, kacc *a) { \
+        k_span(TYPE, row, x, n_sb, i0, i1, KT, a);                                                            \
+    }                                                                                                         \
+    static float dname(const uint8_t *row, const block_q8_K *x, int64_t n_sb) { return k_dot(TYPE, row, x, n_sb); }
+K_SPAN_FN(span_q2k, dot_q2k, PI_Q2_K)
+K_SPAN_FN(span_q3k, dot_q3k, PI_Q3_K)
+K_SPAN_FN(span_q4k, dot_q4k, PI_Q4_K)
+K_SPAN_FN(span_q5k, dot_q5k, PI_Q5_K)
+K_SPAN_FN(span_q6k, dot_q6k, PI_Q6_K)
+
+/* A tile: KT tokens */
+static void row_span(int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb, int64_t i0, int64_t i1,
+                     kacc *a) {
+    switch (type) {
+    case PI_Q2_K: span_q2k(row, x, n_sb, i0, i1, a); return;
+    case PI_Q3_K: span_q3k(row, x, n_sb, i0, i1, a); return;
+    case PI_Q5_K: span_q5k(row, x, n_sb, i0, i1, a); return;
+    case PI_Q6_K: span_q6k(row, x, n_sb, i0, i1, a); return;
+    default: span_q4k(row, x, n_sb, i0, i1, a); return;
     }
-    return _mm512_reduce_add_ps(acc);
 }
 
 static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
-    if (type == PI_Q2_K) return dot_q2k(row, x, n_sb);
-    if (type == PI_Q3_K) return dot_q3k(row, x, n_sb);
-    if (type == PI_Q6_K) return dot_q6k(row, x, n_sb);
-    return type == PI_Q5_K ? dot_q45k(row, x, n_sb, 1) : dot_q45k(row, x, n_sb, 0);
+    switch (type) {
+    case PI_Q2_K: return dot_q2k(row, x, n_sb);
+    case PI_Q3_K: return dot_q3k(row, x, n_sb);
+    case PI_Q5_K: return dot_q5k(row, x, n_sb);
+    case PI_Q6_K: return dot_q6k(row, x, n_sb);
+    default: return dot_q4k(row, x, n_sb);
+    }
 }
+
+static void kacc_zero(kacc *a) {
+    for (int t = 0; t < KT; t++) {
+        a->acc[t] = _mm512_setzero_ps();
+        a->accm[t] = _mm256_setzero_ps();
+    }
+}
+
+static float kacc_sum(int type, const kacc *a, int t) {
+    return k_has_min(type) ? hsum(a->acc[t], a->accm[t]) : _mm512_reduce_add_ps(a->acc[t]);
+}
+
 #else
 static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
     const int64_t size = pi_row_size(type, QK_K);
@@ -337,11 +465,38 @@ static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t 
 #endif
 
 /* ==== driver ========================================================================================== */
-static void mk_chunk(void *ctx, int64_t chunk, int thread_id) {
-    (void)thread_id;
-    const mk_job *j = ctx;
-    const int64_t r_beg = chunk * j->rows_per_chunk;
-    const int64_t r_end = r_beg + j->rows_per_chunk < j->n_out ? r_beg + j->rows_per_chunk : j->n_out;
+#if defined(MK_AVX512)
+/* Rows r_beg .. r_end - 1: blocks of RB rows, each against the tokens KT at a time; within a block the rows'
+ * super-blocks go in spans of SPAN, all RB rows per span, so the span's activations (KT x SPAN x 292 bytes,
+ * ~19 KB) stay in L1 while the rows use them. Tokens left over after the last full tile of KT (and decode)
+ * take one row at a time: the same FMAs per (row, token) as in a tile, so the same bits. */
+static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end) {
+    const int64_t n_sb = j->n_sb, n_full = j->n_tok / KT * KT;
+    kacc a[RB];
+    for (int64_t rb = r_beg; rb < r_end; rb += RB) {
+        const int64_t nr = r_end - rb < RB ? r_end - rb : RB;
+        for (int64_t tb = 0; tb < n_full; tb += KT) {
+            const block_q8_K *x = j->xq + tb * n_sb;
+            for (int64_t r = 0; r < nr; r++) kacc_zero(&a[r]);
+            for (int64_t i0 = 0; i0 < n_sb; i0 += SPAN) {
+                const int64_t i1 = i0 + SPAN < n_sb ? i0 + SPAN : n_sb;
+                for (int64_t r = 0; r < nr; r++) {
+                    const int64_t o = rb + r;
+                    row_span(j->type, j->w + (j->sel ? j->sel[o] : o) * j->row_bytes, x, n_sb, i0, i1, &a[r]);
+                }
+            }
+            for (int64_t r = 0; r < nr; r++)
+                for (int u = 0; u < KT; u++) j->y[(tb + u) * j->n_out + rb + r] = kacc_sum(j->type, &a[r], u);
+        }
+        for (int64_t r = 0; r < nr; r++) {
+            const int64_t o = rb + r;
+            const uint8_t *row = j->w + (j->sel ? j->sel[o] : o) * j->row_bytes;
+            for (int64_t t = n_full; t < j->n_tok; t++) j->y[t * j->n_out + o] = dot_row(j->type, row, j->xq + t * n_sb, n_sb);
+        }
+    }
+}
+#else
+static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end) {
     for (int64_t tb = 0; tb < j->n_tok; tb += TOK_BLOCK) {
         const int64_t te = tb + TOK_BLOCK < j->n_tok ? tb + TOK_BLOCK : j->n_tok;
         for (int64_t r = r_beg; r < r_end; r++) {
@@ -349,6 +504,14 @@ static void mk_chunk(void *ctx, int64_t chunk, int thread_id) {
             for (int64_t t = tb; t < te; t++) j->y[t * j->n_out + r] = dot_row(j->type, row, j->xq + t * j->n_sb, j->n_sb);
         }
     }
+}
+#endif
+
+static void mk_chunk(void *ctx, int64_t chunk, int thread_id) {
+    (void)thread_id;
+    const mk_job *j = ctx;
+    const int64_t r_beg = chunk * j->rows_per_chunk;
+    mk_rows(j, r_beg, r_beg + j->rows_per_chunk < j->n_out ? r_beg + j->rows_per_chunk : j->n_out);
 }
 
 void pi_matmul_k(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *rows, int64_t n_rows,
