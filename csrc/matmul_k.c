@@ -47,6 +47,12 @@
 #define SPAN 8 /* super-blocks per span (AVX-512 prefill) */
 #endif
 #define RB 16 /* rows per block (AVX-512 prefill) */
+#ifndef PF_LOC
+#define PF_LOC 3 /* __builtin_prefetch locality: 3 = into L1 (L2 hints measured no better) */
+#endif
+#ifndef PF_ROWS
+#define PF_ROWS 2 /* decode row gathers: rows requested ahead */
+#endif
 
 typedef struct {
     int type;
@@ -474,6 +480,13 @@ static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t 
 #endif
 
 /* ==== driver ========================================================================================== */
+/* A row gather one token at a time (decode) reads scattered rows of a few KB: each would start with a cache
+ * miss the hardware prefetcher cannot foresee, so the row PF_ROWS ahead is requested whole */
+static inline void prefetch_row(const mk_job *j, int64_t i) {
+    const uint8_t *p = j->w + i * j->row_bytes;
+    for (int64_t o = 0; o < j->row_bytes; o += 64) __builtin_prefetch(p + o, 0, PF_LOC);
+}
+
 #if defined(MK_AVX512)
 /* Rows r_beg .. r_end - 1: blocks of RB rows, each against the tokens KT at a time; within a block the rows'
  * super-blocks go in spans of SPAN, all RB rows per span, so the span's activations (KT x SPAN x 292 bytes,
@@ -481,6 +494,8 @@ static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t 
  * take one row at a time: the same FMAs per (row, token) as in a tile, so the same bits. */
 static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end) {
     const int64_t n_sb = j->n_sb, n_full = j->n_tok / KT * KT;
+    if (j->sel && n_full < j->n_tok)
+        for (int64_t o = r_beg; o < r_beg + PF_ROWS && o < r_end; o++) prefetch_row(j, j->sel[o]);
     kacc a[RB];
     for (int64_t rb = r_beg; rb < r_end; rb += RB) {
         const int64_t nr = r_end - rb < RB ? r_end - rb : RB;
@@ -497,8 +512,10 @@ static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end) {
             for (int64_t r = 0; r < nr; r++)
                 for (int u = 0; u < KT; u++) j->y[(tb + u) * j->n_out + rb + r] = kacc_sum(j->type, &a[r], u);
         }
+        if (n_full == j->n_tok) continue;
         for (int64_t r = 0; r < nr; r++) {
             const int64_t o = rb + r;
+            if (j->sel && o + PF_ROWS < r_end) prefetch_row(j, j->sel[o + PF_ROWS]);
             const uint8_t *row = j->w + (j->sel ? j->sel[o] : o) * j->row_bytes;
             for (int64_t t = n_full; t < j->n_tok; t++) j->y[t * j->n_out + o] = dot_row(j->type, row, j->xq + t * n_sb, n_sb);
         }
@@ -509,6 +526,7 @@ static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end) {
     for (int64_t tb = 0; tb < j->n_tok; tb += TOK_BLOCK) {
         const int64_t te = tb + TOK_BLOCK < j->n_tok ? tb + TOK_BLOCK : j->n_tok;
         for (int64_t r = r_beg; r < r_end; r++) {
+            if (j->sel && r + PF_ROWS < r_end) prefetch_row(j, j->sel[r + PF_ROWS]);
             const uint8_t *row = j->w + (j->sel ? j->sel[r] : r) * j->row_bytes;
             for (int64_t t = tb; t < te; t++) j->y[t * j->n_out + r] = dot_row(j->type, row, j->xq + t * j->n_sb, j->n_sb);
         }
