@@ -190,6 +190,23 @@ def test_k_quant_matmul_is_exact_integer_arithmetic(kernels, ggml_type):
     np.testing.assert_array_equal(kernels.matmul(w, -x), (-x.astype(np.float64) @ wv.T).astype(np.float32))
 
 
+@pytest.mark.parametrize("ggml_type", K_TYPES, ids=lambda t: t.name)
+def test_k_quant_prefill_tiles_give_decode_bits(kernels, ggml_type):
+    """Prefill runs K-quant rows in blocks of 16 against tiles of 8 tokens and spans of 8 super-blocks, the
+    running sums stored between spans (matmul_k.c); decode runs each row whole. A shape with partial row
+    blocks, several spans with a partial one (19 super-blocks) and tokens left over after the full tiles
+    (8 + 8 + 3) must give every (row, token) the bits of the one-token call, dense and gathered."""
+    n_rows, n_cols, n_tok = 37, 19 * 256, 19
+    w = make_weight(ggml_type, n_rows, n_cols, seed=3)
+    x = np.random.default_rng(4).standard_normal((n_tok, n_cols), dtype=np.float32)
+    y = kernels.matmul(w, x)
+    want = np.stack([kernels.matmul(w, x[t]) for t in range(n_tok)])
+    np.testing.assert_array_equal(y, want)
+    assert (np.abs(y.astype(np.float64) - ref.matmul(w, x)) <= error_bound(w, x)).all()
+    rows = np.array([0, 3, 4, 17, 18, 19, 20, 33, 36], np.int32)
+    np.testing.assert_array_equal(kernels.matmul_rows(w, rows, x), want[:, rows])
+
+
 def test_q8_K_activation_quantization():
     """llama.cpp's Q8_K: iscale = -127 / (first element of largest magnitude, sign kept), q = min(127,
     round-half-even(iscale * x)), d = 1 / iscale, bsums = sums of 16; an all-zero block has d = 0."""
