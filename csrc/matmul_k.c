@@ -40,19 +40,10 @@
 
 #define ROW_BLOCK 16 /* rows per chunk granule */
 #define TOK_BLOCK 16 /* scalar: tokens per pass over a row (its super-blocks stay in L1) */
-#ifndef KT
-#define KT 8 /* tokens per tile: a super-block is unpacked once per KT tokens */
-#endif
-#ifndef SPAN
-#define SPAN 8 /* super-blocks per span (AVX-512 prefill) */
-#endif
-#define RB 16 /* rows per block (AVX-512 prefill) */
-#ifndef PF_LOC
-#define PF_LOC 3 /* __builtin_prefetch locality: 3 = into L1 (L2 hints measured no better) */
-#endif
-#ifndef PF_ROWS
-#define PF_ROWS 2 /* decode row gathers: rows requested ahead */
-#endif
+#define KT 8      /* AVX-512 prefill: tokens per tile (a super-block is unpacked once per KT tokens) */
+#define SPAN 8    /* AVX-512 prefill: super-blocks per span */
+#define RB 16     /* AVX-512 prefill: rows per block */
+#define PF_ROWS 2 /* one-token row gathers: rows requested ahead (1-8 and L2-only hints measured alike) */
 
 typedef struct {
     int type;
@@ -323,6 +314,11 @@ INLINE void token_q23k(const ksb *s, const block_q8_K *x, __m512 *acc, __m256 *a
     }
 }
 
+INLINE size_t k_block_size(const int type) { /* a compile-time constant where type is one */
+    return type == PI_Q4_K ? sizeof(block_q4_K) : type == PI_Q5_K ? sizeof(block_q5_K)
+         : type == PI_Q6_K ? sizeof(block_q6_K) : type == PI_Q2_K ? sizeof(block_q2_K) : sizeof(block_q3_K);
+}
+
 INLINE int k_has_min(const int type) { return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q2_K; }
 
 INLINE void k_unpack(const int type, const uint8_t *blk, ksb *s) {
@@ -343,36 +339,32 @@ typedef struct {
     __m256 accm[KT];
 } kacc;
 
-/* Super-blocks i0 .. i1 - 1 of one row against T tokens (x: token 0's super-blocks, each next token's n_sb
+/* Super-blocks i0 .. i1 - 1 of one row against KT tokens (x: token 0's super-blocks, each next token's n_sb
  * later), continuing the sums in a. Whether a row's super-blocks run in one span or several, each sum sees
  * the same FMAs in the same order. */
 INLINE void k_span(const int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb, int64_t i0, int64_t i1,
-                   const int T, kacc *a) {
-    const size_t size = type == PI_Q4_K ? sizeof(block_q4_K) : type == PI_Q5_K ? sizeof(block_q5_K)
-                      : type == PI_Q6_K ? sizeof(block_q6_K) : type == PI_Q2_K ? sizeof(block_q2_K)
-                      : sizeof(block_q3_K);
+                   kacc *a) {
+    const size_t size = k_block_size(type);
     __m512 acc[KT];
     __m256 accm[KT];
-    for (int t = 0; t < T; t++) {
+    for (int t = 0; t < KT; t++) {
         acc[t] = a->acc[t];
         accm[t] = a->accm[t];
     }
     for (int64_t i = i0; i < i1; i++) {
         ksb s;
         k_unpack(type, row + i * size, &s);
-        for (int t = 0; t < T; t++) k_token(type, &s, x + t * n_sb + i, &acc[t], &accm[t]);
+        for (int t = 0; t < KT; t++) k_token(type, &s, x + t * n_sb + i, &acc[t], &accm[t]);
     }
-    for (int t = 0; t < T; t++) {
+    for (int t = 0; t < KT; t++) {
         a->acc[t] = acc[t];
         a->accm[t] = accm[t];
     }
 }
 
-/* One row against one token, all its super-blocks: the same FMAs as a span of T = 1 from zero */
+/* One row against one token, all its super-blocks: per token the same FMAs as in k_span */
 INLINE float k_dot(const int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
-    const size_t size = type == PI_Q4_K ? sizeof(block_q4_K) : type == PI_Q5_K ? sizeof(block_q5_K)
-                      : type == PI_Q6_K ? sizeof(block_q6_K) : type == PI_Q2_K ? sizeof(block_q2_K)
-                      : sizeof(block_q3_K);
+    const size_t size = k_block_size(type);
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < n_sb; i++) {
@@ -385,7 +377,7 @@ INLINE float k_dot(const int type, const uint8_t *row, const block_q8_K *x, int6
 
 #define K_SPAN_FN(name, dname, TYPE)                                                                           \
     static void name(const uint8_t *row, const block_q8_K *x, int64_t n_sb, int64_t i0, int64_t i1, kacc *a) { \
-        k_span(TYPE, row, x, n_sb, i0, i1, KT, a);                                                            \
+        k_span(TYPE, row, x, n_sb, i0, i1, a);                                                            \
     }                                                                                                         \
     static float dname(const uint8_t *row, const block_q8_K *x, int64_t n_sb) { return k_dot(TYPE, row, x, n_sb); }
 K_SPAN_FN(span_q2k, dot_q2k, PI_Q2_K)
@@ -484,7 +476,7 @@ static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t 
  * miss the hardware prefetcher cannot foresee, so the row PF_ROWS ahead is requested whole */
 static inline void prefetch_row(const mk_job *j, int64_t i) {
     const uint8_t *p = j->w + i * j->row_bytes;
-    for (int64_t o = 0; o < j->row_bytes; o += 64) __builtin_prefetch(p + o, 0, PF_LOC);
+    for (int64_t o = 0; o < j->row_bytes; o += 64) __builtin_prefetch(p + o);
 }
 
 #if defined(MK_AVX512)
@@ -494,8 +486,6 @@ static inline void prefetch_row(const mk_job *j, int64_t i) {
  * take one row at a time: the same FMAs per (row, token) as in a tile, so the same bits. */
 static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end) {
     const int64_t n_sb = j->n_sb, n_full = j->n_tok / KT * KT;
-    if (j->sel && n_full < j->n_tok)
-        for (int64_t o = r_beg; o < r_beg + PF_ROWS && o < r_end; o++) prefetch_row(j, j->sel[o]);
     kacc a[RB];
     for (int64_t rb = r_beg; rb < r_end; rb += RB) {
         const int64_t nr = r_end - rb < RB ? r_end - rb : RB;
