@@ -87,6 +87,10 @@ def _table(f: dict) -> Table:
         for label, key in _CONFIG_ROWS:
             value = f"{c['n_head']} / {c['n_head_kv']}" if key is None else c[key]
             t.add_row(label, str(value))
+        if c.get("n_expert"):
+            t.add_row("experts", f"{c['n_expert_used']} of {c['n_expert']} per token, {c['n_ff_exp']} wide"
+                      + (f", plus a shared expert {c['n_ff_shexp']} wide" if c["n_ff_shexp"] else "")
+                      + ("; router weights renormalized" if c["expert_weights_norm"] else ""))
         if c.get("attn_softcap") or c.get("final_softcap"):
             t.add_row("soft-capping", f"attention scores {c['attn_softcap']:g}, output logits {c['final_softcap']:g}")
         rs = f.get("rope_scaling")
@@ -112,7 +116,9 @@ def _table(f: dict) -> Table:
     t.add_row("CUDA backend", ("yes: " if f["cuda"]["available"] else "no: ") + f["cuda"]["reason"])
     a = f.get("activity")
     if a is not None:
-        if "note" in a:
+        if "expert_counts" in a:
+            t.add_row("experts run", f"{a['note']} ({a['tokens']} tokens of sample text)")
+        elif "note" in a:
             t.add_row("active neurons", f"all ({a['note']}; {a['tokens']} tokens run)")
         else:
             what = {"predictor": "predicted active", "threshold": "computed (above the cut-off)"}.get(a["mode"], "non-zero")

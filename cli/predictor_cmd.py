@@ -68,6 +68,7 @@ def train_predictor(
         raise fail(f"--format must be pwri or pt, got {fmt!r}")
     with user_errors(verbose):
         from powerinfer_py import load
+        from powerinfer_py.moe import require_dense_ffn
         from powerinfer_py.observe import calibration_tokens
         from powerinfer_py.predictor_fit import FitConfig, resolve_backend
         from powerinfer_py.predictor_out import write_pt, write_pwri
@@ -80,6 +81,7 @@ def train_predictor(
                         backend=resolve_backend(backend), threads=threads)
         t0 = time.perf_counter()
         with load(path, threads=threads, sparse="off") as llm:
+            require_dense_ffn(llm.config, "train-predictor")
             cuts = label_cuts(llm.config, sparsity, model)
             if cuts is not None:
                 stderr.print(f"{llm.config.arch}: no exact zeros; a neuron counts as active where |act(gate)| >= the "

@@ -45,6 +45,7 @@ def profile(
     """Record how often each FFN neuron fires per layer (and the |activation| distribution) over a text."""
     with user_errors(verbose):
         from powerinfer_py import load
+        from powerinfer_py.moe import require_dense_ffn
         from powerinfer_py.plot import frequency_plot
         from powerinfer_py.profile import profile_model, write_profile
 
@@ -52,6 +53,7 @@ def profile(
         path = model_path(model)
         t0 = time.perf_counter()
         with load(path, threads=threads, sparse="off") as llm:
+            require_dense_ffn(llm.config, "profile")
             if content is None:
                 stderr.print(f"no --text: sampling {tokens or 1024} calibration tokens from the model itself "
                              f"(temperature 0.8, seed {seed})")

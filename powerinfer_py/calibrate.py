@@ -200,7 +200,9 @@ def calibrate(model: str | os.PathLike, out: str | os.PathLike, sparsity: float,
     say = on_progress or (lambda msg: None)
     with load(model, threads=threads, n_ctx=max(ctx, 2), sparse="off") as llm:
         from .ffn import ffn_variant
+        from .moe import require_dense_ffn
 
+        require_dense_ffn(llm.config, "calibrate")
         variant = ffn_variant(llm.config)
         if variant not in THRESHOLD_VARIANTS:
             raise UnsupportedError(f"calibrate is for SwiGLU/GeGLU models; this {llm.config.arch} model's FFN is "

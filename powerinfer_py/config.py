@@ -20,10 +20,16 @@ Per architecture:
   bamboo  the llama block (Mistral shape, GQA, normal RoPE) with a dReLU FFN
   falcon  LayerNorm with biases, fused attn_qkv, NeoX RoPE, parallel attention + MLP, no ffn_norm
   opt     LayerNorm with biases, biases on every projection, learned positions (no RoPE), ReLU FFN
+  qwen3moe, qwen2moe  qwen3 / qwen2 with a mixture-of-experts FFN (below); qwen2moe adds a shared expert
   phi3    the llama block with fused attn_qkv and gate+up, NeoX RoPE (partial: n_rot < head_dim on Phi-4-mini);
           long-context files carry rope_factors_long/short (used when n_ctx > rope.scaling.original_context_length
           / otherwise) and rope.scaling.attn_factor, which scales the rotated dims of q and k (llama.cpp's
           mscale); phi3.attention.sliding_window is ignored, as llama.cpp does
+Mixture of experts (qwen3moe, qwen2moe, and llama files with experts: Mixtral): {arch}.expert_count experts, of
+which {arch}.expert_used_count run per token; each expert's FFN width is {arch}.expert_feed_forward_length
+(llama files: feed_forward_length); qwen2moe's shared expert is {arch}.expert_shared_feed_forward_length wide.
+Router weights are renormalized over the chosen experts for llama and qwen3moe, not for qwen2moe, as llama.cpp
+does (moe.py has the arithmetic).
 PowerInfer files (magic PWRI) add is_sparse, powerinfer.sparse_threshold and per-layer predictor ranks.
 FFN activation (hidden_act, written by our converter as powerinfer.hidden_act / powerinfer.hidden_act_param):
 "silu", "relu", "fatrelu" (x if x > hidden_act_param else 0) or "gelu". Defaults when the key is absent:
@@ -52,13 +58,16 @@ from typing import Any
 from .errors import ModelFileError, UnsupportedError
 from .gguf.reader import GGUFFile
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "bamboo", "falcon", "opt", "phi3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "bamboo", "falcon",
+                   "opt", "phi3")
+MOE_ARCHS = ("qwen2moe", "qwen3moe")  # always mixture-of-experts; llama files are when they carry expert_count
+_MOE_NORM_WEIGHTS = {"llama": True, "qwen3moe": True, "qwen2moe": False}  # renormalize the chosen experts' weights
 
 GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")  # scaled embeddings, GeGLU FFN, the "gemma" chat format
-_NEOX_ARCHS = {"qwen2", "qwen3", "gemma", "gemma2", "gemma3", "falcon", "phi3"}
-_YARN_ARCHS = ("llama", "qwen2", "qwen3")  # their models take per-pair RoPE factors and a scale (models/base.py)
+_NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "falcon", "phi3"}
+_YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe")  # their models take per-pair RoPE factors and a scale (models/base.py)
 _LAYERNORM_ARCHS = {"falcon", "opt"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
-_DEFAULT_FREQ_BASE = {"qwen2": 1_000_000.0}
+_DEFAULT_FREQ_BASE = {"qwen2": 1_000_000.0, "qwen2moe": 1_000_000.0}
 HIDDEN_ACTS = ("silu", "relu", "fatrelu", "gelu")
 GEMMA3_SWA_PERIOD = 6  # every 6th layer (il % 6 == 5) is global
 GEMMA3_FREQ_BASE_SWA = 10_000.0
@@ -114,6 +123,11 @@ class ModelConfig:
     rope_attn_factor: float = 1.0  # phi3: rope.scaling.attn_factor, multiplies the rotated dims of q and k
     attn_softcap: float = 0.0  # gemma2: attention scores s -> cap * tanh(s / cap) before the softmax; 0 = off
     final_softcap: float = 0.0  # gemma2: output logits l -> cap * tanh(l / cap); 0 = off
+    n_expert: int = 0  # mixture of experts: experts per layer (0: a dense FFN)
+    n_expert_used: int = 0  # experts each token runs
+    n_ff_exp: int = 0  # one expert's FFN width
+    n_ff_shexp: int = 0  # qwen2moe: the shared expert's FFN width (0: none)
+    expert_weights_norm: bool = False  # the chosen experts' router weights are divided by their sum
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
@@ -257,6 +271,26 @@ class _Reader:
             out[field] = cap
         return out
 
+    def experts(self) -> dict:
+        """The mixture-of-experts fields of ModelConfig (n_expert ...), or {} for a dense FFN."""
+        n_expert = self.get("{arch}.expert_count", 0)
+        if self.arch not in MOE_ARCHS and n_expert == 0:
+            return {}
+        if self.arch not in _MOE_NORM_WEIGHTS:
+            raise UnsupportedError(f"{self.f.path}: mixture-of-experts {self.arch} files are not supported "
+                                   f"(experts run for {', '.join(_MOE_NORM_WEIGHTS)})")
+        if self.f.is_sparse:
+            raise UnsupportedError(f"{self.f.path}: a PowerInfer (PWRI) file with experts is not supported")
+        n_expert = self.positive("{arch}.expert_count")
+        n_used = self.positive("{arch}.expert_used_count")
+        if n_used > n_expert:
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.expert_used_count')} {n_used} exceeds "
+                                 f"{self.key('{arch}.expert_count')} {n_expert}")
+        width_key = "{arch}.feed_forward_length" if self.arch == "llama" else "{arch}.expert_feed_forward_length"
+        return {"n_expert": n_expert, "n_expert_used": n_used, "n_ff_exp": self.positive(width_key),
+                "n_ff_shexp": self.positive("{arch}.expert_shared_feed_forward_length") if self.arch == "qwen2moe" else 0,
+                "expert_weights_norm": _MOE_NORM_WEIGHTS[self.arch]}
+
     def predictor_ranks(self, n_layer: int) -> tuple[int, ...]:
         if not self.f.is_sparse:
             return ()
@@ -346,7 +380,9 @@ class _Reader:
         threshold = self.get("powerinfer.sparse_threshold", 0.0, kind=float) if self.f.is_sparse else 0.0
         hidden_act, hidden_act_param = self.hidden_act()
         calibrated, ffn_thresholds, ffn_quantiles = self.calibration(n_layer)
-        n_ff = self.positive("{arch}.feed_forward_length")
+        moe = self.experts()
+        # MoE files may leave out the dense width (unused there): the experts' width stands in for it
+        n_ff = self.positive("{arch}.feed_forward_length", moe.get("n_ff_exp") or None)
         n_ctx_train = self.positive("{arch}.context_length")
         rope_scale, rope_factors, rope_mscale = self.rope_scaling(n_rot, freq_base, n_ctx_train)
         return ModelConfig(
@@ -385,6 +421,7 @@ class _Reader:
             rope_mscale=rope_mscale,
             **self.phi3_rope(),
             **self.softcaps(),
+            **moe,
         )
 
     def phi3_rope(self) -> dict:

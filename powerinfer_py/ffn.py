@@ -126,6 +126,10 @@ def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: floa
         mode = default_mode(config)
     if mode not in MODES:
         raise UnsupportedError(f"unknown sparse mode {mode!r}; one of {', '.join(MODES)}")
+    if config.n_expert and mode != "off":
+        raise UnsupportedError(f"sparse mode {mode!r} is for dense FFNs; this {config.arch} model is a mixture of "
+                               f"experts (each token already runs only {config.n_expert_used} of its "
+                               f"{config.n_expert} experts): use 'off'")
     variant = ffn_variant(config)
     if mode == "predictor" and not config.is_sparse:
         raise UnsupportedError("sparse mode 'predictor' needs a PowerInfer (PWRI) file with predictors; this "

@@ -19,7 +19,7 @@ from gguf import GGUFValueType
 from .gguf import write_gguf
 from .tensor import GGMLType, Tensor
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3")
+ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "phi3")
 _GEMMA = ("gemma", "gemma2", "gemma3")
 DTYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "bf16": GGMLType.BF16,
           "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
@@ -40,8 +40,8 @@ put years different away again off went old number hello world story once upon c
 red blue green big small happy sad run walk talk say""".split()
 # With a tied head, large embeddings make every token predict itself (the residual stream is mostly its own
 # embedding): tied models get small embeddings; Gemma's are also multiplied by sqrt(n_embd) in the model.
-_EMBD_STD = {"llama": 1.0, "qwen2": 0.1, "qwen3": 0.1, "gemma": 0.4, "gemma2": 0.4, "gemma3": 0.4, "phi3": 1.0}
-_OUTPUT_NORM_GAIN = {"llama": 1.0, "qwen2": 3.0, "qwen3": 3.0, "gemma": 6.0, "gemma2": 6.0, "gemma3": 6.0,
+_EMBD_STD = {"llama": 1.0, "qwen2": 0.1, "qwen3": 0.1, "qwen2moe": 1.0, "qwen3moe": 0.1, "gemma": 0.4, "gemma2": 0.4, "gemma3": 0.4, "phi3": 1.0}
+_OUTPUT_NORM_GAIN = {"llama": 1.0, "qwen2": 3.0, "qwen3": 3.0, "qwen2moe": 3.0, "qwen3moe": 3.0, "gemma": 6.0, "gemma2": 6.0, "gemma3": 6.0,
                      "phi3": 1.0}
 _CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()") + [SPACE]
 
@@ -106,7 +106,8 @@ class _Spec:
         o = dict(overrides)
         # Gemma, qwen3: a head_dim that differs from n_embd / n_head, as on the real models (the Q rows
         # n_head * head_dim then differ from n_embd, which exercises the key_length path)
-        self.head_dim = o.pop("head_dim", 2 * n_embd // n_head if gemma or arch == "qwen3" else n_embd // n_head)
+        self.head_dim = o.pop("head_dim", 2 * n_embd // n_head if gemma or arch in ("qwen3", "qwen3moe")
+                              else n_embd // n_head)
         self.n_ctx_train = o.pop("n_ctx_train", 512)
         self.norm_eps = o.pop("norm_eps", 1e-5 if arch in ("llama", "phi3") else 1e-6)
         self.rope_freq_base = o.pop("rope_freq_base", 10000.0 if arch in ("llama", "phi3") else 1_000_000.0)
@@ -114,7 +115,7 @@ class _Spec:
         self.sliding_window = o.pop("sliding_window", 4 if arch in ("gemma2", "gemma3", "phi3") else 0)
         # gemma2's soft-caps ({arch}.attn_logit_softcapping, final_logit_softcapping; None: key left out)
         self.softcaps = (o.pop("attn_softcap", 50.0), o.pop("final_softcap", 30.0)) if arch == "gemma2" else ()
-        self.tied = o.pop("tied", arch not in ("llama", "phi3"))
+        self.tied = o.pop("tied", arch not in ("llama", "phi3", "qwen2moe"))  # llama.cpp's qwen2moe needs output
         self.phi3 = _phi3_options(arch, self.head_dim, o)
         self.bias_std = o.pop("bias_std", 0.5)
         self.embd_std = o.pop("embd_std", _EMBD_STD[arch] if not gemma else _EMBD_STD[arch] / np.sqrt(n_embd))
@@ -126,10 +127,32 @@ class _Spec:
             if arch != "llama" or self.rope_freqs.shape != (self.head_dim // 2,):
                 raise ValueError(f"rope_freqs: a llama model takes {self.head_dim // 2} factors "
                                  f"(head_dim / 2); got {self.rope_freqs.shape[0]} for {arch}")
+        # mixture of experts: (n_expert, n_expert_used, expert width, shared expert width) or () for a dense FFN
+        n_expert = o.pop("n_expert", 4 if arch.endswith("moe") else 0)
+        if arch.endswith("moe") and not n_expert:
+            raise ValueError(f"{arch} needs n_expert > 0")
+        if n_expert and arch not in ("llama", "qwen2moe", "qwen3moe"):
+            raise ValueError(f"experts are written for llama, qwen2moe and qwen3moe, not {arch}")
+        self.moe = ((n_expert, o.pop("n_expert_used", 2), o.pop("n_ff_exp", n_ff),
+                     o.pop("n_ff_shexp", n_ff if arch == "qwen2moe" else 0)) if n_expert else ())
         if o:
             raise TypeError(f"unknown synthetic model option(s): {', '.join(sorted(o))}")
         if n_head % n_head_kv:
             raise ValueError(f"n_head {n_head} must be a multiple of n_head_kv {n_head_kv}")
+
+    def experts(self, p: str, rng: np.random.Generator, linear, norm) -> list[tuple[str, np.ndarray]]:
+        """One layer's mixture-of-experts tensors: router, 3-D expert stacks, qwen2moe's shared expert."""
+        E, (n_expert, _, F, F_sh) = self.n_embd, self.moe
+        out = [(p + "ffn_gate_inp.weight", 2.0 * linear(n_expert, E)),  # clear but not one-hot routing
+               (p + "ffn_gate_exps.weight", np.stack([linear(F, E) for _ in range(n_expert)])),
+               (p + "ffn_up_exps.weight", np.stack([linear(F, E) for _ in range(n_expert)])),
+               (p + "ffn_down_exps.weight", np.stack([linear(E, F) for _ in range(n_expert)]))]
+        if F_sh:
+            out += [(p + "ffn_gate_inp_shexp.weight", rng.standard_normal(E, dtype=np.float32) / np.float32(np.sqrt(E))),
+                    (p + "ffn_gate_shexp.weight", linear(F_sh, E)),
+                    (p + "ffn_up_shexp.weight", linear(F_sh, E)),
+                    (p + "ffn_down_shexp.weight", linear(E, F_sh))]
+        return out
 
     def metadata(self, dtype: str) -> tuple[dict, dict]:
         a = self.arch
@@ -141,7 +164,7 @@ class _Spec:
             f"{a}.context_length": self.n_ctx_train,
             f"{a}.embedding_length": self.n_embd,
             f"{a}.block_count": self.n_layer,
-            f"{a}.feed_forward_length": self.n_ff,
+            f"{a}.feed_forward_length": self.moe[2] if self.moe and a == "llama" else self.n_ff,
             f"{a}.attention.head_count": self.n_head,
             f"{a}.attention.head_count_kv": self.n_head_kv,
             f"{a}.attention.layer_norm_rms_epsilon": float(self.norm_eps),
@@ -150,6 +173,12 @@ class _Spec:
             f"{a}.attention.key_length": self.head_dim,
             f"{a}.attention.value_length": self.head_dim,
         }
+        if self.moe:
+            meta[f"{a}.expert_count"], meta[f"{a}.expert_used_count"] = self.moe[0], self.moe[1]
+            if a != "llama":
+                meta[f"{a}.expert_feed_forward_length"] = self.moe[2]
+            if self.moe[3]:
+                meta[f"{a}.expert_shared_feed_forward_length"] = self.moe[3]
         if self.sliding_window:
             meta[f"{a}.attention.sliding_window"] = self.sliding_window
         for key, cap in zip(("attn_logit_softcapping", "final_logit_softcapping"), self.softcaps):
@@ -205,18 +234,21 @@ class _Spec:
                     (p + "attn_q.weight", linear(q_dim, E)),
                     (p + "attn_k.weight", linear(kv_dim, E)),
                     (p + "attn_v.weight", linear(kv_dim, E))]
-            if self.arch == "qwen2":
+            if self.arch in ("qwen2", "qwen2moe"):
                 out += [(p + f"attn_{x}.bias", self.bias_std * rng.standard_normal(d, dtype=np.float32))
                         for x, d in (("q", q_dim), ("k", kv_dim), ("v", kv_dim))]
-            if self.arch in ("gemma3", "qwen3"):
+            if self.arch in ("gemma3", "qwen3", "qwen3moe"):
                 out += [(p + "attn_q_norm.weight", norm(hd)), (p + "attn_k_norm.weight", norm(hd))]
             if self.arch == "phi3" and self.phi3["fused_qkv"]:  # one attn_qkv: rows [q | k | v]
                 out[-3:] = [(p + "attn_qkv.weight", np.concatenate([t for _, t in out[-3:]]))]
             out.append((p + "attn_output.weight", linear(E, q_dim)))
             if self.arch in ("gemma2", "gemma3"):
                 out.append((p + "post_attention_norm.weight", norm(E)))
-            out += [(p + "ffn_norm.weight", norm(E)),
-                    (p + "ffn_gate.weight", linear(F, E)),
+            out.append((p + "ffn_norm.weight", norm(E)))
+            if self.moe:
+                out += self.experts(p, rng, linear, norm)
+                continue
+            out += [(p + "ffn_gate.weight", linear(F, E)),
                     (p + "ffn_up.weight", linear(F, E)),
                     (p + "ffn_down.weight", linear(E, F))]
             if self.arch == "phi3":  # one ffn_up: rows [gate | up]
@@ -260,7 +292,9 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
     original_context_length); phi3: n_rot (rotated dims per head, default 3/4 of head_dim as on Phi-4-mini),
     rope_factors ((short, long), n_rot / 2 each, stored as rope_factors_short/long.weight), orig_ctx
     (rope.scaling.original_context_length, default 16), attn_factor (default 1.0), fused_qkv (default True: one
-    attn_qkv tensor; False: attn_q/k/v)."""
+    attn_qkv tensor; False: attn_q/k/v); mixture of experts (qwen2moe, qwen3moe, and llama as Mixtral): n_expert
+    (default 4 for the moe archs, 0 = dense), n_expert_used (default 2), n_ff_exp (an expert's width, default
+    n_ff; llama files store it as feed_forward_length), n_ff_shexp (qwen2moe's shared expert, default n_ff)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; synthetic models exist for {', '.join(ARCHS)}")
     if dtype not in DTYPES:
@@ -269,6 +303,7 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
     spec = _Spec(arch, n_layer, n_embd, n_ff, n_head, n_head_kv, n_vocab, overrides)
     metadata, types = spec.metadata(dtype)
     rng = np.random.default_rng(seed)
-    tensors = [_encode(name, x, DTYPES[dtype] if x.ndim == 2 else GGMLType.F32)
+    # 1-D tensors and the MoE router stay F32, as in llama.cpp's files; matrices and expert stacks take dtype
+    tensors = [_encode(name, x, DTYPES[dtype] if x.ndim >= 2 and "gate_inp" not in name else GGMLType.F32)
                for name, x in spec.weights(rng)]
     return write_gguf(path, metadata, tensors, types=types)

@@ -222,7 +222,7 @@ def default_builtin(arch: str, vocab_has: Callable[[str], bool]) -> str:
         return "gemma"
     if (arch == "phi3" or (vocab_has("<|assistant|>") and vocab_has("<|end|>"))) and not vocab_has("<|im_start|>"):
         return "phi-3"  # Phi-4 (14B) is arch phi3 too, with a ChatML-like vocabulary
-    if arch in ("qwen2", "qwen3") or vocab_has("<|im_start|>"):
+    if arch in ("qwen2", "qwen3", "qwen2moe", "qwen3moe") or vocab_has("<|im_start|>"):
         return "chatml"
     if vocab_has("<|eot_id|>"):
         return "llama-3"

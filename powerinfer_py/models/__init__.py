@@ -24,6 +24,8 @@ _FAMILIES = {
     "llama": (llama.LlamaModel, llama.expected_tensors),
     "qwen2": (qwen2.Qwen2Model, qwen2.expected_tensors),
     "qwen3": (qwen3.Qwen3Model, qwen3.expected_tensors),
+    "qwen2moe": (qwen2.Qwen2Model, qwen2.expected_tensors),  # the same blocks with experts (base.build_moe)
+    "qwen3moe": (qwen3.Qwen3Model, qwen3.expected_tensors),
     "gemma": (gemma.GemmaModel, gemma.expected_tensors),
     "gemma2": (gemma.Gemma2Model, gemma.expected_tensors),
     "gemma3": (gemma3.Gemma3Model, gemma3.expected_tensors),

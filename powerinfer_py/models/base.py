@@ -26,6 +26,7 @@ from ..ffn import (
     resolve_sparse,
 )
 from ..kv_cache import KVCache
+from ..moe import MoEFFN
 from ..tensor import Tensor
 
 Expected = dict[str, tuple[tuple[int, ...], bool]]  # name -> (shape in numpy order, required)
@@ -53,9 +54,28 @@ def llama_like_expected(c: ModelConfig) -> Expected:
         e[p + "attn_v.weight"] = ((kv_dim, c.n_embd), True)
         e[p + "attn_output.weight"] = ((c.n_embd, q_dim), True)
         e[p + "ffn_norm.weight"] = ((c.n_embd,), True)
+        if c.n_expert:
+            e.update(moe_expected(c, p))
+            continue
         e[p + "ffn_gate.weight"] = ((c.n_ff, c.n_embd), True)
         e[p + "ffn_up.weight"] = ((c.n_ff, c.n_embd), True)
         e[p + "ffn_down.weight"] = ((c.n_embd, c.n_ff), True)
+    return e
+
+
+def moe_expected(c: ModelConfig, p: str) -> Expected:
+    """One layer's mixture-of-experts tensors (prefix p = "blk.N."): the router, the 3-D expert tensors and
+    qwen2moe's shared expert with its gate vector."""
+    E, F = c.n_expert, c.n_ff_exp
+    e: Expected = {p + "ffn_gate_inp.weight": ((E, c.n_embd), True),
+                   p + "ffn_gate_exps.weight": ((E, F, c.n_embd), True),
+                   p + "ffn_up_exps.weight": ((E, F, c.n_embd), True),
+                   p + "ffn_down_exps.weight": ((E, c.n_embd, F), True)}
+    if c.n_ff_shexp:
+        e.update({p + "ffn_gate_inp_shexp.weight": ((c.n_embd,), True),
+                  p + "ffn_gate_shexp.weight": ((c.n_ff_shexp, c.n_embd), True),
+                  p + "ffn_up_shexp.weight": ((c.n_ff_shexp, c.n_embd), True),
+                  p + "ffn_down_shexp.weight": ((c.n_embd, c.n_ff_shexp), True)})
     return e
 
 
@@ -141,6 +161,8 @@ class Model:
     def build_ffns(self, tensors: Mapping[str, Tensor], biases: bool = False) -> list[FFN]:
         """Every layer's FFN (ffn.py) in this model's sparse mode; sets self.sparsity for ReLU-family FFNs."""
         c = self.config
+        if c.n_expert:
+            return [self.build_moe(tensors, il) for il in range(c.n_layer)]
         variant = ffn_variant(c)
         if variant in ("reglu", "fatreglu", "dreglu", "relu") or self.sparse.mode in ("threshold", "predictor"):
             self.sparsity = SparsityStats(c.n_layer, c.n_ff, self.sparse.mode, self.sparse.threshold)
@@ -163,6 +185,21 @@ class Model:
             ffns.append(FFN(self.kernels, w, variant, self.sparse, layer=il, act_param=c.hidden_act_param,
                             stats=self.sparsity))
         return ffns
+
+    def build_moe(self, tensors: Mapping[str, Tensor], il: int) -> MoEFFN:
+        """Layer il's mixture-of-experts FFN (moe.py), with qwen2moe's shared expert as a dense SwiGLU FFN."""
+        c, p = self.config, f"blk.{il}."
+        shared = shared_gate = None
+        if c.n_ff_shexp:
+            w = FFNWeights(up=get_tensor(tensors, p + "ffn_up_shexp.weight"),
+                           gate=get_tensor(tensors, p + "ffn_gate_shexp.weight"),
+                           down=get_tensor(tensors, p + "ffn_down_shexp.weight"))
+            shared = FFN(self.kernels, w, "swiglu", self.sparse, layer=il)
+            shared_gate = norm_weight(get_tensor(tensors, p + "ffn_gate_inp_shexp.weight"))
+        return MoEFFN(self.kernels, get_tensor(tensors, p + "ffn_gate_inp.weight"),
+                      get_tensor(tensors, p + "ffn_gate_exps.weight"), get_tensor(tensors, p + "ffn_up_exps.weight"),
+                      get_tensor(tensors, p + "ffn_down_exps.weight"), c.n_expert_used, c.expert_weights_norm,
+                      layer=il, shared=shared, shared_gate=shared_gate)
 
     def new_cache(self, n_ctx: int | None = None) -> KVCache:
         c = self.config

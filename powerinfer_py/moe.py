@@ -1,0 +1,133 @@
+"""Mixture-of-experts FFN (qwen3moe, qwen2moe, Mixtral-style llama files): routing and the chosen experts.
+
+Per token x (the normed FFN input, f32 [n_embd]), as llama.cpp computes it:
+    probs   = softmax(router · x)                               router = ffn_gate_inp, f32 (n_expert, n_embd)
+    chosen  = the n_used experts with the largest probs, largest first
+    w       = probs[chosen], divided by their sum when the model renormalizes (llama, qwen3moe; not qwen2moe)
+    y       = sum over r in chosen order of  w_r * down_e · (silu(gate_e · x) * (up_e · x)),  e = chosen[r]
+    qwen2moe adds its shared expert:  y += sigmoid(gate_inp_shexp · x) * shared_ffn(x)
+The experts' weights are 3-D tensors (n_expert, rows, cols); expert e is the slice [e], a zero-copy 2-D view.
+
+Decode (one token) makes few kernel calls: the chosen experts' gate rows and up rows are each one row gather
+over the 2-D view (n_expert * n_ff_exp, n_embd) of their tensor, then one mat-vec per chosen expert for down.
+A batch (prefill) groups the tokens by expert and runs each expert once on its tokens (three matmuls), then
+adds every token's experts in its own chosen order, so a token gets the same bits in a batch as alone.
+
+Experts are where a MoE model is sparse: the other experts' weights are never read. The sparse modes
+(predictor, exact, threshold) are for dense FFNs and are refused for these models (ffn.resolve_sparse).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ModelFileError, UnsupportedError
+from .tensor import Tensor
+
+
+def require_dense_ffn(config, what: str) -> None:
+    """Refuse the activation tools (profile, calibrate, train-predictor) on a mixture-of-experts model, before
+    any work: they observe one set of FFN neurons per layer, which expert layers do not have."""
+    if config.n_expert:
+        raise UnsupportedError(f"{what} works on dense FFNs; this {config.arch} model is a mixture of experts "
+                               f"({config.n_expert} experts per layer)")
+
+
+def expert_rows(t: Tensor) -> Tensor:
+    """A 3-D expert tensor (n_expert, rows, cols) as one 2-D tensor (n_expert * rows, cols), same bytes."""
+    n_expert, rows, cols = t.shape
+    return Tensor(t.name, t.type, (n_expert * rows, cols), t.data.reshape(n_expert * rows, -1))
+
+
+def expert(t: Tensor, e: int) -> Tensor:
+    """Expert e of a 3-D expert tensor as a 2-D tensor (rows, cols), same bytes."""
+    return Tensor(f"{t.name}[{e}]", t.type, t.shape[1:], t.data[e])
+
+
+class MoEFFN:
+    """One layer's mixture-of-experts FFN: moe(x, p=None) -> y f32 [N, n_embd] for x f32 [N, n_embd] (p, the
+    predictor input of dense FFNs, is ignored). shared: an ffn.FFN (qwen2moe's shared expert) with its gate
+    vector shared_gate f32 [n_embd], or None."""
+
+    split = None  # hybrid CPU/GPU splits are for PWRI files, which have no experts
+
+    @property
+    def observer(self):
+        return None
+
+    @observer.setter
+    def observer(self, fn) -> None:
+        """The activation tools (profile, calibrate, train-predictor) hook ffn.FFN's dense path; an expert layer
+        has no single set of neurons to observe, so asking is an error rather than an empty result."""
+        if fn is not None:
+            raise UnsupportedError(f"layer {self.layer} is a mixture of experts: profiling, threshold calibration "
+                                   "and predictor training work on dense FFNs only")
+
+    def __init__(self, kernels, router: Tensor, gate: Tensor, up: Tensor, down: Tensor, n_used: int,
+                 norm_weights: bool, *, layer: int = 0, shared=None, shared_gate: np.ndarray | None = None):
+        self.k, self.layer, self.n_used, self.norm_weights = kernels, layer, n_used, norm_weights
+        self.n_expert, self.n_ff, n_embd = gate.shape
+        if up.shape != gate.shape or down.shape != (self.n_expert, n_embd, self.n_ff):
+            raise ModelFileError(f"layer {layer}: expert tensors disagree: gate {gate.shape}, up {up.shape}, "
+                                 f"down {down.shape} (expected (n_expert, n_embd, n_ff) = "
+                                 f"{(self.n_expert, n_embd, self.n_ff)})")
+        if router.shape != (self.n_expert, n_embd):
+            raise ModelFileError(f"layer {layer}: router ffn_gate_inp has shape {router.shape}, expected "
+                                 f"{(self.n_expert, n_embd)}")
+        self.router, self.gate, self.up, self.down = router, gate, up, down
+        self.gate_rows, self.up_rows = expert_rows(gate), expert_rows(up)
+        self.downs = [expert(down, e) for e in range(self.n_expert)]
+        self.gates = [expert(gate, e) for e in range(self.n_expert)]
+        self.ups = [expert(up, e) for e in range(self.n_expert)]
+        self.shared, self.shared_gate = shared, shared_gate
+        self.counts = np.zeros(self.n_expert, dtype=np.int64)  # tokens routed to each expert so far
+
+    def route(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(chosen int [N, n_used] largest probability first, weights f32 [N, n_used]) for x f32 [N, n_embd]."""
+        logits = self.k.matmul(self.router, x)  # [N, n_expert]
+        logits -= logits.max(axis=1, keepdims=True)
+        probs = np.exp(logits, dtype=np.float32)
+        probs /= probs.sum(axis=1, keepdims=True, dtype=np.float32)
+        chosen = np.argsort(-probs, axis=1, kind="stable")[:, :self.n_used]
+        w = np.take_along_axis(probs, chosen, axis=1)
+        if self.norm_weights:
+            w = w / w.sum(axis=1, keepdims=True, dtype=np.float32)
+        np.add.at(self.counts, chosen.reshape(-1), 1)
+        return chosen, w.astype(np.float32, copy=False)
+
+    def __call__(self, x: np.ndarray, p: np.ndarray | None = None) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        chosen, w = self.route(x)
+        out = self._decode(x[0], chosen[0], w[0])[None, :] if x.shape[0] == 1 else self._batch(x, chosen, w)
+        if self.shared is not None:
+            g = x @ self.shared_gate
+            out += (1.0 / (1.0 + np.exp(-g, dtype=np.float32)))[:, None] * self.shared(x)
+        return out
+
+    def _decode(self, x: np.ndarray, chosen: np.ndarray, w: np.ndarray) -> np.ndarray:
+        k, F = self.k, self.n_ff
+        order = np.argsort(chosen, kind="stable")  # the row gathers take ascending rows
+        rows = (chosen[order, None] * F + np.arange(F)).astype(np.int32).reshape(-1)
+        h = k.swiglu(k.matmul_rows(self.gate_rows, rows, x), k.matmul_rows(self.up_rows, rows, x))
+        h = h.reshape(len(chosen), F)  # row i: expert chosen[order[i]]
+        slot = np.empty_like(order)
+        slot[order] = np.arange(len(order))
+        y = None
+        for r in range(len(chosen)):  # chosen order (largest weight first), as llama.cpp sums them
+            o = k.matmul(self.downs[chosen[r]], h[slot[r]])
+            o *= w[r]
+            y = o if y is None else y + o
+        return y
+
+    def _batch(self, x: np.ndarray, chosen: np.ndarray, w: np.ndarray) -> np.ndarray:
+        k = self.k
+        n_tok, n_used = chosen.shape
+        contrib = np.empty((n_used, n_tok, x.shape[1]), dtype=np.float32)
+        for e in np.unique(chosen):
+            tok, slot = np.nonzero(chosen == e)
+            xe = np.ascontiguousarray(x[tok])
+            o = k.matmul(self.downs[e], k.swiglu(k.matmul(self.gates[e], xe), k.matmul(self.ups[e], xe)))
+            contrib[slot, tok] = o * w[tok, slot][:, None]
+        y = contrib[0].copy()
+        for r in range(1, n_used):
+            y += contrib[r]
+        return y

@@ -1,0 +1,116 @@
+"""Mixture-of-experts models (qwen3moe, qwen2moe, Mixtral-style llama files): logits against llama.cpp on the
+same synthetic files, one token at a time against a batch, routing against a numpy reference, and the errors
+for what these models cannot do."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llama_ref import llama_cpp_logits
+from powerinfer_py import load
+from powerinfer_py.errors import ModelFileError, PowerInferError, UnsupportedError
+from powerinfer_py.gguf import write_gguf
+from powerinfer_py.gguf.reader import open_gguf
+from powerinfer_py.moe import MoEFFN
+
+TOKENS = [1, 5, 300, 301, 7, 88, 42, 260, 9, 100, 200, 33]
+CASES = [("qwen3moe", {}), ("qwen2moe", {}), ("llama", {"n_expert": 4})]
+
+
+def _ours(path, tokens=TOKENS) -> tuple[np.ndarray, np.ndarray]:
+    """(all logits of one batch, the logits of the same tokens fed one at a time)."""
+    with load(path, threads=2) as llm:
+        net = llm.model
+        batch = net.forward(np.array(tokens, np.int32), net.new_cache(64), all_logits=True)
+        cache = net.new_cache(64)
+        step = np.stack([net.forward(np.array([t], np.int32), cache) for t in tokens])
+    return batch, step
+
+
+@pytest.mark.parametrize("arch,kw", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("dtype,tol", [("f32", 0.01), ("q8_0", 0.12)])
+def test_logits_match_llama_cpp(synthetic_model, arch, kw, dtype, tol):
+    """Routing (softmax, top-k, renormalized or not), the experts and qwen2moe's gated shared expert: a wrong
+    choice of any of them misses llama.cpp by 0.3-1.0 of the logits' spread (measured by flipping each)."""
+    path = synthetic_model(arch, dtype, **kw)
+    ref = llama_cpp_logits(path, TOKENS)
+    batch, step = _ours(path)
+    spread = float(ref.std())
+    assert np.abs(batch - ref).max() < tol * spread
+    if dtype == "f32":
+        assert (batch.argmax(1) == ref.argmax(1)).all()
+    np.testing.assert_allclose(step, batch, rtol=0, atol=1e-4 * spread)
+
+
+def _softmax(z):
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("arch,kw", CASES, ids=[c[0] for c in CASES])
+def test_layer_matches_numpy_reference(synthetic_model, arch, kw):
+    """One MoE layer in float64 numpy from the file's tensors: route, run the chosen experts, weight and add."""
+    path = synthetic_model(arch, "f32", **kw)
+    rng = np.random.default_rng(1)
+    with load(path, threads=2) as llm:
+        ffn = llm.model.ffns[1]
+        assert isinstance(ffn, MoEFFN)
+        x = rng.standard_normal((5, llm.config.n_embd)).astype(np.float32)
+        got = ffn(x)
+        c = llm.config
+        W = {n: np.asarray(t.data, np.float64) for n, t in ((n, getattr(ffn, n)) for n in ("router", "gate", "up", "down"))}
+        probs = _softmax(x.astype(np.float64) @ W["router"].T)
+        want = np.zeros_like(got, dtype=np.float64)
+        for t in range(len(x)):
+            top = np.argsort(-probs[t])[:c.n_expert_used]
+            w = probs[t, top] / (probs[t, top].sum() if c.expert_weights_norm else 1.0)
+            for e, we in zip(top, w):
+                g, u = W["gate"][e] @ x[t], W["up"][e] @ x[t]
+                want[t] += we * (W["down"][e] @ (g / (1 + np.exp(-g)) * u))
+            if c.n_ff_shexp:
+                s = ffn.shared.w
+                gs, us = np.asarray(s.gate.data, np.float64) @ x[t], np.asarray(s.up.data, np.float64) @ x[t]
+                sh = np.asarray(s.down.data, np.float64) @ (gs / (1 + np.exp(-gs)) * us)
+                want[t] += sh / (1 + np.exp(-(ffn.shared_gate.astype(np.float64) @ x[t])))
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+        assert ffn.counts.sum() == len(x) * c.n_expert_used
+
+
+def test_info_and_sparse_modes(synthetic_model):
+    path = synthetic_model("qwen3moe", "f32")
+    with load(path, threads=1) as llm:
+        c = llm.config
+        assert (c.n_expert, c.n_expert_used, c.expert_weights_norm) == (4, 2, True)
+    for mode in ("exact", "threshold", "predictor"):
+        with pytest.raises(PowerInferError, match="mixture of experts|PWRI"):
+            load(path, threads=1, sparse=mode)
+
+
+def test_activation_tools_refuse_experts(synthetic_model, tmp_path):
+    from powerinfer_py.calibrate import calibrate
+
+    path = synthetic_model("qwen3moe", "f32")
+    with pytest.raises(UnsupportedError, match="mixture of experts"):
+        calibrate(path, tmp_path / "out.gguf", 0.3, text="the cat", n_tokens=8)
+    assert not (tmp_path / "out.gguf").exists()
+    with load(path, threads=1) as llm, pytest.raises(UnsupportedError, match="mixture of experts"):
+        llm.model.ffns[0].observer = lambda *a: None
+
+
+def _rewrite(src, dst, meta_edit=None, drop=None):
+    f = open_gguf(src)
+    meta = dict(f.metadata)
+    if meta_edit:
+        meta.update(meta_edit)
+    tensors = [t for name, t in f.tensors.items() if name != drop]
+    return write_gguf(dst, meta, tensors)
+
+
+def test_bad_files(synthetic_model, tmp_path):
+    path = synthetic_model("qwen3moe", "f32")
+    bad = _rewrite(path, tmp_path / "used.gguf", {"qwen3moe.expert_used_count": 9})
+    with pytest.raises(ModelFileError, match="expert_used_count 9 exceeds"):
+        load(bad, threads=1)
+    bad = _rewrite(path, tmp_path / "drop.gguf", drop="blk.1.ffn_down_exps.weight")
+    with pytest.raises(ModelFileError, match="blk.1.ffn_down_exps.weight"):
+        load(bad, threads=1)
