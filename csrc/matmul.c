@@ -48,6 +48,7 @@
 /* decode streams each row once: the rows in flight are prefetched this many bytes ahead (the hardware
  * prefetcher alone leaves the 2-thread mat-vec ~25% short of the read probe on Zen 5) */
 #define STREAM_SPAN 1.1 /* gathers whose rows span <= 1.1 x their count decode as one stream (see mm_job) */
+#define STREAM_RUN 16   /* ... and so do gathers made of runs of consecutive rows this long on average */
 #ifndef PF_DIST
 #define PF_DIST 768
 #endif
@@ -67,8 +68,10 @@ typedef struct {
     int64_t nbp;         /* blocks per token, rounded up to the vector's blocks */
     int64_t rows_per_chunk;
     const int32_t *sel;  /* NULL: output row i is weight row i; else weight row sel[i] (pi_matmul_rows) */
-    int stream;          /* decode reads its rows as one stream: dense, or a selection spanning at most
-                            STREAM_SPAN x its row count (mostly neighbours); else the gather tiles */
+    int stream;          /* decode reads its rows as one stream: dense, a selection spanning at most
+                            STREAM_SPAN x its row count (mostly neighbours), or one made of runs of
+                            consecutive rows (STREAM_RUN on average: the experts of a MoE layer); else the
+                            gather tiles */
     float *y;            /* f32 [n_tok, n_rows] */
 } mm_job;
 
@@ -1094,6 +1097,16 @@ static void quantize_token(void *ctx, int64_t t, int thread_id) {
     }
 }
 
+/* Whether the decode of a selection should read it as one stream (mm_job.stream): rows that are mostly
+ * neighbours, or long runs of consecutive rows. The stream paths prefetch by position in the selection, so
+ * they are right for any selection; this only picks the faster path. */
+static int is_stream(const int32_t *sel, int64_t n) {
+    if (n <= 0 || (double)(sel[n - 1] - sel[0] + 1) <= STREAM_SPAN * (double)n) return 1;
+    int64_t breaks = 0;
+    for (int64_t i = 1; i < n; i++) breaks += sel[i] != sel[i - 1] + 1;
+    return (breaks + 1) * STREAM_RUN <= n;
+}
+
 /* y [n_tok, n_out] from output row i = weight row (sel ? sel[i] : i); the chunks split the output rows */
 static void mm_run(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *sel, int64_t n_out,
                    const float *x, int64_t n_tok, float *y) {
@@ -1104,7 +1117,7 @@ static void mm_run(pi_pool *pool, int type, const void *w, int64_t n_cols, const
     }
     mm_job j = {.type = type, .w = w, .row_bytes = pi_row_size(type, n_cols), .n_rows = n_out, .n_cols = n_cols,
                 .n_tok = n_tok, .x = x, .sel = sel, .y = y,
-                .stream = !sel || (n_out > 0 && (double)(sel[n_out - 1] - sel[0] + 1) <= STREAM_SPAN * (double)n_out)};
+                .stream = !sel || is_stream(sel, n_out)};
     if (type_kind(type) >= 0) {
         const int64_t nb = n_cols / QK;
         int64_t per = BPV; /* blocks per vector step */

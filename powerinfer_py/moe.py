@@ -119,6 +119,17 @@ class MoEFFN:
         return y
 
     def _batch(self, x: np.ndarray, chosen: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """Tokens in slices of BATCH_SLICE (each expert's outputs for a slice are held until they are added in
+        every token's chosen order: n_used x slice x n_embd floats)."""
+        y = np.empty_like(x)
+        for t0 in range(0, len(x), self.BATCH_SLICE):
+            t1 = t0 + self.BATCH_SLICE
+            y[t0:t1] = self._slice(x[t0:t1], chosen[t0:t1], w[t0:t1])
+        return y
+
+    BATCH_SLICE = 256
+
+    def _slice(self, x: np.ndarray, chosen: np.ndarray, w: np.ndarray) -> np.ndarray:
         k = self.k
         n_tok, n_used = chosen.shape
         contrib = np.empty((n_used, n_tok, x.shape[1]), dtype=np.float32)

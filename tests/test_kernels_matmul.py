@@ -425,8 +425,9 @@ def test_matmul_rows_matches_dense_and_ref(kernels, ggml_type, n_tok):
 def test_matmul_rows_decode_tiles(ggml_type, n_threads):
     """One token over rows long enough for the vector tiles' main loops (and their gather prefetch), plus a
     tail block, with more selected rows than a tile holds: the same bits as the dense product's rows. The
-    selections cover both decode paths: scattered rows (tiles) and all rows or nearly all (the row-at-a-time
-    stream, whose prefetch runs on into the next selected rows)."""
+    selections cover both decode paths: scattered rows (tiles) and all rows, nearly all, or long runs of
+    consecutive rows with gaps between them, as a MoE layer's chosen experts are (the row-at-a-time stream, whose
+    prefetch runs on into the next selected rows, across the gaps)."""
     from powerinfer_py.kernels.cpu import CpuKernels
 
     n_rows, n_cols = 203, 32 * 41
@@ -436,7 +437,8 @@ def test_matmul_rows_decode_tiles(ggml_type, n_threads):
     try:
         dense = k.matmul(w, x)
         nearly_all = np.array([r for r in range(n_rows) if r % 20 != 7], dtype=np.int32)
-        for rows in (np.arange(0, n_rows, 3, dtype=np.int32), np.arange(n_rows, dtype=np.int32), nearly_all,
+        runs = np.concatenate([np.arange(0, 40), np.arange(80, 120), np.arange(163, 203)]).astype(np.int32)
+        for rows in (np.arange(0, n_rows, 3, dtype=np.int32), np.arange(n_rows, dtype=np.int32), nearly_all, runs,
                      np.array([5, 17, 18, 150, 202], dtype=np.int32)):
             np.testing.assert_array_equal(k.matmul_rows(w, rows, x), dense[rows])
     finally:

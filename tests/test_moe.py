@@ -76,6 +76,15 @@ def test_layer_matches_numpy_reference(synthetic_model, arch, kw):
         assert ffn.counts.sum() == len(x) * c.n_expert_used
 
 
+def test_batch_slices_give_the_same_bits(synthetic_model, monkeypatch):
+    """A prompt longer than one slice of the batch path gives the bits of one slice."""
+    path = synthetic_model("qwen3moe", "f32")
+    whole, _ = _ours(path)
+    monkeypatch.setattr(MoEFFN, "BATCH_SLICE", 5)  # 12 tokens: slices of 5, 5 and 2
+    sliced, _ = _ours(path)
+    np.testing.assert_array_equal(sliced, whole)
+
+
 def test_info_and_sparse_modes(synthetic_model):
     path = synthetic_model("qwen3moe", "f32")
     with load(path, threads=1) as llm:
