@@ -1097,6 +1097,25 @@ static void quantize_token(void *ctx, int64_t t, int thread_id) {
     }
 }
 
+/* The activations of j's n_tok tokens, quantized for the block types (into the pool's scratch); float types
+ * read x as it is. */
+static void mm_quantize(pi_pool *pool, mm_job *j) {
+    if (type_kind(j->type) < 0) return;
+    const int64_t nb = j->n_cols / QK;
+    int64_t per = BPV; /* blocks per vector step */
+#if defined(MM_AVX512)
+    if (kind_quad(type_kind(j->type))) per = QB;
+#endif
+    j->nbp = (nb + per - 1) / per * per;
+    const size_t nq = (size_t)(j->n_tok * j->nbp);
+    char *s = pi_pool_scratch(pool, nq * QK + 3 * nq * 4);
+    j->xq = (const int8_t *)s;
+    j->xd = (const float *)(s + nq * QK);
+    j->xc = (const int32_t *)(s + nq * QK + nq * 4);
+    j->xs = (const float *)(s + nq * QK + 2 * nq * 4);
+    pi_pool_run(pool, quantize_token, j, j->n_tok);
+}
+
 /* Whether the decode of a selection should read it as one stream (mm_job.stream): rows that are mostly
  * neighbours, or long runs of consecutive rows. The stream paths prefetch by position in the selection, so
  * they are right for any selection; this only picks the faster path. */
@@ -1118,21 +1137,7 @@ static void mm_run(pi_pool *pool, int type, const void *w, int64_t n_cols, const
     mm_job j = {.type = type, .w = w, .row_bytes = pi_row_size(type, n_cols), .n_rows = n_out, .n_cols = n_cols,
                 .n_tok = n_tok, .x = x, .sel = sel, .y = y,
                 .stream = !sel || is_stream(sel, n_out)};
-    if (type_kind(type) >= 0) {
-        const int64_t nb = n_cols / QK;
-        int64_t per = BPV; /* blocks per vector step */
-#if defined(MM_AVX512)
-        if (kind_quad(type_kind(type))) per = QB;
-#endif
-        j.nbp = (nb + per - 1) / per * per;
-        const size_t nq = (size_t)(n_tok * j.nbp);
-        char *s = pi_pool_scratch(pool, nq * QK + 3 * nq * 4);
-        j.xq = (const int8_t *)s;
-        j.xd = (const float *)(s + nq * QK);
-        j.xc = (const int32_t *)(s + nq * QK + nq * 4);
-        j.xs = (const float *)(s + nq * QK + 2 * nq * 4);
-        pi_pool_run(pool, quantize_token, &j, n_tok);
-    }
+    mm_quantize(pool, &j);
     const int64_t n_blocks = (n_out + ROW_BLOCK - 1) / ROW_BLOCK;
     int64_t n_chunks = pi_pool_chunks(pool, n_blocks, 1);
     /* Each chunk of a scattered decode gather starts cold: its first rows were never prefetched by a row before
@@ -1154,6 +1159,64 @@ void pi_matmul(pi_pool *pool, int type, const void *w, int64_t n_rows, int64_t n
 void pi_matmul_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *rows, int64_t n_sel,
                     const float *x, int64_t n_tok, float *y) {
     mm_run(pool, type, w, n_cols, rows, n_sel, x, n_tok, y);
+}
+
+/* ==== expert groups: one call for the experts of a mixture-of-experts layer ============================
+ * Every token's activations are quantized once, then one pool job runs chunks of (group, rows): each chunk is
+ * the chunk of a pi_matmul of that expert over that group's tokens, with the same row code, so every value
+ * has the bits pi_matmul gives it. */
+typedef struct {
+    mm_job base;          /* all tokens; n_rows, row_bytes and rows_per_chunk of one expert */
+    const int32_t *experts;
+    const int64_t *tok_off;
+    int64_t chunks_each;
+} mm_group_job;
+
+static void mm_group_chunk(void *ctx, int64_t chunk, int thread_id) {
+    const mm_group_job *g = ctx;
+    const int64_t e = chunk / g->chunks_each, t0 = g->tok_off[e];
+    mm_job j = g->base;
+    j.n_tok = g->tok_off[e + 1] - t0;
+    if (j.n_tok <= 0) return;
+    j.w += (int64_t)g->experts[e] * j.n_rows * j.row_bytes;
+    j.x += t0 * j.n_cols;
+    j.y += t0 * j.n_rows;
+    if (j.xq) {
+        j.xq += t0 * j.nbp * QK;
+        j.xd += t0 * j.nbp;
+        j.xc += t0 * j.nbp;
+        j.xs += t0 * j.nbp;
+    }
+    mm_chunk(&j, chunk % g->chunks_each, thread_id);
+}
+
+/* chunks per group: enough for every thread when the groups are few (decode: one token per expert), one per
+ * group when they are many (prefill) */
+int64_t pi_expert_chunks(pi_pool *pool, int64_t n_rows, int64_t n_group) {
+    const int64_t n_blocks = (n_rows + ROW_BLOCK - 1) / ROW_BLOCK, want = 4 * (int64_t)pi_pool_n_threads(pool);
+    int64_t each = (want + n_group - 1) / n_group;
+    if (each > n_blocks) each = n_blocks;
+    if (each < 1) each = 1;
+    return each;
+}
+
+void pi_matmul_experts(pi_pool *pool, int type, const void *w, int64_t n_rows, int64_t n_cols, const int32_t *experts,
+                       const int64_t *tok_off, int64_t n_group, const float *x, float *y) {
+    const int64_t n_tok = n_group > 0 ? tok_off[n_group] : 0;
+    if (n_tok <= 0 || n_rows <= 0) return;
+    if (pi_is_k_type(type)) {
+        pi_matmul_k_experts(pool, type, w, n_rows, n_cols, experts, tok_off, n_group, x, y);
+        return;
+    }
+    mm_group_job g = {.base = {.type = type, .w = w, .row_bytes = pi_row_size(type, n_cols), .n_rows = n_rows,
+                               .n_cols = n_cols, .n_tok = n_tok, .x = x, .y = y, .stream = 1},
+                      .experts = experts, .tok_off = tok_off};
+    mm_quantize(pool, &g.base);
+    const int64_t n_blocks = (n_rows + ROW_BLOCK - 1) / ROW_BLOCK;
+    int64_t each = pi_expert_chunks(pool, n_rows, n_group);
+    g.base.rows_per_chunk = (n_blocks + each - 1) / each * ROW_BLOCK;
+    g.chunks_each = (n_rows + g.base.rows_per_chunk - 1) / g.base.rows_per_chunk;
+    pi_pool_run(pool, mm_group_chunk, &g, n_group * g.chunks_each);
 }
 
 /* ==== read-bandwidth probe ============================================================================ */

@@ -192,5 +192,9 @@ static inline void pi_unpack_qk(int type, const uint8_t *blk, int8_t q[QK_K], fl
  * rows == NULL: all n_rows rows; else the n_rows selected rows rows[0..n_rows-1]. y f32 [n_tok, n_rows]. */
 void pi_matmul_k(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *rows, int64_t n_rows,
                  const float *x, int64_t n_tok, float *y);
+/* pi_matmul_experts for the K-quants (matmul_k.c); pi_expert_chunks: its chunks per group (matmul.c) */
+void pi_matmul_k_experts(pi_pool *pool, int type, const void *w, int64_t n_rows, int64_t n_cols,
+                         const int32_t *experts, const int64_t *tok_off, int64_t n_group, const float *x, float *y);
+int64_t pi_expert_chunks(pi_pool *pool, int64_t n_rows, int64_t n_group);
 
 #endif

@@ -544,3 +544,39 @@ void pi_matmul_k(pi_pool *pool, int type, const void *w, int64_t n_cols, const i
     n_chunks = (n_rows + j.rows_per_chunk - 1) / j.rows_per_chunk;
     pi_pool_run(pool, mk_chunk, &j, n_chunks);
 }
+
+/* ==== expert groups (pi_matmul_experts for the K-quants; see matmul.c) =================================== */
+typedef struct {
+    mk_job base; /* all tokens; n_out and rows_per_chunk of one expert */
+    const int32_t *experts;
+    const int64_t *tok_off;
+    int64_t chunks_each;
+} mk_group_job;
+
+static void mk_group_chunk(void *ctx, int64_t chunk, int thread_id) {
+    const mk_group_job *g = ctx;
+    const int64_t e = chunk / g->chunks_each, t0 = g->tok_off[e];
+    mk_job j = g->base;
+    j.n_tok = g->tok_off[e + 1] - t0;
+    if (j.n_tok <= 0) return;
+    j.w += (int64_t)g->experts[e] * j.n_out * j.row_bytes;
+    j.x += t0 * j.n_sb * QK_K;
+    j.xq += t0 * j.n_sb;
+    j.y += t0 * j.n_out;
+    mk_chunk(&j, chunk % g->chunks_each, thread_id);
+}
+
+void pi_matmul_k_experts(pi_pool *pool, int type, const void *w, int64_t n_rows, int64_t n_cols,
+                         const int32_t *experts, const int64_t *tok_off, int64_t n_group, const float *x, float *y) {
+    const int64_t n_tok = tok_off[n_group];
+    mk_group_job g = {.base = {.type = type, .w = w, .row_bytes = pi_row_size(type, n_cols), .n_sb = n_cols / QK_K,
+                               .n_out = n_rows, .n_tok = n_tok, .x = x, .y = y},
+                      .experts = experts, .tok_off = tok_off};
+    g.base.xq = pi_pool_scratch(pool, (size_t)(n_tok * g.base.n_sb) * sizeof(block_q8_K));
+    pi_pool_run(pool, quantize_token, &g.base, n_tok);
+    const int64_t n_blocks = (n_rows + ROW_BLOCK - 1) / ROW_BLOCK;
+    const int64_t each = pi_expert_chunks(pool, n_rows, n_group);
+    g.base.rows_per_chunk = (n_blocks + each - 1) / each * ROW_BLOCK;
+    g.chunks_each = (n_rows + g.base.rows_per_chunk - 1) / g.base.rows_per_chunk;
+    pi_pool_run(pool, mk_group_chunk, &g, n_group * g.chunks_each);
+}

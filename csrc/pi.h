@@ -77,6 +77,13 @@ void pi_matmul(pi_pool *pool, int type, const void *w, int64_t n_rows, int64_t n
 void pi_matmul_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *rows, int64_t n_sel,
                     const float *x, int64_t n_tok, float *y);
 
+/* Expert groups of a mixture-of-experts layer in one call: w holds n_expert experts of n_rows rows each, one
+ * after another (a 3-D GGUF tensor); group g applies expert experts[g] to the tokens tok_off[g] ..
+ * tok_off[g + 1] - 1 of x (f32 [tok_off[n_group], n_cols]) and writes the same rows of y (f32
+ * [tok_off[n_group], n_rows]). Each value has the bits pi_matmul gives that expert and group of tokens. */
+void pi_matmul_experts(pi_pool *pool, int type, const void *w, int64_t n_rows, int64_t n_cols, const int32_t *experts,
+                       const int64_t *tok_off, int64_t n_group, const float *x, float *y);
+
 /* Read-bandwidth probe (matmul.c): reads `bytes` bytes of buf on all threads of the pool (a wide sum, so
  * nothing can be skipped) and returns the sum so the compiler keeps the loads. Used by benchmarks to print
  * kernel GB/s beside what this machine can read. */

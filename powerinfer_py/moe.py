@@ -8,10 +8,12 @@ Per token x (the normed FFN input, f32 [n_embd]), as llama.cpp computes it:
     qwen2moe adds its shared expert:  y += sigmoid(gate_inp_shexp · x) * shared_ffn(x)
 The experts' weights are 3-D tensors (n_expert, rows, cols); expert e is the slice [e], a zero-copy 2-D view.
 
-Decode (one token) makes few kernel calls: the chosen experts' gate rows and up rows are each one row gather
-over the 2-D view (n_expert * n_ff_exp, n_embd) of their tensor, then one mat-vec per chosen expert for down.
-A batch (prefill) groups the tokens by expert and runs each expert once on its tokens (three matmuls), then
-adds every token's experts in its own chosen order, so a token gets the same bits in a batch as alone.
+Decode (one token) makes four kernel calls after the router: the chosen experts' gate rows and up rows are
+each one row gather over the 2-D view (n_expert * n_ff_exp, n_embd) of their tensor (runs of consecutive rows,
+which the gather reads as one stream), and the down projections one grouped call (kernels.matmul_experts: every
+expert with its own input, one pool job). A batch (prefill) groups the (token, expert) pairs by expert and
+makes one grouped call each for gate, up and down, each expert's weights read once for all its tokens, then adds
+every token's experts in its own chosen order, so a token gets the same bits in a batch as alone.
 
 Experts are where a MoE model is sparse: the other experts' weights are never read. The sparse modes
 (predictor, exact, threshold) are for dense FFNs and are refused for these models (ffn.resolve_sparse).
@@ -75,9 +77,6 @@ class MoEFFN:
                                  f"{(self.n_expert, n_embd)}")
         self.router, self.gate, self.up, self.down = router, gate, up, down
         self.gate_rows, self.up_rows = expert_rows(gate), expert_rows(up)
-        self.downs = [expert(down, e) for e in range(self.n_expert)]
-        self.gates = [expert(gate, e) for e in range(self.n_expert)]
-        self.ups = [expert(up, e) for e in range(self.n_expert)]
         self.shared, self.shared_gate = shared, shared_gate
         self.counts = np.zeros(self.n_expert, dtype=np.int64)  # tokens routed to each expert so far
 
@@ -109,13 +108,12 @@ class MoEFFN:
         rows = (chosen[order, None] * F + np.arange(F)).astype(np.int32).reshape(-1)
         h = k.swiglu(k.matmul_rows(self.gate_rows, rows, x), k.matmul_rows(self.up_rows, rows, x))
         h = h.reshape(len(chosen), F)  # row i: expert chosen[order[i]]
+        o = k.matmul_experts(self.down, chosen[order], np.arange(len(chosen) + 1), h)
         slot = np.empty_like(order)
         slot[order] = np.arange(len(order))
-        y = None
-        for r in range(len(chosen)):  # chosen order (largest weight first), as llama.cpp sums them
-            o = k.matmul(self.downs[chosen[r]], h[slot[r]])
-            o *= w[r]
-            y = o if y is None else y + o
+        y = o[slot[0]] * w[0]
+        for r in range(1, len(chosen)):  # chosen order (largest weight first), as llama.cpp sums them
+            y += o[slot[r]] * w[r]
         return y
 
     def _batch(self, x: np.ndarray, chosen: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -132,12 +130,16 @@ class MoEFFN:
     def _slice(self, x: np.ndarray, chosen: np.ndarray, w: np.ndarray) -> np.ndarray:
         k = self.k
         n_tok, n_used = chosen.shape
+        # the (token, slot) pairs grouped by expert: one grouped call each for gate, up and down
+        order = np.argsort(chosen.reshape(-1), kind="stable")
+        tok, slot = np.divmod(order, n_used)
+        experts, counts = np.unique(chosen.reshape(-1)[order], return_counts=True)
+        tok_off = np.concatenate([[0], np.cumsum(counts)])
+        xs = np.ascontiguousarray(x[tok])
+        h = k.swiglu(k.matmul_experts(self.gate, experts, tok_off, xs), k.matmul_experts(self.up, experts, tok_off, xs))
+        o = k.matmul_experts(self.down, experts, tok_off, h)
         contrib = np.empty((n_used, n_tok, x.shape[1]), dtype=np.float32)
-        for e in np.unique(chosen):
-            tok, slot = np.nonzero(chosen == e)
-            xe = np.ascontiguousarray(x[tok])
-            o = k.matmul(self.downs[e], k.swiglu(k.matmul(self.gates[e], xe), k.matmul(self.ups[e], xe)))
-            contrib[slot, tok] = o * w[tok, slot][:, None]
+        contrib[slot, tok] = o * w[tok, slot][:, None]
         y = contrib[0].copy()
         for r in range(1, n_used):
             y += contrib[r]

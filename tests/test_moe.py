@@ -7,13 +7,50 @@ import numpy as np
 import pytest
 
 from llama_ref import llama_cpp_logits
+from test_kernels_matmul import BLOCK_TYPES, FLOAT_TYPES, K_TYPES, make_weight
+
+from powerinfer_py import moe
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, PowerInferError, UnsupportedError
 from powerinfer_py.gguf import write_gguf
 from powerinfer_py.gguf.reader import open_gguf
 from powerinfer_py.moe import MoEFFN
+from powerinfer_py.tensor import Tensor
 
 TOKENS = [1, 5, 300, 301, 7, 88, 42, 260, 9, 100, 200, 33]
+
+
+# ---- the grouped expert kernel ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ggml_type", FLOAT_TYPES + BLOCK_TYPES + K_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_matmul_experts_gives_each_experts_matmul_bits(ggml_type, n_threads):
+    """Groups of 0, 1 and several tokens, repeated and unsorted experts, rows not a multiple of the row block:
+    each group's rows are bit for bit the matmul of its expert's slice, and near the numpy reference."""
+    from powerinfer_py.kernels import ref
+    from powerinfer_py.kernels.cpu import CpuKernels
+
+    n_expert, n_rows, n_cols = 5, 37, 512 if ggml_type in K_TYPES else 96
+    flat = make_weight(ggml_type, n_expert * n_rows, n_cols, seed=3)
+    w = Tensor("exps", ggml_type, (n_expert, n_rows, n_cols), flat.data.reshape(n_expert, n_rows, -1))
+    experts = np.array([3, 0, 4, 1, 3], dtype=np.int32)
+    tok_off = np.array([0, 1, 1, 6, 23, 24], dtype=np.int64)  # 1, 0, 5, 17, 1 tokens
+    x = np.random.default_rng(4).standard_normal((24, n_cols), dtype=np.float32)
+    k = CpuKernels(n_threads)
+    try:
+        y = k.matmul_experts(w, experts, tok_off, x)
+        for g, e in enumerate(experts):
+            rows = slice(tok_off[g], tok_off[g + 1])
+            if tok_off[g + 1] > tok_off[g]:
+                np.testing.assert_array_equal(y[rows], k.matmul(moe.expert(w, e), np.ascontiguousarray(x[rows])))
+        want = ref.matmul_experts(w, experts, tok_off, x)
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-3 * np.abs(want).max())
+        for bad in (dict(tok_off=tok_off[:-1]), dict(experts=experts + 1), dict(x=x[:-1])):
+            args = dict(experts=experts, tok_off=tok_off, x=x) | bad
+            with pytest.raises(ValueError, match="matmul_experts"):
+                k.matmul_experts(w, **args)
+    finally:
+        k.close()
 CASES = [("qwen3moe", {}), ("qwen2moe", {}), ("llama", {"n_expert": 4})]
 
 

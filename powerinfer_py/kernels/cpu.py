@@ -133,7 +133,9 @@ class CpuKernels:
     # ==== quantization and matmul (owner: matmul helper) ================================================
     # One call at a time per CpuKernels: the pool's scratch holds the quantized activations of the call.
 
-    _WEIGHT_CACHE_MAX = 4096
+    # weights checked once each; a mixture-of-experts model brings 3 x n_expert expert views per layer
+    # (Qwen3-30B-A3B: 18432), which should not push each other out
+    _WEIGHT_CACHE_MAX = 1 << 16
 
     def _weight(self, w: Tensor) -> tuple:
         cache = self.__dict__.setdefault("_weights", {})
@@ -183,6 +185,20 @@ class CpuKernels:
         if n_tok and len(rows):
             lib.pi_matmul_rows(self._pool, ty, wp, n_cols, ffi.from_buffer("int32_t[]", rows), len(rows),
                                ffi.from_buffer("float[]", x), n_tok, ffi.from_buffer("float[]", y))
+        return y
+
+    def matmul_experts(self, w: Tensor, experts, tok_off, x) -> np.ndarray:
+        """y f32 [T, rows]: the tokens tok_off[g] .. tok_off[g + 1] - 1 of x f32 [T, K] through expert
+        experts[g] of the 3-D weight w (n_expert, rows, K), every group in one C call. Each value has the bits
+        matmul gives that expert's slice on that group's tokens."""
+        e, off, x = _ref.check_experts(w, experts, tok_off, x)
+        n_expert, n_rows, n_cols = w.shape
+        flat = self._weight(w)  # checks the type and keeps the C pointer; rows are n_expert * n_rows
+        y = np.empty((len(x), n_rows), dtype=np.float32)
+        if len(x) and n_rows:
+            lib.pi_matmul_experts(self._pool, flat[2], flat[1], n_rows, n_cols, ffi.from_buffer("int32_t[]", e),
+                                  ffi.from_buffer("int64_t[]", off), len(e), ffi.from_buffer("float[]", x),
+                                  ffi.from_buffer("float[]", y))
         return y
 
     def get_rows(self, w: Tensor, ids) -> np.ndarray:

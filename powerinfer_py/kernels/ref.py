@@ -343,6 +343,36 @@ def matmul_rows(w: Tensor, rows, x) -> np.ndarray:
     return matmul(sub, x)
 
 
+def check_experts(w: Tensor, experts, tok_off, x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """matmul_experts' argument checks (shared with cpu.py): (experts int32 [G], tok_off int64 [G + 1], x f32
+    [T, K]) as C-contiguous arrays."""
+    if len(w.shape) != 3:
+        raise ValueError(f"matmul_experts {w.name}: the weight must be 3-D (n_expert, rows, cols), got {w.shape}")
+    e = np.ascontiguousarray(experts, dtype=np.int32).reshape(-1)
+    off = np.ascontiguousarray(tok_off, dtype=np.int64).reshape(-1)
+    x = np.asarray(x)
+    if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 2 and x.shape[1] == w.shape[2]):
+        raise ValueError(f"matmul_experts {w.name}: x must be f32 [T, {w.shape[2]}], got {x.dtype} {x.shape}")
+    if len(off) != len(e) + 1 or off[0] != 0 or (np.diff(off) < 0).any() or off[-1] != len(x):
+        raise ValueError(f"matmul_experts {w.name}: tok_off must rise from 0 to the {len(x)} tokens, one entry more "
+                         f"than the {len(e)} experts")
+    if len(e) and (e.min() < 0 or e.max() >= w.shape[0]):
+        raise ValueError(f"matmul_experts {w.name}: experts must be in [0, {w.shape[0]})")
+    return e, off, np.ascontiguousarray(x)
+
+
+def matmul_experts(w: Tensor, experts, tok_off, x) -> np.ndarray:
+    """y [T, rows] where the tokens tok_off[g] .. tok_off[g + 1] - 1 of x f32 [T, K] go through expert
+    experts[g] of the 3-D weight w (n_expert, rows, K): matmul of that expert's slice, group by group."""
+    e, off, x = check_experts(w, experts, tok_off, x)
+    y = np.zeros((len(x), w.shape[1]), dtype=np.float32)
+    for g, ex in enumerate(e):
+        if off[g + 1] > off[g]:
+            sub = Tensor(w.name, w.type, w.shape[1:], np.asarray(w.data)[ex])
+            y[off[g]:off[g + 1]] = matmul(sub, x[off[g]:off[g + 1]])
+    return y
+
+
 def check_store_kv(dst, p0, x) -> None:
     """store_kv's argument checks (shared with cpu.py)."""
     if not (isinstance(dst, np.ndarray) and dst.dtype == np.float16 and dst.ndim == 3 and dst.flags.c_contiguous):
