@@ -160,3 +160,23 @@ def test_bad_files(synthetic_model, tmp_path):
     bad = _rewrite(path, tmp_path / "drop.gguf", drop="blk.1.ffn_down_exps.weight")
     with pytest.raises(ModelFileError, match="blk.1.ffn_down_exps.weight"):
         load(bad, threads=1)
+
+
+def test_q4_k_m_file_from_llama_cpp_quantizer(synthetic_model, tmp_path):
+    """llama.cpp's own Q4_K_M of a qwen3moe file (K-quant expert stacks, as real MoE downloads are): loaded with
+    no conversion, it matches llama.cpp, and one token at a time gives the batch's bits."""
+    import llama_cpp
+
+    src = synthetic_model("qwen3moe", "f32", n_embd=256, n_ff=256, n_head=4, n_head_kv=2, n_expert=4)
+    path = tmp_path / "moe-q4_k_m.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(path).encode(), params) == 0
+    types = {t.name: t.type for t in open_gguf(path).tensors.values()}
+    assert types["blk.0.ffn_gate_exps.weight"].name.endswith("_K")
+    with load(path, threads=2) as llm:
+        assert llm.conversions == []  # every tensor stays a view on the file
+    batch, step = _ours(path)
+    np.testing.assert_array_equal(step, batch)
+    ref = llama_cpp_logits(path, TOKENS)
+    assert np.abs(batch - ref).max() < 0.12 * ref.std()
