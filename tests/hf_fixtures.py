@@ -187,6 +187,40 @@ def _hf_rope(x, pos, theta, inv_freq=None):
     return x * cos + np.concatenate([-x2, x1], -1) * sin
 
 
+MOE_NAMES = {"Qwen3MoeForCausalLM": ("mlp.gate", "mlp.experts", ("gate_proj", "up_proj", "down_proj")),
+             "MixtralForCausalLM": ("block_sparse_moe.gate", "block_sparse_moe.experts", ("w1", "w3", "w2"))}
+
+
+def moe_weights(w: dict[str, np.ndarray], rng, arch: str, *, n_layer, n_embd, n_expert, n_ff) -> dict:
+    """llama_weights with each layer's MLP replaced by a router and n_expert SwiGLU experts of width n_ff."""
+    router, experts, (g, u, d) = MOE_NAMES[arch]
+    w = {k: v for k, v in w.items() if ".mlp." not in k}
+    for il in range(n_layer):
+        p = f"model.layers.{il}."
+        w[f"{p}{router}.weight"] = (2 * rng.standard_normal((n_expert, n_embd)) / np.sqrt(n_embd)).astype(np.float32)
+        for e in range(n_expert):
+            for proj, shape in ((g, (n_ff, n_embd)), (u, (n_ff, n_embd)), (d, (n_embd, n_ff))):
+                w[f"{p}{experts}.{e}.{proj}.weight"] = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+    return w
+
+
+def _hf_moe(w, p, h, cfg) -> np.ndarray:
+    """The HF mixture-of-experts MLP (Qwen3-MoE, Mixtral): softmax router, top-k, weights renormalized."""
+    router, experts, (g, u, d) = MOE_NAMES[cfg["architectures"][0]]
+    logits = h @ w[f"{p}{router}.weight"].T
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.zeros_like(h)
+    for t in range(len(h)):
+        top = np.argsort(-probs[t])[:cfg["num_experts_per_tok"]]
+        weights = probs[t, top] / probs[t, top].sum()
+        for e, we in zip(top, weights):
+            q = f"{p}{experts}.{e}."
+            gate = w[q + g + ".weight"] @ h[t]
+            out[t] += we * (w[q + d + ".weight"] @ (gate / (1 + np.exp(-gate)) * (w[q + u + ".weight"] @ h[t])))
+    return out
+
+
 def hf_llama_forward(w: dict[str, np.ndarray], cfg: dict, tokens, inv_freq=None) -> np.ndarray:
     """Logits [T, n_vocab] of the HF LLaMA/Qwen2/Qwen3 model (float64), causal attention from position 0.
     Qwen3's per-head q_norm / k_norm (when the weights have them) apply to each head before RoPE. inv_freq: the
@@ -221,6 +255,9 @@ def hf_llama_forward(w: dict[str, np.ndarray], cfg: dict, tokens, inv_freq=None)
         attn = np.einsum("hts,shd->thd", prob, v).reshape(T, -1)
         x = x + attn @ w[p + "self_attn.o_proj.weight"].T
         h = _rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
+        if p + "mlp.gate_proj.weight" not in w:  # a mixture-of-experts layer
+            x = x + _hf_moe(w, p, h, cfg)
+            continue
         ff = act(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)
         x = x + ff @ w[p + "mlp.down_proj.weight"].T
     x = _rmsnorm(x, w["model.norm.weight"], eps)

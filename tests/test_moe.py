@@ -180,3 +180,54 @@ def test_q4_k_m_file_from_llama_cpp_quantizer(synthetic_model, tmp_path):
     np.testing.assert_array_equal(step, batch)
     ref = llama_cpp_logits(path, TOKENS)
     assert np.abs(batch - ref).max() < 0.12 * ref.std()
+
+
+# ---- conversion of Hugging Face checkpoints ----------------------------------------------------------------------
+
+HF_DIMS = dict(n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, n_vocab=512)
+
+
+@pytest.mark.parametrize("hf_arch", ["Qwen3MoeForCausalLM", "MixtralForCausalLM"])
+def test_hf_checkpoint_converts_and_runs_like_the_hf_model(tmp_path, hf_arch):
+    """The experts of each layer are stacked into 3-D tensors in llama.cpp's names (the router kept f32):
+    llama.cpp and our engine both run the converted file with the logits of a float64 HF reference."""
+    from hf_fixtures import hf_llama_forward, llama_config, llama_weights, moe_weights, write_checkpoint
+
+    from powerinfer_py.convert import convert
+
+    qwen = hf_arch.startswith("Qwen3")
+    extra = dict(num_experts=4, moe_intermediate_size=48, norm_topk_prob=True, head_dim=32) if qwen else \
+        dict(num_local_experts=4)
+    cfg = llama_config(**HF_DIMS, arch=hf_arch, num_experts_per_tok=2, rope_theta=1e6 if qwen else 1e4, **extra)
+    rng = np.random.default_rng(7)
+    w = llama_weights(rng, **HF_DIMS, head_dim=32 if qwen else None, qk_norm=qwen)
+    w = moe_weights(w, rng, hf_arch, n_layer=2, n_embd=64, n_expert=4, n_ff=48 if qwen else 128)
+    w = write_checkpoint(tmp_path / "hf", cfg, w, dtype="BF16")
+    out = convert(tmp_path / "hf", tmp_path / "model.gguf", outtype="f32")
+    arch = "qwen3moe" if qwen else "llama"
+    with open_gguf(out) as f:
+        assert f.metadata["general.architecture"] == arch and f.metadata[f"{arch}.expert_count"] == 4
+        assert f.tensors["blk.1.ffn_down_exps.weight"].shape == (4, 64, 48 if qwen else 128)
+    expected = hf_llama_forward(w, cfg, TOKENS)
+    theirs = llama_cpp_logits(out, TOKENS)
+    ours, _ = _ours(out)
+    for got in (ours, theirs):
+        assert (got.argmax(1) == expected.argmax(1)).all()
+        assert np.abs(got - expected).max() < 2e-3 * np.abs(expected).max()  # K/V are f16 in both engines
+
+
+def test_hf_moe_variants_we_cannot_run_are_refused(tmp_path):
+    from hf_fixtures import llama_config, llama_weights, moe_weights, write_checkpoint
+
+    from powerinfer_py.convert import convert
+
+    rng = np.random.default_rng(8)
+    w = moe_weights(llama_weights(rng, **HF_DIMS, qk_norm=True), rng, "Qwen3MoeForCausalLM", n_layer=2, n_embd=64,
+                    n_expert=4, n_ff=48)
+    for bad in (dict(norm_topk_prob=False), dict(mlp_only_layers=[1])):
+        cfg = llama_config(**HF_DIMS, arch="Qwen3MoeForCausalLM", num_experts=4, num_experts_per_tok=2,
+                           moe_intermediate_size=48, **bad)
+        write_checkpoint(tmp_path / "hf", cfg, w)
+        with pytest.raises(UnsupportedError, match="norm_topk_prob|mlp_only_layers"):
+            convert(tmp_path / "hf", tmp_path / "out.gguf", outtype="f32", force=True)
+        assert not (tmp_path / "out.gguf").exists()

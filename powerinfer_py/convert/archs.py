@@ -72,7 +72,48 @@ def llama_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
         meta[f"{arch}.rope.scaling.type"] = "linear"
         meta[f"{arch}.rope.scaling.factor"] = float(ckpt.config["rope_scaling"]["factor"])
     meta.update(_activation(ckpt))
+    meta.update(_experts(ckpt, arch))
     return d, meta
+
+
+def _experts(ckpt: Checkpoint, arch: str) -> dict[str, Any]:
+    """The mixture-of-experts hparams of a Qwen3-MoE or Mixtral config.json ({} for dense models). llama.cpp
+    renormalizes the chosen experts' weights for both, which their configs must agree with."""
+    if not _is_moe(ckpt, arch):
+        return {}
+    where = ckpt.folder / "config.json"
+    n_expert = cfg_value(ckpt, "num_experts", "num_local_experts")
+    meta = {f"{arch}.expert_count": int(n_expert), f"{arch}.expert_used_count": int(cfg_value(ckpt, "num_experts_per_tok"))}
+    if arch == "qwen3moe":
+        meta[f"{arch}.expert_feed_forward_length"] = int(cfg_value(ckpt, "moe_intermediate_size"))
+        if not ckpt.config.get("norm_topk_prob", True):
+            raise UnsupportedError(f"{where}: norm_topk_prob false is not supported (llama.cpp's qwen3moe "
+                                   "renormalizes the chosen experts' weights)")
+        if ckpt.config.get("mlp_only_layers") or ckpt.config.get("decoder_sparse_step", 1) != 1:
+            raise UnsupportedError(f"{where}: dense layers among the expert layers (mlp_only_layers, "
+                                   "decoder_sparse_step) are not supported")
+    return meta
+
+
+# HF names of a MoE layer (below "model.layers.N."): router, expert prefix, and the gate / up / down projections
+# (Mixtral is a llama file with experts, as llama.cpp writes it)
+MOE_HF_NAMES = {"qwen3moe": ("mlp.gate", "mlp.experts", ("gate_proj", "up_proj", "down_proj")),
+                "llama": ("block_sparse_moe.gate", "block_sparse_moe.experts", ("w1", "w3", "w2"))}
+
+
+def _is_moe(ckpt: Checkpoint, arch: str) -> bool:
+    return arch == "qwen3moe" or (arch == "llama" and bool(ckpt.config.get("num_local_experts")))
+
+
+def _moe_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, hf: str, blk: str) -> None:
+    """A MoE layer's router (kept f32) and its experts stacked into 3-D tensors, in llama.cpp's names."""
+    router, experts, (gate, up, down) = MOE_HF_NAMES[arch]
+    n_expert = int(cfg_value(ckpt, "num_experts", "num_local_experts"))
+    n_ff = int(cfg_value(ckpt, "moe_intermediate_size", "intermediate_size"))
+    b.add(blk + "ffn_gate_inp.weight", f"{hf}{router}.weight", (n_expert, d.n_embd), how="f32")
+    for name, proj, shape in (("ffn_gate_exps", gate, (n_ff, d.n_embd)), ("ffn_up_exps", up, (n_ff, d.n_embd)),
+                              ("ffn_down_exps", down, (d.n_embd, n_ff))):
+        b.add_stack(f"{blk}{name}.weight", [f"{hf}{experts}.{e}.{proj}.weight" for e in range(n_expert)], shape)
 
 
 def _rope_scaling_kind(ckpt: Checkpoint, arch: str) -> str | None:
@@ -115,9 +156,10 @@ def _llama3_factors(ckpt: Checkpoint, d: Dims) -> np.ndarray:
 
 
 def llama_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, sparse: bool, hook: LayerHook) -> None:
-    permute = arch in ("llama", "bamboo")  # qwen2/qwen3 use NeoX RoPE: HF's layout is already llama.cpp's
+    moe = _is_moe(ckpt, arch)
+    permute = arch in ("llama", "bamboo")  # qwen* use NeoX RoPE: HF's layout is already llama.cpp's
     biases = arch == "qwen2"
-    qk_norms = arch == "qwen3"  # per-head RMSNorm weights of Q and K, [head_dim] each
+    qk_norms = arch in ("qwen3", "qwen3moe")  # per-head RMSNorm weights of Q and K, [head_dim] each
     q_rows, kv_rows = d.n_head * d.head_dim, d.n_head_kv * d.head_dim
     b.add("token_embd.weight", "model.embed_tokens.weight", (d.n_vocab, d.n_embd))
     if _rope_scaling_kind(ckpt, arch) == "llama3":  # baked into per-pair divisors, as llama.cpp reads them
@@ -141,6 +183,10 @@ def llama_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, sparse: bool
             b.add(blk + "attn_k_norm.weight", hf + "self_attn.k_norm.weight", (d.head_dim,))
         b.add(blk + "attn_output.weight", hf + "self_attn.o_proj.weight", (d.n_embd, q_rows))
         b.add(blk + "ffn_norm.weight", hf + "post_attention_layernorm.weight", (d.n_embd,))
+        if moe:
+            _moe_tensors(b, ckpt, arch, d, hf, blk)
+            hook(il)
+            continue
         b.add(blk + "ffn_gate.weight", hf + "mlp.gate_proj.weight", (d.n_ff, d.n_embd))
         b.add(blk + "ffn_up.weight", hf + "mlp.up_proj.weight", (d.n_ff, d.n_embd))
         if sparse:
@@ -274,6 +320,8 @@ ARCHITECTURES = {
     "BambooForCausalLM": ("bamboo", llama_hparams, llama_tensors),
     "Qwen2ForCausalLM": ("qwen2", llama_hparams, llama_tensors),
     "Qwen3ForCausalLM": ("qwen3", llama_hparams, llama_tensors),
+    "Qwen3MoeForCausalLM": ("qwen3moe", llama_hparams, llama_tensors),
+    "MixtralForCausalLM": ("llama", llama_hparams, llama_tensors),  # a llama file with experts
     "FalconForCausalLM": ("falcon", falcon_hparams, falcon_tensors),
     "RWForCausalLM": ("falcon", falcon_hparams, falcon_tensors),
     "OPTForCausalLM": ("opt", opt_hparams, opt_tensors),

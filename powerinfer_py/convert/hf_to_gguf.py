@@ -6,6 +6,9 @@ Architectures (config.json "architectures"[0] -> general.architecture):
   BambooForCausalLM                     -> bamboo  Mistral shape, dReLU FFN
   Qwen2ForCausalLM                      -> qwen2   q/k/v biases, NeoX RoPE (no Q/K permutation)
   Qwen3ForCausalLM                      -> qwen3   no biases, per-head q_norm/k_norm, NeoX RoPE, config head_dim
+  Qwen3MoeForCausalLM                   -> qwen3moe  qwen3 attention, mixture-of-experts FFN (router kept f32,
+                                                     each projection's experts stacked into one 3-D tensor)
+  MixtralForCausalLM                    -> llama   with experts (block_sparse_moe: w1 gate, w3 up, w2 down)
   FalconForCausalLM, RWForCausalLM      -> falcon  fused QKV (regrouped to [all q | all k | all v]), NeoX RoPE
   OPTForCausalLM                        -> opt     biases, LayerNorm, learned positions
   Phi3ForCausalLM                       -> phi3    fused qkv and gate+up kept fused, partial NeoX RoPE, LongRoPE (phi3.py)

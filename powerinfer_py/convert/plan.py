@@ -60,6 +60,15 @@ def _transposed(src: SourceTensor) -> Callable[[], Iterator[Block]]:
     return gen
 
 
+def _stacked(srcs: list[SourceTensor]) -> Callable[[], Iterator[Block]]:
+    """Tensors of one shape one after another (a mixture-of-experts layer's experts as one 3-D tensor): the
+    rows of the first, then of the second, ... (one source in memory at a time)."""
+    def gen():
+        for src in srcs:
+            yield from _rows(src)()
+    return gen
+
+
 def rope_permutation(n_rows: int, n_head: int) -> np.ndarray:
     """Input row of each output row for llama.cpp's Q/K layout (see the module docstring)."""
     head_dim = n_rows // n_head
@@ -121,9 +130,18 @@ class Builder:
             out_shape, blocks = (src.shape[1], src.shape[0]), _transposed(src)
         elif how == "gather":
             out_shape, blocks = tuple(src.shape), _gather(src, index)
+        elif how == "f32":  # kept in f32 whatever the output type (MoE routers, as llama.cpp keeps them)
+            self.plans.append(TensorPlan(name, GGMLType.F32, tuple(src.shape), _rows(src)))
+            return
         else:
             out_shape, blocks = (src.shape[0] - first_row, *src.shape[1:]), _rows(src, first_row)
         self.plans.append(TensorPlan(name, self.type_for(out_shape), out_shape, blocks))
+
+    def add_stack(self, name: str, hf_names: list[str], shape: tuple[int, ...]) -> None:
+        """One 3-D tensor (len(hf_names), *shape) from HF tensors of shape `shape` each (MoE experts)."""
+        srcs = [self.source(n, shape) for n in hf_names]
+        out_shape = (len(srcs), *shape)
+        self.plans.append(TensorPlan(name, self.type_for(out_shape), out_shape, _stacked(srcs)))
 
     def add_plain(self, plan: TensorPlan) -> None:
         self.plans.append(plan)
