@@ -33,10 +33,12 @@ TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6
          GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.IQ4_NL,
          GGMLType.Q2_K,
          GGMLType.Q3_K,
+         GGMLType.IQ4_XS,
          )
 K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),  # f16 scales in a block
                 GGMLType.Q2_K: (80, 82),
                 GGMLType.Q3_K: (108,),
+                GGMLType.IQ4_XS: (0,),
                 }
 K_F16_FIELDS[GGMLType.IQ4_NL] = (0,)  # random bytes after its f16 d are a valid IQ4_NL block
 SHAPES = ((11008, 4096), (4096, 11008))  # (rows M, cols K)

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_matvec_hot.py [--rows 192] [--cols 4096] [--calls 400] [--rounds 3]
 
+(`--types Q4_K,IQ4_XS`: the 256-weight super-block types too, random blocks.)
 A decode mat-vec is memory-bound only if the kernel digests bytes faster than DRAM delivers them: this prints the
 GB/s of weight bytes one thread gets through when the weights are already in cache (each call timed in C,
 csrc/bench.c, as bench_sparse.py does), to compare with a thread's share of the read probe (benchmarks/bench_kernels.py). The best of `calls` x `rounds`
@@ -14,8 +15,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the source tree, unless installed
+
+from bench_kernels import K_F16_FIELDS  # benchmarks/, beside this script
 
 from powerinfer_py.kernels import cpu
 from powerinfer_py.tensor import GGMLType, Tensor
@@ -25,9 +29,11 @@ TYPES = ("Q4_0", "Q5_0", "Q4_1", "Q5_1", "IQ4_NL", "Q8_0")
 
 def weight(name: str, n_rows: int, n_cols: int, rng) -> Tensor:
     t = GGMLType[name]
-    if t == GGMLType.IQ4_NL:  # not produced by quantize(): random blocks with a sane f16 d
-        b = rng.integers(0, 256, (n_rows * n_cols // 32, 18), dtype=np.uint8)
-        b[:, :2] = np.array([0.01], np.float16).view(np.uint8)
+    if t in K_F16_FIELDS:  # IQ4_NL, K-quants, IQ4_XS: not produced by quantize(): random blocks, sane f16 scales
+        block, size = GGML_QUANT_SIZES[t]
+        b = rng.integers(0, 256, (n_rows * n_cols // block, size), dtype=np.uint8)
+        for off in K_F16_FIELDS[t]:
+            b[:, off:off + 2] = np.array([0.01], np.float16).view(np.uint8)
         return Tensor("w", t, (n_rows, n_cols), b.reshape(n_rows, -1))
     return Tensor("w", t, (n_rows, n_cols), cpu.quantize(rng.standard_normal((n_rows, n_cols), dtype=np.float32), t))
 

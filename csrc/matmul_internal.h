@@ -16,6 +16,9 @@
  *   Q3_K (256 = 16 groups of 16, 6-bit scale each, packed in scales[12], used as sc - 32): element
  *     128n + 32j + l = bits 2j..2j+1 of qs[32n + l] | bit 4n + j of hmask[l] << 2; value = d * (sc - 32) * (q - 4).
  *     Group g's scale: low 4 bits = nibble g / 8 of scales[g % 8], high 2 bits = bits 2(g / 4).. of scales[8 + g % 4].
+ *   IQ4_XS (256 = 8 sub-blocks of 32, 6-bit scale ls each): f16 d, uint16 scales_h, scales_l[4], qs[128].
+ *     ls of sub-block s = nibble s % 2 of scales_l[s / 2] | bits 2s..2s+1 of scales_h << 4; its 32 elements are
+ *     the low nibbles of qs[16s..16s+15] then their high nibbles; value = d * (ls - 32) * pi_iq4nl_values[nibble].
  *   Q8_K (activations only): f32 d, int8 qs[256], int16 bsums[16] (sums of 16 consecutive qs).
  */
 #ifndef PI_MATMUL_INTERNAL_H
@@ -43,6 +46,7 @@ typedef struct { uint16_t d; uint8_t qs[QK / 2]; } block_iq4_nl;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_K;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } block_q6_K;
+typedef struct { uint16_t d, scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } block_iq4_xs;
 typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;
 _Static_assert(sizeof(block_q8_0) == 34, "Q8_0 block is 34 bytes");
 _Static_assert(sizeof(block_q4_0) == 18, "Q4_0 block is 18 bytes");
@@ -55,6 +59,7 @@ _Static_assert(sizeof(block_iq4_nl) == 18, "IQ4_NL block is 18 bytes");
 _Static_assert(sizeof(block_q4_K) == 144, "Q4_K block is 144 bytes");
 _Static_assert(sizeof(block_q5_K) == 176, "Q5_K block is 176 bytes");
 _Static_assert(sizeof(block_q6_K) == 210, "Q6_K block is 210 bytes");
+_Static_assert(sizeof(block_iq4_xs) == 136, "IQ4_XS block is 136 bytes");
 _Static_assert(sizeof(block_q8_K) == 292, "Q8_K block is 292 bytes");
 
 uint16_t pi_f32_to_f16(float f); /* round to nearest even (quant.c) */
@@ -76,11 +81,18 @@ static const int8_t pi_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, 
 static inline int pi_is_k_type(int type) {
     return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q6_K
         || type == PI_Q2_K
-        || type == PI_Q3_K;
+        || type == PI_Q3_K
+        || type == PI_IQ4_XS;
 }
 
-/* elements per scale group of a K-quant: 32 (Q4_K, Q5_K) or 16 (Q2_K, Q3_K, Q6_K) */
-static inline int pi_qk_group(int type) { return type == PI_Q4_K || type == PI_Q5_K ? 32 : 16; }
+/* elements per scale group of a K-quant: 32 (Q4_K, Q5_K, IQ4_XS) or 16 (Q2_K, Q3_K, Q6_K) */
+static inline int pi_qk_group(int type) { return type == PI_Q4_K || type == PI_Q5_K || type == PI_IQ4_XS ? 32 : 16; }
+
+/* IQ4_XS: the 8 six-bit sub-block scales of a super-block, minus 32 */
+static inline void pi_iq4xs_scales(const block_iq4_xs *b, int8_t ls[8]) {
+    for (int s = 0; s < 8; s++)
+        ls[s] = (int8_t)((((b->scales_l[s / 2] >> (4 * (s % 2))) & 15) | ((b->scales_h >> (2 * s)) & 3) << 4) - 32);
+}
 
 /* Q3_K: the 16 six-bit scales of a super-block from its 12 packed bytes, minus 32 */
 static inline void pi_q3k_scales(const uint8_t *p, int8_t sc[16]) {
@@ -127,9 +139,9 @@ static inline void pi_unpack_q32(int type, const uint8_t *blk, int8_t q[QK], flo
     *m = type == PI_Q5_0 ? 0.0f : pi_h2f(mh);
 }
 
-/* One K-quant super-block -> q int8 [256] (Q6_K: minus 32; Q3_K: minus 4; Q2_K/Q4_K/Q5_K: unsigned), and per
- * group the f32 factors of value = dsc[g] * q - dmn[g]: groups of 32 (Q4_K/Q5_K: dsc = d * sc, dmn = dmin * m)
- * or of 16 (Q2_K: the same; Q3_K: dsc = d * (sc - 32), dmn = 0; Q6_K: dsc = d * sc, dmn = 0). The products are
+/* One K-quant super-block -> q int8 [256] (Q6_K: minus 32; Q3_K: minus 4; Q2_K/Q4_K/Q5_K: unsigned; IQ4_XS:
+ * the table's levels), and per group the f32 factors of value = dsc[g] * q - dmn[g]: groups of 32 (Q4_K/Q5_K:
+ * dsc = d * sc, dmn = dmin * m; IQ4_XS: dsc = d * (ls - 32), dmn = 0) or of 16 (Q2_K: the same; Q3_K: dsc = d * (sc - 32), dmn = 0; Q6_K: dsc = d * sc, dmn = 0). The products are
  * rounded to f32 the way gguf's numpy decoder rounds them. */
 static inline void pi_unpack_qk(int type, const uint8_t *blk, int8_t q[QK_K], float dsc[16], float dmn[16]) {
     if (type == PI_Q2_K || type == PI_Q3_K) { /* same element order; Q3_K adds a high bit from hmask */
@@ -154,6 +166,21 @@ static inline void pi_unpack_qk(int type, const uint8_t *blk, int8_t q[QK_K], fl
             pi_q3k_scales(b3->scales, sc);
             const float d = pi_h2f(b3->d);
             for (int g = 0; g < 16; g++) { dsc[g] = d * (float)sc[g]; dmn[g] = 0.0f; }
+        }
+        return;
+    }
+    if (type == PI_IQ4_XS) {
+        const block_iq4_xs *b = (const block_iq4_xs *)blk;
+        int8_t ls[8];
+        pi_iq4xs_scales(b, ls);
+        const float d = pi_h2f(b->d);
+        for (int s = 0; s < 8; s++) {
+            for (int l = 0; l < 16; l++) {
+                q[32 * s + l] = pi_iq4nl_values[b->qs[16 * s + l] & 15];
+                q[32 * s + 16 + l] = pi_iq4nl_values[b->qs[16 * s + l] >> 4];
+            }
+            dsc[s] = d * (float)ls[s];
+            dmn[s] = 0.0f;
         }
         return;
     }
@@ -188,7 +215,7 @@ static inline void pi_unpack_qk(int type, const uint8_t *blk, int8_t q[QK_K], fl
     }
 }
 
-/* K-quant matmuls (matmul_k.c), called by pi_matmul / pi_matmul_rows for Q2_K, Q3_K, Q4_K, Q5_K and Q6_K.
+/* K-quant matmuls (matmul_k.c), called by pi_matmul / pi_matmul_rows for Q2_K ... Q6_K and IQ4_XS.
  * rows == NULL: all n_rows rows; else the n_rows selected rows rows[0..n_rows-1]. y f32 [n_tok, n_rows]. */
 void pi_matmul_k(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *rows, int64_t n_rows,
                  const float *x, int64_t n_tok, float *y);

@@ -1,5 +1,5 @@
-/* matmul_k.c: y[t, r] = sum_c w[r, c] * x[t, c] for the K-quants Q2_K ... Q6_K (llama.cpp's layouts,
- * see matmul_internal.h), dense (pi_matmul) or on selected rows (pi_matmul_rows).
+/* matmul_k.c: y[t, r] = sum_c w[r, c] * x[t, c] for the K-quants Q2_K ... Q6_K and IQ4_XS (llama.cpp's
+ * layouts, see matmul_internal.h), dense (pi_matmul) or on selected rows (pi_matmul_rows).
  *
  * As in llama.cpp, each token's activations are first quantized to Q8_K super-blocks of 256:
  *   m = the first element of largest magnitude (sign kept), iscale = -127 / m, q = min(127, round-half-even(
@@ -11,6 +11,8 @@
  *              y += (d_x * d) * isum.
  *   Q2_K:      as Q4_K over 16 groups of 16: imin = sum_g m_g * bsum_g.
  *   Q3_K:      as Q6_K with s_g = sc_g - 32 and q_w unsigned 0..7: isum = sum_g s_g * (q_w . q_x) - 4 * sum_g s_g * bsum_g.
+ *   IQ4_XS:    isum = sum_s (ls_s - 32) * (t_w . q_x over sub-block s), t_w the signed table levels -127..113,
+ *              y += (d_x * d) * isum (llama.cpp's ggml_vec_dot_iq4_xs_q8_K: the same integers).
  * (llama.cpp's ggml_vec_dot_q2_K_q8_K / q3_K_q8_K compute the same integers and the same per-super-block f32
  * scale products; only the order of the f32 additions across super-blocks differs.)
  * Variants:
@@ -18,6 +20,11 @@
  *     int16 pair sums (no saturation: q_w <= 63), then dpwssd (VNNI) or madd + add multiplies them by the
  *     sub-block scales (spread over the words by one vpermw) into int32 lanes; per super-block the lanes go to
  *     f32 with one fma. The min / -32 terms use the int16 bsums with one madd.
+ *     IQ4_XS: its levels are signed and reach 127 in magnitude, so offsetting them by +128 (and subtracting
+ *     128 * bsums, as Q6_K does with 32) would overflow maddubs' int16 pair sums (2 * 241 * 127). Instead the
+ *     tile keeps |t_w| (one pshufb of the nibbles into a table of magnitudes) and the mask of negative levels,
+ *     and each token's activations get those signs (one masked subtract): |t_w| * (+-q_x) = t_w * q_x, pair
+ *     sums <= 2 * 127 * 127 (q_x >= -127 in Q8_K).
  *     Prefill (batches of KT = 8 tokens or more) is compute-bound, and unpacking a super-block (nibbles, high
  *     bits, 6-bit scales, scale words) costs about as much as one token's dots on it, so a tile unpacks each
  *     super-block of a row once for KT tokens (ksb below). Rows go in blocks of RB = 16, and each block walks
@@ -141,6 +148,7 @@ typedef struct {
                       Q2_K/Q3_K: sw[0], sw[1] the 16 scales arranged for scale_groups16 */
     __m256i m16;   /* Q4_K/Q5_K/Q2_K: the mins as words, each paired with its bsum; Q6_K/Q3_K: the signed
                       scales (for the -32 / -4 offset term) */
+    __mmask64 neg[4]; /* IQ4_XS: the weights of z[c] whose level is negative (z holds magnitudes) */
     float d, dmin;
 } ksb;
 
@@ -314,9 +322,49 @@ INLINE void token_q23k(const ksb *s, const block_q8_K *x, __m512 *acc, __m256 *a
     }
 }
 
+/* IQ4_XS: chunk c of 64 weights = sub-blocks 2c (bytes 0..31) and 2c + 1 (32..63); sub-block s is the low
+ * nibbles of qs[16s..16s+15] then their high nibbles, so the 128-bit lanes of z take qs[32c..32c+15] low, the
+ * same high, qs[32c+16..32c+31] low, the same high */
+INLINE void unpack_iq4xs(const uint8_t *blk, ksb *s) {
+    const block_iq4_xs *b = (const block_iq4_xs *)blk;
+    uint32_t sl;
+    memcpy(&sl, b->scales_l, 4);
+    const __m128i v = _mm_cvtsi32_si128((int)sl);
+    const __m128i lo = _mm_unpacklo_epi8(_mm_and_si128(v, _mm_set1_epi8(15)),
+                                         _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15))); /* byte s: low 4 bits */
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi16(_mm_set1_epi16((short)b->scales_h),
+                                                    _mm_setr_epi16(0, 2, 4, 6, 8, 10, 12, 14)), _mm_set1_epi16(3));
+    const __m128i sc = _mm_sub_epi16(_mm_or_si128(_mm_cvtepu8_epi16(lo), _mm_slli_epi16(hi, 4)), _mm_set1_epi16(32));
+    const __m512i s16 = _mm512_zextsi128_si512(sc); /* words 0..7: ls - 32 */
+    const __m512i mag = _mm512_broadcast_i32x4(_mm_setr_epi8(127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53,
+                                                              69, 89, 113)); /* |pi_iq4nl_values| */
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m512i q = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * c)));
+        __m512i z = _mm512_shuffle_i64x2(q, q, 0x50); /* lanes 0, 0, 1, 1 */
+        z = _mm512_and_si512(_mm512_mask_srli_epi16(z, 0xff00ff00u, z, 4), _mm512_set1_epi8(0x0f));
+        s->neg[c] = _mm512_cmplt_epu8_mask(z, _mm512_set1_epi8(8)); /* levels 0..7 are the negative ones */
+        s->z[c] = _mm512_shuffle_epi8(mag, z);
+        s->sw[c] = scale_words(s16, 2 * c, 0);
+    }
+    s->d = pi_h2f(b->d);
+}
+
+INLINE void token_iq4xs(const ksb *s, const block_q8_K *x, __m512 *acc) {
+    __m512i isum = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m512i xq = _mm512_loadu_si512(x->qs + 64 * c);
+        const __m512i xs = _mm512_mask_sub_epi8(xq, s->neg[c], _mm512_setzero_si512(), xq);
+        isum = dot_acc(isum, _mm512_maddubs_epi16(s->z[c], xs), s->sw[c]);
+    }
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(x->d * s->d), *acc);
+}
+
 INLINE size_t k_block_size(const int type) { /* a compile-time constant where type is one */
     return type == PI_Q4_K ? sizeof(block_q4_K) : type == PI_Q5_K ? sizeof(block_q5_K)
-         : type == PI_Q6_K ? sizeof(block_q6_K) : type == PI_Q2_K ? sizeof(block_q2_K) : sizeof(block_q3_K);
+         : type == PI_Q6_K ? sizeof(block_q6_K) : type == PI_Q2_K ? sizeof(block_q2_K)
+         : type == PI_IQ4_XS ? sizeof(block_iq4_xs) : sizeof(block_q3_K);
 }
 
 INLINE int k_has_min(const int type) { return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q2_K; }
@@ -324,12 +372,14 @@ INLINE int k_has_min(const int type) { return type == PI_Q4_K || type == PI_Q5_K
 INLINE void k_unpack(const int type, const uint8_t *blk, ksb *s) {
     if (type == PI_Q4_K || type == PI_Q5_K) unpack_q45k(blk, s, type == PI_Q5_K);
     else if (type == PI_Q6_K) unpack_q6k(blk, s);
+    else if (type == PI_IQ4_XS) unpack_iq4xs(blk, s);
     else unpack_q23k(blk, s, type == PI_Q3_K);
 }
 
 INLINE void k_token(const int type, const ksb *s, const block_q8_K *x, __m512 *acc, __m256 *accm) {
     if (type == PI_Q4_K || type == PI_Q5_K) token_q45k(s, x, acc, accm);
     else if (type == PI_Q6_K) token_q6k(s, x, acc);
+    else if (type == PI_IQ4_XS) token_iq4xs(s, x, acc);
     else token_q23k(s, x, acc, accm, type == PI_Q3_K);
 }
 
@@ -385,6 +435,7 @@ K_SPAN_FN(span_q3k, dot_q3k, PI_Q3_K)
 K_SPAN_FN(span_q4k, dot_q4k, PI_Q4_K)
 K_SPAN_FN(span_q5k, dot_q5k, PI_Q5_K)
 K_SPAN_FN(span_q6k, dot_q6k, PI_Q6_K)
+K_SPAN_FN(span_iq4xs, dot_iq4xs, PI_IQ4_XS)
 
 /* A tile: KT tokens */
 static void row_span(int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb, int64_t i0, int64_t i1,
@@ -394,6 +445,7 @@ static void row_span(int type, const uint8_t *row, const block_q8_K *x, int64_t 
     case PI_Q3_K: span_q3k(row, x, n_sb, i0, i1, a); return;
     case PI_Q5_K: span_q5k(row, x, n_sb, i0, i1, a); return;
     case PI_Q6_K: span_q6k(row, x, n_sb, i0, i1, a); return;
+    case PI_IQ4_XS: span_iq4xs(row, x, n_sb, i0, i1, a); return;
     default: span_q4k(row, x, n_sb, i0, i1, a); return;
     }
 }
@@ -404,6 +456,7 @@ static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t 
     case PI_Q3_K: return dot_q3k(row, x, n_sb);
     case PI_Q5_K: return dot_q5k(row, x, n_sb);
     case PI_Q6_K: return dot_q6k(row, x, n_sb);
+    case PI_IQ4_XS: return dot_iq4xs(row, x, n_sb);
     default: return dot_q4k(row, x, n_sb);
     }
 }
@@ -444,6 +497,18 @@ static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t 
                 continue;
             }
             acc += (x->d * pi_h2f(b2->d)) * (float)isum - (x->d * pi_h2f(b2->dmin)) * (float)imin;
+            continue;
+        }
+        if (type == PI_IQ4_XS) { /* q the signed levels; 8 sub-blocks of 32, scales ls - 32 */
+            const block_iq4_xs *b = (const block_iq4_xs *)blk;
+            int8_t ls[8];
+            pi_iq4xs_scales(b, ls);
+            for (int s = 0; s < 8; s++) {
+                int32_t d = 0;
+                for (int l = 0; l < 32; l++) d += q[32 * s + l] * x->qs[32 * s + l];
+                isum += ls[s] * d;
+            }
+            acc += (x->d * pi_h2f(b->d)) * (float)isum;
             continue;
         }
         if (type == PI_Q6_K) { /* q already minus 32: the same integer as the -32 * bsums form */

@@ -23,6 +23,7 @@ KERNEL_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLTy
                 GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
                 GGMLType.Q2_K,
                 GGMLType.Q3_K,
+                GGMLType.IQ4_XS,
                 )
 
 _FLOAT_DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.BF16: np.uint16}

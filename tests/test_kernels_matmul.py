@@ -21,6 +21,7 @@ BLOCK_TYPES = Q0_TYPES + Q1_TYPES + (GGMLType.IQ4_NL,)
 K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,  # 256-element super-blocks, Q8_K activations
            GGMLType.Q2_K,
            GGMLType.Q3_K,
+           GGMLType.IQ4_XS,  # IQ4_NL's levels in 8 sub-blocks of 32 with 6-bit scales
            )
 RANDOM_TYPES = K_TYPES + (GGMLType.IQ4_NL,)  # types tests build from random bytes
 QUANTIZABLE = FLOAT_TYPES + Q0_TYPES + Q1_TYPES
@@ -29,6 +30,7 @@ EPS32 = 2.0 ** -24  # f32 unit roundoff
 K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),
                 GGMLType.Q2_K: (80, 82),
                 GGMLType.Q3_K: (108,),
+                GGMLType.IQ4_XS: (0,),
                 }
 K_F16_FIELDS[GGMLType.IQ4_NL] = (0,)  # its one f16 d: random bytes after it are a valid IQ4_NL block too
 
@@ -328,7 +330,7 @@ def test_bad_input_raises(kernels):
     for module in (cpu, ref):
         with pytest.raises(ValueError, match="multiple of 32"):
             module.quantize(np.zeros((2, 33), dtype=np.float32), GGMLType.Q4_0)
-        for unsupported in (GGMLType.IQ4_XS, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K):
+        for unsupported in (GGMLType.IQ4_XS, GGMLType.IQ3_S, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K):
             with pytest.raises(UnsupportedError):
                 module.quantize(np.zeros((2, 256), dtype=np.float32), unsupported)
 

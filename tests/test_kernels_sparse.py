@@ -13,7 +13,7 @@ cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not b
 
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 EPS32 = 2.0 ** -24  # f32 unit roundoff
-K_TYPES = tuple(t for t in KERNEL_TYPES if t.name.endswith("_K"))  # 256-element super-blocks
+K_TYPES = tuple(t for t in KERNEL_TYPES if t.name.endswith("_K") or t == GGMLType.IQ4_XS)  # 256-element super-blocks
 RANDOM_TYPES = K_TYPES + (GGMLType.IQ4_NL,)  # computed on, not produced by quantize(): random bytes
 
 
@@ -29,6 +29,7 @@ def pools():
 K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),
                 GGMLType.Q2_K: (80, 82),
                 GGMLType.Q3_K: (108,),
+                GGMLType.IQ4_XS: (0,),
                 }
 K_F16_FIELDS[GGMLType.IQ4_NL] = (0,)  # its one f16 d: random bytes after it are a valid IQ4_NL block too
 

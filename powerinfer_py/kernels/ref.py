@@ -28,12 +28,14 @@ IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38
 _K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,  # activations quantized to Q8_K
             GGMLType.Q2_K,
             GGMLType.Q3_K,
+            GGMLType.IQ4_XS,  # 8 sub-blocks of 32 with 6-bit scales, IQ4_NL's levels
             )
 _BLOCK_BYTES = {GGMLType.Q8_0: 34, GGMLType.Q4_0: 18, GGMLType.Q5_0: 22,
                 GGMLType.Q4_1: 20, GGMLType.Q5_1: 24, GGMLType.IQ4_NL: 18,
                 GGMLType.Q4_K: 144, GGMLType.Q5_K: 176, GGMLType.Q6_K: 210,
                 GGMLType.Q2_K: 84,
                 GGMLType.Q3_K: 110,
+                GGMLType.IQ4_XS: 136,
                 }
 _TWO_BIT_SHIFTS = np.array([0, 2, 4, 6], np.uint8)[:, None]  # Q2_K/Q3_K: 2-bit field j of a byte
 
@@ -189,11 +191,18 @@ def _blocks(t: Tensor) -> tuple[np.ndarray, np.ndarray]:
 
 def _k_blocks(t: Tensor) -> dict:
     """K-quant tensor -> integer parts, per row r, super-block s:
-    q int8 [R, S, 256] (Q6_K: minus 32, Q3_K: minus 4), sc int [R, S, G] (G = 8 groups of 32 for Q4_K/Q5_K,
-    16 of 16 for Q2_K/Q3_K/Q6_K; Q3_K: the 6-bit scale minus 32), mn int [R, S, G] (Q2_K/Q4_K/Q5_K: the mins),
-    d, dmin f32 [R, S]."""
+    q int8 [R, S, 256] (Q6_K: minus 32, Q3_K: minus 4, IQ4_XS: the IQ4_NL levels), sc int [R, S, G] (G = 8
+    groups of 32 for Q4_K/Q5_K/IQ4_XS, 16 of 16 for Q2_K/Q3_K/Q6_K; Q3_K and IQ4_XS: the 6-bit scale minus 32),
+    mn int [R, S, G] (Q2_K/Q4_K/Q5_K: the mins), d, dmin f32 [R, S]."""
     ns = t.n_cols // QK_K
     b = np.ascontiguousarray(t.data).reshape(t.n_rows, ns, _BLOCK_BYTES[t.type])
+    if t.type == GGMLType.IQ4_XS:  # f16 d, uint16 scales_h, scales_l[4], qs[128]
+        low = b[..., 4:8, None] >> np.array([0, 4], np.uint8)  # sub-block s: nibble s % 2 of scales_l[s // 2]
+        high = b[..., 2:4].copy().view(np.uint16).astype(np.int64) >> (2 * np.arange(8))  # bits 2s, 2s + 1
+        sc = (low.reshape(*b.shape[:2], 8).astype(np.int64) & 15) | ((high & 3) << 4)
+        qs = b[..., 8:].reshape(*b.shape[:2], 8, 16)  # sub-block s: low nibbles, then high nibbles
+        q = IQ4NL_VALUES[np.concatenate([qs & 0x0F, qs >> 4], axis=-1)].reshape(*b.shape[:2], QK_K)
+        return {"q": q, "sc": sc - 32, "d": _f16(b[..., :2])}
     if t.type in (GGMLType.Q2_K, GGMLType.Q3_K):  # element 128n + 32j + l: bits 2j of qs[32n + l]
         qs = b[..., 16:80] if t.type == GGMLType.Q2_K else b[..., 32:96]
         q = ((qs.reshape(*b.shape[:2], 2, 1, 32) >> _TWO_BIT_SHIFTS) & 3).reshape(*b.shape[:2], QK_K).astype(np.int8)
