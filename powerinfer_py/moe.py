@@ -117,15 +117,15 @@ class MoEFFN:
         return y
 
     def _batch(self, x: np.ndarray, chosen: np.ndarray, w: np.ndarray) -> np.ndarray:
-        """Tokens in slices of BATCH_SLICE (each expert's outputs for a slice are held until they are added in
-        every token's chosen order: n_used x slice x n_embd floats)."""
+        """Tokens in slices of BATCH_SLICE (a slice's inputs and outputs are held once per chosen expert:
+        n_used x slice x n_embd floats each)."""
         y = np.empty_like(x)
         for t0 in range(0, len(x), self.BATCH_SLICE):
             t1 = t0 + self.BATCH_SLICE
             y[t0:t1] = self._slice(x[t0:t1], chosen[t0:t1], w[t0:t1])
         return y
 
-    BATCH_SLICE = 256
+    BATCH_SLICE = 256  # tokens per pass: their (token, expert) rows are gathered and held at once
 
     def _slice(self, x: np.ndarray, chosen: np.ndarray, w: np.ndarray) -> np.ndarray:
         k = self.k
@@ -138,9 +138,11 @@ class MoEFFN:
         xs = np.ascontiguousarray(x[tok])
         h = k.swiglu(k.matmul_experts(self.gate, experts, tok_off, xs), k.matmul_experts(self.up, experts, tok_off, xs))
         o = k.matmul_experts(self.down, experts, tok_off, h)
-        contrib = np.empty((n_used, n_tok, x.shape[1]), dtype=np.float32)
-        contrib[slot, tok] = o * w[tok, slot][:, None]
-        y = contrib[0].copy()
+        o *= w[tok, slot][:, None]
+        # every token once per rank: rank 0's outputs, then rank 1's added, ... (each token's chosen order)
+        by_rank = np.argsort(slot, kind="stable").reshape(n_used, n_tok)
+        y = np.empty_like(x)
+        y[tok[by_rank[0]]] = o[by_rank[0]]
         for r in range(1, n_used):
-            y += contrib[r]
+            y[tok[by_rank[r]]] += o[by_rank[r]]
         return y
