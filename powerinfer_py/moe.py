@@ -119,6 +119,8 @@ class MoEFFN:
     def _batch(self, x: np.ndarray, chosen: np.ndarray, w: np.ndarray) -> np.ndarray:
         """Tokens in slices of BATCH_SLICE (a slice's inputs and outputs are held once per chosen expert:
         n_used x slice x n_embd floats each)."""
+        if len(x) <= self.BATCH_SLICE:
+            return self._slice(x, chosen, w)
         y = np.empty_like(x)
         for t0 in range(0, len(x), self.BATCH_SLICE):
             t1 = t0 + self.BATCH_SLICE
