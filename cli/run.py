@@ -147,6 +147,11 @@ def _print_sparsity(llm) -> None:
         mode += f", threshold {llm.sparse.threshold:g}"
     if llm.sparse.mode == "threshold":
         mode += f", target sparsity {llm.sparse.sparsity:g}"
+    if llm.config.n_expert:
+        from powerinfer_py.moe import usage_note
+
+        stderr.print(f"{mode} ({usage_note(llm.config, llm.model.ffns)})", style="dim")
+        return
     if st is None or not st.tokens.any():
         stderr.print(mode + " (no ReLU-family FFN: nothing to count)" if st is None else mode, style="dim")
         return

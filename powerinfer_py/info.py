@@ -162,11 +162,10 @@ def measure_activity(path: str | os.PathLike, threads: int | None = None, n_deco
                                "tokens": gen.stats.n_prompt + gen.stats.n_gen}
         c = llm.config
         if c.n_expert:
-            counts = [f.counts for f in llm.model.ffns]
-            busiest = float(np.mean([x.max() / max(1, x.sum()) for x in counts]))
-            out["note"] = (f"a mixture of experts: each token runs {c.n_expert_used} of {c.n_expert} experts per "
-                           f"layer; the busiest expert of a layer took {100 * busiest:.0f}% of its routings")
-            out["expert_counts"] = [x.tolist() for x in counts]
+            from .moe import usage_note
+
+            out["note"] = usage_note(c, llm.model.ffns)
+            out["expert_counts"] = [f.counts.tolist() for f in llm.model.ffns]
             return out
         if st is None:
             out["note"] = "the FFN is not ReLU-family: every neuron is computed for every token"

@@ -34,6 +34,14 @@ def require_dense_ffn(config, what: str) -> None:
                                f"({config.n_expert} experts per layer)")
 
 
+def usage_note(config, ffns) -> str:
+    """One line on how a run spread its tokens over the experts (for `run -v` and `info -v`)."""
+    counts = [f.counts for f in ffns if isinstance(f, MoEFFN)]
+    busiest = float(np.mean([c.max() / max(1, c.sum()) for c in counts])) if counts else 0.0
+    return (f"a mixture of experts: each token runs {config.n_expert_used} of {config.n_expert} experts per layer; "
+            f"the busiest expert of a layer took {100 * busiest:.0f}% of its routings")
+
+
 def expert_rows(t: Tensor) -> Tensor:
     """A 3-D expert tensor (n_expert, rows, cols) as one 2-D tensor (n_expert * rows, cols), same bytes."""
     n_expert, rows, cols = t.shape
