@@ -188,11 +188,13 @@ def _hf_rope(x, pos, theta, inv_freq=None):
 
 
 MOE_NAMES = {"Qwen3MoeForCausalLM": ("mlp.gate", "mlp.experts", ("gate_proj", "up_proj", "down_proj")),
+             "Qwen2MoeForCausalLM": ("mlp.gate", "mlp.experts", ("gate_proj", "up_proj", "down_proj")),
              "MixtralForCausalLM": ("block_sparse_moe.gate", "block_sparse_moe.experts", ("w1", "w3", "w2"))}
 
 
-def moe_weights(w: dict[str, np.ndarray], rng, arch: str, *, n_layer, n_embd, n_expert, n_ff) -> dict:
-    """llama_weights with each layer's MLP replaced by a router and n_expert SwiGLU experts of width n_ff."""
+def moe_weights(w: dict[str, np.ndarray], rng, arch: str, *, n_layer, n_embd, n_expert, n_ff, n_ff_shared=0) -> dict:
+    """llama_weights with each layer's MLP replaced by a router and n_expert SwiGLU experts of width n_ff (and,
+    n_ff_shared > 0, Qwen2-MoE's shared expert with its gate)."""
     router, experts, (g, u, d) = MOE_NAMES[arch]
     w = {k: v for k, v in w.items() if ".mlp." not in k}
     for il in range(n_layer):
@@ -201,11 +203,17 @@ def moe_weights(w: dict[str, np.ndarray], rng, arch: str, *, n_layer, n_embd, n_
         for e in range(n_expert):
             for proj, shape in ((g, (n_ff, n_embd)), (u, (n_ff, n_embd)), (d, (n_embd, n_ff))):
                 w[f"{p}{experts}.{e}.{proj}.weight"] = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+        if n_ff_shared:
+            for proj, shape in (("gate_proj", (n_ff_shared, n_embd)), ("up_proj", (n_ff_shared, n_embd)),
+                                ("down_proj", (n_embd, n_ff_shared))):
+                w[f"{p}mlp.shared_expert.{proj}.weight"] = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+            w[f"{p}mlp.shared_expert_gate.weight"] = (rng.standard_normal((1, n_embd)) / np.sqrt(n_embd)).astype(np.float32)
     return w
 
 
 def _hf_moe(w, p, h, cfg) -> np.ndarray:
-    """The HF mixture-of-experts MLP (Qwen3-MoE, Mixtral): softmax router, top-k, weights renormalized."""
+    """The HF mixture-of-experts MLP (Qwen3-MoE, Qwen2-MoE, Mixtral): softmax router, top-k, weights
+    renormalized where config norm_topk_prob says so (Mixtral always), plus Qwen2-MoE's gated shared expert."""
     router, experts, (g, u, d) = MOE_NAMES[cfg["architectures"][0]]
     logits = h @ w[f"{p}{router}.weight"].T
     probs = np.exp(logits - logits.max(-1, keepdims=True))
@@ -213,11 +221,16 @@ def _hf_moe(w, p, h, cfg) -> np.ndarray:
     out = np.zeros_like(h)
     for t in range(len(h)):
         top = np.argsort(-probs[t])[:cfg["num_experts_per_tok"]]
-        weights = probs[t, top] / probs[t, top].sum()
+        weights = probs[t, top] / (probs[t, top].sum() if cfg.get("norm_topk_prob", True) else 1.0)
         for e, we in zip(top, weights):
             q = f"{p}{experts}.{e}."
             gate = w[q + g + ".weight"] @ h[t]
             out[t] += we * (w[q + d + ".weight"] @ (gate / (1 + np.exp(-gate)) * (w[q + u + ".weight"] @ h[t])))
+    if f"{p}mlp.shared_expert_gate.weight" in w:
+        q = f"{p}mlp.shared_expert."
+        gate = h @ w[q + "gate_proj.weight"].T
+        shared = (gate / (1 + np.exp(-gate)) * (h @ w[q + "up_proj.weight"].T)) @ w[q + "down_proj.weight"].T
+        out += shared / (1 + np.exp(-(h @ w[f"{p}mlp.shared_expert_gate.weight"].T)))
     return out
 
 

@@ -187,7 +187,7 @@ def test_q4_k_m_file_from_llama_cpp_quantizer(synthetic_model, tmp_path):
 HF_DIMS = dict(n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, n_vocab=512)
 
 
-@pytest.mark.parametrize("hf_arch", ["Qwen3MoeForCausalLM", "MixtralForCausalLM"])
+@pytest.mark.parametrize("hf_arch", ["Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM"])
 def test_hf_checkpoint_converts_and_runs_like_the_hf_model(tmp_path, hf_arch):
     """The experts of each layer are stacked into 3-D tensors in llama.cpp's names (the router kept f32):
     llama.cpp and our engine both run the converted file with the logits of a float64 HF reference."""
@@ -195,19 +195,24 @@ def test_hf_checkpoint_converts_and_runs_like_the_hf_model(tmp_path, hf_arch):
 
     from powerinfer_py.convert import convert
 
-    qwen = hf_arch.startswith("Qwen3")
-    extra = dict(num_experts=4, moe_intermediate_size=48, norm_topk_prob=True, head_dim=32) if qwen else \
-        dict(num_local_experts=4)
-    cfg = llama_config(**HF_DIMS, arch=hf_arch, num_experts_per_tok=2, rope_theta=1e6 if qwen else 1e4, **extra)
+    qwen3, qwen2 = hf_arch.startswith("Qwen3"), hf_arch.startswith("Qwen2")
+    extra = (dict(num_experts=4, moe_intermediate_size=48, norm_topk_prob=True, head_dim=32) if qwen3 else
+             dict(num_experts=4, moe_intermediate_size=48, norm_topk_prob=False, shared_expert_intermediate_size=96)
+             if qwen2 else dict(num_local_experts=4))
+    cfg = llama_config(**HF_DIMS, arch=hf_arch, num_experts_per_tok=2, rope_theta=1e4 if not (qwen2 or qwen3) else 1e6,
+                       **extra)
     rng = np.random.default_rng(7)
-    w = llama_weights(rng, **HF_DIMS, head_dim=32 if qwen else None, qk_norm=qwen)
-    w = moe_weights(w, rng, hf_arch, n_layer=2, n_embd=64, n_expert=4, n_ff=48 if qwen else 128)
+    w = llama_weights(rng, **HF_DIMS, head_dim=32 if qwen3 else None, qk_norm=qwen3, qkv_bias=qwen2)
+    w = moe_weights(w, rng, hf_arch, n_layer=2, n_embd=64, n_expert=4, n_ff=48 if qwen2 or qwen3 else 128,
+                    n_ff_shared=96 if qwen2 else 0)
     w = write_checkpoint(tmp_path / "hf", cfg, w, dtype="BF16")
     out = convert(tmp_path / "hf", tmp_path / "model.gguf", outtype="f32")
-    arch = "qwen3moe" if qwen else "llama"
+    arch = "qwen3moe" if qwen3 else "qwen2moe" if qwen2 else "llama"
     with open_gguf(out) as f:
         assert f.metadata["general.architecture"] == arch and f.metadata[f"{arch}.expert_count"] == 4
-        assert f.tensors["blk.1.ffn_down_exps.weight"].shape == (4, 64, 48 if qwen else 128)
+        assert f.tensors["blk.1.ffn_down_exps.weight"].shape == (4, 64, 48 if qwen2 or qwen3 else 128)
+        if qwen2:
+            assert f.tensors["blk.0.ffn_gate_inp_shexp.weight"].shape == (64,)
     expected = hf_llama_forward(w, cfg, TOKENS)
     theirs = llama_cpp_logits(out, TOKENS)
     ours, _ = _ours(out)

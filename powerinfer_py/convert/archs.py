@@ -84,25 +84,30 @@ def _experts(ckpt: Checkpoint, arch: str) -> dict[str, Any]:
     where = ckpt.folder / "config.json"
     n_expert = cfg_value(ckpt, "num_experts", "num_local_experts")
     meta = {f"{arch}.expert_count": int(n_expert), f"{arch}.expert_used_count": int(cfg_value(ckpt, "num_experts_per_tok"))}
-    if arch == "qwen3moe":
+    if arch in ("qwen2moe", "qwen3moe"):
         meta[f"{arch}.expert_feed_forward_length"] = int(cfg_value(ckpt, "moe_intermediate_size"))
-        if not ckpt.config.get("norm_topk_prob", True):
-            raise UnsupportedError(f"{where}: norm_topk_prob false is not supported (llama.cpp's qwen3moe "
-                                   "renormalizes the chosen experts' weights)")
+        renorm = arch == "qwen3moe"  # what llama.cpp does for each, whatever the config says
+        if bool(ckpt.config.get("norm_topk_prob", renorm)) != renorm:
+            raise UnsupportedError(f"{where}: norm_topk_prob {not renorm} is not supported (llama.cpp's {arch} "
+                                   f"{'renormalizes' if renorm else 'does not renormalize'} the chosen experts' "
+                                   "weights)")
         if ckpt.config.get("mlp_only_layers") or ckpt.config.get("decoder_sparse_step", 1) != 1:
             raise UnsupportedError(f"{where}: dense layers among the expert layers (mlp_only_layers, "
                                    "decoder_sparse_step) are not supported")
+    if arch == "qwen2moe":
+        meta[f"{arch}.expert_shared_feed_forward_length"] = int(cfg_value(ckpt, "shared_expert_intermediate_size"))
     return meta
 
 
 # HF names of a MoE layer (below "model.layers.N."): router, expert prefix, and the gate / up / down projections
 # (Mixtral is a llama file with experts, as llama.cpp writes it)
 MOE_HF_NAMES = {"qwen3moe": ("mlp.gate", "mlp.experts", ("gate_proj", "up_proj", "down_proj")),
+                "qwen2moe": ("mlp.gate", "mlp.experts", ("gate_proj", "up_proj", "down_proj")),
                 "llama": ("block_sparse_moe.gate", "block_sparse_moe.experts", ("w1", "w3", "w2"))}
 
 
 def _is_moe(ckpt: Checkpoint, arch: str) -> bool:
-    return arch == "qwen3moe" or (arch == "llama" and bool(ckpt.config.get("num_local_experts")))
+    return arch in ("qwen2moe", "qwen3moe") or (arch == "llama" and bool(ckpt.config.get("num_local_experts")))
 
 
 def _moe_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, hf: str, blk: str) -> None:
@@ -114,6 +119,13 @@ def _moe_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, hf: str, blk:
     for name, proj, shape in (("ffn_gate_exps", gate, (n_ff, d.n_embd)), ("ffn_up_exps", up, (n_ff, d.n_embd)),
                               ("ffn_down_exps", down, (d.n_embd, n_ff))):
         b.add_stack(f"{blk}{name}.weight", [f"{hf}{experts}.{e}.{proj}.weight" for e in range(n_expert)], shape)
+    if arch == "qwen2moe":  # the shared expert, gated by sigmoid(shared_expert_gate . x)
+        n_sh = int(cfg_value(ckpt, "shared_expert_intermediate_size"))
+        b.add(blk + "ffn_gate_inp_shexp.weight", f"{hf}mlp.shared_expert_gate.weight", (1, d.n_embd), how="vector")
+        for name, proj, shape in (("ffn_gate_shexp", "gate_proj", (n_sh, d.n_embd)),
+                                  ("ffn_up_shexp", "up_proj", (n_sh, d.n_embd)),
+                                  ("ffn_down_shexp", "down_proj", (d.n_embd, n_sh))):
+            b.add(f"{blk}{name}.weight", f"{hf}mlp.shared_expert.{proj}.weight", shape)
 
 
 def _rope_scaling_kind(ckpt: Checkpoint, arch: str) -> str | None:
@@ -158,7 +170,7 @@ def _llama3_factors(ckpt: Checkpoint, d: Dims) -> np.ndarray:
 def llama_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, sparse: bool, hook: LayerHook) -> None:
     moe = _is_moe(ckpt, arch)
     permute = arch in ("llama", "bamboo")  # qwen* use NeoX RoPE: HF's layout is already llama.cpp's
-    biases = arch == "qwen2"
+    biases = arch in ("qwen2", "qwen2moe")
     qk_norms = arch in ("qwen3", "qwen3moe")  # per-head RMSNorm weights of Q and K, [head_dim] each
     q_rows, kv_rows = d.n_head * d.head_dim, d.n_head_kv * d.head_dim
     b.add("token_embd.weight", "model.embed_tokens.weight", (d.n_vocab, d.n_embd))
@@ -321,6 +333,7 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": ("qwen2", llama_hparams, llama_tensors),
     "Qwen3ForCausalLM": ("qwen3", llama_hparams, llama_tensors),
     "Qwen3MoeForCausalLM": ("qwen3moe", llama_hparams, llama_tensors),
+    "Qwen2MoeForCausalLM": ("qwen2moe", llama_hparams, llama_tensors),
     "MixtralForCausalLM": ("llama", llama_hparams, llama_tensors),  # a llama file with experts
     "FalconForCausalLM": ("falcon", falcon_hparams, falcon_tensors),
     "RWForCausalLM": ("falcon", falcon_hparams, falcon_tensors),

@@ -8,6 +8,8 @@ Architectures (config.json "architectures"[0] -> general.architecture):
   Qwen3ForCausalLM                      -> qwen3   no biases, per-head q_norm/k_norm, NeoX RoPE, config head_dim
   Qwen3MoeForCausalLM                   -> qwen3moe  qwen3 attention, mixture-of-experts FFN (router kept f32,
                                                      each projection's experts stacked into one 3-D tensor)
+  Qwen2MoeForCausalLM                   -> qwen2moe  qwen2 attention, experts as qwen3moe, plus the shared expert
+                                                     and its gate (shared_expert_gate [1, d] -> a vector [d])
   MixtralForCausalLM                    -> llama   with experts (block_sparse_moe: w1 gate, w3 up, w2 down)
   FalconForCausalLM, RWForCausalLM      -> falcon  fused QKV (regrouped to [all q | all k | all v]), NeoX RoPE
   OPTForCausalLM                        -> opt     biases, LayerNorm, learned positions

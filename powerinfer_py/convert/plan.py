@@ -133,6 +133,10 @@ class Builder:
         elif how == "f32":  # kept in f32 whatever the output type (MoE routers, as llama.cpp keeps them)
             self.plans.append(TensorPlan(name, GGMLType.F32, tuple(src.shape), _rows(src)))
             return
+        elif how == "vector":  # a [1, n] matrix written as the vector [n] (qwen2moe's shared-expert gate)
+            n = int(np.prod(src.shape))
+            self.plans.append(TensorPlan(name, GGMLType.F32, (n,), lambda: iter([(src.read().reshape(n), src.dtype)])))
+            return
         else:
             out_shape, blocks = (src.shape[0] - first_row, *src.shape[1:]), _rows(src, first_row)
         self.plans.append(TensorPlan(name, self.type_for(out_shape), out_shape, blocks))

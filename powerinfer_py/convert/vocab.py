@@ -192,11 +192,11 @@ def pre_tokenizer_name(tok_json: dict, arch: str, path: Path) -> str:
     if not regex and "ByteLevel" in kinds and all(step.get("use_regex", True) for step in steps
                                                    if step.get("type") == "ByteLevel"):
         if kinds == ["ByteLevel"]:
-            return "qwen2" if arch in ("qwen2", "qwen3", "qwen3moe") else "gpt-2"
+            return "qwen2" if arch in ("qwen2", "qwen3", "qwen2moe", "qwen3moe") else "gpt-2"
         if sorted(kinds) == ["ByteLevel", "Digits"] and all(step.get("individual_digits") for step in steps
                                                             if step.get("type") == "Digits"):
             return "smollm"
-    fallback = "qwen2" if arch in ("qwen2", "qwen3", "qwen3moe") else "default"
+    fallback = "qwen2" if arch in ("qwen2", "qwen3", "qwen2moe", "qwen3moe") else "default"
     warnings.warn(f"{path}: pre-tokenizer {kinds or 'none'} {regex!r} is not one we recognize; writing "
                   f"tokenizer.ggml.pre = {fallback!r}, so text may split into tokens differently than the model's "
                   "own tokenizer does", stacklevel=2)
