@@ -59,18 +59,7 @@ class MoEFFN:
     vector shared_gate f32 [n_embd], or None."""
 
     split = None  # hybrid CPU/GPU splits are for PWRI files, which have no experts
-
-    @property
-    def observer(self):
-        return None
-
-    @observer.setter
-    def observer(self, fn) -> None:
-        """The activation tools (profile, calibrate, train-predictor) hook ffn.FFN's dense path; an expert layer
-        has no single set of neurons to observe, so asking is an error rather than an empty result."""
-        if fn is not None:
-            raise UnsupportedError(f"layer {self.layer} is a mixture of experts: profiling, threshold calibration "
-                                   "and predictor training work on dense FFNs only")
+    BATCH_SLICE = 256  # prefill tokens per pass: their (token, expert) rows are gathered and held at once
 
     def __init__(self, kernels, router: Tensor, gate: Tensor, up: Tensor, down: Tensor, n_used: int,
                  norm_weights: bool, *, layer: int = 0, shared=None, shared_gate: np.ndarray | None = None):
@@ -87,6 +76,18 @@ class MoEFFN:
         self.gate_rows, self.up_rows = expert_rows(gate), expert_rows(up)
         self.shared, self.shared_gate = shared, shared_gate
         self.counts = np.zeros(self.n_expert, dtype=np.int64)  # tokens routed to each expert so far
+
+    @property
+    def observer(self):
+        return None
+
+    @observer.setter
+    def observer(self, fn) -> None:
+        """The activation tools (profile, calibrate, train-predictor) hook ffn.FFN's dense path; an expert layer
+        has no single set of neurons to observe, so asking is an error rather than an empty result."""
+        if fn is not None:
+            raise UnsupportedError(f"layer {self.layer} is a mixture of experts: profiling, threshold calibration "
+                                   "and predictor training work on dense FFNs only")
 
     def route(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(chosen int [N, n_used] largest probability first, weights f32 [N, n_used]) for x f32 [N, n_embd]."""
@@ -134,8 +135,6 @@ class MoEFFN:
             t1 = t0 + self.BATCH_SLICE
             y[t0:t1] = self._slice(x[t0:t1], chosen[t0:t1], w[t0:t1])
         return y
-
-    BATCH_SLICE = 256  # tokens per pass: their (token, expert) rows are gathered and held at once
 
     def _slice(self, x: np.ndarray, chosen: np.ndarray, w: np.ndarray) -> np.ndarray:
         k = self.k
