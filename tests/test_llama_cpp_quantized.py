@@ -1,5 +1,5 @@
-"""Q2_K and Q3_K files made by llama.cpp's own quantizer: loaded without conversion (the kernels compute on
-them directly) and giving llama.cpp's logits on the same file."""
+"""Q2_K, Q3_K_M and IQ4_XS files made by llama.cpp's own quantizer: loaded without conversion (the kernels
+compute on them directly) and giving llama.cpp's logits on the same file."""
 from __future__ import annotations
 
 import llama_cpp
@@ -13,12 +13,15 @@ from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.tensor import GGMLType
 
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322], dtype=np.int32)
-FTYPES = {"Q2_K": llama_cpp.LLAMA_FTYPE_MOSTLY_Q2_K, "Q3_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q3_K_M}
+# file type -> (llama.cpp's ftype, the types every 2-D layer matrix must then have, one of them at least once)
+FTYPES = {"Q2_K": (llama_cpp.LLAMA_FTYPE_MOSTLY_Q2_K, {GGMLType.Q2_K, GGMLType.Q3_K}),
+          "Q3_K_M": (llama_cpp.LLAMA_FTYPE_MOSTLY_Q3_K_M, {GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K}),
+          "IQ4_XS": (llama_cpp.LLAMA_FTYPE_MOSTLY_IQ4_XS, {GGMLType.IQ4_XS})}
 # Our logits against llama.cpp's, as a fraction of their spread. Both round every matmul input to 8-bit Q8_K
 # blocks; a ~1e-3 difference upstream (llama.cpp's f16 attention) flips a few of those roundings, and the flips
-# compound over the layers. Measured on this model: 0.076 (Q2_K), 0.074 (Q3_K_M); the same model as Q8_0
-# gives 0.045 and as Q4_K_M 0.061 with the kernels that were already there. A wrong scale, bit or group in a
-# Q2_K/Q3_K kernel moves the logits by a large fraction of their spread.
+# compound over the layers. Measured on this model: 0.076 (Q2_K), 0.074 (Q3_K_M), 0.059 (IQ4_XS); the same
+# model as Q8_0 gives 0.045 and as Q4_K_M 0.061. A wrong scale, bit, level or group in a kernel moves the
+# logits by a large fraction of their spread.
 TOL = 0.15
 
 
@@ -31,11 +34,11 @@ def source(synthetic_model):
 def test_llama_cpp_quantized_file_matches_llama_cpp(source, tmp_path, cpu_kernels, ftype):
     path = tmp_path / f"model-{ftype}.gguf"
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = FTYPES[ftype]
+    params.ftype, allowed = FTYPES[ftype]
     assert llama_cpp.llama_model_quantize(str(source).encode(), str(path).encode(), params) == 0
     f = open_gguf(path)
-    types = {t.type for t in f.tensors.values()}
-    assert {GGMLType.Q3_K} <= types and (ftype != "Q2_K" or GGMLType.Q2_K in types)
+    layer_types = {t.type for name, t in f.tensors.items() if name.startswith("blk.") and len(t.shape) == 2}
+    assert layer_types <= allowed and GGMLType[ftype.split("_M")[0]] in layer_types, layer_types
     w = load_weights(f, expected_tensors)
     assert w.conversions == []  # every tensor stays a view on the file
     model = build_model(w.config, w.tensors, cpu_kernels)
