@@ -140,3 +140,22 @@ def test_broken_olmo2_file_names_the_tensor(synthetic_model, tmp_path):
     tensors = [t for n, t in f.tensors.items() if n != name]
     with pytest.raises(ModelFileError, match=f"missing required tensor '{name}'"):
         load_weights(open_gguf(write_gguf(tmp_path / "missing.gguf", f.metadata, tensors)), expected_tensors)
+
+
+def test_whole_width_norm_plan_checks_sizes(synthetic_model):
+    """attn_block_plan with qk_norm_full takes q_norm [n_head * head_dim] and k_norm [n_head_kv * head_dim];
+    per-head-sized weights (or the reverse) are refused with the name of the norm."""
+    k = CpuKernels(1)
+    model = load_model(synthetic_model("olmo2", "f32"), k)
+    L, c = model.layers[0], model.config
+    shape = dict(n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim, n_rot=c.n_rot, rope_base=1e4,
+                 rope_scale=1.0, rope_neox=True, eps=1e-6, attn_scale=0.25)
+    k.attn_block_plan(L.wq, L.wk, L.wv, L.wo, None, None, q_norm=L.q_norm, k_norm=L.k_norm, qk_norm_full=True,
+                      **shape)
+    with pytest.raises(ValueError, match="q_norm must be"):
+        k.attn_block_plan(L.wq, L.wk, L.wv, L.wo, None, None, q_norm=L.q_norm[:c.head_dim].copy(),
+                          k_norm=L.k_norm, qk_norm_full=True, **shape)
+    with pytest.raises(ValueError, match="k_norm must be"):
+        k.attn_block_plan(L.wq, L.wk, L.wv, L.wo, None, None, q_norm=L.q_norm[:c.head_dim].copy(),
+                          k_norm=L.k_norm, **shape)
+    k.close()
