@@ -9,8 +9,9 @@
  * the kernels: on a decode token every layer streams tens of MB of weights through the caches, so the
  * interpreter's own data is cold each time it runs between two kernels, and a dozen numpy calls and wrapper
  * checks per layer cost far more than their warm microsecond each. llama, bamboo, qwen2 (Q/K/V biases),
- * gemma3 (Q/K norms, post-attention norm, sliding-window layers), gemma and gemma2 (attention soft-cap); other
- * architectures and batches keep the Python path.
+ * gemma3 (Q/K norms, post-attention norm, sliding-window layers), gemma and gemma2 (attention soft-cap), smollm3
+ * (n_rot 0 on its NoPE layers), olmo2 (no pre-norm, whole-width Q/K norms, output norm); other architectures and
+ * batches keep the Python path.
  */
 #include <string.h>
 
@@ -26,13 +27,16 @@ void pi_attn_block_decode(pi_pool *pool, const pi_attn_block *b, float *x, int32
     const int64_t n_embd = b->n_embd, n_q = b->n_head * b->head_dim, n_kv = b->n_head_kv * b->head_dim;
     float *h = work, *q = h + n_embd, *k = q + n_q, *v = k + n_kv, *a = v + n_kv, *o = a + n_q;
 
-    pi_rmsnorm(pool, x, b->attn_norm, b->eps, 1, n_embd, h);
+    /* olmo2 norms no input (attn_norm NULL) and norms q and k over their full width (qk_norm_full) */
+    const int64_t q_rows = b->qk_norm_full ? 1 : b->n_head, kv_rows = b->qk_norm_full ? 1 : b->n_head_kv;
+    if (b->attn_norm) pi_rmsnorm(pool, x, b->attn_norm, b->eps, 1, n_embd, h);
+    else memcpy(h, x, (size_t)n_embd * sizeof(float));
     pi_matmul(pool, b->wq_type, b->wq, n_q, n_embd, h, 1, q);
     add_bias(q, b->bq, n_q);
-    if (b->q_norm) pi_rmsnorm(pool, q, b->q_norm, b->eps, b->n_head, b->head_dim, q);
+    if (b->q_norm) pi_rmsnorm(pool, q, b->q_norm, b->eps, q_rows, n_q / q_rows, q);
     pi_matmul(pool, b->wk_type, b->wk, n_kv, n_embd, h, 1, k);
     add_bias(k, b->bk, n_kv);
-    if (b->k_norm) pi_rmsnorm(pool, k, b->k_norm, b->eps, b->n_head_kv, b->head_dim, k);
+    if (b->k_norm) pi_rmsnorm(pool, k, b->k_norm, b->eps, kv_rows, n_kv / kv_rows, k);
     pi_matmul(pool, b->wv_type, b->wv, n_kv, n_embd, h, 1, v);
     add_bias(v, b->bv, n_kv);
     if (b->n_rot) {
@@ -48,5 +52,6 @@ void pi_attn_block_decode(pi_pool *pool, const pi_attn_block *b, float *x, int32
     pi_matmul(pool, b->wo_type, b->wo, n_embd, n_q, a, 1, o);
     if (b->post_norm) pi_rmsnorm(pool, o, b->post_norm, b->eps, 1, n_embd, o);
     for (int64_t i = 0; i < n_embd; i++) x[i] += o[i];
-    if (ffn_in) pi_rmsnorm(pool, x, b->ffn_norm, b->eps, 1, n_embd, ffn_in);
+    if (ffn_in && b->ffn_norm) pi_rmsnorm(pool, x, b->ffn_norm, b->eps, 1, n_embd, ffn_in);
+    else if (ffn_in) memcpy(ffn_in, x, (size_t)n_embd * sizeof(float));
 }

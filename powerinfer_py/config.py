@@ -25,6 +25,10 @@ Per architecture:
           long-context files carry rope_factors_long/short (used when n_ctx > rope.scaling.original_context_length
           / otherwise) and rope.scaling.attn_factor, which scales the rotated dims of q and k (llama.cpp's
           mscale); phi3.attention.sliding_window is ignored, as llama.cpp does
+  smollm3 the llama block (normal RoPE) where every 4th layer ((il + 1) % 4 == 0) skips RoPE (no_rope_layers);
+          llama.cpp hard-codes the step 4 (no GGUF key holds it), and so do we
+  olmo2   NeoX RoPE; no pre-norms: RMSNorms of the whole Q and K projections and of the attention and FFN outputs
+          (tensors); files with {arch}.attention.sliding_window > 0 (OLMo 3) are refused
 Mixture of experts (qwen3moe, qwen2moe, and llama files with experts: Mixtral): {arch}.expert_count experts, of
 which {arch}.expert_used_count run per token; each expert's FFN width is {arch}.expert_feed_forward_length
 (llama files: feed_forward_length); qwen2moe's shared expert is {arch}.expert_shared_feed_forward_length wide.
@@ -65,6 +69,9 @@ _MOE_NORM_WEIGHTS = {"llama": True, "qwen3moe": True, "qwen2moe": False}  # reno
 
 GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")  # scaled embeddings, GeGLU FFN, the "gemma" chat format
 _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "falcon", "phi3"}
+SUPPORTED_ARCHS += ("smollm3", "olmo2")  # SmolLM3 (NoPE layers), OLMo 2 (output norms, full-width Q/K norms)
+_NEOX_ARCHS |= {"olmo2"}  # llama.cpp's rope type for olmo2; smollm3 keeps llama's normal layout
+SMOLLM3_NO_ROPE_STEP = 4  # smollm3: layers with (il + 1) % 4 == 0 use no RoPE (llama.cpp's n_no_rope_layer_step)
 _YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe")  # their models take per-pair RoPE factors and a scale (models/base.py)
 _LAYERNORM_ARCHS = {"falcon", "opt"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
 _DEFAULT_FREQ_BASE = {"qwen2": 1_000_000.0, "qwen2moe": 1_000_000.0}
@@ -128,6 +135,7 @@ class ModelConfig:
     n_ff_exp: int = 0  # one expert's FFN width
     n_ff_shexp: int = 0  # qwen2moe: the shared expert's FFN width (0: none)
     expert_weights_norm: bool = False  # the chosen experts' router weights are divided by their sum
+    no_rope_layers: tuple[bool, ...] = ()  # smollm3: per layer, True = no RoPE on q and k; () = RoPE everywhere
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
@@ -422,7 +430,16 @@ class _Reader:
             **self.phi3_rope(),
             **self.softcaps(),
             **moe,
+            **self.smollm3_olmo2(n_layer),
         )
+
+    def smollm3_olmo2(self, n_layer: int) -> dict:
+        """smollm3's RoPE-less layers (ModelConfig.no_rope_layers); refuses olmo2 files with a sliding window."""
+        if self.arch == "olmo2" and self.get("{arch}.attention.sliding_window", 0) > 0:
+            raise UnsupportedError(f"{self.f.path}: olmo2 files with a sliding window (OLMo 3) are not supported")
+        if self.arch != "smollm3":
+            return {}
+        return {"no_rope_layers": tuple((il + 1) % SMOLLM3_NO_ROPE_STEP == 0 for il in range(n_layer))}
 
     def phi3_rope(self) -> dict:
         """phi3's long-context RoPE keys (see the module docstring); {} for the other architectures."""

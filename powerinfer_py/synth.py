@@ -43,6 +43,10 @@ red blue green big small happy sad run walk talk say""".split()
 _EMBD_STD = {"llama": 1.0, "qwen2": 0.1, "qwen3": 0.1, "qwen2moe": 1.0, "qwen3moe": 0.1, "gemma": 0.4, "gemma2": 0.4, "gemma3": 0.4, "phi3": 1.0}
 _OUTPUT_NORM_GAIN = {"llama": 1.0, "qwen2": 3.0, "qwen3": 3.0, "qwen2moe": 3.0, "qwen3moe": 3.0, "gemma": 6.0, "gemma2": 6.0, "gemma3": 6.0,
                      "phi3": 1.0}
+# SmolLM3 (tied, as the 3B model) and OLMo 2 (untied, as llama.cpp requires output.weight)
+ARCHS += ("smollm3", "olmo2")
+_EMBD_STD.update(smollm3=0.1, olmo2=1.0)
+_OUTPUT_NORM_GAIN.update(smollm3=3.0, olmo2=1.0)
 _CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()") + [SPACE]
 
 
@@ -115,7 +119,7 @@ class _Spec:
         self.sliding_window = o.pop("sliding_window", 4 if arch in ("gemma2", "gemma3", "phi3") else 0)
         # gemma2's soft-caps ({arch}.attn_logit_softcapping, final_logit_softcapping; None: key left out)
         self.softcaps = (o.pop("attn_softcap", 50.0), o.pop("final_softcap", 30.0)) if arch == "gemma2" else ()
-        self.tied = o.pop("tied", arch not in ("llama", "phi3", "qwen2moe"))  # llama.cpp's qwen2moe needs output
+        self.tied = o.pop("tied", arch not in ("llama", "phi3", "qwen2moe", "olmo2"))  # llama.cpp's qwen2moe, olmo2 need output
         self.phi3 = _phi3_options(arch, self.head_dim, o)
         self.bias_std = o.pop("bias_std", 0.5)
         self.embd_std = o.pop("embd_std", _EMBD_STD[arch] if not gemma else _EMBD_STD[arch] / np.sqrt(n_embd))
@@ -230,6 +234,9 @@ class _Spec:
                     ("rope_factors_long.weight", self.phi3["rope_factors"][1])]
         for il in range(self.n_layer):
             p = f"blk.{il}."
+            if self.arch == "olmo2":  # no pre-norms; whole-width Q/K norms and the two output norms
+                out += _olmo2_layer(p, q_dim, kv_dim, E, F, linear, norm)
+                continue
             out += [(p + "attn_norm.weight", norm(E)),
                     (p + "attn_q.weight", linear(q_dim, E)),
                     (p + "attn_k.weight", linear(kv_dim, E)),
@@ -262,6 +269,16 @@ class _Spec:
         return out
 
 
+def _olmo2_layer(p: str, q_dim: int, kv_dim: int, E: int, F: int, linear, norm) -> list[tuple[str, np.ndarray]]:
+    """One olmo2 layer's tensors in llama.cpp's names (models/olmo2.py has the math)."""
+    return [(p + "attn_q.weight", linear(q_dim, E)), (p + "attn_k.weight", linear(kv_dim, E)),
+            (p + "attn_v.weight", linear(kv_dim, E)), (p + "attn_q_norm.weight", norm(q_dim)),
+            (p + "attn_k_norm.weight", norm(kv_dim)), (p + "attn_output.weight", linear(E, q_dim)),
+            (p + "post_attention_norm.weight", norm(E)), (p + "ffn_gate.weight", linear(F, E)),
+            (p + "ffn_up.weight", linear(F, E)), (p + "ffn_down.weight", linear(E, F)),
+            (p + "post_ffw_norm.weight", norm(E))]
+
+
 def _phi3_options(arch: str, head_dim: int, o: dict) -> dict:
     """phi3's own overrides (popped from o): n_rot, rope_factors, orig_ctx, attn_factor, fused_qkv."""
     if arch != "phi3":
@@ -282,7 +299,8 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
     """Write a tiny random `arch` model to `path` (a GGUF file) and return the path.
 
     n_layer defaults to 2, and to 6 for gemma3 so that one of its layers is global (llama.cpp makes every
-    6th gemma3 layer global; gemma2 alternates window / global from layer 0). Overrides: head_dim (default
+    6th gemma3 layer global; gemma2 alternates window / global from layer 0), 4 for smollm3 so that one layer
+    (il = 3) has no RoPE. olmo2 files have no pre-norms (models/olmo2.py). Overrides: head_dim (default
     n_embd / n_head; twice that for gemma, gemma2, gemma3 and qwen3), n_ctx_train, norm_eps, rope_freq_base,
     sliding_window (gemma2, gemma3; default 4 tokens), attn_softcap and final_softcap (gemma2: the values of
     its soft-cap keys, default 50 and 30 as in real files; None leaves the key out), tied (default: untied
@@ -299,7 +317,7 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
         raise ValueError(f"unknown arch {arch!r}; synthetic models exist for {', '.join(ARCHS)}")
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
-    n_layer = n_layer if n_layer is not None else (6 if arch == "gemma3" else 2)
+    n_layer = n_layer if n_layer is not None else {"gemma3": 6, "smollm3": 4}.get(arch, 2)
     spec = _Spec(arch, n_layer, n_embd, n_ff, n_head, n_head_kv, n_vocab, overrides)
     metadata, types = spec.metadata(dtype)
     rng = np.random.default_rng(seed)

@@ -429,12 +429,14 @@ class CpuKernels:
                         n_head: int, n_head_kv: int, head_dim: int, n_rot: int, rope_base: float,
                         rope_scale: float, rope_neox: bool, eps: float, attn_scale: float, q_norm=None,
                         k_norm=None, post_norm=None, window: int = 0, bq=None, bk=None, bv=None,
-                        rope_freqs=None, rope_mscale: float = 1.0, attn_softcap: float = 0.0) -> "AttnBlockPlan":
+                        rope_freqs=None, rope_mscale: float = 1.0, attn_softcap: float = 0.0,
+                        qk_norm_full: bool = False) -> "AttnBlockPlan":
         """Checks one layer's attention weights once and describes them to C for attn_block_decode. q_norm,
         k_norm (f32 [head_dim]), post_norm (f32 [n_embd]) and a sliding window are gemma3's extras; bq, bk, bv
         (f32 [n_head * head_dim], [n_head_kv * head_dim] x 2) qwen2's; rope_freqs (f32 [n_rot/2], RoPE
         frequency factors) LLaMA 3.1+'s; rope_mscale (scale of the rotated dims) YaRN's; attn_softcap (attention
-        logit soft-cap, 0 = off) gemma2's."""
+        logit soft-cap, 0 = off) gemma2's. olmo2: attn_norm and ffn_norm None (no pre-norms) and qk_norm_full
+        (q_norm, k_norm f32 [n_head * head_dim], [n_head_kv * head_dim], each one RMSNorm over all of q, k)."""
         n_q, n_kv = n_head * head_dim, n_head_kv * head_dim
         infos = {nm: self._weight(t) for nm, t in (("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo))}
         n_embd = infos["wq"][4]
@@ -444,8 +446,9 @@ class CpuKernels:
                 raise ValueError(f"attn_block_plan: {nm} has {rows} x {cols} values, expected {want[nm][0]} x "
                                  f"{want[nm][1]}")
         norms = []
-        for nm, v, dim, optional in (("attn_norm", attn_norm, n_embd, False), ("ffn_norm", ffn_norm, n_embd, False),
-                                     ("q_norm", q_norm, head_dim, True), ("k_norm", k_norm, head_dim, True),
+        q_norm_dim, k_norm_dim = (n_q, n_kv) if qk_norm_full else (head_dim, head_dim)
+        for nm, v, dim, optional in (("attn_norm", attn_norm, n_embd, True), ("ffn_norm", ffn_norm, n_embd, True),
+                                     ("q_norm", q_norm, q_norm_dim, True), ("k_norm", k_norm, k_norm_dim, True),
                                      ("post_norm", post_norm, n_embd, True), ("bq", bq, n_q, True),
                                      ("bk", bk, n_kv, True), ("bv", bv, n_kv, True),
                                      ("rope_freqs", rope_freqs, n_rot // 2, True)):
@@ -464,6 +467,7 @@ class CpuKernels:
         desc.n_embd, desc.n_head, desc.n_head_kv, desc.head_dim, desc.n_rot = n_embd, n_head, n_head_kv, head_dim, n_rot
         desc.eps, desc.rope_base, desc.rope_scale, desc.attn_scale = eps, rope_base, rope_scale, attn_scale
         desc.rope_neox = 1 if rope_neox else 0
+        desc.qk_norm_full = 1 if qk_norm_full else 0
         (desc.attn_norm, desc.ffn_norm, desc.q_norm, desc.k_norm, desc.post_norm, desc.bq, desc.bk, desc.bv,
          desc.rope_ff) = norms
         desc.window = window

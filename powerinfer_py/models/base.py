@@ -342,10 +342,11 @@ class Model:
         plans = self.__dict__.get("_attn_plans")
         if plans is None:
             c = self.config
+            shape = dict(n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim, n_rot=c.n_rot,
+                         rope_neox=c.rope_neox, eps=c.norm_eps, attn_scale=c.attn_scale, attn_softcap=c.attn_softcap)
+            # attn_plan_kwargs may override any of these per layer (smollm3: n_rot 0 on its RoPE-less layers)
             plans = self._attn_plans = [
-                self.kernels.attn_block_plan(L.wq, L.wk, L.wv, L.wo, L.attn_norm, L.ffn_norm, n_head=c.n_head,
-                                             n_head_kv=c.n_head_kv, head_dim=c.head_dim, n_rot=c.n_rot,
-                                             rope_neox=c.rope_neox, eps=c.norm_eps, attn_scale=c.attn_scale,
-                                             attn_softcap=c.attn_softcap, **self.attn_plan_kwargs(il, L))
+                self.kernels.attn_block_plan(L.wq, L.wk, L.wv, L.wo, L.attn_norm, L.ffn_norm,
+                                             **{**shape, **self.attn_plan_kwargs(il, L)})
                 for il, L in enumerate(self.layers)]
         return plans

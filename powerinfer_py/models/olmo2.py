@@ -1,0 +1,106 @@
+"""OLMo 2 (GGUF arch "olmo2": OLMo-2 1B, 7B, 13B, 32B).
+
+A llama-shaped layer with its norms moved: nothing normalizes the input of the attention or of the FFN; instead
+the Q and K projections are normalized as whole vectors (one RMSNorm over all n_head * head_dim values of q,
+one over all n_head_kv * head_dim values of k, not per head as in qwen3), and the outputs of the attention and
+of the FFN are normalized before they are added to the residual stream.
+
+Per layer:  q = rmsnorm(Wq·x) * q_norm        (blk.N.attn_q_norm.weight, f32 [n_head * head_dim])
+            k = rmsnorm(Wk·x) * k_norm        (blk.N.attn_k_norm.weight, f32 [n_head_kv * head_dim])
+            v = Wv·x;  q, k = rope_neox(q), rope_neox(k)           (pairs i, i + n_rot/2)
+            h = x + rmsnorm(Wo · attn(q, k, v)) * post_attention_norm        (scale 1/sqrt(head_dim))
+            y = h + rmsnorm(Wdown · (silu(Wgate·h) * (Wup·h))) * post_ffw_norm
+Logits: rmsnorm(x) * output_norm, then output.weight (llama.cpp requires it; a file without it would use
+token_embd.weight). No biases anywhere. All as in llama.cpp's olmo2 graph; its sliding-window variant (OLMo 3
+files, attention.sliding_window > 0) is refused by config.py.
+
+One-token steps run each attention block as one C call (attn_block.c, as the pre-norm models do) with the
+three switches it has for this block: no input norm (attn_norm None), whole-width Q/K norms (qk_norm_full) and
+the FFN input left unnormed (ffn_norm None); the post-attention norm is its post_norm. Same bits as the
+Python path of forward() (tests/test_smollm3_olmo2.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..kv_cache import KVCache
+from .base import Expected, Model, head_expected
+
+LAYER_TENSORS = {
+    "wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight", "wo": "attn_output.weight",
+    "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
+    "post_attn_norm": "post_attention_norm.weight",
+    "post_ffw_norm": "post_ffw_norm.weight",
+}
+
+
+def expected_tensors(c: ModelConfig) -> Expected:
+    q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+    e = head_expected(c)
+    for il in range(c.n_layer):
+        p = f"blk.{il}."
+        e[p + "attn_q.weight"] = ((q_dim, c.n_embd), True)
+        e[p + "attn_k.weight"] = ((kv_dim, c.n_embd), True)
+        e[p + "attn_v.weight"] = ((kv_dim, c.n_embd), True)
+        e[p + "attn_output.weight"] = ((c.n_embd, q_dim), True)
+        e[p + "attn_q_norm.weight"] = ((q_dim,), True)
+        e[p + "attn_k_norm.weight"] = ((kv_dim,), True)
+        e[p + "post_attention_norm.weight"] = ((c.n_embd,), True)
+        e[p + "ffn_gate.weight"] = ((c.n_ff, c.n_embd), True)
+        e[p + "ffn_up.weight"] = ((c.n_ff, c.n_embd), True)
+        e[p + "ffn_down.weight"] = ((c.n_embd, c.n_ff), True)
+        e[p + "post_ffw_norm.weight"] = ((c.n_embd,), True)
+    return e
+
+
+class Olmo2Model(Model):
+    """Its own forward (no pre-norms, output norms, full-width Q/K norms); the FFN is ffn.FFN (SwiGLU)."""
+
+    LAYER_TENSORS = LAYER_TENSORS
+
+    def __init__(self, config: ModelConfig, tensors, kernels, sparse=None):
+        super().__init__(config, tensors, kernels, sparse)
+        for L in self.layers:  # what base.attn_plans hands to attn_block_plan: no pre-norms in this block
+            L.attn_norm = L.ffn_norm = None
+
+    def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
+        """Logits of tokens (the last, or all rows with all_logits) after appending their K/V to cache."""
+        c, k = self.config, self.kernels
+        ids, pos, p0 = self._begin(tokens, cache)
+        n, eps = ids.shape[0], c.norm_eps
+        rope = self.rope_args()
+
+        x = self._embed(ids, pos)  # [N, n_embd]
+        plans = self.attn_plans() if n == 1 else None
+        if plans is not None:  # base._fused_decode: the C block, then _ffn_out(ffn(x, x))
+            return self._fused_decode(plans, x, p0, cache, all_logits)
+        for il, L in enumerate(self.layers):
+            q, kk, v = self._qkv(L, x, n)
+            k.rope(q, pos, *rope)
+            k.rope(kk, pos, *rope)
+            self._store_kv(cache, il, p0, kk, v)
+            a = k.attention(q, cache.k[il], cache.v[il], p0, 0, c.attn_scale)  # [N, H, hd]
+            x += k.rmsnorm(k.matmul(L.wo, a.reshape(n, c.n_head * c.head_dim)), L.post_attn_norm, eps)
+            # the FFN reads the residual itself (no ffn_norm); the predictor input is that residual too
+            x += self._ffn_out(il, self.ffns[il](x, x))
+
+        cache.n_past = p0 + n
+        return self._head(x, all_logits)
+
+    def attn_plan_kwargs(self, il: int, layer) -> dict:
+        return dict(super().attn_plan_kwargs(il, layer), q_norm=layer.q_norm, k_norm=layer.k_norm,
+                    post_norm=layer.post_attn_norm, qk_norm_full=True)
+
+    def _ffn_out(self, il: int, y: np.ndarray) -> np.ndarray:
+        return self.kernels.rmsnorm(y, self.layers[il].post_ffw_norm, self.config.norm_eps)
+
+    def _qkv(self, L, h: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """q f32 [N, n_head, head_dim], k and v [N, n_head_kv, head_dim] of the residual h (no input norm): the
+        projections, with q and k each normalized over their full width before they are split into heads."""
+        c, k = self.config, self.kernels
+        q = k.rmsnorm(k.matmul(L.wq, h), L.q_norm, c.norm_eps)
+        kk = k.rmsnorm(k.matmul(L.wk, h), L.k_norm, c.norm_eps)
+        v = k.matmul(L.wv, h)
+        return (q.reshape(n, c.n_head, c.head_dim), kk.reshape(n, c.n_head_kv, c.head_dim),
+                v.reshape(n, c.n_head_kv, c.head_dim))

@@ -1,0 +1,164 @@
+"""SmolLM3 (arch "smollm3") and OLMo 2 (arch "olmo2"): the config read from metadata, tiny synthetic files
+against llama.cpp on the same file (f32 and q8_0), the one-call decode step against the Python path (bit for
+bit), decode steps against one prefill, and clear errors for broken or unsupported files.
+
+How far off the usual mistakes would be (max |logit difference| / std of llama.cpp's logits on the f32 files
+below, measured with the mutants of test_mistakes_are_visible): smollm3 with RoPE on every layer (the NoPE
+layer il = 3 rotated) 0.42, smollm3 with NeoX RoPE 3.0; olmo2 with per-head instead of whole-width Q/K norms
+0.55, olmo2 with normal instead of NeoX RoPE 1.4. The correct models are off by 0.0023 (smollm3) and 0.0015
+(olmo2), against a tolerance of 0.01. On the 8-layer smollm3 file (0.0020 when right), RoPE switched off on the
+last layer only would be off by 0.43, on layer 3 only by 0.18: the step of 4 is what llama.cpp runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from llama_ref import llama_cpp_logits
+
+from powerinfer_py.config import ModelConfig
+from powerinfer_py.errors import ModelFileError, UnsupportedError
+from powerinfer_py.gguf import open_gguf
+from powerinfer_py.gguf.writer import write_gguf
+from powerinfer_py.kernels.cpu import CpuKernels
+from powerinfer_py.loader import load_weights
+from powerinfer_py.models import build_model, expected_tensors
+from powerinfer_py.models.olmo2 import Olmo2Model
+
+# <s> then the pieces of "Hello world, th"
+TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322], dtype=np.int32)
+TOL = 0.01  # as tests/test_gemma2.py: llama.cpp's f16 rounding of q in attention costs a few 1e-3 of the spread
+QUANT_TOL = 0.25  # quantized files (tests/test_models.py's bound); measured: smollm3 0.095, olmo2 0.042
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["t1", "t2"])
+def kern(request):
+    k = CpuKernels(n_threads=request.param)
+    yield k
+    k.close()
+
+
+def load_model(path, kernels, cls=None, **config_changes):
+    w = load_weights(open_gguf(path), expected_tensors)
+    config = dataclasses.replace(w.config, **config_changes) if config_changes else w.config
+    return build_model(config, w.tensors, kernels) if cls is None else cls(config, w.tensors, kernels)
+
+
+def all_logits(model) -> np.ndarray:
+    return model.forward(TOKENS, model.new_cache(32), all_logits=True)
+
+
+def rel_err(ours: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(ours - want).max() / want.std())
+
+
+class PerHeadQKNorm(Olmo2Model):
+    """A wrong OLMo 2: Q and K normalized per head (as qwen3 does) with the same weights, split per head."""
+
+    def _qkv(self, L, h, n):
+        c, k = self.config, self.kernels
+        q = k.matmul(L.wq, h).reshape(n, c.n_head, c.head_dim)
+        kk = k.matmul(L.wk, h).reshape(n, c.n_head_kv, c.head_dim)
+        q = k.rmsnorm(q, None, c.norm_eps) * L.q_norm.reshape(c.n_head, c.head_dim)
+        kk = k.rmsnorm(kk, None, c.norm_eps) * L.k_norm.reshape(c.n_head_kv, c.head_dim)
+        v = k.matmul(L.wv, h).reshape(n, c.n_head_kv, c.head_dim)
+        return np.ascontiguousarray(q, np.float32), np.ascontiguousarray(kk, np.float32), v
+
+
+# ---- config -------------------------------------------------------------------------------------------------
+
+def test_config(synthetic_model):
+    """smollm3: normal RoPE, every 4th layer ((il + 1) % 4 == 0) without it, tied head; olmo2: NeoX RoPE for
+    all layers, separate output head."""
+    c = ModelConfig.from_gguf(open_gguf(synthetic_model("smollm3", "f32", n_layer=8)))
+    assert c.arch == "smollm3" and not c.rope_neox and c.tied_output and c.n_rot == c.head_dim
+    assert c.no_rope_layers == (False, False, False, True, False, False, False, True)
+    c = ModelConfig.from_gguf(open_gguf(synthetic_model("olmo2", "f32")))
+    assert c.arch == "olmo2" and c.rope_neox and not c.tied_output and c.no_rope_layers == ()
+    assert c.attn_scale == pytest.approx(c.head_dim ** -0.5) and c.sliding_window == 0
+
+
+def test_olmo2_with_sliding_window_is_refused(synthetic_model):
+    """OLMo 3 files (arch olmo2 with a sliding window) need per-layer windows and RoPE we do not run."""
+    with pytest.raises(UnsupportedError, match="olmo2 files with a sliding window"):
+        ModelConfig.from_gguf(open_gguf(synthetic_model("olmo2", "f32", sliding_window=4)))
+
+
+# ---- against llama.cpp ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch,dtype,n_layer", [("smollm3", "f32", 4), ("smollm3", "f32", 8), ("smollm3", "q8_0", 4),
+                                                ("olmo2", "f32", 2), ("olmo2", "q8_0", 2)])
+def test_logits_match_llama_cpp(synthetic_model, cpu_kernels, arch, dtype, n_layer):
+    """Same file, same tokens: the logits at every position against llama.cpp's. smollm3 with 8 layers: the
+    NoPE layers are 3 and 7 (a step of 4), not only the last one."""
+    path = synthetic_model(arch, dtype, n_layer=n_layer)
+    ours, theirs = all_logits(load_model(path, cpu_kernels)), llama_cpp_logits(path, TOKENS)
+    assert (ours.argmax(1) == theirs.argmax(1)).all()
+    assert rel_err(ours, theirs) < (TOL if dtype == "f32" else QUANT_TOL)
+
+
+def test_mistakes_are_visible(synthetic_model, cpu_kernels):
+    """The mistakes the test above must catch are each far outside its tolerance (numbers: module docstring)."""
+    path = synthetic_model("smollm3", "f32")
+    theirs = llama_cpp_logits(path, TOKENS)
+    assert rel_err(all_logits(load_model(path, cpu_kernels, no_rope_layers=())), theirs) > 10 * TOL
+    assert rel_err(all_logits(load_model(path, cpu_kernels, rope_neox=True)), theirs) > 10 * TOL
+    path = synthetic_model("olmo2", "f32")
+    theirs = llama_cpp_logits(path, TOKENS)
+    assert rel_err(all_logits(load_model(path, cpu_kernels, PerHeadQKNorm)), theirs) > 10 * TOL
+    assert rel_err(all_logits(load_model(path, cpu_kernels, rope_neox=False)), theirs) > 10 * TOL
+
+
+# ---- one token at a time ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch,dtype", [("smollm3", "f32"), ("smollm3", "q8_0"), ("olmo2", "f32"), ("olmo2", "q8_0")])
+def test_fused_decode_equals_python_path(synthetic_model, kern, arch, dtype):
+    """Prompt of 3 tokens, then one at a time: the one-call C attention block (smollm3: n_rot 0 on layer 3;
+    olmo2: no pre-norm, whole-width Q/K norms, output norm) gives the Python path's logits and KV cache bit for
+    bit, and the steps agree with one prefill of all tokens."""
+    model = load_model(synthetic_model(arch, dtype), kern)
+    runs = []
+    for fused in (True, False):
+        model.fused_attention = fused
+        assert (model.attn_plans() is not None) == fused
+        cache = model.new_cache(32)
+        out = [model.forward(TOKENS[:3], cache)] + [model.forward(TOKENS[i:i + 1], cache) for i in range(3, 12)]
+        runs.append((out, cache))
+    (a, ca), (b, cb) = runs
+    assert all(np.array_equal(x.view(np.uint32), y.view(np.uint32)) for x, y in zip(a, b))
+    n_layer = model.config.n_layer
+    assert all(np.array_equal(ca.k[il], cb.k[il]) and np.array_equal(ca.v[il], cb.v[il]) for il in range(n_layer))
+    batch = all_logits(model)
+    np.testing.assert_allclose(np.stack(a[1:]), batch[3:], rtol=0, atol=1e-3 * batch.std())
+    np.testing.assert_allclose(a[0], batch[2], rtol=0, atol=1e-3 * batch.std())
+
+
+# ---- broken files ------------------------------------------------------------------------------------------------
+
+def test_broken_olmo2_file_names_the_tensor(synthetic_model, tmp_path):
+    src = synthetic_model("olmo2", "f32")
+    f = open_gguf(src)
+    name = "blk.1.attn_k_norm.weight"  # whole width: n_head_kv * head_dim = 32 values, not head_dim = 16
+    tensors = [t for n, t in f.tensors.items() if n != name]
+    with pytest.raises(ModelFileError, match=f"missing required tensor '{name}'"):
+        load_weights(open_gguf(write_gguf(tmp_path / "missing.gguf", f.metadata, tensors)), expected_tensors)
+
+
+def test_whole_width_norm_plan_checks_sizes(synthetic_model):
+    """attn_block_plan with qk_norm_full takes q_norm [n_head * head_dim] and k_norm [n_head_kv * head_dim];
+    per-head-sized weights (or the reverse) are refused with the name of the norm."""
+    k = CpuKernels(1)
+    model = load_model(synthetic_model("olmo2", "f32"), k)
+    L, c = model.layers[0], model.config
+    shape = dict(n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim, n_rot=c.n_rot, rope_base=1e4,
+                 rope_scale=1.0, rope_neox=True, eps=1e-6, attn_scale=0.25)
+    k.attn_block_plan(L.wq, L.wk, L.wv, L.wo, None, None, q_norm=L.q_norm, k_norm=L.k_norm, qk_norm_full=True,
+                      **shape)
+    with pytest.raises(ValueError, match="q_norm must be"):
+        k.attn_block_plan(L.wq, L.wk, L.wv, L.wo, None, None, q_norm=L.q_norm[:c.head_dim].copy(),
+                          k_norm=L.k_norm, qk_norm_full=True, **shape)
+    with pytest.raises(ValueError, match="k_norm must be"):
+        k.attn_block_plan(L.wq, L.wk, L.wv, L.wo, None, None, q_norm=L.q_norm[:c.head_dim].copy(),
+                          k_norm=L.k_norm, **shape)
+    k.close()
