@@ -9,8 +9,8 @@
  * the kernels: on a decode token every layer streams tens of MB of weights through the caches, so the
  * interpreter's own data is cold each time it runs between two kernels, and a dozen numpy calls and wrapper
  * checks per layer cost far more than their warm microsecond each. llama, bamboo, qwen2 (Q/K/V biases),
- * gemma3 (Q/K norms, post-attention norm, sliding-window layers), gemma and gemma2 (attention soft-cap); other
- * architectures and batches keep the Python path.
+ * gemma3 (Q/K norms, post-attention norm, sliding-window layers), gemma and gemma2 (attention soft-cap), granite
+ * (the output scaled before the residual add); other architectures and batches keep the Python path.
  */
 #include <string.h>
 
@@ -47,6 +47,8 @@ void pi_attn_block_decode(pi_pool *pool, const pi_attn_block *b, float *x, int32
                  b->attn_scale, b->attn_softcap, a);
     pi_matmul(pool, b->wo_type, b->wo, n_embd, n_q, a, 1, o);
     if (b->post_norm) pi_rmsnorm(pool, o, b->post_norm, b->eps, 1, n_embd, o);
+    if (b->res_scale != 0.0f && b->res_scale != 1.0f) /* its own pass: the product is rounded before the add */
+        for (int64_t i = 0; i < n_embd; i++) o[i] *= b->res_scale;
     for (int64_t i = 0; i < n_embd; i++) x[i] += o[i];
     if (ffn_in) pi_rmsnorm(pool, x, b->ffn_norm, b->eps, 1, n_embd, ffn_in);
 }

@@ -18,6 +18,7 @@ from ..errors import UnsupportedError
 from ..ffn import SparseSettings
 from ..tensor import Tensor
 from . import bamboo, falcon, gemma, gemma3, llama, opt, phi3, qwen2, qwen3
+from . import granite
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -33,6 +34,8 @@ _FAMILIES = {
     "falcon": (falcon.FalconModel, falcon.expected_tensors),
     "opt": (opt.OptModel, opt.expected_tensors),
     "phi3": (phi3.Phi3Model, phi3.expected_tensors),
+    "granite": (granite.GraniteModel, granite.expected_tensors),
+    "granitemoe": (granite.GraniteModel, granite.expected_tensors),  # with experts (GraniteModel.build_moe)
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
