@@ -35,8 +35,8 @@ Per architecture:
 Mixture of experts (qwen3moe, qwen2moe, and llama files with experts: Mixtral): {arch}.expert_count experts, of
 which {arch}.expert_used_count run per token; each expert's FFN width is {arch}.expert_feed_forward_length
 (llama files: feed_forward_length); qwen2moe's shared expert is {arch}.expert_shared_feed_forward_length wide.
-Router weights are renormalized over the chosen experts for llama and qwen3moe, not for qwen2moe, as llama.cpp
-does (moe.py has the arithmetic).
+Router weights are renormalized over the chosen experts for llama, qwen3moe and granitemoe, not for qwen2moe, as
+llama.cpp does (moe.py has the arithmetic).
 PowerInfer files (magic PWRI) add is_sparse, powerinfer.sparse_threshold and per-layer predictor ranks.
 FFN activation (hidden_act, written by our converter as powerinfer.hidden_act / powerinfer.hidden_act_param):
 "silu", "relu", "fatrelu" (x if x > hidden_act_param else 0) or "gelu". Defaults when the key is absent:

@@ -1,9 +1,10 @@
-"""Mixture-of-experts FFN (qwen3moe, qwen2moe, Mixtral-style llama files): routing and the chosen experts.
+"""Mixture-of-experts FFN (qwen3moe, qwen2moe, granitemoe, Mixtral-style llama files): routing and the chosen experts.
 
 Per token x (the normed FFN input, f32 [n_embd]), as llama.cpp computes it:
     probs   = softmax(router · x)                               router = ffn_gate_inp, f32 (n_expert, n_embd)
     chosen  = the n_used experts with the largest probs, largest first
-    w       = probs[chosen], divided by their sum when the model renormalizes (llama, qwen3moe; not qwen2moe)
+    w       = probs[chosen], divided by their sum when the model renormalizes (llama, qwen3moe, granitemoe; not
+              qwen2moe)
     y       = sum over r in chosen order of  w_r * down_e · (silu(gate_e · x) * (up_e · x)),  e = chosen[r]
     qwen2moe adds its shared expert:  y += sigmoid(gate_inp_shexp · x) * shared_ffn(x)
     granitemoe's (when the file has one) has no gate:  y += shared_ffn(x)
