@@ -91,6 +91,9 @@ def _table(f: dict) -> Table:
             t.add_row("experts", f"{c['n_expert_used']} of {c['n_expert']} per token, {c['n_ff_exp']} wide"
                       + (f", plus a shared expert {c['n_ff_shexp']} wide" if c["n_ff_shexp"] else "")
                       + ("; router weights renormalized" if c["expert_weights_norm"] else ""))
+        if c["arch"].startswith("granite"):
+            t.add_row("granite scales", f"embeddings x{c['embd_scale']:g}, residual branches x{c['residual_scale']:g}, "
+                      f"attention scores x{c['attn_scale']:g}, logits / {c['logit_scale']:g}")
         if c.get("attn_softcap") or c.get("final_softcap"):
             t.add_row("soft-capping", f"attention scores {c['attn_softcap']:g}, output logits {c['final_softcap']:g}")
         rs = f.get("rope_scaling")

@@ -10,8 +10,8 @@
  * interpreter's own data is cold each time it runs between two kernels, and a dozen numpy calls and wrapper
  * checks per layer cost far more than their warm microsecond each. llama, bamboo, qwen2 (Q/K/V biases),
  * gemma3 (Q/K norms, post-attention norm, sliding-window layers), gemma and gemma2 (attention soft-cap), smollm3
- * (n_rot 0 on its NoPE layers), olmo2 (no pre-norm, whole-width Q/K norms, output norm); other architectures and
- * batches keep the Python path.
+ * (n_rot 0 on its NoPE layers), olmo2 (no pre-norm, whole-width Q/K norms, output norm), granite (the output
+ * scaled before the residual add); other architectures and batches keep the Python path.
  */
 #include <string.h>
 
@@ -51,6 +51,8 @@ void pi_attn_block_decode(pi_pool *pool, const pi_attn_block *b, float *x, int32
                  b->attn_scale, b->attn_softcap, a);
     pi_matmul(pool, b->wo_type, b->wo, n_embd, n_q, a, 1, o);
     if (b->post_norm) pi_rmsnorm(pool, o, b->post_norm, b->eps, 1, n_embd, o);
+    if (b->res_scale != 0.0f && b->res_scale != 1.0f) /* its own pass: the product is rounded before the add */
+        for (int64_t i = 0; i < n_embd; i++) o[i] *= b->res_scale;
     for (int64_t i = 0; i < n_embd; i++) x[i] += o[i];
     if (ffn_in && b->ffn_norm) pi_rmsnorm(pool, x, b->ffn_norm, b->eps, 1, n_embd, ffn_in);
     else if (ffn_in) memcpy(ffn_in, x, (size_t)n_embd * sizeof(float));

@@ -21,6 +21,13 @@ Per architecture:
   falcon  LayerNorm with biases, fused attn_qkv, NeoX RoPE, parallel attention + MLP, no ffn_norm
   opt     LayerNorm with biases, biases on every projection, learned positions (no RoPE), ReLU FFN
   qwen3moe, qwen2moe  qwen3 / qwen2 with a mixture-of-experts FFN (below); qwen2moe adds a shared expert
+  granite, granitemoe  the llama block (normal RoPE) with four scalars: {arch}.embedding_scale multiplies the
+          embeddings (embd_scale), {arch}.residual_scale the attention and FFN outputs before each residual add,
+          {arch}.attention.scale replaces 1/sqrt(head_dim) (attn_scale), and the logits are divided by
+          {arch}.logit_scale (required); 0 or absent means unset for the first three, as in llama.cpp.
+          {arch}.rope.scaling.finetuned = false switches RoPE off (n_rot 0). granitemoe: experts
+          feed_forward_length wide, renormalized router weights, an optional ungated shared expert
+          ({arch}.expert_shared_feed_forward_length)
   phi3    the llama block with fused attn_qkv and gate+up, NeoX RoPE (partial: n_rot < head_dim on Phi-4-mini);
           long-context files carry rope_factors_long/short (used when n_ctx > rope.scaling.original_context_length
           / otherwise) and rope.scaling.attn_factor, which scales the rotated dims of q and k (llama.cpp's
@@ -32,8 +39,8 @@ Per architecture:
 Mixture of experts (qwen3moe, qwen2moe, and llama files with experts: Mixtral): {arch}.expert_count experts, of
 which {arch}.expert_used_count run per token; each expert's FFN width is {arch}.expert_feed_forward_length
 (llama files: feed_forward_length); qwen2moe's shared expert is {arch}.expert_shared_feed_forward_length wide.
-Router weights are renormalized over the chosen experts for llama and qwen3moe, not for qwen2moe, as llama.cpp
-does (moe.py has the arithmetic).
+Router weights are renormalized over the chosen experts for llama, qwen3moe and granitemoe, not for qwen2moe, as
+llama.cpp does (moe.py has the arithmetic).
 PowerInfer files (magic PWRI) add is_sparse, powerinfer.sparse_threshold and per-layer predictor ranks.
 FFN activation (hidden_act, written by our converter as powerinfer.hidden_act / powerinfer.hidden_act_param):
 "silu", "relu", "fatrelu" (x if x > hidden_act_param else 0) or "gelu". Defaults when the key is absent:
@@ -64,8 +71,12 @@ from .gguf.reader import GGUFFile
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "bamboo", "falcon",
                    "opt", "phi3")
+SUPPORTED_ARCHS += ("granite", "granitemoe")
 MOE_ARCHS = ("qwen2moe", "qwen3moe")  # always mixture-of-experts; llama files are when they carry expert_count
+MOE_ARCHS += ("granitemoe",)
 _MOE_NORM_WEIGHTS = {"llama": True, "qwen3moe": True, "qwen2moe": False}  # renormalize the chosen experts' weights
+_MOE_NORM_WEIGHTS["granitemoe"] = True
+GRANITE_ARCHS = ("granite", "granitemoe")  # the llama block with four scalars from the metadata (granite_scales)
 
 GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")  # scaled embeddings, GeGLU FFN, the "gemma" chat format
 _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "falcon", "phi3"}
@@ -136,6 +147,8 @@ class ModelConfig:
     n_ff_shexp: int = 0  # qwen2moe: the shared expert's FFN width (0: none)
     expert_weights_norm: bool = False  # the chosen experts' router weights are divided by their sum
     no_rope_layers: tuple[bool, ...] = ()  # smollm3: per layer, True = no RoPE on q and k; () = RoPE everywhere
+    residual_scale: float = 1.0  # granite: attention and FFN outputs are multiplied by it before the add (1: none)
+    logit_scale: float = 1.0  # granite: logits are divided by it (1: none)
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
@@ -294,9 +307,12 @@ class _Reader:
         if n_used > n_expert:
             raise ModelFileError(f"{self.f.path}: {self.key('{arch}.expert_used_count')} {n_used} exceeds "
                                  f"{self.key('{arch}.expert_count')} {n_expert}")
-        width_key = "{arch}.feed_forward_length" if self.arch == "llama" else "{arch}.expert_feed_forward_length"
+        width_key = ("{arch}.feed_forward_length" if self.arch in ("llama", "granitemoe")
+                     else "{arch}.expert_feed_forward_length")
+        shexp = (self.positive("{arch}.expert_shared_feed_forward_length") if self.arch == "qwen2moe" else
+                 self.get("{arch}.expert_shared_feed_forward_length", 0) if self.arch == "granitemoe" else 0)
         return {"n_expert": n_expert, "n_expert_used": n_used, "n_ff_exp": self.positive(width_key),
-                "n_ff_shexp": self.positive("{arch}.expert_shared_feed_forward_length") if self.arch == "qwen2moe" else 0,
+                "n_ff_shexp": shexp,
                 "expert_weights_norm": _MOE_NORM_WEIGHTS[self.arch]}
 
     def predictor_ranks(self, n_layer: int) -> tuple[int, ...]:
@@ -393,6 +409,11 @@ class _Reader:
         n_ff = self.positive("{arch}.feed_forward_length", moe.get("n_ff_exp") or None)
         n_ctx_train = self.positive("{arch}.context_length")
         rope_scale, rope_factors, rope_mscale = self.rope_scaling(n_rot, freq_base, n_ctx_train)
+        granite = self.granite_scales()
+        embd_scale = math.sqrt(n_embd) if self.arch in GEMMA_ARCHS else granite.pop("embd_scale", 1.0)
+        if granite:
+            attn_scale = granite.pop("attn_scale") or attn_scale
+            n_rot = n_rot if granite.pop("rope") else 0
         return ModelConfig(
             arch=self.arch,
             name=self.get("general.name", "", kind=str),
@@ -413,7 +434,7 @@ class _Reader:
             sliding_window=window,
             swa_layers=swa_layers,
             attn_scale=attn_scale,
-            embd_scale=math.sqrt(n_embd) if self.arch in GEMMA_ARCHS else 1.0,
+            embd_scale=embd_scale,
             tied_output="output.weight" not in self.f.tensors,
             is_sparse=self.f.is_sparse,
             sparse_threshold=threshold,
@@ -431,6 +452,7 @@ class _Reader:
             **self.softcaps(),
             **moe,
             **self.smollm3_olmo2(n_layer),
+            **granite,
         )
 
     def smollm3_olmo2(self, n_layer: int) -> dict:
@@ -440,6 +462,27 @@ class _Reader:
         if self.arch != "smollm3":
             return {}
         return {"no_rope_layers": tuple((il + 1) % SMOLLM3_NO_ROPE_STEP == 0 for il in range(n_layer))}
+
+    def granite_scales(self) -> dict:
+        """granite's scalars (module docstring) as ModelConfig fields, plus "rope" (False: no RoPE) and
+        "attn_scale" (0: 1/sqrt(head_dim)); {} for the other architectures. Unset (0 or absent) means 1."""
+        if self.arch not in GRANITE_ARCHS:
+            return {}
+        out = {}
+        for field, suffix in (("embd_scale", "{arch}.embedding_scale"), ("residual_scale", "{arch}.residual_scale"),
+                              ("attn_scale", "{arch}.attention.scale"), ("logit_scale", "{arch}.logit_scale")):
+            value = self.get(suffix, 0.0 if field != "logit_scale" else None, kind=float)
+            if not (math.isfinite(value) and value >= 0) or (field == "logit_scale" and value == 0):
+                need = "> 0" if field == "logit_scale" else ">= 0 (0: unset)"
+                raise ModelFileError(f"{self.f.path}: metadata key {self.key(suffix)!r} must be a finite number "
+                                     f"{need}, got {value}")
+            out[field] = value if value or field == "attn_scale" else 1.0
+        rope = self.meta.get(self.key("{arch}.rope.scaling.finetuned"), True)
+        if not isinstance(rope, bool):
+            raise ModelFileError(f"{self.f.path}: metadata key {self.key('{arch}.rope.scaling.finetuned')!r} should "
+                                 f"be a bool, got {rope!r}")
+        out["rope"] = rope
+        return out
 
     def phi3_rope(self) -> dict:
         """phi3's long-context RoPE keys (see the module docstring); {} for the other architectures."""

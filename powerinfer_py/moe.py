@@ -1,11 +1,13 @@
-"""Mixture-of-experts FFN (qwen3moe, qwen2moe, Mixtral-style llama files): routing and the chosen experts.
+"""Mixture-of-experts FFN (qwen3moe, qwen2moe, granitemoe, Mixtral-style llama files): routing and the chosen experts.
 
 Per token x (the normed FFN input, f32 [n_embd]), as llama.cpp computes it:
     probs   = softmax(router · x)                               router = ffn_gate_inp, f32 (n_expert, n_embd)
     chosen  = the n_used experts with the largest probs, largest first
-    w       = probs[chosen], divided by their sum when the model renormalizes (llama, qwen3moe; not qwen2moe)
+    w       = probs[chosen], divided by their sum when the model renormalizes (llama, qwen3moe, granitemoe; not
+              qwen2moe)
     y       = sum over r in chosen order of  w_r * down_e · (silu(gate_e · x) * (up_e · x)),  e = chosen[r]
     qwen2moe adds its shared expert:  y += sigmoid(gate_inp_shexp · x) * shared_ffn(x)
+    granitemoe's (when the file has one) has no gate:  y += shared_ffn(x)
 The experts' weights are 3-D tensors (n_expert, rows, cols); expert e is the slice [e], a zero-copy 2-D view.
 
 Decode (one token) makes four kernel calls after the router: the chosen experts' gate rows and up rows are
@@ -56,7 +58,7 @@ def expert(t: Tensor, e: int) -> Tensor:
 class MoEFFN:
     """One layer's mixture-of-experts FFN: moe(x, p=None) -> y f32 [N, n_embd] for x f32 [N, n_embd] (p, the
     predictor input of dense FFNs, is ignored). shared: an ffn.FFN (qwen2moe's shared expert) with its gate
-    vector shared_gate f32 [n_embd], or None."""
+    vector shared_gate f32 [n_embd] (None: added ungated, granitemoe), or None."""
 
     split = None  # hybrid CPU/GPU splits are for PWRI files, which have no experts
     BATCH_SLICE = 256  # prefill tokens per pass: their (token, expert) rows are gathered and held at once
@@ -106,7 +108,9 @@ class MoEFFN:
         x = np.ascontiguousarray(x, dtype=np.float32)
         chosen, w = self.route(x)
         out = self._decode(x[0], chosen[0], w[0])[None, :] if x.shape[0] == 1 else self._batch(x, chosen, w)
-        if self.shared is not None:
+        if self.shared is not None and self.shared_gate is None:  # granitemoe: added as it is
+            out += self.shared(x)
+        elif self.shared is not None:
             g = x @ self.shared_gate
             out += (1.0 / (1.0 + np.exp(-g, dtype=np.float32)))[:, None] * self.shared(x)
         return out

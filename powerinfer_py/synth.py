@@ -20,6 +20,7 @@ from .gguf import write_gguf
 from .tensor import GGMLType, Tensor
 
 ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "phi3")
+ARCHS += ("granite", "granitemoe")
 _GEMMA = ("gemma", "gemma2", "gemma3")
 DTYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "bf16": GGMLType.BF16,
           "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
@@ -47,6 +48,11 @@ _OUTPUT_NORM_GAIN = {"llama": 1.0, "qwen2": 3.0, "qwen3": 3.0, "qwen2moe": 3.0, 
 ARCHS += ("smollm3", "olmo2")
 _EMBD_STD.update(smollm3=0.1, olmo2=1.0)
 _OUTPUT_NORM_GAIN.update(smollm3=3.0, olmo2=1.0)
+_EMBD_STD.update(granite=0.1, granitemoe=0.1)  # tied, as Granite 3.x; times embedding_scale 10: std 1
+_OUTPUT_NORM_GAIN.update(granite=3.0, granitemoe=3.0)  # times logit_scale (divided out again in the logits)
+# granite's scalars ({arch}.embedding_scale, residual_scale, attention.scale, logit_scale), far from 1 and from
+# each default so that leaving one out shows (attention.scale: head_dim 16 would give 1/sqrt(16) = 0.25)
+GRANITE_SCALES = {"embedding_scale": 10.0, "residual_scale": 0.5, "attention_scale": 0.6, "logit_scale": 4.0}
 _CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()") + [SPACE]
 
 
@@ -121,6 +127,7 @@ class _Spec:
         self.softcaps = (o.pop("attn_softcap", 50.0), o.pop("final_softcap", 30.0)) if arch == "gemma2" else ()
         self.tied = o.pop("tied", arch not in ("llama", "phi3", "qwen2moe", "olmo2"))  # llama.cpp's qwen2moe, olmo2 need output
         self.phi3 = _phi3_options(arch, self.head_dim, o)
+        self.granite = _granite_options(arch, o)
         self.bias_std = o.pop("bias_std", 0.5)
         self.embd_std = o.pop("embd_std", _EMBD_STD[arch] if not gemma else _EMBD_STD[arch] / np.sqrt(n_embd))
         self.chat_template = o.pop("chat_template", None)  # a Jinja tokenizer.chat_template to embed
@@ -135,8 +142,8 @@ class _Spec:
         n_expert = o.pop("n_expert", 4 if arch.endswith("moe") else 0)
         if arch.endswith("moe") and not n_expert:
             raise ValueError(f"{arch} needs n_expert > 0")
-        if n_expert and arch not in ("llama", "qwen2moe", "qwen3moe"):
-            raise ValueError(f"experts are written for llama, qwen2moe and qwen3moe, not {arch}")
+        if n_expert and arch not in ("llama", "qwen2moe", "qwen3moe", "granitemoe"):
+            raise ValueError(f"experts are written for llama, qwen2moe, qwen3moe and granitemoe, not {arch}")
         self.moe = ((n_expert, o.pop("n_expert_used", 2), o.pop("n_ff_exp", n_ff),
                      o.pop("n_ff_shexp", n_ff if arch == "qwen2moe" else 0)) if n_expert else ())
         if o:
@@ -151,9 +158,10 @@ class _Spec:
                (p + "ffn_gate_exps.weight", np.stack([linear(F, E) for _ in range(n_expert)])),
                (p + "ffn_up_exps.weight", np.stack([linear(F, E) for _ in range(n_expert)])),
                (p + "ffn_down_exps.weight", np.stack([linear(E, F) for _ in range(n_expert)]))]
+        if F_sh and self.arch != "granitemoe":  # granitemoe's shared expert has no gate
+            out.append((p + "ffn_gate_inp_shexp.weight", rng.standard_normal(E, dtype=np.float32) / np.float32(np.sqrt(E))))
         if F_sh:
-            out += [(p + "ffn_gate_inp_shexp.weight", rng.standard_normal(E, dtype=np.float32) / np.float32(np.sqrt(E))),
-                    (p + "ffn_gate_shexp.weight", linear(F_sh, E)),
+            out += [(p + "ffn_gate_shexp.weight", linear(F_sh, E)),
                     (p + "ffn_up_shexp.weight", linear(F_sh, E)),
                     (p + "ffn_down_shexp.weight", linear(E, F_sh))]
         return out
@@ -168,7 +176,7 @@ class _Spec:
             f"{a}.context_length": self.n_ctx_train,
             f"{a}.embedding_length": self.n_embd,
             f"{a}.block_count": self.n_layer,
-            f"{a}.feed_forward_length": self.moe[2] if self.moe and a == "llama" else self.n_ff,
+            f"{a}.feed_forward_length": self.moe[2] if self.moe and a in ("llama", "granitemoe") else self.n_ff,
             f"{a}.attention.head_count": self.n_head,
             f"{a}.attention.head_count_kv": self.n_head_kv,
             f"{a}.attention.layer_norm_rms_epsilon": float(self.norm_eps),
@@ -179,7 +187,7 @@ class _Spec:
         }
         if self.moe:
             meta[f"{a}.expert_count"], meta[f"{a}.expert_used_count"] = self.moe[0], self.moe[1]
-            if a != "llama":
+            if a not in ("llama", "granitemoe"):
                 meta[f"{a}.expert_feed_forward_length"] = self.moe[2]
             if self.moe[3]:
                 meta[f"{a}.expert_shared_feed_forward_length"] = self.moe[3]
@@ -195,6 +203,9 @@ class _Spec:
             if self.phi3["rope_factors"] is not None:
                 meta[f"{a}.rope.scaling.original_context_length"] = self.phi3["orig_ctx"]
                 meta[f"{a}.rope.scaling.attn_factor"] = float(self.phi3["attn_factor"])
+        for key, value in self.granite.items():
+            if value is not None:
+                meta[f"{a}.{key.replace('attention_scale', 'attention.scale')}"] = value
         tokens, scores, token_types = synthetic_vocab(self.n_vocab)
         meta.update({
             "tokenizer.ggml.model": "llama",
@@ -263,7 +274,8 @@ class _Spec:
             if self.arch in ("gemma2", "gemma3"):
                 out.append((p + "post_ffw_norm.weight", norm(E)))
         # tied heads see small embeddings: a larger output norm gain gives logits std ~2 all the same
-        out.append(("output_norm.weight", norm(E) * _OUTPUT_NORM_GAIN[self.arch if self.tied else "llama"]))
+        gain = _OUTPUT_NORM_GAIN[self.arch if self.tied else "llama"] * (self.granite.get("logit_scale") or 1.0)
+        out.append(("output_norm.weight", norm(E) * gain))
         if not self.tied:
             out.append(("output.weight", 2.5 * linear(self.n_vocab, E)))  # logits std ~2.5: a clear top-1
         return out
@@ -293,6 +305,18 @@ def _phi3_options(arch: str, head_dim: int, o: dict) -> dict:
             "attn_factor": o.pop("attn_factor", 1.0), "fused_qkv": o.pop("fused_qkv", True)}
 
 
+def _granite_options(arch: str, o: dict) -> dict:
+    """granite's scalars (popped from o; GRANITE_SCALES the defaults, None leaves a key out), and
+    rope_finetuned (False writes {arch}.rope.scaling.finetuned = false: no RoPE)."""
+    if arch not in ("granite", "granitemoe"):
+        return {}
+    out = {k: o.pop(k, v) for k, v in GRANITE_SCALES.items()}
+    out = {k: None if v is None else float(v) for k, v in out.items()}
+    if not o.pop("rope_finetuned", True):
+        out["rope.scaling.finetuned"] = False
+    return out
+
+
 def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f32", n_layer: int | None = None,
                           n_embd: int = 64, n_ff: int = 128, n_head: int = 4, n_head_kv: int = 2,
                           n_vocab: int = 512, seed: int = 0, **overrides) -> Path:
@@ -312,7 +336,9 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
     (rope.scaling.original_context_length, default 16), attn_factor (default 1.0), fused_qkv (default True: one
     attn_qkv tensor; False: attn_q/k/v); mixture of experts (qwen2moe, qwen3moe, and llama as Mixtral): n_expert
     (default 4 for the moe archs, 0 = dense), n_expert_used (default 2), n_ff_exp (an expert's width, default
-    n_ff; llama files store it as feed_forward_length), n_ff_shexp (qwen2moe's shared expert, default n_ff)."""
+    n_ff; llama and granitemoe files store it as feed_forward_length), n_ff_shexp (qwen2moe's shared expert, default
+    n_ff; granitemoe's, ungated, default 0 = none); granite, granitemoe: embedding_scale, residual_scale,
+    attention_scale, logit_scale (defaults synth.GRANITE_SCALES; None leaves the key out), rope_finetuned."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; synthetic models exist for {', '.join(ARCHS)}")
     if dtype not in DTYPES:

@@ -6,6 +6,7 @@ cffi releases the GIL during every call.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -430,13 +431,14 @@ class CpuKernels:
                         rope_scale: float, rope_neox: bool, eps: float, attn_scale: float, q_norm=None,
                         k_norm=None, post_norm=None, window: int = 0, bq=None, bk=None, bv=None,
                         rope_freqs=None, rope_mscale: float = 1.0, attn_softcap: float = 0.0,
-                        qk_norm_full: bool = False) -> "AttnBlockPlan":
+                        qk_norm_full: bool = False, residual_scale: float = 1.0) -> "AttnBlockPlan":
         """Checks one layer's attention weights once and describes them to C for attn_block_decode. q_norm,
         k_norm (f32 [head_dim]), post_norm (f32 [n_embd]) and a sliding window are gemma3's extras; bq, bk, bv
         (f32 [n_head * head_dim], [n_head_kv * head_dim] x 2) qwen2's; rope_freqs (f32 [n_rot/2], RoPE
         frequency factors) LLaMA 3.1+'s; rope_mscale (scale of the rotated dims) YaRN's; attn_softcap (attention
         logit soft-cap, 0 = off) gemma2's. olmo2: attn_norm and ffn_norm None (no pre-norms) and qk_norm_full
-        (q_norm, k_norm f32 [n_head * head_dim], [n_head_kv * head_dim], each one RMSNorm over all of q, k)."""
+        (q_norm, k_norm f32 [n_head * head_dim], [n_head_kv * head_dim], each one RMSNorm over all of q, k).
+        residual_scale (the block's output is multiplied by it before it is added to x, 1 = none): granite's."""
         n_q, n_kv = n_head * head_dim, n_head_kv * head_dim
         infos = {nm: self._weight(t) for nm, t in (("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo))}
         n_embd = infos["wq"][4]
@@ -473,6 +475,9 @@ class CpuKernels:
         desc.window = window
         desc.rope_mscale = _ops_check_mscale("attn_block_plan", rope_mscale)
         desc.attn_softcap = _ops_check_softcap("attn_block_plan", attn_softcap)
+        if not (math.isfinite(residual_scale) and residual_scale != 0):
+            raise ValueError(f"attn_block_plan: residual_scale must be finite and non-zero, got {residual_scale}")
+        desc.res_scale = residual_scale
         for nm, (_, wp, ty, _, _) in infos.items():
             setattr(desc, nm, wp)
             setattr(desc, f"{nm}_type", ty)

@@ -19,6 +19,7 @@ from ..ffn import SparseSettings
 from ..tensor import Tensor
 from . import bamboo, falcon, gemma, gemma3, llama, opt, phi3, qwen2, qwen3
 from . import olmo2, smollm3
+from . import granite
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -36,6 +37,8 @@ _FAMILIES = {
     "phi3": (phi3.Phi3Model, phi3.expected_tensors),
     "smollm3": (smollm3.SmolLM3Model, smollm3.expected_tensors),
     "olmo2": (olmo2.Olmo2Model, olmo2.expected_tensors),
+    "granite": (granite.GraniteModel, granite.expected_tensors),
+    "granitemoe": (granite.GraniteModel, granite.expected_tensors),  # with experts (GraniteModel.build_moe)
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
