@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
+from model_checks import assert_fused_decode_equals_python
 
 from powerinfer_py import load
 from powerinfer_py.calibrate import calibrate
@@ -201,19 +202,7 @@ def test_numpy_backend_agrees(synthetic_model, cpu_kernels):
 def test_fused_decode_equals_python_path(synthetic_model, kern, arch, kw):
     """Prompt of 3 tokens, then one at a time past the window: logits and KV cache bit for bit."""
     model = load_model(synthetic_model(arch, "f32", n_layer=4, **kw), kern)
-    runs = []
-    for fused in (True, False):
-        model.fused_attention = fused
-        assert (model.attn_plans() is not None) == fused
-        cache = model.new_cache(32)
-        out = [model.forward(TOKENS[:3], cache)] + [model.forward(TOKENS[i:i + 1], cache) for i in range(3, 12)]
-        runs.append((out, cache))
-    (a, ca), (b, cb) = runs
-    assert all(np.array_equal(x.view(np.uint32), y.view(np.uint32)) for x, y in zip(a, b))
-    assert all(np.array_equal(ca.k[il], cb.k[il]) and np.array_equal(ca.v[il], cb.v[il]) for il in range(4))
-    # and the steps agree with one prefill (same arithmetic up to summation order)
-    batch = model.forward(TOKENS, model.new_cache(32), all_logits=True)
-    np.testing.assert_allclose(np.stack(a[1:]), batch[3:], rtol=0, atol=1e-3 * batch.std())
+    assert_fused_decode_equals_python(model, TOKENS)
 
 
 def test_gemma2_threshold_calibration(synthetic_model, tmp_path):

@@ -17,6 +17,7 @@ import math
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
+from model_checks import assert_fused_decode_equals_python, batch_and_steps
 
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
@@ -32,14 +33,8 @@ CASES = [("granite", {}), ("granitemoe", {}), ("granitemoe", {"n_ff_shexp": 128}
 IDS = ["granite", "granitemoe", "granitemoe-shexp"]
 
 
-def _ours(path) -> tuple[np.ndarray, np.ndarray]:
-    """(all logits of one batch, the logits of the same tokens fed one at a time)."""
-    with load(path, threads=2) as llm:
-        net = llm.model
-        batch = net.forward(np.array(TOKENS, np.int32), net.new_cache(64), all_logits=True)
-        cache = net.new_cache(64)
-        step = np.stack([net.forward(np.array([t], np.int32), cache) for t in TOKENS])
-    return batch, step
+def _ours(path, tokens=TOKENS) -> tuple[np.ndarray, np.ndarray]:
+    return batch_and_steps(path, tokens)
 
 
 @pytest.mark.parametrize("arch,kw", CASES, ids=IDS)
@@ -106,17 +101,7 @@ def test_fused_attention_equals_python_path(synthetic_model, cpu_kernels, arch, 
     """The one-call decode step scales the attention output by residual_scale before the add: the same bits as
     the Python path, logits and KV cache."""
     net = _build(synthetic_model(arch, dtype, **kw), cpu_kernels)
-    runs = []
-    for fused in (True, False):
-        net.fused_attention = fused
-        cache = net.new_cache(32)
-        out = [net.forward(np.array(TOKENS[:3], np.int32), cache)]
-        out += [net.forward(np.array([t], np.int32), cache) for t in TOKENS[3:]]
-        assert (net.attn_plans() is not None) == fused
-        runs.append((out, cache))
-    (a, ca), (b, cb) = runs
-    assert all(np.array_equal(x.view(np.uint32), y.view(np.uint32)) for x, y in zip(a, b))
-    assert all(np.array_equal(ca.k[il], cb.k[il]) and np.array_equal(ca.v[il], cb.v[il]) for il in range(len(ca.k)))
+    assert_fused_decode_equals_python(net, np.array(TOKENS, np.int32))
 
 
 def _rewrite(src, dst, meta_edit=None, extra=()):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from llama_ref import llama_cpp_logits
+from model_checks import batch_and_steps
 from test_kernels_matmul import BLOCK_TYPES, FLOAT_TYPES, K_TYPES, make_weight
 
 from powerinfer_py import moe
@@ -55,13 +56,7 @@ CASES = [("qwen3moe", {}), ("qwen2moe", {}), ("llama", {"n_expert": 4})]
 
 
 def _ours(path, tokens=TOKENS) -> tuple[np.ndarray, np.ndarray]:
-    """(all logits of one batch, the logits of the same tokens fed one at a time)."""
-    with load(path, threads=2) as llm:
-        net = llm.model
-        batch = net.forward(np.array(tokens, np.int32), net.new_cache(64), all_logits=True)
-        cache = net.new_cache(64)
-        step = np.stack([net.forward(np.array([t], np.int32), cache) for t in tokens])
-    return batch, step
+    return batch_and_steps(path, tokens)
 
 
 @pytest.mark.parametrize("arch,kw", CASES, ids=[c[0] for c in CASES])

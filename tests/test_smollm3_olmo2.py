@@ -16,6 +16,7 @@ import dataclasses
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
+from model_checks import assert_fused_decode_equals_python
 
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError, UnsupportedError
@@ -118,20 +119,7 @@ def test_fused_decode_equals_python_path(synthetic_model, kern, arch, dtype):
     olmo2: no pre-norm, whole-width Q/K norms, output norm) gives the Python path's logits and KV cache bit for
     bit, and the steps agree with one prefill of all tokens."""
     model = load_model(synthetic_model(arch, dtype), kern)
-    runs = []
-    for fused in (True, False):
-        model.fused_attention = fused
-        assert (model.attn_plans() is not None) == fused
-        cache = model.new_cache(32)
-        out = [model.forward(TOKENS[:3], cache)] + [model.forward(TOKENS[i:i + 1], cache) for i in range(3, 12)]
-        runs.append((out, cache))
-    (a, ca), (b, cb) = runs
-    assert all(np.array_equal(x.view(np.uint32), y.view(np.uint32)) for x, y in zip(a, b))
-    n_layer = model.config.n_layer
-    assert all(np.array_equal(ca.k[il], cb.k[il]) and np.array_equal(ca.v[il], cb.v[il]) for il in range(n_layer))
-    batch = all_logits(model)
-    np.testing.assert_allclose(np.stack(a[1:]), batch[3:], rtol=0, atol=1e-3 * batch.std())
-    np.testing.assert_allclose(a[0], batch[2], rtol=0, atol=1e-3 * batch.std())
+    assert_fused_decode_equals_python(model, TOKENS)
 
 
 # ---- broken files ------------------------------------------------------------------------------------------------

@@ -187,7 +187,8 @@ class Model:
         return ffns
 
     def build_moe(self, tensors: Mapping[str, Tensor], il: int) -> MoEFFN:
-        """Layer il's mixture-of-experts FFN (moe.py), with qwen2moe's shared expert as a dense SwiGLU FFN."""
+        """Layer il's mixture-of-experts FFN (moe.py), with a shared expert (qwen2moe, some granitemoe files) as a
+        dense SwiGLU FFN, added through its sigmoid gate where the file has one."""
         c, p = self.config, f"blk.{il}."
         shared = shared_gate = None
         if c.n_ff_shexp:
@@ -195,7 +196,8 @@ class Model:
                            gate=get_tensor(tensors, p + "ffn_gate_shexp.weight"),
                            down=get_tensor(tensors, p + "ffn_down_shexp.weight"))
             shared = FFN(self.kernels, w, "swiglu", self.sparse, layer=il)
-            shared_gate = norm_weight(get_tensor(tensors, p + "ffn_gate_inp_shexp.weight"))
+            # qwen2moe gates it (a required tensor there, moe_expected); granitemoe's has no gate
+            shared_gate = norm_weight(get_tensor(tensors, p + "ffn_gate_inp_shexp.weight", required=False))
         return MoEFFN(self.kernels, get_tensor(tensors, p + "ffn_gate_inp.weight"),
                       get_tensor(tensors, p + "ffn_gate_exps.weight"), get_tensor(tensors, p + "ffn_up_exps.weight"),
                       get_tensor(tensors, p + "ffn_down_exps.weight"), c.n_expert_used, c.expert_weights_norm,

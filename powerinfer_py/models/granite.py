@@ -26,9 +26,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import UnsupportedError
-from ..ffn import FFN, FFNWeights
-from ..moe import MoEFFN
-from .base import Expected, get_tensor, llama_like_expected
+from .base import Expected, llama_like_expected
 from .llama import LlamaModel
 
 _BIASES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -56,20 +54,6 @@ class GraniteModel(LlamaModel):
         self._embd_scale = np.float32(config.embd_scale)
         self._res_scale = np.float32(config.residual_scale)
         self._logit_mul = np.float32(1.0) / np.float32(config.logit_scale)  # a float division, as llama.cpp
-
-    def build_moe(self, tensors, il: int) -> MoEFFN:
-        """The experts, and the shared expert (if any) as a dense SwiGLU FFN added without a gate."""
-        c, p = self.config, f"blk.{il}."
-        shared = None
-        if c.n_ff_shexp:
-            w = FFNWeights(up=get_tensor(tensors, p + "ffn_up_shexp.weight"),
-                           gate=get_tensor(tensors, p + "ffn_gate_shexp.weight"),
-                           down=get_tensor(tensors, p + "ffn_down_shexp.weight"))
-            shared = FFN(self.kernels, w, "swiglu", self.sparse, layer=il)
-        return MoEFFN(self.kernels, get_tensor(tensors, p + "ffn_gate_inp.weight"),
-                      get_tensor(tensors, p + "ffn_gate_exps.weight"), get_tensor(tensors, p + "ffn_up_exps.weight"),
-                      get_tensor(tensors, p + "ffn_down_exps.weight"), c.n_expert_used, c.expert_weights_norm,
-                      layer=il, shared=shared, shared_gate=None)
 
     def _embed(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
         x = super()._embed(ids, pos)

@@ -1,0 +1,39 @@
+"""Checks several architecture test files share: one batch against one token at a time, and the one-call decode
+step (C attention block) against the Python path."""
+from __future__ import annotations
+
+import numpy as np
+
+from powerinfer_py import load
+
+
+def batch_and_steps(path, tokens, n_ctx: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """(all logits of one batch of `tokens`, the logits of the same tokens fed one at a time) on the file."""
+    with load(path, threads=2) as llm:
+        net = llm.model
+        batch = net.forward(np.array(tokens, np.int32), net.new_cache(n_ctx), all_logits=True)
+        cache = net.new_cache(n_ctx)
+        steps = np.stack([net.forward(np.array([t], np.int32), cache) for t in tokens])
+    return batch, steps
+
+
+def assert_fused_decode_equals_python(model, tokens, n_prompt: int = 3) -> None:
+    """A prompt of n_prompt tokens, then one token at a time: the one-call C attention step gives the Python
+    path's logits and KV cache bit for bit, and the steps agree with one prefill of all the tokens (the same
+    arithmetic up to the order of sums)."""
+    runs = []
+    for fused in (True, False):
+        model.fused_attention = fused
+        assert (model.attn_plans() is not None) == fused
+        cache = model.new_cache(32)
+        out = [model.forward(tokens[:n_prompt], cache)]
+        out += [model.forward(tokens[i:i + 1], cache) for i in range(n_prompt, len(tokens))]
+        runs.append((out, cache))
+    model.fused_attention = True
+    (a, ca), (b, cb) = runs
+    assert all(np.array_equal(x.view(np.uint32), y.view(np.uint32)) for x, y in zip(a, b))
+    assert all(np.array_equal(ca.k[il], cb.k[il]) and np.array_equal(ca.v[il], cb.v[il])
+               for il in range(model.config.n_layer))
+    batch = model.forward(tokens, model.new_cache(32), all_logits=True)
+    np.testing.assert_allclose(np.stack(a[1:]), batch[n_prompt:], rtol=0, atol=1e-3 * batch.std())
+    np.testing.assert_allclose(a[0], batch[n_prompt - 1], rtol=0, atol=1e-3 * batch.std())
