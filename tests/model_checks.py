@@ -37,3 +37,17 @@ def assert_fused_decode_equals_python(model, tokens, n_prompt: int = 3) -> None:
     batch = model.forward(tokens, model.new_cache(32), all_logits=True)
     np.testing.assert_allclose(np.stack(a[1:]), batch[n_prompt:], rtol=0, atol=1e-3 * batch.std())
     np.testing.assert_allclose(a[0], batch[n_prompt - 1], rtol=0, atol=1e-3 * batch.std())
+
+
+def assert_matches_llama_cpp(path, tokens, tol: float, same_top1: bool) -> None:
+    """Our logits at every position within tol x the spread of llama.cpp's on the same file (and the same
+    top-1 everywhere if same_top1); one token at a time gives the batch's logits."""
+    from llama_ref import llama_cpp_logits
+
+    ref = llama_cpp_logits(path, tokens)
+    batch, steps = batch_and_steps(path, tokens)
+    spread = float(ref.std())
+    assert np.abs(batch - ref).max() < tol * spread
+    if same_top1:
+        assert (batch.argmax(1) == ref.argmax(1)).all()
+    np.testing.assert_allclose(steps, batch, rtol=0, atol=1e-4 * spread)

@@ -17,7 +17,7 @@ import math
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
-from model_checks import assert_fused_decode_equals_python, batch_and_steps
+from model_checks import assert_fused_decode_equals_python, assert_matches_llama_cpp, batch_and_steps
 
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
@@ -40,14 +40,7 @@ def _ours(path, tokens=TOKENS) -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("arch,kw", CASES, ids=IDS)
 @pytest.mark.parametrize("dtype,tol", [("f32", 0.01), ("q8_0", 0.12)])
 def test_logits_match_llama_cpp(synthetic_model, arch, kw, dtype, tol):
-    path = synthetic_model(arch, dtype, **kw)
-    ref = llama_cpp_logits(path, TOKENS)
-    batch, step = _ours(path)
-    spread = float(ref.std())
-    assert np.abs(batch - ref).max() < tol * spread
-    if dtype == "f32":
-        assert (batch.argmax(1) == ref.argmax(1)).all()
-    np.testing.assert_allclose(step, batch, rtol=0, atol=1e-4 * spread)
+    assert_matches_llama_cpp(synthetic_model(arch, dtype, **kw), TOKENS, tol, same_top1=dtype == "f32")
 
 
 @pytest.mark.parametrize("kw", [dict(rope_finetuned=False),

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from llama_ref import llama_cpp_logits
-from model_checks import batch_and_steps
+from model_checks import assert_matches_llama_cpp, batch_and_steps
 from test_kernels_matmul import BLOCK_TYPES, FLOAT_TYPES, K_TYPES, make_weight
 
 from powerinfer_py import moe
@@ -64,14 +64,7 @@ def _ours(path, tokens=TOKENS) -> tuple[np.ndarray, np.ndarray]:
 def test_logits_match_llama_cpp(synthetic_model, arch, kw, dtype, tol):
     """Routing (softmax, top-k, renormalized or not), the experts and qwen2moe's gated shared expert: a wrong
     choice of any of them misses llama.cpp by 0.3-1.0 of the logits' spread (measured by flipping each)."""
-    path = synthetic_model(arch, dtype, **kw)
-    ref = llama_cpp_logits(path, TOKENS)
-    batch, step = _ours(path)
-    spread = float(ref.std())
-    assert np.abs(batch - ref).max() < tol * spread
-    if dtype == "f32":
-        assert (batch.argmax(1) == ref.argmax(1)).all()
-    np.testing.assert_allclose(step, batch, rtol=0, atol=1e-4 * spread)
+    assert_matches_llama_cpp(synthetic_model(arch, dtype, **kw), TOKENS, tol, same_top1=dtype == "f32")
 
 
 def _softmax(z):
