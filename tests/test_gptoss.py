@@ -2,7 +2,8 @@
 after-top-k routing against direct formulas, the config read from metadata, synthetic files against llama.cpp,
 one token at a time against a batch, and the one-call decode step against the Python path, bit for bit.
 
-Every gpt-oss-specific piece shows against llama.cpp. Measured on the 8-layer f32 file of
+Every gpt-oss-specific piece shows against llama.cpp. Measured (benchmarks/bench_gptoss_mutations.py) on the
+8-layer f32 file of
 test_logits_match_llama_cpp (YaRN, window 4, 12 tokens) with one piece switched off, in units of the logits'
 spread (the test's bound is 0.01; ours is off by 0.0025):
     no attention sinks                      4.2   (argmax agrees on 4 of 12 tokens)
