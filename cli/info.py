@@ -94,6 +94,9 @@ def _table(f: dict) -> Table:
         if c["arch"].startswith("granite"):
             t.add_row("granite scales", f"embeddings x{c['embd_scale']:g}, residual branches x{c['residual_scale']:g}, "
                       f"attention scores x{c['attn_scale']:g}, logits / {c['logit_scale']:g}")
+        if c["arch"] == "gpt-oss":
+            t.add_row("gpt-oss", f"attention sinks; even layers see the last {c['sliding_window']} tokens; router "
+                      "weights softmaxed after top-k; expert biases; swiglu_oai (clamp 7, alpha 1.702)")
         if c.get("attn_softcap") or c.get("final_softcap"):
             t.add_row("soft-capping", f"attention scores {c['attn_softcap']:g}, output logits {c['final_softcap']:g}")
         rs = f.get("rope_scaling")

@@ -5,6 +5,9 @@
  *   s_j = scale * q.k_j for the visible j (j <= p, and j > p - window when window > 0),
  *   then, when softcap > 0 (Gemma 2's attention logit soft-capping), s_j = softcap * tanh(s_j / softcap),
  *   w = softmax(s) in f32 with the max subtracted, out = sum_j w_j v_j.
+ * Attention sinks (gpt-oss; sinks NULL: none): one learned logit per query head that joins the softmax's
+ * denominator and nothing else: m = max(max_j s_j, sink_h), w_j = e^(s_j - m) / (sum_i e^(s_i - m) + e^(sink_h - m)),
+ * so the weights sum to less than 1. Without sinks the softmax runs exactly as before (same bits).
  * The soft-cap is a separate pass over a head's scores (vectorised tanh from vexp, see softcap_row);
  * softcap == 0 skips it, so uncapped models get the same bits as without it.
  * A work item is one token and a group of query heads that share a kv head, so each cached row is converted
@@ -114,13 +117,16 @@ static inline vf vexp(vf x) { return pi_vexp8(x); }
 
 /* ---- softmax ------------------------------------------------------------------------------------------ */
 #ifdef VW
-static void softmax_row(float *x, int64_t n) {
+/* sink: a pointer to the row's sink logit (joins the max and the denominator only), or NULL */
+static void softmax_row_sink(float *x, int64_t n, const float *sink) {
     int64_t i, nv = n / VW * VW;
     V_MASK_T m = V_MASK((int)(n - nv));
     vf mx = V_SET1(-INFINITY);
     for (i = 0; i < nv; i += VW) mx = V_MAX(mx, V_LOAD(x + i));
     if (nv < n) mx = V_MAX(mx, V_LOAD_FILL(x + nv, m, -INFINITY));
-    vf vmax = V_SET1(v_hmax(mx)), sum = V_ZERO();
+    float fmax = v_hmax(mx);
+    if (sink && *sink > fmax) fmax = *sink;
+    vf vmax = V_SET1(fmax), sum = V_ZERO();
     for (i = 0; i < nv; i += VW) {
         vf e = vexp(V_SUB(V_LOAD(x + i), vmax));
         V_STORE(x + i, e);
@@ -131,23 +137,28 @@ static void softmax_row(float *x, int64_t n) {
         V_STORE_TAIL(x + nv, e, m);
         sum = V_ADD(sum, e);
     }
-    vf inv = V_SET1(1.0f / v_hsum(sum));
+    float total = v_hsum(sum);
+    if (sink) total += expf(*sink - fmax);
+    vf inv = V_SET1(1.0f / total);
     for (i = 0; i < nv; i += VW) V_STORE(x + i, V_MUL(V_LOAD(x + i), inv));
     if (nv < n) V_STORE_TAIL(x + nv, V_MUL(V_LOAD_FILL(x + nv, m, 0.0f), inv), m);
 }
 #else
-static void softmax_row(float *x, int64_t n) {
+static void softmax_row_sink(float *x, int64_t n, const float *sink) {
     float mx = -INFINITY;
     double sum = 0.0;
     for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    if (sink && *sink > mx) mx = *sink;
     for (int64_t i = 0; i < n; i++) {
         x[i] = expf(x[i] - mx);
         sum += x[i];
     }
+    if (sink) sum += expf(*sink - mx);
     float inv = (float)(1.0 / sum);
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
 }
 #endif
+static void softmax_row(float *x, int64_t n) { softmax_row_sink(x, n, NULL); }
 
 typedef struct {
     float *x;
@@ -175,6 +186,7 @@ typedef struct {
     float *out;
     int64_t n_tok, n_head, n_head_kv, head_dim, n_ctx, pos0, window;
     float scale, softcap; /* softcap 0: no soft-capping */
+    const float *sinks;   /* f32 [n_head] sink logits, or NULL */
     int64_t group;       /* query heads per item (divides n_head / n_head_kv) */
     int64_t n_items, n_chunks;
     int64_t sc_stride;   /* floats of scores per head */
@@ -214,7 +226,7 @@ static void softcap_row(float *s, int64_t n, float cap) {
 
 /* the scalar form of one head: scores, softmax, weighted sum of v rows (n visible rows from k, v) */
 static void attn_head_scalar(const float *q, const uint16_t *k, const uint16_t *v, int64_t n, int64_t hd,
-                             float scale, float softcap, float *sc, float *out) {
+                             float scale, float softcap, const float *sink, float *sc, float *out) {
     for (int64_t jj = 0; jj < n; jj++) {
         const uint16_t *kj = k + jj * hd;
         float s = 0.0f;
@@ -222,7 +234,7 @@ static void attn_head_scalar(const float *q, const uint16_t *k, const uint16_t *
         sc[jj] = s * scale;
     }
     if (softcap > 0.0f) softcap_row(sc, n, softcap);
-    softmax_row(sc, n);
+    softmax_row_sink(sc, n, sink);
     for (int64_t d = 0; d < hd; d++) out[d] = 0.0f;
     for (int64_t jj = 0; jj < n; jj++) {
         const uint16_t *vj = v + jj * hd;
@@ -276,11 +288,12 @@ static inline __attribute__((always_inline)) void pv_block(const uint16_t *v, in
 
 static inline __attribute__((always_inline)) void attn_tile(const float *q, const uint16_t *k, const uint16_t *v,
                                                             int64_t n, int64_t hd, float scale, float softcap,
-                                                            float *sc, int64_t sc_stride, float *out, const int G) {
+                                                            const float *sinks, float *sc, int64_t sc_stride,
+                                                            float *out, const int G) {
     qk_tile(q, k, n, hd, scale, sc, sc_stride, G);
     if (softcap > 0.0f)
         for (int g = 0; g < G; g++) softcap_row(sc + g * sc_stride, n, softcap);
-    for (int g = 0; g < G; g++) softmax_row(sc + g * sc_stride, n);
+    for (int g = 0; g < G; g++) softmax_row_sink(sc + g * sc_stride, n, sinks ? sinks + g : NULL);
     int64_t d0 = 0;
     for (; d0 + PV_NB * VW <= hd; d0 += PV_NB * VW) pv_block(v, n, hd, sc, sc_stride, out, d0, G, PV_NB);
     for (; d0 < hd; d0 += VW) pv_block(v, n, hd, sc, sc_stride, out, d0, G, 1);
@@ -300,20 +313,21 @@ static void attn_item(const attn_job *j, int64_t item, float *sc) {
     if (hd % VW == 0) {
         for (int64_t g0 = 0; g0 < j->group; g0 += 4) {
             int64_t g = j->group - g0 < 4 ? j->group - g0 : 4;
-            const float *qg = q + g0 * hd;
+            const float *qg = q + g0 * hd, *sk = j->sinks ? j->sinks + h0 + g0 : NULL;
             float *og = out + g0 * hd;
             switch (g) {
-            case 1: attn_tile(qg, k, v, n, hd, j->scale, j->softcap, sc, j->sc_stride, og, 1); break;
-            case 2: attn_tile(qg, k, v, n, hd, j->scale, j->softcap, sc, j->sc_stride, og, 2); break;
-            case 3: attn_tile(qg, k, v, n, hd, j->scale, j->softcap, sc, j->sc_stride, og, 3); break;
-            default: attn_tile(qg, k, v, n, hd, j->scale, j->softcap, sc, j->sc_stride, og, 4); break;
+            case 1: attn_tile(qg, k, v, n, hd, j->scale, j->softcap, sk, sc, j->sc_stride, og, 1); break;
+            case 2: attn_tile(qg, k, v, n, hd, j->scale, j->softcap, sk, sc, j->sc_stride, og, 2); break;
+            case 3: attn_tile(qg, k, v, n, hd, j->scale, j->softcap, sk, sc, j->sc_stride, og, 3); break;
+            default: attn_tile(qg, k, v, n, hd, j->scale, j->softcap, sk, sc, j->sc_stride, og, 4); break;
             }
         }
         return;
     }
 #endif
     for (int64_t g = 0; g < j->group; g++)
-        attn_head_scalar(q + g * hd, k, v, n, hd, j->scale, j->softcap, sc, out + g * hd);
+        attn_head_scalar(q + g * hd, k, v, n, hd, j->scale, j->softcap, j->sinks ? j->sinks + h0 + g : NULL, sc,
+                         out + g * hd);
 }
 
 static void attn_chunk(void *ctx, int64_t c, int thread_id) {
@@ -324,7 +338,7 @@ static void attn_chunk(void *ctx, int64_t c, int thread_id) {
 
 void pi_attention(pi_pool *pool, const float *q, const uint16_t *k, const uint16_t *v, int64_t n_tok,
                   int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t n_ctx, int64_t pos0, int64_t window,
-                  float scale, float softcap, float *out) {
+                  float scale, float softcap, const float *sinks, float *out) {
     if (n_tok <= 0 || n_head <= 0) return;
     int64_t n_rep = n_head / n_head_kv, n_threads = pi_pool_n_threads(pool);
     int64_t span = pos0 + n_tok; /* most kv rows one query sees */
@@ -332,7 +346,7 @@ void pi_attention(pi_pool *pool, const float *q, const uint16_t *k, const uint16
     double work = (double)n_tok * (double)n_head * (double)span * (double)head_dim;
     attn_job j = {.q = q, .k = k, .v = v, .out = out, .n_tok = n_tok, .n_head = n_head, .n_head_kv = n_head_kv,
                   .head_dim = head_dim, .n_ctx = n_ctx, .pos0 = pos0, .window = window, .scale = scale,
-                  .softcap = softcap, .group = n_rep};
+                  .softcap = softcap, .sinks = sinks, .group = n_rep};
     if (work >= PAR_MIN && n_threads > 1) {
         /* the largest group (fewest re-reads of the cache) that still gives every thread an item */
         for (int64_t g = n_rep; g >= 1; g--)

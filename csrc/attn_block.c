@@ -11,7 +11,7 @@
  * checks per layer cost far more than their warm microsecond each. llama, bamboo, qwen2 (Q/K/V biases),
  * gemma3 (Q/K norms, post-attention norm, sliding-window layers), gemma and gemma2 (attention soft-cap), smollm3
  * (n_rot 0 on its NoPE layers), olmo2 (no pre-norm, whole-width Q/K norms, output norm), granite (the output
- * scaled before the residual add); other architectures and batches keep the Python path.
+ * scaled before the residual add), gpt-oss (Q/K/V and output biases, attention sinks, sliding-window layers); other architectures and batches keep the Python path.
  */
 #include <string.h>
 
@@ -48,8 +48,9 @@ void pi_attn_block_decode(pi_pool *pool, const pi_attn_block *b, float *x, int32
     pi_store_kv(k, 1, b->n_head_kv, b->head_dim, k_cache, n_ctx, pos);
     pi_store_kv(v, 1, b->n_head_kv, b->head_dim, v_cache, n_ctx, pos);
     pi_attention(pool, q, k_cache, v_cache, 1, b->n_head, b->n_head_kv, b->head_dim, n_ctx, pos, b->window,
-                 b->attn_scale, b->attn_softcap, a);
+                 b->attn_scale, b->attn_softcap, b->sinks, a);
     pi_matmul(pool, b->wo_type, b->wo, n_embd, n_q, a, 1, o);
+    add_bias(o, b->bo, n_embd);
     if (b->post_norm) pi_rmsnorm(pool, o, b->post_norm, b->eps, 1, n_embd, o);
     if (b->res_scale != 0.0f && b->res_scale != 1.0f) /* its own pass: the product is rounded before the add */
         for (int64_t i = 0; i < n_embd; i++) o[i] *= b->res_scale;

@@ -133,10 +133,11 @@ void pi_softmax(pi_pool *pool, float *x, int64_t n_rows, int64_t n_cols);
  * out: f32 [n_tok, n_head, head_dim].
  * Query head h uses kv head h / (n_head / n_head_kv). Query at position p sees kv positions j with
  * j <= p and (window == 0 or j > p - window). Scores are scale * q.k, then, if softcap > 0, softcap *
- * tanh(score / softcap) (Gemma 2's attention logit soft-capping; 0: off), softmax in f32. */
+ * tanh(score / softcap) (Gemma 2's attention logit soft-capping; 0: off), softmax in f32. sinks: f32 [n_head]
+ * per-head logits that join each softmax's denominator (gpt-oss's attention sinks), or NULL for none. */
 void pi_attention(pi_pool *pool, const float *q, const uint16_t *k, const uint16_t *v,
                   int64_t n_tok, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int64_t n_ctx,
-                  int64_t pos0, int64_t window, float scale, float softcap, float *out);
+                  int64_t pos0, int64_t window, float scale, float softcap, const float *sinks, float *out);
 
 /* ---- activations (act.c); x, g, u, y: f32 [n]; y may alias an input ----------------------------------- */
 void pi_relu(pi_pool *pool, const float *x, float *y, int64_t n);
@@ -214,6 +215,8 @@ typedef struct {
     const float *post_norm;              /* f32 [n_embd] RMSNorm of the block's output before the add, or NULL */
     int64_t window;                      /* sliding window (0: full attention) */
     const float *bq, *bk, *bv;           /* f32 biases added after the Q, K, V mat-vecs (qwen2), or NULL */
+    const float *bo;                     /* f32 [n_embd] bias added after the output mat-vec (gpt-oss), or NULL */
+    const float *sinks;                  /* f32 [n_head] attention sink logits (gpt-oss, see pi_attention), or NULL */
     const float *rope_ff;                /* f32 [n_rot/2] RoPE frequency factors (rope_freqs.weight), or NULL */
     float rope_mscale;                   /* scale of the rotated dims (YaRN attention factor; 1 otherwise) */
     int wq_type, wk_type, wv_type, wo_type;

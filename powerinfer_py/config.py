@@ -36,6 +36,11 @@ Per architecture:
           llama.cpp hard-codes the step 4 (no GGUF key holds it), and so do we
   olmo2   NeoX RoPE; no pre-norms: RMSNorms of the whole Q and K projections and of the attention and FFN outputs
           (tensors); files with {arch}.attention.sliding_window > 0 (OLMo 3) are refused
+  gpt-oss NeoX RoPE (YaRN in the real files), Q/K/V and output biases, attention sinks (tensors); the even layers
+          (il % 2 == 0, llama.cpp's fixed pattern) attend within {arch}.attention.sliding_window (required);
+          attn_scale 1/sqrt(head_dim); experts {arch}.expert_feed_forward_length wide, routed by the top-k
+          biased router logits softmaxed after the selection (moe.py); a rope.freq_base_swa that differs from
+          the global base is refused
 Mixture of experts (qwen3moe, qwen2moe, and llama files with experts: Mixtral): {arch}.expert_count experts, of
 which {arch}.expert_used_count run per token; each expert's FFN width is {arch}.expert_feed_forward_length
 (llama files: feed_forward_length); qwen2moe's shared expert is {arch}.expert_shared_feed_forward_length wide.
@@ -72,18 +77,21 @@ from .gguf.reader import GGUFFile
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "bamboo", "falcon",
                    "opt", "phi3")
 SUPPORTED_ARCHS += ("granite", "granitemoe")
+SUPPORTED_ARCHS += ("gpt-oss",)
+GPTOSS_SWA_PERIOD = 2  # gpt-oss: layers il % 2 == 0 attend within the window (llama.cpp hard-codes it)
 MOE_ARCHS = ("qwen2moe", "qwen3moe")  # always mixture-of-experts; llama files are when they carry expert_count
-MOE_ARCHS += ("granitemoe",)
+MOE_ARCHS += ("granitemoe", "gpt-oss")
 _MOE_NORM_WEIGHTS = {"llama": True, "qwen3moe": True, "qwen2moe": False}  # renormalize the chosen experts' weights
 _MOE_NORM_WEIGHTS["granitemoe"] = True
+_MOE_NORM_WEIGHTS["gpt-oss"] = False  # its weights are a softmax over the chosen logits (moe.py), nothing to renormalize
 GRANITE_ARCHS = ("granite", "granitemoe")  # the llama block with four scalars from the metadata (granite_scales)
 
 GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")  # scaled embeddings, GeGLU FFN, the "gemma" chat format
 _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "falcon", "phi3"}
 SUPPORTED_ARCHS += ("smollm3", "olmo2")  # SmolLM3 (NoPE layers), OLMo 2 (output norms, full-width Q/K norms)
-_NEOX_ARCHS |= {"olmo2"}  # llama.cpp's rope type for olmo2; smollm3 keeps llama's normal layout
+_NEOX_ARCHS |= {"olmo2", "gpt-oss"}  # llama.cpp's rope type for olmo2; smollm3 keeps llama's normal layout
 SMOLLM3_NO_ROPE_STEP = 4  # smollm3: layers with (il + 1) % 4 == 0 use no RoPE (llama.cpp's n_no_rope_layer_step)
-_YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe")  # their models take per-pair RoPE factors and a scale (models/base.py)
+_YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss")  # their models take per-pair RoPE factors and a scale (models/base.py)
 _LAYERNORM_ARCHS = {"falcon", "opt"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
 _DEFAULT_FREQ_BASE = {"qwen2": 1_000_000.0, "qwen2moe": 1_000_000.0}
 HIDDEN_ACTS = ("silu", "relu", "fatrelu", "gelu")
@@ -264,6 +272,13 @@ class _Reader:
 
     def swa(self, n_layer: int, rope_freq_base: float) -> tuple[int, tuple[bool, ...], float]:
         """(sliding_window, swa_layers, rope_freq_base_swa) of gemma2 and gemma3 (see the module docstring)."""
+        if self.arch == "gpt-oss":
+            base_swa = self.get("{arch}.rope.freq_base_swa", rope_freq_base, kind=float)
+            if base_swa != rope_freq_base:
+                raise UnsupportedError(f"{self.f.path}: a gpt-oss file whose sliding-window layers have their own "
+                                       f"RoPE base ({base_swa} vs {rope_freq_base}) is not supported")
+            return (self.positive("{arch}.attention.sliding_window"),
+                    tuple(il % GPTOSS_SWA_PERIOD != GPTOSS_SWA_PERIOD - 1 for il in range(n_layer)), rope_freq_base)
         if self.arch not in ("gemma2", "gemma3"):
             return 0, (False,) * n_layer, rope_freq_base
         gemma2 = self.arch == "gemma2"

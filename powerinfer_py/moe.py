@@ -8,6 +8,11 @@ Per token x (the normed FFN input, f32 [n_embd]), as llama.cpp computes it:
     y       = sum over r in chosen order of  w_r * down_e · (silu(gate_e · x) * (up_e · x)),  e = chosen[r]
     qwen2moe adds its shared expert:  y += sigmoid(gate_inp_shexp · x) * shared_ffn(x)
     granitemoe's (when the file has one) has no gate:  y += shared_ffn(x)
+gpt-oss (options of MoEFFN, off for the others, whose bits they leave alone):
+    logits  = router · x + router_bias;  chosen = the n_used largest logits;  w = softmax(logits[chosen])
+              (weights_after_topk: the softmax runs over the chosen logits only, after the selection)
+    y       = sum over r of  w_r * (down_e · h + b_down_e),  h = act(gate_e · x + b_gate_e, up_e · x + b_up_e)
+    with act = swiglu_oai (below) and b_* the per-expert biases (expert_biases, f32 (n_expert, width)).
 The experts' weights are 3-D tensors (n_expert, rows, cols); expert e is the slice [e], a zero-copy 2-D view.
 
 Decode (one token) makes four kernel calls after the router: the chosen experts' gate rows and up rows are
@@ -44,6 +49,17 @@ def usage_note(config, ffns) -> str:
             f"the busiest expert of a layer took {100 * busiest:.0f}% of its routings")
 
 
+SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0  # gpt-oss's constants (llama.cpp's build_moe_ffn has the same)
+
+
+def swiglu_oai(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """gpt-oss's gated activation, f32: g' = min(g, 7), u' = clip(u, -7, 7), g' * sigmoid(1.702 g') * (u' + 1)."""
+    g = np.minimum(g, np.float32(SWIGLU_OAI_LIMIT))
+    u = np.clip(u, np.float32(-SWIGLU_OAI_LIMIT), np.float32(SWIGLU_OAI_LIMIT))
+    glu = g / (np.float32(1.0) + np.exp(np.float32(-SWIGLU_OAI_ALPHA) * g))
+    return (glu * (u + np.float32(1.0))).astype(np.float32, copy=False)
+
+
 def expert_rows(t: Tensor) -> Tensor:
     """A 3-D expert tensor (n_expert, rows, cols) as one 2-D tensor (n_expert * rows, cols), same bytes."""
     n_expert, rows, cols = t.shape
@@ -58,13 +74,17 @@ def expert(t: Tensor, e: int) -> Tensor:
 class MoEFFN:
     """One layer's mixture-of-experts FFN: moe(x, p=None) -> y f32 [N, n_embd] for x f32 [N, n_embd] (p, the
     predictor input of dense FFNs, is ignored). shared: an ffn.FFN (qwen2moe's shared expert) with its gate
-    vector shared_gate f32 [n_embd] (None: added ungated, granitemoe), or None."""
+    vector shared_gate f32 [n_embd] (None: added ungated, granitemoe), or None. gpt-oss's options (module
+    docstring): router_bias f32 [n_expert], weights_after_topk, expert_biases (gate, up, down) f32
+    (n_expert, n_ff), (n_expert, n_ff), (n_expert, n_embd), act "swiglu" or "swiglu_oai"."""
 
     split = None  # hybrid CPU/GPU splits are for PWRI files, which have no experts
     BATCH_SLICE = 256  # prefill tokens per pass: their (token, expert) rows are gathered and held at once
 
     def __init__(self, kernels, router: Tensor, gate: Tensor, up: Tensor, down: Tensor, n_used: int,
-                 norm_weights: bool, *, layer: int = 0, shared=None, shared_gate: np.ndarray | None = None):
+                 norm_weights: bool, *, layer: int = 0, shared=None, shared_gate: np.ndarray | None = None,
+                 router_bias: np.ndarray | None = None, weights_after_topk: bool = False,
+                 expert_biases: tuple | None = None, act: str = "swiglu"):
         self.k, self.layer, self.n_used, self.norm_weights = kernels, layer, n_used, norm_weights
         self.n_expert, self.n_ff, n_embd = gate.shape
         if up.shape != gate.shape or down.shape != (self.n_expert, n_embd, self.n_ff):
@@ -78,6 +98,17 @@ class MoEFFN:
         self.gate_rows, self.up_rows = expert_rows(gate), expert_rows(up)
         self.shared, self.shared_gate = shared, shared_gate
         self.counts = np.zeros(self.n_expert, dtype=np.int64)  # tokens routed to each expert so far
+        self.router_bias, self.weights_after_topk = router_bias, weights_after_topk
+        if act not in ("swiglu", "swiglu_oai"):
+            raise ValueError(f"MoEFFN: unknown activation {act!r}")
+        self.act = kernels.swiglu if act == "swiglu" else swiglu_oai
+        self.b_gate = self.b_up = self.b_down = None
+        if expert_biases is not None:
+            self.b_gate, self.b_up, self.b_down = expert_biases
+            want = ((self.n_expert, self.n_ff), (self.n_expert, self.n_ff), (self.n_expert, n_embd))
+            if any(b.shape != w for b, w in zip(expert_biases, want)):
+                raise ModelFileError(f"layer {layer}: expert biases have shapes {[b.shape for b in expert_biases]}, "
+                                     f"expected {list(want)}")
 
     @property
     def observer(self):
@@ -94,6 +125,15 @@ class MoEFFN:
     def route(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(chosen int [N, n_used] largest probability first, weights f32 [N, n_used]) for x f32 [N, n_embd]."""
         logits = self.k.matmul(self.router, x)  # [N, n_expert]
+        if self.router_bias is not None:
+            logits += self.router_bias
+        if self.weights_after_topk:  # gpt-oss: pick by logit, then softmax the chosen ones
+            chosen = np.argsort(-logits, axis=1, kind="stable")[:, :self.n_used]
+            w = np.take_along_axis(logits, chosen, axis=1)
+            w = np.exp(w - w.max(axis=1, keepdims=True), dtype=np.float32)
+            w /= w.sum(axis=1, keepdims=True, dtype=np.float32)
+            np.add.at(self.counts, chosen.reshape(-1), 1)
+            return chosen, w
         logits -= logits.max(axis=1, keepdims=True)
         probs = np.exp(logits, dtype=np.float32)
         probs /= probs.sum(axis=1, keepdims=True, dtype=np.float32)
@@ -119,9 +159,14 @@ class MoEFFN:
         k, F = self.k, self.n_ff
         order = np.argsort(chosen, kind="stable")  # the row gathers take ascending rows
         rows = (chosen[order, None] * F + np.arange(F)).astype(np.int32).reshape(-1)
-        h = k.swiglu(k.matmul_rows(self.gate_rows, rows, x), k.matmul_rows(self.up_rows, rows, x))
-        h = h.reshape(len(chosen), F)  # row i: expert chosen[order[i]]
+        g, u = k.matmul_rows(self.gate_rows, rows, x), k.matmul_rows(self.up_rows, rows, x)
+        if self.b_gate is not None:
+            g += self.b_gate[chosen[order]].reshape(-1)
+            u += self.b_up[chosen[order]].reshape(-1)
+        h = self.act(g, u).reshape(len(chosen), F)  # row i: expert chosen[order[i]]
         o = k.matmul_experts(self.down, chosen[order], np.arange(len(chosen) + 1), h)
+        if self.b_down is not None:
+            o += self.b_down[chosen[order]]
         slot = np.empty_like(order)
         slot[order] = np.arange(len(order))
         y = o[slot[0]] * w[0]
@@ -149,8 +194,14 @@ class MoEFFN:
         experts, counts = np.unique(chosen.reshape(-1)[order], return_counts=True)
         tok_off = np.concatenate([[0], np.cumsum(counts)])
         xs = np.ascontiguousarray(x[tok])
-        h = k.swiglu(k.matmul_experts(self.gate, experts, tok_off, xs), k.matmul_experts(self.up, experts, tok_off, xs))
-        o = k.matmul_experts(self.down, experts, tok_off, h)
+        g, u = k.matmul_experts(self.gate, experts, tok_off, xs), k.matmul_experts(self.up, experts, tok_off, xs)
+        if self.b_gate is not None:
+            row_expert = chosen.reshape(-1)[order]
+            g += self.b_gate[row_expert]
+            u += self.b_up[row_expert]
+        o = k.matmul_experts(self.down, experts, tok_off, self.act(g, u))
+        if self.b_down is not None:
+            o += self.b_down[row_expert]
         o *= w[tok, slot][:, None]
         # every token once per rank: rank 0's outputs, then rank 1's added, ... (each token's chosen order)
         by_rank = np.argsort(slot, kind="stable").reshape(n_used, n_tok)

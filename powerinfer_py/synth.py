@@ -53,6 +53,9 @@ _OUTPUT_NORM_GAIN.update(granite=3.0, granitemoe=3.0)  # times logit_scale (divi
 # granite's scalars ({arch}.embedding_scale, residual_scale, attention.scale, logit_scale), far from 1 and from
 # each default so that leaving one out shows (attention.scale: head_dim 16 would give 1/sqrt(16) = 0.25)
 GRANITE_SCALES = {"embedding_scale": 10.0, "residual_scale": 0.5, "attention_scale": 0.6, "logit_scale": 4.0}
+# gpt-oss (untied, as llama.cpp requires output.weight): its layers are written by _gptoss_layer
+ARCHS += ("gpt-oss",)
+_EMBD_STD["gpt-oss"], _OUTPUT_NORM_GAIN["gpt-oss"] = 1.0, 1.0
 _CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()") + [SPACE]
 
 
@@ -122,10 +125,10 @@ class _Spec:
         self.norm_eps = o.pop("norm_eps", 1e-5 if arch in ("llama", "phi3") else 1e-6)
         self.rope_freq_base = o.pop("rope_freq_base", 10000.0 if arch in ("llama", "phi3") else 1_000_000.0)
         # gemma2/3 use their window; phi3 files carry one too (Phi-3-mini: 2047), which llama.cpp ignores
-        self.sliding_window = o.pop("sliding_window", 4 if arch in ("gemma2", "gemma3", "phi3") else 0)
+        self.sliding_window = o.pop("sliding_window", 4 if arch in ("gemma2", "gemma3", "phi3", "gpt-oss") else 0)
         # gemma2's soft-caps ({arch}.attn_logit_softcapping, final_logit_softcapping; None: key left out)
         self.softcaps = (o.pop("attn_softcap", 50.0), o.pop("final_softcap", 30.0)) if arch == "gemma2" else ()
-        self.tied = o.pop("tied", arch not in ("llama", "phi3", "qwen2moe", "olmo2"))  # llama.cpp's qwen2moe, olmo2 need output
+        self.tied = o.pop("tied", arch not in ("llama", "phi3", "qwen2moe", "olmo2", "gpt-oss"))  # llama.cpp's qwen2moe, olmo2 need output
         self.phi3 = _phi3_options(arch, self.head_dim, o)
         self.granite = _granite_options(arch, o)
         self.bias_std = o.pop("bias_std", 0.5)
@@ -139,10 +142,10 @@ class _Spec:
                 raise ValueError(f"rope_freqs: a llama model takes {self.head_dim // 2} factors "
                                  f"(head_dim / 2); got {self.rope_freqs.shape[0]} for {arch}")
         # mixture of experts: (n_expert, n_expert_used, expert width, shared expert width) or () for a dense FFN
-        n_expert = o.pop("n_expert", 4 if arch.endswith("moe") else 0)
+        n_expert = o.pop("n_expert", 4 if arch.endswith("moe") or arch == "gpt-oss" else 0)
         if arch.endswith("moe") and not n_expert:
             raise ValueError(f"{arch} needs n_expert > 0")
-        if n_expert and arch not in ("llama", "qwen2moe", "qwen3moe", "granitemoe"):
+        if n_expert and arch not in ("llama", "qwen2moe", "qwen3moe", "granitemoe", "gpt-oss"):
             raise ValueError(f"experts are written for llama, qwen2moe, qwen3moe and granitemoe, not {arch}")
         self.moe = ((n_expert, o.pop("n_expert_used", 2), o.pop("n_ff_exp", n_ff),
                      o.pop("n_ff_shexp", n_ff if arch == "qwen2moe" else 0)) if n_expert else ())
@@ -248,6 +251,9 @@ class _Spec:
             if self.arch == "olmo2":  # no pre-norms; whole-width Q/K norms and the two output norms
                 out += _olmo2_layer(p, q_dim, kv_dim, E, F, linear, norm)
                 continue
+            if self.arch == "gpt-oss":
+                out += _gptoss_layer(p, self, rng, linear, norm)
+                continue
             out += [(p + "attn_norm.weight", norm(E)),
                     (p + "attn_q.weight", linear(q_dim, E)),
                     (p + "attn_k.weight", linear(kv_dim, E)),
@@ -279,6 +285,32 @@ class _Spec:
         if not self.tied:
             out.append(("output.weight", 2.5 * linear(self.n_vocab, E)))  # logits std ~2.5: a clear top-1
         return out
+
+
+def _gptoss_layer(p: str, spec: _Spec, rng: np.random.Generator, linear, norm) -> list[tuple[str, np.ndarray]]:
+    """One gpt-oss layer's tensors in llama.cpp's names (models/gptoss.py has the math). The sinks are large
+    enough to take a visible share of each softmax, the expert gate and up rows wide enough (std ~3) that some
+    values pass swiglu_oai's clamp at 7, and every bias is ~N(0, bias_std^2)."""
+    E, hd, (n_exp, _, F, _) = spec.n_embd, spec.head_dim, spec.moe
+    q_dim, kv_dim = spec.n_head * hd, spec.n_head_kv * hd
+
+    def bias(*shape):
+        return spec.bias_std * rng.standard_normal(shape, dtype=np.float32)
+
+    return [(p + "attn_norm.weight", norm(E)),
+            (p + "attn_q.weight", linear(q_dim, E)), (p + "attn_q.bias", bias(q_dim)),
+            (p + "attn_k.weight", linear(kv_dim, E)), (p + "attn_k.bias", bias(kv_dim)),
+            (p + "attn_v.weight", linear(kv_dim, E)), (p + "attn_v.bias", bias(kv_dim)),
+            (p + "attn_output.weight", linear(E, q_dim)), (p + "attn_output.bias", bias(E)),
+            (p + "attn_sinks.weight", 1.0 + rng.standard_normal(spec.n_head, dtype=np.float32)),
+            (p + "post_attention_norm.weight", norm(E)),
+            (p + "ffn_gate_inp.weight", 2.0 * linear(n_exp, E)), (p + "ffn_gate_inp.bias", bias(n_exp)),
+            (p + "ffn_gate_exps.weight", np.stack([3.0 * linear(F, E) for _ in range(n_exp)])),
+            (p + "ffn_gate_exps.bias", bias(n_exp, F)),
+            (p + "ffn_up_exps.weight", np.stack([3.0 * linear(F, E) for _ in range(n_exp)])),
+            (p + "ffn_up_exps.bias", bias(n_exp, F)),
+            (p + "ffn_down_exps.weight", np.stack([0.3 * linear(E, F) for _ in range(n_exp)])),
+            (p + "ffn_down_exps.bias", bias(n_exp, E))]
 
 
 def _olmo2_layer(p: str, q_dim: int, kv_dim: int, E: int, F: int, linear, norm) -> list[tuple[str, np.ndarray]]:
@@ -348,6 +380,7 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
     metadata, types = spec.metadata(dtype)
     rng = np.random.default_rng(seed)
     # 1-D tensors and the MoE router stay F32, as in llama.cpp's files; matrices and expert stacks take dtype
-    tensors = [_encode(name, x, DTYPES[dtype] if x.ndim >= 2 and "gate_inp" not in name else GGMLType.F32)
+    tensors = [_encode(name, x, DTYPES[dtype] if x.ndim >= 2 and "gate_inp" not in name and not name.endswith(".bias")
+                       else GGMLType.F32)
                for name, x in spec.weights(rng)]
     return write_gguf(path, metadata, tensors, types=types)

@@ -9,7 +9,7 @@ Both expose the same operations with the same names and argument order:
     rope(x, pos, n_rot, freq_base, freq_scale, neox, freq_factors=None)   x f32 [N, H, D], rotated in place
                                                        and returned (freq_factors: f32 [n_rot/2] or None)
     softmax(x)                      last dim, in place and returned
-    attention(q, k, v, pos0, window, scale, softcap=0.0)   q f32 [N, H, D], k/v f16 [Hkv, n_ctx, D] -> f32 [N, H, D]
+    attention(q, k, v, pos0, window, scale, softcap=0.0, sinks=None)   q f32 [N, H, D], k/v f16 [Hkv, n_ctx, D] -> f32 [N, H, D]
                                                        (softcap > 0: scores squashed to softcap * tanh(s / softcap))
     store_kv(dst, p0, x)            x f32 [N, Hkv, D] into the f16 cache plane dst [Hkv, n_ctx, D] at p0..p0+N-1
     relu(x), silu(x), gelu(x)       new arrays

@@ -309,9 +309,10 @@ class CpuKernels:
             lib.pi_softmax(self._pool or _ops_closed(), _fb(_FA, x), x.size // n_cols, n_cols)
         return x
 
-    def attention(self, q, k, v, pos0, window, scale, softcap=0.0) -> np.ndarray:
+    def attention(self, q, k, v, pos0, window, scale, softcap=0.0, sinks=None) -> np.ndarray:
         """Causal GQA: q f32 [N, H, D] at positions pos0.., k/v f16 [Hkv, n_ctx, D] -> f32 [N, H, D]. softcap > 0:
-        scores become softcap * tanh(score / softcap) before the softmax (Gemma 2); 0: off."""
+        scores become softcap * tanh(score / softcap) before the softmax (Gemma 2); 0: off. sinks: f32 [H]
+        logits that join each head's softmax denominator (gpt-oss), or None."""
         if not (type(q) is np.ndarray and q.dtype is _F32 and q.flags.c_contiguous and q.ndim == 3
                 and type(k) is np.ndarray and k.dtype is _F16 and k.flags.c_contiguous and k.ndim == 3
                 and type(v) is np.ndarray and v.dtype is _F16 and v.flags.c_contiguous and v.shape == k.shape
@@ -319,11 +320,16 @@ class CpuKernels:
                 and 0 <= pos0 and pos0 + q.shape[0] <= k.shape[1] and window >= 0 and -_OPS_BIG < scale < _OPS_BIG
                 and 0 <= softcap < _OPS_BIG):
             _ops_check_attention(q, k, v, pos0, window, scale, softcap)
+        if sinks is not None and not (type(sinks) is np.ndarray and sinks.dtype is _F32 and sinks.flags.c_contiguous
+                                      and sinks.shape == (q.shape[1],)):
+            raise ValueError(f"attention: sinks must be a C-contiguous float32 array of shape ({q.shape[1]},), got "
+                             f"{_ops_desc(sinks)}")
         out = np.empty(q.shape, _F32)
         if q.size:
             n_tok, n_head, head_dim = q.shape
             lib.pi_attention(self._pool or _ops_closed(), _fb(_FA, q), _fb(_HA, k), _fb(_HA, v), n_tok, n_head,
-                             k.shape[0], head_dim, k.shape[1], pos0, window, scale, softcap, _fb(_FA, out))
+                             k.shape[0], head_dim, k.shape[1], pos0, window, scale, softcap,
+                             ffi.NULL if sinks is None else _fb(_FA, sinks), _fb(_FA, out))
         return out
 
     def _unary(self, fn, x, op: str) -> np.ndarray:
@@ -431,14 +437,16 @@ class CpuKernels:
                         rope_scale: float, rope_neox: bool, eps: float, attn_scale: float, q_norm=None,
                         k_norm=None, post_norm=None, window: int = 0, bq=None, bk=None, bv=None,
                         rope_freqs=None, rope_mscale: float = 1.0, attn_softcap: float = 0.0,
-                        qk_norm_full: bool = False, residual_scale: float = 1.0) -> "AttnBlockPlan":
+                        qk_norm_full: bool = False, residual_scale: float = 1.0, bo=None,
+                        sinks=None) -> "AttnBlockPlan":
         """Checks one layer's attention weights once and describes them to C for attn_block_decode. q_norm,
         k_norm (f32 [head_dim]), post_norm (f32 [n_embd]) and a sliding window are gemma3's extras; bq, bk, bv
         (f32 [n_head * head_dim], [n_head_kv * head_dim] x 2) qwen2's; rope_freqs (f32 [n_rot/2], RoPE
         frequency factors) LLaMA 3.1+'s; rope_mscale (scale of the rotated dims) YaRN's; attn_softcap (attention
         logit soft-cap, 0 = off) gemma2's. olmo2: attn_norm and ffn_norm None (no pre-norms) and qk_norm_full
         (q_norm, k_norm f32 [n_head * head_dim], [n_head_kv * head_dim], each one RMSNorm over all of q, k).
-        residual_scale (the block's output is multiplied by it before it is added to x, 1 = none): granite's."""
+        residual_scale (the block's output is multiplied by it before it is added to x, 1 = none): granite's.
+        bo (f32 [n_embd], the output projection's bias) and sinks (f32 [n_head], attention sink logits): gpt-oss's."""
         n_q, n_kv = n_head * head_dim, n_head_kv * head_dim
         infos = {nm: self._weight(t) for nm, t in (("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo))}
         n_embd = infos["wq"][4]
@@ -453,7 +461,8 @@ class CpuKernels:
                                      ("q_norm", q_norm, q_norm_dim, True), ("k_norm", k_norm, k_norm_dim, True),
                                      ("post_norm", post_norm, n_embd, True), ("bq", bq, n_q, True),
                                      ("bk", bk, n_kv, True), ("bv", bv, n_kv, True),
-                                     ("rope_freqs", rope_freqs, n_rot // 2, True)):
+                                     ("rope_freqs", rope_freqs, n_rot // 2, True), ("bo", bo, n_embd, True),
+                                     ("sinks", sinks, n_head, True)):
             if optional and v is None:
                 norms.append(ffi.NULL)
                 continue
@@ -471,7 +480,7 @@ class CpuKernels:
         desc.rope_neox = 1 if rope_neox else 0
         desc.qk_norm_full = 1 if qk_norm_full else 0
         (desc.attn_norm, desc.ffn_norm, desc.q_norm, desc.k_norm, desc.post_norm, desc.bq, desc.bk, desc.bv,
-         desc.rope_ff) = norms
+         desc.rope_ff, desc.bo, desc.sinks) = norms
         desc.window = window
         desc.rope_mscale = _ops_check_mscale("attn_block_plan", rope_mscale)
         desc.attn_softcap = _ops_check_softcap("attn_block_plan", attn_softcap)

@@ -463,11 +463,12 @@ def softmax(x) -> np.ndarray:
     return x
 
 
-def attention(q, k, v, pos0, window, scale, softcap=0.0) -> np.ndarray:
+def attention(q, k, v, pos0, window, scale, softcap=0.0, sinks=None) -> np.ndarray:
     """Causal grouped-query attention. q f32 [N, H, D] (token t at position pos0 + t); k, v f16 [Hkv, n_ctx, D].
     Query head h reads kv head h // (H // Hkv); position p sees j <= p with j > p - window when window > 0.
     Scores are scale * q.k; softcap > 0 (Gemma 2) squashes them to softcap * tanh(score / softcap) before the
-    softmax, 0 leaves them as they are. Returns f32 [N, H, D]."""
+    softmax, 0 leaves them as they are. sinks (gpt-oss), f32 [H] or None: head h's sink logit joins its softmax's
+    max and denominator but weighs no value row, so the weights sum to less than 1. Returns f32 [N, H, D]."""
     n_tok, n_head, _ = q.shape
     n_rep = n_head // k.shape[0]
     out = np.empty(q.shape, dtype=np.float32)
@@ -480,8 +481,10 @@ def attention(q, k, v, pos0, window, scale, softcap=0.0) -> np.ndarray:
             s = float(scale) * (kh @ q[t, h].astype(np.float64))
             if softcap:
                 s = float(softcap) * np.tanh(s / float(softcap))
-            w = np.exp(s - s.max())
-            out[t, h] = (w / w.sum()) @ vh
+            m = s.max() if sinks is None else max(s.max(), float(sinks[h]))
+            w = np.exp(s - m)
+            total = w.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - m))
+            out[t, h] = (w / total) @ vh
     return out
 
 

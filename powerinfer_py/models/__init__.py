@@ -20,6 +20,7 @@ from ..tensor import Tensor
 from . import bamboo, falcon, gemma, gemma3, llama, opt, phi3, qwen2, qwen3
 from . import olmo2, smollm3
 from . import granite
+from . import gptoss
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -39,6 +40,7 @@ _FAMILIES = {
     "olmo2": (olmo2.Olmo2Model, olmo2.expected_tensors),
     "granite": (granite.GraniteModel, granite.expected_tensors),
     "granitemoe": (granite.GraniteModel, granite.expected_tensors),  # with experts (GraniteModel.build_moe)
+    "gpt-oss": (gptoss.GptOssModel, gptoss.expected_tensors),
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
