@@ -468,15 +468,15 @@ INLINE wquad quad_load(const uint8_t *p, const int kind) { /* p: the quad's firs
         q.lo = _mm512_shuffle_epi8(tab, q.lo);
         q.hi = _mm512_shuffle_epi8(tab, q.hi);
         /* block k's E8M0 byte is byte 17k = byte k of 16-byte lane k of the first 64 bytes: one in-lane shuffle
-         * puts it in the low byte of int32 lanes 4k..4k+3, then 2^(e - 128) as pi_e8m0_half builds its bits */
+         * puts it in the low byte of int32 lanes 4k..4k+3. d holds the exponent e - 128 itself (as f32): quad_acc
+         * forms d_w * d_x as scalef(d_x, e - 128) = d_x * 2^(e - 128), one correctly rounded result, the same as
+         * the f32 product pi_e8m0_half(e) * d_x (d_w is a power of two, exact even where it is subnormal) */
         const __m512i e = _mm512_shuffle_epi8(_mm512_loadu_si512(p), _mm512_setr_epi32(
             (int)0x80808000, (int)0x80808000, (int)0x80808000, (int)0x80808000,
             (int)0x80808001, (int)0x80808001, (int)0x80808001, (int)0x80808001,
             (int)0x80808002, (int)0x80808002, (int)0x80808002, (int)0x80808002,
             (int)0x80808003, (int)0x80808003, (int)0x80808003, (int)0x80808003));
-        const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
-        const __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
-        q.d = _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, sub));
+        q.d = _mm512_cvtepi32_ps(_mm512_sub_epi32(e, _mm512_set1_epi32(128)));
         return q;
     }
     if (kind == K_Q51) {
@@ -528,7 +528,8 @@ INLINE __m512i quad_dot(const wquad *w, __m512i xlo, __m512i xhi, __m512i xc) {
 INLINE __m512 quad_xs(const float *xs) { return _mm512_permutexvar_ps(quad_lanes(), _mm512_castps128_ps512(_mm_loadu_ps(xs))); }
 /* acc + dot * (d_w * d_x), then (Q4_1) + m_w * s_x in lane 4k: the one operation order of every quad path */
 INLINE __m512 quad_acc(const wquad *w, __m512i dot, __m512 xd, __m512 xs, __m512 acc, const int kind) {
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(w->d, xd), acc);
+    const __m512 s = kind == K_MXFP4 ? _mm512_scalef_ps(xd, w->d) : _mm512_mul_ps(w->d, xd); /* MXFP4: see quad_load */
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc);
     return kind_min(kind) ? _mm512_fmadd_ps(w->m, xs, acc) : acc;
 }
 
