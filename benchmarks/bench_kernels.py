@@ -34,6 +34,7 @@ TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6
          GGMLType.Q2_K,
          GGMLType.Q3_K,
          GGMLType.IQ4_XS,
+         GGMLType.MXFP4,
          )
 K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),  # f16 scales in a block
                 GGMLType.Q2_K: (80, 82),
@@ -41,6 +42,7 @@ K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (20
                 GGMLType.IQ4_XS: (0,),
                 }
 K_F16_FIELDS[GGMLType.IQ4_NL] = (0,)  # random bytes after its f16 d are a valid IQ4_NL block
+K_F16_FIELDS[GGMLType.MXFP4] = ()  # no f16: byte 0 is an E8M0 exponent, set to sane scales below
 SHAPES = ((11008, 4096), (4096, 11008))  # (rows M, cols K)
 COLD_BYTES = 256 << 20  # rotate over weight copies adding up to this much: well past the last-level cache
 
@@ -58,12 +60,14 @@ def timings(fn, repeat: int) -> tuple[float, float]:
 
 def random_weight(ggml_type: GGMLType, n_rows: int, n_cols: int, rng) -> Tensor:
     """A random weight in the type's layout, quantized 1024 rows at a time to keep the f32 copy small
-    (K-quants and IQ4_NL, which we do not produce: random blocks with sane f16 scales)."""
+    (K-quants, IQ4_NL and MXFP4, which we do not produce: random blocks with sane f16 or E8M0 scales)."""
     if ggml_type in K_F16_FIELDS:
         block, size = GGML_QUANT_SIZES[ggml_type]
         b = rng.integers(0, 256, (n_rows * n_cols // block, size), dtype=np.uint8)
         for off in K_F16_FIELDS[ggml_type]:
             b[:, off:off + 2] = rng.uniform(0.001, 0.02, len(b)).astype(np.float16).view(np.uint8).reshape(-1, 2)
+        if ggml_type == GGMLType.MXFP4:
+            b[:, 0] = rng.integers(118, 124, len(b))  # block scales 2^-9 .. 2^-4
         return Tensor(f"w_{ggml_type.name}", ggml_type, (n_rows, n_cols), b.reshape(n_rows, -1))
     parts = [cpu.quantize(rng.standard_normal((min(1024, n_rows - r), n_cols), dtype=np.float32), ggml_type)
              for r in range(0, n_rows, 1024)]

@@ -24,16 +24,18 @@ from bench_kernels import K_F16_FIELDS  # benchmarks/, beside this script
 from powerinfer_py.kernels import cpu
 from powerinfer_py.tensor import GGMLType, Tensor
 
-TYPES = ("Q4_0", "Q5_0", "Q4_1", "Q5_1", "IQ4_NL", "Q8_0")
+TYPES = ("Q4_0", "Q5_0", "Q4_1", "Q5_1", "IQ4_NL", "MXFP4", "Q8_0")
 
 
 def weight(name: str, n_rows: int, n_cols: int, rng) -> Tensor:
     t = GGMLType[name]
-    if t in K_F16_FIELDS:  # IQ4_NL, K-quants, IQ4_XS: not produced by quantize(): random blocks, sane f16 scales
+    if t in K_F16_FIELDS:  # IQ4_NL, MXFP4, K-quants, IQ4_XS: not produced by quantize(): random blocks, sane f16 scales
         block, size = GGML_QUANT_SIZES[t]
         b = rng.integers(0, 256, (n_rows * n_cols // block, size), dtype=np.uint8)
         for off in K_F16_FIELDS[t]:
             b[:, off:off + 2] = np.array([0.01], np.float16).view(np.uint8)
+        if t == GGMLType.MXFP4:  # its E8M0 exponent byte: scale 2^-7
+            b[:, 0] = 120
         return Tensor("w", t, (n_rows, n_cols), b.reshape(n_rows, -1))
     return Tensor("w", t, (n_rows, n_cols), cpu.quantize(rng.standard_normal((n_rows, n_cols), dtype=np.float32), t))
 

@@ -1,5 +1,5 @@
-/* matmul.c: y[t, r] = sum_c w[r, c] * x[t, c] for F32/F16/BF16/Q8_0/Q4_0/Q5_0/Q4_1/Q5_1/IQ4_NL weights (K-quants:
- * matmul_k.c), and the read probe.
+/* matmul.c: y[t, r] = sum_c w[r, c] * x[t, c] for F32/F16/BF16/Q8_0/Q4_0/Q5_0/Q4_1/Q5_1/IQ4_NL/MXFP4 weights
+ * (K-quants: matmul_k.c), and the read probe.
  *
  * Variants (chosen at compile time):
  *   - AVX-512 (F + BW + VL): float types 16 lanes with masked column tails. Q8_0: two blocks per zmm; the
@@ -7,7 +7,7 @@
  *     scales, one permute per (row, token) spreads them over the lanes of each block; Q5_0 the same with
  *     nibble pairs, its fifth bits made a byte mask with one shuffle + one test. Q4_0: quads of four blocks
  *     (tile_quad): 64 nibbles of 4 blocks per zmm, 4 int32 lanes per block after two dpbusd, so one convert
- *     and one FMA per 4 blocks; Q4_1, Q5_1 and (VNNI) IQ4_NL use the same quads (see kind_quad).
+ *     and one FMA per 4 blocks; Q4_1, Q5_1, MXFP4 and (VNNI) IQ4_NL use the same quads (see kind_quad).
  *   - AVX2 + FMA + F16C: 8 float lanes, scalar column tail; one block per ymm.
  *   - scalar: everything else (PI_NATIVE=0).
  * Block types: the activations are quantized once per call to Q8_0 (d = f16(amax / 127)) in the pool's
@@ -63,7 +63,8 @@ typedef struct {
     const float *x;      /* float types: f32 [n_tok, n_cols] */
     const int8_t *xq;    /* block types: int8 [n_tok, nbp * 32] quantized activations (AVX-512: Q4_0 quad order, Q5_0 pair order) */
     const float *xd;     /* f32 [n_tok, nbp] block scales */
-    const int32_t *xc;   /* int32 [n_tok, nbp] correction: -128 * sum(q) (Q8_0, IQ4_NL, VNNI), -8 * sum(q) (Q4_0), else 0 */
+    const int32_t *xc;   /* int32 [n_tok, nbp] correction: -128 * sum(q) (Q8_0, IQ4_NL, VNNI), -8 * sum(q) (Q4_0),
+                            -12 * sum(q) (MXFP4 quads), else 0 */
     const float *xs;     /* f32 [n_tok, nbp] Q4_1/Q5_1: f16(d_x * sum(q)), the term the weight's min m multiplies */
     int64_t nbp;         /* blocks per token, rounded up to the vector's blocks */
     int64_t rows_per_chunk;
@@ -76,22 +77,33 @@ typedef struct {
 } mm_job;
 
 /* The 32-element types handled by tile_q, as a compile-time `kind`: 0 = Q8_0, 1 = Q4_0, 2 = Q5_0, 3 = Q4_1,
- * 4 = Q5_1, 5 = IQ4_NL. Kinds 2-5 share the nibble-pair layout (AVX-512) and the row decoder. Q4_1/Q5_1 add
- * m_w * s_x per block (s_x = f16(d_x * sum(q_x)), llama.cpp's Q8_1 activation sum) in a separate f32 sum. */
+ * 4 = Q5_1, 5 = IQ4_NL, 6 = MXFP4. Kinds 2-6 share the nibble-pair layout (AVX-512) and the row decoder. Q4_1/Q5_1
+ * add m_w * s_x per block (s_x = f16(d_x * sum(q_x)), llama.cpp's Q8_1 activation sum) in a separate f32 sum.
+ * MXFP4 is IQ4_NL with another table (pi_mxfp4_values) and a one-byte E8M0 scale in place of the f16 d: its
+ * blocks are 17 bytes, the nibbles start at byte 1, and the scale is read by kind_scale. */
 #define K_Q8 0
 #define K_Q4 1
 #define K_Q5 2
 #define K_Q41 3
 #define K_Q51 4
 #define K_IQ4NL 5
+#define K_MXFP4 6
 INLINE int64_t kind_size(int kind) {
     return kind == K_Q8 ? (int64_t)sizeof(block_q8_0) : kind == K_Q4 ? (int64_t)sizeof(block_q4_0)
          : kind == K_Q5 ? (int64_t)sizeof(block_q5_0) : kind == K_Q41 ? (int64_t)sizeof(block_q4_1)
-         : kind == K_Q51 ? (int64_t)sizeof(block_q5_1) : (int64_t)sizeof(block_iq4_nl);
+         : kind == K_Q51 ? (int64_t)sizeof(block_q5_1) : kind == K_MXFP4 ? (int64_t)sizeof(block_mxfp4)
+         : (int64_t)sizeof(block_iq4_nl);
+}
+/* the weight scale d of the block at p: f16, or MXFP4's E8M0 byte (2^(e - 128), see pi_e8m0_half) */
+INLINE float kind_scale(const uint8_t *p, const int kind) {
+    uint16_t h;
+    if (kind == K_MXFP4) return pi_e8m0_half(p[0]);
+    memcpy(&h, p, 2);
+    return pi_h2f(h);
 }
 INLINE int kind_min(int kind) { return kind == K_Q41 || kind == K_Q51; }      /* has m: the s_x term */
 INLINE int kind_uns(int kind) { return kind >= K_Q4 && kind <= K_Q51; }       /* unsigned nibble weights */
-INLINE int kind_qs(int kind) { return kind == K_Q5 ? 6 : kind == K_Q41 ? 4 : kind == K_Q51 ? 8 : 2; } /* qs offset */
+INLINE int kind_qs(int kind) { return kind == K_Q5 ? 6 : kind == K_Q41 ? 4 : kind == K_Q51 ? 8 : kind == K_MXFP4 ? 1 : 2; } /* qs offset */
 INLINE int kind_qh(int kind) { return kind == K_Q5 ? 2 : kind == K_Q51 ? 4 : -1; } /* qh offset, -1: none */
 static int type_kind(int type) {
     switch (type) {
@@ -101,6 +113,7 @@ static int type_kind(int type) {
     case PI_Q4_1: return K_Q41;
     case PI_Q5_1: return K_Q51;
     case PI_IQ4_NL: return K_IQ4NL;
+    case PI_MXFP4: return K_MXFP4;
     default: return -1;
     }
 }
@@ -158,8 +171,9 @@ INLINE wvec w_load_nib(const uint8_t *p, const int kind, int two) {
     __m512i z = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1),
                                  _mm512_set1_epi8(0x0f));
     wvec v;
-    if (kind == K_IQ4NL) {
-        const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)pi_iq4nl_values));
+    if (kind == K_IQ4NL || kind == K_MXFP4) {
+        const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128(
+            (const __m128i *)(kind == K_MXFP4 ? pi_mxfp4_values : pi_iq4nl_values)));
         return w_signed(_mm512_shuffle_epi8(tab, z));
     }
     if (ho >= 0) {
@@ -187,6 +201,14 @@ typedef __m256 wscales;
 INLINE __m256 w_f16pairs(const uint8_t **rows, int64_t b, const int R, const int kind, const int two, const int off) {
     const int64_t size = kind_size(kind);
     uint32_t u[4] = {0, 0, 0, 0};
+    if (kind == K_MXFP4) { /* E8M0 bytes: converted one by one (AVX-512 MXFP4 takes the quads; kept complete) */
+        float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int r = 0; r < R; r++) {
+            f[2 * r] = kind_scale(rows[r] + b * size, kind);
+            if (two) f[2 * r + 1] = kind_scale(rows[r] + (b + 1) * size, kind);
+        }
+        return _mm256_loadu_ps(f);
+    }
     for (int r = 0; r < R; r++) {
         uint16_t d0, d1 = 0;
         memcpy(&d0, rows[r] + b * size + off, 2);
@@ -282,8 +304,9 @@ INLINE wvec w_load_nib(const uint8_t *p, const int kind, int two) {
     const int ho = kind_qh(kind);
     __m128i q = _mm_loadu_si128((const __m128i *)(p + kind_qs(kind)));
     __m256i z = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
-    if (kind == K_IQ4NL) {
-        const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)pi_iq4nl_values));
+    if (kind == K_IQ4NL || kind == K_MXFP4) {
+        const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+            (const __m128i *)(kind == K_MXFP4 ? pi_mxfp4_values : pi_iq4nl_values)));
         return w_signed(_mm256_shuffle_epi8(tab, z));
     }
     if (ho >= 0) {
@@ -304,11 +327,7 @@ typedef struct { fv s[4]; } wscales; /* per row: its block scale in all lanes */
 INLINE wscales w_scales(const uint8_t **rows, int64_t b, const int R, const int kind, const int two) {
     (void)two;
     wscales w;
-    for (int r = 0; r < R; r++) {
-        uint16_t d;
-        memcpy(&d, rows[r] + b * kind_size(kind), 2);
-        w.s[r] = _mm256_set1_ps(_cvtsh_ss(d));
-    }
+    for (int r = 0; r < R; r++) w.s[r] = _mm256_set1_ps(kind_scale(rows[r] + b * kind_size(kind), kind));
     return w;
 }
 /* Q4_1/Q5_1 min terms: per token one 4-lane sum [r0, r1, r2, r3] of m_w * s_x */
@@ -419,10 +438,13 @@ INLINE void tile_q_step(const mm_job *j, const uint8_t **rows, int64_t t0, int64
  * bytes, so the 4 qh words make one 64-bit byte mask for lo and one for hi. Without VNNI, IQ4_NL keeps the
  * pair tiles (maddubs would saturate on its 8-bit levels). Q5_0 keeps them too: its rounding (the pair tiles'
  * f32 operation order) is what the llama.cpp comparisons pin. */
+/* MXFP4 takes the quads with and without VNNI: its doubled levels -12..12 plus MXFP4_OFF are unsigned bytes
+ * 0..24 (the -12 * sum(x) correction in lane 4k), small enough for maddubs's int16 pairs (2 * 24 * 127). */
+#define MXFP4_OFF 12
 #if defined(__AVX512VNNI__)
-INLINE int kind_quad(int kind) { return kind == K_Q4 || kind == K_Q41 || kind == K_Q51 || kind == K_IQ4NL; }
+INLINE int kind_quad(int kind) { return kind == K_Q4 || kind == K_Q41 || kind == K_Q51 || kind == K_IQ4NL || kind == K_MXFP4; }
 #else
-INLINE int kind_quad(int kind) { return kind == K_Q4 || kind == K_Q41 || kind == K_Q51; }
+INLINE int kind_quad(int kind) { return kind == K_Q4 || kind == K_Q41 || kind == K_Q51 || kind == K_MXFP4; }
 #endif
 typedef struct { __m512i lo, hi; __m512 d, m; } wquad;
 INLINE wquad quad_load(const uint8_t *p, const int kind) { /* p: the quad's first byte (4 blocks) */
@@ -439,6 +461,23 @@ INLINE wquad quad_load(const uint8_t *p, const int kind) { /* p: the quad's firs
                                              _mm512_set1_epi8((char)0x80));
         q.lo = _mm512_shuffle_epi8(tab, q.lo);
         q.hi = _mm512_shuffle_epi8(tab, q.hi);
+    }
+    if (kind == K_MXFP4) {
+        const __m512i tab = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)pi_mxfp4_values)),
+                                            _mm512_set1_epi8(MXFP4_OFF));
+        q.lo = _mm512_shuffle_epi8(tab, q.lo);
+        q.hi = _mm512_shuffle_epi8(tab, q.hi);
+        /* block k's E8M0 byte is byte 17k = byte k of 16-byte lane k of the first 64 bytes: one in-lane shuffle
+         * puts it in the low byte of int32 lanes 4k..4k+3. d holds the exponent e - 128 itself (as f32): quad_acc
+         * forms d_w * d_x as scalef(d_x, e - 128) = d_x * 2^(e - 128), one correctly rounded result, the same as
+         * the f32 product pi_e8m0_half(e) * d_x (d_w is a power of two, exact even where it is subnormal) */
+        const __m512i e = _mm512_shuffle_epi8(_mm512_loadu_si512(p), _mm512_setr_epi32(
+            (int)0x80808000, (int)0x80808000, (int)0x80808000, (int)0x80808000,
+            (int)0x80808001, (int)0x80808001, (int)0x80808001, (int)0x80808001,
+            (int)0x80808002, (int)0x80808002, (int)0x80808002, (int)0x80808002,
+            (int)0x80808003, (int)0x80808003, (int)0x80808003, (int)0x80808003));
+        q.d = _mm512_cvtepi32_ps(_mm512_sub_epi32(e, _mm512_set1_epi32(128)));
+        return q;
     }
     if (kind == K_Q51) {
         /* the quad's 96 bytes as words 0-31 (a) and 16-47 (b2, indices 32 + word - 16 in the two-source
@@ -489,7 +528,8 @@ INLINE __m512i quad_dot(const wquad *w, __m512i xlo, __m512i xhi, __m512i xc) {
 INLINE __m512 quad_xs(const float *xs) { return _mm512_permutexvar_ps(quad_lanes(), _mm512_castps128_ps512(_mm_loadu_ps(xs))); }
 /* acc + dot * (d_w * d_x), then (Q4_1) + m_w * s_x in lane 4k: the one operation order of every quad path */
 INLINE __m512 quad_acc(const wquad *w, __m512i dot, __m512 xd, __m512 xs, __m512 acc, const int kind) {
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(w->d, xd), acc);
+    const __m512 s = kind == K_MXFP4 ? _mm512_scalef_ps(xd, w->d) : _mm512_mul_ps(w->d, xd); /* MXFP4: see quad_load */
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc);
     return kind_min(kind) ? _mm512_fmadd_ps(w->m, xs, acc) : acc;
 }
 
@@ -610,7 +650,7 @@ static void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
             for (int64_t b = 0; b < nb; b++) {
                 int32_t s = 0;
                 float dw;
-                if (kind >= K_Q41) { /* Q4_1, Q5_1, IQ4_NL */
+                if (kind >= K_Q41) { /* Q4_1, Q5_1, IQ4_NL, MXFP4 */
                     int8_t q[QK];
                     float m;
                     pi_unpack_q32(j->type, row + b * kind_size(kind), q, &dw, &m);
@@ -858,6 +898,7 @@ static void q4_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
     case PI_Q4_0: quad_decode_rows(j, r0, r1, K_Q4); break;
     case PI_Q4_1: quad_decode_rows(j, r0, r1, K_Q41); break;
     case PI_Q5_1: quad_decode_rows(j, r0, r1, K_Q51); break;
+    case PI_MXFP4: quad_decode_rows(j, r0, r1, K_MXFP4); break;
     default: quad_decode_rows(j, r0, r1, K_IQ4NL); break;
     }
 }
@@ -932,6 +973,7 @@ static void f_decode_rows(const mm_job *j, int64_t r0, int64_t r1, const int typ
         case PI_Q4_1: tile_q(j, r0, t0, R, T, K_Q41); break;                                                 \
         case PI_Q5_1: tile_q(j, r0, t0, R, T, K_Q51); break;                                                 \
         case PI_IQ4_NL: tile_q(j, r0, t0, R, T, K_IQ4NL); break;                                             \
+        case PI_MXFP4: tile_q(j, r0, t0, R, T, K_MXFP4); break;                                              \
         case PI_F32: tile_f(j, r0, t0, R, T, PI_F32); break;                                                 \
         case PI_F16: tile_f(j, r0, t0, R, T, PI_F16); break;                                                 \
         default: tile_f(j, r0, t0, R, T, PI_BF16); break;                                                    \
@@ -963,6 +1005,7 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
                 case PI_Q4_0: tile_q(j, r, 0, DQ, 1, K_Q4); break;
                 case PI_Q4_1: tile_q(j, r, 0, DQ, 1, K_Q41); break;
                 case PI_Q5_1: tile_q(j, r, 0, DQ, 1, K_Q51); break;
+                case PI_MXFP4: tile_q(j, r, 0, DQ, 1, K_MXFP4); break;
                 default: tile_q(j, r, 0, DQ, 1, K_IQ4NL); break;
                 }
 #endif
@@ -1074,7 +1117,12 @@ static void quantize_token(void *ctx, int64_t t, int thread_id) {
     int32_t *xc = (int32_t *)j->xc + t * j->nbp;
     float *xs = (float *)j->xs + t * j->nbp;
     const int kind = type_kind(j->type);
-    const int32_t corr = kind == K_Q4 ? 8 : kind == K_Q5 ? 16 : kind_min(kind) ? 0 : Q8_CORR;
+#if defined(MM_AVX512)
+    const int32_t corr_mx = MXFP4_OFF; /* the quads' unsigned MXFP4 levels */
+#else
+    const int32_t corr_mx = Q8_CORR; /* signed levels as Q8_0's */
+#endif
+    const int32_t corr = kind == K_Q4 ? 8 : kind == K_Q5 ? 16 : kind_min(kind) ? 0 : kind == K_MXFP4 ? corr_mx : Q8_CORR;
     for (int64_t b = 0; b < j->nbp; b++) {
         int8_t q[QK] = {0};
         int32_t s = 0;

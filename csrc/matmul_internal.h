@@ -5,6 +5,9 @@
  *   Q4_0/Q4_1/Q5_0/Q5_1 (32): element j < 16 in the low nibble of qs[j], j + 16 in its high nibble; bit 4 of
  *     element j (Q5_*) is bit j of the little-endian uint32 qh. Q*_0: value = d * (q - 8 or 16); Q*_1: d * q + m.
  *   IQ4_NL (32): f16 d, then nibbles in the Q4_0 order; value = d * pi_iq4nl_values[nibble] (a fixed table).
+ *   MXFP4 (32, 17 bytes): one E8M0 exponent byte e, then nibbles in the Q4_0 order; each nibble is an E2M1 code,
+ *     value = 2^(e - 127) * e2m1(nibble) = pi_e8m0_half(e) * pi_mxfp4_values[nibble] (the table holds the
+ *     E2M1 values doubled, so that they are integers, and the scale is halved to match).
  *   Q4_K/Q5_K (256 = 8 sub-blocks of 32, 6-bit scale sc and min m each, packed in scales[12]):
  *     chunk c < 4 of 64 elements: sub-block 2c = low nibbles of qs[32c..32c+31], 2c + 1 = high nibbles;
  *     bit 4 (Q5_K) of element l of sub-block s is bit s of qh[l]. value = d * sc * q - dmin * m.
@@ -43,6 +46,7 @@ typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_1;
 typedef struct { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; uint16_t d, dmin; } block_q2_K;
 typedef struct { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; uint16_t d; } block_q3_K;
 typedef struct { uint16_t d; uint8_t qs[QK / 2]; } block_iq4_nl;
+typedef struct { uint8_t e; uint8_t qs[QK / 2]; } block_mxfp4;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_K;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } block_q6_K;
@@ -56,6 +60,7 @@ _Static_assert(sizeof(block_q5_1) == 24, "Q5_1 block is 24 bytes");
 _Static_assert(sizeof(block_q2_K) == 84, "Q2_K block is 84 bytes");
 _Static_assert(sizeof(block_q3_K) == 110, "Q3_K block is 110 bytes");
 _Static_assert(sizeof(block_iq4_nl) == 18, "IQ4_NL block is 18 bytes");
+_Static_assert(sizeof(block_mxfp4) == 17, "MXFP4 block is 17 bytes");
 _Static_assert(sizeof(block_q4_K) == 144, "Q4_K block is 144 bytes");
 _Static_assert(sizeof(block_q5_K) == 176, "Q5_K block is 176 bytes");
 _Static_assert(sizeof(block_q6_K) == 210, "Q6_K block is 210 bytes");
@@ -77,6 +82,19 @@ static inline float pi_h2f(uint16_t h) {
 
 /* IQ4_NL's 16 levels (llama.cpp's non-uniform 4-bit grid, finer near zero) */
 static const int8_t pi_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* MXFP4's 16 codes (E2M1: sign, 2-bit exponent, 1-bit mantissa) as twice their value: 0, 0.5, 1, 1.5, 2, 3, 4, 6
+ * and their negatives become small integers, so a block's dot product stays an integer one */
+static const int8_t pi_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* An E8M0 scale byte e as 2^(e - 128): the block scale 2^(e - 127) halved for the doubled table. Exact for every
+ * e (e = 0, 1 are the subnormals 2^-128, 2^-127; 255 is 2^127, not NaN, as llama.cpp and gguf read it). */
+static inline float pi_e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
 
 static inline int pi_is_k_type(int type) {
     return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q6_K
@@ -112,12 +130,21 @@ static inline void pi_k_scale_min(const uint8_t *p, uint8_t sc[8], uint8_t mn[8]
     }
 }
 
-/* One 32-element block of Q4_1/Q5_0/Q5_1/IQ4_NL -> integer values q (Q5_0: already minus 16; IQ4_NL: the
- * table's levels), d and m (0 for Q5_0 and IQ4_NL) */
+/* One 32-element block of Q4_1/Q5_0/Q5_1/IQ4_NL/MXFP4 -> integer values q (Q5_0: already minus 16; IQ4_NL,
+ * MXFP4: the table's levels), d (MXFP4: pi_e8m0_half) and m (0 for Q5_0, IQ4_NL and MXFP4) */
 static inline void pi_unpack_q32(int type, const uint8_t *blk, int8_t q[QK], float *d, float *m) {
     uint16_t dh, mh = 0;
     uint32_t qh = 0;
     const uint8_t *qs;
+    if (type == PI_MXFP4) {
+        for (int j = 0; j < QK / 2; j++) {
+            q[j] = pi_mxfp4_values[blk[1 + j] & 15];
+            q[j + QK / 2] = pi_mxfp4_values[blk[1 + j] >> 4];
+        }
+        *d = pi_e8m0_half(blk[0]);
+        *m = 0.0f;
+        return;
+    }
     memcpy(&dh, blk, 2);
     *d = pi_h2f(dh);
     if (type == PI_IQ4_NL) {

@@ -72,7 +72,7 @@ static inline float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16)
 int64_t pi_block_size(int type) {
     switch (type) {
     case PI_Q8_0: case PI_Q4_0: case PI_Q4_1: case PI_Q5_0: case PI_Q5_1:
-    case PI_IQ4_NL: return QK;
+    case PI_IQ4_NL: case PI_MXFP4: return QK;
     case PI_Q4_K: case PI_Q5_K: case PI_Q6_K: return QK_K;
     case PI_Q2_K: case PI_Q3_K: case PI_IQ4_XS: return QK_K;
     default: return 1;
@@ -92,6 +92,7 @@ int64_t pi_row_size(int type, int64_t n_cols) {
     case PI_Q2_K: return n_cols / QK_K * (int64_t)sizeof(block_q2_K);
     case PI_Q3_K: return n_cols / QK_K * (int64_t)sizeof(block_q3_K);
     case PI_IQ4_NL: return n_cols / QK * (int64_t)sizeof(block_iq4_nl);
+    case PI_MXFP4: return n_cols / QK * (int64_t)sizeof(block_mxfp4);
     case PI_Q4_K: return n_cols / QK_K * (int64_t)sizeof(block_q4_K);
     case PI_Q5_K: return n_cols / QK_K * (int64_t)sizeof(block_q5_K);
     case PI_Q6_K: return n_cols / QK_K * (int64_t)sizeof(block_q6_K);
@@ -270,7 +271,7 @@ static void dequantize_row(int type, const void *src, float *y, int64_t n_cols) 
         break;
     }
     case PI_Q4_1: case PI_Q5_0: case PI_Q5_1:
-    case PI_IQ4_NL: {
+    case PI_IQ4_NL: case PI_MXFP4: {
         const int64_t size = pi_row_size(type, QK);
         for (int64_t k = 0; k < n_cols / QK; k++, y += QK) {
             int8_t q[QK];

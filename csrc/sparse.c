@@ -31,7 +31,7 @@
  * Variants: AVX-512 (F + BW + VL): 16 lanes, 64-column tiles, masked column tails for float types;
  * AVX2 + FMA + F16C: 8 lanes, 32-column tiles, scalar (fmaf) column tails; scalar: everything else.
  * Types: F32, F16, BF16, Q8_0, Q4_0 on those paths (s = h * d once per row and block, then one fma per
- * element); Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K ... Q6_K, IQ4_XS are unpacked block by block to their pi_dequantize
+ * element); Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K ... Q6_K, IQ4_XS are unpacked block by block to their pi_dequantize
  * values v and applied as y = fma(h, v, y), portable C (correct everywhere, not tuned).
  */
 #include <math.h>
@@ -315,7 +315,7 @@ INLINE void batch_group(const int T, const int G, const axpy_job *j, const uint8
         }
 }
 
-/* ---- other block types (Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K ... Q6_K, IQ4_XS): one block at a time ----------------
+/* ---- other block types (Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K ... Q6_K, IQ4_XS): one block at a time ---------
  * Each block is unpacked to its f32 values exactly as pi_dequantize computes them (d * q + m, or
  * dsc * q - dmn), then y = fma(h, value, y) row after row: the same determinism as the fast types, at a
  * lower speed (the unpack is scalar). */

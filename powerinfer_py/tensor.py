@@ -20,6 +20,7 @@ GGMLType = GGMLQuantizationType
 #: Types the C kernels compute on directly; anything else is converted once at load (see convert_for_kernels).
 KERNEL_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0,
                 GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.IQ4_NL,
+                GGMLType.MXFP4,
                 GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
                 GGMLType.Q2_K,
                 GGMLType.Q3_K,

@@ -16,14 +16,14 @@ cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not b
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 Q0_TYPES = (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0)  # value d * q
 Q1_TYPES = (GGMLType.Q4_1, GGMLType.Q5_1)  # value d * q + m (Q8_1 activation sums)
-# 32-element blocks, Q8_0 activations (IQ4_NL: computed on, not produced: random blocks)
-BLOCK_TYPES = Q0_TYPES + Q1_TYPES + (GGMLType.IQ4_NL,)
+# 32-element blocks, Q8_0 activations (IQ4_NL, MXFP4: computed on, not produced: random blocks)
+BLOCK_TYPES = Q0_TYPES + Q1_TYPES + (GGMLType.IQ4_NL, GGMLType.MXFP4)
 K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,  # 256-element super-blocks, Q8_K activations
            GGMLType.Q2_K,
            GGMLType.Q3_K,
            GGMLType.IQ4_XS,  # IQ4_NL's levels in 8 sub-blocks of 32 with 6-bit scales
            )
-RANDOM_TYPES = K_TYPES + (GGMLType.IQ4_NL,)  # types tests build from random bytes
+RANDOM_TYPES = K_TYPES + (GGMLType.IQ4_NL, GGMLType.MXFP4)  # types tests build from random bytes
 QUANTIZABLE = FLOAT_TYPES + Q0_TYPES + Q1_TYPES
 EPS32 = 2.0 ** -24  # f32 unit roundoff
 # byte offsets of the f16 scales in a K-quant block: random bytes elsewhere are a valid block
@@ -33,6 +33,8 @@ K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (20
                 GGMLType.IQ4_XS: (0,),
                 }
 K_F16_FIELDS[GGMLType.IQ4_NL] = (0,)  # its one f16 d: random bytes after it are a valid IQ4_NL block too
+K_F16_FIELDS[GGMLType.MXFP4] = ()  # no f16: byte 0 is an E8M0 exponent (random_k_blocks keeps it sane)
+MXFP4_E = (118, 124)  # random MXFP4 exponents: block scales 2^(e - 127) of 2^-9 .. 2^-4, as the f16 scales
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["t1", "t2"])
@@ -43,12 +45,14 @@ def kernels(request):
 
 
 def random_k_blocks(ggml_type, n_rows, n_cols, rng, scale=(0.001, 0.02)) -> np.ndarray:
-    """Random K-quant (or IQ4_NL) bytes uint8 [n_rows, row_bytes] with finite f16 scales (we cannot quantize
-    those types)."""
+    """Random K-quant (or IQ4_NL, MXFP4) bytes uint8 [n_rows, row_bytes] with finite f16 scales (MXFP4: E8M0
+    exponents in MXFP4_E) (we cannot quantize those types)."""
     block, size = GGML_QUANT_SIZES[ggml_type]
     b = rng.integers(0, 256, (n_rows * n_cols // block, size), dtype=np.uint8)
     for off in K_F16_FIELDS[ggml_type]:
         b[:, off:off + 2] = rng.uniform(*scale, len(b)).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    if ggml_type == GGMLType.MXFP4:
+        b[:, 0] = rng.integers(*MXFP4_E, len(b))
     return b.reshape(n_rows, -1)
 
 
@@ -118,11 +122,12 @@ def test_quantized_matmul_is_exact_integer_arithmetic(kernels, ggml_type):
     np.testing.assert_array_equal(ref.matmul(w, x), xq @ wv.T)
 
 
-@pytest.mark.parametrize("ggml_type", Q1_TYPES + (GGMLType.IQ4_NL,), ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", Q1_TYPES + (GGMLType.IQ4_NL, GGMLType.MXFP4), ids=lambda t: t.name)
 def test_q1_iq4nl_matmul_is_exact_integer_arithmetic(kernels, ggml_type):
     """Power-of-two d (and m), activations with d_x = 1 and block sums exact in f16: every product and sum is
     exact in f32, so C, the reference and a plain product with the dequantized weights agree bit for bit.
-    Pins the min term m_w * s_x (s_x = d_x * sum(q_x)) of Q4_1/Q5_1 and IQ4_NL's table."""
+    Pins the min term m_w * s_x (s_x = d_x * sum(q_x)) of Q4_1/Q5_1, IQ4_NL's table and MXFP4's table and
+    E8M0 scales (three exponents mixed block by block)."""
     rng = np.random.default_rng(15)
     n_rows, n_cols = 9, 32 * 11
     if ggml_type == GGMLType.IQ4_NL:
@@ -130,6 +135,12 @@ def test_q1_iq4nl_matmul_is_exact_integer_arithmetic(kernels, ggml_type):
         data.reshape(-1, 18)[:, :2] = np.full(n_rows * n_cols // 32, 2.0 ** -3, np.float16).view(np.uint8).reshape(-1, 2)
         w = Tensor("w", ggml_type, (n_rows, n_cols), data)
         wv = ref.dequantize(w)
+    elif ggml_type == GGMLType.MXFP4:
+        data = random_k_blocks(ggml_type, n_rows, n_cols, rng)
+        data.reshape(-1, 17)[:, 0] = rng.integers(125, 128, n_rows * n_cols // 32)  # 2^-2 .. 1 times E2M1
+        w = Tensor("w", ggml_type, (n_rows, n_cols), data)
+        wv = ref.dequantize(w)
+        np.testing.assert_array_equal(wv, gguf_quants.dequantize(data, ggml_type).reshape(wv.shape))
     else:
         half = 8 if ggml_type == GGMLType.Q4_1 else 16
         wv = rng.integers(-half, half, size=(n_rows, n_cols)).astype(np.float32)
@@ -279,6 +290,33 @@ def test_k_quant_dequantize_is_llama_cpp(ggml_type):
         cpu.quantize(np.zeros((1, 256), np.float32), ggml_type)
     with pytest.raises(UnsupportedError, match="not produced"):
         ref.quantize(np.zeros((1, 256), np.float32), ggml_type)
+
+
+def test_mxfp4_every_exponent_and_code_is_llama_cpp(kernels):
+    """All 256 E8M0 exponents (0 and 1: subnormal scales; 255: 2^128 halved, not NaN as llama.cpp reads it) with
+    all 16 codes: our dequantize (numpy and C), get_rows and the matmul with a one-hot x give gguf's values
+    (the largest codes overflow to inf at the top exponents, in gguf as here)."""
+    blocks = np.zeros((256, 17), np.uint8)
+    blocks[:, 0] = np.arange(256)
+    blocks[:, 1:] = np.arange(16, dtype=np.uint8) | (np.arange(16, dtype=np.uint8)[::-1] << 4)
+    t = Tensor("t", GGMLType.MXFP4, (256, 32), blocks)
+    with np.errstate(over="ignore"):
+        want = gguf_quants.dequantize(blocks, GGMLType.MXFP4)
+    assert want[255, 1] == 2.0 ** 127 and want[0, 1] == 2.0 ** -128 and want[0, 9] == -(2.0 ** -128)
+    assert not np.isnan(want).any()
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(ref.dequantize(t), want)
+    np.testing.assert_array_equal(cpu.dequantize(t), want)
+    np.testing.assert_array_equal(kernels.get_rows(t, np.arange(256, dtype=np.int32)), want)
+    # x = 127 at element 7 (code 7: 6.0) alone: d_x = 1, so y = 127 * 6 * 2^(e - 127), exact where no overflow
+    x = np.zeros(32, np.float32)
+    x[7] = 127
+    # (exponents past ~240 overflow f32 in the partial sums: not a scale real weights have)
+    rows = np.arange(0, 200, dtype=np.int32)
+    np.testing.assert_array_equal(kernels.matmul_rows(t, rows, x), want[rows, 7] * np.float32(127))
+    few = Tensor("t", GGMLType.MXFP4, (200, 32), blocks[:200])
+    both = np.stack([want[:200, 7], -want[:200, 7]]) * np.float32(127)
+    np.testing.assert_array_equal(kernels.matmul(few, np.stack([x, -x])), both)  # prefill tiles
 
 
 @pytest.mark.parametrize("ggml_type", Q0_TYPES + Q1_TYPES, ids=lambda t: t.name)

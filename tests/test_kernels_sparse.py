@@ -14,7 +14,7 @@ cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not b
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 EPS32 = 2.0 ** -24  # f32 unit roundoff
 K_TYPES = tuple(t for t in KERNEL_TYPES if t.name.endswith("_K") or t == GGMLType.IQ4_XS)  # 256-element super-blocks
-RANDOM_TYPES = K_TYPES + (GGMLType.IQ4_NL,)  # computed on, not produced by quantize(): random bytes
+RANDOM_TYPES = K_TYPES + (GGMLType.IQ4_NL, GGMLType.MXFP4)  # computed on, not produced by quantize(): random bytes
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +32,7 @@ K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (20
                 GGMLType.IQ4_XS: (0,),
                 }
 K_F16_FIELDS[GGMLType.IQ4_NL] = (0,)  # its one f16 d: random bytes after it are a valid IQ4_NL block too
+K_F16_FIELDS[GGMLType.MXFP4] = ()  # byte 0 is an E8M0 exponent (set below), the rest any nibbles
 
 
 def make_weight(ggml_type, n_rows, n_cols, seed=0, name="ffn_down_t") -> Tensor:
@@ -42,6 +43,8 @@ def make_weight(ggml_type, n_rows, n_cols, seed=0, name="ffn_down_t") -> Tensor:
         b = rng.integers(0, 256, (n_rows * n_cols // bs, size), dtype=np.uint8)
         for off in K_F16_FIELDS[ggml_type]:
             b[:, off:off + 2] = rng.uniform(0.001, 0.02, len(b)).astype(np.float16).view(np.uint8).reshape(-1, 2)
+        if ggml_type == GGMLType.MXFP4:  # scales 2^(e - 127) of 2^-9 .. 2^-4, as the f16 scales above
+            b[:, 0] = rng.integers(118, 124, len(b))
         return Tensor(name, ggml_type, (n_rows, n_cols), b.reshape(n_rows, -1))
     w = rng.standard_normal((n_rows, n_cols), dtype=np.float32)
     return Tensor(name, ggml_type, (n_rows, n_cols), ref.quantize(w, ggml_type))
@@ -162,7 +165,7 @@ def test_axpy_deterministic(pools):
 
 
 @pytest.mark.parametrize("ggml_type", (GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_1,
-                                       GGMLType.IQ4_NL), ids=lambda t: t.name)
+                                       GGMLType.IQ4_NL, GGMLType.MXFP4), ids=lambda t: t.name)
 def test_axpy_decode_split_ignores_zero_rows(pools, ggml_type):
     """Decode splits the list of live rows (non-zero h) among threads: the full list with zeros (`off`) and
     the live rows alone (`exact`) give the same bits for every thread count, and the parts sum to the

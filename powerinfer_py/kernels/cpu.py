@@ -47,7 +47,7 @@ _OUT_DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.BF16
 def quantize(x, ggml_type) -> np.ndarray:
     """x f32 [R, K] -> data in Tensor layout: f32/f16/uint16 (bf16) [R, K] or uint8 [R, row_bytes]."""
     t = _ref.check_kernel_type(ggml_type, "quantize")
-    if _ref.block_size(t) == _ref.QK_K or t == GGMLType.IQ4_NL:
+    if _ref.block_size(t) == _ref.QK_K or t in (GGMLType.IQ4_NL, GGMLType.MXFP4):
         raise UnsupportedError(f"quantize: {t.name} is computed on but not produced by these kernels")
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2:

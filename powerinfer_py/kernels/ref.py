@@ -14,6 +14,7 @@ from ..tensor import GGMLType, Tensor
 # element j in the low nibble of q[j], element j + 16 in the high nibble, value (nibble - 8) * d; Q5_0 = f16 d +
 # uint32 qh + q[16] (22 B), bit 4 of element j in bit j of qh, value (q - 16) * d. Q4_1 / Q5_1 = f16 d, f16 m
 # (+ qh) + q[16] (20 / 24 B), value d * q + m. IQ4_NL = f16 d + q[16] (18 B), value d * IQ4NL_VALUES[nibble].
+# MXFP4 = E8M0 exponent byte e + q[16] (17 B), value 2^(e - 128) * MXFP4_VALUES[nibble] (doubled E2M1 levels).
 # K-quants: csrc/matmul_internal.h.
 from ..errors import UnsupportedError  # noqa: E402
 from ..tensor import KERNEL_TYPES  # noqa: E402
@@ -21,17 +22,20 @@ from ..tensor import KERNEL_TYPES  # noqa: E402
 QK = 32  # elements per Q8_0 / Q4_0 / Q5_0 block
 QK_K = 256  # elements per K-quant super-block (and per Q8_K activation block)
 _FLOAT_DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.BF16: np.uint16}
-_Q32_TYPES = (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.IQ4_NL)
+_Q32_TYPES = (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.IQ4_NL,
+              GGMLType.MXFP4)
 _MIN_TYPES = (GGMLType.Q4_1, GGMLType.Q5_1)  # value d * q + m: the activations' Q8_1 sum s enters (see matmul)
 #: IQ4_NL's 16 levels (llama.cpp's kvalues_iq4nl)
 IQ4NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+#: MXFP4's 16 E2M1 codes (sign, 2-bit exponent, 1-bit mantissa: 0, 0.5, 1, 1.5, 2, 3, 4, 6), doubled to integers
+MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
 _K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,  # activations quantized to Q8_K
             GGMLType.Q2_K,
             GGMLType.Q3_K,
             GGMLType.IQ4_XS,  # 8 sub-blocks of 32 with 6-bit scales, IQ4_NL's levels
             )
 _BLOCK_BYTES = {GGMLType.Q8_0: 34, GGMLType.Q4_0: 18, GGMLType.Q5_0: 22,
-                GGMLType.Q4_1: 20, GGMLType.Q5_1: 24, GGMLType.IQ4_NL: 18,
+                GGMLType.Q4_1: 20, GGMLType.Q5_1: 24, GGMLType.IQ4_NL: 18, GGMLType.MXFP4: 17,
                 GGMLType.Q4_K: 144, GGMLType.Q5_K: 176, GGMLType.Q6_K: 210,
                 GGMLType.Q2_K: 84,
                 GGMLType.Q3_K: 110,
@@ -123,7 +127,7 @@ def _quantize_q_1_blocks(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarr
 def quantize(x, ggml_type) -> np.ndarray:
     """x f32 [R, K] -> data in Tensor layout: f32/f16/uint16 (bf16) [R, K] or uint8 [R, row_bytes]."""
     t = check_kernel_type(ggml_type, "quantize")
-    if t in _K_TYPES or t == GGMLType.IQ4_NL:
+    if t in _K_TYPES or t in (GGMLType.IQ4_NL, GGMLType.MXFP4):
         raise UnsupportedError(f"quantize: {t.name} is computed on but not produced by these kernels")
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2:
@@ -160,6 +164,13 @@ def _f16(b: np.ndarray) -> np.ndarray:
     return b.copy().view(np.float16)[..., 0].astype(np.float32)
 
 
+def e8m0_half(e: np.ndarray) -> np.ndarray:
+    """MXFP4 exponent bytes uint8 [...] -> f32 2^(e - 128) (the block scale 2^(e - 127) halved for the doubled
+    levels), built from its bits: e = 0, 1 are the subnormals 2^-128, 2^-127."""
+    e = np.asarray(e).astype(np.uint32)
+    return np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23)).astype(np.uint32).view(np.float32)
+
+
 def _raw_blocks(t: Tensor) -> np.ndarray:
     return np.ascontiguousarray(t.data).reshape(t.n_rows, t.n_cols // QK, _BLOCK_BYTES[t.type])
 
@@ -171,8 +182,11 @@ def _mins(t: Tensor) -> np.ndarray:
 
 def _blocks(t: Tensor) -> tuple[np.ndarray, np.ndarray]:
     """32-element block tensor -> (d f32 [n_rows, nb], integer values int8 [n_rows, nb, 32]): Q4_0 / Q5_0
-    minus 8 / 16, Q4_1 / Q5_1 unsigned (their m: _mins), IQ4_NL the table's levels."""
+    minus 8 / 16, Q4_1 / Q5_1 unsigned (their m: _mins), IQ4_NL / MXFP4 the table's levels (MXFP4: d from e)."""
     b = _raw_blocks(t)
+    if t.type == GGMLType.MXFP4:
+        qs = b[..., 1:]
+        return e8m0_half(b[..., 0]), MXFP4_VALUES[np.concatenate([qs & 0x0F, qs >> 4], axis=-1)]
     d = _f16(b[..., :2])
     if t.type == GGMLType.Q8_0:
         return d, b[..., 2:].view(np.int8)
