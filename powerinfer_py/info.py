@@ -11,7 +11,8 @@ import numpy as np
 from .config import KEY_UP_SPARSITY, ModelConfig
 from .errors import PowerInferError
 from .gguf.reader import open_gguf
-from .loader import conversion_target
+from .loader import check_expected, conversion_target
+from .models import expected_tensors
 
 
 def model_info(path: str | os.PathLike) -> dict[str, Any]:
@@ -29,9 +30,14 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
         # A file we cannot run is still worth describing: keep the reason instead of failing.
         try:
             config = ModelConfig.from_gguf(f)
-            runnable, problem = True, None
         except PowerInferError as e:
             config, runnable, problem = None, False, str(e)
+        else:
+            try:  # tensor names and shapes, from the header alone
+                check_expected(f, expected_tensors(config))
+                runnable, problem = True, None
+            except PowerInferError as e:
+                runnable, problem = False, str(e)
 
         types: dict[str, dict[str, int]] = {}
         planned: Counter[tuple[str, str]] = Counter()

@@ -91,7 +91,8 @@ def convert_tensor(t: Tensor, to_type: GGMLType, quantize_q8_0=None) -> Tensor:
     return Tensor(t.name, to_type, shape, out.reshape(*shape[:-1], out.shape[-1]))
 
 
-def _check_expected(f: GGUFFile, expected: dict[str, tuple[tuple[int, ...], bool]]) -> None:
+def check_expected(f: GGUFFile, expected: dict[str, tuple[tuple[int, ...], bool]]) -> None:
+    """Every required tensor present, and every expected one with its shape (a ModelFileError naming it)."""
     for name, (shape, required) in expected.items():
         t = f.tensors.get(name)
         if t is None:
@@ -107,7 +108,7 @@ def load_weights(f: GGUFFile, expected: ExpectedFn | None = None) -> LoadedWeigh
     every non-kernel type converted once (see the module docstring). Conversions are listed for the user."""
     config = ModelConfig.from_gguf(f)
     if expected is not None:
-        _check_expected(f, expected(config))
+        check_expected(f, expected(config))
     tensors: dict[str, Tensor] = {}
     conversions: list[Conversion] = []
     quantize_q8_0 = None

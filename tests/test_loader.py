@@ -275,8 +275,10 @@ def test_unconvertible_type_is_named(tmp_path):
 def test_model_info(tmp_path):
     path, _ = _mixed_file(tmp_path)
     info = model_info(path)
-    assert info["arch"] == "llama" and info["magic"] == "GGUF" and not info["sparse"] and info["runnable"]
-    assert info["problem"] is None and info["name"] == "tiny-llama"
+    assert info["arch"] == "llama" and info["magic"] == "GGUF" and not info["sparse"]
+    # a handful of tensors, not a whole model: described all the same, with the reason it cannot run
+    assert not info["runnable"] and "missing required tensor 'blk.0.attn_norm.weight'" in info["problem"]
+    assert info["name"] == "tiny-llama"
     assert info["file_size"] == path.stat().st_size and info["n_tensors"] == 13
     assert info["config"]["n_embd"] == 64 and info["config"]["swa_layers"] == [False, False]
     assert info["tensor_types"]["Q5_1"] == {"count": 1, "bytes": 96 * 64 // 32 * 24}
@@ -286,10 +288,21 @@ def test_model_info(tmp_path):
         ("IQ2_XXS", "Q8_0", 1), ("IQ2_XXS", "F32", 1), ("F64", "F32", 1)}
 
 
+def test_model_info_checks_tensors_from_the_header(synthetic_model, tmp_path):
+    """A whole model is runnable; the same file with one tensor of the wrong shape is not, and says which."""
+    src = synthetic_model("llama", "f32")
+    assert model_info(src)["runnable"] and model_info(src)["problem"] is None
+    f = open_gguf(src)
+    bad = [_f32(n, (t.shape[0] + 1, *t.shape[1:])) if n == "blk.1.ffn_up.weight" else t for n, t in f.tensors.items()]
+    info = model_info(_write(tmp_path / "bad.gguf", dict(f.metadata), bad))
+    assert not info["runnable"] and "'blk.1.ffn_up.weight' has shape" in info["problem"]
+    assert info["config"]["n_layer"] == 2  # still described
+
+
 def test_model_info_sparse_and_unsupported(tmp_path):
     tensors = [_f32("blk.0.fc1.weight", (12, 64)), _f32("blk.1.fc1.weight", (20, 64))]
     info = model_info(_write(tmp_path / "s.gguf", _meta("bamboo"), tensors, magic="PWRI"))
-    assert info["sparse"] and info["predictor_ranks"] == [12, 20] and info["runnable"]
+    assert info["sparse"] and info["predictor_ranks"] == [12, 20] and not info["runnable"]
     info = model_info(_write(tmp_path / "x.gguf", _meta("mamba"), []))
     assert info["config"] is None and "'mamba'" in info["problem"]
     info = model_info(_write(tmp_path / "k.gguf", _meta(**{"llama.block_count": None}), []))
