@@ -41,6 +41,8 @@ Per architecture:
           attn_scale 1/sqrt(head_dim); experts {arch}.expert_feed_forward_length wide, routed by the top-k
           biased router logits softmaxed after the selection (moe.py); a rope.freq_base_swa that differs from
           the global base is refused
+  arcee   (Arcee AFM) the llama block (normal RoPE, optional rope_freqs.weight, YaRN from the metadata) with an
+          ungated squared-ReLU FFN, relu(up·x)^2 (ffn.py "relu2", whatever powerinfer.hidden_act says)
 Mixture of experts (qwen3moe, qwen2moe, and llama files with experts: Mixtral): {arch}.expert_count experts, of
 which {arch}.expert_used_count run per token; each expert's FFN width is {arch}.expert_feed_forward_length
 (llama files: feed_forward_length); qwen2moe's shared expert is {arch}.expert_shared_feed_forward_length wide.
@@ -50,8 +52,8 @@ PowerInfer files (magic PWRI) add is_sparse, powerinfer.sparse_threshold and per
 FFN activation (hidden_act, written by our converter as powerinfer.hidden_act / powerinfer.hidden_act_param):
 "silu", "relu", "fatrelu" (x if x > hidden_act_param else 0) or "gelu". Defaults when the key is absent:
 llama "relu" in a PWRI file (upstream PowerInfer files carry no key and are ReLU models) else "silu";
-falcon "relu" in a PWRI file (ReluFalcon) else "gelu" (llama.cpp's Falcon); opt and bamboo "relu"
-(bamboo's FFN is dReLU whatever the key says).
+falcon "relu" in a PWRI file (ReluFalcon) else "gelu" (llama.cpp's Falcon); opt, bamboo and arcee "relu"
+(bamboo's FFN is dReLU and arcee's squared ReLU whatever the key says).
 The sparse threshold here is the file's; the runtime applies the LLAMA_SPARSE_PRED_THRESHOLD environment
 variable and the caller's override on top of it (ffn.resolve_sparse).
 Threshold calibration (written by `powerinfer calibrate`, any file; read by the "threshold" sparse mode, see
@@ -88,10 +90,11 @@ GRANITE_ARCHS = ("granite", "granitemoe")  # the llama block with four scalars f
 
 GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")  # scaled embeddings, GeGLU FFN, the "gemma" chat format
 _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "falcon", "phi3"}
+SUPPORTED_ARCHS += ("arcee",)  # Arcee AFM: llama with an ungated relu(up·x)^2 FFN
 SUPPORTED_ARCHS += ("smollm3", "olmo2")  # SmolLM3 (NoPE layers), OLMo 2 (output norms, full-width Q/K norms)
 _NEOX_ARCHS |= {"olmo2", "gpt-oss"}  # llama.cpp's rope type for olmo2; smollm3 keeps llama's normal layout
 SMOLLM3_NO_ROPE_STEP = 4  # smollm3: layers with (il + 1) % 4 == 0 use no RoPE (llama.cpp's n_no_rope_layer_step)
-_YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss")  # their models take per-pair RoPE factors and a scale (models/base.py)
+_YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee")  # their models take per-pair RoPE factors and a scale (models/base.py)
 _LAYERNORM_ARCHS = {"falcon", "opt"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
 _DEFAULT_FREQ_BASE = {"qwen2": 1_000_000.0, "qwen2moe": 1_000_000.0}
 HIDDEN_ACTS = ("silu", "relu", "fatrelu", "gelu")
@@ -348,7 +351,7 @@ class _Reader:
     def hidden_act(self) -> tuple[str, float]:
         """(activation, fatrelu parameter) of the FFN, with the per-arch defaults of the module docstring."""
         defaults = {"llama": "relu" if self.f.is_sparse else "silu", "falcon": "relu" if self.f.is_sparse else "gelu",
-                    "bamboo": "relu", "opt": "relu"}
+                    "bamboo": "relu", "opt": "relu", "arcee": "relu"}
         default = defaults.get(self.arch, "silu")
         act = self.get("powerinfer.hidden_act", default, kind=str)
         if act not in HIDDEN_ACTS:

@@ -7,6 +7,7 @@ FFN variants, chosen once from (arch, hidden_act) by ffn_variant():
   fatreglu  h = fatrelu(gate·x) * (up·x)         ProSparse: fatrelu(a) = a if a > hidden_act_param else 0
   dreglu    h = relu(gate·x) * relu(up·x)        bamboo (dReLU)
   relu      h = relu(up·x + b_up)                falcon (ReluFalcon), opt
+  relu2     h = relu(up·x)^2                     arcee (Arcee AFM; Python path only: no one-call C step)
   gelu      h = gelu(up·x + b_up)                falcon (dense only)
 followed by the down projection: ffn_down · h for dense GGUF files, or  y = sum_i h_i * ffn_down_t[i, :]  (an
 AXPY over rows of the transposed matrix) for PWRI files; + b_down for opt. The "gating" pre-activation is
@@ -50,7 +51,7 @@ Observers (profiling, calibration, predictor training): an FFN whose `observer` 
 and calls observer(layer, x, p, act) before its down projection, with x the normed FFN input, p the predictor
 input (FORMATS.md section 2: the pre-ffn_norm residual; falcon: the layer input) and act f32 [N, n_ff] the
 activated gating values: act(gate·x) for gated variants (silu, gelu, relu, fatrelu; dReLU: relu(gate·x)), or
-act(up·x + b_up) otherwise. A neuron is "active" for a token where act != 0 (ReLU family). The result is the
+act(up·x + b_up) otherwise (relu2: relu(up·x), squared afterwards). A neuron is "active" for a token where act != 0 (ReLU family). The result is the
 dense result, whatever the mode; the observer must not modify its arguments.
 """
 from __future__ import annotations
@@ -70,7 +71,7 @@ MODES = ("predictor", "exact", "threshold", "off")
 THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"
 FC2_T_TYPES = ("F32", "F16", "BF16")  # fc2 types whose transposed copy holds the same values
 DENSE_FALLBACK = 0.5  # batches whose union of active neurons exceeds this fraction use the dense gate/up
-RELU_FAMILY = ("reglu", "fatreglu", "dreglu", "relu")
+RELU_FAMILY = ("reglu", "fatreglu", "dreglu", "relu", "relu2")
 PREDICTED_GLU = ("swiglu", "geglu")  # non-ReLU FFNs that predictor mode also runs (trained predictors skip the gate)
 GATED = ("swiglu", "geglu", "reglu", "fatreglu", "dreglu")
 
@@ -80,6 +81,8 @@ def ffn_variant(config: ModelConfig) -> str:
     act = config.hidden_act
     if config.arch == "bamboo":
         return "dreglu"
+    if config.arch == "arcee":
+        return "relu2"
     if config.arch in GEMMA_ARCHS:
         return "geglu"
     if config.arch in ("falcon", "opt"):
@@ -297,8 +300,10 @@ class FFN:
         return np.maximum(a, 0, out=a)
 
     def _combine(self, a: np.ndarray, u: np.ndarray | None) -> np.ndarray:
-        """h from the activated gating values a and (gated variants) the up values u."""
+        """h from the activated gating values a and (gated variants) the up values u; relu2 squares a."""
         if not self.gated:
+            if self.variant == "relu2":
+                a *= a
             return a
         if self.variant == "dreglu":
             np.maximum(u, 0, out=u)
@@ -338,9 +343,7 @@ class FFN:
         k = self.k
         act = self._act(self._pre(x))
         self.observer(self.layer, x, p, act)
-        h = act.copy()
-        if self.gated:
-            h = self._combine(h, k.matmul(self.w.up, x))
+        h = self._combine(act.copy(), k.matmul(self.w.up, x) if self.gated else None)
         return self._down(h, None)
 
     def _exact(self, x: np.ndarray) -> np.ndarray:
@@ -409,7 +412,7 @@ class FFN:
                     keep = None if keep is None else keep[:, live]
             h = self._combine(a, self._up_rows(x, rows, dense))
         else:
-            h = self._gate_act(self._up_rows(x, rows, dense))
+            h = self._combine(self._gate_act(self._up_rows(x, rows, dense)), None)
         if keep is not None:  # each token keeps only its own active neurons (exact zeros elsewhere)
             h = np.where(keep, h, np.float32(0))
         return self._down(h, rows, bias), int(np.count_nonzero(h))

@@ -56,6 +56,9 @@ GRANITE_SCALES = {"embedding_scale": 10.0, "residual_scale": 0.5, "attention_sca
 # gpt-oss (untied, as llama.cpp requires output.weight): its layers are written by _gptoss_layer
 ARCHS += ("gpt-oss",)
 _EMBD_STD["gpt-oss"], _OUTPUT_NORM_GAIN["gpt-oss"] = 1.0, 1.0
+# arcee (untied, as AFM-4.5B): the llama layers without ffn_gate (squared-ReLU FFN: up, down)
+ARCHS += ("arcee",)
+_EMBD_STD["arcee"], _OUTPUT_NORM_GAIN["arcee"] = 1.0, 1.0
 _CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()") + [SPACE]
 
 
@@ -128,7 +131,7 @@ class _Spec:
         self.sliding_window = o.pop("sliding_window", 4 if arch in ("gemma2", "gemma3", "phi3", "gpt-oss") else 0)
         # gemma2's soft-caps ({arch}.attn_logit_softcapping, final_logit_softcapping; None: key left out)
         self.softcaps = (o.pop("attn_softcap", 50.0), o.pop("final_softcap", 30.0)) if arch == "gemma2" else ()
-        self.tied = o.pop("tied", arch not in ("llama", "phi3", "qwen2moe", "olmo2", "gpt-oss"))  # llama.cpp's qwen2moe, olmo2 need output
+        self.tied = o.pop("tied", arch not in ("llama", "phi3", "qwen2moe", "olmo2", "gpt-oss", "arcee"))  # llama.cpp's qwen2moe, olmo2 need output
         self.phi3 = _phi3_options(arch, self.head_dim, o)
         self.granite = _granite_options(arch, o)
         self.bias_std = o.pop("bias_std", 0.5)
@@ -138,7 +141,7 @@ class _Spec:
         self.rope_freqs = o.pop("rope_freqs", None)  # RoPE frequency factors [head_dim/2] (llama: rope_freqs.weight)
         if self.rope_freqs is not None:
             self.rope_freqs = np.asarray(self.rope_freqs, dtype=np.float32).reshape(-1)
-            if arch != "llama" or self.rope_freqs.shape != (self.head_dim // 2,):
+            if arch not in ("llama", "arcee") or self.rope_freqs.shape != (self.head_dim // 2,):
                 raise ValueError(f"rope_freqs: a llama model takes {self.head_dim // 2} factors "
                                  f"(head_dim / 2); got {self.rope_freqs.shape[0]} for {arch}")
         # mixture of experts: (n_expert, n_expert_used, expert width, shared expert width) or () for a dense FFN
@@ -275,6 +278,8 @@ class _Spec:
             out += [(p + "ffn_gate.weight", linear(F, E)),
                     (p + "ffn_up.weight", linear(F, E)),
                     (p + "ffn_down.weight", linear(E, F))]
+            if self.arch == "arcee":  # no gate: relu(up·m)^2
+                del out[-3]
             if self.arch == "phi3":  # one ffn_up: rows [gate | up]
                 out[-3:-1] = [(p + "ffn_up.weight", np.concatenate([out[-3][1], out[-2][1]]))]
             if self.arch in ("gemma2", "gemma3"):
@@ -369,7 +374,7 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
     attn_qkv tensor; False: attn_q/k/v); mixture of experts (qwen2moe, qwen3moe, and llama as Mixtral): n_expert
     (default 4 for the moe archs, 0 = dense), n_expert_used (default 2), n_ff_exp (an expert's width, default
     n_ff; llama and granitemoe files store it as feed_forward_length), n_ff_shexp (qwen2moe's shared expert, default
-    n_ff; granitemoe's, ungated, default 0 = none); granite, granitemoe: embedding_scale, residual_scale,
+    n_ff; granitemoe's, ungated, default 0 = none); arcee: as llama without ffn_gate; granite, granitemoe: embedding_scale, residual_scale,
     attention_scale, logit_scale (defaults synth.GRANITE_SCALES; None leaves the key out), rope_finetuned."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; synthetic models exist for {', '.join(ARCHS)}")

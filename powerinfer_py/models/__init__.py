@@ -21,6 +21,7 @@ from . import bamboo, falcon, gemma, gemma3, llama, opt, phi3, qwen2, qwen3
 from . import olmo2, smollm3
 from . import granite
 from . import gptoss
+from . import arcee
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -41,6 +42,7 @@ _FAMILIES = {
     "granite": (granite.GraniteModel, granite.expected_tensors),
     "granitemoe": (granite.GraniteModel, granite.expected_tensors),  # with experts (GraniteModel.build_moe)
     "gpt-oss": (gptoss.GptOssModel, gptoss.expected_tensors),
+    "arcee": (arcee.ArceeModel, arcee.expected_tensors),
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)

@@ -164,13 +164,13 @@ class Model:
         if c.n_expert:
             return [self.build_moe(tensors, il) for il in range(c.n_layer)]
         variant = ffn_variant(c)
-        if variant in ("reglu", "fatreglu", "dreglu", "relu") or self.sparse.mode in ("threshold", "predictor"):
+        if variant in ("reglu", "fatreglu", "dreglu", "relu", "relu2") or self.sparse.mode in ("threshold", "predictor"):
             self.sparsity = SparsityStats(c.n_layer, c.n_ff, self.sparse.mode, self.sparse.threshold)
         down = "ffn_down_t" if c.is_sparse else "ffn_down"
         ffns = []
         for il in range(c.n_layer):
             p = f"blk.{il}."
-            gated = variant not in ("relu", "gelu")
+            gated = variant not in ("relu", "gelu", "relu2")
             w = FFNWeights(
                 up=get_tensor(tensors, p + "ffn_up.weight"),
                 gate=get_tensor(tensors, p + "ffn_gate.weight") if gated else None,
