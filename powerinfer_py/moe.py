@@ -96,6 +96,7 @@ class MoEFFN:
                                  f"{(self.n_expert, n_embd)}")
         self.router, self.gate, self.up, self.down = router, gate, up, down
         self.gate_rows, self.up_rows = expert_rows(gate), expert_rows(up)
+        self._ff = np.arange(self.n_ff, dtype=np.int32)  # one expert's rows, offset per chosen expert
         self.shared, self.shared_gate = shared, shared_gate
         self.counts = np.zeros(self.n_expert, dtype=np.int64)  # tokens routed to each expert so far
         self.router_bias, self.weights_after_topk = router_bias, weights_after_topk
@@ -132,7 +133,7 @@ class MoEFFN:
             w = np.take_along_axis(logits, chosen, axis=1)
             w = np.exp(w - w.max(axis=1, keepdims=True), dtype=np.float32)
             w /= w.sum(axis=1, keepdims=True, dtype=np.float32)
-            np.add.at(self.counts, chosen.reshape(-1), 1)
+            self.counts += np.bincount(chosen.reshape(-1), minlength=self.n_expert)
             return chosen, w
         logits -= logits.max(axis=1, keepdims=True)
         probs = np.exp(logits, dtype=np.float32)
@@ -141,7 +142,7 @@ class MoEFFN:
         w = np.take_along_axis(probs, chosen, axis=1)
         if self.norm_weights:
             w = w / w.sum(axis=1, keepdims=True, dtype=np.float32)
-        np.add.at(self.counts, chosen.reshape(-1), 1)
+        self.counts += np.bincount(chosen.reshape(-1), minlength=self.n_expert)
         return chosen, w.astype(np.float32, copy=False)
 
     def __call__(self, x: np.ndarray, p: np.ndarray | None = None) -> np.ndarray:
@@ -158,7 +159,7 @@ class MoEFFN:
     def _decode(self, x: np.ndarray, chosen: np.ndarray, w: np.ndarray) -> np.ndarray:
         k, F = self.k, self.n_ff
         order = np.argsort(chosen, kind="stable")  # the row gathers take ascending rows
-        rows = (chosen[order, None] * F + np.arange(F)).astype(np.int32).reshape(-1)
+        rows = (chosen[order, None].astype(np.int32) * np.int32(F) + self._ff).reshape(-1)
         g, u = k.matmul_rows(self.gate_rows, rows, x), k.matmul_rows(self.up_rows, rows, x)
         if self.b_gate is not None:
             g += self.b_gate[chosen[order]].reshape(-1)
@@ -169,9 +170,10 @@ class MoEFFN:
             o += self.b_down[chosen[order]]
         slot = np.empty_like(order)
         slot[order] = np.arange(len(order))
-        y = o[slot[0]] * w[0]
+        ow = o[slot] * w[:, None]  # row r: the r-th chosen expert's weighted output
+        y = ow[0]
         for r in range(1, len(chosen)):  # chosen order (largest weight first), as llama.cpp sums them
-            y += o[slot[r]] * w[r]
+            y += ow[r]
         return y
 
     def _batch(self, x: np.ndarray, chosen: np.ndarray, w: np.ndarray) -> np.ndarray:
