@@ -234,48 +234,101 @@ def _hf_moe(w, p, h, cfg) -> np.ndarray:
     return out
 
 
+def variant_weights(w: dict[str, np.ndarray], rng, arch: str, *, n_layer: int) -> dict[str, np.ndarray]:
+    """llama_weights reshaped into another architecture's HF tensors: ArceeForCausalLM drops gate_proj (its MLP
+    is down(relu(up x)^2)); Olmo2ForCausalLM drops input_layernorm and adds whole-width self_attn.q_norm /
+    k_norm and post_feedforward_layernorm (post_attention_layernorm then norms the attention output)."""
+    w = dict(w)
+    for il in range(n_layer):
+        p = f"model.layers.{il}."
+        if arch == "ArceeForCausalLM":
+            del w[p + "mlp.gate_proj.weight"]
+        if arch == "Olmo2ForCausalLM":
+            n_embd = w.pop(p + "input_layernorm.weight").shape[0]
+            for name, proj in (("q_norm", "q_proj"), ("k_norm", "k_proj")):
+                rows = w[f"{p}self_attn.{proj}.weight"].shape[0]
+                w[f"{p}self_attn.{name}.weight"] = (1 + 0.2 * rng.standard_normal(rows)).astype(np.float32)
+            w[p + "post_feedforward_layernorm.weight"] = (1 + 0.1 * rng.standard_normal(n_embd)).astype(np.float32)
+    return w
+
+
+def _rope_layers(cfg: dict) -> list[bool]:
+    """Per layer, whether it applies RoPE: SmolLM3's no_rope_layers (1 = RoPE; default: none every
+    no_rope_layer_interval-th layer), True everywhere for the other architectures."""
+    n = cfg["num_hidden_layers"]
+    if cfg["architectures"][0] != "SmolLM3ForCausalLM":
+        return [True] * n
+    step = cfg.get("no_rope_layer_interval", 4)
+    return [bool(v) for v in (cfg.get("no_rope_layers") or [(il + 1) % step != 0 for il in range(n)])]
+
+
 def hf_llama_forward(w: dict[str, np.ndarray], cfg: dict, tokens, inv_freq=None) -> np.ndarray:
     """Logits [T, n_vocab] of the HF LLaMA/Qwen2/Qwen3 model (float64), causal attention from position 0.
     Qwen3's per-head q_norm / k_norm (when the weights have them) apply to each head before RoPE. inv_freq: the
-    RoPE frequencies when they are scaled (default: theta^(-2i/d))."""
+    RoPE frequencies when they are scaled (default: theta^(-2i/d)). Also, by config.json's architecture:
+    Granite multiplies the embeddings by embedding_multiplier and each block's output by residual_multiplier,
+    scales attention scores by attention_multiplier (not 1/sqrt(head_dim)) and divides the logits by
+    logits_scaling; SmolLM3 skips RoPE where no_rope_layers says 0; OLMo 2 has no pre-norms, RMSNorms the
+    whole Q and K projections (self_attn.q_norm / k_norm [rows]) and the attention and MLP outputs; Arcee's
+    MLP is down(relu(up x)^2) (hidden_act relu2)."""
     w = {k: v.astype(np.float64) for k, v in w.items()}
+    hf_arch = cfg["architectures"][0]
+    granite, olmo2 = hf_arch == "GraniteForCausalLM", hf_arch == "Olmo2ForCausalLM"
+    mult = {k: cfg.get(k, 1.0) if granite else 1.0 for k in
+            ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")}
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
     act = {"silu": lambda g: g / (1 + np.exp(-g)), "relu": lambda g: np.maximum(g, 0),
-           "fatrelu": lambda g: np.where(g > cfg.get("hidden_act_param", 0.0), g, 0.0)}[cfg["hidden_act"]]
+           "fatrelu": lambda g: np.where(g > cfg.get("hidden_act_param", 0.0), g, 0.0),
+           "relu2": lambda g: np.maximum(g, 0) ** 2}[cfg["hidden_act"]]
     tokens = np.asarray(tokens)
     T = len(tokens)
     pos = np.arange(T)
-    x = w["model.embed_tokens.weight"][tokens]
-    for il in range(cfg["num_hidden_layers"]):
+    x = w["model.embed_tokens.weight"][tokens] * mult["embedding_multiplier"]
+    for il, use_rope in enumerate(_rope_layers(cfg)):
         p = f"model.layers.{il}."
-        h = _rmsnorm(x, w[p + "input_layernorm.weight"], eps)
+        h = x if olmo2 else _rmsnorm(x, w[p + "input_layernorm.weight"], eps)
         qkv = []
         for proj, nh in (("q_proj", n_head), ("k_proj", n_kv), ("v_proj", n_kv)):
             y = h @ w[f"{p}self_attn.{proj}.weight"].T + w.get(f"{p}self_attn.{proj}.bias", 0.0)
+            if olmo2 and proj != "v_proj":  # whole-width norm, before the split into heads
+                y = _rmsnorm(y, w[f"{p}self_attn.{proj[0]}_norm.weight"], eps)
             qkv.append(y.reshape(T, nh, -1))
-        if p + "self_attn.q_norm.weight" in w:
+        if p + "self_attn.q_norm.weight" in w and not olmo2:
             qkv[0] = _rmsnorm(qkv[0], w[p + "self_attn.q_norm.weight"], eps)
             qkv[1] = _rmsnorm(qkv[1], w[p + "self_attn.k_norm.weight"], eps)
-        q, k, v = _hf_rope(qkv[0], pos, theta, inv_freq), _hf_rope(qkv[1], pos, theta, inv_freq), qkv[2]
+        q, k, v = qkv
+        if use_rope:
+            q, k = _hf_rope(q, pos, theta, inv_freq), _hf_rope(k, pos, theta, inv_freq)
         hd = q.shape[-1]
         rep = n_head // n_kv
         k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
-        scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd)
+        scale = cfg.get("attention_multiplier", 1.0) if granite else 1 / np.sqrt(hd)
+        scores = np.einsum("thd,shd->hts", q, k) * scale
         scores = np.where(np.tril(np.ones((T, T), bool))[None], scores, -np.inf)
         prob = np.exp(scores - scores.max(-1, keepdims=True))
         prob /= prob.sum(-1, keepdims=True)
-        attn = np.einsum("hts,shd->thd", prob, v).reshape(T, -1)
-        x = x + attn @ w[p + "self_attn.o_proj.weight"].T
-        h = _rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
-        if p + "mlp.gate_proj.weight" not in w:  # a mixture-of-experts layer
+        attn = np.einsum("hts,shd->thd", prob, v).reshape(T, -1) @ w[p + "self_attn.o_proj.weight"].T
+        if olmo2:
+            x = x + _rmsnorm(attn, w[p + "post_attention_layernorm.weight"], eps)
+            h = x
+        else:
+            x = x + attn * mult["residual_multiplier"]
+            h = _rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
+        if p + "mlp.down_proj.weight" not in w:  # a mixture-of-experts layer
             x = x + _hf_moe(w, p, h, cfg)
             continue
-        ff = act(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)
-        x = x + ff @ w[p + "mlp.down_proj.weight"].T
+        if p + "mlp.gate_proj.weight" in w:
+            ff = act(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)
+        else:  # Arcee: ungated
+            ff = act(h @ w[p + "mlp.up_proj.weight"].T)
+        ff = ff @ w[p + "mlp.down_proj.weight"].T
+        if olmo2:
+            ff = _rmsnorm(ff, w[p + "post_feedforward_layernorm.weight"], eps)
+        x = x + ff * mult["residual_multiplier"]
     x = _rmsnorm(x, w["model.norm.weight"], eps)
     head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
-    return x @ head.T
+    return x @ head.T / mult["logits_scaling"]
 
 
 # ---- byte-level BPE tokenizer.json -------------------------------------------------------------------------

@@ -71,7 +71,8 @@ def llama_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
     if kind == "linear":
         meta[f"{arch}.rope.scaling.type"] = "linear"
         meta[f"{arch}.rope.scaling.factor"] = float(ckpt.config["rope_scaling"]["factor"])
-    meta.update(_activation(ckpt))
+    if arch != "arcee":  # arcee's squared ReLU is implied by the architecture (hidden_act "relu2")
+        meta.update(_activation(ckpt))
     meta.update(_experts(ckpt, arch))
     return d, meta
 
@@ -133,7 +134,7 @@ def _rope_scaling_kind(ckpt: Checkpoint, arch: str) -> str | None:
     the rope_freqs.weight tensor); anything else is refused."""
     scaling = ckpt.config.get("rope_scaling")
     kind = (scaling.get("rope_type", scaling.get("type")) if scaling else None) or None
-    supported = ("linear", "llama3") if arch == "llama" else ("linear",)
+    supported = ("linear", "llama3") if arch == "llama" else ("linear", "yarn") if arch == "arcee" else ("linear",)
     if kind in (None, "default") or kind in supported:
         return None if kind == "default" else kind
     raise UnsupportedError(f"{ckpt.folder / 'config.json'}: rope_scaling {kind!r} is not supported for {arch} "
@@ -169,7 +170,7 @@ def _llama3_factors(ckpt: Checkpoint, d: Dims) -> np.ndarray:
 
 def llama_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, sparse: bool, hook: LayerHook) -> None:
     moe = _is_moe(ckpt, arch)
-    permute = arch in ("llama", "bamboo")  # qwen* use NeoX RoPE: HF's layout is already llama.cpp's
+    permute = arch in NORMAL_ROPE_ARCHS  # qwen* use NeoX RoPE: HF's layout is already llama.cpp's
     biases = arch in ("qwen2", "qwen2moe")
     qk_norms = arch in ("qwen3", "qwen3moe")  # per-head RMSNorm weights of Q and K, [head_dim] each
     q_rows, kv_rows = d.n_head * d.head_dim, d.n_head_kv * d.head_dim
@@ -199,12 +200,83 @@ def llama_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, sparse: bool
             _moe_tensors(b, ckpt, arch, d, hf, blk)
             hook(il)
             continue
-        b.add(blk + "ffn_gate.weight", hf + "mlp.gate_proj.weight", (d.n_ff, d.n_embd))
+        if arch != "arcee":  # arcee's FFN is ungated: down(relu(up x)^2)
+            b.add(blk + "ffn_gate.weight", hf + "mlp.gate_proj.weight", (d.n_ff, d.n_embd))
         b.add(blk + "ffn_up.weight", hf + "mlp.up_proj.weight", (d.n_ff, d.n_embd))
         if sparse:
             b.add(blk + "ffn_down_t.weight", hf + "mlp.down_proj.weight", (d.n_embd, d.n_ff), how="transpose")
         else:
             b.add(blk + "ffn_down.weight", hf + "mlp.down_proj.weight", (d.n_embd, d.n_ff))
+        hook(il)
+    b.add("output_norm.weight", "model.norm.weight", (d.n_embd,))
+    _output(b, ckpt, "lm_head.weight", d, tied_default=False)
+
+
+NORMAL_ROPE_ARCHS = ("llama", "bamboo", "granite", "smollm3", "arcee")  # Q/K rows get rope_permutation
+
+
+# ---- granite, smollm3, arcee (llama tensors), olmo2 ---------------------------------------------------------
+
+def granite_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
+    """llama's hparams plus Granite's four scalars, under llama.cpp's names; the defaults are transformers'
+    (1.0 each: an absent attention_multiplier means a scale of 1, not 1/sqrt(head_dim))."""
+    d, meta = llama_hparams(ckpt, arch)
+    if d.head_dim != d.n_embd // d.n_head:
+        raise UnsupportedError(f"{ckpt.folder / 'config.json'}: granite with head_dim {d.head_dim} != hidden_size "
+                               f"/ num_attention_heads is not supported")
+    for key, hf in (("embedding_scale", "embedding_multiplier"), ("residual_scale", "residual_multiplier"),
+                    ("attention.scale", "attention_multiplier"), ("logit_scale", "logits_scaling")):
+        value = float(cfg_value(ckpt, hf, default=1.0))
+        if not value > 0:
+            raise UnsupportedError(f"{ckpt.folder / 'config.json'}: {hf} must be > 0, got {value}")
+        meta[f"{arch}.{key}"] = value
+    return d, meta
+
+
+def smollm3_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
+    """llama's hparams; the RoPE-less layers must be every 4th one, the pattern llama.cpp (and config.py)
+    hard-code, as no GGUF key holds it. config.json's no_rope_layers has 1 where a layer uses RoPE."""
+    d, meta = llama_hparams(ckpt, arch)
+    step = int(cfg_value(ckpt, "no_rope_layer_interval", default=4))
+    want = [int((il + 1) % 4 != 0) for il in range(d.n_layer)]
+    got = ckpt.config.get("no_rope_layers") or [int((il + 1) % step != 0) for il in range(d.n_layer)]
+    if [int(v) for v in got[:d.n_layer]] != want:
+        raise UnsupportedError(f"{ckpt.folder / 'config.json'}: smollm3 without RoPE in layers other than every 4th "
+                               f"(no_rope_layers {got[:d.n_layer]}) is not supported")
+    return d, meta
+
+
+def arcee_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
+    """llama's hparams (no activation key: the squared ReLU comes with the architecture), YaRN as llama.cpp
+    writes it (type, factor, original context)."""
+    act = ckpt.config.get("hidden_act", "relu2")
+    if act != "relu2":
+        raise UnsupportedError(f"{ckpt.folder / 'config.json'}: arcee hidden_act {act!r} is not supported (relu2)")
+    d, meta = llama_hparams(ckpt, arch)
+    if _rope_scaling_kind(ckpt, arch) == "yarn":
+        s = ckpt.config["rope_scaling"]
+        meta[f"{arch}.rope.scaling.type"] = "yarn"
+        meta[f"{arch}.rope.scaling.factor"] = float(s["factor"])
+        meta[f"{arch}.rope.scaling.original_context_length"] = int(
+            s.get("original_max_position_embeddings", cfg_value(ckpt, "max_position_embeddings")))
+    return d, meta
+
+
+def olmo2_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, sparse: bool, hook: LayerHook) -> None:
+    """No pre-norms; whole-width q_norm / k_norm and the norms of the attention and FFN outputs. NeoX RoPE."""
+    q_rows, kv_rows = d.n_head * d.head_dim, d.n_head_kv * d.head_dim
+    b.add("token_embd.weight", "model.embed_tokens.weight", (d.n_vocab, d.n_embd))
+    for il in range(d.n_layer):
+        hf, blk = f"model.layers.{il}.", f"blk.{il}."
+        for name, src, shape in (
+                ("attn_q", "self_attn.q_proj", (q_rows, d.n_embd)), ("attn_k", "self_attn.k_proj", (kv_rows, d.n_embd)),
+                ("attn_v", "self_attn.v_proj", (kv_rows, d.n_embd)), ("attn_q_norm", "self_attn.q_norm", (q_rows,)),
+                ("attn_k_norm", "self_attn.k_norm", (kv_rows,)), ("attn_output", "self_attn.o_proj", (d.n_embd, q_rows)),
+                ("post_attention_norm", "post_attention_layernorm", (d.n_embd,)),
+                ("ffn_gate", "mlp.gate_proj", (d.n_ff, d.n_embd)), ("ffn_up", "mlp.up_proj", (d.n_ff, d.n_embd)),
+                ("ffn_down", "mlp.down_proj", (d.n_embd, d.n_ff)),
+                ("post_ffw_norm", "post_feedforward_layernorm", (d.n_embd,))):
+            b.add(f"{blk}{name}.weight", f"{hf}{src}.weight", shape)
         hook(il)
     b.add("output_norm.weight", "model.norm.weight", (d.n_embd,))
     _output(b, ckpt, "lm_head.weight", d, tied_default=False)
@@ -339,5 +411,9 @@ ARCHITECTURES = {
     "RWForCausalLM": ("falcon", falcon_hparams, falcon_tensors),
     "OPTForCausalLM": ("opt", opt_hparams, opt_tensors),
     "Phi3ForCausalLM": ("phi3", phi3_hparams, phi3_tensors),
+    "GraniteForCausalLM": ("granite", granite_hparams, llama_tensors),
+    "SmolLM3ForCausalLM": ("smollm3", smollm3_hparams, llama_tensors),
+    "Olmo2ForCausalLM": ("olmo2", llama_hparams, olmo2_tensors),
+    "ArceeForCausalLM": ("arcee", arcee_hparams, llama_tensors),
 }
 SPARSE_ARCHS = ("llama", "bamboo", "falcon", "opt")  # what a PWRI file may hold (FORMATS.md §1)

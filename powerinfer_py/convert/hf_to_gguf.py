@@ -14,12 +14,20 @@ Architectures (config.json "architectures"[0] -> general.architecture):
   FalconForCausalLM, RWForCausalLM      -> falcon  fused QKV (regrouped to [all q | all k | all v]), NeoX RoPE
   OPTForCausalLM                        -> opt     biases, LayerNorm, learned positions
   Phi3ForCausalLM                       -> phi3    fused qkv and gate+up kept fused, partial NeoX RoPE, LongRoPE (phi3.py)
+  GraniteForCausalLM                    -> granite llama layout; embedding/residual/attention multipliers and
+                                                   logits_scaling -> {arch}.embedding_scale, residual_scale,
+                                                   attention.scale, logit_scale (transformers' defaults: 1.0)
+  SmolLM3ForCausalLM                    -> smollm3 llama layout; no_rope_layers must be NoPE every 4th layer
+                                                   (llama.cpp's fixed step: no GGUF key holds it)
+  Olmo2ForCausalLM                      -> olmo2   NeoX RoPE, no pre-norms; whole-width q_norm/k_norm, post-attention
+                                                   and post-feedforward norms -> post_attention_norm, post_ffw_norm
+  ArceeForCausalLM                      -> arcee   llama layout without gate_proj (relu2 MLP); YaRN rope_scaling
 A non-SiLU activation is recorded as powerinfer.hidden_act ("relu", "fatrelu") with powerinfer.hidden_act_param
 (the fatrelu threshold), so the runtime can apply it; llama.cpp ignores these keys.
 
 Tensor layout: a torch Linear weight [out, in] is already the ggml layout (ne0 = in, contiguous), so most
 tensors are copied row block by row block. Three are rearranged:
-  - llama/bamboo attn_q / attn_k: llama.cpp's RoPE row permutation (HF rotates the halves of each head,
+  - llama/bamboo/granite/smollm3/arcee attn_q / attn_k: llama.cpp's RoPE row permutation (HF rotates the halves of each head,
     llama.cpp rotates adjacent pairs): within each head, output row 2a+b comes from input row b*head_dim/2 + a;
   - with a predictor, ffn_down_t = down_proj.T (row i = the n_embd weights of neuron i), replacing ffn_down;
   - opt position_embd drops HF's first 2 rows (OPT offsets positions by 2): row p is position p.
