@@ -91,6 +91,9 @@ def _table(f: dict) -> Table:
             t.add_row("experts", f"{c['n_expert_used']} of {c['n_expert']} per token, {c['n_ff_exp']} wide"
                       + (f", plus a shared expert {c['n_ff_shexp']} wide" if c["n_ff_shexp"] else "")
                       + ("; router weights renormalized" if c["expert_weights_norm"] else ""))
+        if c.get("moe_layers") and not all(c["moe_layers"]):  # ernie4_5-moe: leading dense layers
+            dense = [il for il, moe in enumerate(c["moe_layers"]) if not moe]
+            t.add_row("dense FFN layers", f"{', '.join(map(str, dense))} ({c['n_ff']} wide); experts on the others")
         if c["arch"].startswith("granite"):
             t.add_row("granite scales", f"embeddings x{c['embd_scale']:g}, residual branches x{c['residual_scale']:g}, "
                       f"attention scores x{c['attn_scale']:g}, logits / {c['logit_scale']:g}")

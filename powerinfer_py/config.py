@@ -41,6 +41,12 @@ Per architecture:
           attn_scale 1/sqrt(head_dim); experts {arch}.expert_feed_forward_length wide, routed by the top-k
           biased router logits softmaxed after the selection (moe.py); a rope.freq_base_swa that differs from
           the global base is refused
+  ernie4_5, ernie4_5-moe  (Baidu ERNIE 4.5) the llama block (normal RoPE over the whole head: rope.dimension_count
+          must equal head_dim, as llama.cpp asserts); ernie4_5-moe: {arch}.leading_dense_block_count dense layers
+          (feed_forward_length wide), then experts (expert_feed_forward_length wide; softmax router, top-k chosen
+          on probs + the optional blk.N.exp_probs_b.bias, weights renormalized) with an optional ungated shared
+          expert ({arch}.expert_shared_feed_forward_length); {arch}.interleave_moe_layer_step must be 1 (the
+          published checkpoints' value; llama.cpp's loader knows no other)
   arcee   (Arcee AFM) the llama block (normal RoPE, optional rope_freqs.weight, YaRN from the metadata) with an
           ungated squared-ReLU FFN, relu(up·x)^2 (ffn.py "relu2", whatever powerinfer.hidden_act says)
 Mixture of experts (qwen3moe, qwen2moe, and llama files with experts: Mixtral): {arch}.expert_count experts, of
@@ -90,6 +96,9 @@ GRANITE_ARCHS = ("granite", "granitemoe")  # the llama block with four scalars f
 
 GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")  # scaled embeddings, GeGLU FFN, the "gemma" chat format
 _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "falcon", "phi3"}
+SUPPORTED_ARCHS += ("ernie4_5", "ernie4_5-moe")  # Baidu ERNIE 4.5: dense, and leading dense layers then experts
+MOE_ARCHS += ("ernie4_5-moe",)
+_MOE_NORM_WEIGHTS["ernie4_5-moe"] = True
 SUPPORTED_ARCHS += ("arcee",)  # Arcee AFM: llama with an ungated relu(up·x)^2 FFN
 SUPPORTED_ARCHS += ("smollm3", "olmo2")  # SmolLM3 (NoPE layers), OLMo 2 (output norms, full-width Q/K norms)
 _NEOX_ARCHS |= {"olmo2", "gpt-oss"}  # llama.cpp's rope type for olmo2; smollm3 keeps llama's normal layout
@@ -160,6 +169,11 @@ class ModelConfig:
     no_rope_layers: tuple[bool, ...] = ()  # smollm3: per layer, True = no RoPE on q and k; () = RoPE everywhere
     residual_scale: float = 1.0  # granite: attention and FFN outputs are multiplied by it before the add (1: none)
     logit_scale: float = 1.0  # granite: logits are divided by it (1: none)
+    moe_layers: tuple[bool, ...] = ()  # per layer True = experts, False = a dense FFN; () = all experts (n_expert)
+
+    def is_moe_layer(self, il: int) -> bool:
+        """Whether layer il's FFN is a mixture of experts (ernie4_5-moe's leading layers are dense)."""
+        return bool(self.n_expert) and (not self.moe_layers or self.moe_layers[il])
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
@@ -328,7 +342,8 @@ class _Reader:
         width_key = ("{arch}.feed_forward_length" if self.arch in ("llama", "granitemoe")
                      else "{arch}.expert_feed_forward_length")
         shexp = (self.positive("{arch}.expert_shared_feed_forward_length") if self.arch == "qwen2moe" else
-                 self.get("{arch}.expert_shared_feed_forward_length", 0) if self.arch == "granitemoe" else 0)
+                 self.get("{arch}.expert_shared_feed_forward_length", 0)
+                 if self.arch in ("granitemoe", "ernie4_5-moe") else 0)
         return {"n_expert": n_expert, "n_expert_used": n_used, "n_ff_exp": self.positive(width_key),
                 "n_ff_shexp": shexp,
                 "expert_weights_norm": _MOE_NORM_WEIGHTS[self.arch]}
@@ -470,6 +485,7 @@ class _Reader:
             **self.softcaps(),
             **moe,
             **self.smollm3_olmo2(n_layer),
+            **self.ernie(n_layer, n_rot, head_dim),
             **granite,
         )
 
@@ -480,6 +496,26 @@ class _Reader:
         if self.arch != "smollm3":
             return {}
         return {"no_rope_layers": tuple((il + 1) % SMOLLM3_NO_ROPE_STEP == 0 for il in range(n_layer))}
+
+    def ernie(self, n_layer: int, n_rot: int, head_dim: int) -> dict:
+        """ernie4_5(-moe): RoPE over whole heads only; the MoE model's per-layer FFN kinds (moe_layers): dense below
+        {arch}.leading_dense_block_count, experts from there on, with an interleave step of 1 only."""
+        if self.arch not in ("ernie4_5", "ernie4_5-moe"):
+            return {}
+        if n_rot != head_dim:
+            raise UnsupportedError(f"{self.f.path}: {self.arch} rotates whole heads; rope.dimension_count {n_rot} "
+                                   f"!= head_dim {head_dim} is not supported (llama.cpp refuses it too)")
+        if self.arch == "ernie4_5":
+            return {}
+        step = self.positive("{arch}.interleave_moe_layer_step")
+        if step != 1:
+            raise UnsupportedError(f"{self.f.path}: {self.key('{arch}.interleave_moe_layer_step')} {step} is not "
+                                   "supported (only 1: every layer past the leading dense ones has experts)")
+        lead = self.get("{arch}.leading_dense_block_count")
+        if not 0 <= lead <= n_layer:
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.leading_dense_block_count')} {lead} is outside "
+                                 f"0..{n_layer} (block_count)")
+        return {"moe_layers": tuple(il >= lead for il in range(n_layer))}
 
     def granite_scales(self) -> dict:
         """granite's scalars (module docstring) as ModelConfig fields, plus "rope" (False: no RoPE) and

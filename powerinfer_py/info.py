@@ -171,7 +171,7 @@ def measure_activity(path: str | os.PathLike, threads: int | None = None, n_deco
             from .moe import usage_note
 
             out["note"] = usage_note(c, llm.model.ffns)
-            out["expert_counts"] = [f.counts.tolist() for f in llm.model.ffns]
+            out["expert_counts"] = [f.counts.tolist() for f in llm.model.ffns if hasattr(f, "counts")]  # MoE layers
             return out
         if st is None:
             out["note"] = "the FFN is not ReLU-family: every neuron is computed for every token"

@@ -8,6 +8,8 @@ Per token x (the normed FFN input, f32 [n_embd]), as llama.cpp computes it:
     y       = sum over r in chosen order of  w_r * down_e · (silu(gate_e · x) * (up_e · x)),  e = chosen[r]
     qwen2moe adds its shared expert:  y += sigmoid(gate_inp_shexp · x) * shared_ffn(x)
     granitemoe's (when the file has one) has no gate:  y += shared_ffn(x)
+ernie4_5-moe's selection bias (select_bias, f32 [n_expert], its blk.N.exp_probs_b.bias; off for the others):
+    chosen  = the n_used experts with the largest probs + select_bias;  w = probs[chosen] (unbiased), renormalized
 gpt-oss (options of MoEFFN, off for the others, whose bits they leave alone):
     logits  = router · x + router_bias;  chosen = the n_used largest logits;  w = softmax(logits[chosen])
               (weights_after_topk: the softmax runs over the chosen logits only, after the selection)
@@ -84,7 +86,7 @@ class MoEFFN:
     def __init__(self, kernels, router: Tensor, gate: Tensor, up: Tensor, down: Tensor, n_used: int,
                  norm_weights: bool, *, layer: int = 0, shared=None, shared_gate: np.ndarray | None = None,
                  router_bias: np.ndarray | None = None, weights_after_topk: bool = False,
-                 expert_biases: tuple | None = None, act: str = "swiglu"):
+                 expert_biases: tuple | None = None, act: str = "swiglu", select_bias: np.ndarray | None = None):
         self.k, self.layer, self.n_used, self.norm_weights = kernels, layer, n_used, norm_weights
         self.n_expert, self.n_ff, n_embd = gate.shape
         if up.shape != gate.shape or down.shape != (self.n_expert, n_embd, self.n_ff):
@@ -100,6 +102,10 @@ class MoEFFN:
         self.shared, self.shared_gate = shared, shared_gate
         self.counts = np.zeros(self.n_expert, dtype=np.int64)  # tokens routed to each expert so far
         self.router_bias, self.weights_after_topk = router_bias, weights_after_topk
+        if select_bias is not None and select_bias.shape != (self.n_expert,):
+            raise ModelFileError(f"layer {layer}: expert selection bias has shape {select_bias.shape}, expected "
+                                 f"{(self.n_expert,)}")
+        self.select_bias = select_bias
         if act not in ("swiglu", "swiglu_oai"):
             raise ValueError(f"MoEFFN: unknown activation {act!r}")
         self.act = kernels.swiglu if act == "swiglu" else swiglu_oai
@@ -138,7 +144,8 @@ class MoEFFN:
         logits -= logits.max(axis=1, keepdims=True)
         probs = np.exp(logits, dtype=np.float32)
         probs /= probs.sum(axis=1, keepdims=True, dtype=np.float32)
-        chosen = np.argsort(-probs, axis=1, kind="stable")[:, :self.n_used]
+        score = probs if self.select_bias is None else probs + self.select_bias  # ernie4_5-moe picks by biased probs
+        chosen = np.argsort(-score, axis=1, kind="stable")[:, :self.n_used]
         w = np.take_along_axis(probs, chosen, axis=1)
         if self.norm_weights:
             w = w / w.sum(axis=1, keepdims=True, dtype=np.float32)

@@ -59,6 +59,12 @@ _EMBD_STD["gpt-oss"], _OUTPUT_NORM_GAIN["gpt-oss"] = 1.0, 1.0
 # arcee (untied, as AFM-4.5B): the llama layers without ffn_gate (squared-ReLU FFN: up, down)
 ARCHS += ("arcee",)
 _EMBD_STD["arcee"], _OUTPUT_NORM_GAIN["arcee"] = 1.0, 1.0
+# ERNIE 4.5 (tied, as the 0.3B model): ernie4_5-moe's first ERNIE_DENSE_LEAD layers are dense, the others have
+# experts, a selection bias (exp_probs_b.bias) and an ungated shared expert (n_ff_exp wide unless told)
+ARCHS += ("ernie4_5", "ernie4_5-moe")
+_EMBD_STD.update({"ernie4_5": 0.1, "ernie4_5-moe": 0.1})
+_OUTPUT_NORM_GAIN.update({"ernie4_5": 3.0, "ernie4_5-moe": 3.0})
+ERNIE_DENSE_LEAD = 1
 _CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()") + [SPACE]
 
 
@@ -148,10 +154,13 @@ class _Spec:
         n_expert = o.pop("n_expert", 4 if arch.endswith("moe") or arch == "gpt-oss" else 0)
         if arch.endswith("moe") and not n_expert:
             raise ValueError(f"{arch} needs n_expert > 0")
-        if n_expert and arch not in ("llama", "qwen2moe", "qwen3moe", "granitemoe", "gpt-oss"):
+        if n_expert and arch not in ("llama", "qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe"):
             raise ValueError(f"experts are written for llama, qwen2moe, qwen3moe and granitemoe, not {arch}")
-        self.moe = ((n_expert, o.pop("n_expert_used", 2), o.pop("n_ff_exp", n_ff),
-                     o.pop("n_ff_shexp", n_ff if arch == "qwen2moe" else 0)) if n_expert else ())
+        n_ff_exp = o.pop("n_ff_exp", n_ff)
+        self.moe = ((n_expert, o.pop("n_expert_used", 2), n_ff_exp,
+                     o.pop("n_ff_shexp", n_ff if arch == "qwen2moe" else n_ff_exp if arch == "ernie4_5-moe" else 0))
+                    if n_expert else ())
+        self.ernie = _ernie_options(arch, o)
         if o:
             raise TypeError(f"unknown synthetic model option(s): {', '.join(sorted(o))}")
         if n_head % n_head_kv:
@@ -164,7 +173,9 @@ class _Spec:
                (p + "ffn_gate_exps.weight", np.stack([linear(F, E) for _ in range(n_expert)])),
                (p + "ffn_up_exps.weight", np.stack([linear(F, E) for _ in range(n_expert)])),
                (p + "ffn_down_exps.weight", np.stack([linear(E, F) for _ in range(n_expert)]))]
-        if F_sh and self.arch != "granitemoe":  # granitemoe's shared expert has no gate
+        if self.ernie.get("probs_bias"):  # steers the choice: probabilities are ~1/n_expert apart
+            out.append((p + "exp_probs_b.bias", 0.3 * rng.standard_normal(n_expert, dtype=np.float32)))
+        if F_sh and self.arch not in ("granitemoe", "ernie4_5-moe"):  # their shared experts have no gate
             out.append((p + "ffn_gate_inp_shexp.weight", rng.standard_normal(E, dtype=np.float32) / np.float32(np.sqrt(E))))
         if F_sh:
             out += [(p + "ffn_gate_shexp.weight", linear(F_sh, E)),
@@ -197,6 +208,9 @@ class _Spec:
                 meta[f"{a}.expert_feed_forward_length"] = self.moe[2]
             if self.moe[3]:
                 meta[f"{a}.expert_shared_feed_forward_length"] = self.moe[3]
+        if a == "ernie4_5-moe":
+            meta[f"{a}.leading_dense_block_count"] = self.ernie["dense_lead"]
+            meta[f"{a}.interleave_moe_layer_step"] = self.ernie["moe_step"]
         if self.sliding_window:
             meta[f"{a}.attention.sliding_window"] = self.sliding_window
         for key, cap in zip(("attn_logit_softcapping", "final_logit_softcapping"), self.softcaps):
@@ -272,7 +286,7 @@ class _Spec:
             if self.arch in ("gemma2", "gemma3"):
                 out.append((p + "post_attention_norm.weight", norm(E)))
             out.append((p + "ffn_norm.weight", norm(E)))
-            if self.moe:
+            if self.moe and il >= self.ernie.get("dense_lead", 0):
                 out += self.experts(p, rng, linear, norm)
                 continue
             out += [(p + "ffn_gate.weight", linear(F, E)),
@@ -342,6 +356,15 @@ def _phi3_options(arch: str, head_dim: int, o: dict) -> dict:
             "attn_factor": o.pop("attn_factor", 1.0), "fused_qkv": o.pop("fused_qkv", True)}
 
 
+def _ernie_options(arch: str, o: dict) -> dict:
+    """ernie4_5-moe's own overrides (popped from o): dense_lead (leading dense layers, default ERNIE_DENSE_LEAD),
+    moe_step (interleave_moe_layer_step, default 1), probs_bias (default True: write exp_probs_b.bias)."""
+    if arch != "ernie4_5-moe":
+        return {}
+    return {"dense_lead": o.pop("dense_lead", ERNIE_DENSE_LEAD), "moe_step": o.pop("moe_step", 1),
+            "probs_bias": o.pop("probs_bias", True)}
+
+
 def _granite_options(arch: str, o: dict) -> dict:
     """granite's scalars (popped from o; GRANITE_SCALES the defaults, None leaves a key out), and
     rope_finetuned (False writes {arch}.rope.scaling.finetuned = false: no RoPE)."""
@@ -375,7 +398,8 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
     (default 4 for the moe archs, 0 = dense), n_expert_used (default 2), n_ff_exp (an expert's width, default
     n_ff; llama and granitemoe files store it as feed_forward_length), n_ff_shexp (qwen2moe's shared expert, default
     n_ff; granitemoe's, ungated, default 0 = none); arcee: as llama without ffn_gate; granite, granitemoe: embedding_scale, residual_scale,
-    attention_scale, logit_scale (defaults synth.GRANITE_SCALES; None leaves the key out), rope_finetuned."""
+    attention_scale, logit_scale (defaults synth.GRANITE_SCALES; None leaves the key out), rope_finetuned;
+    ernie4_5-moe: dense_lead, moe_step, probs_bias (_ernie_options; n_ff_shexp defaults to n_ff_exp)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; synthetic models exist for {', '.join(ARCHS)}")
     if dtype not in DTYPES:

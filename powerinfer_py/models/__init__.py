@@ -22,6 +22,7 @@ from . import olmo2, smollm3
 from . import granite
 from . import gptoss
 from . import arcee
+from . import ernie
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -43,6 +44,8 @@ _FAMILIES = {
     "granitemoe": (granite.GraniteModel, granite.expected_tensors),  # with experts (GraniteModel.build_moe)
     "gpt-oss": (gptoss.GptOssModel, gptoss.expected_tensors),
     "arcee": (arcee.ArceeModel, arcee.expected_tensors),
+    "ernie4_5": (ernie.ErnieModel, ernie.expected_tensors),
+    "ernie4_5-moe": (ernie.ErnieModel, ernie.expected_tensors),  # leading dense layers, then experts
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)

@@ -54,7 +54,7 @@ def llama_like_expected(c: ModelConfig) -> Expected:
         e[p + "attn_v.weight"] = ((kv_dim, c.n_embd), True)
         e[p + "attn_output.weight"] = ((c.n_embd, q_dim), True)
         e[p + "ffn_norm.weight"] = ((c.n_embd,), True)
-        if c.n_expert:
+        if c.is_moe_layer(il):  # all layers of a MoE model, or those config.moe_layers marks (ernie4_5-moe)
             e.update(moe_expected(c, p))
             continue
         e[p + "ffn_gate.weight"] = ((c.n_ff, c.n_embd), True)
@@ -161,7 +161,7 @@ class Model:
     def build_ffns(self, tensors: Mapping[str, Tensor], biases: bool = False) -> list[FFN]:
         """Every layer's FFN (ffn.py) in this model's sparse mode; sets self.sparsity for ReLU-family FFNs."""
         c = self.config
-        if c.n_expert:
+        if c.n_expert and not c.moe_layers:
             return [self.build_moe(tensors, il) for il in range(c.n_layer)]
         variant = ffn_variant(c)
         if variant in ("reglu", "fatreglu", "dreglu", "relu", "relu2") or self.sparse.mode in ("threshold", "predictor"):
@@ -169,6 +169,9 @@ class Model:
         down = "ffn_down_t" if c.is_sparse else "ffn_down"
         ffns = []
         for il in range(c.n_layer):
+            if c.is_moe_layer(il):  # config.moe_layers: experts on some layers, dense FFNs on the others
+                ffns.append(self.build_moe(tensors, il))
+                continue
             p = f"blk.{il}."
             gated = variant not in ("relu", "gelu", "relu2")
             w = FFNWeights(

@@ -1,0 +1,70 @@
+"""Baidu ERNIE 4.5 (GGUF archs "ernie4_5": ERNIE-4.5-0.3B, dense; "ernie4_5-moe": ERNIE-4.5-21B-A3B, 300B-A47B).
+
+The llama block, as llama.cpp builds it for these archs:
+    n = rmsnorm(x) * attn_norm
+    q = rope(Wq·n), k = rope(Wk·n), v = Wv·n       normal RoPE layout (pairs 2i, 2i+1) over the whole head
+    h = x + Wo · attn(q, k, v)                       scale 1/sqrt(head_dim), grouped-query attention
+    m = rmsnorm(h) * ffn_norm
+    y = h + ffn_il(m)
+    logits = output · (rmsnorm(y_last) * output_norm)            (output tied to token_embd when absent)
+ffn_il is a SwiGLU FFN, Wdown · (silu(Wgate·m) * (Wup·m)), on every layer of ernie4_5 and on the first
+{arch}.leading_dense_block_count layers of ernie4_5-moe (config.moe_layers). The other ernie4_5-moe layers
+run moe.MoEFFN:
+    probs  = softmax(router · m)                     router = ffn_gate_inp (n_expert, n_embd)
+    chosen = the n_used experts with the largest probs + b  b = blk.N.exp_probs_b.bias (optional; 0 when absent)
+    w      = probs[chosen] / sum(probs[chosen])      (the bias steers the choice only, not the weights)
+    y      = sum_r w_r * expert_{chosen_r}(m)  +  shared(m)
+where shared is a SwiGLU FFN ({arch}.expert_shared_feed_forward_length wide; ffn_{gate,up,down}_shexp) added
+with no gate, present when that key is > 0.
+
+llama.cpp also adds optional Q/K/V biases (ERNIE 4.5 checkpoints have none) and drops an output bias; a file that
+carries any attention bias is refused rather than run differently. An interleave step other than 1 and RoPE
+on part of a head are refused in config.py.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from ..config import ModelConfig
+from ..errors import ModelFileError, UnsupportedError
+from ..moe import MoEFFN
+from ..tensor import Tensor
+from .base import Expected, Model, get_tensor, llama_like_expected, norm_weight
+from .llama import LAYER_TENSORS
+
+_BIASES = ("attn_q", "attn_k", "attn_v", "attn_output")
+
+
+def expected_tensors(c: ModelConfig) -> Expected:
+    """llama's tensors with experts on the MoE layers; the shared expert has no gate vector, and each MoE layer may
+    have its selection bias exp_probs_b.bias (n_expert,)."""
+    e = llama_like_expected(c)
+    for il in range(c.n_layer):
+        p = f"blk.{il}."
+        e.pop(p + "ffn_gate_inp_shexp.weight", None)
+        if c.is_moe_layer(il):
+            e[p + "exp_probs_b.bias"] = ((c.n_expert,), False)
+    return e
+
+
+class ErnieModel(Model):
+    """The pre-norm block of models/base.py with llama's tensors; MoE layers route with the selection bias."""
+
+    LAYER_TENSORS = LAYER_TENSORS
+
+    def __init__(self, config: ModelConfig, tensors, kernels, sparse=None):
+        biases = [n for n in tensors if n.startswith("blk.") and n.endswith(".bias") and n.split(".")[2] in _BIASES]
+        if biases:
+            raise UnsupportedError(f"{config.arch} files with attention biases are not supported (found "
+                                   f"{biases[0]!r} and {len(biases) - 1} more)")
+        super().__init__(config, tensors, kernels, sparse)
+
+    def build_moe(self, tensors: Mapping[str, Tensor], il: int) -> MoEFFN:
+        moe = super().build_moe(tensors, il)
+        moe.shared_gate = None  # llama.cpp adds ernie's shared expert ungated, whatever the file holds
+        bias = norm_weight(get_tensor(tensors, f"blk.{il}.exp_probs_b.bias", required=False))
+        if bias is not None:
+            if bias.shape != (moe.n_expert,):
+                raise ModelFileError(f"blk.{il}.exp_probs_b.bias has {bias.size} values, expected {moe.n_expert}")
+            moe.select_bias = bias
+        return moe
