@@ -51,3 +51,16 @@ def assert_matches_llama_cpp(path, tokens, tol: float, same_top1: bool) -> None:
     if same_top1:
         assert (batch.argmax(1) == ref.argmax(1)).all()
     np.testing.assert_allclose(steps, batch, rtol=0, atol=1e-4 * spread)
+
+
+def llama_cpp_quantized(src, dst, ftype):
+    """dst: llama.cpp's own quantization of the GGUF file src (llama_cpp.LLAMA_FTYPE_*), which we must load
+    with every tensor a view on the file (no conversion)."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params) == 0
+    with load(dst, threads=1) as llm:
+        assert llm.conversions == []
+    return dst

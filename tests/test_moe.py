@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from llama_ref import llama_cpp_logits
-from model_checks import assert_matches_llama_cpp, batch_and_steps
+from model_checks import assert_matches_llama_cpp, batch_and_steps, llama_cpp_quantized
 from test_kernels_matmul import BLOCK_TYPES, FLOAT_TYPES, K_TYPES, make_weight
 
 from powerinfer_py import moe
@@ -156,14 +156,8 @@ def test_q4_k_m_file_from_llama_cpp_quantizer(synthetic_model, tmp_path):
     import llama_cpp
 
     src = synthetic_model("qwen3moe", "f32", n_embd=256, n_ff=256, n_head=4, n_head_kv=2, n_expert=4)
-    path = tmp_path / "moe-q4_k_m.gguf"
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
-    assert llama_cpp.llama_model_quantize(str(src).encode(), str(path).encode(), params) == 0
-    types = {t.name: t.type for t in open_gguf(path).tensors.values()}
-    assert types["blk.0.ffn_gate_exps.weight"].name.endswith("_K")
-    with load(path, threads=2) as llm:
-        assert llm.conversions == []  # every tensor stays a view on the file
+    path = llama_cpp_quantized(src, tmp_path / "moe-q4_k_m.gguf", llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M)
+    assert open_gguf(path).tensors["blk.0.ffn_gate_exps.weight"].type.name.endswith("_K")
     batch, step = _ours(path)
     np.testing.assert_array_equal(step, batch)
     ref = llama_cpp_logits(path, TOKENS)
