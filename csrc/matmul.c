@@ -1169,9 +1169,10 @@ static void mm_quantize(pi_pool *pool, mm_job *j) {
  * they are right for any selection; this only picks the faster path. */
 static int is_stream(const int32_t *sel, int64_t n) {
     if (n <= 0 || (double)(sel[n - 1] - sel[0] + 1) <= STREAM_SPAN * (double)n) return 1;
+    const int64_t max_breaks = n / STREAM_RUN - 1; /* more and the runs average under STREAM_RUN rows */
     int64_t breaks = 0;
-    for (int64_t i = 1; i < n; i++) breaks += sel[i] != sel[i - 1] + 1;
-    return (breaks + 1) * STREAM_RUN <= n;
+    for (int64_t i = 1; i < n && breaks <= max_breaks; i++) breaks += sel[i] != sel[i - 1] + 1;
+    return breaks <= max_breaks;
 }
 
 /* y [n_tok, n_out] from output row i = weight row (sel ? sel[i] : i); the chunks split the output rows */

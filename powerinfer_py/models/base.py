@@ -161,15 +161,13 @@ class Model:
     def build_ffns(self, tensors: Mapping[str, Tensor], biases: bool = False) -> list[FFN]:
         """Every layer's FFN (ffn.py) in this model's sparse mode; sets self.sparsity for ReLU-family FFNs."""
         c = self.config
-        if c.n_expert and not c.moe_layers:
-            return [self.build_moe(tensors, il) for il in range(c.n_layer)]
         variant = ffn_variant(c)
         if variant in ("reglu", "fatreglu", "dreglu", "relu", "relu2") or self.sparse.mode in ("threshold", "predictor"):
             self.sparsity = SparsityStats(c.n_layer, c.n_ff, self.sparse.mode, self.sparse.threshold)
         down = "ffn_down_t" if c.is_sparse else "ffn_down"
         ffns = []
         for il in range(c.n_layer):
-            if c.is_moe_layer(il):  # config.moe_layers: experts on some layers, dense FFNs on the others
+            if c.is_moe_layer(il):  # every layer of a MoE model, or those config.moe_layers marks
                 ffns.append(self.build_moe(tensors, il))
                 continue
             p = f"blk.{il}."
