@@ -49,6 +49,18 @@ Per architecture:
           published checkpoints' value; llama.cpp's loader knows no other)
   arcee   (Arcee AFM) the llama block (normal RoPE, optional rope_freqs.weight, YaRN from the metadata) with an
           ungated squared-ReLU FFN, relu(up·x)^2 (ffn.py "relu2", whatever powerinfer.hidden_act says)
+  deepseek2 (DeepSeek-V2/V2-Lite/V3, Moonlight) multi-head latent attention (models/deepseek2.py) plus experts:
+          head_dim is the q/k head width, nope + rope ({arch}.attention.key_length_mla in files with the split
+          attn_k_b/attn_v_b, key_length in older files with attn_kv_b), v_head_dim the value width
+          (value_length_mla / value_length), n_rot = rope.dimension_count the rotated tail of each head (normal
+          layout); {arch}.attention.kv_lora_rank, q_lora_rank (absent or 0: a plain attn_q); n_head_kv is 1 (the
+          cache holds one latent + rope key per token). {arch}.leading_dense_block_count dense layers, then
+          experts with expert_gating_func (absent/1 softmax, 2 sigmoid), expert_weights_norm (default off),
+          expert_weights_scale (absent/0: 1), expert_group_count / expert_group_used_count, and an ungated shared
+          expert expert_shared_count x expert_feed_forward_length wide. YaRN as llama.cpp computes it for this
+          arch: with L = rope.scaling.yarn_log_multiplier / 0.1 (0 when absent) and factor F, the rotated dims are
+          scaled by a = attn_factor (times 1 + 0.1 ln F when L is absent) and attn_scale is
+          (a (1 + 0.1 L ln F))^2 / sqrt(head_dim)
 Mixture of experts (qwen3moe, qwen2moe, and llama files with experts: Mixtral): {arch}.expert_count experts, of
 which {arch}.expert_used_count run per token; each expert's FFN width is {arch}.expert_feed_forward_length
 (llama files: feed_forward_length); qwen2moe's shared expert is {arch}.expert_shared_feed_forward_length wide.
@@ -99,11 +111,14 @@ _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gem
 SUPPORTED_ARCHS += ("ernie4_5", "ernie4_5-moe")  # Baidu ERNIE 4.5: dense, and leading dense layers then experts
 MOE_ARCHS += ("ernie4_5-moe",)
 _MOE_NORM_WEIGHTS["ernie4_5-moe"] = True
+SUPPORTED_ARCHS += ("deepseek2",)  # MLA + experts (DeepSeek-V2/V3, Moonlight): _Reader.deepseek2
+MOE_ARCHS += ("deepseek2",)
+_MOE_NORM_WEIGHTS["deepseek2"] = False  # from {arch}.expert_weights_norm (_Reader.deepseek2)
 SUPPORTED_ARCHS += ("arcee",)  # Arcee AFM: llama with an ungated relu(up·x)^2 FFN
 SUPPORTED_ARCHS += ("smollm3", "olmo2")  # SmolLM3 (NoPE layers), OLMo 2 (output norms, full-width Q/K norms)
 _NEOX_ARCHS |= {"olmo2", "gpt-oss"}  # llama.cpp's rope type for olmo2; smollm3 keeps llama's normal layout
 SMOLLM3_NO_ROPE_STEP = 4  # smollm3: layers with (il + 1) % 4 == 0 use no RoPE (llama.cpp's n_no_rope_layer_step)
-_YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee")  # their models take per-pair RoPE factors and a scale (models/base.py)
+_YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee", "deepseek2")  # their models take per-pair RoPE factors and a scale (models/base.py)
 _LAYERNORM_ARCHS = {"falcon", "opt"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
 _DEFAULT_FREQ_BASE = {"qwen2": 1_000_000.0, "qwen2moe": 1_000_000.0}
 HIDDEN_ACTS = ("silu", "relu", "fatrelu", "gelu")
@@ -170,6 +185,14 @@ class ModelConfig:
     residual_scale: float = 1.0  # granite: attention and FFN outputs are multiplied by it before the add (1: none)
     logit_scale: float = 1.0  # granite: logits are divided by it (1: none)
     moe_layers: tuple[bool, ...] = ()  # per layer True = experts, False = a dense FFN; () = all experts (n_expert)
+    q_lora_rank: int = 0  # deepseek2: rank of the low-rank q (attn_q_a -> norm -> attn_q_b); 0 = a plain attn_q
+    kv_lora_rank: int = 0  # deepseek2: width of the latent that attn_kv_a_mqa makes (the cache holds it)
+    v_head_dim: int = 0  # deepseek2: per-head value width (head_dim is the q/k width)
+    mla_kv_split: bool = False  # deepseek2: the file has attn_k_b / attn_v_b (True) or one attn_kv_b (False)
+    expert_gating: str = "softmax"  # "softmax" or "sigmoid" (deepseek2 V3): router scores (moe.py)
+    expert_weights_scale: float = 1.0  # the chosen experts' weights are multiplied by it (deepseek2)
+    n_expert_groups: int = 0  # deepseek2 group-limited routing: groups of experts (0: none)
+    n_expert_group_used: int = 0  # groups whose experts may be chosen
 
     def is_moe_layer(self, il: int) -> bool:
         """Whether layer il's FFN is a mixture of experts (ernie4_5-moe's leading layers are dense)."""
@@ -423,6 +446,10 @@ class _Reader:
             raise ModelFileError(f"{self.f.path}: head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
         head_dim = self.positive("{arch}.attention.key_length", n_embd // n_head)
         value_dim = self.positive("{arch}.attention.value_length", head_dim)
+        mla = self.deepseek2(n_layer, n_head) if self.arch == "deepseek2" else {}
+        if mla:  # q/k heads of nope + rope dims; one latent "kv head" in the cache
+            head_dim = value_dim = mla.pop("head_dim")  # (the value width is mla's v_head_dim)
+            n_head_kv = 1
         if value_dim != head_dim:
             raise UnsupportedError(f"{self.f.path}: value_length {value_dim} != key_length {head_dim}")
         eps_key = "layer_norm_epsilon" if self.arch in _LAYERNORM_ARCHS else "layer_norm_rms_epsilon"
@@ -438,10 +465,17 @@ class _Reader:
         hidden_act, hidden_act_param = self.hidden_act()
         calibrated, ffn_thresholds, ffn_quantiles = self.calibration(n_layer)
         moe = self.experts()
+        if mla:  # deepseek2's renormalization and shared experts come from their own keys
+            moe.update(expert_weights_norm=mla.pop("_norm"), n_ff_shexp=moe["n_ff_exp"] * mla.pop("_n_shared"))
+            if not 0 < n_rot < head_dim:
+                raise ModelFileError(f"{self.f.path}: rope.dimension_count {n_rot} must leave 1..{head_dim - 1} "
+                                     f"unrotated dims of the {head_dim}-wide q/k heads")
         # MoE files may leave out the dense width (unused there): the experts' width stands in for it
         n_ff = self.positive("{arch}.feed_forward_length", moe.get("n_ff_exp") or None)
         n_ctx_train = self.positive("{arch}.context_length")
         rope_scale, rope_factors, rope_mscale = self.rope_scaling(n_rot, freq_base, n_ctx_train)
+        if mla:
+            rope_mscale, attn_scale = self.deepseek2_yarn(head_dim, rope_scale, bool(rope_factors))
         granite = self.granite_scales()
         embd_scale = math.sqrt(n_embd) if self.arch in GEMMA_ARCHS else granite.pop("embd_scale", 1.0)
         if granite:
@@ -486,6 +520,7 @@ class _Reader:
             **moe,
             **self.smollm3_olmo2(n_layer),
             **self.ernie(n_layer, n_rot, head_dim),
+            **mla,
             **granite,
         )
 
@@ -548,3 +583,54 @@ class _Reader:
             raise ModelFileError(f"{self.f.path}: {self.key('{arch}.rope.scaling.attn_factor')} must be a "
                                  f"finite number > 0, got {factor}")
         return {"rope_orig_ctx": orig, "rope_attn_factor": factor}
+
+    def deepseek2(self, n_layer: int, n_head: int) -> dict:
+        """deepseek2's MLA and routing fields (module docstring) plus "head_dim" (the q/k head width)."""
+        kv_lora = self.positive("{arch}.attention.kv_lora_rank")
+        q_lora = self.get("{arch}.attention.q_lora_rank", 0)
+        split = any(self.key(k) in self.meta for k in ("{arch}.attention.key_length_mla",
+                                                      "{arch}.attention.value_length_mla"))
+        suffix = "_mla" if split else ""
+        head_dim = self.positive("{arch}.attention.key_length" + suffix)
+        v_dim = self.positive("{arch}.attention.value_length" + suffix, None if split else head_dim)
+        lead = self.get("{arch}.leading_dense_block_count", 0)
+        if not 0 <= lead <= n_layer or q_lora < 0:
+            raise ModelFileError(f"{self.f.path}: leading_dense_block_count {lead} must be in 0..{n_layer} and "
+                                 f"q_lora_rank {q_lora} >= 0")
+        if self.get("{arch}.attention.temperature_scale", 0.0, kind=float):
+            raise UnsupportedError(f"{self.f.path}: deepseek2 files with attention temperature tuning are not supported")
+        gating = self.get("{arch}.expert_gating_func", 0)
+        if gating == 0:  # older V2 files carry no key: softmax (llama.cpp's GLM-4.7-Flash guess aside)
+            gating = 2 if n_layer in (47, 48) and self.n_vocab() == 154880 else 1
+        if gating not in (1, 2):
+            raise UnsupportedError(f"{self.f.path}: {self.key('{arch}.expert_gating_func')} {gating} is not "
+                                   "supported (1 softmax, 2 sigmoid)")
+        norm = self.meta.get(self.key("{arch}.expert_weights_norm"), False)
+        if not isinstance(norm, bool):
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.expert_weights_norm')} should be a bool")
+        scale = self.get("{arch}.expert_weights_scale", 0.0, kind=float)
+        groups, used = self.get("{arch}.expert_group_count", 0), self.get("{arch}.expert_group_used_count", 0)
+        n_expert = self.positive("{arch}.expert_count")
+        if groups > 1 and (n_expert % groups or not 0 < used <= groups):
+            raise ModelFileError(f"{self.f.path}: {n_expert} experts in {groups} groups with {used} used is not "
+                                 "a valid expert grouping")
+        return {"head_dim": head_dim, "q_lora_rank": q_lora, "kv_lora_rank": kv_lora, "v_head_dim": v_dim,
+                "mla_kv_split": split, "moe_layers": tuple(il >= lead for il in range(n_layer)),
+                "expert_gating": "sigmoid" if gating == 2 else "softmax",
+                "expert_weights_scale": scale if scale else 1.0,
+                "n_expert_groups": groups if groups > 1 else 0, "n_expert_group_used": used if groups > 1 else 0,
+                "_norm": norm, "_n_shared": self.get("{arch}.expert_shared_count", 0)}
+
+    def deepseek2_yarn(self, head_dim: int, rope_scale: float, yarn: bool) -> tuple[float, float]:
+        """(rope_mscale, attn_scale) of a deepseek2 file: llama.cpp's YaRN for this arch (module docstring)."""
+        if rope_scale != 1.0:
+            raise UnsupportedError(f"{self.f.path}: linear RoPE scaling of a deepseek2 file is not supported")
+        attn_factor = self.get("{arch}.rope.scaling.attn_factor", 1.0, kind=float)
+        if not yarn:
+            return attn_factor, attn_factor * attn_factor / math.sqrt(head_dim)
+        ln_f = math.log(self.get("{arch}.rope.scaling.factor", kind=float))
+        log_mul_key = "{arch}.rope.scaling.yarn_log_multiplier"
+        log_mul = self.get(log_mul_key, 0.0, kind=float) / 0.1  # the converter stores 0.1 * mscale_all_dim
+        a = attn_factor * (1.0 if self.key(log_mul_key) in self.meta else 1.0 + 0.1 * ln_f)
+        m = a * (1.0 + 0.1 * log_mul * ln_f)
+        return a, m * m / math.sqrt(head_dim)

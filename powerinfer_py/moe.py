@@ -15,6 +15,11 @@ gpt-oss (options of MoEFFN, off for the others, whose bits they leave alone):
               (weights_after_topk: the softmax runs over the chosen logits only, after the selection)
     y       = sum over r of  w_r * (down_e · h + b_down_e),  h = act(gate_e · x + b_gate_e, up_e · x + b_up_e)
     with act = swiglu_oai (below) and b_* the per-expert biases (expert_biases, f32 (n_expert, width)).
+deepseek2 (options of MoEFFN, off for the others):
+    probs   = sigmoid(router · x) with gating "sigmoid" (DeepSeek-V3), the softmax above otherwise
+    groups  (n_groups > 1): the experts split into n_groups runs of n_expert / n_groups; a group scores the sum
+              of its two largest probs + select_bias; experts outside the n_group_used best groups are not chosen
+    w       = probs[chosen] (renormalized with a sum clamped at 6.1e-5, as llama.cpp), times weights_scale
 The experts' weights are 3-D tensors (n_expert, rows, cols); expert e is the slice [e], a zero-copy 2-D view.
 
 Decode (one token) makes four kernel calls after the router: the chosen experts' gate rows and up rows are
@@ -86,7 +91,8 @@ class MoEFFN:
     def __init__(self, kernels, router: Tensor, gate: Tensor, up: Tensor, down: Tensor, n_used: int,
                  norm_weights: bool, *, layer: int = 0, shared=None, shared_gate: np.ndarray | None = None,
                  router_bias: np.ndarray | None = None, weights_after_topk: bool = False,
-                 expert_biases: tuple | None = None, act: str = "swiglu", select_bias: np.ndarray | None = None):
+                 expert_biases: tuple | None = None, act: str = "swiglu", select_bias: np.ndarray | None = None,
+                 gating: str = "softmax", weights_scale: float = 1.0, n_groups: int = 0, n_group_used: int = 0):
         self.k, self.layer, self.n_used, self.norm_weights = kernels, layer, n_used, norm_weights
         self.n_expert, self.n_ff, n_embd = gate.shape
         if up.shape != gate.shape or down.shape != (self.n_expert, n_embd, self.n_ff):
@@ -106,6 +112,13 @@ class MoEFFN:
             raise ModelFileError(f"layer {layer}: expert selection bias has shape {select_bias.shape}, expected "
                                  f"{(self.n_expert,)}")
         self.select_bias = select_bias
+        if gating not in ("softmax", "sigmoid"):
+            raise ValueError(f"MoEFFN: unknown gating {gating!r}")
+        if n_groups > 1 and (self.n_expert % n_groups or not 0 < n_group_used <= n_groups):
+            raise ModelFileError(f"layer {layer}: {self.n_expert} experts cannot form {n_groups} groups of which "
+                                 f"{n_group_used} are used")
+        self.gating, self.weights_scale = gating, weights_scale
+        self.n_groups, self.n_group_used = (n_groups, n_group_used) if n_groups > 1 else (0, 0)
         if act not in ("swiglu", "swiglu_oai"):
             raise ValueError(f"MoEFFN: unknown activation {act!r}")
         self.act = kernels.swiglu if act == "swiglu" else swiglu_oai
@@ -141,16 +154,34 @@ class MoEFFN:
             w /= w.sum(axis=1, keepdims=True, dtype=np.float32)
             self.counts += np.bincount(chosen.reshape(-1), minlength=self.n_expert)
             return chosen, w
-        logits -= logits.max(axis=1, keepdims=True)
-        probs = np.exp(logits, dtype=np.float32)
-        probs /= probs.sum(axis=1, keepdims=True, dtype=np.float32)
-        score = probs if self.select_bias is None else probs + self.select_bias  # ernie4_5-moe picks by biased probs
+        if self.gating == "sigmoid":  # deepseek2 (V3): independent scores per expert
+            probs = (np.float32(1.0) / (np.float32(1.0) + np.exp(-logits, dtype=np.float32))).astype(np.float32)
+        else:
+            logits -= logits.max(axis=1, keepdims=True)
+            probs = np.exp(logits, dtype=np.float32)
+            probs /= probs.sum(axis=1, keepdims=True, dtype=np.float32)
+        score = probs if self.select_bias is None else probs + self.select_bias  # ernie4_5-moe, V3 pick by biased probs
+        if self.n_groups:
+            score = self._mask_groups(score)
         chosen = np.argsort(-score, axis=1, kind="stable")[:, :self.n_used]
         w = np.take_along_axis(probs, chosen, axis=1)
         if self.norm_weights:
-            w = w / w.sum(axis=1, keepdims=True, dtype=np.float32)
+            w = w / np.maximum(w.sum(axis=1, keepdims=True, dtype=np.float32), np.float32(6.103515625e-5))
+        if self.weights_scale != 1.0:
+            w = w * np.float32(self.weights_scale)
         self.counts += np.bincount(chosen.reshape(-1), minlength=self.n_expert)
         return chosen, w.astype(np.float32, copy=False)
+
+    def _mask_groups(self, score: np.ndarray) -> np.ndarray:
+        """score f32 [N, n_expert] with the experts outside each token's n_group_used best groups set to -inf; a
+        group's score is the sum of its two largest expert scores (DeepSeek-V3's group-limited routing)."""
+        n = score.shape[0]
+        g = score.reshape(n, self.n_groups, -1)
+        top2 = np.sort(g, axis=2)[:, :, -2:].sum(axis=2, dtype=np.float32)
+        keep = np.argsort(-top2, axis=1, kind="stable")[:, :self.n_group_used]
+        out = np.full_like(g, -np.inf)
+        np.put_along_axis(out, keep[:, :, None], np.take_along_axis(g, keep[:, :, None], axis=1), axis=1)
+        return out.reshape(n, -1)
 
     def __call__(self, x: np.ndarray, p: np.ndarray | None = None) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)

@@ -65,6 +65,9 @@ ARCHS += ("ernie4_5", "ernie4_5-moe")
 _EMBD_STD.update({"ernie4_5": 0.1, "ernie4_5-moe": 0.1})
 _OUTPUT_NORM_GAIN.update({"ernie4_5": 3.0, "ernie4_5-moe": 3.0})
 ERNIE_DENSE_LEAD = 1
+# deepseek2 (untied, as the real files): MLA layers by _deepseek2_layer, options in _deepseek2_options
+ARCHS += ("deepseek2",)
+_EMBD_STD["deepseek2"], _OUTPUT_NORM_GAIN["deepseek2"] = 1.0, 1.0
 _CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()") + [SPACE]
 
 
@@ -137,7 +140,7 @@ class _Spec:
         self.sliding_window = o.pop("sliding_window", 4 if arch in ("gemma2", "gemma3", "phi3", "gpt-oss") else 0)
         # gemma2's soft-caps ({arch}.attn_logit_softcapping, final_logit_softcapping; None: key left out)
         self.softcaps = (o.pop("attn_softcap", 50.0), o.pop("final_softcap", 30.0)) if arch == "gemma2" else ()
-        self.tied = o.pop("tied", arch not in ("llama", "phi3", "qwen2moe", "olmo2", "gpt-oss", "arcee"))  # llama.cpp's qwen2moe, olmo2 need output
+        self.tied = o.pop("tied", arch not in ("llama", "phi3", "qwen2moe", "olmo2", "gpt-oss", "arcee", "deepseek2"))  # llama.cpp's qwen2moe, olmo2 need output
         self.phi3 = _phi3_options(arch, self.head_dim, o)
         self.granite = _granite_options(arch, o)
         self.bias_std = o.pop("bias_std", 0.5)
@@ -151,16 +154,21 @@ class _Spec:
                 raise ValueError(f"rope_freqs: a llama model takes {self.head_dim // 2} factors "
                                  f"(head_dim / 2); got {self.rope_freqs.shape[0]} for {arch}")
         # mixture of experts: (n_expert, n_expert_used, expert width, shared expert width) or () for a dense FFN
-        n_expert = o.pop("n_expert", 4 if arch.endswith("moe") or arch == "gpt-oss" else 0)
+        n_expert = o.pop("n_expert", 4 if arch.endswith("moe") or arch in ("gpt-oss", "deepseek2") else 0)
         if arch.endswith("moe") and not n_expert:
             raise ValueError(f"{arch} needs n_expert > 0")
-        if n_expert and arch not in ("llama", "qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe"):
+        if n_expert and arch not in ("llama", "qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe",
+                                     "deepseek2"):
             raise ValueError(f"experts are written for llama, qwen2moe, qwen3moe and granitemoe, not {arch}")
         n_ff_exp = o.pop("n_ff_exp", n_ff)
         self.moe = ((n_expert, o.pop("n_expert_used", 2), n_ff_exp,
-                     o.pop("n_ff_shexp", n_ff if arch == "qwen2moe" else n_ff_exp if arch == "ernie4_5-moe" else 0))
+                     o.pop("n_ff_shexp", n_ff if arch == "qwen2moe" else n_ff_exp if arch in ("ernie4_5-moe", "deepseek2")
+                           else 0))
                     if n_expert else ())
         self.ernie = _ernie_options(arch, o)
+        self.ds = _deepseek2_options(arch, o)
+        if self.ds:
+            self.head_dim = self.ds["nope"] + self.ds["n_rot"]
         if o:
             raise TypeError(f"unknown synthetic model option(s): {', '.join(sorted(o))}")
         if n_head % n_head_kv:
@@ -173,9 +181,9 @@ class _Spec:
                (p + "ffn_gate_exps.weight", np.stack([linear(F, E) for _ in range(n_expert)])),
                (p + "ffn_up_exps.weight", np.stack([linear(F, E) for _ in range(n_expert)])),
                (p + "ffn_down_exps.weight", np.stack([linear(E, F) for _ in range(n_expert)]))]
-        if self.ernie.get("probs_bias"):  # steers the choice: probabilities are ~1/n_expert apart
+        if self.ernie.get("probs_bias") or self.ds.get("probs_bias"):  # steers the choice: probabilities are ~1/n_expert apart
             out.append((p + "exp_probs_b.bias", 0.3 * rng.standard_normal(n_expert, dtype=np.float32)))
-        if F_sh and self.arch not in ("granitemoe", "ernie4_5-moe"):  # their shared experts have no gate
+        if F_sh and self.arch not in ("granitemoe", "ernie4_5-moe", "deepseek2"):  # their shared experts have no gate
             out.append((p + "ffn_gate_inp_shexp.weight", rng.standard_normal(E, dtype=np.float32) / np.float32(np.sqrt(E))))
         if F_sh:
             out += [(p + "ffn_gate_shexp.weight", linear(F_sh, E)),
@@ -213,6 +221,8 @@ class _Spec:
             meta[f"{a}.interleave_moe_layer_step"] = self.ernie["moe_step"]
         if self.sliding_window:
             meta[f"{a}.attention.sliding_window"] = self.sliding_window
+        if self.ds:
+            meta.update(_deepseek2_metadata(self))
         for key, cap in zip(("attn_logit_softcapping", "final_logit_softcapping"), self.softcaps):
             if cap is not None:
                 meta[f"{a}.{key}"] = float(cap)
@@ -270,6 +280,9 @@ class _Spec:
                 continue
             if self.arch == "gpt-oss":
                 out += _gptoss_layer(p, self, rng, linear, norm)
+                continue
+            if self.arch == "deepseek2":
+                out += _deepseek2_layer(p, il, self, rng, linear, norm)
                 continue
             out += [(p + "attn_norm.weight", norm(E)),
                     (p + "attn_q.weight", linear(q_dim, E)),
@@ -340,6 +353,74 @@ def _olmo2_layer(p: str, q_dim: int, kv_dim: int, E: int, F: int, linear, norm) 
             (p + "post_attention_norm.weight", norm(E)), (p + "ffn_gate.weight", linear(F, E)),
             (p + "ffn_up.weight", linear(F, E)), (p + "ffn_down.weight", linear(E, F)),
             (p + "post_ffw_norm.weight", norm(E))]
+
+
+def _deepseek2_options(arch: str, o: dict) -> dict:
+    """deepseek2's own overrides (popped from o): q_lora (0: a plain attn_q, as the Lite models), kv_lora (latent
+    width), n_rot / nope (rotated / unrotated dims of a q/k head), v_dim, split (True: attn_k_b / attn_v_b and
+    the *_mla keys, as newer files; False: one attn_kv_b), dense_lead, gating ("softmax" or "sigmoid"; None
+    leaves expert_gating_func out), weights_scale / weights_norm (None: key left out), groups ((count, used)
+    or None), probs_bias (write exp_probs_b.bias). n_ff_shexp / n_ff_exp is written as expert_shared_count."""
+    if arch != "deepseek2":
+        return {}
+    return {"q_lora": o.pop("q_lora", 0), "kv_lora": o.pop("kv_lora", 64), "n_rot": o.pop("n_rot", 16),
+            "nope": o.pop("nope", 32), "v_dim": o.pop("v_dim", 32), "split": o.pop("split", True),
+            "dense_lead": o.pop("dense_lead", 1), "gating": o.pop("gating", "softmax"),
+            "weights_scale": o.pop("weights_scale", None), "weights_norm": o.pop("weights_norm", None),
+            "groups": o.pop("groups", None), "probs_bias": o.pop("probs_bias", False)}
+
+
+def _deepseek2_metadata(spec: "_Spec") -> dict:
+    """deepseek2's keys: MLA sizes in the layout of the tensors, and the routing settings."""
+    a, d, (n_expert, _, F, F_sh) = spec.arch, spec.ds, spec.moe
+    hd = d["nope"] + d["n_rot"]
+    meta = {f"{a}.rope.dimension_count": d["n_rot"], f"{a}.attention.q_lora_rank": d["q_lora"],
+            f"{a}.attention.kv_lora_rank": d["kv_lora"], f"{a}.leading_dense_block_count": d["dense_lead"],
+            f"{a}.expert_shared_count": F_sh // F}
+    if d["split"]:  # llama.cpp's MLA layout: one cache "head" of latent + rope key
+        meta.update({f"{a}.attention.key_length": d["kv_lora"] + d["n_rot"],
+                     f"{a}.attention.value_length": d["kv_lora"], f"{a}.attention.head_count_kv": 1,
+                     f"{a}.attention.key_length_mla": hd, f"{a}.attention.value_length_mla": d["v_dim"]})
+    else:
+        meta.update({f"{a}.attention.key_length": hd, f"{a}.attention.value_length": d["v_dim"],
+                     f"{a}.attention.head_count_kv": spec.n_head})
+    if d["gating"] is not None:
+        meta[f"{a}.expert_gating_func"] = {"softmax": 1, "sigmoid": 2}[d["gating"]]
+    if d["weights_scale"] is not None:
+        meta[f"{a}.expert_weights_scale"] = float(d["weights_scale"])
+    if d["weights_norm"] is not None:
+        meta[f"{a}.expert_weights_norm"] = bool(d["weights_norm"])
+    if d["groups"]:
+        meta[f"{a}.expert_group_count"], meta[f"{a}.expert_group_used_count"] = d["groups"]
+    meta.pop(f"{a}.expert_shared_feed_forward_length", None)
+    return meta
+
+
+def _deepseek2_layer(p: str, il: int, spec: "_Spec", rng, linear, norm) -> list[tuple[str, np.ndarray]]:
+    """One deepseek2 layer in llama.cpp's names (models/deepseek2.py has the math). attn_kv_b is drawn either
+    way and split into attn_k_b (transposed per head) / attn_v_b for the newer layout, so both layouts of one
+    seed hold the same model."""
+    E, H, d = spec.n_embd, spec.n_head, spec.ds
+    nope, r, lat, dv, ql = d["nope"], d["n_rot"], d["kv_lora"], d["v_dim"], d["q_lora"]
+    out = [(p + "attn_norm.weight", norm(E))]
+    if ql:
+        out += [(p + "attn_q_a.weight", linear(ql, E)), (p + "attn_q_a_norm.weight", norm(ql)),
+                (p + "attn_q_b.weight", linear(H * (nope + r), ql))]
+    else:
+        out.append((p + "attn_q.weight", linear(H * (nope + r), E)))
+    out += [(p + "attn_kv_a_mqa.weight", linear(lat + r, E)), (p + "attn_kv_a_norm.weight", norm(lat))]
+    kv_b = linear(H * (nope + dv), lat)
+    if d["split"]:
+        kv_b = kv_b.reshape(H, nope + dv, lat)
+        out += [(p + "attn_k_b.weight", kv_b[:, :nope].transpose(0, 2, 1)), (p + "attn_v_b.weight", kv_b[:, nope:])]
+    else:
+        out.append((p + "attn_kv_b.weight", kv_b))
+    out += [(p + "attn_output.weight", linear(E, H * dv)), (p + "ffn_norm.weight", norm(E))]
+    if il >= d["dense_lead"]:
+        return out + spec.experts(p, rng, linear, norm)
+    F = spec.n_ff
+    return out + [(p + "ffn_gate.weight", linear(F, E)), (p + "ffn_up.weight", linear(F, E)),
+                  (p + "ffn_down.weight", linear(E, F))]
 
 
 def _phi3_options(arch: str, head_dim: int, o: dict) -> dict:

@@ -23,6 +23,7 @@ from . import granite
 from . import gptoss
 from . import arcee
 from . import ernie
+from . import deepseek2
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -46,6 +47,7 @@ _FAMILIES = {
     "arcee": (arcee.ArceeModel, arcee.expected_tensors),
     "ernie4_5": (ernie.ErnieModel, ernie.expected_tensors),
     "ernie4_5-moe": (ernie.ErnieModel, ernie.expected_tensors),  # leading dense layers, then experts
+    "deepseek2": (deepseek2.DeepSeek2Model, deepseek2.expected_tensors),  # MLA + leading dense layers, experts
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
