@@ -101,6 +101,10 @@ def _table(f: dict) -> Table:
             t.add_row("deepseek2", f"latent attention (MLA): cache {c['kv_lora_rank']} + {c['n_rot']} per token; q rank "
                       f"{c['q_lora_rank'] or 'full'}; router {c['expert_gating']}, x{c['expert_weights_scale']:g}"
                       + (f", {c['n_expert_groups']} groups ({c['n_expert_group_used']} used)" if c["n_expert_groups"] else ""))
+        if c["arch"] in ("glm4", "glm4moe"):
+            t.add_row(c["arch"], ("post-attention and post-FFN norms; fused gate+up" if c["arch"] == "glm4" else
+                                  f"router {c['expert_gating']}, x{c['expert_weights_scale']:g}")
+                      + (f"; {c['n_nextn']} next-token-prediction block(s) not run" if c["n_nextn"] else ""))
         if c["arch"] == "gpt-oss":
             t.add_row("gpt-oss", f"attention sinks; even layers see the last {c['sliding_window']} tokens; router "
                       "weights softmaxed after top-k; expert biases; swiglu_oai (clamp 7, alpha 1.702)")

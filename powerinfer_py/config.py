@@ -61,6 +61,15 @@ Per architecture:
           arch: with L = rope.scaling.yarn_log_multiplier / 0.1 (0 when absent) and factor F, the rotated dims are
           scaled by a = attn_factor (times 1 + 0.1 ln F when L is absent) and attn_scale is
           (a (1 + 0.1 L ln F))^2 / sqrt(head_dim)
+  glm4, glm4moe  (GLM-4-0414 / GLM-Z1; GLM-4.5 / 4.6 / 4.5-Air) RoPE over the first rope.dimension_count dims of
+          each head (half of them in the real files): normal layout (pairs 2i, 2i+1) for glm4, NeoX for glm4moe, as
+          llama.cpp's rope types; {arch}.nextn_predict_layers trailing blocks (multi-token prediction) are in the
+          file and in block_count but not run: n_layer = block_count - nextn_predict_layers (n_nextn holds the
+          count); files with rope.dimension_sections (M-RoPE, the vision variants) are refused. glm4moe:
+          leading_dense_block_count dense layers (feed_forward_length wide), then experts
+          (expert_feed_forward_length wide) with expert_gating_func (absent/0: sigmoid, 1 softmax, 2 sigmoid), the
+          selection bias exp_probs_b.bias, expert_weights_norm (default off), expert_weights_scale (absent/0: 1) and
+          an ungated shared expert expert_shared_count x expert_feed_forward_length wide; groups are refused
 Mixture of experts (qwen3moe, qwen2moe, and llama files with experts: Mixtral): {arch}.expert_count experts, of
 which {arch}.expert_used_count run per token; each expert's FFN width is {arch}.expert_feed_forward_length
 (llama files: feed_forward_length); qwen2moe's shared expert is {arch}.expert_shared_feed_forward_length wide.
@@ -115,8 +124,13 @@ SUPPORTED_ARCHS += ("deepseek2",)  # MLA + experts (DeepSeek-V2/V3, Moonlight): 
 MOE_ARCHS += ("deepseek2",)
 _MOE_NORM_WEIGHTS["deepseek2"] = False  # from {arch}.expert_weights_norm (_Reader.deepseek2)
 SUPPORTED_ARCHS += ("arcee",)  # Arcee AFM: llama with an ungated relu(up·x)^2 FFN
+SUPPORTED_ARCHS += ("glm4", "glm4moe")  # GLM-4-0414 (sandwich norms, fused gate+up), GLM-4.5 (experts)
+MOE_ARCHS += ("glm4moe",)
+_MOE_NORM_WEIGHTS["glm4moe"] = False  # from {arch}.expert_weights_norm (_Reader.glm4)
+GLM_ARCHS = ("glm4", "glm4moe")
 SUPPORTED_ARCHS += ("smollm3", "olmo2")  # SmolLM3 (NoPE layers), OLMo 2 (output norms, full-width Q/K norms)
 _NEOX_ARCHS |= {"olmo2", "gpt-oss"}  # llama.cpp's rope type for olmo2; smollm3 keeps llama's normal layout
+_NEOX_ARCHS |= {"glm4moe"}  # llama.cpp's rope types: NeoX for glm4moe, normal for glm4
 SMOLLM3_NO_ROPE_STEP = 4  # smollm3: layers with (il + 1) % 4 == 0 use no RoPE (llama.cpp's n_no_rope_layer_step)
 _YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee", "deepseek2")  # their models take per-pair RoPE factors and a scale (models/base.py)
 _LAYERNORM_ARCHS = {"falcon", "opt"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
@@ -193,6 +207,7 @@ class ModelConfig:
     expert_weights_scale: float = 1.0  # the chosen experts' weights are multiplied by it (deepseek2)
     n_expert_groups: int = 0  # deepseek2 group-limited routing: groups of experts (0: none)
     n_expert_group_used: int = 0  # groups whose experts may be chosen
+    n_nextn: int = 0  # glm4, glm4moe: trailing next-token-prediction blocks in the file, not run (not in n_layer)
 
     def is_moe_layer(self, il: int) -> bool:
         """Whether layer il's FFN is a mixture of experts (ernie4_5-moe's leading layers are dense)."""
@@ -440,6 +455,7 @@ class _Reader:
         self.arch = self.architecture()
         n_embd = self.positive("{arch}.embedding_length")
         n_layer = self.positive("{arch}.block_count")
+        n_layer, glm = self.glm4(n_layer) if self.arch in GLM_ARCHS else (n_layer, {})
         n_head = self.positive("{arch}.attention.head_count")
         n_head_kv = self.positive("{arch}.attention.head_count_kv", n_head)
         if n_head % n_head_kv:
@@ -470,6 +486,8 @@ class _Reader:
             if not 0 < n_rot < head_dim:
                 raise ModelFileError(f"{self.f.path}: rope.dimension_count {n_rot} must leave 1..{head_dim - 1} "
                                      f"unrotated dims of the {head_dim}-wide q/k heads")
+        if glm.get("_n_shared") is not None:  # glm4moe: shared experts of the routed width
+            moe.update(expert_weights_norm=glm.pop("_norm"), n_ff_shexp=moe["n_ff_exp"] * glm.pop("_n_shared"))
         # MoE files may leave out the dense width (unused there): the experts' width stands in for it
         n_ff = self.positive("{arch}.feed_forward_length", moe.get("n_ff_exp") or None)
         n_ctx_train = self.positive("{arch}.context_length")
@@ -522,7 +540,44 @@ class _Reader:
             **self.ernie(n_layer, n_rot, head_dim),
             **mla,
             **granite,
+            **glm,
         )
+
+    def glm4(self, n_layer: int) -> tuple[int, dict]:
+        """glm4(moe): (the layers that run, ModelConfig fields): the trailing next-token-prediction blocks left out;
+        glm4moe's per-layer FFN kinds and routing (module docstring), with "_norm" / "_n_shared" for config()."""
+        nextn = self.get("{arch}.nextn_predict_layers", 0)
+        if not 0 <= nextn < n_layer:
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.nextn_predict_layers')} {nextn} must be in "
+                                 f"0..{n_layer - 1} (block_count {n_layer})")
+        sections = self.meta.get(self.key("{arch}.rope.dimension_sections"))
+        if isinstance(sections, list) and any(sections):
+            raise UnsupportedError(f"{self.f.path}: {self.arch} files with rope.dimension_sections (multimodal "
+                                   "M-RoPE) are not supported")
+        n_layer -= nextn
+        out: dict = {"n_nextn": nextn}
+        if self.arch == "glm4":
+            return n_layer, out
+        lead = self.get("{arch}.leading_dense_block_count", 0)
+        if not 0 <= lead <= n_layer:
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.leading_dense_block_count')} {lead} is outside "
+                                 f"0..{n_layer} (the layers that run)")
+        gating = self.get("{arch}.expert_gating_func", 0)
+        if gating not in (0, 1, 2):
+            raise UnsupportedError(f"{self.f.path}: {self.key('{arch}.expert_gating_func')} {gating} is not "
+                                   "supported (1 softmax, 2 sigmoid)")
+        if self.get("{arch}.expert_group_count", 0) > 1:
+            raise UnsupportedError(f"{self.f.path}: glm4moe files with expert groups are not supported")
+        norm = self.meta.get(self.key("{arch}.expert_weights_norm"), False)
+        if not isinstance(norm, bool):
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.expert_weights_norm')} should be a bool")
+        scale = self.get("{arch}.expert_weights_scale", 0.0, kind=float)
+        if not (math.isfinite(scale) and scale >= 0):
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.expert_weights_scale')} must be >= 0, got {scale}")
+        out.update(moe_layers=tuple(il >= lead for il in range(n_layer)),
+                   expert_gating="softmax" if gating == 1 else "sigmoid", expert_weights_scale=scale or 1.0,
+                   _norm=norm, _n_shared=self.get("{arch}.expert_shared_count", 0))
+        return n_layer, out
 
     def smollm3_olmo2(self, n_layer: int) -> dict:
         """smollm3's RoPE-less layers (ModelConfig.no_rope_layers); refuses olmo2 files with a sliding window."""

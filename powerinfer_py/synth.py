@@ -68,6 +68,10 @@ ERNIE_DENSE_LEAD = 1
 # deepseek2 (untied, as the real files): MLA layers by _deepseek2_layer, options in _deepseek2_options
 ARCHS += ("deepseek2",)
 _EMBD_STD["deepseek2"], _OUTPUT_NORM_GAIN["deepseek2"] = 1.0, 1.0
+# GLM-4-0414 (glm4) and GLM-4.5 (glm4moe), untied as the real files: layers by _glm4_layer, options in _glm4_options
+ARCHS += ("glm4", "glm4moe")
+_EMBD_STD.update(glm4=1.0, glm4moe=1.0)
+_OUTPUT_NORM_GAIN.update(glm4=1.0, glm4moe=1.0)
 _CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()") + [SPACE]
 
 
@@ -140,7 +144,7 @@ class _Spec:
         self.sliding_window = o.pop("sliding_window", 4 if arch in ("gemma2", "gemma3", "phi3", "gpt-oss") else 0)
         # gemma2's soft-caps ({arch}.attn_logit_softcapping, final_logit_softcapping; None: key left out)
         self.softcaps = (o.pop("attn_softcap", 50.0), o.pop("final_softcap", 30.0)) if arch == "gemma2" else ()
-        self.tied = o.pop("tied", arch not in ("llama", "phi3", "qwen2moe", "olmo2", "gpt-oss", "arcee", "deepseek2"))  # llama.cpp's qwen2moe, olmo2 need output
+        self.tied = o.pop("tied", arch not in ("llama", "phi3", "qwen2moe", "olmo2", "gpt-oss", "arcee", "deepseek2", "glm4", "glm4moe"))  # llama.cpp's qwen2moe, olmo2 need output
         self.phi3 = _phi3_options(arch, self.head_dim, o)
         self.granite = _granite_options(arch, o)
         self.bias_std = o.pop("bias_std", 0.5)
@@ -154,19 +158,22 @@ class _Spec:
                 raise ValueError(f"rope_freqs: a llama model takes {self.head_dim // 2} factors "
                                  f"(head_dim / 2); got {self.rope_freqs.shape[0]} for {arch}")
         # mixture of experts: (n_expert, n_expert_used, expert width, shared expert width) or () for a dense FFN
+        if arch == "glm4moe":  # GLM-4.5's heads are wider than n_embd / n_head (q: 12288 rows for 5120)
+            self.head_dim = o.pop("head_dim", 2 * n_embd // n_head)
         n_expert = o.pop("n_expert", 4 if arch.endswith("moe") or arch in ("gpt-oss", "deepseek2") else 0)
         if arch.endswith("moe") and not n_expert:
             raise ValueError(f"{arch} needs n_expert > 0")
         if n_expert and arch not in ("llama", "qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe",
-                                     "deepseek2"):
+                                     "deepseek2", "glm4moe"):
             raise ValueError(f"experts are written for llama, qwen2moe, qwen3moe and granitemoe, not {arch}")
         n_ff_exp = o.pop("n_ff_exp", n_ff)
         self.moe = ((n_expert, o.pop("n_expert_used", 2), n_ff_exp,
-                     o.pop("n_ff_shexp", n_ff if arch == "qwen2moe" else n_ff_exp if arch in ("ernie4_5-moe", "deepseek2")
+                     o.pop("n_ff_shexp", n_ff if arch == "qwen2moe" else n_ff_exp if arch in ("ernie4_5-moe", "deepseek2", "glm4moe")
                            else 0))
                     if n_expert else ())
         self.ernie = _ernie_options(arch, o)
         self.ds = _deepseek2_options(arch, o)
+        self.glm = _glm4_options(arch, self.head_dim, o)
         if self.ds:
             self.head_dim = self.ds["nope"] + self.ds["n_rot"]
         if o:
@@ -181,9 +188,9 @@ class _Spec:
                (p + "ffn_gate_exps.weight", np.stack([linear(F, E) for _ in range(n_expert)])),
                (p + "ffn_up_exps.weight", np.stack([linear(F, E) for _ in range(n_expert)])),
                (p + "ffn_down_exps.weight", np.stack([linear(E, F) for _ in range(n_expert)]))]
-        if self.ernie.get("probs_bias") or self.ds.get("probs_bias"):  # steers the choice: probabilities are ~1/n_expert apart
+        if self.ernie.get("probs_bias") or self.ds.get("probs_bias") or self.glm.get("probs_bias"):  # steers the choice: probabilities are ~1/n_expert apart
             out.append((p + "exp_probs_b.bias", 0.3 * rng.standard_normal(n_expert, dtype=np.float32)))
-        if F_sh and self.arch not in ("granitemoe", "ernie4_5-moe", "deepseek2"):  # their shared experts have no gate
+        if F_sh and self.arch not in ("granitemoe", "ernie4_5-moe", "deepseek2", "glm4moe"):  # their shared experts have no gate
             out.append((p + "ffn_gate_inp_shexp.weight", rng.standard_normal(E, dtype=np.float32) / np.float32(np.sqrt(E))))
         if F_sh:
             out += [(p + "ffn_gate_shexp.weight", linear(F_sh, E)),
@@ -223,6 +230,8 @@ class _Spec:
             meta[f"{a}.attention.sliding_window"] = self.sliding_window
         if self.ds:
             meta.update(_deepseek2_metadata(self))
+        if self.glm:
+            meta.update(_glm4_metadata(self))
         for key, cap in zip(("attn_logit_softcapping", "final_logit_softcapping"), self.softcaps):
             if cap is not None:
                 meta[f"{a}.{key}"] = float(cap)
@@ -273,8 +282,11 @@ class _Spec:
         if self.arch == "phi3" and self.phi3["rope_factors"] is not None:
             out += [("rope_factors_short.weight", self.phi3["rope_factors"][0]),
                     ("rope_factors_long.weight", self.phi3["rope_factors"][1])]
-        for il in range(self.n_layer):
+        for il in range(self.n_layer + self.glm.get("nextn", 0)):
             p = f"blk.{il}."
+            if self.glm:
+                out += _glm4_layer(p, il, self, rng, linear, norm)
+                continue
             if self.arch == "olmo2":  # no pre-norms; whole-width Q/K norms and the two output norms
                 out += _olmo2_layer(p, q_dim, kv_dim, E, F, linear, norm)
                 continue
@@ -421,6 +433,76 @@ def _deepseek2_layer(p: str, il: int, spec: "_Spec", rng, linear, norm) -> list[
     F = spec.n_ff
     return out + [(p + "ffn_gate.weight", linear(F, E)), (p + "ffn_up.weight", linear(F, E)),
                   (p + "ffn_down.weight", linear(E, F))]
+
+
+def _glm4_options(arch: str, head_dim: int, o: dict) -> dict:
+    """glm4 / glm4moe's own overrides (popped from o): n_rot (default head_dim / 2, as the real files), nextn
+    (next-token-prediction blocks written after the n_layer that run; default 0 for glm4, 1 for glm4moe),
+    fused_qkv (one attn_qkv; default True for glm4, False for glm4moe), qkv_bias (default True), and for glm4moe
+    qk_norm (default False), dense_lead (default 1), gating ("sigmoid", "softmax" or None: key left out, which
+    means sigmoid), weights_scale (default 2.5, GLM-4.5's; None: key left out), weights_norm (default True),
+    probs_bias (default True: exp_probs_b.bias, which llama.cpp requires). n_ff_shexp / n_ff_exp is written as
+    expert_shared_count."""
+    if arch not in ("glm4", "glm4moe"):
+        return {}
+    moe = arch == "glm4moe"
+    out = {"n_rot": o.pop("n_rot", head_dim // 2 // 2 * 2), "nextn": o.pop("nextn", 1 if moe else 0),
+           "fused_qkv": o.pop("fused_qkv", not moe), "qkv_bias": o.pop("qkv_bias", True)}
+    if moe:
+        out.update(qk_norm=o.pop("qk_norm", False), dense_lead=o.pop("dense_lead", 1),
+                   gating=o.pop("gating", "sigmoid"), weights_scale=o.pop("weights_scale", 2.5),
+                   weights_norm=o.pop("weights_norm", True), probs_bias=o.pop("probs_bias", True))
+    return out
+
+
+def _glm4_metadata(spec: "_Spec") -> dict:
+    """glm4(moe)'s keys: the rotated dims, block_count with the next-token-prediction blocks, and the routing."""
+    a, g = spec.arch, spec.glm
+    meta = {f"{a}.rope.dimension_count": g["n_rot"], f"{a}.block_count": spec.n_layer + g["nextn"]}
+    if g["nextn"]:
+        meta[f"{a}.nextn_predict_layers"] = g["nextn"]
+    if a == "glm4moe":
+        _, _, F, F_sh = spec.moe
+        meta.update({f"{a}.leading_dense_block_count": g["dense_lead"], f"{a}.expert_shared_count": F_sh // F,
+                     f"{a}.expert_weights_norm": bool(g["weights_norm"])})
+        meta.pop(f"{a}.expert_shared_feed_forward_length", None)
+        if g["gating"] is not None:
+            meta[f"{a}.expert_gating_func"] = {"softmax": 1, "sigmoid": 2}[g["gating"]]
+        if g["weights_scale"] is not None:
+            meta[f"{a}.expert_weights_scale"] = float(g["weights_scale"])
+    return meta
+
+
+def _glm4_layer(p: str, il: int, spec: "_Spec", rng, linear, norm) -> list[tuple[str, np.ndarray]]:
+    """One glm4 / glm4moe block in llama.cpp's names (models/glm4.py has the math); blocks il >= n_layer are the
+    next-token-prediction ones: a whole block plus its nextn.* tensors."""
+    E, F, hd, g = spec.n_embd, spec.n_ff, spec.head_dim, spec.glm
+    q_dim, kv_dim = spec.n_head * hd, spec.n_head_kv * hd
+    qkv = [(p + f"attn_{x}.weight", linear(d, E)) for x, d in (("q", q_dim), ("k", kv_dim), ("v", kv_dim))]
+    bias = [(p + f"attn_{x}.bias", spec.bias_std * rng.standard_normal(d, dtype=np.float32))
+            for x, d in (("q", q_dim), ("k", kv_dim), ("v", kv_dim))] if g["qkv_bias"] else []
+    out = [(p + "attn_norm.weight", norm(E))]
+    if g["fused_qkv"]:  # rows [q | k | v], the bias likewise
+        out.append((p + "attn_qkv.weight", np.concatenate([t for _, t in qkv])))
+        if bias:
+            out.append((p + "attn_qkv.bias", np.concatenate([t for _, t in bias])))
+    else:
+        out += qkv + bias
+    if g.get("qk_norm"):
+        out += [(p + "attn_q_norm.weight", norm(hd)), (p + "attn_k_norm.weight", norm(hd))]
+    out += [(p + "attn_output.weight", linear(E, q_dim)), (p + "post_attention_norm.weight", norm(E))]
+    if spec.arch == "glm4":  # one ffn_up: rows [gate | up]; the sandwich norms around the FFN
+        out += [(p + "ffn_norm.weight", norm(E)), (p + "ffn_up.weight", np.concatenate([linear(F, E), linear(F, E)])),
+                (p + "ffn_down.weight", linear(E, F)), (p + "post_ffw_norm.weight", norm(E))]
+    elif il >= g["dense_lead"]:
+        out += spec.experts(p, rng, linear, norm)
+    else:
+        out += [(p + "ffn_gate.weight", linear(F, E)), (p + "ffn_up.weight", linear(F, E)),
+                (p + "ffn_down.weight", linear(E, F))]
+    if il >= spec.n_layer:
+        out += [(p + "nextn.eh_proj.weight", linear(E, 2 * E)), (p + "nextn.enorm.weight", norm(E)),
+                (p + "nextn.hnorm.weight", norm(E)), (p + "nextn.shared_head_norm.weight", norm(E))]
+    return out
 
 
 def _phi3_options(arch: str, head_dim: int, o: dict) -> dict:

@@ -24,6 +24,7 @@ from . import gptoss
 from . import arcee
 from . import ernie
 from . import deepseek2
+from . import glm4
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -48,6 +49,8 @@ _FAMILIES = {
     "ernie4_5": (ernie.ErnieModel, ernie.expected_tensors),
     "ernie4_5-moe": (ernie.ErnieModel, ernie.expected_tensors),  # leading dense layers, then experts
     "deepseek2": (deepseek2.DeepSeek2Model, deepseek2.expected_tensors),  # MLA + leading dense layers, experts
+    "glm4": (glm4.Glm4Model, glm4.expected_tensors),  # sandwich norms, fused gate+up, partial RoPE
+    "glm4moe": (glm4.Glm4Model, glm4.expected_tensors),  # leading dense layers, sigmoid-routed experts
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
