@@ -13,6 +13,7 @@ from ..errors import ModelFileError, UnsupportedError
 from ..tensor import GGMLType
 from .checkpoint import Checkpoint
 from .output import TensorPlan
+from .glm4 import glm4_hparams, glm4_tensors
 from .phi3 import phi3_hparams, phi3_tensors
 from .plan import Builder, cfg_value, falcon_qkv_order, rope_permutation
 
@@ -415,5 +416,6 @@ ARCHITECTURES = {
     "SmolLM3ForCausalLM": ("smollm3", smollm3_hparams, llama_tensors),
     "Olmo2ForCausalLM": ("olmo2", llama_hparams, olmo2_tensors),
     "ArceeForCausalLM": ("arcee", arcee_hparams, llama_tensors),
+    "Glm4ForCausalLM": ("glm4", glm4_hparams, glm4_tensors),
 }
 SPARSE_ARCHS = ("llama", "bamboo", "falcon", "opt")  # what a PWRI file may hold (FORMATS.md §1)

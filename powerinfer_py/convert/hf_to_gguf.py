@@ -22,6 +22,8 @@ Architectures (config.json "architectures"[0] -> general.architecture):
   Olmo2ForCausalLM                      -> olmo2   NeoX RoPE, no pre-norms; whole-width q_norm/k_norm, post-attention
                                                    and post-feedforward norms -> post_attention_norm, post_ffw_norm
   ArceeForCausalLM                      -> arcee   llama layout without gate_proj (relu2 MLP); YaRN rope_scaling
+  Glm4ForCausalLM                       -> glm4    q/k/v biases, four norms per block, gate_up_proj kept fused,
+                                                   partial normal-layout RoPE (glm4.py)
 A non-SiLU activation is recorded as powerinfer.hidden_act ("relu", "fatrelu") with powerinfer.hidden_act_param
 (the fatrelu threshold), so the runtime can apply it; llama.cpp ignores these keys.
 
