@@ -1,0 +1,238 @@
+"""ArchKeys: the metadata keys of the architectures beyond the plain llama block, read for ModelConfig.
+
+config._Reader inherits these methods (they use its typed access: get, positive, key, meta, arch); config.py
+reads the keys every architecture shares. Keys follow llama.cpp's names ({arch} is general.architecture);
+defaults are llama.cpp's where it has one.
+
+Per architecture:
+  llama   (LLaMA-2/3, Mistral): normal (interleaved-pair) RoPE, attn_scale 1/sqrt(head_dim), rope base 10000
+  qwen2   NeoX RoPE, rope base default 1e6, q/k/v biases (tensors, not config)
+  qwen3   NeoX RoPE, no q/k/v biases, per-head RMSNorm of Q and K (tensors); head_dim is {arch}.attention.key_length
+          (Qwen3-0.6B: 128, not n_embd / n_head = 64); rope base default llama.cpp's 10000 (real files carry it)
+  gemma3  NeoX RoPE; layers with il % 6 != 5 attend within a sliding window and use RoPE base 10000 and
+          freq scale 1.0; the other (global) layers use {arch}.rope.freq_base and rope_freq_scale;
+          embeddings scaled by sqrt(n_embd); attn_scale 1/sqrt(head_dim) (27B: 1/sqrt(n_embd/n_head))
+  gemma   (Gemma 1) NeoX RoPE, embeddings scaled by sqrt(n_embd), GeGLU FFN, attn_scale 1/sqrt(head_dim) (head_dim
+          is {arch}.attention.key_length: 256 on Gemma 7B with n_embd / n_head = 192), tied output head
+  gemma2  gemma plus post-norms (as gemma3, without Q/K norms); layers with il % period < period - 1 (period
+          {arch}.attention.sliding_window_pattern, default 2: the even layers) attend within
+          {arch}.attention.sliding_window (default 4096) with RoPE base {arch}.rope.freq_base_swa (default: the
+          global base); attention logit soft-capping ({arch}.attn_logit_softcapping, default 50) and final
+          logit soft-capping ({arch}.final_logit_softcapping, default 30): x -> cap * tanh(x / cap);
+          attn_scale 1/sqrt(head_dim) (27B, 46 layers: 1/sqrt(n_embd / n_head)). Defaults are llama.cpp's.
+  bamboo  the llama block (Mistral shape, GQA, normal RoPE) with a dReLU FFN
+  falcon  LayerNorm with biases, fused attn_qkv, NeoX RoPE, parallel attention + MLP, no ffn_norm
+  opt     LayerNorm with biases, biases on every projection, learned positions (no RoPE), ReLU FFN
+  qwen3moe, qwen2moe  qwen3 / qwen2 with a mixture-of-experts FFN (below); qwen2moe adds a shared expert
+  granite, granitemoe  the llama block (normal RoPE) with four scalars: {arch}.embedding_scale multiplies the
+          embeddings (embd_scale), {arch}.residual_scale the attention and FFN outputs before each residual add,
+          {arch}.attention.scale replaces 1/sqrt(head_dim) (attn_scale), and the logits are divided by
+          {arch}.logit_scale (required); 0 or absent means unset for the first three, as in llama.cpp.
+          {arch}.rope.scaling.finetuned = false switches RoPE off (n_rot 0). granitemoe: experts
+          feed_forward_length wide, renormalized router weights, an optional ungated shared expert
+          ({arch}.expert_shared_feed_forward_length)
+  phi3    the llama block with fused attn_qkv and gate+up, NeoX RoPE (partial: n_rot < head_dim on Phi-4-mini);
+          long-context files carry rope_factors_long/short (used when n_ctx > rope.scaling.original_context_length
+          / otherwise) and rope.scaling.attn_factor, which scales the rotated dims of q and k (llama.cpp's
+          mscale); phi3.attention.sliding_window is ignored, as llama.cpp does
+  smollm3 the llama block (normal RoPE) where every 4th layer ((il + 1) % 4 == 0) skips RoPE (no_rope_layers);
+          llama.cpp hard-codes the step 4 (no GGUF key holds it), and so do we
+  olmo2   NeoX RoPE; no pre-norms: RMSNorms of the whole Q and K projections and of the attention and FFN outputs
+          (tensors); files with {arch}.attention.sliding_window > 0 (OLMo 3) are refused
+  gpt-oss NeoX RoPE (YaRN in the real files), Q/K/V and output biases, attention sinks (tensors); the even layers
+          (il % 2 == 0, llama.cpp's fixed pattern) attend within {arch}.attention.sliding_window (required);
+          attn_scale 1/sqrt(head_dim); experts {arch}.expert_feed_forward_length wide, routed by the top-k
+          biased router logits softmaxed after the selection (moe.py); a rope.freq_base_swa that differs from
+          the global base is refused
+  ernie4_5, ernie4_5-moe  (Baidu ERNIE 4.5) the llama block (normal RoPE over the whole head: rope.dimension_count
+          must equal head_dim, as llama.cpp asserts); ernie4_5-moe: {arch}.leading_dense_block_count dense layers
+          (feed_forward_length wide), then experts (expert_feed_forward_length wide; softmax router, top-k chosen
+          on probs + the optional blk.N.exp_probs_b.bias, weights renormalized) with an optional ungated shared
+          expert ({arch}.expert_shared_feed_forward_length); {arch}.interleave_moe_layer_step must be 1 (the
+          published checkpoints' value; llama.cpp's loader knows no other)
+  arcee   (Arcee AFM) the llama block (normal RoPE, optional rope_freqs.weight, YaRN from the metadata) with an
+          ungated squared-ReLU FFN, relu(up·x)^2 (ffn.py "relu2", whatever powerinfer.hidden_act says)
+  deepseek2 (DeepSeek-V2/V2-Lite/V3, Moonlight) multi-head latent attention (models/deepseek2.py) plus experts:
+          head_dim is the q/k head width, nope + rope ({arch}.attention.key_length_mla in files with the split
+          attn_k_b/attn_v_b, key_length in older files with attn_kv_b), v_head_dim the value width
+          (value_length_mla / value_length), n_rot = rope.dimension_count the rotated tail of each head (normal
+          layout); {arch}.attention.kv_lora_rank, q_lora_rank (absent or 0: a plain attn_q); n_head_kv is 1 (the
+          cache holds one latent + rope key per token). {arch}.leading_dense_block_count dense layers, then
+          experts with expert_gating_func (absent/1 softmax, 2 sigmoid), expert_weights_norm (default off),
+          expert_weights_scale (absent/0: 1), expert_group_count / expert_group_used_count, and an ungated shared
+          expert expert_shared_count x expert_feed_forward_length wide. YaRN as llama.cpp computes it for this
+          arch: with L = rope.scaling.yarn_log_multiplier / 0.1 (0 when absent) and factor F, the rotated dims are
+          scaled by a = attn_factor (times 1 + 0.1 ln F when L is absent) and attn_scale is
+          (a (1 + 0.1 L ln F))^2 / sqrt(head_dim)
+  glm4, glm4moe  (GLM-4-0414 / GLM-Z1; GLM-4.5 / 4.6 / 4.5-Air) RoPE over the first rope.dimension_count dims of
+          each head (half of them in the real files): normal layout (pairs 2i, 2i+1) for glm4, NeoX for glm4moe, as
+          llama.cpp's rope types; {arch}.nextn_predict_layers trailing blocks (multi-token prediction) are in the
+          file and in block_count but not run: n_layer = block_count - nextn_predict_layers (n_nextn holds the
+          count); files with rope.dimension_sections (M-RoPE, the vision variants) are refused. glm4moe:
+          leading_dense_block_count dense layers (feed_forward_length wide), then experts
+          (expert_feed_forward_length wide) with expert_gating_func (absent/0: sigmoid, 1 softmax, 2 sigmoid), the
+          selection bias exp_probs_b.bias, expert_weights_norm (default off), expert_weights_scale (absent/0: 1) and
+          an ungated shared expert expert_shared_count x expert_feed_forward_length wide; groups are refused
+"""
+from __future__ import annotations
+
+import math
+
+from .errors import ModelFileError, UnsupportedError
+
+GPTOSS_SWA_PERIOD = 2  # gpt-oss: layers il % 2 == 0 attend within the window (llama.cpp hard-codes it)
+GRANITE_ARCHS = ("granite", "granitemoe")  # the llama block with four scalars from the metadata (granite_scales)
+GLM_ARCHS = ("glm4", "glm4moe")
+SMOLLM3_NO_ROPE_STEP = 4  # smollm3: layers with (il + 1) % 4 == 0 use no RoPE (llama.cpp's n_no_rope_layer_step)
+
+
+class ArchKeys:
+    """Per-architecture metadata readers, mixed into config._Reader (which provides f, meta, arch, key, get,
+    positive, n_vocab)."""
+
+    def glm4(self, n_layer: int) -> tuple[int, dict]:
+        """glm4(moe): (the layers that run, ModelConfig fields): the trailing next-token-prediction blocks left out;
+        glm4moe's per-layer FFN kinds and routing (module docstring), with "_norm" / "_n_shared" for config()."""
+        nextn = self.get("{arch}.nextn_predict_layers", 0)
+        if not 0 <= nextn < n_layer:
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.nextn_predict_layers')} {nextn} must be in "
+                                 f"0..{n_layer - 1} (block_count {n_layer})")
+        sections = self.meta.get(self.key("{arch}.rope.dimension_sections"))
+        if isinstance(sections, list) and any(sections):
+            raise UnsupportedError(f"{self.f.path}: {self.arch} files with rope.dimension_sections (multimodal "
+                                   "M-RoPE) are not supported")
+        n_layer -= nextn
+        out: dict = {"n_nextn": nextn}
+        if self.arch == "glm4":
+            return n_layer, out
+        lead = self.get("{arch}.leading_dense_block_count", 0)
+        if not 0 <= lead <= n_layer:
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.leading_dense_block_count')} {lead} is outside "
+                                 f"0..{n_layer} (the layers that run)")
+        gating = self.get("{arch}.expert_gating_func", 0)
+        if gating not in (0, 1, 2):
+            raise UnsupportedError(f"{self.f.path}: {self.key('{arch}.expert_gating_func')} {gating} is not "
+                                   "supported (1 softmax, 2 sigmoid)")
+        if self.get("{arch}.expert_group_count", 0) > 1:
+            raise UnsupportedError(f"{self.f.path}: glm4moe files with expert groups are not supported")
+        norm = self.meta.get(self.key("{arch}.expert_weights_norm"), False)
+        if not isinstance(norm, bool):
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.expert_weights_norm')} should be a bool")
+        scale = self.get("{arch}.expert_weights_scale", 0.0, kind=float)
+        if not (math.isfinite(scale) and scale >= 0):
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.expert_weights_scale')} must be >= 0, got {scale}")
+        out.update(moe_layers=tuple(il >= lead for il in range(n_layer)),
+                   expert_gating="softmax" if gating == 1 else "sigmoid", expert_weights_scale=scale or 1.0,
+                   _norm=norm, _n_shared=self.get("{arch}.expert_shared_count", 0))
+        return n_layer, out
+
+    def smollm3_olmo2(self, n_layer: int) -> dict:
+        """smollm3's RoPE-less layers (ModelConfig.no_rope_layers); refuses olmo2 files with a sliding window."""
+        if self.arch == "olmo2" and self.get("{arch}.attention.sliding_window", 0) > 0:
+            raise UnsupportedError(f"{self.f.path}: olmo2 files with a sliding window (OLMo 3) are not supported")
+        if self.arch != "smollm3":
+            return {}
+        return {"no_rope_layers": tuple((il + 1) % SMOLLM3_NO_ROPE_STEP == 0 for il in range(n_layer))}
+
+    def ernie(self, n_layer: int, n_rot: int, head_dim: int) -> dict:
+        """ernie4_5(-moe): RoPE over whole heads only; the MoE model's per-layer FFN kinds (moe_layers): dense below
+        {arch}.leading_dense_block_count, experts from there on, with an interleave step of 1 only."""
+        if self.arch not in ("ernie4_5", "ernie4_5-moe"):
+            return {}
+        if n_rot != head_dim:
+            raise UnsupportedError(f"{self.f.path}: {self.arch} rotates whole heads; rope.dimension_count {n_rot} "
+                                   f"!= head_dim {head_dim} is not supported (llama.cpp refuses it too)")
+        if self.arch == "ernie4_5":
+            return {}
+        step = self.positive("{arch}.interleave_moe_layer_step")
+        if step != 1:
+            raise UnsupportedError(f"{self.f.path}: {self.key('{arch}.interleave_moe_layer_step')} {step} is not "
+                                   "supported (only 1: every layer past the leading dense ones has experts)")
+        lead = self.get("{arch}.leading_dense_block_count")
+        if not 0 <= lead <= n_layer:
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.leading_dense_block_count')} {lead} is outside "
+                                 f"0..{n_layer} (block_count)")
+        return {"moe_layers": tuple(il >= lead for il in range(n_layer))}
+
+    def granite_scales(self) -> dict:
+        """granite's scalars (module docstring) as ModelConfig fields, plus "rope" (False: no RoPE) and
+        "attn_scale" (0: 1/sqrt(head_dim)); {} for the other architectures. Unset (0 or absent) means 1."""
+        if self.arch not in GRANITE_ARCHS:
+            return {}
+        out = {}
+        for field, suffix in (("embd_scale", "{arch}.embedding_scale"), ("residual_scale", "{arch}.residual_scale"),
+                              ("attn_scale", "{arch}.attention.scale"), ("logit_scale", "{arch}.logit_scale")):
+            value = self.get(suffix, 0.0 if field != "logit_scale" else None, kind=float)
+            if not (math.isfinite(value) and value >= 0) or (field == "logit_scale" and value == 0):
+                need = "> 0" if field == "logit_scale" else ">= 0 (0: unset)"
+                raise ModelFileError(f"{self.f.path}: metadata key {self.key(suffix)!r} must be a finite number "
+                                     f"{need}, got {value}")
+            out[field] = value if value or field == "attn_scale" else 1.0
+        rope = self.meta.get(self.key("{arch}.rope.scaling.finetuned"), True)
+        if not isinstance(rope, bool):
+            raise ModelFileError(f"{self.f.path}: metadata key {self.key('{arch}.rope.scaling.finetuned')!r} should "
+                                 f"be a bool, got {rope!r}")
+        out["rope"] = rope
+        return out
+
+    def phi3_rope(self) -> dict:
+        """phi3's long-context RoPE keys (see the module docstring); {} for the other architectures."""
+        if self.arch != "phi3":
+            return {}
+        orig = self.positive("{arch}.rope.scaling.original_context_length", self.positive("{arch}.context_length"))
+        factor = self.get("{arch}.rope.scaling.attn_factor", 1.0, kind=float)
+        if not (math.isfinite(factor) and factor > 0):
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.rope.scaling.attn_factor')} must be a "
+                                 f"finite number > 0, got {factor}")
+        return {"rope_orig_ctx": orig, "rope_attn_factor": factor}
+
+    def deepseek2(self, n_layer: int, n_head: int) -> dict:
+        """deepseek2's MLA and routing fields (module docstring) plus "head_dim" (the q/k head width)."""
+        kv_lora = self.positive("{arch}.attention.kv_lora_rank")
+        q_lora = self.get("{arch}.attention.q_lora_rank", 0)
+        split = any(self.key(k) in self.meta for k in ("{arch}.attention.key_length_mla",
+                                                      "{arch}.attention.value_length_mla"))
+        suffix = "_mla" if split else ""
+        head_dim = self.positive("{arch}.attention.key_length" + suffix)
+        v_dim = self.positive("{arch}.attention.value_length" + suffix, None if split else head_dim)
+        lead = self.get("{arch}.leading_dense_block_count", 0)
+        if not 0 <= lead <= n_layer or q_lora < 0:
+            raise ModelFileError(f"{self.f.path}: leading_dense_block_count {lead} must be in 0..{n_layer} and "
+                                 f"q_lora_rank {q_lora} >= 0")
+        if self.get("{arch}.attention.temperature_scale", 0.0, kind=float):
+            raise UnsupportedError(f"{self.f.path}: deepseek2 files with attention temperature tuning are not supported")
+        gating = self.get("{arch}.expert_gating_func", 0)
+        if gating == 0:  # older V2 files carry no key: softmax (llama.cpp's GLM-4.7-Flash guess aside)
+            gating = 2 if n_layer in (47, 48) and self.n_vocab() == 154880 else 1
+        if gating not in (1, 2):
+            raise UnsupportedError(f"{self.f.path}: {self.key('{arch}.expert_gating_func')} {gating} is not "
+                                   "supported (1 softmax, 2 sigmoid)")
+        norm = self.meta.get(self.key("{arch}.expert_weights_norm"), False)
+        if not isinstance(norm, bool):
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.expert_weights_norm')} should be a bool")
+        scale = self.get("{arch}.expert_weights_scale", 0.0, kind=float)
+        groups, used = self.get("{arch}.expert_group_count", 0), self.get("{arch}.expert_group_used_count", 0)
+        n_expert = self.positive("{arch}.expert_count")
+        if groups > 1 and (n_expert % groups or not 0 < used <= groups):
+            raise ModelFileError(f"{self.f.path}: {n_expert} experts in {groups} groups with {used} used is not "
+                                 "a valid expert grouping")
+        return {"head_dim": head_dim, "q_lora_rank": q_lora, "kv_lora_rank": kv_lora, "v_head_dim": v_dim,
+                "mla_kv_split": split, "moe_layers": tuple(il >= lead for il in range(n_layer)),
+                "expert_gating": "sigmoid" if gating == 2 else "softmax",
+                "expert_weights_scale": scale if scale else 1.0,
+                "n_expert_groups": groups if groups > 1 else 0, "n_expert_group_used": used if groups > 1 else 0,
+                "_norm": norm, "_n_shared": self.get("{arch}.expert_shared_count", 0)}
+
+    def deepseek2_yarn(self, head_dim: int, rope_scale: float, yarn: bool) -> tuple[float, float]:
+        """(rope_mscale, attn_scale) of a deepseek2 file: llama.cpp's YaRN for this arch (module docstring)."""
+        if rope_scale != 1.0:
+            raise UnsupportedError(f"{self.f.path}: linear RoPE scaling of a deepseek2 file is not supported")
+        attn_factor = self.get("{arch}.rope.scaling.attn_factor", 1.0, kind=float)
+        if not yarn:
+            return attn_factor, attn_factor * attn_factor / math.sqrt(head_dim)
+        ln_f = math.log(self.get("{arch}.rope.scaling.factor", kind=float))
+        log_mul_key = "{arch}.rope.scaling.yarn_log_multiplier"
+        log_mul = self.get(log_mul_key, 0.0, kind=float) / 0.1  # the converter stores 0.1 * mscale_all_dim
+        a = attn_factor * (1.0 if self.key(log_mul_key) in self.meta else 1.0 + 0.1 * ln_f)
+        m = a * (1.0 + 0.1 * log_mul * ln_f)
+        return a, m * m / math.sqrt(head_dim)
