@@ -40,7 +40,7 @@
  */
 #include "matmul_internal.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
 #define MK_AVX512 1
 #include <immintrin.h>
 #endif
@@ -152,7 +152,6 @@ typedef struct {
     __m256i m16;   /* Q4_K/Q5_K/Q2_K: the mins as words, each paired with its bsum; Q6_K/Q3_K: the signed
                       scales (for the -32 / -4 offset term) */
     __mmask64 neg[4]; /* IQ4_XS: the weights of z[c] whose level is negative (z holds magnitudes) */
-    __m512i s16;   /* Q4_K/Q5_K/Q6_K/IQ4_XS: the scales as words, which sw[c] spreads (k_sw recomputes it) */
     float d, dmin;
 } ksb;
 
@@ -172,7 +171,6 @@ INLINE void unpack_q45k(const uint8_t *blk, ksb *s, const int q5) {
         _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30)));
     const __m128 dm = _mm_cvtph_ps(v); /* d, dmin */
     const __m512i s16 = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(scm)); /* words 0..7 sc, 8..15 m */
-    s->s16 = s16;
     __m256i hb = _mm256_setzero_si256();
     if (q5) hb = _mm256_loadu_si256((const __m256i *)((const block_q5_K *)b)->qh);
     const __m512i h = _mm512_broadcast_i64x4(hb);
@@ -209,7 +207,6 @@ INLINE void unpack_q6k(const uint8_t *blk, ksb *s) {
     const __m512i c46 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
     const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
     const __m512i s16 = _mm512_zextsi256_si512(sc);
-    s->s16 = s16;
 #pragma GCC unroll 2
     for (int hf = 0; hf < 2; hf++) {
         const __m512i l = _mm512_loadu_si512(b->ql + 64 * hf);
@@ -329,7 +326,6 @@ INLINE void unpack_iq4xs(const uint8_t *blk, ksb *s) {
                                                     _mm_setr_epi16(0, 2, 4, 6, 8, 10, 12, 14)), _mm_set1_epi16(3));
     const __m128i sc = _mm_sub_epi16(_mm_or_si128(_mm_cvtepu8_epi16(lo), _mm_slli_epi16(hi, 4)), _mm_set1_epi16(32));
     const __m512i s16 = _mm512_zextsi128_si512(sc); /* words 0..7: ls - 32 */
-    s->s16 = s16;
     const __m512i mag = _mm512_broadcast_i32x4(_mm_setr_epi8(127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53,
                                                               69, 89, 113)); /* |pi_iq4nl_values| */
 #pragma GCC unroll 4
@@ -475,11 +471,6 @@ INLINE void k_span(const int type, const uint8_t *row, const block_q8_K *x, int6
     for (int p = 0; p < KT / 2; p++) a->accm[p] = accm[p];
 }
 
-/* sw[c] of Q4_K/Q5_K/Q6_K/IQ4_XS recomputed from s16 (one permute): what unpack stored there */
-INLINE __m512i k_sw(const int type, const ksb *s, const int c) {
-    return type == PI_Q6_K ? scale_words(s->s16, 4 * c, 1) : scale_words(s->s16, 2 * c, 0);
-}
-
 /* One row against one token, all its super-blocks: per token the same FMAs as in k_span */
 INLINE float k_dot(const int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
     const size_t size = k_block_size(type);
@@ -495,9 +486,9 @@ INLINE float k_dot(const int type, const uint8_t *row, const block_q8_K *x, int6
 
 #define K_SPAN_FN(name, dname, TYPE)                                                                           \
     static void name(const uint8_t *row, const block_q8_K *x, int64_t n_sb, int64_t i0, int64_t i1,           \
-                     const ktile *dx, kacc *a, int nt) {                                                      \
-        if (nt == KT) k_span(TYPE, row, x, n_sb, i0, i1, dx, a, KT);                                          \
-        else k_span(TYPE, row, x, n_sb, i0, i1, dx, a, nt);                                                   \
+                     const ktile *tl, kacc *a, int nt) {                                                      \
+        if (nt == KT) k_span(TYPE, row, x, n_sb, i0, i1, tl, a, KT);                                          \
+        else k_span(TYPE, row, x, n_sb, i0, i1, tl, a, nt);                                                   \
     }                                                                                                         \
     static float dname(const uint8_t *row, const block_q8_K *x, int64_t n_sb) { return k_dot(TYPE, row, x, n_sb); }
 K_SPAN_FN(span_q2k, dot_q2k, PI_Q2_K)
@@ -509,14 +500,14 @@ K_SPAN_FN(span_iq4xs, dot_iq4xs, PI_IQ4_XS)
 
 /* A tile: nt <= KT tokens */
 static void row_span(int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb, int64_t i0, int64_t i1,
-                     const ktile *dx, kacc *a, int nt) {
+                     const ktile *tl, kacc *a, int nt) {
     switch (type) {
-    case PI_Q2_K: span_q2k(row, x, n_sb, i0, i1, dx, a, nt); return;
-    case PI_Q3_K: span_q3k(row, x, n_sb, i0, i1, dx, a, nt); return;
-    case PI_Q5_K: span_q5k(row, x, n_sb, i0, i1, dx, a, nt); return;
-    case PI_Q6_K: span_q6k(row, x, n_sb, i0, i1, dx, a, nt); return;
-    case PI_IQ4_XS: span_iq4xs(row, x, n_sb, i0, i1, dx, a, nt); return;
-    default: span_q4k(row, x, n_sb, i0, i1, dx, a, nt); return;
+    case PI_Q2_K: span_q2k(row, x, n_sb, i0, i1, tl, a, nt); return;
+    case PI_Q3_K: span_q3k(row, x, n_sb, i0, i1, tl, a, nt); return;
+    case PI_Q5_K: span_q5k(row, x, n_sb, i0, i1, tl, a, nt); return;
+    case PI_Q6_K: span_q6k(row, x, n_sb, i0, i1, tl, a, nt); return;
+    case PI_IQ4_XS: span_iq4xs(row, x, n_sb, i0, i1, tl, a, nt); return;
+    default: span_q4k(row, x, n_sb, i0, i1, tl, a, nt); return;
     }
 }
 
@@ -627,7 +618,7 @@ static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end) {
     const int64_t n_sb = j->n_sb;
     const int64_t n_tiled = j->n_tok < 2 ? 0 : j->type == PI_Q6_K ? j->n_tok / KT * KT : j->n_tok;
     kacc a[RB];
-    ktile dx;
+    ktile tl;
     for (int64_t rb = r_beg; rb < r_end; rb += RB) {
         const int64_t nr = r_end - rb < RB ? r_end - rb : RB;
         for (int64_t tb = 0; tb < n_tiled; tb += KT) {
@@ -636,10 +627,10 @@ static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end) {
             for (int64_t r = 0; r < nr; r++) kacc_zero(&a[r]);
             for (int64_t i0 = 0; i0 < n_sb; i0 += SPAN) {
                 const int64_t i1 = i0 + SPAN < n_sb ? i0 + SPAN : n_sb;
-                ktile_fill(&dx, x, n_sb, i0, i1, nt);
+                ktile_fill(&tl, x, n_sb, i0, i1, nt);
                 for (int64_t r = 0; r < nr; r++) {
                     const int64_t o = rb + r;
-                    row_span(j->type, j->w + (j->sel ? j->sel[o] : o) * j->row_bytes, x, n_sb, i0, i1, &dx, &a[r], nt);
+                    row_span(j->type, j->w + (j->sel ? j->sel[o] : o) * j->row_bytes, x, n_sb, i0, i1, &tl, &a[r], nt);
                 }
             }
             for (int64_t r = 0; r < nr; r++)
