@@ -28,10 +28,30 @@
  *     Prefill (batches of KT = 8 tokens or more) is compute-bound, and unpacking a super-block (nibbles, high
  *     bits, 6-bit scales, scale words) costs about as much as one token's dots on it, so a tile unpacks each
  *     super-block of a row once for KT tokens (ksb below). Rows go in blocks of RB = 16, and each block walks
- *     its super-blocks in spans of SPAN = 8, all RB rows per span, so the span's activations (KT x SPAN x 292
- *     bytes, ~19 KB) are read from L1 by every row: with a row's whole width per tile they came from L2 at
+ *     its super-blocks in spans of SPAN = 8, all RB rows per span, so the span's activations (KT x SPAN x 320
+ *     bytes, 20 KB) are read from L1 by every row: with a row's whole width per tile they came from L2 at
  *     K = 11008 and the tile ran ~30% slower. 4096 x 4096 x 64 tokens, 2 threads, this 2-core Zen 5 host:
  *     Q4_K 73 -> 152 GMAC/s, Q6_K 89 -> 148 (the old and new builds loaded in one process, taking turns).
+ *     Per (row, token, super-block) a tile then does 4 activation loads, 4 maddubs, 4 dpwssd, one convert,
+ *     one permute and one FMA, plus half of a two-token mins (or offset) step; the activation loads bound it
+ *     (a microbenchmark of the token loop alone, in L1: 4 maddubs from registers 0.5 ns, from loads that
+ *     split cache lines 1.3 ns, from aligned loads 0.9 ns). Hence:
+ *       - Q8_K blocks are 320 bytes, qs first and 64-byte aligned (matmul_internal.h), so no load splits a
+ *         cache line (the 292-byte layout put every qs load across two lines);
+ *       - per span, the tile's d_x and bsums are gathered once for all RB rows (ktile): per row super-block
+ *         one multiply gives d_x * d for all KT tokens and one permute spreads a token's product over its
+ *         lanes (the same f32 product as the scalar d_x * d); the mins (Q4_K, Q5_K, Q2_K) of two tokens take
+ *         one madd, convert and FMA in a zmm (accm[p]: token 2p low 8 lanes, 2p + 1 high), and so do the
+ *         -32 / -4 offsets of Q6_K / Q3_K (one madd, then each half starts a token's isum);
+ *       - Q4_K/Q5_K decode their 6-bit scales with two pshufb, one variable shift and masks, and d, dmin with
+ *         one vcvtph2ps (scalar shifts and masks with GPR <-> vector moves before).
+ *     Measured with the builds in separate processes, alternating (C-timed pi_matmul, 64 tokens, one thread,
+ *     CPU time, medians of 5 rounds; see README "K-quant prefill" for all shapes and two threads):
+ *     4096 x 4096 Q4_K 102 -> 123 GMAC/s, Q5_K 90 -> 109, Q6_K 66-97 -> 69-104 (Q6_K swung with the host).
+ *     Tried and dropped: unpacking each span once per 64 tokens into a scratch (ksb arrays, 90 KB) that every
+ *     tile of 8 tokens reads (no gain: the ksb loads replace the unpack work, 113 vs 114 GMAC/s; 96-108 with
+ *     smaller scratch); two rows per tile sharing each activation load (8 tokens: register spills,
+ *     0.87-0.95x); 12 or 16 tokens per tile (0.85x, 0.97x).
  *   - scalar: everything else (AVX2-only machines included).
  * Each (row, token) sum sees the same instructions in the same order whether it is computed alone (decode,
  * k_dot), in a tile, or in several spans (the running sums go to memory between spans and come back
