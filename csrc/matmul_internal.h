@@ -51,6 +51,8 @@ typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } b
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } block_q6_K;
 typedef struct { uint16_t d, scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } block_iq4_xs;
+/* Q8_K activations (matmul_k.c; our own scratch, never a file): llama.cpp's fields, laid out qs first and
+ * padded to 320 bytes so that, in a 64-byte aligned array, every 64-byte load of qs stays in one cache line */
 typedef struct __attribute__((aligned(64))) { int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; float d; } block_q8_K;
 _Static_assert(sizeof(block_q8_0) == 34, "Q8_0 block is 34 bytes");
 _Static_assert(sizeof(block_q4_0) == 18, "Q4_0 block is 18 bytes");

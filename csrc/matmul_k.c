@@ -33,9 +33,9 @@
  *     K = 11008 and the tile ran ~30% slower. 4096 x 4096 x 64 tokens, 2 threads, this 2-core Zen 5 host:
  *     Q4_K 73 -> 152 GMAC/s, Q6_K 89 -> 148 (the old and new builds loaded in one process, taking turns).
  *     Per (row, token, super-block) a tile then does 4 activation loads, 4 maddubs, 4 dpwssd, one convert,
- *     one permute and one FMA, plus half of a two-token mins (or offset) step; the activation loads bound it
- *     (a microbenchmark of the token loop alone, in L1: 4 maddubs from registers 0.5 ns, from loads that
- *     split cache lines 1.3 ns, from aligned loads 0.9 ns). Hence:
+ *     one permute and one FMA, plus half of a two-token mins (or offset) step; the activation loads are its
+ *     largest cost (a microbenchmark of the token loop alone, in L1: 4 maddubs fed from registers 0.5 ns per
+ *     token and super-block, from loads that split cache lines 1.3 ns, from aligned loads 0.9 ns). Hence:
  *       - Q8_K blocks are 320 bytes, qs first and 64-byte aligned (matmul_internal.h), so no load splits a
  *         cache line (the 292-byte layout put every qs load across two lines);
  *       - per span, the tile's d_x and bsums are gathered once for all RB rows (ktile): per row super-block
@@ -45,13 +45,14 @@
  *         -32 / -4 offsets of Q6_K / Q3_K (one madd, then each half starts a token's isum);
  *       - Q4_K/Q5_K decode their 6-bit scales with two pshufb, one variable shift and masks, and d, dmin with
  *         one vcvtph2ps (scalar shifts and masks with GPR <-> vector moves before).
- *     Measured with the builds in separate processes, alternating (C-timed pi_matmul, 64 tokens, one thread,
- *     CPU time, medians of 5 rounds; see README "K-quant prefill" for all shapes and two threads):
- *     4096 x 4096 Q4_K 102 -> 123 GMAC/s, Q5_K 90 -> 109, Q6_K 66-97 -> 69-104 (Q6_K swung with the host).
+ *     Measured with benchmarks/bench_prefill_ab.py (the builds in separate processes, alternating, 64 tokens,
+ *     one thread, CPU time, medians of 5 rounds on a loaded host; README has all shapes and two threads):
+ *     4096 x 11008 Q4_K 107 -> 123 GMAC/s, Q5_K 101 -> 112, Q6_K 98 -> 114; Q2_K 1.1x, Q3_K, IQ4_XS ~1.0x.
  *     Tried and dropped: unpacking each span once per 64 tokens into a scratch (ksb arrays, 90 KB) that every
- *     tile of 8 tokens reads (no gain: the ksb loads replace the unpack work, 113 vs 114 GMAC/s; 96-108 with
- *     smaller scratch); two rows per tile sharing each activation load (8 tokens: register spills,
- *     0.87-0.95x); 12 or 16 tokens per tile (0.85x, 0.97x).
+ *     tile of 8 tokens reads (no gain: the ksb loads replace the unpack work, 113 vs 114 GMAC/s; 102-108 with
+ *     a smaller scratch); two rows per tile sharing each activation load (8 tokens: register spills,
+ *     0.87-0.95x); 12 or 16 tokens per tile (0.85x, 0.97x); d_x * d as a broadcast multiply from memory
+ *     instead of the permute (0.96-1.01x).
  *   - scalar: everything else (AVX2-only machines included).
  * Each (row, token) sum sees the same instructions in the same order whether it is computed alone (decode,
  * k_dot), in a tile, or in several spans (the running sums go to memory between spans and come back
@@ -627,8 +628,8 @@ static inline void prefetch_row(const mk_job *j, int64_t i) {
 
 #if defined(MK_AVX512)
 /* Rows r_beg .. r_end - 1: blocks of RB rows, each against the tokens KT at a time; within a block the rows'
- * super-blocks go in spans of SPAN, all RB rows per span, so the span's activations (KT x SPAN x 292 bytes,
- * ~19 KB) stay in L1 while the rows use them. Tokens left over after the last full tile of KT (and decode)
+ * super-blocks go in spans of SPAN, all RB rows per span, so the span's activations (KT x SPAN x 320 bytes,
+ * 20 KB) stay in L1 while the rows use them. Tokens left over after the last full tile of KT (and decode)
  * take one row at a time: the same FMAs per (row, token) as in a tile, so the same bits. */
 static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end) {
     /* Tiles take every token of a batch, the last one fewer than KT if need be (a mixture-of-experts layer gives
