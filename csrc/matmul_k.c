@@ -51,7 +51,7 @@
  *     Tried and dropped: unpacking each span once per 64 tokens into a scratch (ksb arrays, 90 KB) that every
  *     tile of 8 tokens reads (no gain: the ksb loads replace the unpack work, 113 vs 114 GMAC/s; 102-108 with
  *     a smaller scratch); two rows per tile sharing each activation load (8 tokens: register spills,
- *     0.87-0.95x); 12 or 16 tokens per tile (0.85x, 0.97x); d_x * d as a broadcast multiply from memory
+ *     0.87-0.95x with the sums in registers, 1.00x with them in memory); 12 or 16 tokens per tile (0.85x, 0.97x); d_x * d as a broadcast multiply from memory
  *     instead of the permute (0.96-1.01x).
  *   - scalar: everything else (AVX2-only machines included).
  * Each (row, token) sum sees the same instructions in the same order whether it is computed alone (decode,
