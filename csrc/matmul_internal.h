@@ -51,7 +51,9 @@ typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } b
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } block_q6_K;
 typedef struct { uint16_t d, scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } block_iq4_xs;
-typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;
+/* Q8_K activations (matmul_k.c; our own scratch, never a file): llama.cpp's fields, laid out qs first and
+ * padded to 320 bytes so that, in a 64-byte aligned array, every 64-byte load of qs stays in one cache line */
+typedef struct __attribute__((aligned(64))) { int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; float d; } block_q8_K;
 _Static_assert(sizeof(block_q8_0) == 34, "Q8_0 block is 34 bytes");
 _Static_assert(sizeof(block_q4_0) == 18, "Q4_0 block is 18 bytes");
 _Static_assert(sizeof(block_q4_1) == 20, "Q4_1 block is 20 bytes");
@@ -65,7 +67,7 @@ _Static_assert(sizeof(block_q4_K) == 144, "Q4_K block is 144 bytes");
 _Static_assert(sizeof(block_q5_K) == 176, "Q5_K block is 176 bytes");
 _Static_assert(sizeof(block_q6_K) == 210, "Q6_K block is 210 bytes");
 _Static_assert(sizeof(block_iq4_xs) == 136, "IQ4_XS block is 136 bytes");
-_Static_assert(sizeof(block_q8_K) == 292, "Q8_K block is 292 bytes");
+_Static_assert(sizeof(block_q8_K) == 320, "Q8_K block is 320 bytes");
 
 uint16_t pi_f32_to_f16(float f); /* round to nearest even (quant.c) */
 

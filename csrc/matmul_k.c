@@ -28,10 +28,31 @@
  *     Prefill (batches of KT = 8 tokens or more) is compute-bound, and unpacking a super-block (nibbles, high
  *     bits, 6-bit scales, scale words) costs about as much as one token's dots on it, so a tile unpacks each
  *     super-block of a row once for KT tokens (ksb below). Rows go in blocks of RB = 16, and each block walks
- *     its super-blocks in spans of SPAN = 8, all RB rows per span, so the span's activations (KT x SPAN x 292
- *     bytes, ~19 KB) are read from L1 by every row: with a row's whole width per tile they came from L2 at
+ *     its super-blocks in spans of SPAN = 8, all RB rows per span, so the span's activations (KT x SPAN x 320
+ *     bytes, 20 KB) are read from L1 by every row: with a row's whole width per tile they came from L2 at
  *     K = 11008 and the tile ran ~30% slower. 4096 x 4096 x 64 tokens, 2 threads, this 2-core Zen 5 host:
  *     Q4_K 73 -> 152 GMAC/s, Q6_K 89 -> 148 (the old and new builds loaded in one process, taking turns).
+ *     Per (row, token, super-block) a tile then does 4 activation loads, 4 maddubs, 4 dpwssd, one convert,
+ *     one permute and one FMA, plus half of a two-token mins (or offset) step; the activation loads are its
+ *     largest cost (a microbenchmark of the token loop alone, in L1: 4 maddubs fed from registers 0.5 ns per
+ *     token and super-block, from loads that split cache lines 1.3 ns, from aligned loads 0.9 ns). Hence:
+ *       - Q8_K blocks are 320 bytes, qs first and 64-byte aligned (matmul_internal.h), so no load splits a
+ *         cache line (the 292-byte layout put every qs load across two lines);
+ *       - per span, the tile's d_x and bsums are gathered once for all RB rows (ktile): per row super-block
+ *         one multiply gives d_x * d for all KT tokens and one permute spreads a token's product over its
+ *         lanes (the same f32 product as the scalar d_x * d); the mins (Q4_K, Q5_K, Q2_K) of two tokens take
+ *         one madd, convert and FMA in a zmm (accm[p]: token 2p low 8 lanes, 2p + 1 high), and so do the
+ *         -32 / -4 offsets of Q6_K / Q3_K (one madd, then each half starts a token's isum);
+ *       - Q4_K/Q5_K decode their 6-bit scales with two pshufb, one variable shift and masks, and d, dmin with
+ *         one vcvtph2ps (scalar shifts and masks with GPR <-> vector moves before).
+ *     Measured with benchmarks/bench_prefill_ab.py (the builds in separate processes, alternating, 64 tokens,
+ *     one thread, CPU time, medians of 5 rounds on a loaded host; README has all shapes and two threads):
+ *     4096 x 11008 Q4_K 107 -> 123 GMAC/s, Q5_K 101 -> 112, Q6_K 98 -> 114; Q2_K 1.1x, Q3_K, IQ4_XS ~1.0x.
+ *     Tried and dropped: unpacking each span once per 64 tokens into a scratch (ksb arrays, 90 KB) that every
+ *     tile of 8 tokens reads (no gain: the ksb loads replace the unpack work, 113 vs 114 GMAC/s; 102-108 with
+ *     a smaller scratch); two rows per tile sharing each activation load (8 tokens: register spills,
+ *     0.87-0.95x with the sums in registers, 1.00x with them in memory); 12 or 16 tokens per tile (0.85x, 0.97x); d_x * d as a broadcast multiply from memory
+ *     instead of the permute (0.96-1.01x).
  *   - scalar: everything else (AVX2-only machines included).
  * Each (row, token) sum sees the same instructions in the same order whether it is computed alone (decode,
  * k_dot), in a tile, or in several spans (the running sums go to memory between spans and come back
@@ -40,14 +61,17 @@
  */
 #include "matmul_internal.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
 #define MK_AVX512 1
 #include <immintrin.h>
 #endif
 
 #define ROW_BLOCK 16 /* rows per chunk granule */
 #define TOK_BLOCK 16 /* scalar: tokens per pass over a row (its super-blocks stay in L1) */
-#define KT 8      /* AVX-512 prefill: tokens per tile (a super-block is unpacked once per KT tokens) */
+#ifndef KT
+#define KT 8
+#endif
+#define KT_      /* AVX-512 prefill: tokens per tile (a super-block is unpacked once per KT tokens) */
 #define SPAN 8    /* AVX-512 prefill: super-blocks per span */
 #define RB 16     /* AVX-512 prefill: rows per block */
 #define PF_ROWS 2 /* one-token row gathers: rows requested ahead (1-8 and L2-only hints measured alike) */
@@ -156,13 +180,17 @@ typedef struct {
 INLINE void unpack_q45k(const uint8_t *blk, ksb *s, const int q5) {
     const block_q4_K *b = (const block_q4_K *)blk;
     const uint8_t *qs = q5 ? ((const block_q5_K *)b)->qs : b->qs;
-    uint32_t a[3], u[4];
-    memcpy(a, b->scales, 12);
-    u[0] = a[0] & 0x3f3f3f3f;                                             /* sc 0..3 */
-    u[1] = (a[2] & 0x0f0f0f0f) | ((a[0] >> 6) & 0x03030303) << 4;         /* sc 4..7 */
-    u[2] = a[1] & 0x3f3f3f3f;                                             /* m 0..3 */
-    u[3] = ((a[2] >> 4) & 0x0f0f0f0f) | ((a[1] >> 6) & 0x03030303) << 4;  /* m 4..7 */
-    const __m128i scm = _mm_loadu_si128((const __m128i *)u);
+    /* the block's first 16 bytes: d, dmin (f16), then the 12 scale bytes s[0..11]; bytes of scm: sc 0..7, m 0..7
+     * sc j < 4: s[j] & 63, sc j >= 4: (s[j + 4] & 15) | (s[j - 4] >> 6) << 4,
+     * m j < 4: s[j + 4] & 63, m j >= 4: (s[j + 4] >> 4) | (s[j] >> 6) << 4 */
+    const __m128i v = _mm_loadu_si128((const __m128i *)blk);
+    const __m128i lo = _mm_shuffle_epi8(v, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m128i hi = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
+    const __m128i scm = _mm_or_si128(
+        _mm_and_si128(_mm_srlv_epi16(lo, _mm_setr_epi16(0, 0, 0, 0, 0, 0, 4, 4)),
+                      _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15)),
+        _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30)));
+    const __m128 dm = _mm_cvtph_ps(v); /* d, dmin */
     const __m512i s16 = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(scm)); /* words 0..7 sc, 8..15 m */
     __m256i hb = _mm256_setzero_si256();
     if (q5) hb = _mm256_loadu_si256((const __m256i *)((const block_q5_K *)b)->qh);
@@ -181,19 +209,16 @@ INLINE void unpack_q45k(const uint8_t *blk, ksb *s, const int q5) {
     }
     /* mins: word k of the bsums pairs with m_(k / 2) */
     s->m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_srli_si128(scm, 8), _mm_srli_si128(scm, 8)));
-    s->d = pi_h2f(b->d);
-    s->dmin = pi_h2f(b->dmin);
+    s->d = _mm_cvtss_f32(dm);
+    s->dmin = _mm_cvtss_f32(_mm_movehdup_ps(dm));
 }
 
-INLINE void token_q45k(const ksb *s, const block_q8_K *x, __m512 *acc, __m256 *accm) {
+INLINE __m512i isum_q45k(const ksb *s, const block_q8_K *x) {
     __m512i isum = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int c = 0; c < 4; c++)
-        isum = dot_acc(isum, _mm512_maddubs_epi16(s->z[c], _mm512_loadu_si512(x->qs + 64 * c)), s->sw[c]);
-    const float dx = x->d;
-    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dx * s->d), *acc);
-    const __m256i pm = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), s->m16);
-    *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pm), _mm256_set1_ps(dx * s->dmin), *accm);
+        isum = dot_acc(isum, _mm512_maddubs_epi16(s->z[c], _mm512_load_si512(x->qs + 64 * c)), s->sw[c]);
+    return isum;
 }
 
 /* Q6_K: z[2 hf] the 6-bit values of the low nibbles of ql[64 hf ..], z[2 hf + 1] of the high nibbles */
@@ -221,14 +246,11 @@ INLINE void unpack_q6k(const uint8_t *blk, ksb *s) {
     s->d = pi_h2f(b->d);
 }
 
-INLINE void token_q6k(const ksb *s, const block_q8_K *x, __m512 *acc) {
-    /* -32 * sum_g sc_g * bsum_g, in the low 8 lanes */
-    const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(s->m16, _mm256_loadu_si256((const __m256i *)x->bsums)), 5);
-    __m512i isum = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(corr));
+INLINE __m512i isum_q6k(const ksb *s, const block_q8_K *x, __m512i isum) { /* isum: the -32 term */
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++)
-        isum = dot_acc(isum, _mm512_maddubs_epi16(s->z[k], _mm512_loadu_si512(x->qs + 64 * k)), s->sw[k]);
-    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(x->d * s->d), *acc);
+        isum = dot_acc(isum, _mm512_maddubs_epi16(s->z[k], _mm512_load_si512(x->qs + 64 * k)), s->sw[k]);
+    return isum;
 }
 
 /* Q2_K / Q3_K: 2 bits of element 128n + 32j + l in bits 2j of qs[32n + l]; one zmm holds j = 2c (low half)
@@ -306,20 +328,9 @@ INLINE void unpack_q23k(const uint8_t *blk, ksb *s, const int q3) {
     s->d = pi_h2f(b->d);
 }
 
-INLINE void token_q23k(const ksb *s, const block_q8_K *x, __m512 *acc, __m256 *accm, const int q3) {
-    __m512i isum = _mm512_setzero_si512();
-    if (q3) { /* -4 * sum_g s_g * bsum_g, in the low 8 lanes */
-        const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(s->m16, _mm256_loadu_si256((const __m256i *)x->bsums)), 2);
-        isum = _mm512_sub_epi32(isum, _mm512_zextsi256_si512(corr));
-    }
-    isum = scale_groups16(isum, s->sw, dot4(s->z[0], x->qs), dot4(s->z[1], x->qs + 64), dot4(s->z[2], x->qs + 128),
+INLINE __m512i isum_q23k(const ksb *s, const block_q8_K *x, __m512i isum) { /* isum: 0 or Q3_K's -4 term */
+    return scale_groups16(isum, s->sw, dot4(s->z[0], x->qs), dot4(s->z[1], x->qs + 64), dot4(s->z[2], x->qs + 128),
                           dot4(s->z[3], x->qs + 192));
-    const float dx = x->d;
-    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dx * s->d), *acc);
-    if (!q3) {
-        const __m256i pm = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), s->m16);
-        *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pm), _mm256_set1_ps(dx * s->dmin), *accm);
-    }
 }
 
 /* IQ4_XS: chunk c of 64 weights = sub-blocks 2c (bytes 0..31) and 2c + 1 (32..63); sub-block s is the low
@@ -350,15 +361,15 @@ INLINE void unpack_iq4xs(const uint8_t *blk, ksb *s) {
     s->d = pi_h2f(b->d);
 }
 
-INLINE void token_iq4xs(const ksb *s, const block_q8_K *x, __m512 *acc) {
+INLINE __m512i isum_iq4xs(const ksb *s, const block_q8_K *x) {
     __m512i isum = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int c = 0; c < 4; c++) {
-        const __m512i xq = _mm512_loadu_si512(x->qs + 64 * c);
+        const __m512i xq = _mm512_load_si512(x->qs + 64 * c);
         const __m512i xs = _mm512_mask_sub_epi8(xq, s->neg[c], _mm512_setzero_si512(), xq);
         isum = dot_acc(isum, _mm512_maddubs_epi16(s->z[c], xs), s->sw[c]);
     }
-    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(x->d * s->d), *acc);
+    return isum;
 }
 
 INLINE size_t k_block_size(const int type) { /* a compile-time constant where type is one */
@@ -376,41 +387,109 @@ INLINE void k_unpack(const int type, const uint8_t *blk, ksb *s) {
     else unpack_q23k(blk, s, type == PI_Q3_K);
 }
 
-INLINE void k_token(const int type, const ksb *s, const block_q8_K *x, __m512 *acc, __m256 *accm) {
-    if (type == PI_Q4_K || type == PI_Q5_K) token_q45k(s, x, acc, accm);
-    else if (type == PI_Q6_K) token_q6k(s, x, acc);
-    else if (type == PI_IQ4_XS) token_iq4xs(s, x, acc);
-    else token_q23k(s, x, acc, accm, type == PI_Q3_K);
+/* Q6_K / Q3_K: -32 (-4) * sum_g s_g * bsum_g, in the low 8 int32 lanes, the start of isum (k_isum) */
+INLINE int k_has_offset(const int type) { return type == PI_Q6_K || type == PI_Q3_K; }
+INLINE __m256i k_offset(const int type, __m256i sc16, __m256i bsums) {
+    return _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), type == PI_Q6_K ? 5 : 2);
 }
 
-/* Running sums of one row against KT tokens (a prefill tile), kept in memory between spans of super-blocks */
+/* The integer sums of one super-block against one token, 16 int32 lanes, starting from init (zero, or the
+ * negated k_offset in the low 8 lanes) */
+INLINE __m512i k_isum(const int type, const ksb *s, const block_q8_K *x, __m512i init) {
+    if (type == PI_Q4_K || type == PI_Q5_K) return isum_q45k(s, x);
+    if (type == PI_Q6_K) return isum_q6k(s, x, init);
+    if (type == PI_IQ4_XS) return isum_iq4xs(s, x);
+    return isum_q23k(s, x, init);
+}
+
+/* The mins term (k_has_min types): word k of the bsums times its min, pairs summed (8 int32 lanes) */
+INLINE __m256i k_imin(const ksb *s, const block_q8_K *x) {
+    return _mm256_madd_epi16(_mm256_load_si256((const __m256i *)x->bsums), s->m16);
+}
+
+/* One token (decode): acc += isum * (d_x * d); accm += imin * (d_x * dmin). Tiles (k_span) do the same FMAs
+ * on the same lanes, the scale products taken from a vector and the mins of two tokens in one zmm. */
+INLINE void k_token(const int type, const ksb *s, const block_q8_K *x, __m512 *acc, __m256 *accm) {
+    const float dx = x->d;
+    __m512i init = _mm512_setzero_si512();
+    if (k_has_offset(type))
+        init = _mm512_sub_epi32(init, _mm512_zextsi256_si512(
+                                          k_offset(type, s->m16, _mm256_load_si256((const __m256i *)x->bsums))));
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(k_isum(type, s, x, init)), _mm512_set1_ps(dx * s->d), *acc);
+    if (k_has_min(type))
+        *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(k_imin(s, x)), _mm256_set1_ps(dx * s->dmin), *accm);
+}
+
+/* Running sums of one row against KT tokens (a prefill tile), kept in memory between spans of super-blocks:
+ * acc[t] token t's; accm[p] the mins of tokens 2p (low 8 lanes) and 2p + 1 (high 8 lanes) */
 typedef struct {
     __m512 acc[KT];
-    __m256 accm[KT];
+    __m512 accm[KT / 2];
 } kacc;
 
-/* Super-blocks i0 .. i1 - 1 of one row against KT tokens (x: token 0's super-blocks, each next token's n_sb
- * later), continuing the sums in a. Whether a row's super-blocks run in one span or several, each sum sees
- * the same FMAs in the same order. */
-INLINE void k_span(const int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb, int64_t i0, int64_t i1,
-                   kacc *a, const int nt) { /* nt <= KT tokens: KT in full tiles (a constant), fewer at the end */
-    const size_t size = k_block_size(type);
-    __m512 acc[KT];
-    __m256 accm[KT];
-    for (int t = 0; t < KT; t++) {
-        acc[t] = a->acc[t];
-        accm[t] = a->accm[t];
+/* What a tile's tokens bring to every row, gathered once per span: per super-block their d (0 past nt) and
+ * their bsums, two tokens per zmm (zero past nt) */
+typedef struct {
+    float dx[SPAN][16];
+    __m512i bs[SPAN][KT / 2];
+} ktile;
+
+static void ktile_fill(ktile *tl, const block_q8_K *x, int64_t n_sb, int64_t i0, int64_t i1, int nt) {
+    for (int64_t i = i0; i < i1; i++) {
+        for (int t = 0; t < 16; t++) tl->dx[i - i0][t] = t < nt ? x[t * n_sb + i].d : 0.0f;
+        for (int p = 0; p < KT / 2; p++) {
+            const __m256i b0 = 2 * p < nt ? _mm256_load_si256((const __m256i *)x[2 * p * n_sb + i].bsums)
+                                          : _mm256_setzero_si256();
+            const __m256i b1 = 2 * p + 1 < nt ? _mm256_load_si256((const __m256i *)x[(2 * p + 1) * n_sb + i].bsums)
+                                              : _mm256_setzero_si256();
+            tl->bs[i - i0][p] = _mm512_inserti64x4(_mm512_castsi256_si512(b0), b1, 1);
+        }
     }
+}
+
+/* Super-blocks i0 .. i1 - 1 of one row against KT tokens (x: token 0's super-blocks, each next token's n_sb
+ * later; tl: their d and bsums), continuing the sums in a. Per (row, token) lane the
+ * same integers and the same FMAs as k_token: the products d_x * d of all tokens in one multiply, each
+ * spread over a token's lanes by one permute; the mins of two tokens in one madd, convert and FMA. Whether a
+ * row's super-blocks run in one span or several, each sum sees the same FMAs in the same order. */
+INLINE void k_span(const int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb, int64_t i0, int64_t i1,
+                   const ktile *tl, kacc *a, const int nt) { /* nt <= KT tokens: KT in full tiles (a constant) */
+    const size_t size = k_block_size(type);
+    __m512 acc[KT], accm[KT / 2];
+    for (int t = 0; t < KT; t++) acc[t] = a->acc[t];
+    for (int p = 0; p < KT / 2; p++) accm[p] = a->accm[p];
     for (int64_t i = i0; i < i1; i++) {
         ksb s;
         k_unpack(type, row + i * size, &s);
-        for (int t = 0; t < KT; t++)
-            if (t < nt) k_token(type, &s, x + t * n_sb + i, &acc[t], &accm[t]);
+        const __m512 dxv = _mm512_load_ps(tl->dx[i - i0]);
+        const __m512 dd = _mm512_mul_ps(dxv, _mm512_set1_ps(s.d));
+#pragma GCC unroll 8
+        for (int t = 0; t < KT; t++) {
+            if (t >= nt) continue;
+            __m512i init = _mm512_setzero_si512();
+            if (k_has_offset(type)) { /* two tokens' offsets per madd: the same int32 lanes as k_token's */
+                const __m512i o = _mm512_sub_epi32(init, _mm512_slli_epi32(
+                    _mm512_madd_epi16(tl->bs[i - i0][t / 2], _mm512_broadcast_i64x4(s.m16)), type == PI_Q6_K ? 5 : 2));
+                init = t % 2 ? _mm512_zextsi256_si512(_mm512_extracti64x4_epi64(o, 1))
+                             : _mm512_zextsi256_si512(_mm512_castsi512_si256(o));
+            }
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(k_isum(type, &s, x + t * n_sb + i, init)),
+                                     _mm512_permutexvar_ps(_mm512_set1_epi32(t), dd), acc[t]);
+        }
+        if (k_has_min(type)) {
+            const __m512 dm = _mm512_mul_ps(dxv, _mm512_set1_ps(s.dmin));
+            const __m512i m2 = _mm512_broadcast_i64x4(s.m16);
+            for (int p = 0; p < KT / 2; p++) {
+                if (2 * p >= nt) continue;
+                const __m512i bs = tl->bs[i - i0][p];
+                const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1), 1);
+                accm[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(bs, m2)),
+                                          _mm512_permutexvar_ps(idx, dm), accm[p]);
+            }
+        }
     }
-    for (int t = 0; t < KT; t++) {
-        a->acc[t] = acc[t];
-        a->accm[t] = accm[t];
-    }
+    for (int t = 0; t < KT; t++) a->acc[t] = acc[t];
+    for (int p = 0; p < KT / 2; p++) a->accm[p] = accm[p];
 }
 
 /* One row against one token, all its super-blocks: per token the same FMAs as in k_span */
@@ -427,10 +506,10 @@ INLINE float k_dot(const int type, const uint8_t *row, const block_q8_K *x, int6
 }
 
 #define K_SPAN_FN(name, dname, TYPE)                                                                           \
-    static void name(const uint8_t *row, const block_q8_K *x, int64_t n_sb, int64_t i0, int64_t i1, kacc *a,  \
-                     int nt) {                                                                                \
-        if (nt == KT) k_span(TYPE, row, x, n_sb, i0, i1, a, KT);                                              \
-        else k_span(TYPE, row, x, n_sb, i0, i1, a, nt);                                                       \
+    static void name(const uint8_t *row, const block_q8_K *x, int64_t n_sb, int64_t i0, int64_t i1,           \
+                     const ktile *tl, kacc *a, int nt) {                                                      \
+        if (nt == KT) k_span(TYPE, row, x, n_sb, i0, i1, tl, a, KT);                                          \
+        else k_span(TYPE, row, x, n_sb, i0, i1, tl, a, nt);                                                   \
     }                                                                                                         \
     static float dname(const uint8_t *row, const block_q8_K *x, int64_t n_sb) { return k_dot(TYPE, row, x, n_sb); }
 K_SPAN_FN(span_q2k, dot_q2k, PI_Q2_K)
@@ -442,14 +521,14 @@ K_SPAN_FN(span_iq4xs, dot_iq4xs, PI_IQ4_XS)
 
 /* A tile: nt <= KT tokens */
 static void row_span(int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb, int64_t i0, int64_t i1,
-                     kacc *a, int nt) {
+                     const ktile *tl, kacc *a, int nt) {
     switch (type) {
-    case PI_Q2_K: span_q2k(row, x, n_sb, i0, i1, a, nt); return;
-    case PI_Q3_K: span_q3k(row, x, n_sb, i0, i1, a, nt); return;
-    case PI_Q5_K: span_q5k(row, x, n_sb, i0, i1, a, nt); return;
-    case PI_Q6_K: span_q6k(row, x, n_sb, i0, i1, a, nt); return;
-    case PI_IQ4_XS: span_iq4xs(row, x, n_sb, i0, i1, a, nt); return;
-    default: span_q4k(row, x, n_sb, i0, i1, a, nt); return;
+    case PI_Q2_K: span_q2k(row, x, n_sb, i0, i1, tl, a, nt); return;
+    case PI_Q3_K: span_q3k(row, x, n_sb, i0, i1, tl, a, nt); return;
+    case PI_Q5_K: span_q5k(row, x, n_sb, i0, i1, tl, a, nt); return;
+    case PI_Q6_K: span_q6k(row, x, n_sb, i0, i1, tl, a, nt); return;
+    case PI_IQ4_XS: span_iq4xs(row, x, n_sb, i0, i1, tl, a, nt); return;
+    default: span_q4k(row, x, n_sb, i0, i1, tl, a, nt); return;
     }
 }
 
@@ -465,14 +544,14 @@ static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t 
 }
 
 static void kacc_zero(kacc *a) {
-    for (int t = 0; t < KT; t++) {
-        a->acc[t] = _mm512_setzero_ps();
-        a->accm[t] = _mm256_setzero_ps();
-    }
+    for (int t = 0; t < KT; t++) a->acc[t] = _mm512_setzero_ps();
+    for (int p = 0; p < KT / 2; p++) a->accm[p] = _mm512_setzero_ps();
 }
 
 static float kacc_sum(int type, const kacc *a, int t) {
-    return k_has_min(type) ? hsum(a->acc[t], a->accm[t]) : _mm512_reduce_add_ps(a->acc[t]);
+    const __m512 m = a->accm[t / 2];
+    const __m256 accm = t % 2 ? _mm512_extractf32x8_ps(m, 1) : _mm512_castps512_ps256(m);
+    return k_has_min(type) ? hsum(a->acc[t], accm) : _mm512_reduce_add_ps(a->acc[t]);
 }
 
 #else
@@ -549,8 +628,8 @@ static inline void prefetch_row(const mk_job *j, int64_t i) {
 
 #if defined(MK_AVX512)
 /* Rows r_beg .. r_end - 1: blocks of RB rows, each against the tokens KT at a time; within a block the rows'
- * super-blocks go in spans of SPAN, all RB rows per span, so the span's activations (KT x SPAN x 292 bytes,
- * ~19 KB) stay in L1 while the rows use them. Tokens left over after the last full tile of KT (and decode)
+ * super-blocks go in spans of SPAN, all RB rows per span, so the span's activations (KT x SPAN x 320 bytes,
+ * 20 KB) stay in L1 while the rows use them. Tokens left over after the last full tile of KT (and decode)
  * take one row at a time: the same FMAs per (row, token) as in a tile, so the same bits. */
 static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end) {
     /* Tiles take every token of a batch, the last one fewer than KT if need be (a mixture-of-experts layer gives
@@ -560,6 +639,7 @@ static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end) {
     const int64_t n_sb = j->n_sb;
     const int64_t n_tiled = j->n_tok < 2 ? 0 : j->type == PI_Q6_K ? j->n_tok / KT * KT : j->n_tok;
     kacc a[RB];
+    ktile tl;
     for (int64_t rb = r_beg; rb < r_end; rb += RB) {
         const int64_t nr = r_end - rb < RB ? r_end - rb : RB;
         for (int64_t tb = 0; tb < n_tiled; tb += KT) {
@@ -568,9 +648,10 @@ static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end) {
             for (int64_t r = 0; r < nr; r++) kacc_zero(&a[r]);
             for (int64_t i0 = 0; i0 < n_sb; i0 += SPAN) {
                 const int64_t i1 = i0 + SPAN < n_sb ? i0 + SPAN : n_sb;
+                ktile_fill(&tl, x, n_sb, i0, i1, nt);
                 for (int64_t r = 0; r < nr; r++) {
                     const int64_t o = rb + r;
-                    row_span(j->type, j->w + (j->sel ? j->sel[o] : o) * j->row_bytes, x, n_sb, i0, i1, &a[r], nt);
+                    row_span(j->type, j->w + (j->sel ? j->sel[o] : o) * j->row_bytes, x, n_sb, i0, i1, &tl, &a[r], nt);
                 }
             }
             for (int64_t r = 0; r < nr; r++)
