@@ -361,8 +361,10 @@ INLINE void token_iq4xs(const ksb *s, const block_q8_K *x, __m512 *acc) {
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(x->d * s->d), *acc);
 }
 
+#include "matmul_iq.h" /* unpack_iq: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S (token: token_iq4xs) */
+
 INLINE size_t k_block_size(const int type) { /* a compile-time constant where type is one */
-    return type == PI_Q4_K ? sizeof(block_q4_K) : type == PI_Q5_K ? sizeof(block_q5_K)
+    return pi_is_iq_type(type) ? iq_block_size(type) : type == PI_Q4_K ? sizeof(block_q4_K) : type == PI_Q5_K ? sizeof(block_q5_K)
          : type == PI_Q6_K ? sizeof(block_q6_K) : type == PI_Q2_K ? sizeof(block_q2_K)
          : type == PI_IQ4_XS ? sizeof(block_iq4_xs) : sizeof(block_q3_K);
 }
@@ -373,13 +375,14 @@ INLINE void k_unpack(const int type, const uint8_t *blk, ksb *s) {
     if (type == PI_Q4_K || type == PI_Q5_K) unpack_q45k(blk, s, type == PI_Q5_K);
     else if (type == PI_Q6_K) unpack_q6k(blk, s);
     else if (type == PI_IQ4_XS) unpack_iq4xs(blk, s);
+    else if (pi_is_iq_type(type)) unpack_iq(type, blk, s);
     else unpack_q23k(blk, s, type == PI_Q3_K);
 }
 
 INLINE void k_token(const int type, const ksb *s, const block_q8_K *x, __m512 *acc, __m256 *accm) {
     if (type == PI_Q4_K || type == PI_Q5_K) token_q45k(s, x, acc, accm);
     else if (type == PI_Q6_K) token_q6k(s, x, acc);
-    else if (type == PI_IQ4_XS) token_iq4xs(s, x, acc);
+    else if (type == PI_IQ4_XS || pi_is_iq_type(type)) token_iq4xs(s, x, acc);
     else token_q23k(s, x, acc, accm, type == PI_Q3_K);
 }
 
@@ -439,6 +442,11 @@ K_SPAN_FN(span_q4k, dot_q4k, PI_Q4_K)
 K_SPAN_FN(span_q5k, dot_q5k, PI_Q5_K)
 K_SPAN_FN(span_q6k, dot_q6k, PI_Q6_K)
 K_SPAN_FN(span_iq4xs, dot_iq4xs, PI_IQ4_XS)
+K_SPAN_FN(span_iq2xxs, dot_iq2xxs, PI_IQ2_XXS)
+K_SPAN_FN(span_iq2xs, dot_iq2xs, PI_IQ2_XS)
+K_SPAN_FN(span_iq2s, dot_iq2s, PI_IQ2_S)
+K_SPAN_FN(span_iq3xxs, dot_iq3xxs, PI_IQ3_XXS)
+K_SPAN_FN(span_iq3s, dot_iq3s, PI_IQ3_S)
 
 /* A tile: nt <= KT tokens */
 static void row_span(int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb, int64_t i0, int64_t i1,
@@ -449,6 +457,11 @@ static void row_span(int type, const uint8_t *row, const block_q8_K *x, int64_t 
     case PI_Q5_K: span_q5k(row, x, n_sb, i0, i1, a, nt); return;
     case PI_Q6_K: span_q6k(row, x, n_sb, i0, i1, a, nt); return;
     case PI_IQ4_XS: span_iq4xs(row, x, n_sb, i0, i1, a, nt); return;
+    case PI_IQ2_XXS: span_iq2xxs(row, x, n_sb, i0, i1, a, nt); return;
+    case PI_IQ2_XS: span_iq2xs(row, x, n_sb, i0, i1, a, nt); return;
+    case PI_IQ2_S: span_iq2s(row, x, n_sb, i0, i1, a, nt); return;
+    case PI_IQ3_XXS: span_iq3xxs(row, x, n_sb, i0, i1, a, nt); return;
+    case PI_IQ3_S: span_iq3s(row, x, n_sb, i0, i1, a, nt); return;
     default: span_q4k(row, x, n_sb, i0, i1, a, nt); return;
     }
 }
@@ -460,6 +473,11 @@ static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t 
     case PI_Q5_K: return dot_q5k(row, x, n_sb);
     case PI_Q6_K: return dot_q6k(row, x, n_sb);
     case PI_IQ4_XS: return dot_iq4xs(row, x, n_sb);
+    case PI_IQ2_XXS: return dot_iq2xxs(row, x, n_sb);
+    case PI_IQ2_XS: return dot_iq2xs(row, x, n_sb);
+    case PI_IQ2_S: return dot_iq2s(row, x, n_sb);
+    case PI_IQ3_XXS: return dot_iq3xxs(row, x, n_sb);
+    case PI_IQ3_S: return dot_iq3s(row, x, n_sb);
     default: return dot_q4k(row, x, n_sb);
     }
 }
@@ -482,9 +500,21 @@ static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t 
     for (int64_t i = 0; i < n_sb; i++, x++) {
         const uint8_t *blk = row + i * size;
         int8_t q[QK_K];
+        int32_t isum = 0, imin = 0;
+        if (pi_is_iq_type(type)) { /* q = grid * sign, integer scales 2 ls + 1 per group (matmul_iq.c) */
+            uint8_t sc[16];
+            float d;
+            const int g = pi_iq_unpack(type, blk, q, sc, &d);
+            for (int s = 0; s < QK_K / g; s++) {
+                int32_t t = 0;
+                for (int l = 0; l < g; l++) t += q[g * s + l] * x->qs[g * s + l];
+                isum += sc[s] * t;
+            }
+            acc += (x->d * d) * (float)isum;
+            continue;
+        }
         float dsc[16], dmn[16];
         pi_unpack_qk(type, blk, q, dsc, dmn);
-        int32_t isum = 0, imin = 0;
         if (type == PI_Q2_K || type == PI_Q3_K) { /* 16 groups of 16; Q3_K's q already minus 4 */
             int8_t s3[16];
             if (type == PI_Q3_K) pi_q3k_scales(((const block_q3_K *)blk)->scales, s3);
