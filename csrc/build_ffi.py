@@ -20,8 +20,8 @@ _GRIDS = (("pi_iq2xxs_grid", "IQ2_XXS", 8), ("pi_iq2xs_grid", "IQ2_XS", 8), ("pi
 
 def iq_grids_text() -> str:
     """csrc/iq_grids.h as generated from the gguf package's grids (gguf.quants.<TYPE>.grid, unsigned values):
-    each grid entry packed little-endian into one integer, byte j = the entry's value j; for the IQ3 grids also
-    their 8 levels and each entry as a 12-bit code (bits 3j..3j+2: the level index of value j)."""
+    each grid entry packed little-endian into one integer, byte j = the entry's value j; also each grid's levels
+    (IQ2: 3, IQ3: 8) and its entries as codes of 2 (IQ2) or 3 (IQ3) bits per value, the level index."""
     import numpy as np
     from gguf import quants
 
@@ -40,15 +40,17 @@ def iq_grids_text() -> str:
         for i in range(0, len(packed), per_line):
             out.append("    " + ", ".join(f"0x{int(v):0{digits}x}" for v in packed[i:i + per_line]) + ",")
         out.append("};")
-        if width == 4:  # IQ3: 8 levels, so an entry is also a 12-bit code (level index of value j in bits 3j..)
-            levels = np.unique(g)
-            assert len(levels) == 8, cls_name
-            code = (np.searchsorted(levels, g).astype(np.uint16) << (3 * np.arange(4, dtype=np.uint16))).sum(axis=1)
-            out.append(f"const uint8_t {name}_levels[16] = {{{', '.join(str(int(v)) for v in levels)}}};")
-            out.append(f"const uint16_t {name}_code[{len(code)}] = {{")
-            for i in range(0, len(code), 12):
-                out.append("    " + ", ".join(f"0x{int(v):03x}" for v in code[i:i + 12]) + ",")
-            out.append("};")
+        # few levels (IQ2: 3, IQ3: 8), so an entry is also a 16-bit (IQ2) or 12-bit (IQ3) code: bits b*j .. of
+        # value j hold its level index (b = 2 or 3 bits)
+        levels = np.unique(g)
+        bits = 2 if width == 8 else 3
+        assert len(levels) <= 1 << bits, cls_name
+        code = (np.searchsorted(levels, g).astype(np.uint16) << (bits * np.arange(width, dtype=np.uint16))).sum(axis=1)
+        out.append(f"const uint8_t {name}_levels[16] = {{{', '.join(str(int(v)) for v in levels)}}};")
+        out.append(f"const uint16_t {name}_code[{len(code)}] = {{")
+        for i in range(0, len(code), 12):
+            out.append("    " + ", ".join(f"0x{int(v):04x}" for v in code[i:i + 12]) + ",")
+        out.append("};")
     return "\n".join(out) + "\n"
 
 

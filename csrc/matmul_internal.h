@@ -128,8 +128,12 @@ static inline int pi_is_iq_type(int type) {
 /* Their grids (iq_grids.h) */
 extern const uint64_t pi_iq2xxs_grid[256], pi_iq2xs_grid[512], pi_iq2s_grid[1024];
 extern const uint32_t pi_iq3xxs_grid[256], pi_iq3s_grid[512];
-extern const uint8_t pi_iq3xxs_grid_levels[16], pi_iq3s_grid_levels[16]; /* the 8 levels, then zeros */
-extern const uint16_t pi_iq3xxs_grid_code[256], pi_iq3s_grid_code[512];  /* 3 bits per value: level index */
+/* the grids' levels (IQ2: 3, IQ3: 8, then zeros) and entries as codes: value j's level index in bits 2j.. (IQ2)
+ * or 3j.. (IQ3) */
+extern const uint8_t pi_iq2xxs_grid_levels[16], pi_iq2xs_grid_levels[16], pi_iq2s_grid_levels[16];
+extern const uint8_t pi_iq3xxs_grid_levels[16], pi_iq3s_grid_levels[16];
+extern const uint16_t pi_iq2xxs_grid_code[256], pi_iq2xs_grid_code[512], pi_iq2s_grid_code[1024];
+extern const uint16_t pi_iq3xxs_grid_code[256], pi_iq3s_grid_code[512];
 
 /* I-quant super-block -> the integer scales 2 ls + 1 of its groups (8 of 32 or 16 of 16; returns the group
  * size) and *d = d * f (exact: f is a power of two), and if q is not NULL the 256 signed values grid * sign */

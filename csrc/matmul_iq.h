@@ -2,32 +2,18 @@
  * matmul_k.c's ksb; included by matmul_k.c inside its AVX-512 part (it uses ksb, INLINE and scale_words).
  *
  * As for IQ4_XS ("magnitudes + sign mask"): z[c] holds the 64 weights of chunk c as their unsigned grid values
- * (looked up in the grid tables, one qword per IQ2 entry, one dword per IQ3 entry, in the activations' order),
- * neg[c] the mask of the negative ones, sw[c] the integer scale 2 ls + 1 of each int16 pair sum, d = d * f.
- * token_iq4xs then applies the signs to the activations (masked subtract) and computes
- * maddubs(|w|, +-q_x) * scale: pair sums <= 2 * 62 * 127 fit int16. Sign indices become sign bytes with
- * pi_iq_signs4's bit trick, vectorized (bit 7 = parity of the 7-bit index).
+ * in the activations' order, neg[c] the mask of the negative ones, sw[c] the integer scale 2 ls + 1 of each
+ * int16 pair sum, d = d * f; token_iq4xs then applies the signs to the activations (masked subtract) and
+ * computes maddubs(|w|, +-q_x) * scale (pair sums <= 2 * 62 * 127 fit int16).
+ * Grid values: a grid has only 3 (IQ2) or 8 (IQ3) levels, so each entry is also a 16- or 12-bit code (iq_grids.h).
+ * The codes of 32 entries come from the code table by two-register word permutes (iq_codes), and shifts plus
+ * one byte shuffle turn codes into level values. Measured on this Zen 5 host, one thread, weights hot in L2
+ * (benchmarks/bench_matvec_hot.py): IQ3_S 5.5 -> 8.4-9.0 GB/s, IQ3_XXS 4.7 -> 7.9, IQ2_XXS 4.7 -> 5.8 against
+ * loading each 4- or 8-byte grid entry (scalar loads composed into a vector; vpgatherdd / vpgatherdq were a
+ * little slower still). Sign indices become sign bytes with pi_iq_signs4's bit trick, vectorized.
  */
 #ifndef PI_MATMUL_IQ_H
 #define PI_MATMUL_IQ_H
-
-/* grid entries of 8 (IQ2) or 16 (IQ3) indices -> one zmm of 64 unsigned values. Scalar loads composed into
- * the vector: measured a little faster than vpgatherdq / vpgatherdd on this Zen 5 host (IQ3_S 5.4 -> 5.5 GB/s,
- * IQ2_XXS 4.4 -> 4.7 hot in L2, one thread), and gathers are slower still on older cores */
-INLINE __m512i iq_grid8(__m256i ix, const uint64_t *g) {
-    uint32_t i[8];
-    _mm256_storeu_si256((__m256i *)i, ix);
-    return _mm512_set_epi64((long long)g[i[7]], (long long)g[i[6]], (long long)g[i[5]], (long long)g[i[4]],
-                            (long long)g[i[3]], (long long)g[i[2]], (long long)g[i[1]], (long long)g[i[0]]);
-}
-
-INLINE __m512i iq_grid4(__m512i ix, const uint32_t *g) {
-    uint32_t i[16];
-    _mm512_storeu_si512(i, ix);
-    return _mm512_set_epi32((int)g[i[15]], (int)g[i[14]], (int)g[i[13]], (int)g[i[12]], (int)g[i[11]], (int)g[i[10]],
-                            (int)g[i[9]], (int)g[i[8]], (int)g[i[7]], (int)g[i[6]], (int)g[i[5]], (int)g[i[4]],
-                            (int)g[i[3]], (int)g[i[2]], (int)g[i[1]], (int)g[i[0]]);
-}
 
 INLINE size_t iq_block_size(const int type) {
     return type == PI_IQ2_XXS ? sizeof(block_iq2_xxs) : type == PI_IQ2_XS ? sizeof(block_iq2_xs)
@@ -61,69 +47,11 @@ INLINE void iq_masks(ksb *s, const void *signs) { /* 32 sign bytes, 8 per chunk 
     for (int c = 0; c < 4; c++) s->neg[c] = _cvtu64_mask64(m[c]);
 }
 
-INLINE void unpack_iq2xxs(const uint8_t *blk, ksb *s) {
-    const block_iq2_xxs *b = (const block_iq2_xxs *)blk;
-    const __m512i raw = _mm512_loadu_si512(b->qs); /* qword k: sub-block k's 4 grid indices, then its a */
-    const __m128i ls = _mm512_cvtepi64_epi16(_mm512_srli_epi64(raw, 60));
-    const __m512i s16 = _mm512_zextsi128_si512(_mm_add_epi16(_mm_add_epi16(ls, ls), _mm_set1_epi16(1)));
-    uint8_t sg[32];
-    _mm256_storeu_si256((__m256i *)sg, iq_signs32(_mm512_cvtepi64_epi32(_mm512_srli_epi64(raw, 32))));
-    iq_masks(s, sg);
-    const __m128i pick = _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1);
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) {
-        const __m128i q = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(b->qs + 8 * c)), pick);
-        s->z[c] = iq_grid8(_mm256_cvtepu8_epi32(q), pi_iq2xxs_grid);
-        s->sw[c] = scale_words(s16, 2 * c, 0);
-    }
-    s->d = pi_h2f(b->d) * 0.125f;
-}
-
-INLINE void unpack_iq2xs(const uint8_t *blk, ksb *s) {
-    const block_iq2_xs *b = (const block_iq2_xs *)blk;
-    const __m512i w = _mm512_loadu_si512(b->qs); /* 32 words: grid index (9 bits) | sign index << 9 */
-    const __m512i k = _mm512_srli_epi16(w, 9);
-    __m512i p = _mm512_xor_si512(k, _mm512_srli_epi16(k, 4));
-    p = _mm512_xor_si512(p, _mm512_srli_epi16(p, 2));
-    p = _mm512_xor_si512(p, _mm512_srli_epi16(p, 1));
-    const __m512i sb = _mm512_or_si512(k, _mm512_slli_epi16(_mm512_and_si512(p, _mm512_set1_epi16(1)), 7));
-    uint8_t sg[32];
-    _mm256_storeu_si256((__m256i *)sg, _mm512_cvtepi16_epi8(sb));
-    iq_masks(s, sg);
-    const __m512i idx = _mm512_and_si512(w, _mm512_set1_epi16(511));
-    const __m512i s16 = _mm512_zextsi256_si512(iq_scales16(b->scales));
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) {
-        const __m256i ix = _mm256_cvtepu16_epi32(_mm512_extracti32x4_epi32(idx, c));
-        s->z[c] = iq_grid8(ix, pi_iq2xs_grid);
-        s->sw[c] = scale_words(s16, 4 * c, 1);
-    }
-    s->d = pi_h2f(b->d) * 0.125f;
-}
-
-INLINE void unpack_iq2s(const uint8_t *blk, ksb *s) {
-    const block_iq2_s *b = (const block_iq2_s *)blk;
-    iq_masks(s, b->signs);
-    const __m512i s16 = _mm512_zextsi256_si512(iq_scales16(b->scales));
-    const __m256i shifts = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) { /* groups 8c .. 8c + 7; their index bits 8..9 are the 16 bits of qh[2c..2c+1] */
-        uint16_t h;
-        memcpy(&h, b->qh + 2 * c, 2);
-        const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(h), shifts), _mm256_set1_epi32(3));
-        const __m256i ix = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * c))),
-                                           _mm256_slli_epi32(hi, 8));
-        s->z[c] = iq_grid8(ix, pi_iq2s_grid);
-        s->sw[c] = scale_words(s16, 4 * c, 1);
-    }
-    s->d = pi_h2f(b->d) * 0.125f;
-}
-
-/* IQ3: 32 grid indices (words, < 64 * n_pairs) -> their 12-bit codes. The code table sits in n_pairs pairs of
+/* 32 grid indices (words, < 64 * n_pairs) -> their codes (iq_grids.h). The code table sits in n_pairs pairs of
  * zmm (64 words each): one two-register word permute per pair, then a tree of masked moves on index bits
- * 6, 7 (and 8). Cheaper than looking up the 4-byte entries one by one (scalar loads or vpgatherdd) */
-INLINE __m512i iq3_codes(__m512i idx, const uint16_t *tab, const int n_pairs) {
-    __m512i r[8];
+ * 6, 7, ... Cheaper than looking up the 4- or 8-byte entries one by one (scalar loads or gathers) */
+INLINE __m512i iq_codes(__m512i idx, const uint16_t *tab, const int n_pairs) {
+    __m512i r[16];
     for (int k = 0; k < n_pairs; k++)
         r[k] = _mm512_permutex2var_epi16(_mm512_loadu_si512(tab + 64 * k), idx, _mm512_loadu_si512(tab + 64 * k + 32));
     for (int bit = 6, n = n_pairs; n > 1; bit++, n /= 2) {
@@ -147,11 +75,83 @@ INLINE __m512i iq3_expand(__m256i codes, __m512i levels) {
 /* z[0..3] from the 64 grid indices of an IQ3 super-block, given as two zmm of 32 words */
 INLINE void iq3_values(ksb *s, __m512i i0, __m512i i1, const uint16_t *tab, const uint8_t *lv, const int n_pairs) {
     const __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lv));
-    const __m512i c0 = iq3_codes(i0, tab, n_pairs), c1 = iq3_codes(i1, tab, n_pairs);
+    const __m512i c0 = iq_codes(i0, tab, n_pairs), c1 = iq_codes(i1, tab, n_pairs);
     s->z[0] = iq3_expand(_mm512_castsi512_si256(c0), levels);
     s->z[1] = iq3_expand(_mm512_extracti64x4_epi64(c0, 1), levels);
     s->z[2] = iq3_expand(_mm512_castsi512_si256(c1), levels);
     s->z[3] = iq3_expand(_mm512_extracti64x4_epi64(c1, 1), levels);
+}
+
+/* IQ2: the 32 codes of a super-block (words, 2 bits per value) -> z[0..3]: word w of z[c] takes code 8c + w / 4
+ * (one word permute) shifted right by 4 (w % 4) (one variable shift), so that its two bytes get values 2 (w % 4)
+ * and 2 (w % 4) + 1 of the entry, which one byte shuffle maps to the levels */
+INLINE void iq2_values(ksb *s, __m512i idx, const uint16_t *tab, const uint8_t *lv, const int n_pairs) {
+    static const uint16_t quarter[32] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
+                                         4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7};
+    static const uint16_t shift[32] = {0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12,
+                                       0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12};
+    const __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lv));
+    const __m512i codes = iq_codes(idx, tab, n_pairs);
+    const __m512i q = _mm512_loadu_si512(quarter), sh = _mm512_loadu_si512(shift);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m512i u = _mm512_srlv_epi16(_mm512_permutexvar_epi16(_mm512_add_epi16(q, _mm512_set1_epi16((short)(8 * c))),
+                                                                     codes), sh);
+        const __m512i t = _mm512_ternarylogic_epi32(_mm512_and_si512(u, _mm512_set1_epi16(3)), _mm512_slli_epi16(u, 6),
+                                                    _mm512_set1_epi16(0x300), 0xf8); /* a | (b & c) */
+        s->z[c] = _mm512_shuffle_epi8(levels, t);
+    }
+}
+
+INLINE void unpack_iq2xxs(const uint8_t *blk, ksb *s) {
+    const block_iq2_xxs *b = (const block_iq2_xxs *)blk;
+    const __m512i raw = _mm512_loadu_si512(b->qs); /* qword k: sub-block k's 4 grid indices, then its a */
+    const __m128i ls = _mm512_cvtepi64_epi16(_mm512_srli_epi64(raw, 60));
+    const __m512i s16 = _mm512_zextsi128_si512(_mm_add_epi16(_mm_add_epi16(ls, ls), _mm_set1_epi16(1)));
+    uint8_t sg[32];
+    _mm256_storeu_si256((__m256i *)sg, iq_signs32(_mm512_cvtepi64_epi32(_mm512_srli_epi64(raw, 32))));
+    iq_masks(s, sg);
+    iq2_values(s, _mm512_cvtepu8_epi16(_mm512_cvtepi64_epi32(raw)), pi_iq2xxs_grid_code, pi_iq2xxs_grid_levels, 4);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) s->sw[c] = scale_words(s16, 2 * c, 0);
+    s->d = pi_h2f(b->d) * 0.125f;
+}
+
+INLINE void unpack_iq2xs(const uint8_t *blk, ksb *s) {
+    const block_iq2_xs *b = (const block_iq2_xs *)blk;
+    const __m512i w = _mm512_loadu_si512(b->qs); /* 32 words: grid index (9 bits) | sign index << 9 */
+    const __m512i k = _mm512_srli_epi16(w, 9);
+    __m512i p = _mm512_xor_si512(k, _mm512_srli_epi16(k, 4));
+    p = _mm512_xor_si512(p, _mm512_srli_epi16(p, 2));
+    p = _mm512_xor_si512(p, _mm512_srli_epi16(p, 1));
+    const __m512i sb = _mm512_or_si512(k, _mm512_slli_epi16(_mm512_and_si512(p, _mm512_set1_epi16(1)), 7));
+    uint8_t sg[32];
+    _mm256_storeu_si256((__m256i *)sg, _mm512_cvtepi16_epi8(sb));
+    iq_masks(s, sg);
+    iq2_values(s, _mm512_and_si512(w, _mm512_set1_epi16(511)), pi_iq2xs_grid_code, pi_iq2xs_grid_levels, 8);
+    const __m512i s16 = _mm512_zextsi256_si512(iq_scales16(b->scales));
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) s->sw[c] = scale_words(s16, 4 * c, 1);
+    s->d = pi_h2f(b->d) * 0.125f;
+}
+
+INLINE void unpack_iq2s(const uint8_t *blk, ksb *s) {
+    const block_iq2_s *b = (const block_iq2_s *)blk;
+    static const uint16_t quarter[32] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
+                                         4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7};
+    static const uint16_t twice[32] = {0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6,
+                                       0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6};
+    iq_masks(s, b->signs);
+    /* index i = qs[i] | bits 2 (i % 4) .. of qh[i / 4] << 8: qh[i / 4] to word i, shifted by 2 (i % 4) */
+    const __m512i qh = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)b->qh)));
+    const __m512i hi = _mm512_srlv_epi16(_mm512_permutexvar_epi16(_mm512_loadu_si512(quarter), qh), _mm512_loadu_si512(twice));
+    const __m512i idx = _mm512_ternarylogic_epi32(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)b->qs)),
+                                                  _mm512_slli_epi16(hi, 8), _mm512_set1_epi16(0x300), 0xf8);
+    iq2_values(s, idx, pi_iq2s_grid_code, pi_iq2s_grid_levels, 16);
+    const __m512i s16 = _mm512_zextsi256_si512(iq_scales16(b->scales));
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) s->sw[c] = scale_words(s16, 4 * c, 1);
+    s->d = pi_h2f(b->d) * 0.125f;
 }
 
 INLINE void unpack_iq3xxs(const uint8_t *blk, ksb *s) {
