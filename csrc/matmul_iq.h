@@ -6,11 +6,14 @@
  * int16 pair sum, d = d * f; token_iq4xs then applies the signs to the activations (masked subtract) and
  * computes maddubs(|w|, +-q_x) * scale (pair sums <= 2 * 62 * 127 fit int16).
  * Grid values: a grid has only 3 (IQ2) or 8 (IQ3) levels, so each entry is also a 16- or 12-bit code (iq_grids.h).
- * The codes of 32 entries come from the code table by two-register word permutes (iq_codes), and shifts plus
- * one byte shuffle turn codes into level values. Measured on this Zen 5 host, one thread, weights hot in L2
- * (benchmarks/bench_matvec_hot.py): IQ3_S 5.5 -> 8.4-9.0 GB/s, IQ3_XXS 4.7 -> 7.9, IQ2_XXS 4.7 -> 5.8 against
- * loading each 4- or 8-byte grid entry (scalar loads composed into a vector; vpgatherdd / vpgatherdq were a
- * little slower still). Sign indices become sign bytes with pi_iq_signs4's bit trick, vectorized.
+ * The codes of 32 entries come from the code table by two-register word permutes (iq_codes); with VBMI one
+ * vpmultishiftqb and one vpermb turn codes into level values (otherwise shifts and a byte shuffle), and sign
+ * indices become sign bytes by one 128-byte table permute (otherwise pi_iq_signs4's parity trick, vectorized).
+ * Measured on this Zen 5 host, one thread, weights hot in L2 (benchmarks/bench_matvec_hot.py, noisy host,
+ * +-10%): against loading each 4- or 8-byte grid entry (scalar loads composed into a vector; vpgatherdd /
+ * vpgatherdq were a little slower still) IQ3_S 5.5 -> 10.5 GB/s, IQ3_XXS 4.7 -> 12.1, IQ2_XXS 4.7 -> 7.8, IQ2_XS
+ * 5.2 -> 8.1, IQ2_S 5.9 -> 6.6 (IQ4_XS 23, Q4_K 25). Writing the sign masks to the stack and loading them into
+ * mask registers measured faster than building them in vector registers (permute, shuffle, test: -5 to -15%).
  */
 #ifndef PI_MATMUL_IQ_H
 #define PI_MATMUL_IQ_H
@@ -22,6 +25,11 @@ INLINE size_t iq_block_size(const int type) {
 
 /* 8 dwords, each 4 sign indices of 7 bits (bits 0..27) -> 4 sign bytes each (pi_iq_signs4 per lane) */
 INLINE __m256i iq_signs32(__m256i a) {
+#if defined(__AVX512VBMI__) /* the four 7-bit fields of each dword to its bytes, then the 128-byte table */
+    const __m256i k = _mm256_multishift_epi64_epi8(_mm256_set1_epi64x(0x352e2720150e0700ll), a); /* bits 7j (+32) */
+    return _mm512_castsi512_si256(_mm512_permutex2var_epi8(_mm512_loadu_si512(pi_iq_ksigns), _mm512_castsi256_si512(k),
+                                                           _mm512_loadu_si512(pi_iq_ksigns + 64)));
+#else
     __m256i b = _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi32(0x7f)),
                                 _mm256_and_si256(_mm256_slli_epi32(a, 1), _mm256_set1_epi32(0x7f00)));
     b = _mm256_or_si256(b, _mm256_and_si256(_mm256_slli_epi32(a, 2), _mm256_set1_epi32(0x7f0000)));
@@ -30,6 +38,7 @@ INLINE __m256i iq_signs32(__m256i a) {
     p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 2));
     p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 1));
     return _mm256_or_si256(b, _mm256_slli_epi32(_mm256_and_si256(p, _mm256_set1_epi32(0x01010101)), 7));
+#endif
 }
 
 /* 16 four-bit scales, nibble g % 2 of byte g / 2 of the 8 bytes at p -> words 2 ls + 1 */
@@ -62,19 +71,26 @@ INLINE __m512i iq_codes(__m512i idx, const uint16_t *tab, const int n_pairs) {
 }
 
 /* 16 codes (words) -> 64 unsigned values: dword k gets code k's three-bit fields in its 4 bytes, which one
- * byte shuffle maps to the levels */
-INLINE __m512i iq3_expand(__m256i codes, __m512i levels) {
+ * byte permute (VBMI: vpmultishiftqb picks the fields, vpermb maps them through the levels repeated) or shifts
+ * and one byte shuffle map to the levels; lv: the 8 levels as bytes of one qword */
+INLINE __m512i iq3_expand(__m256i codes, uint64_t lv) {
     const __m512i d = _mm512_cvtepu16_epi32(codes);
+#if defined(__AVX512VBMI__)
+    const __m512i t = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x2926232009060300), d); /* bits 3j (+32) */
+    return _mm512_permutexvar_epi8(t, _mm512_set1_epi64((long long)lv)); /* index bits 0..5: level i % 8 */
+#else
     __m512i t = _mm512_and_si512(d, _mm512_set1_epi32(7));
     t = _mm512_ternarylogic_epi32(t, _mm512_slli_epi32(d, 5), _mm512_set1_epi32(0x700), 0xf8); /* t | (b & c) */
     t = _mm512_ternarylogic_epi32(t, _mm512_slli_epi32(d, 10), _mm512_set1_epi32(0x70000), 0xf8);
     t = _mm512_ternarylogic_epi32(t, _mm512_slli_epi32(d, 15), _mm512_set1_epi32(0x7000000), 0xf8);
-    return _mm512_shuffle_epi8(levels, t);
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_cvtsi64_si128((long long)lv)), t);
+#endif
 }
 
 /* z[0..3] from the 64 grid indices of an IQ3 super-block, given as two zmm of 32 words */
 INLINE void iq3_values(ksb *s, __m512i i0, __m512i i1, const uint16_t *tab, const uint8_t *lv, const int n_pairs) {
-    const __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lv));
+    uint64_t levels;
+    memcpy(&levels, lv, 8);
     const __m512i c0 = iq_codes(i0, tab, n_pairs), c1 = iq_codes(i1, tab, n_pairs);
     s->z[0] = iq3_expand(_mm512_castsi512_si256(c0), levels);
     s->z[1] = iq3_expand(_mm512_extracti64x4_epi64(c0, 1), levels);
@@ -82,16 +98,27 @@ INLINE void iq3_values(ksb *s, __m512i i0, __m512i i1, const uint16_t *tab, cons
     s->z[3] = iq3_expand(_mm512_extracti64x4_epi64(c1, 1), levels);
 }
 
-/* IQ2: the 32 codes of a super-block (words, 2 bits per value) -> z[0..3]: word w of z[c] takes code 8c + w / 4
- * (one word permute) shifted right by 4 (w % 4) (one variable shift), so that its two bytes get values 2 (w % 4)
- * and 2 (w % 4) + 1 of the entry, which one byte shuffle maps to the levels */
+/* IQ2: the 32 codes of a super-block (words, 2 bits per value) -> z[0..3], z[c] from codes 8c .. 8c + 7. VBMI:
+ * qword k = code k, vpmultishiftqb puts value j's field in byte j, vpermb maps it through the levels repeated.
+ * Otherwise word w of z[c] takes code 8c + w / 4 (one word permute) shifted right by 4 (w % 4) (one variable
+ * shift), so that its two bytes get values 2 (w % 4) and 2 (w % 4) + 1, which one byte shuffle maps to the levels */
 INLINE void iq2_values(ksb *s, __m512i idx, const uint16_t *tab, const uint8_t *lv, const int n_pairs) {
+    const __m512i codes = iq_codes(idx, tab, n_pairs);
+#if defined(__AVX512VBMI__)
+    uint32_t l4;
+    memcpy(&l4, lv, 4);
+    const __m512i levels = _mm512_set1_epi32((int)l4);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m512i q = _mm512_cvtepu16_epi64(_mm512_extracti32x4_epi32(codes, c));
+        s->z[c] = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x0e0c0a0806040200), q), levels);
+    }
+#else
     static const uint16_t quarter[32] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
                                          4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7};
     static const uint16_t shift[32] = {0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12,
                                        0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12};
     const __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lv));
-    const __m512i codes = iq_codes(idx, tab, n_pairs);
     const __m512i q = _mm512_loadu_si512(quarter), sh = _mm512_loadu_si512(shift);
 #pragma GCC unroll 4
     for (int c = 0; c < 4; c++) {
@@ -101,6 +128,7 @@ INLINE void iq2_values(ksb *s, __m512i idx, const uint16_t *tab, const uint8_t *
                                                     _mm512_set1_epi16(0x300), 0xf8); /* a | (b & c) */
         s->z[c] = _mm512_shuffle_epi8(levels, t);
     }
+#endif
 }
 
 INLINE void unpack_iq2xxs(const uint8_t *blk, ksb *s) {
@@ -121,10 +149,14 @@ INLINE void unpack_iq2xs(const uint8_t *blk, ksb *s) {
     const block_iq2_xs *b = (const block_iq2_xs *)blk;
     const __m512i w = _mm512_loadu_si512(b->qs); /* 32 words: grid index (9 bits) | sign index << 9 */
     const __m512i k = _mm512_srli_epi16(w, 9);
+#if defined(__AVX512VBMI__) /* every byte through the 128-byte table (the high bytes, 0, are dropped below) */
+    const __m512i sb = _mm512_permutex2var_epi8(_mm512_loadu_si512(pi_iq_ksigns), k, _mm512_loadu_si512(pi_iq_ksigns + 64));
+#else
     __m512i p = _mm512_xor_si512(k, _mm512_srli_epi16(k, 4));
     p = _mm512_xor_si512(p, _mm512_srli_epi16(p, 2));
     p = _mm512_xor_si512(p, _mm512_srli_epi16(p, 1));
     const __m512i sb = _mm512_or_si512(k, _mm512_slli_epi16(_mm512_and_si512(p, _mm512_set1_epi16(1)), 7));
+#endif
     uint8_t sg[32];
     _mm256_storeu_si256((__m256i *)sg, _mm512_cvtepi16_epi8(sb));
     iq_masks(s, sg);
