@@ -61,7 +61,10 @@ def iq_grids_text() -> str:
 
 
 def _write_iq_grids() -> None:
-    """Regenerate csrc/iq_grids.h where gguf is importable (the committed copy serves builds without it)."""
+    """Regenerate csrc/iq_grids.h where gguf is importable (the committed copy serves builds without it, e.g. pip's
+    isolated build); PI_IQ_GRIDS=0 leaves the file alone (the test that compares it with gguf sets it)."""
+    if os.environ.get("PI_IQ_GRIDS") == "0":
+        return
     try:
         text = iq_grids_text()
     except ImportError:

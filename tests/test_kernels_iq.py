@@ -35,13 +35,15 @@ def random_iq(ggml_type, n_rows, n_cols, seed) -> Tensor:
     return Tensor("w", ggml_type, (n_rows, n_cols), b.reshape(n_rows, -1))
 
 
-def test_grid_header_is_gguf():
+def test_grid_header_is_gguf(monkeypatch):
+    """The committed csrc/iq_grids.h is what build_ffi.py generates from the installed gguf package."""
+    text = (CSRC / "iq_grids.h").read_text()
+    monkeypatch.setenv("PI_IQ_GRIDS", "0")  # importing build_ffi must not rewrite the file under test
     spec = importlib.util.spec_from_file_location("build_ffi_for_test", CSRC / "build_ffi.py")
     build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
-    assert (CSRC / "iq_grids.h").read_text() == build.iq_grids_text()
+    assert (CSRC / "iq_grids.h").read_text() == text == build.iq_grids_text()
     # and the packing: entry 1 of IQ3_XXS's grid, value j in byte j
-    text = (CSRC / "iq_grids.h").read_text()
     g = ref_iq.grid(GGMLType.IQ3_XXS)[1]
     packed = int(g[0]) | int(g[1]) << 8 | int(g[2]) << 16 | int(g[3]) << 24
     row = text.split("pi_iq3xxs_grid[256] = {")[1].split(",")[1].strip()
