@@ -35,11 +35,14 @@ TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6
          GGMLType.Q3_K,
          GGMLType.IQ4_XS,
          GGMLType.MXFP4,
+         GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S,
          )
 K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),  # f16 scales in a block
                 GGMLType.Q2_K: (80, 82),
                 GGMLType.Q3_K: (108,),
                 GGMLType.IQ4_XS: (0,),
+                **{t: (0,) for t in (GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_XXS, GGMLType.IQ2_XS,
+                                     GGMLType.IQ2_S)},  # f16 d first; any grid index, sign or scale byte is valid
                 }
 K_F16_FIELDS[GGMLType.IQ4_NL] = (0,)  # random bytes after its f16 d are a valid IQ4_NL block
 K_F16_FIELDS[GGMLType.MXFP4] = ()  # no f16: byte 0 is an E8M0 exponent, set to sane scales below

@@ -22,6 +22,20 @@
  *   IQ4_XS (256 = 8 sub-blocks of 32, 6-bit scale ls each): f16 d, uint16 scales_h, scales_l[4], qs[128].
  *     ls of sub-block s = nibble s % 2 of scales_l[s / 2] | bits 2s..2s+1 of scales_h << 4; its 32 elements are
  *     the low nibbles of qs[16s..16s+15] then their high nibbles; value = d * (ls - 32) * pi_iq4nl_values[nibble].
+ *   I-quants (256 = sub-blocks of 32 or groups of 16, f16 d first; matmul_iq.c): each weight is an unsigned grid
+ *     value times a sign, value = d * f * (2 ls + 1) * grid * sign with ls a 4-bit scale and f = 1/8 (IQ2_*),
+ *     1/4 (IQ3_XXS) or 1 (IQ3_S). Grids (iq_grids.h, generated from the gguf package) give 8 (IQ2) or 4 (IQ3)
+ *     values per index. A 7-bit sign index k stands for the 8 signs k | parity(k) << 7 (bit j set: weight j < 0).
+ *     IQ2_XXS (66 B): qs = 8 x {4 grid index bytes, uint32 a}: sub-block s's 4 groups of 8 take grid entries
+ *       bytes 0..3, signs a >> 7l (l < 4), ls = a >> 28.
+ *     IQ2_XS (74 B): uint16 qs[32] (group i of 8: grid index low 9 bits, sign index high 7), scales[8] (group
+ *       of 16 g: nibble g % 2 of scales[g / 2]).
+ *     IQ2_S (82 B): qs[32] (grid index low 8 bits of group i of 8), signs[32] (group i: one bit per weight),
+ *       qh[8] (bits 8..9 of index i: bits 2(i % 4) of qh[i / 4]), scales[8] as IQ2_XS.
+ *     IQ3_XXS (98 B): qs[64] (grid index of group i of 4), then uint32 a[8]: sub-block s's 4 groups of 8 signs
+ *       a >> 7l, ls = a >> 28.
+ *     IQ3_S (110 B): qs[64] (index low 8 bits, groups of 4), qh[8] (bit 8 of index i: bit i % 8 of qh[i / 8]),
+ *       signs[32] (one bit per weight), scales[4] (sub-block s: nibble s % 2 of scales[s / 2]).
  *   Q8_K (activations only): f32 d, int8 qs[256], int16 bsums[16] (sums of 16 consecutive qs).
  */
 #ifndef PI_MATMUL_INTERNAL_H
@@ -51,6 +65,11 @@ typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } b
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } block_q6_K;
 typedef struct { uint16_t d, scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } block_iq4_xs;
+typedef struct { uint16_t d; uint16_t qs[QK_K / 8]; } block_iq2_xxs;
+typedef struct { uint16_t d; uint16_t qs[QK_K / 8]; uint8_t scales[QK_K / 32]; } block_iq2_xs;
+typedef struct { uint16_t d; uint8_t qs[QK_K / 8]; uint8_t signs[QK_K / 8]; uint8_t qh[QK_K / 32]; uint8_t scales[QK_K / 32]; } block_iq2_s;
+typedef struct { uint16_t d; uint8_t qs[QK_K / 4]; uint8_t sas[QK_K / 8]; } block_iq3_xxs;
+typedef struct { uint16_t d; uint8_t qs[QK_K / 4]; uint8_t qh[QK_K / 32]; uint8_t signs[QK_K / 8]; uint8_t scales[QK_K / 64]; } block_iq3_s;
 /* Q8_K activations (matmul_k.c; our own scratch, never a file): llama.cpp's fields, laid out qs first and
  * padded to 320 bytes so that, in a 64-byte aligned array, every 64-byte load of qs stays in one cache line */
 typedef struct __attribute__((aligned(64))) { int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; float d; } block_q8_K;
@@ -67,6 +86,11 @@ _Static_assert(sizeof(block_q4_K) == 144, "Q4_K block is 144 bytes");
 _Static_assert(sizeof(block_q5_K) == 176, "Q5_K block is 176 bytes");
 _Static_assert(sizeof(block_q6_K) == 210, "Q6_K block is 210 bytes");
 _Static_assert(sizeof(block_iq4_xs) == 136, "IQ4_XS block is 136 bytes");
+_Static_assert(sizeof(block_iq2_xxs) == 66, "IQ2_XXS block is 66 bytes");
+_Static_assert(sizeof(block_iq2_xs) == 74, "IQ2_XS block is 74 bytes");
+_Static_assert(sizeof(block_iq2_s) == 82, "IQ2_S block is 82 bytes");
+_Static_assert(sizeof(block_iq3_xxs) == 98, "IQ3_XXS block is 98 bytes");
+_Static_assert(sizeof(block_iq3_s) == 110, "IQ3_S block is 110 bytes");
 _Static_assert(sizeof(block_q8_K) == 320, "Q8_K block is 320 bytes");
 
 uint16_t pi_f32_to_f16(float f); /* round to nearest even (quant.c) */
@@ -98,15 +122,47 @@ static inline float pi_e8m0_half(uint8_t e) {
     return f;
 }
 
+/* The I-quants with grids (matmul_iq.c) */
+static inline int pi_is_iq_type(int type) {
+    return type == PI_IQ2_XXS || type == PI_IQ2_XS || type == PI_IQ2_S || type == PI_IQ3_XXS || type == PI_IQ3_S;
+}
+
+/* Their grids (iq_grids.h) */
+extern const uint64_t pi_iq2xxs_grid[256], pi_iq2xs_grid[512], pi_iq2s_grid[1024];
+extern const uint32_t pi_iq3xxs_grid[256], pi_iq3s_grid[512];
+/* the grids' levels (IQ2: 3, IQ3: 8, then zeros) and entries as codes: value j's level index in bits 2j.. (IQ2)
+ * or 3j.. (IQ3) */
+extern const uint8_t pi_iq2xxs_grid_levels[16], pi_iq2xs_grid_levels[16], pi_iq2s_grid_levels[16];
+extern const uint8_t pi_iq3xxs_grid_levels[16], pi_iq3s_grid_levels[16];
+extern const uint16_t pi_iq2xxs_grid_code[256], pi_iq2xs_grid_code[512], pi_iq2s_grid_code[1024];
+extern const uint16_t pi_iq3xxs_grid_code[256], pi_iq3s_grid_code[512];
+extern const uint8_t pi_iq_ksigns[128]; /* sign byte of each 7-bit sign index (pi_iq_signs4 computes the same) */
+
+/* I-quant super-block -> the integer scales 2 ls + 1 of its groups (8 of 32 or 16 of 16; returns the group
+ * size) and *d = d * f (exact: f is a power of two), and if q is not NULL the 256 signed values grid * sign */
+int pi_iq_unpack(int type, const uint8_t *blk, int8_t *q, uint8_t sc[16], float *d);
+
+/* The 8 signs of a 7-bit sign index k (I-quants): k with bit 7 = the parity of k */
+static inline uint32_t pi_iq_signs4(uint32_t a) { /* 4 indices (bits 0..27 of a) -> 4 sign bytes */
+    uint32_t b = (a & 0x7f) | ((a << 1) & 0x7f00) | ((a << 2) & 0x7f0000) | ((a << 3) & 0x7f000000);
+    uint32_t p = b ^ (b >> 4); /* bit 0 of each byte ends as the xor of the byte's bits (shifts bring no */
+    p ^= p >> 2;               /* bits from the next byte into bits 0..3) */
+    p ^= p >> 1;
+    return b | (p & 0x01010101u) << 7;
+}
+
 static inline int pi_is_k_type(int type) {
     return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q6_K
         || type == PI_Q2_K
         || type == PI_Q3_K
-        || type == PI_IQ4_XS;
+        || type == PI_IQ4_XS || pi_is_iq_type(type);
 }
 
 /* elements per scale group of a K-quant: 32 (Q4_K, Q5_K, IQ4_XS) or 16 (Q2_K, Q3_K, Q6_K) */
-static inline int pi_qk_group(int type) { return type == PI_Q4_K || type == PI_Q5_K || type == PI_IQ4_XS ? 32 : 16; }
+static inline int pi_qk_group(int type) {
+    return type == PI_Q4_K || type == PI_Q5_K || type == PI_IQ4_XS || type == PI_IQ2_XXS || type == PI_IQ3_XXS
+        || type == PI_IQ3_S ? 32 : 16;
+}
 
 /* IQ4_XS: the 8 six-bit sub-block scales of a super-block, minus 32 */
 static inline void pi_iq4xs_scales(const block_iq4_xs *b, int8_t ls[8]) {
@@ -169,10 +225,17 @@ static inline void pi_unpack_q32(int type, const uint8_t *blk, int8_t q[QK], flo
 }
 
 /* One K-quant super-block -> q int8 [256] (Q6_K: minus 32; Q3_K: minus 4; Q2_K/Q4_K/Q5_K: unsigned; IQ4_XS:
- * the table's levels), and per group the f32 factors of value = dsc[g] * q - dmn[g]: groups of 32 (Q4_K/Q5_K:
+ * the table's levels; IQ2/IQ3: grid * sign, dsc = d * f * (2 ls + 1)), and per group the f32 factors of value = dsc[g] * q - dmn[g]: groups of 32 (Q4_K/Q5_K:
  * dsc = d * sc, dmn = dmin * m; IQ4_XS: dsc = d * (ls - 32), dmn = 0) or of 16 (Q2_K: the same; Q3_K: dsc = d * (sc - 32), dmn = 0; Q6_K: dsc = d * sc, dmn = 0). The products are
  * rounded to f32 the way gguf's numpy decoder rounds them. */
 static inline void pi_unpack_qk(int type, const uint8_t *blk, int8_t q[QK_K], float dsc[16], float dmn[16]) {
+    if (pi_is_iq_type(type)) { /* value = (d * f) * (2 ls + 1) * q, q = grid * sign */
+        uint8_t sc[16];
+        float d;
+        const int n_g = QK_K / pi_iq_unpack(type, blk, q, sc, &d);
+        for (int g = 0; g < n_g; g++) { dsc[g] = d * (float)sc[g]; dmn[g] = 0.0f; }
+        return;
+    }
     if (type == PI_Q2_K || type == PI_Q3_K) { /* same element order; Q3_K adds a high bit from hmask */
         const block_q2_K *b2 = (const block_q2_K *)blk;
         const block_q3_K *b3 = (const block_q3_K *)blk;

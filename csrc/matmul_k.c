@@ -372,8 +372,10 @@ INLINE __m512i isum_iq4xs(const ksb *s, const block_q8_K *x) {
     return isum;
 }
 
+#include "matmul_iq.h" /* unpack_iq: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S (their dots: isum_iq4xs) */
+
 INLINE size_t k_block_size(const int type) { /* a compile-time constant where type is one */
-    return type == PI_Q4_K ? sizeof(block_q4_K) : type == PI_Q5_K ? sizeof(block_q5_K)
+    return pi_is_iq_type(type) ? iq_block_size(type) : type == PI_Q4_K ? sizeof(block_q4_K) : type == PI_Q5_K ? sizeof(block_q5_K)
          : type == PI_Q6_K ? sizeof(block_q6_K) : type == PI_Q2_K ? sizeof(block_q2_K)
          : type == PI_IQ4_XS ? sizeof(block_iq4_xs) : sizeof(block_q3_K);
 }
@@ -384,6 +386,7 @@ INLINE void k_unpack(const int type, const uint8_t *blk, ksb *s) {
     if (type == PI_Q4_K || type == PI_Q5_K) unpack_q45k(blk, s, type == PI_Q5_K);
     else if (type == PI_Q6_K) unpack_q6k(blk, s);
     else if (type == PI_IQ4_XS) unpack_iq4xs(blk, s);
+    else if (pi_is_iq_type(type)) unpack_iq(type, blk, s);
     else unpack_q23k(blk, s, type == PI_Q3_K);
 }
 
@@ -398,7 +401,7 @@ INLINE __m256i k_offset(const int type, __m256i sc16, __m256i bsums) {
 INLINE __m512i k_isum(const int type, const ksb *s, const block_q8_K *x, __m512i init) {
     if (type == PI_Q4_K || type == PI_Q5_K) return isum_q45k(s, x);
     if (type == PI_Q6_K) return isum_q6k(s, x, init);
-    if (type == PI_IQ4_XS) return isum_iq4xs(s, x);
+    if (type == PI_IQ4_XS || pi_is_iq_type(type)) return isum_iq4xs(s, x);
     return isum_q23k(s, x, init);
 }
 
@@ -518,6 +521,11 @@ K_SPAN_FN(span_q4k, dot_q4k, PI_Q4_K)
 K_SPAN_FN(span_q5k, dot_q5k, PI_Q5_K)
 K_SPAN_FN(span_q6k, dot_q6k, PI_Q6_K)
 K_SPAN_FN(span_iq4xs, dot_iq4xs, PI_IQ4_XS)
+K_SPAN_FN(span_iq2xxs, dot_iq2xxs, PI_IQ2_XXS)
+K_SPAN_FN(span_iq2xs, dot_iq2xs, PI_IQ2_XS)
+K_SPAN_FN(span_iq2s, dot_iq2s, PI_IQ2_S)
+K_SPAN_FN(span_iq3xxs, dot_iq3xxs, PI_IQ3_XXS)
+K_SPAN_FN(span_iq3s, dot_iq3s, PI_IQ3_S)
 
 /* A tile: nt <= KT tokens */
 static void row_span(int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb, int64_t i0, int64_t i1,
@@ -528,6 +536,11 @@ static void row_span(int type, const uint8_t *row, const block_q8_K *x, int64_t 
     case PI_Q5_K: span_q5k(row, x, n_sb, i0, i1, tl, a, nt); return;
     case PI_Q6_K: span_q6k(row, x, n_sb, i0, i1, tl, a, nt); return;
     case PI_IQ4_XS: span_iq4xs(row, x, n_sb, i0, i1, tl, a, nt); return;
+    case PI_IQ2_XXS: span_iq2xxs(row, x, n_sb, i0, i1, tl, a, nt); return;
+    case PI_IQ2_XS: span_iq2xs(row, x, n_sb, i0, i1, tl, a, nt); return;
+    case PI_IQ2_S: span_iq2s(row, x, n_sb, i0, i1, tl, a, nt); return;
+    case PI_IQ3_XXS: span_iq3xxs(row, x, n_sb, i0, i1, tl, a, nt); return;
+    case PI_IQ3_S: span_iq3s(row, x, n_sb, i0, i1, tl, a, nt); return;
     default: span_q4k(row, x, n_sb, i0, i1, tl, a, nt); return;
     }
 }
@@ -539,6 +552,11 @@ static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t 
     case PI_Q5_K: return dot_q5k(row, x, n_sb);
     case PI_Q6_K: return dot_q6k(row, x, n_sb);
     case PI_IQ4_XS: return dot_iq4xs(row, x, n_sb);
+    case PI_IQ2_XXS: return dot_iq2xxs(row, x, n_sb);
+    case PI_IQ2_XS: return dot_iq2xs(row, x, n_sb);
+    case PI_IQ2_S: return dot_iq2s(row, x, n_sb);
+    case PI_IQ3_XXS: return dot_iq3xxs(row, x, n_sb);
+    case PI_IQ3_S: return dot_iq3s(row, x, n_sb);
     default: return dot_q4k(row, x, n_sb);
     }
 }
@@ -561,9 +579,21 @@ static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t 
     for (int64_t i = 0; i < n_sb; i++, x++) {
         const uint8_t *blk = row + i * size;
         int8_t q[QK_K];
+        int32_t isum = 0, imin = 0;
+        if (pi_is_iq_type(type)) { /* q = grid * sign, integer scales 2 ls + 1 per group (matmul_iq.c) */
+            uint8_t sc[16];
+            float d;
+            const int g = pi_iq_unpack(type, blk, q, sc, &d);
+            for (int s = 0; s < QK_K / g; s++) {
+                int32_t t = 0;
+                for (int l = 0; l < g; l++) t += q[g * s + l] * x->qs[g * s + l];
+                isum += sc[s] * t;
+            }
+            acc += (x->d * d) * (float)isum;
+            continue;
+        }
         float dsc[16], dmn[16];
         pi_unpack_qk(type, blk, q, dsc, dmn);
-        int32_t isum = 0, imin = 0;
         if (type == PI_Q2_K || type == PI_Q3_K) { /* 16 groups of 16; Q3_K's q already minus 4 */
             int8_t s3[16];
             if (type == PI_Q3_K) pi_q3k_scales(((const block_q3_K *)blk)->scales, s3);

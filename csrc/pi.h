@@ -9,7 +9,8 @@
  *   - Weight types use ggml's numbering (enum pi_type). Quantized rows are arrays of blocks in llama.cpp's
  *     layout: Q8_0 = {f16 d; int8 qs[32]} (34 B), Q4_0 = {f16 d; uint8 qs[16]} (18 B, element j in the low
  *     nibble of qs[j] for j < 16, element j+16 in the high nibble; value = (nibble - 8) * d); Q4_1, Q5_0,
- *     Q5_1, IQ4_NL, MXFP4 (32 elements) and Q2_K ... Q6_K, IQ4_XS (256) are described in csrc/matmul_internal.h.
+ *     Q5_1, IQ4_NL, MXFP4 (32 elements) and Q2_K ... Q6_K, IQ4_XS and the I-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S (256) are described in
+ *     csrc/matmul_internal.h.
  *   - C trusts its arguments: Python validates shapes, types, contiguity and bounds before calling.
  *   - Every multi-threaded kernel takes the pool as its first argument; no kernel keeps hidden global state.
  */
@@ -31,7 +32,12 @@ enum pi_type {
     PI_Q4_K = 12,
     PI_Q5_K = 13,
     PI_Q6_K = 14,
+    PI_IQ2_XXS = 16,
+    PI_IQ2_XS = 17,
+    PI_IQ3_XXS = 18,
     PI_IQ4_NL = 20,
+    PI_IQ3_S = 21,
+    PI_IQ2_S = 22,
     PI_IQ4_XS = 23,
     PI_BF16 = 30,
     PI_MXFP4 = 39
@@ -67,7 +73,7 @@ void pi_get_rows(int type, const void *w, int64_t n_cols, const int32_t *ids, in
  * x: f32 [n_tok, n_cols]; y: f32 [n_tok, n_rows].
  * For Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4 the activations are first quantized to Q8_0 blocks (Q4_1, Q5_1: the same plus
  * llama.cpp's Q8_1 block sum s = f16(d * sum(q)), which the weights' m multiplies), for the K-quants (Q2_K ...
- * Q6_K) and IQ4_XS to
+ * Q6_K), IQ4_XS and the IQ2 / IQ3 types to
  * Q8_K super-blocks (as llama.cpp does), and the dot products run in integers. n_tok == 1 is the decode
  * mat-vec; n_tok > 1 reuses each weight block for all
  * tokens while it is in cache. */
@@ -149,7 +155,7 @@ void pi_geglu(pi_pool *pool, const float *g, const float *u, float *y, int64_t n
 
 /* ---- sparse FFN (sparse.c) -----------------------------------------------------------------------------
  * AXPY over selected rows of ffn_down_t (rows of n_cols = n_embd values of `type`: F32, F16, BF16, Q8_0, Q4_0
- * with SIMD paths; Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K ... Q6_K, IQ4_XS unpacked block by block):
+ * with SIMD paths; Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K ... Q6_K, IQ4_XS, IQ2_* / IQ3_* unpacked block by block):
  *   y[t, c] = sum_{j < n_sel, h[t, j] != 0} h[t, j] * w[rows[j], c]
  * rows: int32 [n_sel], ascending, in range; h: f32 [n_tok, n_sel]; y: f32 [n_tok, n_cols], overwritten.
  * Rows whose h is zero for every token are never read, and the threads' split depends only on the rows left

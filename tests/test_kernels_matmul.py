@@ -22,6 +22,8 @@ K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,  # 256-element super-blo
            GGMLType.Q2_K,
            GGMLType.Q3_K,
            GGMLType.IQ4_XS,  # IQ4_NL's levels in 8 sub-blocks of 32 with 6-bit scales
+           # grid values with sign bits, 4-bit scales (random bytes: any index, sign and scale is valid)
+           GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S,
            )
 RANDOM_TYPES = K_TYPES + (GGMLType.IQ4_NL, GGMLType.MXFP4)  # types tests build from random bytes
 QUANTIZABLE = FLOAT_TYPES + Q0_TYPES + Q1_TYPES
@@ -31,6 +33,8 @@ K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (20
                 GGMLType.Q2_K: (80, 82),
                 GGMLType.Q3_K: (108,),
                 GGMLType.IQ4_XS: (0,),
+                **{t: (0,) for t in (GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_XXS, GGMLType.IQ2_XS,
+                                     GGMLType.IQ2_S)},
                 }
 K_F16_FIELDS[GGMLType.IQ4_NL] = (0,)  # its one f16 d: random bytes after it are a valid IQ4_NL block too
 K_F16_FIELDS[GGMLType.MXFP4] = ()  # no f16: byte 0 is an E8M0 exponent (random_k_blocks keeps it sane)
@@ -356,8 +360,8 @@ def test_bad_input_raises(kernels):
         kernels.get_rows(w, np.array([-1], dtype=np.int32))
     with pytest.raises(ValueError, match="integer"):
         kernels.get_rows(w, np.array([0.5]))
-    iq = Tensor("blk.0.ffn_down.weight", GGMLType.IQ2_XXS, (2, 256), np.zeros((2, 66), dtype=np.uint8))
-    with pytest.raises(UnsupportedError, match="blk.0.ffn_down.weight.*IQ2_XXS"):
+    iq = Tensor("blk.0.ffn_down.weight", GGMLType.IQ1_S, (2, 256), np.zeros((2, 50), dtype=np.uint8))
+    with pytest.raises(UnsupportedError, match="blk.0.ffn_down.weight.*IQ1_S"):
         kernels.matmul(iq, np.zeros(256, dtype=np.float32))
     q4k = Tensor("odd", GGMLType.Q4_K, (2, 128), np.zeros((2, 72), dtype=np.uint8))
     with pytest.raises(ValueError, match="odd.*multiple of 256"):

@@ -13,7 +13,8 @@ cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not b
 
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 EPS32 = 2.0 ** -24  # f32 unit roundoff
-K_TYPES = tuple(t for t in KERNEL_TYPES if t.name.endswith("_K") or t == GGMLType.IQ4_XS)  # 256-element super-blocks
+IQ_TYPES = (GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S)
+K_TYPES = tuple(t for t in KERNEL_TYPES if t.name.endswith("_K") or t in (GGMLType.IQ4_XS,) + IQ_TYPES)  # 256-element super-blocks
 RANDOM_TYPES = K_TYPES + (GGMLType.IQ4_NL, GGMLType.MXFP4)  # computed on, not produced by quantize(): random bytes
 
 
@@ -30,6 +31,7 @@ K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (20
                 GGMLType.Q2_K: (80, 82),
                 GGMLType.Q3_K: (108,),
                 GGMLType.IQ4_XS: (0,),
+                **{t: (0,) for t in IQ_TYPES},  # f16 d first; any grid index, sign and scale bytes are valid
                 }
 K_F16_FIELDS[GGMLType.IQ4_NL] = (0,)  # its one f16 d: random bytes after it are a valid IQ4_NL block too
 K_F16_FIELDS[GGMLType.MXFP4] = ()  # byte 0 is an E8M0 exponent (set below), the rest any nibbles
@@ -208,7 +210,7 @@ def test_axpy_bad_input(pools):
     bad = Tensor("ffn_down_t", GGMLType.Q4_0, (4, 64), np.zeros((4, 10), np.uint8))
     with pytest.raises(ValueError, match="ffn_down_t"):
         k.axpy_rows(bad, np.array([0], np.int32), np.ones(1, np.float32))
-    q = Tensor("ffn_down_t", GGMLType.IQ2_XXS, (4, 256), np.zeros((4, 66), np.uint8))
+    q = Tensor("ffn_down_t", GGMLType.IQ1_S, (4, 256), np.zeros((4, 50), np.uint8))
     with pytest.raises(UnsupportedError):
         k.axpy_rows(q, np.array([0], np.int32), np.ones(1, np.float32))
     for impl in (k, ref):

@@ -43,7 +43,8 @@ def _q(name: str, ggml_type: GGMLType, shape: tuple[int, ...]) -> tuple[Tensor, 
 # Where each K-quant block keeps its f16 scales (byte offsets in the block): random bytes elsewhere are valid.
 _KQUANT_F16_FIELDS = {GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,), GGMLType.Q4_K: (0, 2), GGMLType.Q6_K: (208,)}
 _KQUANT_F16_FIELDS[GGMLType.IQ4_XS] = (0,)  # its f16 d (random scale bytes after it are valid)
-_KQUANT_F16_FIELDS[GGMLType.IQ2_XXS] = (0,)  # likewise (random grid indices, signs and scales are valid)
+_KQUANT_F16_FIELDS[GGMLType.IQ3_S] = (0,)  # likewise (any grid index, sign and scale bytes)
+_KQUANT_F16_FIELDS[GGMLType.IQ1_S] = (0,)  # likewise (random grid indices, deltas and scales are valid)
 
 
 def _kquant(name: str, ggml_type: GGMLType, shape: tuple[int, ...]) -> tuple[Tensor, np.ndarray]:
@@ -188,21 +189,22 @@ def test_gemma3_swa_and_scaling(tmp_path):
 
 def _mixed_file(tmp_path: Path):
     q5, _ = _q("blk.0.ffn_up.weight", GGMLType.Q5_1, (96, 64))
-    # converted: types without a kernel (IQ2_XXS: 2-D to Q8_0, 1-D to F32)
-    iq, iq_ref = _kquant("blk.0.extra.weight", GGMLType.IQ2_XXS, (5, 256))
-    q41_1d, q41_ref = _kquant("blk.0.odd.weight", GGMLType.IQ2_XXS, (256,))
+    # converted: types without a kernel (IQ1_S: 2-D to Q8_0, 1-D to F32)
+    iq, iq_ref = _kquant("blk.0.extra.weight", GGMLType.IQ1_S, (5, 256))
+    q41_1d, q41_ref = _kquant("blk.0.odd.weight", GGMLType.IQ1_S, (256,))
     f64 = Tensor("blk.0.f64.weight", GGMLType.F64, (3, 5), rng.standard_normal((3, 5)))
     q8, _ = _q("token_embd.weight", GGMLType.Q8_0, (32, 64))
     f16 = Tensor("blk.0.attn_q.weight", GGMLType.F16, (64, 64), rng.standard_normal((64, 64)).astype(np.float16))
     norm = _f32("output_norm.weight", (64,))
     # kept as they are: the quantized types the kernels compute on (Q5_1 above; Gemma 3's Q5_0 / Q4_K / Q6_K; Q3_K,
-    # Q2_K, IQ4_XS)
+    # Q2_K, IQ4_XS, IQ3_S)
     native = [_q("blk.0.attn_v.weight", GGMLType.Q5_0, (16, 64))[0],
               _kquant("blk.0.ffn_gate.weight", GGMLType.Q4_K, (4, 256))[0],
               _kquant("blk.1.ffn_down.weight", GGMLType.Q6_K, (2, 256))[0],
               _kquant("blk.0.attn_output.weight", GGMLType.Q3_K, (5, 256))[0],
               _kquant("blk.0.ffn_down.weight", GGMLType.Q2_K, (3, 512))[0],
-              _kquant("blk.1.ffn_gate.weight", GGMLType.IQ4_XS, (3, 512))[0]]
+              _kquant("blk.1.ffn_gate.weight", GGMLType.IQ4_XS, (3, 512))[0],
+              _kquant("blk.1.ffn_up.weight", GGMLType.IQ3_S, (3, 512))[0]]
     tensors = [q5, iq, q41_1d, f64, q8, f16, norm] + native
     refs = {iq.name: iq_ref, q41_1d.name: q41_ref,
             f64.name: f64.data.astype(np.float32)}
@@ -216,8 +218,8 @@ def test_conversion_of_non_kernel_types(tmp_path):
     assert w.config.arch == "llama" and w.file is f
     assert list(w.tensors) == list(f.tensors)
     assert w.conversions == [
-        Conversion("blk.0.extra.weight", GGMLType.IQ2_XXS, GGMLType.Q8_0),
-        Conversion("blk.0.odd.weight", GGMLType.IQ2_XXS, GGMLType.F32),  # 1-D
+        Conversion("blk.0.extra.weight", GGMLType.IQ1_S, GGMLType.Q8_0),
+        Conversion("blk.0.odd.weight", GGMLType.IQ1_S, GGMLType.F32),  # 1-D
         Conversion("blk.0.f64.weight", GGMLType.F64, GGMLType.F32),  # rows of 5: not a multiple of 32
     ]
     for name, ref in refs.items():
@@ -235,7 +237,8 @@ def test_conversion_of_non_kernel_types(tmp_path):
     # kernel types are untouched zero-copy views
     for name in ("token_embd.weight", "blk.0.attn_q.weight", "output_norm.weight", "blk.0.attn_v.weight",
                  "blk.0.ffn_gate.weight", "blk.1.ffn_down.weight", "blk.0.ffn_up.weight",
-                 "blk.0.attn_output.weight", "blk.0.ffn_down.weight", "blk.1.ffn_gate.weight"):
+                 "blk.0.attn_output.weight", "blk.0.ffn_down.weight", "blk.1.ffn_gate.weight",
+                 "blk.1.ffn_up.weight"):
         assert w.tensors[name] is f.tensors[name] and np.shares_memory(w.tensors[name].data, f._map)
 
 
@@ -279,13 +282,14 @@ def test_model_info(tmp_path):
     # a handful of tensors, not a whole model: described all the same, with the reason it cannot run
     assert not info["runnable"] and "missing required tensor 'blk.0.attn_norm.weight'" in info["problem"]
     assert info["name"] == "tiny-llama"
-    assert info["file_size"] == path.stat().st_size and info["n_tensors"] == 13
+    assert info["file_size"] == path.stat().st_size and info["n_tensors"] == 14
     assert info["config"]["n_embd"] == 64 and info["config"]["swa_layers"] == [False, False]
     assert info["tensor_types"]["Q5_1"] == {"count": 1, "bytes": 96 * 64 // 32 * 24}
     assert info["tensor_types"]["Q5_0"] == {"count": 1, "bytes": 16 * 64 // 32 * 22}
     assert info["tensor_types"]["IQ4_XS"] == {"count": 1, "bytes": 3 * 512 // 256 * 136}  # native: not converted
+    assert info["tensor_types"]["IQ3_S"] == {"count": 1, "bytes": 3 * 512 // 256 * 110}
     assert {(c["from"], c["to"], c["count"]) for c in info["conversions"]} == {
-        ("IQ2_XXS", "Q8_0", 1), ("IQ2_XXS", "F32", 1), ("F64", "F32", 1)}
+        ("IQ1_S", "Q8_0", 1), ("IQ1_S", "F32", 1), ("F64", "F32", 1)}
 
 
 def test_model_info_checks_tensors_from_the_header(synthetic_model, tmp_path):

@@ -18,6 +18,7 @@ from ..tensor import GGMLType, Tensor
 # K-quants: csrc/matmul_internal.h.
 from ..errors import UnsupportedError  # noqa: E402
 from ..tensor import KERNEL_TYPES  # noqa: E402
+from . import ref_iq as _iq  # noqa: E402
 
 QK = 32  # elements per Q8_0 / Q4_0 / Q5_0 block
 QK_K = 256  # elements per K-quant super-block (and per Q8_K activation block)
@@ -33,13 +34,14 @@ _K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,  # activations quantize
             GGMLType.Q2_K,
             GGMLType.Q3_K,
             GGMLType.IQ4_XS,  # 8 sub-blocks of 32 with 6-bit scales, IQ4_NL's levels
-            )
+            ) + _iq.IQ_TYPES  # grid values with sign bits, 4-bit scales 2 ls + 1
 _BLOCK_BYTES = {GGMLType.Q8_0: 34, GGMLType.Q4_0: 18, GGMLType.Q5_0: 22,
                 GGMLType.Q4_1: 20, GGMLType.Q5_1: 24, GGMLType.IQ4_NL: 18, GGMLType.MXFP4: 17,
                 GGMLType.Q4_K: 144, GGMLType.Q5_K: 176, GGMLType.Q6_K: 210,
                 GGMLType.Q2_K: 84,
                 GGMLType.Q3_K: 110,
                 GGMLType.IQ4_XS: 136,
+                **_iq.BLOCK_BYTES,
                 }
 _TWO_BIT_SHIFTS = np.array([0, 2, 4, 6], np.uint8)[:, None]  # Q2_K/Q3_K: 2-bit field j of a byte
 
@@ -205,11 +207,14 @@ def _blocks(t: Tensor) -> tuple[np.ndarray, np.ndarray]:
 
 def _k_blocks(t: Tensor) -> dict:
     """K-quant tensor -> integer parts, per row r, super-block s:
-    q int8 [R, S, 256] (Q6_K: minus 32, Q3_K: minus 4, IQ4_XS: the IQ4_NL levels), sc int [R, S, G] (G = 8
+    q int8 [R, S, 256] (Q6_K: minus 32, Q3_K: minus 4, IQ4_XS: the IQ4_NL levels, IQ2/IQ3: grid * sign (ref_iq),
+    sc: 2 ls + 1, d: d * f), sc int [R, S, G] (G = 8
     groups of 32 for Q4_K/Q5_K/IQ4_XS, 16 of 16 for Q2_K/Q3_K/Q6_K; Q3_K and IQ4_XS: the 6-bit scale minus 32),
     mn int [R, S, G] (Q2_K/Q4_K/Q5_K: the mins), d, dmin f32 [R, S]."""
     ns = t.n_cols // QK_K
     b = np.ascontiguousarray(t.data).reshape(t.n_rows, ns, _BLOCK_BYTES[t.type])
+    if t.type in _iq.IQ_TYPES:
+        return _iq.iq_blocks(t.type, b)
     if t.type == GGMLType.IQ4_XS:  # f16 d, uint16 scales_h, scales_l[4], qs[128]
         low = b[..., 4:8, None] >> np.array([0, 4], np.uint8)  # sub-block s: nibble s % 2 of scales_l[s // 2]
         high = b[..., 2:4].copy().view(np.uint16).astype(np.int64) >> (2 * np.arange(8))  # bits 2s, 2s + 1

@@ -1,0 +1,234 @@
+/* matmul_iq.h: AVX-512 unpack of one I-quant super-block (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) into
+ * matmul_k.c's ksb; included by matmul_k.c inside its AVX-512 part (it uses ksb, INLINE and scale_words).
+ *
+ * As for IQ4_XS ("magnitudes + sign mask"): z[c] holds the 64 weights of chunk c as their unsigned grid values
+ * in the activations' order, neg[c] the mask of the negative ones, sw[c] the integer scale 2 ls + 1 of each
+ * int16 pair sum, d = d * f; isum_iq4xs then applies the signs to the activations (masked subtract) and
+ * computes maddubs(|w|, +-q_x) * scale (pair sums <= 2 * 62 * 127 fit int16).
+ * Grid values: a grid has only 3 (IQ2) or 8 (IQ3) levels, so each entry is also a 16- or 12-bit code (iq_grids.h).
+ * The codes of 32 entries come from the code table by two-register word permutes (iq_codes); with VBMI one
+ * vpmultishiftqb and one vpermb turn codes into level values (otherwise shifts and a byte shuffle), and sign
+ * indices become sign bytes by one 128-byte table permute (otherwise pi_iq_signs4's parity trick, vectorized).
+ * Measured on this Zen 5 host, one thread, weights hot in L2 (benchmarks/bench_matvec_hot.py, noisy host,
+ * +-10%): against loading each 4- or 8-byte grid entry (scalar loads composed into a vector; vpgatherdd /
+ * vpgatherdq were a little slower still) IQ3_S 5.5 -> 10.5 GB/s, IQ3_XXS 4.7 -> 12.1, IQ2_XXS 4.7 -> 7.8, IQ2_XS
+ * 5.2 -> 8.1, IQ2_S 5.9 -> 6.6 (IQ4_XS 23, Q4_K 25). Writing the sign masks to the stack and loading them into
+ * mask registers measured faster than building them in vector registers (permute, shuffle, test: -5 to -15%).
+ */
+#ifndef PI_MATMUL_IQ_H
+#define PI_MATMUL_IQ_H
+
+INLINE size_t iq_block_size(const int type) {
+    return type == PI_IQ2_XXS ? sizeof(block_iq2_xxs) : type == PI_IQ2_XS ? sizeof(block_iq2_xs)
+         : type == PI_IQ2_S ? sizeof(block_iq2_s) : type == PI_IQ3_XXS ? sizeof(block_iq3_xxs) : sizeof(block_iq3_s);
+}
+
+/* 8 dwords, each 4 sign indices of 7 bits (bits 0..27) -> 4 sign bytes each (pi_iq_signs4 per lane) */
+INLINE __m256i iq_signs32(__m256i a) {
+#if defined(__AVX512VBMI__) /* the four 7-bit fields of each dword to its bytes, then the 128-byte table */
+    const __m256i k = _mm256_multishift_epi64_epi8(_mm256_set1_epi64x(0x352e2720150e0700ll), a); /* bits 7j (+32) */
+    return _mm512_castsi512_si256(_mm512_permutex2var_epi8(_mm512_loadu_si512(pi_iq_ksigns), _mm512_castsi256_si512(k),
+                                                           _mm512_loadu_si512(pi_iq_ksigns + 64)));
+#else
+    __m256i b = _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi32(0x7f)),
+                                _mm256_and_si256(_mm256_slli_epi32(a, 1), _mm256_set1_epi32(0x7f00)));
+    b = _mm256_or_si256(b, _mm256_and_si256(_mm256_slli_epi32(a, 2), _mm256_set1_epi32(0x7f0000)));
+    b = _mm256_or_si256(b, _mm256_and_si256(_mm256_slli_epi32(a, 3), _mm256_set1_epi32(0x7f000000)));
+    __m256i p = _mm256_xor_si256(b, _mm256_srli_epi32(b, 4));
+    p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 2));
+    p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 1));
+    return _mm256_or_si256(b, _mm256_slli_epi32(_mm256_and_si256(p, _mm256_set1_epi32(0x01010101)), 7));
+#endif
+}
+
+/* 16 four-bit scales, nibble g % 2 of byte g / 2 of the 8 bytes at p -> words 2 ls + 1 */
+INLINE __m256i iq_scales16(const uint8_t *p) {
+    const __m128i v = _mm_loadl_epi64((const __m128i *)p);
+    const __m128i n = _mm_unpacklo_epi8(_mm_and_si128(v, _mm_set1_epi8(15)),
+                                        _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15)));
+    const __m256i w = _mm256_cvtepu8_epi16(n);
+    return _mm256_add_epi16(_mm256_add_epi16(w, w), _mm256_set1_epi16(1));
+}
+
+INLINE void iq_masks(ksb *s, const void *signs) { /* 32 sign bytes, 8 per chunk */
+    uint64_t m[4];
+    memcpy(m, signs, 32);
+    for (int c = 0; c < 4; c++) s->neg[c] = _cvtu64_mask64(m[c]);
+}
+
+/* 32 grid indices (words, < 64 * n_pairs) -> their codes (iq_grids.h). The code table sits in n_pairs pairs of
+ * zmm (64 words each): one two-register word permute per pair, then a tree of masked moves on index bits
+ * 6, 7, ... Cheaper than looking up the 4- or 8-byte entries one by one (scalar loads or gathers) */
+INLINE __m512i iq_codes(__m512i idx, const uint16_t *tab, const int n_pairs) {
+    __m512i r[16];
+    for (int k = 0; k < n_pairs; k++)
+        r[k] = _mm512_permutex2var_epi16(_mm512_loadu_si512(tab + 64 * k), idx, _mm512_loadu_si512(tab + 64 * k + 32));
+    for (int bit = 6, n = n_pairs; n > 1; bit++, n /= 2) {
+        const __mmask32 m = _mm512_test_epi16_mask(idx, _mm512_set1_epi16((short)(1 << bit)));
+        for (int k = 0; k < n / 2; k++) r[k] = _mm512_mask_mov_epi16(r[2 * k], m, r[2 * k + 1]);
+    }
+    return r[0];
+}
+
+/* 16 codes (words) -> 64 unsigned values: dword k gets code k's three-bit fields in its 4 bytes, which one
+ * byte permute (VBMI: vpmultishiftqb picks the fields, vpermb maps them through the levels repeated) or shifts
+ * and one byte shuffle map to the levels; lv: the 8 levels as bytes of one qword */
+INLINE __m512i iq3_expand(__m256i codes, uint64_t lv) {
+    const __m512i d = _mm512_cvtepu16_epi32(codes);
+#if defined(__AVX512VBMI__)
+    const __m512i t = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x2926232009060300), d); /* bits 3j (+32) */
+    return _mm512_permutexvar_epi8(t, _mm512_set1_epi64((long long)lv)); /* index bits 0..5: level i % 8 */
+#else
+    __m512i t = _mm512_and_si512(d, _mm512_set1_epi32(7));
+    t = _mm512_ternarylogic_epi32(t, _mm512_slli_epi32(d, 5), _mm512_set1_epi32(0x700), 0xf8); /* t | (b & c) */
+    t = _mm512_ternarylogic_epi32(t, _mm512_slli_epi32(d, 10), _mm512_set1_epi32(0x70000), 0xf8);
+    t = _mm512_ternarylogic_epi32(t, _mm512_slli_epi32(d, 15), _mm512_set1_epi32(0x7000000), 0xf8);
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_cvtsi64_si128((long long)lv)), t);
+#endif
+}
+
+/* z[0..3] from the 64 grid indices of an IQ3 super-block, given as two zmm of 32 words */
+INLINE void iq3_values(ksb *s, __m512i i0, __m512i i1, const uint16_t *tab, const uint8_t *lv, const int n_pairs) {
+    uint64_t levels;
+    memcpy(&levels, lv, 8);
+    const __m512i c0 = iq_codes(i0, tab, n_pairs), c1 = iq_codes(i1, tab, n_pairs);
+    s->z[0] = iq3_expand(_mm512_castsi512_si256(c0), levels);
+    s->z[1] = iq3_expand(_mm512_extracti64x4_epi64(c0, 1), levels);
+    s->z[2] = iq3_expand(_mm512_castsi512_si256(c1), levels);
+    s->z[3] = iq3_expand(_mm512_extracti64x4_epi64(c1, 1), levels);
+}
+
+/* IQ2: the 32 codes of a super-block (words, 2 bits per value) -> z[0..3], z[c] from codes 8c .. 8c + 7. VBMI:
+ * qword k = code k, vpmultishiftqb puts value j's field in byte j, vpermb maps it through the levels repeated.
+ * Otherwise word w of z[c] takes code 8c + w / 4 (one word permute) shifted right by 4 (w % 4) (one variable
+ * shift), so that its two bytes get values 2 (w % 4) and 2 (w % 4) + 1, which one byte shuffle maps to the levels */
+INLINE void iq2_values(ksb *s, __m512i idx, const uint16_t *tab, const uint8_t *lv, const int n_pairs) {
+    const __m512i codes = iq_codes(idx, tab, n_pairs);
+#if defined(__AVX512VBMI__)
+    uint32_t l4;
+    memcpy(&l4, lv, 4);
+    const __m512i levels = _mm512_set1_epi32((int)l4);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m512i q = _mm512_cvtepu16_epi64(_mm512_extracti32x4_epi32(codes, c));
+        s->z[c] = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x0e0c0a0806040200), q), levels);
+    }
+#else
+    static const uint16_t quarter[32] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
+                                         4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7};
+    static const uint16_t shift[32] = {0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12,
+                                       0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12};
+    const __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lv));
+    const __m512i q = _mm512_loadu_si512(quarter), sh = _mm512_loadu_si512(shift);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m512i u = _mm512_srlv_epi16(_mm512_permutexvar_epi16(_mm512_add_epi16(q, _mm512_set1_epi16((short)(8 * c))),
+                                                                     codes), sh);
+        const __m512i t = _mm512_ternarylogic_epi32(_mm512_and_si512(u, _mm512_set1_epi16(3)), _mm512_slli_epi16(u, 6),
+                                                    _mm512_set1_epi16(0x300), 0xf8); /* a | (b & c) */
+        s->z[c] = _mm512_shuffle_epi8(levels, t);
+    }
+#endif
+}
+
+INLINE void unpack_iq2xxs(const uint8_t *blk, ksb *s) {
+    const block_iq2_xxs *b = (const block_iq2_xxs *)blk;
+    const __m512i raw = _mm512_loadu_si512(b->qs); /* qword k: sub-block k's 4 grid indices, then its a */
+    const __m128i ls = _mm512_cvtepi64_epi16(_mm512_srli_epi64(raw, 60));
+    const __m512i s16 = _mm512_zextsi128_si512(_mm_add_epi16(_mm_add_epi16(ls, ls), _mm_set1_epi16(1)));
+    uint8_t sg[32];
+    _mm256_storeu_si256((__m256i *)sg, iq_signs32(_mm512_cvtepi64_epi32(_mm512_srli_epi64(raw, 32))));
+    iq_masks(s, sg);
+    iq2_values(s, _mm512_cvtepu8_epi16(_mm512_cvtepi64_epi32(raw)), pi_iq2xxs_grid_code, pi_iq2xxs_grid_levels, 4);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) s->sw[c] = scale_words(s16, 2 * c, 0);
+    s->d = pi_h2f(b->d) * 0.125f;
+}
+
+INLINE void unpack_iq2xs(const uint8_t *blk, ksb *s) {
+    const block_iq2_xs *b = (const block_iq2_xs *)blk;
+    const __m512i w = _mm512_loadu_si512(b->qs); /* 32 words: grid index (9 bits) | sign index << 9 */
+    const __m512i k = _mm512_srli_epi16(w, 9);
+#if defined(__AVX512VBMI__) /* every byte through the 128-byte table (the high bytes, 0, are dropped below) */
+    const __m512i sb = _mm512_permutex2var_epi8(_mm512_loadu_si512(pi_iq_ksigns), k, _mm512_loadu_si512(pi_iq_ksigns + 64));
+#else
+    __m512i p = _mm512_xor_si512(k, _mm512_srli_epi16(k, 4));
+    p = _mm512_xor_si512(p, _mm512_srli_epi16(p, 2));
+    p = _mm512_xor_si512(p, _mm512_srli_epi16(p, 1));
+    const __m512i sb = _mm512_or_si512(k, _mm512_slli_epi16(_mm512_and_si512(p, _mm512_set1_epi16(1)), 7));
+#endif
+    uint8_t sg[32];
+    _mm256_storeu_si256((__m256i *)sg, _mm512_cvtepi16_epi8(sb));
+    iq_masks(s, sg);
+    iq2_values(s, _mm512_and_si512(w, _mm512_set1_epi16(511)), pi_iq2xs_grid_code, pi_iq2xs_grid_levels, 8);
+    const __m512i s16 = _mm512_zextsi256_si512(iq_scales16(b->scales));
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) s->sw[c] = scale_words(s16, 4 * c, 1);
+    s->d = pi_h2f(b->d) * 0.125f;
+}
+
+INLINE void unpack_iq2s(const uint8_t *blk, ksb *s) {
+    const block_iq2_s *b = (const block_iq2_s *)blk;
+    static const uint16_t quarter[32] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
+                                         4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7};
+    static const uint16_t twice[32] = {0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6,
+                                       0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6};
+    iq_masks(s, b->signs);
+    /* index i = qs[i] | bits 2 (i % 4) .. of qh[i / 4] << 8: qh[i / 4] to word i, shifted by 2 (i % 4) */
+    const __m512i qh = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)b->qh)));
+    const __m512i hi = _mm512_srlv_epi16(_mm512_permutexvar_epi16(_mm512_loadu_si512(quarter), qh), _mm512_loadu_si512(twice));
+    const __m512i idx = _mm512_ternarylogic_epi32(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)b->qs)),
+                                                  _mm512_slli_epi16(hi, 8), _mm512_set1_epi16(0x300), 0xf8);
+    iq2_values(s, idx, pi_iq2s_grid_code, pi_iq2s_grid_levels, 16);
+    const __m512i s16 = _mm512_zextsi256_si512(iq_scales16(b->scales));
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) s->sw[c] = scale_words(s16, 4 * c, 1);
+    s->d = pi_h2f(b->d) * 0.125f;
+}
+
+INLINE void unpack_iq3xxs(const uint8_t *blk, ksb *s) {
+    const block_iq3_xxs *b = (const block_iq3_xxs *)blk;
+    const __m256i a = _mm256_loadu_si256((const __m256i *)b->sas); /* sub-block k: 4 sign indices, ls */
+    const __m256i ls = _mm256_srli_epi32(a, 28);
+    const __m512i s16 = _mm512_zextsi128_si512(
+        _mm256_cvtepi32_epi16(_mm256_add_epi32(_mm256_add_epi32(ls, ls), _mm256_set1_epi32(1))));
+    uint8_t sg[32];
+    _mm256_storeu_si256((__m256i *)sg, iq_signs32(a));
+    iq_masks(s, sg);
+    const __m512i i0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)b->qs));
+    const __m512i i1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b->qs + 32)));
+    iq3_values(s, i0, i1, pi_iq3xxs_grid_code, pi_iq3xxs_grid_levels, 4);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) s->sw[c] = scale_words(s16, 2 * c, 0);
+    s->d = pi_h2f(b->d) * 0.25f;
+}
+
+INLINE void unpack_iq3s(const uint8_t *blk, ksb *s) {
+    const block_iq3_s *b = (const block_iq3_s *)blk;
+    iq_masks(s, b->signs);
+    uint32_t sc4, h[2];
+    memcpy(&sc4, b->scales, 4);
+    memcpy(h, b->qh, 8); /* bit k: bit 8 of index k (32 per word) */
+    const __m128i v = _mm_cvtsi32_si128((int)sc4);
+    const __m128i n = _mm_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_and_si128(v, _mm_set1_epi8(15)),
+                                                          _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15))));
+    const __m512i s16 = _mm512_zextsi128_si512(_mm_add_epi16(_mm_add_epi16(n, n), _mm_set1_epi16(1)));
+    __m512i i0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)b->qs));
+    __m512i i1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b->qs + 32)));
+    i0 = _mm512_mask_add_epi16(i0, (__mmask32)h[0], i0, _mm512_set1_epi16(256)); /* bit 8 was clear: add = or */
+    i1 = _mm512_mask_add_epi16(i1, (__mmask32)h[1], i1, _mm512_set1_epi16(256));
+    iq3_values(s, i0, i1, pi_iq3s_grid_code, pi_iq3s_grid_levels, 8);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) s->sw[c] = scale_words(s16, 2 * c, 0);
+    s->d = pi_h2f(b->d);
+}
+
+INLINE void unpack_iq(const int type, const uint8_t *blk, ksb *s) {
+    if (type == PI_IQ2_XXS) unpack_iq2xxs(blk, s);
+    else if (type == PI_IQ2_XS) unpack_iq2xs(blk, s);
+    else if (type == PI_IQ2_S) unpack_iq2s(blk, s);
+    else if (type == PI_IQ3_XXS) unpack_iq3xxs(blk, s);
+    else unpack_iq3s(blk, s);
+}
+
+#endif
