@@ -2,7 +2,8 @@
 
 Each measurement runs in its own child process (`python -m powerinfer_py.bench --engine ours|llamacpp ...`,
 which prints one JSON object), so the two engines never share caches, thread pools or heap, and the child's
-peak resident set size (getrusage ru_maxrss) is that engine's alone. The parent alternates the engines
+peak resident set size is that engine's alone (VmHWM of /proc/self/status: getrusage's ru_maxrss would also
+count the parent's resident set at the spawn, which Linux carries over the exec). The parent alternates the engines
 rep by rep, so slow drifts of the machine (thermal, other load) hit both alike, and reports medians.
 
 What one child measures, identically for both engines:
@@ -97,6 +98,15 @@ def _digest(ids: list[int]) -> int:
 
 
 def _peak_rss_bytes() -> int:
+    """This process's peak resident set: VmHWM (the high-water mark of its own address space, so a parent
+    that held gigabytes when it started us does not count); ru_maxrss where /proc is missing."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 

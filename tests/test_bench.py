@@ -22,3 +22,16 @@ def test_bench_reports_both_engines(synthetic_model, extra):
     assert all(r["n_gen"] == 4 and r["decode_tok_s"] > 0 for r in report["runs"])
     assert report["ratio"]["decode_tok_s"] > 0 and report["ratio"]["prompt_tok_s"] > 0
     assert report["engines"]["ours"]["sparse"] == "off" and report["memory"]["within_budget"] in (True, False)
+
+
+def test_child_peak_rss_leaves_out_the_parent():
+    """A bench child must report its own peak: ru_maxrss would carry the parent's resident set over the exec
+    (here 400 MB held by this process while it starts the child)."""
+    import numpy as np
+
+    held = np.ones(400 * 2**20, dtype=np.uint8)  # touched, so resident
+    code = "from powerinfer_py.bench import _peak_rss_bytes; print(_peak_rss_bytes())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    child = int(out.stdout)
+    assert held.sum() == held.size
+    assert 10 * 2**20 < child < 300 * 2**20, child
