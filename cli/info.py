@@ -127,7 +127,7 @@ def _table(f: dict) -> Table:
             t.add_row("predictor ranks", ", ".join(map(str, f["predictor_ranks"])))
     t.add_row("tensors", f"{f['n_tensors']} ({f['n_params'] / 1e6:.1f} M parameters)")
     for type_name, tt in f["tensor_types"].items():
-        t.add_row(f"  {type_name}", f"{tt['count']} tensors, {_size(tt['bytes'])}")
+        t.add_row(f"  {type_name}", f"{tt['count']} tensor{'s' if tt['count'] != 1 else ''}, {_size(tt['bytes'])}")
     conv = ", ".join(f"{c['count']} {c['from']} -> {c['to']}" for c in f["conversions"])
     t.add_row("converted at load", conv or "nothing (every tensor type runs as it is)")
     t.add_row("CUDA backend", ("yes: " if f["cuda"]["available"] else "no: ") + f["cuda"]["reason"])
