@@ -39,7 +39,7 @@ from .gguf.reader import GGUFFile
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "bamboo", "falcon",
                    "opt", "phi3", "granite", "granitemoe", "gpt-oss", "ernie4_5", "ernie4_5-moe", "deepseek2", "arcee",
-                   "glm4", "glm4moe", "smollm3", "olmo2")
+                   "glm4", "glm4moe", "smollm3", "olmo2", "lfm2")
 # always mixture-of-experts (llama files are when they carry expert_count; ernie4_5-moe, deepseek2 and glm4moe
 # have leading dense layers: ModelConfig.moe_layers)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "deepseek2", "glm4moe")
@@ -50,7 +50,7 @@ _MOE_NORM_WEIGHTS = {"llama": True, "qwen3moe": True, "qwen2moe": False, "granit
 GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")  # scaled embeddings, GeGLU FFN, the "gemma" chat format
 # llama.cpp's NeoX rope type (pairs (i, i + n_rot/2)); the others rotate pairs (2i, 2i + 1)
 _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "falcon", "phi3", "olmo2",
-               "gpt-oss", "glm4moe"}
+               "gpt-oss", "glm4moe", "lfm2"}
 # their models take per-pair RoPE factors and a scale (models/base.py)
 _YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee", "deepseek2")
 _LAYERNORM_ARCHS = {"falcon", "opt"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
@@ -128,6 +128,8 @@ class ModelConfig:
     n_expert_groups: int = 0  # deepseek2 group-limited routing: groups of experts (0: none)
     n_expert_group_used: int = 0  # groups whose experts may be chosen
     n_nextn: int = 0  # glm4, glm4moe: trailing next-token-prediction blocks in the file, not run (not in n_layer)
+    conv_layers: tuple[bool, ...] = ()  # lfm2: per layer True = gated short convolution, False = attention
+    conv_kernel: int = 0  # lfm2: the convolution's length in tokens ({arch}.shortconv.l_cache; 0 = none)
 
     def is_moe_layer(self, il: int) -> bool:
         """Whether layer il's FFN is a mixture of experts (ernie4_5-moe's leading layers are dense)."""
@@ -377,7 +379,8 @@ class _Reader(ArchKeys):
         n_layer = self.positive("{arch}.block_count")
         n_layer, glm = self.glm4(n_layer) if self.arch in GLM_ARCHS else (n_layer, {})
         n_head = self.positive("{arch}.attention.head_count")
-        n_head_kv = self.positive("{arch}.attention.head_count_kv", n_head)
+        lfm2 = self.lfm2(n_layer, n_head)  # per-layer head counts: 0 marks a convolution layer
+        n_head_kv = lfm2.pop("_n_head_kv") if lfm2 else self.positive("{arch}.attention.head_count_kv", n_head)
         if n_head % n_head_kv:
             raise ModelFileError(f"{self.f.path}: head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
         head_dim = self.positive("{arch}.attention.key_length", n_embd // n_head)
@@ -461,4 +464,5 @@ class _Reader(ArchKeys):
             **mla,
             **granite,
             **glm,
+            **lfm2,
         )
