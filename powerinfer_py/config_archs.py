@@ -77,7 +77,10 @@ Per architecture:
           gated short-convolution layers (conv_layers; the others attend, with that many KV heads, which must be
           the same on every attention layer); {arch}.shortconv.l_cache (required, >= 2) is the conv kernel length
           (3 in the real files); NeoX RoPE, per-head Q/K norms; files with {arch}.attention.sliding_window > 0
-          (sliding-window attention layers) are refused
+          (sliding-window attention layers) are refused. lfm2moe (LFM2-8B-A1B) is lfm2 with
+          {arch}.leading_dense_block_count (default 0) dense layers, then experts (expert_feed_forward_length wide)
+          chosen by expert_gating_func (required: 1 softmax, 2 sigmoid) scores plus the selection bias
+          exp_probs_b.bias, their weights always renormalized (sum clamped at 6.1e-5) and not scaled
 """
 from __future__ import annotations
 
@@ -245,7 +248,7 @@ class ArchKeys:
     def lfm2(self, n_layer: int, n_head: int) -> dict:
         """lfm2's layer kinds (module docstring): conv_layers, conv_kernel and "_n_head_kv" (the attention
         layers' KV heads) for config(); {} for the other architectures."""
-        if self.arch != "lfm2":
+        if self.arch not in ("lfm2", "lfm2moe"):
             return {}
         key = self.key("{arch}.attention.head_count_kv")
         kv = self.meta.get(key)
@@ -264,5 +267,17 @@ class ArchKeys:
                                  f"causal convolution over the token and its predecessors), got {kernel}")
         if self.get("{arch}.attention.sliding_window", 0) > 0:
             raise UnsupportedError(f"{self.f.path}: lfm2 files with sliding-window attention are not supported")
-        return {"conv_layers": tuple(v == 0 for v in kv), "conv_kernel": kernel,
-                "_n_head_kv": heads[0] if heads else n_head}
+        out = {"conv_layers": tuple(v == 0 for v in kv), "conv_kernel": kernel,
+               "_n_head_kv": heads[0] if heads else n_head}
+        if self.arch == "lfm2moe":
+            lead = self.get("{arch}.leading_dense_block_count", 0)
+            if not 0 <= lead <= n_layer:
+                raise ModelFileError(f"{self.f.path}: {self.key('{arch}.leading_dense_block_count')} {lead} is "
+                                     f"outside 0..{n_layer} (block_count)")
+            gating = self.get("{arch}.expert_gating_func")
+            if gating not in (1, 2):
+                raise UnsupportedError(f"{self.f.path}: {self.key('{arch}.expert_gating_func')} {gating} is not "
+                                       "supported (1 softmax, 2 sigmoid)")
+            out.update(moe_layers=tuple(il >= lead for il in range(n_layer)),
+                       expert_gating="sigmoid" if gating == 2 else "softmax")
+        return out

@@ -74,8 +74,9 @@ ARCHS += ("glm4", "glm4moe")
 _EMBD_STD.update(glm4=1.0, glm4moe=1.0)
 _OUTPUT_NORM_GAIN.update(glm4=1.0, glm4moe=1.0)
 # LFM2 (tied, as the real models): conv and attention layers by synth_lfm2, the final norm named token_embd_norm
-ARCHS += ("lfm2",)
-_EMBD_STD["lfm2"], _OUTPUT_NORM_GAIN["lfm2"] = 0.1, 3.0
+ARCHS += ("lfm2", "lfm2moe")
+_EMBD_STD.update(lfm2=0.1, lfm2moe=0.1)
+_OUTPUT_NORM_GAIN.update(lfm2=3.0, lfm2moe=3.0)
 _CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()") + [SPACE]
 
 
@@ -168,7 +169,7 @@ class _Spec:
         if arch.endswith("moe") and not n_expert:
             raise ValueError(f"{arch} needs n_expert > 0")
         if n_expert and arch not in ("llama", "qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe",
-                                     "deepseek2", "glm4moe"):
+                                     "deepseek2", "glm4moe", "lfm2moe"):
             raise ValueError(f"experts are written for llama, qwen2moe, qwen3moe and granitemoe, not {arch}")
         n_ff_exp = o.pop("n_ff_exp", n_ff)
         self.moe = ((n_expert, o.pop("n_expert_used", 2), n_ff_exp,
@@ -193,7 +194,7 @@ class _Spec:
                (p + "ffn_gate_exps.weight", np.stack([linear(F, E) for _ in range(n_expert)])),
                (p + "ffn_up_exps.weight", np.stack([linear(F, E) for _ in range(n_expert)])),
                (p + "ffn_down_exps.weight", np.stack([linear(E, F) for _ in range(n_expert)]))]
-        if self.ernie.get("probs_bias") or self.ds.get("probs_bias") or self.glm.get("probs_bias"):  # steers the choice: probabilities are ~1/n_expert apart
+        if any(o.get("probs_bias") for o in (self.ernie, self.ds, self.glm, self.lfm2)):  # steers the choice: probabilities are ~1/n_expert apart
             out.append((p + "exp_probs_b.bias", 0.3 * rng.standard_normal(n_expert, dtype=np.float32)))
         if F_sh and self.arch not in ("granitemoe", "ernie4_5-moe", "deepseek2", "glm4moe"):  # their shared experts have no gate
             out.append((p + "ffn_gate_inp_shexp.weight", rng.standard_normal(E, dtype=np.float32) / np.float32(np.sqrt(E))))
@@ -295,7 +296,8 @@ class _Spec:
                 out += _glm4_layer(p, il, self, rng, linear, norm)
                 continue
             if self.lfm2:
-                out += lfm2_layer(p, il, E, F, q_dim, kv_dim, hd, self.lfm2, linear, norm)
+                out += lfm2_layer(p, il, E, F, q_dim, kv_dim, hd, self.lfm2, linear, norm,
+                                  lambda: self.experts(p, rng, linear, norm))
                 continue
             if self.arch == "olmo2":  # no pre-norms; whole-width Q/K norms and the two output norms
                 out += _olmo2_layer(p, q_dim, kv_dim, E, F, linear, norm)
@@ -578,7 +580,7 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
         raise ValueError(f"unknown arch {arch!r}; synthetic models exist for {', '.join(ARCHS)}")
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
-    n_layer = n_layer if n_layer is not None else {"gemma3": 6, "smollm3": 4, "lfm2": 4}.get(arch, 2)
+    n_layer = n_layer if n_layer is not None else {"gemma3": 6, "smollm3": 4, "lfm2": 4, "lfm2moe": 4}.get(arch, 2)
     spec = _Spec(arch, n_layer, n_embd, n_ff, n_head, n_head_kv, n_vocab, overrides)
     metadata, types = spec.metadata(dtype)
     rng = np.random.default_rng(seed)

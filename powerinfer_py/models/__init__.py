@@ -53,6 +53,7 @@ _FAMILIES = {
     "glm4": (glm4.Glm4Model, glm4.expected_tensors),  # sandwich norms, fused gate+up, partial RoPE
     "glm4moe": (glm4.Glm4Model, glm4.expected_tensors),  # leading dense layers, sigmoid-routed experts
     "lfm2": (lfm2.Lfm2Model, lfm2.expected_tensors),  # gated short-convolution layers + attention layers
+    "lfm2moe": (lfm2.Lfm2Model, lfm2.expected_tensors),  # the same with leading dense layers, then experts
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)

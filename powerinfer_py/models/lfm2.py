@@ -18,6 +18,10 @@
   logits = output · (rmsnorm(x) * token_embd_norm)       (the final norm's GGUF name; output tied to token_embd
                                                            when absent)
 
+lfm2moe (LFM2-8B-A1B) replaces the FFN of the layers past config.moe_layers' leading dense ones by experts
+(moe.py): scores s = sigmoid or softmax (expert_gating) of ffn_gate_inp · m, the n_used experts with the largest
+s + exp_probs_b.bias chosen, their weights s / sum(s) over the chosen; no shared expert.
+
 The conv state of a layer is s at the last K-1 positions (conv_cache.ConvKVCache), so a forward that starts
 at n_past continues the convolution exactly where the previous one stopped. The attention layers use the
 base block's _qkv and the plain attention kernel; a one-token step goes through the same Python path (the
@@ -34,7 +38,8 @@ from ..conv_cache import ConvKVCache
 from ..ffn import SparseSettings
 from ..kernels.ref import dequantize
 from ..tensor import Tensor
-from .base import Expected, Model, get_tensor, layer_tensors, sparsify_expected
+from ..moe import MoEFFN
+from .base import Expected, Model, get_tensor, layer_tensors, moe_expected, norm_weight, sparsify_expected
 
 OUTPUT_NORM = "token_embd_norm.weight"  # llama.cpp's name for lfm2's final norm
 SHARED = {"attn_norm": "attn_norm.weight", "ffn_norm": "ffn_norm.weight"}
@@ -52,9 +57,13 @@ def expected_tensors(c: ModelConfig) -> Expected:
         p = f"blk.{il}."
         e[p + "attn_norm.weight"] = ((E,), True)
         e[p + "ffn_norm.weight"] = ((E,), True)
-        e[p + "ffn_gate.weight"] = ((c.n_ff, E), True)
-        e[p + "ffn_up.weight"] = ((c.n_ff, E), True)
-        e[p + "ffn_down.weight"] = ((E, c.n_ff), True)
+        if c.is_moe_layer(il):  # lfm2moe past its leading dense layers
+            e.update(moe_expected(c, p))
+            e[p + "exp_probs_b.bias"] = ((c.n_expert,), True)
+        else:
+            e[p + "ffn_gate.weight"] = ((c.n_ff, E), True)
+            e[p + "ffn_up.weight"] = ((c.n_ff, E), True)
+            e[p + "ffn_down.weight"] = ((E, c.n_ff), True)
         if c.conv_layers[il]:
             e[p + "shortconv.conv.weight"] = ((E, c.conv_kernel), True)
             e[p + "shortconv.in_proj.weight"] = ((3 * E, E), True)
@@ -89,6 +98,13 @@ class Lfm2Model(Model):
                 L.conv_w = np.ascontiguousarray(dequantize(w).reshape(config.n_embd, config.conv_kernel))
             else:
                 vars(L).update(vars(layer_tensors(tensors, il, ATTENTION)))
+
+    def build_moe(self, tensors: Mapping[str, Tensor], il: int) -> MoEFFN:
+        """lfm2moe's experts: the file's gating, the selection bias, renormalized weights, no shared expert."""
+        c, moe = self.config, super().build_moe(tensors, il)
+        return MoEFFN(self.kernels, moe.router, moe.gate, moe.up, moe.down, c.n_expert_used, c.expert_weights_norm,
+                      layer=il, select_bias=norm_weight(get_tensor(tensors, f"blk.{il}.exp_probs_b.bias")),
+                      gating=c.expert_gating, weights_scale=c.expert_weights_scale)
 
     def new_cache(self, n_ctx: int | None = None) -> ConvKVCache:
         c = self.config
