@@ -19,6 +19,7 @@ import dataclasses
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
+from model_checks import assert_fused_decode_equals_python
 
 from powerinfer_py import load
 from powerinfer_py.chat import ChatSession, template_for
@@ -172,6 +173,14 @@ def test_steps_and_split_prefill_equal_one_prefill(f32_file, cpu_kernels):
     two = np.concatenate([m.forward(TOKENS[:6], cache, all_logits=True), m.forward(TOKENS[6:], cache, all_logits=True)])
     np.testing.assert_allclose(two, batch, rtol=0, atol=tol)
     assert cache.n_past == cache.state_pos == len(TOKENS)
+
+
+@pytest.mark.parametrize("arch,dtype", [("lfm2", "f32"), ("lfm2", "q8_0"), ("lfm2moe", "f32")])
+def test_fused_decode_equals_python_path(synthetic_model, cpu_kernels, arch, dtype):
+    """Prompt of 3 tokens, then one at a time: the attention layers' one-call C step gives the Python path's
+    logits and K/V bit for bit, and the steps agree with one prefill."""
+    model = load_model(synthetic_model(arch, dtype, n_layer=N_LAYER), cpu_kernels)
+    assert_fused_decode_equals_python(model, TOKENS)
 
 
 def test_cache_truncation_keeps_all_or_nothing(f32_file, cpu_kernels):

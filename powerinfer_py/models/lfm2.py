@@ -24,8 +24,8 @@ s + exp_probs_b.bias chosen, their weights s / sum(s) over the chosen; no shared
 
 The conv state of a layer is s at the last K-1 positions (conv_cache.ConvKVCache), so a forward that starts
 at n_past continues the convolution exactly where the previous one stopped. The attention layers use the
-base block's _qkv and the plain attention kernel; a one-token step goes through the same Python path (the
-one-call C attention block of base.Model is not used here).
+base block's _qkv and the attention kernel; in a one-token step (CPU kernels) each of them is one C call
+(kernels.attn_block_decode, as base.Model's decode), with the same bits as the Python path.
 """
 from __future__ import annotations
 
@@ -84,7 +84,6 @@ class Lfm2Model(Model):
 
     LAYER_TENSORS = SHARED
     QK_NORMS = True
-    fused_attention = False  # attn_plans() would need every layer to attend
 
     def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
                  sparse: SparseSettings | None = None):
@@ -110,8 +109,22 @@ class Lfm2Model(Model):
         c = self.config
         return ConvKVCache(c.conv_layers, c.n_head_kv, n_ctx or c.n_ctx_train, c.head_dim, c.n_embd, c.conv_kernel)
 
-    def attn_plans(self) -> None:
-        return None
+    def attn_plans(self) -> list | None:
+        """base.Model.attn_plans for the attention layers (None in the conv layers' places), made on first use;
+        None when the kernels have no one-call step or fused_attention is off."""
+        if not self.fused_attention or not hasattr(self.kernels, "attn_block_plan"):
+            return None
+        plans = self.__dict__.get("_attn_plans")
+        if plans is None:
+            c = self.config
+            shape = dict(n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim, n_rot=c.n_rot,
+                         rope_neox=c.rope_neox, eps=c.norm_eps, attn_scale=c.attn_scale)
+            plans = self._attn_plans = [
+                None if c.conv_layers[il] else
+                self.kernels.attn_block_plan(L.wq, L.wk, L.wv, L.wo, L.attn_norm, L.ffn_norm,
+                                             **shape, **self.attn_plan_kwargs(il, L))
+                for il, L in enumerate(self.layers)]
+        return plans
 
     def forward(self, tokens, cache: ConvKVCache, all_logits: bool = False) -> np.ndarray:
         """Logits of tokens (the last, or all rows with all_logits), continuing the cache's K/V and conv states."""
@@ -120,7 +133,12 @@ class Lfm2Model(Model):
         n, eps = ids.shape[0], c.norm_eps
         rope = self.rope_args()
         x = self._embed(ids, pos)  # [N, n_embd]
+        plans = self.attn_plans() if n == 1 else None
         for il, L in enumerate(self.layers):
+            if plans is not None and plans[il] is not None:  # adds the attention to x, returns the FFN's input
+                m = k.attn_block_decode(plans[il], x[0], p0, cache.k[il], cache.v[il])
+                x += self.ffns[il](m[None, :], x)
+                continue
             h = k.rmsnorm(x, L.attn_norm, eps)
             if c.conv_layers[il]:
                 x += self._shortconv(il, L, h, cache, p0)
