@@ -14,8 +14,10 @@ The state is a summary of every position so far and cannot be rewound: it belong
 
 Keeping the conv inputs of every position instead (exact truncation) would cost 4 * n_embd bytes per position
 and conv layer, several times the K/V of the attention layers, to save a re-prefill only when a conversation
-is edited, not when it grows. `conv_state` checks that the state belongs to the position a forward starts at,
-so a cache moved back by assigning n_past directly fails loudly instead of continuing from a wrong state.
+is edited, not when it grows. `begin` checks that the state belongs to the position a forward starts at, so a
+cache moved back by assigning n_past directly fails loudly instead of continuing from a wrong state, and marks
+the state unusable until `end`: a forward interrupted between two conv layers (Ctrl-C in a chat) leaves a
+half-updated state that the next truncate discards.
 """
 from __future__ import annotations
 
@@ -39,15 +41,20 @@ class ConvKVCache(KVCache):
         self.conv = [np.zeros((kernel - 1, n_embd), dtype=np.float32) if conv else None for conv in conv_layers]
         self.state_pos = 0
 
+    def begin(self, p0: int) -> None:
+        """Start a forward at position p0 (0: from zeros; else the state must be the one that ended at p0)."""
+        if p0 and self.state_pos != p0:
+            held = f"position {self.state_pos}" if self.state_pos >= 0 else "an interrupted forward"
+            raise PowerInferError(f"the convolution state is for {held}, not {p0}: a cache of a convolution model "
+                                  "cannot be moved back (truncate it, which restarts at 0)")
+        self.state_pos = -1  # until end(): the states are being overwritten layer by layer
+
+    def end(self, n_past: int) -> None:
+        self.n_past = self.state_pos = n_past
+
     def conv_state(self, il: int, p0: int) -> np.ndarray:
-        """Layer il's state for a forward that starts at position p0: zeros at 0, else the stored one, which
-        must have been written by the forward that ended at p0."""
-        if p0 == 0:
-            return np.zeros_like(self.conv[il])
-        if self.state_pos != p0:
-            raise PowerInferError(f"the convolution state is for position {self.state_pos}, not {p0}: a cache of a "
-                                  "convolution model cannot be moved back (truncate it, which restarts at 0)")
-        return self.conv[il]
+        """Layer il's state in a forward that started at p0 (after begin): zeros at 0, else the stored one."""
+        return np.zeros_like(self.conv[il]) if p0 == 0 else self.conv[il]
 
     def set_conv_state(self, il: int, state: np.ndarray) -> None:
         self.conv[il][...] = state

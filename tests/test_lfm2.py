@@ -185,7 +185,8 @@ def test_fused_decode_equals_python_path(synthetic_model, cpu_kernels, arch, dty
 
 def test_cache_truncation_keeps_all_or_nothing(f32_file, cpu_kernels):
     """The conv state cannot be rewound: truncating to n_past keeps it, to anything shorter restarts at 0 (and a
-    cache moved back by hand is refused, not continued from the wrong state)."""
+    cache moved back by hand, or left by a forward that failed half-way, is refused, not continued from the wrong
+    state; truncating it restarts at 0)."""
     m = load_model(f32_file, cpu_kernels)
     cache = m.new_cache(32)
     assert isinstance(cache, ConvKVCache) and cache.k[0].nbytes == 0 and cache.k[2].nbytes > 0
@@ -198,6 +199,18 @@ def test_cache_truncation_keeps_all_or_nothing(f32_file, cpu_kernels):
     cache.n_past = 4  # a cache moved back without truncate
     with pytest.raises(PowerInferError, match="convolution state is for position 16, not 4"):
         m.forward(TOKENS[4:6], cache)
+    # a forward interrupted after the first conv layers: its half-new state is never continued
+    cache = m.new_cache(32)
+    m.forward(TOKENS[:8], cache)
+    ffn3, m.ffns[3] = m.ffns[3], None  # layer 3 fails, after conv layers 0 and 1 have moved on
+    with pytest.raises(TypeError):
+        m.forward(TOKENS[8:], cache)
+    m.ffns[3] = ffn3
+    with pytest.raises(PowerInferError, match="convolution state is for an interrupted forward, not 8"):
+        m.forward(TOKENS[8:], cache)
+    cache.truncate(8)
+    assert cache.n_past == 0
+    np.testing.assert_allclose(m.forward(TOKENS, cache), all_logits(m)[-1], rtol=0, atol=1e-5)
 
 
 def test_chat_reuse_and_divergence_match_a_fresh_prefill(f32_file):

@@ -134,6 +134,7 @@ class Lfm2Model(Model):
         rope = self.rope_args()
         x = self._embed(ids, pos)  # [N, n_embd]
         plans = self.attn_plans() if n == 1 else None
+        cache.begin(p0)
         for il, L in enumerate(self.layers):
             if plans is not None and plans[il] is not None:  # adds the attention to x, returns the FFN's input
                 m = k.attn_block_decode(plans[il], x[0], p0, cache.k[il], cache.v[il])
@@ -150,7 +151,7 @@ class Lfm2Model(Model):
                 a = k.attention(q, cache.k[il], cache.v[il], p0, 0, c.attn_scale)  # [N, H, hd]
                 x += k.matmul(L.wo, a.reshape(n, c.n_head * c.head_dim))
             x += self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x)
-        cache.n_past = cache.state_pos = p0 + n
+        cache.end(p0 + n)
         return self._head(x, all_logits)
 
     def _shortconv(self, il: int, L, h: np.ndarray, cache: ConvKVCache, p0: int) -> np.ndarray:
