@@ -105,6 +105,10 @@ def _table(f: dict) -> Table:
             t.add_row(c["arch"], ("post-attention and post-FFN norms; fused gate+up" if c["arch"] == "glm4" else
                                   f"router {c['expert_gating']}, x{c['expert_weights_scale']:g}")
                       + (f"; {c['n_nextn']} next-token-prediction block(s) not run" if c["n_nextn"] else ""))
+        if c.get("conv_layers"):  # lfm2: which layers are gated short convolutions
+            conv = [il for il, is_conv in enumerate(c["conv_layers"]) if is_conv]
+            t.add_row("conv layers", f"{', '.join(map(str, conv)) or 'none'} (gated short convolution over "
+                      f"{c['conv_kernel']} tokens); attention on the others")
         if c["arch"] == "gpt-oss":
             t.add_row("gpt-oss", f"attention sinks; even layers see the last {c['sliding_window']} tokens; router "
                       "weights softmaxed after top-k; expert biases; swiglu_oai (clamp 7, alpha 1.702)")

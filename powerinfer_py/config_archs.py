@@ -73,6 +73,14 @@ Per architecture:
           (expert_feed_forward_length wide) with expert_gating_func (absent/0: sigmoid, 1 softmax, 2 sigmoid), the
           selection bias exp_probs_b.bias, expert_weights_norm (default off), expert_weights_scale (absent/0: 1) and
           an ungated shared expert expert_shared_count x expert_feed_forward_length wide; groups are refused
+  lfm2    (Liquid LFM2) a hybrid: {arch}.attention.head_count_kv is a per-layer array whose 0 entries mark the
+          gated short-convolution layers (conv_layers; the others attend, with that many KV heads, which must be
+          the same on every attention layer); {arch}.shortconv.l_cache (required, >= 2) is the conv kernel length
+          (3 in the real files); NeoX RoPE, per-head Q/K norms; files with {arch}.attention.sliding_window > 0
+          (sliding-window attention layers) are refused. lfm2moe (LFM2-8B-A1B) is lfm2 with
+          {arch}.leading_dense_block_count (default 0) dense layers, then experts (expert_feed_forward_length wide)
+          chosen by expert_gating_func (required: 1 softmax, 2 sigmoid) scores plus the selection bias
+          exp_probs_b.bias, their weights always renormalized (sum clamped at 6.1e-5) and not scaled
 """
 from __future__ import annotations
 
@@ -236,3 +244,40 @@ class ArchKeys:
         a = attn_factor * (1.0 if self.key(log_mul_key) in self.meta else 1.0 + 0.1 * ln_f)
         m = a * (1.0 + 0.1 * log_mul * ln_f)
         return a, m * m / math.sqrt(head_dim)
+
+    def lfm2(self, n_layer: int, n_head: int) -> dict:
+        """lfm2's layer kinds (module docstring): conv_layers, conv_kernel and "_n_head_kv" (the attention
+        layers' KV heads) for config(); {} for the other architectures."""
+        if self.arch not in ("lfm2", "lfm2moe"):
+            return {}
+        key = self.key("{arch}.attention.head_count_kv")
+        kv = self.meta.get(key)
+        if not isinstance(kv, list) or len(kv) != n_layer or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in kv):
+            raise ModelFileError(f"{self.f.path}: {key} must be an array of {n_layer} head counts (0 marks a "
+                                 f"convolution layer), got {kv!r}")
+        heads = sorted(set(v for v in kv if v))
+        if len(heads) > 1:
+            raise UnsupportedError(f"{self.f.path}: {key} differs between attention layers ({heads})")
+        if heads and n_head % heads[0]:
+            raise ModelFileError(f"{self.f.path}: head_count {n_head} is not a multiple of head_count_kv {heads[0]}")
+        kernel = self.get("{arch}.shortconv.l_cache")
+        if kernel < 2:
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.shortconv.l_cache')} must be at least 2 (a "
+                                 f"causal convolution over the token and its predecessors), got {kernel}")
+        if self.get("{arch}.attention.sliding_window", 0) > 0:
+            raise UnsupportedError(f"{self.f.path}: lfm2 files with sliding-window attention are not supported")
+        out = {"conv_layers": tuple(v == 0 for v in kv), "conv_kernel": kernel,
+               "_n_head_kv": heads[0] if heads else n_head}
+        if self.arch == "lfm2moe":
+            lead = self.get("{arch}.leading_dense_block_count", 0)
+            if not 0 <= lead <= n_layer:
+                raise ModelFileError(f"{self.f.path}: {self.key('{arch}.leading_dense_block_count')} {lead} is "
+                                     f"outside 0..{n_layer} (block_count)")
+            gating = self.get("{arch}.expert_gating_func")
+            if gating not in (1, 2):
+                raise UnsupportedError(f"{self.f.path}: {self.key('{arch}.expert_gating_func')} {gating} is not "
+                                       "supported (1 softmax, 2 sigmoid)")
+            out.update(moe_layers=tuple(il >= lead for il in range(n_layer)),
+                       expert_gating="sigmoid" if gating == 2 else "softmax")
+        return out

@@ -17,6 +17,7 @@ import numpy as np
 from gguf import GGUFValueType
 
 from .gguf import write_gguf
+from .synth_lfm2 import lfm2_layer, lfm2_metadata, lfm2_options
 from .tensor import GGMLType, Tensor
 
 ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "phi3")
@@ -72,6 +73,10 @@ _EMBD_STD["deepseek2"], _OUTPUT_NORM_GAIN["deepseek2"] = 1.0, 1.0
 ARCHS += ("glm4", "glm4moe")
 _EMBD_STD.update(glm4=1.0, glm4moe=1.0)
 _OUTPUT_NORM_GAIN.update(glm4=1.0, glm4moe=1.0)
+# LFM2 (tied, as the real models): conv and attention layers by synth_lfm2, the final norm named token_embd_norm
+ARCHS += ("lfm2", "lfm2moe")
+_EMBD_STD.update(lfm2=0.1, lfm2moe=0.1)
+_OUTPUT_NORM_GAIN.update(lfm2=3.0, lfm2moe=3.0)
 _CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()") + [SPACE]
 
 
@@ -164,7 +169,7 @@ class _Spec:
         if arch.endswith("moe") and not n_expert:
             raise ValueError(f"{arch} needs n_expert > 0")
         if n_expert and arch not in ("llama", "qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe",
-                                     "deepseek2", "glm4moe"):
+                                     "deepseek2", "glm4moe", "lfm2moe"):
             raise ValueError(f"experts are written for llama, qwen2moe, qwen3moe and granitemoe, not {arch}")
         n_ff_exp = o.pop("n_ff_exp", n_ff)
         self.moe = ((n_expert, o.pop("n_expert_used", 2), n_ff_exp,
@@ -174,6 +179,7 @@ class _Spec:
         self.ernie = _ernie_options(arch, o)
         self.ds = _deepseek2_options(arch, o)
         self.glm = _glm4_options(arch, self.head_dim, o)
+        self.lfm2 = lfm2_options(arch, n_layer, o)
         if self.ds:
             self.head_dim = self.ds["nope"] + self.ds["n_rot"]
         if o:
@@ -188,7 +194,7 @@ class _Spec:
                (p + "ffn_gate_exps.weight", np.stack([linear(F, E) for _ in range(n_expert)])),
                (p + "ffn_up_exps.weight", np.stack([linear(F, E) for _ in range(n_expert)])),
                (p + "ffn_down_exps.weight", np.stack([linear(E, F) for _ in range(n_expert)]))]
-        if self.ernie.get("probs_bias") or self.ds.get("probs_bias") or self.glm.get("probs_bias"):  # steers the choice: probabilities are ~1/n_expert apart
+        if any(o.get("probs_bias") for o in (self.ernie, self.ds, self.glm, self.lfm2)):  # steers the choice: probabilities are ~1/n_expert apart
             out.append((p + "exp_probs_b.bias", 0.3 * rng.standard_normal(n_expert, dtype=np.float32)))
         if F_sh and self.arch not in ("granitemoe", "ernie4_5-moe", "deepseek2", "glm4moe"):  # their shared experts have no gate
             out.append((p + "ffn_gate_inp_shexp.weight", rng.standard_normal(E, dtype=np.float32) / np.float32(np.sqrt(E))))
@@ -259,7 +265,9 @@ class _Spec:
         })
         if self.chat_template is not None:
             meta["tokenizer.chat_template"] = self.chat_template
-        types = {
+        lfm2_meta, types = lfm2_metadata(a, self.n_layer, self.n_head_kv, self.lfm2) if self.lfm2 else ({}, {})
+        meta.update(lfm2_meta)
+        types |= {
             "tokenizer.ggml.token_type": (GGUFValueType.ARRAY, GGUFValueType.INT32),
             "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32),
         }
@@ -286,6 +294,10 @@ class _Spec:
             p = f"blk.{il}."
             if self.glm:
                 out += _glm4_layer(p, il, self, rng, linear, norm)
+                continue
+            if self.lfm2:
+                out += lfm2_layer(p, il, E, F, q_dim, kv_dim, hd, self.lfm2, linear, norm,
+                                  lambda: self.experts(p, rng, linear, norm))
                 continue
             if self.arch == "olmo2":  # no pre-norms; whole-width Q/K norms and the two output norms
                 out += _olmo2_layer(p, q_dim, kv_dim, E, F, linear, norm)
@@ -325,7 +337,7 @@ class _Spec:
                 out.append((p + "post_ffw_norm.weight", norm(E)))
         # tied heads see small embeddings: a larger output norm gain gives logits std ~2 all the same
         gain = _OUTPUT_NORM_GAIN[self.arch if self.tied else "llama"] * (self.granite.get("logit_scale") or 1.0)
-        out.append(("output_norm.weight", norm(E) * gain))
+        out.append(("token_embd_norm.weight" if self.lfm2 else "output_norm.weight", norm(E) * gain))
         if not self.tied:
             out.append(("output.weight", 2.5 * linear(self.n_vocab, E)))  # logits std ~2.5: a clear top-1
         return out
@@ -562,17 +574,19 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
     n_ff; llama and granitemoe files store it as feed_forward_length), n_ff_shexp (qwen2moe's shared expert, default
     n_ff; granitemoe's, ungated, default 0 = none); arcee: as llama without ffn_gate; granite, granitemoe: embedding_scale, residual_scale,
     attention_scale, logit_scale (defaults synth.GRANITE_SCALES; None leaves the key out), rope_finetuned;
-    ernie4_5-moe: dense_lead, moe_step, probs_bias (_ernie_options; n_ff_shexp defaults to n_ff_exp)."""
+    ernie4_5-moe: dense_lead, moe_step, probs_bias (_ernie_options; n_ff_shexp defaults to n_ff_exp); lfm2 (4 layers
+    by default, layer 2 attends): attn_layers, conv_kernel (synth_lfm2.lfm2_options)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; synthetic models exist for {', '.join(ARCHS)}")
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
-    n_layer = n_layer if n_layer is not None else {"gemma3": 6, "smollm3": 4}.get(arch, 2)
+    n_layer = n_layer if n_layer is not None else {"gemma3": 6, "smollm3": 4, "lfm2": 4, "lfm2moe": 4}.get(arch, 2)
     spec = _Spec(arch, n_layer, n_embd, n_ff, n_head, n_head_kv, n_vocab, overrides)
     metadata, types = spec.metadata(dtype)
     rng = np.random.default_rng(seed)
-    # 1-D tensors and the MoE router stay F32, as in llama.cpp's files; matrices and expert stacks take dtype
+    # 1-D tensors, the MoE router and lfm2's conv taps stay F32, as in llama.cpp's files; matrices and expert
+    # stacks take dtype
     tensors = [_encode(name, x, DTYPES[dtype] if x.ndim >= 2 and "gate_inp" not in name and not name.endswith(".bias")
-                       else GGMLType.F32)
+                       and "shortconv.conv" not in name else GGMLType.F32)
                for name, x in spec.weights(rng)]
     return write_gguf(path, metadata, tensors, types=types)

@@ -193,7 +193,7 @@ def test_uncalibrated_non_relu_model_is_refused_with_a_clear_error(synthetic_mod
     assert not (tmp_path / "x.pwri").exists()
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["gemma3", "qwen2", "qwen3", "lfm2"])  # lfm2: the FFN after conv/attention
 def test_glu_model_gets_predictors_that_skip_the_gate(synthetic_model, words, tmp_path, arch):
     """SwiGLU/GeGLU: labels are |act| >= the calibrated cut-offs; the PWRI runs in predictor mode, computing the
     gate only for predicted neurons, and with every neuron predicted it is the dense model."""
@@ -224,7 +224,9 @@ def test_glu_model_gets_predictors_that_skip_the_gate(synthetic_model, words, tm
         got = llm.model.forward(ids, llm.model.new_cache(32), all_logits=True)
     # (gemma3's GELU rounds to f16, as llama.cpp's does: the transposed down projection's other summation order
     # moves some values across an f16 rounding step, ~2e-4 of a logit here)
-    tol = 2e-3 if arch == "gemma3" else 1e-4
+    # (lfm2's conv layers multiply three projections of the residual, b * u * c, which triples such relative
+    # differences before the f16 K/V of the attention layers round them: 4e-4 of a logit here)
+    tol = 2e-3 if arch == "gemma3" else 1e-3 if arch == "lfm2" else 1e-4
     np.testing.assert_allclose(got, dense, rtol=tol, atol=tol)
     # threshold 0: layer 0 computes exactly the predicted neurons (its input precedes every FFN)
     with load(out, threads=1) as llm:

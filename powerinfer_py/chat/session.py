@@ -231,6 +231,7 @@ class ChatSession:
         if reuse == len(ids):  # everything cached: run the last token again for its logits
             reuse -= 1
         self.cache.truncate(reuse)
+        reuse = self.cache.n_past  # a cache with a recurrent (conv) state keeps all or nothing (conv_cache.py)
         self.tokens = self.tokens[:reuse]
         self.messages.append(user)
         if self.llm.model.sparsity is not None:

@@ -25,6 +25,7 @@ from . import arcee
 from . import ernie
 from . import deepseek2
 from . import glm4
+from . import lfm2
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -51,10 +52,12 @@ _FAMILIES = {
     "deepseek2": (deepseek2.DeepSeek2Model, deepseek2.expected_tensors),  # MLA + leading dense layers, experts
     "glm4": (glm4.Glm4Model, glm4.expected_tensors),  # sandwich norms, fused gate+up, partial RoPE
     "glm4moe": (glm4.Glm4Model, glm4.expected_tensors),  # leading dense layers, sigmoid-routed experts
+    "lfm2": (lfm2.Lfm2Model, lfm2.expected_tensors),  # gated short-convolution layers + attention layers
+    "lfm2moe": (lfm2.Lfm2Model, lfm2.expected_tensors),  # the same with leading dense layers, then experts
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
-_SPARSE_FAMILIES = ("llama", "bamboo", "falcon", "opt", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
+_SPARSE_FAMILIES = ("llama", "bamboo", "falcon", "opt", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "lfm2")
 
 
 def _family(config: ModelConfig):

@@ -1,0 +1,169 @@
+"""Liquid LFM2 (GGUF arch "lfm2"): a hybrid of gated short-convolution layers and attention layers.
+
+  x = token_embd[ids]
+  per layer (config.conv_layers says which kind):
+    n = rmsnorm(x) * attn_norm
+    convolution layer (kernel length K = config.conv_kernel, 3 in the real files):
+        b, c, u = split(W_in · n)                       (three rows of n_embd: shortconv.in_proj)
+        s_t = b_t * u_t                                  (per channel)
+        z_t = sum_{j=0..K-1} w[:, j] * s_{t-K+1+j}       (depthwise causal conv, shortconv.conv [n_embd, K]:
+                                                           w[:, K-1] weighs the current token; s before
+                                                           position 0 is zero)
+        x = x + W_out · (c_t * z_t)                      (shortconv.out_proj)
+    attention layer:
+        q, k = rmsnorm per head (attn_q_norm, attn_k_norm) of Wq·n, Wk·n;  v = Wv·n
+        x = x + Wo · attention(rope_neox(q), rope_neox(k), v)
+    m = rmsnorm(x) * ffn_norm
+    x = x + Wdown · (silu(Wgate·m) * (Wup·m))            (every layer)
+  logits = output · (rmsnorm(x) * token_embd_norm)       (the final norm's GGUF name; output tied to token_embd
+                                                           when absent)
+
+lfm2moe (LFM2-8B-A1B) replaces the FFN of the layers past config.moe_layers' leading dense ones by experts
+(moe.py): scores s = sigmoid or softmax (expert_gating) of ffn_gate_inp · m, the n_used experts with the largest
+s + exp_probs_b.bias chosen, their weights s / sum(s) over the chosen; no shared expert.
+
+The conv state of a layer is s at the last K-1 positions (conv_cache.ConvKVCache), so a forward that starts
+at n_past continues the convolution exactly where the previous one stopped. The attention layers use the
+base block's _qkv and the attention kernel; in a one-token step (CPU kernels) each of them is one C call
+(kernels.attn_block_decode, as base.Model's decode), with the same bits as the Python path.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..conv_cache import ConvKVCache
+from ..ffn import SparseSettings
+from ..kernels.ref import dequantize
+from ..tensor import Tensor
+from ..moe import MoEFFN
+from .base import Expected, Model, get_tensor, layer_tensors, moe_expected, norm_weight, sparsify_expected
+
+OUTPUT_NORM = "token_embd_norm.weight"  # llama.cpp's name for lfm2's final norm
+SHARED = {"attn_norm": "attn_norm.weight", "ffn_norm": "ffn_norm.weight"}
+CONV = {"in_proj": "shortconv.in_proj.weight", "out_proj": "shortconv.out_proj.weight"}
+ATTENTION = {"wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight", "wo": "attn_output.weight",
+             "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight"}
+
+
+def expected_tensors(c: ModelConfig) -> Expected:
+    E, hd = c.n_embd, c.head_dim
+    q_dim, kv_dim = c.n_head * hd, c.n_head_kv * hd
+    e: Expected = {"token_embd.weight": ((c.n_vocab, E), True), OUTPUT_NORM: ((E,), True),
+                   "output.weight": ((c.n_vocab, E), False)}
+    for il in range(c.n_layer):
+        p = f"blk.{il}."
+        e[p + "attn_norm.weight"] = ((E,), True)
+        e[p + "ffn_norm.weight"] = ((E,), True)
+        if c.is_moe_layer(il):  # lfm2moe past its leading dense layers
+            e.update(moe_expected(c, p))
+            e[p + "exp_probs_b.bias"] = ((c.n_expert,), True)
+        else:
+            e[p + "ffn_gate.weight"] = ((c.n_ff, E), True)
+            e[p + "ffn_up.weight"] = ((c.n_ff, E), True)
+            e[p + "ffn_down.weight"] = ((E, c.n_ff), True)
+        if c.conv_layers[il]:
+            e[p + "shortconv.conv.weight"] = ((E, c.conv_kernel), True)
+            e[p + "shortconv.in_proj.weight"] = ((3 * E, E), True)
+            e[p + "shortconv.out_proj.weight"] = ((E, E), True)
+        else:
+            e[p + "attn_q.weight"] = ((q_dim, E), True)
+            e[p + "attn_k.weight"] = ((kv_dim, E), True)
+            e[p + "attn_v.weight"] = ((kv_dim, E), True)
+            e[p + "attn_output.weight"] = ((E, q_dim), True)
+            e[p + "attn_q_norm.weight"] = ((hd,), True)
+            e[p + "attn_k_norm.weight"] = ((hd,), True)
+    return sparsify_expected(c, e)  # PWRI files (`powerinfer train-predictor`): ffn_down_t, fc1, fc2
+
+
+class Lfm2Model(Model):
+    """The lfm2 block (module docstring). Per layer, `layers[il]` holds the shared norms plus either in_proj,
+    out_proj and conv_w (f32 [n_embd, K]) or the attention tensors."""
+
+    LAYER_TENSORS = SHARED
+    QK_NORMS = True
+
+    def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
+                 sparse: SparseSettings | None = None):
+        tensors = dict(tensors)
+        tensors["output_norm.weight"] = get_tensor(tensors, OUTPUT_NORM)  # what base.Model reads
+        super().__init__(config, tensors, kernels, sparse)
+        for il, L in enumerate(self.layers):
+            if config.conv_layers[il]:
+                vars(L).update(vars(layer_tensors(tensors, il, CONV)))
+                w = get_tensor(tensors, f"blk.{il}.shortconv.conv.weight")
+                L.conv_w = np.ascontiguousarray(dequantize(w).reshape(config.n_embd, config.conv_kernel))
+            else:
+                vars(L).update(vars(layer_tensors(tensors, il, ATTENTION)))
+
+    def build_moe(self, tensors: Mapping[str, Tensor], il: int) -> MoEFFN:
+        """lfm2moe's experts: the file's gating, the selection bias, renormalized weights, no shared expert."""
+        c, moe = self.config, super().build_moe(tensors, il)
+        return MoEFFN(self.kernels, moe.router, moe.gate, moe.up, moe.down, c.n_expert_used, c.expert_weights_norm,
+                      layer=il, select_bias=norm_weight(get_tensor(tensors, f"blk.{il}.exp_probs_b.bias")),
+                      gating=c.expert_gating, weights_scale=c.expert_weights_scale)
+
+    def new_cache(self, n_ctx: int | None = None) -> ConvKVCache:
+        c = self.config
+        return ConvKVCache(c.conv_layers, c.n_head_kv, n_ctx or c.n_ctx_train, c.head_dim, c.n_embd, c.conv_kernel)
+
+    def attn_plans(self) -> list | None:
+        """base.Model.attn_plans for the attention layers (None in the conv layers' places), made on first use;
+        None when the kernels have no one-call step or fused_attention is off."""
+        if not self.fused_attention or not hasattr(self.kernels, "attn_block_plan"):
+            return None
+        plans = self.__dict__.get("_attn_plans")
+        if plans is None:
+            c = self.config
+            shape = dict(n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim, n_rot=c.n_rot,
+                         rope_neox=c.rope_neox, eps=c.norm_eps, attn_scale=c.attn_scale)
+            plans = self._attn_plans = [
+                None if c.conv_layers[il] else
+                self.kernels.attn_block_plan(L.wq, L.wk, L.wv, L.wo, L.attn_norm, L.ffn_norm,
+                                             **shape, **self.attn_plan_kwargs(il, L))
+                for il, L in enumerate(self.layers)]
+        return plans
+
+    def forward(self, tokens, cache: ConvKVCache, all_logits: bool = False) -> np.ndarray:
+        """Logits of tokens (the last, or all rows with all_logits), continuing the cache's K/V and conv states."""
+        c, k = self.config, self.kernels
+        ids, pos, p0 = self._begin(tokens, cache)
+        n, eps = ids.shape[0], c.norm_eps
+        rope = self.rope_args()
+        x = self._embed(ids, pos)  # [N, n_embd]
+        plans = self.attn_plans() if n == 1 else None
+        cache.begin(p0)
+        for il, L in enumerate(self.layers):
+            if plans is not None and plans[il] is not None:  # adds the attention to x, returns the FFN's input
+                m = k.attn_block_decode(plans[il], x[0], p0, cache.k[il], cache.v[il])
+                x += self.ffns[il](m[None, :], x)
+                continue
+            h = k.rmsnorm(x, L.attn_norm, eps)
+            if c.conv_layers[il]:
+                x += self._shortconv(il, L, h, cache, p0)
+            else:
+                q, kk, v = self._qkv(L, h, n)
+                k.rope(q, pos, *rope)
+                k.rope(kk, pos, *rope)
+                self._store_kv(cache, il, p0, kk, v)
+                a = k.attention(q, cache.k[il], cache.v[il], p0, 0, c.attn_scale)  # [N, H, hd]
+                x += k.matmul(L.wo, a.reshape(n, c.n_head * c.head_dim))
+            x += self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x)
+        cache.end(p0 + n)
+        return self._head(x, all_logits)
+
+    def _shortconv(self, il: int, L, h: np.ndarray, cache: ConvKVCache, p0: int) -> np.ndarray:
+        """The gated causal convolution of layer il on its normed input h f32 [N, n_embd]; updates the layer's
+        conv state (the last K-1 values of b * u) in cache."""
+        E, K = self.config.n_embd, self.config.conv_kernel
+        bcu = self.kernels.matmul(L.in_proj, h)  # [N, 3E]: b | c | u
+        b, gate, u = bcu[:, :E], bcu[:, E:2 * E], bcu[:, 2 * E:]
+        s = np.concatenate([cache.conv_state(il, p0), b * u])  # [K-1+N, E]: the state, then the new inputs
+        n = h.shape[0]
+        z = s[0:n] * L.conv_w[:, 0]  # tap j reads s shifted by j; the last tap reads the current token
+        for j in range(1, K):
+            z += s[j:j + n] * L.conv_w[:, j]
+        cache.set_conv_state(il, s[n:])
+        return self.kernels.matmul(L.out_proj, np.ascontiguousarray(gate * z))
