@@ -572,6 +572,8 @@ static float kacc_sum(int type, const kacc *a, int t) {
     return k_has_min(type) ? hsum(a->acc[t], accm) : _mm512_reduce_add_ps(a->acc[t]);
 }
 
+#include "matmul_iq_tile.h" /* mk_rows_iq: I-quant prefill, each super-block unpacked once per IQ_GROUP tiles */
+
 #else
 static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
     const int64_t size = pi_row_size(type, QK_K);
@@ -666,6 +668,10 @@ static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end) {
      * each expert a few tokens): measured 3-6 tokens at 4096 x 4096, two threads, one build per process, 1.2-2.3x
      * the one-token path for Q4_K, Q5_K, Q3_K and IQ4_XS, about even for Q2_K, but 0.5-0.9x for Q6_K, whose
      * leftover tokens keep k_dot (as one token, decode, always does) */
+    if (pi_is_iq_type(j->type) && j->n_tok > KT) {
+        mk_rows_iq(j->type, j->w, j->row_bytes, j->sel, j->xq, j->n_sb, j->n_tok, j->y, j->n_out, r_beg, r_end);
+        return;
+    }
     const int64_t n_sb = j->n_sb;
     const int64_t n_tiled = j->n_tok < 2 ? 0 : j->type == PI_Q6_K ? j->n_tok / KT * KT : j->n_tok;
     kacc a[RB];
