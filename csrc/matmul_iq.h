@@ -10,10 +10,17 @@
  * vpmultishiftqb and one vpermb turn codes into level values (otherwise shifts and a byte shuffle), and sign
  * indices become sign bytes by one 128-byte table permute (otherwise pi_iq_signs4's parity trick, vectorized).
  * Measured on this Zen 5 host, one thread, weights hot in L2 (benchmarks/bench_matvec_hot.py, noisy host,
- * +-10%): against loading each 4- or 8-byte grid entry (scalar loads composed into a vector; vpgatherdd /
- * vpgatherdq were a little slower still) IQ3_S 5.5 -> 10.5 GB/s, IQ3_XXS 4.7 -> 12.1, IQ2_XXS 4.7 -> 7.8, IQ2_XS
+ * +-10%), before iq3_values_b: against loading each 4- or 8-byte grid entry (scalar loads composed into a
+ * vector; vpgatherdd / vpgatherdq were a little slower still) IQ3_S 5.5 -> 10.5 GB/s, IQ3_XXS 4.7 -> 12.1, IQ2_XXS 4.7 -> 7.8, IQ2_XS
  * 5.2 -> 8.1, IQ2_S 5.9 -> 6.6 (IQ4_XS 23, Q4_K 25). Writing the sign masks to the stack and loading them into
  * mask registers measured faster than building them in vector registers (permute, shuffle, test: -5 to -15%).
+ * IQ3 with VBMI (iq3_values_b): the codes' low and high bytes are two byte tables, looked up for all 64 indices
+ * of a super-block by two-register byte permutes (128 entries each), then one byte permute per chunk pairs
+ * them up for the multishift: IQ3_S 8 + 6 + 4 instructions where iq_codes took 16 + 14 + 6 and four widenings.
+ * Measured (same host and command as above, the old and new builds alternating, two rounds each): IQ3_S 10.6
+ * -> 15.2 GB/s, IQ3_XXS 12.1 -> 14.3 (Q4_K 27.8 in the same runs). Not done for IQ2 (not tried): with 32
+ * indices per super-block a byte permute would also cover only 64 entries, as a word permute does.
+ * Prefill reuses each unpack over 64 tokens (matmul_iq_tile.h).
  */
 #ifndef PI_MATMUL_IQ_H
 #define PI_MATMUL_IQ_H

@@ -1,16 +1,29 @@
 /* matmul_iq_tile.h: AVX-512 prefill of the I-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) with each
  * super-block unpacked once per IQ_GROUP tiles instead of once per tile; included by matmul_k.c inside its
- * AVX-512 part, after kacc / ktile (it uses ksb, kacc, k_unpack, isum_iq4xs, kacc_zero, kacc_sum).
+ * AVX-512 part, after kacc (it uses ksb, kacc, unpack_iq, dot_acc, kacc_zero).
  *
- * Why: an I-quant super-block's unpack (grid code lookups by word permutes, level expansion, sign masks,
- * scales) costs several times a K-quant's, so in k_span's tiles of KT = 8 tokens it was about as much work as
- * the 8 tokens' dots. Here a block of RB rows walks its super-blocks in spans of IQ_SPAN: the span of every
- * row is unpacked once into a scratch of ksb (RB x IQ_SPAN x 640 bytes), then every tile of up to IQ_GROUP x KT
- * tokens runs over the scratch, all RB rows per tile, so the tile's activations (KT x IQ_SPAN x 320 bytes)
- * stay in L1 while the rows use them. (For Q4_K the same scratch did not pay: its unpack is cheap.)
- * Bits: each (row, token) sum takes the same tiles of KT tokens as mk_rows', the same isum_iq4xs integers,
- * the same d_x * d product (one multiply, one permute) and the same FMAs in super-block order; only where the
- * unpacked values live between unpack and use changes.
+ * Why: an I-quant super-block's unpack (grid code lookups by permutes, level expansion, sign masks, scales)
+ * costs several times a K-quant's, so in k_span's tiles of KT = 8 tokens it was about as much work as the 8
+ * tokens' dots. Here a block of RB rows walks its super-blocks in spans of IQ_SPAN: the span of every row is
+ * unpacked once into a scratch of iqsb (RB x IQ_SPAN x 640 bytes, 80 KB: L2), then every tile of KT tokens of
+ * a group of up to IQ_GROUP x KT = 64 runs over the scratch, all RB rows per tile, so the tile's activations
+ * (KT x IQ_SPAN x 256 bytes) stay in L1 while the rows use them. For Q4_K the same scratch did not pay (its
+ * unpack is cheap; matmul_k.c's header).
+ * Bits: each (row, token) sum takes the same tiles of KT tokens as mk_rows', the same int32 lanes as
+ * isum_iq4xs (iqsb), the same d_x * d product (one multiply, one permute), the same FMAs in super-block order
+ * and the same reduction (iq_reduce16); only where the unpacked values live between unpack and use changes.
+ * Measured with benchmarks/bench_prefill_ab.py (the builds in separate processes, alternating, 64 tokens, one
+ * thread, medians of 3 rounds, a shared noisy host; "bits: same" in every run), step by step:
+ *   - the scratch (then of ksb, IQ_SPAN 4): 4096 x 11008 IQ3_S 82.8 -> 110.2 GMAC/s, IQ3_XXS 96.0 -> 111.9;
+ *     IQ_SPAN 2 / 8 against 4: 0.93-1.06x / 1.02-1.04x, so 8;
+ *   - weights stored signed and activations offset to unsigned once per tile (iqsb: no masked subtract per
+ *     token): 0.99-1.04x, kept (even);
+ *   - the row's next span prefetched during the unpack (perf: a third of the unpack was waiting on the
+ *     weights, whose rows are too far apart for the hardware prefetcher): 1.08-1.10x;
+ *   - 16 rows reduced at once (iq_reduce16; kacc_sum was 7% of the time), with the prefetch: 1.17-1.21x at
+ *     4096 x 11008 against the step before.
+ *   Tried and dropped: prefetching the next tile's activations (0.97-0.99x).
+ * All steps together (and iq3_values_b's faster unpack), 4096 x 11008, one thread: README "I-quants".
  */
 #ifndef PI_MATMUL_IQ_TILE_H
 #define PI_MATMUL_IQ_TILE_H
@@ -106,17 +119,29 @@ INLINE __m512 iq_reduce16(const __m512 *v) {
     return _mm512_add_ps(_mm512_shuffle_ps(h[0], h[1], 0x88), _mm512_shuffle_ps(h[0], h[1], 0xdd));
 }
 
+/* One thread's working set (~200 KB: too much for every thread's stack, e.g. musl's 128 KB): a slice of the
+ * pool's scratch, after the quantized activations (iq_work_bytes). Measured 0.95-0.97x against the same arrays
+ * on the stack (bench_prefill_ab.py, IQ3_S / IQ3_XXS, 4096x4096 and 11008x4096, one thread, 5 rounds, three
+ * runs; the order of the members and restrict pointers did not change it): the price of not overflowing a
+ * small thread stack */
+typedef struct {
+    uint8_t xu[KT * IQ_SPAN * 256] __attribute__((aligned(64)));
+    float dx[IQ_GROUP][IQ_SPAN][16];
+    iqsb scr[RB][IQ_SPAN];
+    kacc a[RB][IQ_GROUP];
+} iq_work;
+
 /* Rows r_beg .. r_end - 1 against all n_tok tokens (n_tok > KT), tiles of KT tokens as in mk_rows */
 static void mk_rows_iq(const int type, const uint8_t *w, int64_t row_bytes, const int32_t *sel, const block_q8_K *xq,
-                       int64_t n_sb, int64_t n_tok, float *y, int64_t n_out, int64_t r_beg, int64_t r_end) {
+                       int64_t n_sb, int64_t n_tok, float *y, int64_t n_out, int64_t r_beg, int64_t r_end, iq_work *wk) {
     void (*unpack)(const uint8_t *, int64_t, int, iqsb *) =
         type == PI_IQ2_XXS ? iq_unpack_iq2xxs : type == PI_IQ2_XS ? iq_unpack_iq2xs : type == PI_IQ2_S ? iq_unpack_iq2s
         : type == PI_IQ3_XXS ? iq_unpack_iq3xxs : iq_unpack_iq3s;
     const int64_t size = (int64_t)iq_block_size(type);
-    iqsb scr[RB][IQ_SPAN];
-    kacc a[RB][IQ_GROUP];
-    float dx[IQ_GROUP][IQ_SPAN][16] __attribute__((aligned(64)));
-    uint8_t xu[KT * IQ_SPAN * 256] __attribute__((aligned(64)));
+    iqsb (*__restrict scr)[IQ_SPAN] = wk->scr;
+    kacc (*__restrict a)[IQ_GROUP] = wk->a;
+    float (*__restrict dx)[IQ_SPAN][16] = wk->dx;
+    uint8_t *__restrict xu = wk->xu;
     for (int64_t rb = r_beg; rb < r_end; rb += RB) {
         const int64_t nr = r_end - rb < RB ? r_end - rb : RB;
         for (int64_t tg = 0; tg < n_tok; tg += (int64_t)KT * IQ_GROUP) {

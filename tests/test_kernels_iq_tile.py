@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from powerinfer_py.kernels import ref, ref_iq
+from powerinfer_py.tensor import Tensor
 
 from test_kernels_iq import random_iq
 
@@ -32,3 +33,19 @@ def test_prefill_groups_match_decode(kernels, ggml_type):
     want = ref.matmul(w, x)
     bound = (n_cols / 8 + 16) * 2.0 ** -24 * ref.matmul_abs_terms(w, x) + 1e-30
     assert (np.abs(y - want) <= bound).all()
+
+
+@pytest.mark.parametrize("ggml_type", [ref_iq.IQ_TYPES[0], ref_iq.IQ_TYPES[-1]], ids=lambda t: t.name)
+def test_expert_groups_match_per_expert_calls(kernels, ggml_type):
+    """Expert groups of 3, 12 and 70 tokens in one call (the per-thread work areas sit after the quantized
+    activations of all 85 tokens; a group of KT tokens or fewer takes the other path): each group's rows have the
+    bits of matmul on that expert's slice."""
+    n_expert, n_rows, n_cols = 3, 20, 2 * 256
+    flat = random_iq(ggml_type, n_expert * n_rows, n_cols, seed=7)
+    w = Tensor("w", ggml_type, (n_expert, n_rows, n_cols), flat.data.reshape(n_expert, n_rows, -1))
+    x = np.random.default_rng(8).standard_normal((85, n_cols), dtype=np.float32)
+    experts, tok_off = np.array([2, 0, 1], np.int32), np.array([0, 3, 15, 85], np.int64)
+    y = kernels.matmul_experts(w, experts, tok_off, x)
+    for g, e in enumerate(experts):
+        sl = Tensor("w", ggml_type, (n_rows, n_cols), flat.data[e * n_rows:(e + 1) * n_rows])
+        np.testing.assert_array_equal(y[tok_off[g]:tok_off[g + 1]], kernels.matmul(sl, x[tok_off[g]:tok_off[g + 1]]))
