@@ -22,7 +22,8 @@
  *     weights, whose rows are too far apart for the hardware prefetcher): 1.08-1.10x;
  *   - 16 rows reduced at once (iq_reduce16; kacc_sum was 7% of the time), with the prefetch: 1.17-1.21x at
  *     4096 x 11008 against the step before.
- *   Tried and dropped: prefetching the next tile's activations (0.97-0.99x).
+ *   Tried and dropped: prefetching the next tile's activations (0.97-0.99x); offsetting every token's qs once
+ *   at quantization into a second buffer that the tiles read in place of the per-tile copy (0.97-0.99x).
  * All steps together (and iq3_values_b's faster unpack), 4096 x 11008, one thread: README "I-quants".
  */
 #ifndef PI_MATMUL_IQ_TILE_H
