@@ -21,7 +21,8 @@ _GRIDS = (("pi_iq2xxs_grid", "IQ2_XXS", 8), ("pi_iq2xs_grid", "IQ2_XS", 8), ("pi
 def iq_grids_text() -> str:
     """csrc/iq_grids.h as generated from the gguf package's grids (gguf.quants.<TYPE>.grid, unsigned values):
     each grid entry packed little-endian into one integer, byte j = the entry's value j; also each grid's levels
-    (IQ2: 3, IQ3: 8) and its entries as codes of 2 (IQ2) or 3 (IQ3) bits per value, the level index; and the
+    (IQ2: 3, IQ3: 8) and its entries as codes of 2 (IQ2) or 3 (IQ3) bits per value, the level index (IQ3: also
+    the codes' low and high bytes as two tables); and the
     sign bytes of the 7-bit sign indices (gguf's IQ2_XXS.ksigns)."""
     import numpy as np
     from gguf import quants
@@ -52,6 +53,12 @@ def iq_grids_text() -> str:
         for i in range(0, len(code), 12):
             out.append("    " + ", ".join(f"0x{int(v):04x}" for v in code[i:i + 12]) + ",")
         out.append("};")
+        if bits == 3:  # IQ3: the codes' low and high bytes apart, for byte permutes of 64 indices at once
+            for half, vals in (("lo", code & 0xff), ("hi", code >> 8)):
+                out.append(f"const uint8_t {name}_code_{half}[{len(code)}] = {{")
+                for i in range(0, len(code), 16):
+                    out.append("    " + ", ".join(f"0x{int(v):02x}" for v in vals[i:i + 16]) + ",")
+                out.append("};")
     signs = np.frombuffer(quants.IQ2_XXS.ksigns, dtype=np.uint8)  # the 128 sign bytes of the 7-bit sign indices
     out.append("const uint8_t pi_iq_ksigns[128] = {")
     for i in range(0, 128, 16):

@@ -136,6 +136,8 @@ extern const uint8_t pi_iq2xxs_grid_levels[16], pi_iq2xs_grid_levels[16], pi_iq2
 extern const uint8_t pi_iq3xxs_grid_levels[16], pi_iq3s_grid_levels[16];
 extern const uint16_t pi_iq2xxs_grid_code[256], pi_iq2xs_grid_code[512], pi_iq2s_grid_code[1024];
 extern const uint16_t pi_iq3xxs_grid_code[256], pi_iq3s_grid_code[512];
+extern const uint8_t pi_iq3xxs_grid_code_lo[256], pi_iq3xxs_grid_code_hi[256]; /* the codes' low, high bytes */
+extern const uint8_t pi_iq3s_grid_code_lo[512], pi_iq3s_grid_code_hi[512];
 extern const uint8_t pi_iq_ksigns[128]; /* sign byte of each 7-bit sign index (pi_iq_signs4 computes the same) */
 
 /* I-quant super-block -> the integer scales 2 ls + 1 of its groups (8 of 32 or 16 of 16; returns the group

@@ -50,7 +50,8 @@
  *     4096 x 11008 Q4_K 107 -> 123 GMAC/s, Q5_K 101 -> 112, Q6_K 98 -> 114; Q2_K 1.1x, Q3_K, IQ4_XS ~1.0x.
  *     Tried and dropped: unpacking each span once per 64 tokens into a scratch (ksb arrays, 90 KB) that every
  *     tile of 8 tokens reads (no gain: the ksb loads replace the unpack work, 113 vs 114 GMAC/s; 102-108 with
- *     a smaller scratch); two rows per tile sharing each activation load (8 tokens: register spills,
+ *     a smaller scratch; the I-quants, whose unpack is dearer, do gain: matmul_iq_tile.h); two rows per tile
+ *     sharing each activation load (8 tokens: register spills,
  *     0.87-0.95x with the sums in registers, 1.00x with them in memory); 12 or 16 tokens per tile (0.85x, 0.97x); d_x * d as a broadcast multiply from memory
  *     instead of the permute (0.96-1.01x).
  *   - scalar: everything else (AVX2-only machines included).
@@ -84,6 +85,7 @@ typedef struct {
     const float *x;         /* f32 [n_tok, n_sb * 256] */
     block_q8_K *xq;         /* [n_tok, n_sb] */
     float *y;               /* f32 [n_tok, n_out] */
+    uint8_t *work;          /* AVX-512 I-quant prefill: one iq_work per thread (NULL where unused) */
 } mk_job;
 
 /* ==== activation quantization (llama.cpp quantize_row_q8_K_ref) ======================================= */
@@ -572,6 +574,8 @@ static float kacc_sum(int type, const kacc *a, int t) {
     return k_has_min(type) ? hsum(a->acc[t], accm) : _mm512_reduce_add_ps(a->acc[t]);
 }
 
+#include "matmul_iq_tile.h" /* mk_rows_iq: I-quant prefill, each super-block unpacked once per IQ_GROUP tiles */
+
 #else
 static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
     const int64_t size = pi_row_size(type, QK_K);
@@ -661,11 +665,16 @@ static inline void prefetch_row(const mk_job *j, int64_t i) {
  * super-blocks go in spans of SPAN, all RB rows per span, so the span's activations (KT x SPAN x 320 bytes,
  * 20 KB) stay in L1 while the rows use them. Tokens left over after the last full tile of KT (and decode)
  * take one row at a time: the same FMAs per (row, token) as in a tile, so the same bits. */
-static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end) {
+static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end, int thread_id) {
     /* Tiles take every token of a batch, the last one fewer than KT if need be (a mixture-of-experts layer gives
      * each expert a few tokens): measured 3-6 tokens at 4096 x 4096, two threads, one build per process, 1.2-2.3x
      * the one-token path for Q4_K, Q5_K, Q3_K and IQ4_XS, about even for Q2_K, but 0.5-0.9x for Q6_K, whose
      * leftover tokens keep k_dot (as one token, decode, always does) */
+    if (j->work && j->n_tok > KT) { /* an expert of a group may have KT tokens or fewer */
+        mk_rows_iq(j->type, j->w, j->row_bytes, j->sel, j->xq, j->n_sb, j->n_tok, j->y, j->n_out, r_beg, r_end,
+                   (iq_work *)(j->work + (size_t)thread_id * sizeof(iq_work)));
+        return;
+    }
     const int64_t n_sb = j->n_sb;
     const int64_t n_tiled = j->n_tok < 2 ? 0 : j->type == PI_Q6_K ? j->n_tok / KT * KT : j->n_tok;
     kacc a[RB];
@@ -696,8 +705,18 @@ static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end) {
         }
     }
 }
+/* Bytes of the per-thread I-quant prefill work areas, 0 where mk_rows_iq is not used */
+static size_t iq_work_bytes(const pi_pool *pool, int type, int64_t n_tok) {
+    return pi_is_iq_type(type) && n_tok > KT ? (size_t)pi_pool_n_threads(pool) * sizeof(iq_work) : 0;
+}
 #else
-static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end) {
+static size_t iq_work_bytes(const pi_pool *pool, int type, int64_t n_tok) {
+    (void)pool, (void)type, (void)n_tok;
+    return 0;
+}
+
+static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end, int thread_id) {
+    (void)thread_id;
     for (int64_t tb = 0; tb < j->n_tok; tb += TOK_BLOCK) {
         const int64_t te = tb + TOK_BLOCK < j->n_tok ? tb + TOK_BLOCK : j->n_tok;
         for (int64_t r = r_beg; r < r_end; r++) {
@@ -710,10 +729,9 @@ static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end) {
 #endif
 
 static void mk_chunk(void *ctx, int64_t chunk, int thread_id) {
-    (void)thread_id;
     const mk_job *j = ctx;
     const int64_t r_beg = chunk * j->rows_per_chunk;
-    mk_rows(j, r_beg, r_beg + j->rows_per_chunk < j->n_out ? r_beg + j->rows_per_chunk : j->n_out);
+    mk_rows(j, r_beg, r_beg + j->rows_per_chunk < j->n_out ? r_beg + j->rows_per_chunk : j->n_out, thread_id);
 }
 
 void pi_matmul_k(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *rows, int64_t n_rows,
@@ -721,7 +739,10 @@ void pi_matmul_k(pi_pool *pool, int type, const void *w, int64_t n_cols, const i
     if (n_rows <= 0 || n_tok <= 0) return;
     mk_job j = {.type = type, .w = w, .row_bytes = pi_row_size(type, n_cols), .n_sb = n_cols / QK_K,
                 .n_out = n_rows, .n_tok = n_tok, .sel = rows, .x = x, .y = y};
-    j.xq = pi_pool_scratch(pool, (size_t)(n_tok * j.n_sb) * sizeof(block_q8_K));
+    const size_t xq_bytes = ((size_t)(n_tok * j.n_sb) * sizeof(block_q8_K) + 63) & ~(size_t)63;
+    const size_t work_bytes = iq_work_bytes(pool, type, n_tok);
+    j.xq = pi_pool_scratch(pool, xq_bytes + work_bytes);
+    j.work = work_bytes ? (uint8_t *)j.xq + xq_bytes : NULL;
     pi_pool_run(pool, quantize_token, &j, n_tok);
     const int64_t n_blocks = (n_rows + ROW_BLOCK - 1) / ROW_BLOCK;
     int64_t n_chunks = pi_pool_chunks(pool, n_blocks, 1);
@@ -757,7 +778,10 @@ void pi_matmul_k_experts(pi_pool *pool, int type, const void *w, int64_t n_rows,
     mk_group_job g = {.base = {.type = type, .w = w, .row_bytes = pi_row_size(type, n_cols), .n_sb = n_cols / QK_K,
                                .n_out = n_rows, .n_tok = n_tok, .x = x, .y = y},
                       .experts = experts, .tok_off = tok_off};
-    g.base.xq = pi_pool_scratch(pool, (size_t)(n_tok * g.base.n_sb) * sizeof(block_q8_K));
+    const size_t xq_bytes = ((size_t)(n_tok * g.base.n_sb) * sizeof(block_q8_K) + 63) & ~(size_t)63;
+    const size_t work_bytes = iq_work_bytes(pool, type, n_tok);
+    g.base.xq = pi_pool_scratch(pool, xq_bytes + work_bytes);
+    g.base.work = work_bytes ? (uint8_t *)g.base.xq + xq_bytes : NULL;
     pi_pool_run(pool, quantize_token, &g.base, n_tok);
     const int64_t n_blocks = (n_rows + ROW_BLOCK - 1) / ROW_BLOCK;
     const int64_t each = pi_expert_chunks(pool, n_rows, n_group);
