@@ -1,5 +1,6 @@
-"""Checks several architecture test files share: one batch against one token at a time, and the one-call decode
-step (C attention block) against the Python path."""
+"""Checks several architecture test files share: one batch against one token at a time, the one-call decode
+step (C attention block) against the Python path, logits against llama.cpp; and two helpers for bad-file and
+`info` tests (rewrite_gguf, info_text)."""
 from __future__ import annotations
 
 import numpy as np
@@ -64,3 +65,31 @@ def llama_cpp_quantized(src, dst, ftype):
     with load(dst, threads=1) as llm:
         assert llm.conversions == []
     return dst
+
+
+def rewrite_gguf(src, dst, edit=None, drop=(), extra=()):
+    """A copy of GGUF file src at dst with metadata keys changed (edit: key -> value, None removes the key),
+    the tensors named in drop left out and the Tensors in extra added; returns dst."""
+    from powerinfer_py.gguf.reader import open_gguf
+    from powerinfer_py.gguf.writer import write_gguf
+
+    f = open_gguf(src)
+    meta = dict(f.metadata)
+    for key, value in (edit or {}).items():
+        if value is None:
+            meta.pop(key)
+        else:
+            meta[key] = value
+    return write_gguf(dst, meta, [t for name, t in f.tensors.items() if name not in drop] + list(extra))
+
+
+def info_text(path, width: int = 220) -> str:
+    """`powerinfer info`'s table for path, as plain text."""
+    from rich.console import Console
+
+    from powerinfer_cli.info import _table
+    from powerinfer_py.info import model_info
+
+    console = Console(width=width, record=True)
+    console.print(_table(model_info(path)))
+    return console.export_text()

@@ -25,12 +25,12 @@ import math
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
-from model_checks import assert_matches_llama_cpp, batch_and_steps
+from model_checks import assert_matches_llama_cpp, batch_and_steps, info_text, rewrite_gguf
 
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.ffn import resolve_sparse
-from powerinfer_py.gguf import open_gguf, write_gguf
+from powerinfer_py.gguf import open_gguf
 from powerinfer_py.loader import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.moe import MoEFFN, require_dense_ffn
@@ -112,16 +112,6 @@ def test_each_part_matters(synthetic_model, cpu_kernels):
     assert v3(each_moe(lambda f: setattr(f, "select_bias", None))) > 0.3
 
 
-def _rewrite(src, dst, edit=None, drop=()):
-    f = open_gguf(src)
-    meta = dict(f.metadata)
-    for key, value in (edit or {}).items():
-        if value is None:
-            meta.pop(key)
-        else:
-            meta[key] = value
-    return write_gguf(dst, meta, [t for name, t in f.tensors.items() if name not in drop])
-
 
 @pytest.mark.parametrize("kw,edit,drop,error,match", [
     (V3, {}, ("blk.1.attn_kv_a_mqa.weight",), ModelFileError, "blk.1.attn_kv_a_mqa.weight"),
@@ -137,7 +127,7 @@ def _rewrite(src, dst, edit=None, drop=()):
 ], ids=["no-kv_a", "no-k_b", "no-q_a_norm", "no-kv_b", "kv_lora-disagrees", "q_lora-disagrees", "no-kv_lora",
         "gating3", "groups", "rope-whole-head"])
 def test_bad_files_refused(synthetic_model, tmp_path, kw, edit, drop, error, match):
-    bad = _rewrite(synthetic_model(A, "f32", **kw), tmp_path / "bad.gguf", edit, drop)
+    bad = rewrite_gguf(synthetic_model(A, "f32", **kw), tmp_path / "bad.gguf", edit, drop)
     with pytest.raises(error, match=match):
         load(bad, threads=1)
 
@@ -153,13 +143,6 @@ def test_sparse_modes_and_activation_tools_refused(synthetic_model):
 
 
 def test_info_shows_mla(synthetic_model):
-    from powerinfer_cli.info import _table
-    from rich.console import Console
-
-    from powerinfer_py.info import model_info
-
-    console = Console(width=220, record=True)
-    console.print(_table(model_info(synthetic_model(A, "f32", **V3))))
-    text = console.export_text()
+    text = info_text(synthetic_model(A, "f32", **V3), width=220)
     assert "deepseek2" in text and "runnable             yes" in text
     assert "latent attention (MLA): cache 64 + 16 per token; q rank 32; router sigmoid, x2.5, 4 groups (2 used)" in text

@@ -15,11 +15,13 @@ import dataclasses
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
-from model_checks import assert_fused_decode_equals_python, assert_matches_llama_cpp, llama_cpp_quantized
+from model_checks import (
+    assert_fused_decode_equals_python, assert_matches_llama_cpp, info_text, llama_cpp_quantized, rewrite_gguf,
+)
 
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
-from powerinfer_py.gguf import open_gguf, write_gguf
+from powerinfer_py.gguf import open_gguf
 from powerinfer_py.loader import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.moe import MoEFFN
@@ -87,17 +89,6 @@ def test_fused_attention_equals_python_path(synthetic_model, cpu_kernels, arch, 
     assert_fused_decode_equals_python(net, np.array(TOKENS, np.int32))
 
 
-def _rewrite(src, dst, edit=None, extra=(), drop=()):
-    f = open_gguf(src)
-    meta = dict(f.metadata)
-    for key, value in (edit or {}).items():
-        if value is None:
-            meta.pop(key)
-        else:
-            meta[key] = value
-    tensors = [t for name, t in f.tensors.items() if name not in drop] + list(extra)
-    return write_gguf(dst, meta, tensors)
-
 
 A = "ernie4_5-moe"
 
@@ -112,7 +103,7 @@ A = "ernie4_5-moe"
     ({}, ("blk.2.ffn_down_exps.weight",), ModelFileError, "blk.2.ffn_down_exps.weight"),
 ], ids=["step2", "no-step", "lead-too-big", "no-lead", "partial-rope", "lead-disagrees", "missing-experts"])
 def test_bad_files_refused(synthetic_model, tmp_path, edit, drop, error, match):
-    bad = _rewrite(synthetic_model(A, "f32", **MOE), tmp_path / "bad.gguf", edit, drop=drop)
+    bad = rewrite_gguf(synthetic_model(A, "f32", **MOE), tmp_path / "bad.gguf", edit, drop=drop)
     with pytest.raises(error, match=match):
         load(bad, threads=1)
 
@@ -123,18 +114,11 @@ def test_attention_biases_are_refused(synthetic_model, tmp_path, name):
     n = open_gguf(src).tensors[name.replace(".bias", ".weight")].shape[0]
     bias = Tensor(name, GGMLType.F32, (n,), np.ones(n, np.float32))
     with pytest.raises(UnsupportedError, match=f"attention biases.*{name}"):
-        load(_rewrite(src, tmp_path / "bias.gguf", extra=[bias]), threads=1)
+        load(rewrite_gguf(src, tmp_path / "bias.gguf", extra=[bias]), threads=1)
 
 
 def test_info_shows_the_dense_layers(synthetic_model):
-    from powerinfer_cli.info import _table
-    from rich.console import Console
-
-    from powerinfer_py.info import model_info
-
-    console = Console(width=200, record=True)
-    console.print(_table(model_info(synthetic_model(A, "f32", **MOE))))
-    text = console.export_text()
+    text = info_text(synthetic_model(A, "f32", **MOE), width=200)
     assert "ernie4_5-moe" in text and "runnable             yes" in text
     assert "2 of 4 per token, 128 wide, plus a shared expert 128 wide" in text
     assert "dense FFN layers     0 (128 wide); experts on the others" in text

@@ -21,11 +21,13 @@ import dataclasses
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
-from model_checks import assert_fused_decode_equals_python, assert_matches_llama_cpp, llama_cpp_quantized
+from model_checks import (
+    assert_fused_decode_equals_python, assert_matches_llama_cpp, info_text, llama_cpp_quantized, rewrite_gguf,
+)
 
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
-from powerinfer_py.gguf import open_gguf, write_gguf
+from powerinfer_py.gguf import open_gguf
 from powerinfer_py.loader import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.moe import MoEFFN
@@ -121,16 +123,6 @@ def test_fused_attention_equals_python_path(synthetic_model, cpu_kernels, arch, 
     assert_fused_decode_equals_python(net, np.array(TOKENS, np.int32))
 
 
-def _rewrite(src, dst, edit=None, drop=(), extra=()):
-    f = open_gguf(src)
-    meta = dict(f.metadata)
-    for key, value in (edit or {}).items():
-        if value is None:
-            meta.pop(key)
-        else:
-            meta[key] = value
-    return write_gguf(dst, meta, [t for name, t in f.tensors.items() if name not in drop] + list(extra))
-
 
 A = "glm4moe"
 
@@ -150,30 +142,22 @@ A = "glm4moe"
 def test_bad_files_refused(synthetic_model, tmp_path, arch, edit, drop, error, match):
     src = synthetic_model(arch, "f32", **(MOE if arch == A else {}))
     with pytest.raises(error, match=match):
-        load(_rewrite(src, tmp_path / "bad.gguf", edit, drop), threads=1)
+        load(rewrite_gguf(src, tmp_path / "bad.gguf", edit, drop), threads=1)
 
 
 def test_one_qk_norm_without_the_other_is_refused(synthetic_model, tmp_path):
     src = synthetic_model(A, "f32", qk_norm=True, **MOE)
     with pytest.raises(ModelFileError, match="attn_q_norm / attn_k_norm"):
-        load(_rewrite(src, tmp_path / "bad.gguf", drop=("blk.1.attn_k_norm.weight",)), threads=1)
+        load(rewrite_gguf(src, tmp_path / "bad.gguf", drop=("blk.1.attn_k_norm.weight",)), threads=1)
 
 
 def test_info_shows_the_glm_row(synthetic_model):
-    from powerinfer_cli.info import _table
-    from rich.console import Console
-
-    from powerinfer_py.info import model_info
-
-    console = Console(width=200, record=True)
-    console.print(_table(model_info(synthetic_model(A, "f32", **MOE))))
-    text = console.export_text()
+    text = info_text(synthetic_model(A, "f32", **MOE), width=200)
     assert "glm4moe" in text and "runnable             yes" in text
     assert "RoPE dims            16" in text
     assert "glm4moe              router sigmoid, x2.5; 1 next-token-prediction block(s) not run" in text
-    console = Console(width=200, record=True)
-    console.print(_table(model_info(synthetic_model("glm4", "f32"))))
-    assert "glm4                 post-attention and post-FFN norms; fused gate+up" in console.export_text()
+    text = info_text(synthetic_model("glm4", "f32"), width=200)
+    assert "glm4                 post-attention and post-FFN norms; fused gate+up" in text
 
 
 def test_prediction_block_is_never_read(synthetic_model, tmp_path, cpu_kernels):
@@ -182,7 +166,7 @@ def test_prediction_block_is_never_read(synthetic_model, tmp_path, cpu_kernels):
     names = [n for n in open_gguf(src).tensors if n.startswith("blk.3.")]
     junk = [Tensor(t.name, t.type, t.shape, np.full(t.shape, np.nan, np.float32))
             for t in (open_gguf(src).tensors[n] for n in names)]
-    bad = _rewrite(src, tmp_path / "junk.gguf", drop=names, extra=junk)
+    bad = rewrite_gguf(src, tmp_path / "junk.gguf", drop=names, extra=junk)
     x = np.array(TOKENS, np.int32)
     ya, yb = ((net := _build(p, cpu_kernels)).forward(x, net.new_cache(32), all_logits=True) for p in (src, bad))
     assert len(names) > 10 and np.isfinite(yb).all() and np.array_equal(ya, yb)

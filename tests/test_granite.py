@@ -17,7 +17,10 @@ import math
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
-from model_checks import assert_fused_decode_equals_python, assert_matches_llama_cpp, batch_and_steps, llama_cpp_quantized
+from model_checks import (
+    assert_fused_decode_equals_python, assert_matches_llama_cpp, batch_and_steps, info_text,
+    llama_cpp_quantized, rewrite_gguf,
+)
 
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
@@ -97,12 +100,6 @@ def test_fused_attention_equals_python_path(synthetic_model, cpu_kernels, arch, 
     assert_fused_decode_equals_python(net, np.array(TOKENS, np.int32))
 
 
-def _rewrite(src, dst, meta_edit=None, extra=()):
-    f = open_gguf(src)
-    meta = dict(f.metadata)
-    meta.update(meta_edit or {})
-    return write_gguf(dst, meta, list(f.tensors.values()) + list(extra))
-
 
 @pytest.mark.parametrize("edit,match", [
     ({"granite.logit_scale": 0.0}, "logit_scale' must be a finite number > 0"),
@@ -132,20 +129,13 @@ def test_biases_are_refused(synthetic_model, tmp_path):
     src = synthetic_model("granite", "f32")
     n_embd = open_gguf(src).tensors["blk.1.attn_output.weight"].shape[0]
     bias = Tensor("blk.1.attn_output.bias", GGMLType.F32, (n_embd,), np.ones(n_embd, np.float32))
-    bad = _rewrite(src, tmp_path / "bias.gguf", extra=[bias])
+    bad = rewrite_gguf(src, tmp_path / "bias.gguf", extra=[bias])
     with pytest.raises(UnsupportedError, match="granite files with biases.*blk.1.attn_output.bias"):
         load(bad, threads=1)
 
 
 def test_info_shows_the_scalars(synthetic_model):
-    from powerinfer_cli.info import _table
-    from rich.console import Console
-
-    from powerinfer_py.info import model_info
-
-    console = Console(width=200, record=True)
-    console.print(_table(model_info(synthetic_model("granitemoe", "f32"))))
-    text = console.export_text()
+    text = info_text(synthetic_model("granitemoe", "f32"), width=200)
     assert "granite scales" in text and "embeddings x10" in text and "logits / 4" in text
     assert "residual branches x0.5" in text and "attention scores x0.6" in text
 

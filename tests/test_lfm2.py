@@ -19,7 +19,7 @@ import dataclasses
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
-from model_checks import assert_fused_decode_equals_python
+from model_checks import assert_fused_decode_equals_python, rewrite_gguf
 
 from powerinfer_py import load
 from powerinfer_py.chat import ChatSession, template_for
@@ -27,7 +27,6 @@ from powerinfer_py.config import ModelConfig
 from powerinfer_py.conv_cache import ConvKVCache
 from powerinfer_py.errors import ModelFileError, PowerInferError
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.gguf.writer import write_gguf
 from powerinfer_py.loader import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.models.lfm2 import Lfm2Model
@@ -248,27 +247,24 @@ def test_chat_reuse_and_divergence_match_a_fresh_prefill(f32_file):
 
 # ---- broken files ------------------------------------------------------------------------------------------------
 
-def _rewrite(src, dst, drop=(), meta=None):
-    f = open_gguf(src)
-    metadata = {**f.metadata, **(meta or {})}
-    return open_gguf(write_gguf(dst, metadata, [t for n, t in f.tensors.items() if n not in drop]))
-
 
 def test_missing_conv_tensor_is_named(f32_file, tmp_path):
     name = "blk.1.shortconv.conv.weight"
     with pytest.raises(ModelFileError, match=f"missing required tensor '{name}'"):
-        load_weights(_rewrite(f32_file, tmp_path / "missing.gguf", drop=(name,)), expected_tensors)
+        load_weights(open_gguf(rewrite_gguf(f32_file, tmp_path / "missing.gguf", drop=(name,))), expected_tensors)
 
 
 def test_wrong_kernel_size_is_refused(f32_file, tmp_path):
     """A file whose l_cache disagrees with its conv tensors (3 taps) fails on the tensor's shape; l_cache 1 (no
     history) and a head_count_kv array of the wrong length fail on the key."""
     with pytest.raises(ModelFileError, match=r"blk\.0\.shortconv\.conv\.weight.*\(64, 4\)"):
-        load_weights(_rewrite(f32_file, tmp_path / "k4.gguf", meta={"lfm2.shortconv.l_cache": 4}), expected_tensors)
+        bad = rewrite_gguf(f32_file, tmp_path / "k4.gguf", edit={"lfm2.shortconv.l_cache": 4})
+        load_weights(open_gguf(bad), expected_tensors)
     with pytest.raises(ModelFileError, match="lfm2.shortconv.l_cache must be at least 2"):
-        ModelConfig.from_gguf(_rewrite(f32_file, tmp_path / "k1.gguf", meta={"lfm2.shortconv.l_cache": 1}))
+        ModelConfig.from_gguf(open_gguf(rewrite_gguf(f32_file, tmp_path / "k1.gguf", edit={"lfm2.shortconv.l_cache": 1})))
     with pytest.raises(ModelFileError, match="must be an array of 6 head counts"):
-        ModelConfig.from_gguf(_rewrite(f32_file, tmp_path / "kv.gguf", meta={"lfm2.attention.head_count_kv": [2, 0]}))
+        bad = rewrite_gguf(f32_file, tmp_path / "kv.gguf", edit={"lfm2.attention.head_count_kv": [2, 0]})
+        ModelConfig.from_gguf(open_gguf(bad))
 
 
 # ---- lfm2moe --------------------------------------------------------------------------------------------------------

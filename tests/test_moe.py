@@ -7,13 +7,12 @@ import numpy as np
 import pytest
 
 from llama_ref import llama_cpp_logits
-from model_checks import assert_matches_llama_cpp, batch_and_steps, llama_cpp_quantized
+from model_checks import assert_matches_llama_cpp, batch_and_steps, llama_cpp_quantized, rewrite_gguf
 from test_kernels_matmul import BLOCK_TYPES, FLOAT_TYPES, K_TYPES, make_weight
 
 from powerinfer_py import moe
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, PowerInferError, UnsupportedError
-from powerinfer_py.gguf import write_gguf
 from powerinfer_py.gguf.reader import open_gguf
 from powerinfer_py.moe import MoEFFN
 from powerinfer_py.tensor import Tensor
@@ -131,21 +130,13 @@ def test_activation_tools_refuse_experts(synthetic_model, tmp_path):
         llm.model.ffns[0].observer = lambda *a: None
 
 
-def _rewrite(src, dst, meta_edit=None, drop=None):
-    f = open_gguf(src)
-    meta = dict(f.metadata)
-    if meta_edit:
-        meta.update(meta_edit)
-    tensors = [t for name, t in f.tensors.items() if name != drop]
-    return write_gguf(dst, meta, tensors)
-
 
 def test_bad_files(synthetic_model, tmp_path):
     path = synthetic_model("qwen3moe", "f32")
-    bad = _rewrite(path, tmp_path / "used.gguf", {"qwen3moe.expert_used_count": 9})
+    bad = rewrite_gguf(path, tmp_path / "used.gguf", {"qwen3moe.expert_used_count": 9})
     with pytest.raises(ModelFileError, match="expert_used_count 9 exceeds"):
         load(bad, threads=1)
-    bad = _rewrite(path, tmp_path / "drop.gguf", drop="blk.1.ffn_down_exps.weight")
+    bad = rewrite_gguf(path, tmp_path / "drop.gguf", drop=("blk.1.ffn_down_exps.weight",))
     with pytest.raises(ModelFileError, match="blk.1.ffn_down_exps.weight"):
         load(bad, threads=1)
 
