@@ -42,8 +42,9 @@ def head_expected(c: ModelConfig, layer_norm: bool = False) -> Expected:
     return e
 
 
-def llama_like_expected(c: ModelConfig) -> Expected:
-    """Tensors of a pre-norm transformer with a gated FFN (llama, qwen2, qwen3, gemma3 add their extras)."""
+def llama_like_expected(c: ModelConfig, **moe) -> Expected:
+    """Tensors of a pre-norm transformer with a gated FFN (llama, qwen2, qwen3, gemma3 add their extras); moe:
+    moe_expected's options for the expert layers."""
     q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
     e = head_expected(c)
     for il in range(c.n_layer):
@@ -55,7 +56,7 @@ def llama_like_expected(c: ModelConfig) -> Expected:
         e[p + "attn_output.weight"] = ((c.n_embd, q_dim), True)
         e[p + "ffn_norm.weight"] = ((c.n_embd,), True)
         if c.is_moe_layer(il):  # all layers of a MoE model, or those config.moe_layers marks (ernie4_5-moe)
-            e.update(moe_expected(c, p))
+            e.update(moe_expected(c, p, **moe))
             continue
         e[p + "ffn_gate.weight"] = ((c.n_ff, c.n_embd), True)
         e[p + "ffn_up.weight"] = ((c.n_ff, c.n_embd), True)
@@ -63,17 +64,21 @@ def llama_like_expected(c: ModelConfig) -> Expected:
     return e
 
 
-def moe_expected(c: ModelConfig, p: str) -> Expected:
-    """One layer's mixture-of-experts tensors (prefix p = "blk.N."): the router, the 3-D expert tensors and
-    qwen2moe's shared expert with its gate vector."""
+def moe_expected(c: ModelConfig, p: str, *, shared_gate: bool = True, select_bias: bool | None = None) -> Expected:
+    """One layer's mixture-of-experts tensors (prefix p = "blk.N."): the router, the 3-D expert tensors and the
+    shared expert (with qwen2moe's gate vector unless shared_gate is False: added ungated); select_bias: the
+    expert selection bias exp_probs_b.bias, required (True), optional (False) or not part of the arch (None)."""
     E, F = c.n_expert, c.n_ff_exp
     e: Expected = {p + "ffn_gate_inp.weight": ((E, c.n_embd), True),
                    p + "ffn_gate_exps.weight": ((E, F, c.n_embd), True),
                    p + "ffn_up_exps.weight": ((E, F, c.n_embd), True),
                    p + "ffn_down_exps.weight": ((E, c.n_embd, F), True)}
+    if select_bias is not None:
+        e[p + "exp_probs_b.bias"] = ((E,), select_bias)
     if c.n_ff_shexp:
-        e.update({p + "ffn_gate_inp_shexp.weight": ((c.n_embd,), True),
-                  p + "ffn_gate_shexp.weight": ((c.n_ff_shexp, c.n_embd), True),
+        if shared_gate:
+            e[p + "ffn_gate_inp_shexp.weight"] = ((c.n_embd,), True)
+        e.update({p + "ffn_gate_shexp.weight": ((c.n_ff_shexp, c.n_embd), True),
                   p + "ffn_up_shexp.weight": ((c.n_ff_shexp, c.n_embd), True),
                   p + "ffn_down_shexp.weight": ((c.n_embd, c.n_ff_shexp), True)})
     return e

@@ -67,9 +67,7 @@ def expected_tensors(c: ModelConfig) -> Expected:
         e[p + "attn_output.weight"] = ((E, H * dv), True)
         e[p + "ffn_norm.weight"] = ((E,), True)
         if c.is_moe_layer(il):
-            e.update(moe_expected(c, p))
-            e.pop(p + "ffn_gate_inp_shexp.weight", None)  # the shared expert is added ungated
-            e[p + "exp_probs_b.bias"] = ((c.n_expert,), False)
+            e.update(moe_expected(c, p, shared_gate=False, select_bias=False))
         else:
             e[p + "ffn_gate.weight"] = ((c.n_ff, E), True)
             e[p + "ffn_up.weight"] = ((c.n_ff, E), True)

@@ -38,13 +38,7 @@ _BIASES = ("attn_q", "attn_k", "attn_v", "attn_output")
 def expected_tensors(c: ModelConfig) -> Expected:
     """llama's tensors with experts on the MoE layers; the shared expert has no gate vector, and each MoE layer may
     have its selection bias exp_probs_b.bias (n_expert,)."""
-    e = llama_like_expected(c)
-    for il in range(c.n_layer):
-        p = f"blk.{il}."
-        e.pop(p + "ffn_gate_inp_shexp.weight", None)
-        if c.is_moe_layer(il):
-            e[p + "exp_probs_b.bias"] = ((c.n_expert,), False)
-    return e
+    return llama_like_expected(c, shared_gate=False, select_bias=False)
 
 
 class ErnieModel(Model):

@@ -75,9 +75,7 @@ def expected_tensors(c: ModelConfig) -> Expected:
         e[p + "attn_q_norm.weight"] = ((hd,), False)
         e[p + "attn_k_norm.weight"] = ((hd,), False)
         if c.is_moe_layer(il):
-            e.update(moe_expected(c, p))
-            e.pop(p + "ffn_gate_inp_shexp.weight", None)  # the shared expert is added ungated
-            e[p + "exp_probs_b.bias"] = ((c.n_expert,), True)
+            e.update(moe_expected(c, p, shared_gate=False, select_bias=True))
         else:
             e[p + "ffn_gate.weight"] = ((c.n_ff, E), True)
             e[p + "ffn_up.weight"] = ((c.n_ff, E), True)

@@ -34,10 +34,8 @@ _BIASES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "f
 
 def expected_tensors(c: ModelConfig) -> Expected:
     """llama's tensors; granitemoe's shared expert has no gate vector (ffn_gate_inp_shexp)."""
-    e = llama_like_expected(c)
+    e = llama_like_expected(c, shared_gate=False)
     e["rope_freqs.weight"] = ((c.n_rot // 2,), False)
-    for il in range(c.n_layer):
-        e.pop(f"blk.{il}.ffn_gate_inp_shexp.weight", None)
     return e
 
 

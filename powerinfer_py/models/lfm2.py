@@ -58,8 +58,7 @@ def expected_tensors(c: ModelConfig) -> Expected:
         e[p + "attn_norm.weight"] = ((E,), True)
         e[p + "ffn_norm.weight"] = ((E,), True)
         if c.is_moe_layer(il):  # lfm2moe past its leading dense layers
-            e.update(moe_expected(c, p))
-            e[p + "exp_probs_b.bias"] = ((c.n_expert,), True)
+            e.update(moe_expected(c, p, select_bias=True))
         else:
             e[p + "ffn_gate.weight"] = ((c.n_ff, E), True)
             e[p + "ffn_up.weight"] = ((c.n_ff, E), True)
