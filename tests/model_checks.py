@@ -93,3 +93,19 @@ def info_text(path, width: int = 220) -> str:
     console = Console(width=width, record=True)
     console.print(_table(model_info(path)))
     return console.export_text()
+
+
+def unconverted_logits(f, kernels, tokens) -> np.ndarray:
+    """All logits of tokens for the opened GGUF f, asserting that no tensor was converted at load (each stays a
+    view on the file) and that one token at a time (the decode mat-vecs) gives the bits of the batch (prefill)."""
+    from powerinfer_py.loader import load_weights
+    from powerinfer_py.models import build_model, expected_tensors
+
+    w = load_weights(f, expected_tensors)
+    assert w.conversions == []
+    model = build_model(w.config, w.tensors, kernels)
+    ours = model.forward(tokens, model.new_cache(32), all_logits=True)
+    step = model.new_cache(32)
+    singles = np.stack([model.forward(tokens[i:i + 1], step, all_logits=True)[-1] for i in range(len(tokens))])
+    np.testing.assert_array_equal(singles, ours)
+    return ours

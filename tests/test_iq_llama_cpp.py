@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 from gguf import quants as gguf_quants
 from llama_ref import llama_cpp_logits
+from model_checks import unconverted_logits
 
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.gguf.writer import write_gguf
-from powerinfer_py.loader import load_weights
-from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.tensor import GGML_QUANT_SIZES, GGMLType, Tensor
 
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322], dtype=np.int32)
@@ -61,13 +60,7 @@ def check_against_llama_cpp(path, cpu_kernels, want_type: GGMLType):
     f = open_gguf(path)
     layer_types = {t.type for name, t in f.tensors.items() if name.startswith("blk.") and len(t.shape) == 2}
     assert want_type in layer_types, layer_types
-    w = load_weights(f, expected_tensors)
-    assert w.conversions == []  # every tensor stays a view on the file
-    model = build_model(w.config, w.tensors, cpu_kernels)
-    ours = model.forward(TOKENS, model.new_cache(32), all_logits=True)
-    step = model.new_cache(32)  # one token at a time (the decode mat-vec) gives the same bits as prefill
-    singles = np.stack([model.forward(TOKENS[i:i + 1], step, all_logits=True)[-1] for i in range(len(TOKENS))])
-    np.testing.assert_array_equal(singles, ours)
+    ours = unconverted_logits(f, cpu_kernels, TOKENS)
     theirs = llama_cpp_logits(path, TOKENS)
     # the same top token wherever llama.cpp's top two are not a near-tie (random weights make some: measured a gap
     # of 0.005 of the spread on the IQ2_S file, whose top token then differs; the differences stay ~0.05)
