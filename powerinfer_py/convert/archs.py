@@ -30,6 +30,16 @@ class Dims:
     head_dim: int
     n_vocab: int
 
+    @classmethod
+    def from_config(cls, ckpt: Checkpoint) -> "Dims":
+        """The usual config.json names (hidden_size, num_hidden_layers, intermediate_size, heads, head_dim)."""
+        n_embd = cfg_value(ckpt, "hidden_size")
+        n_head = cfg_value(ckpt, "num_attention_heads")
+        return cls(n_layer=cfg_value(ckpt, "num_hidden_layers"), n_embd=n_embd,
+                   n_ff=cfg_value(ckpt, "intermediate_size"), n_head=n_head,
+                   n_head_kv=cfg_value(ckpt, "num_key_value_heads", default=n_head),
+                   head_dim=cfg_value(ckpt, "head_dim", default=n_embd // n_head), n_vocab=cfg_value(ckpt, "vocab_size"))
+
 
 LayerHook = Callable[[int], None]  # called after each layer's tensors (adds the predictor's fc1/fc2)
 
@@ -57,11 +67,8 @@ def _activation(ckpt: Checkpoint, default: str = "silu") -> dict[str, Any]:
 # ---- llama, bamboo, qwen2, qwen3 ----------------------------------------------------------------------------
 
 def llama_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
-    n_embd = cfg_value(ckpt, "hidden_size")
-    n_head = cfg_value(ckpt, "num_attention_heads")
-    d = Dims(n_layer=cfg_value(ckpt, "num_hidden_layers"), n_embd=n_embd, n_ff=cfg_value(ckpt, "intermediate_size"),
-             n_head=n_head, n_head_kv=cfg_value(ckpt, "num_key_value_heads", default=n_head),
-             head_dim=cfg_value(ckpt, "head_dim", default=n_embd // n_head), n_vocab=cfg_value(ckpt, "vocab_size"))
+    d = Dims.from_config(ckpt)
+    n_embd, n_head = d.n_embd, d.n_head
     meta = _common_meta(arch, d, cfg_value(ckpt, "max_position_embeddings", default=4096),
                         "layer_norm_rms_epsilon", cfg_value(ckpt, "rms_norm_eps", default=1e-6))
     meta[f"{arch}.rope.dimension_count"] = d.head_dim

@@ -32,11 +32,8 @@ def glm4_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
         raise UnsupportedError(f"{where}: GLM-4 with rope_scaling {scaling!r} is not supported")
     if cfg.get("hidden_act", "silu") != "silu":
         raise UnsupportedError(f"{where}: GLM-4 hidden_act {cfg.get('hidden_act')!r} is not supported (silu)")
-    n_embd = cfg_value(ckpt, "hidden_size")
-    n_head = cfg_value(ckpt, "num_attention_heads")
-    d = Dims(n_layer=cfg_value(ckpt, "num_hidden_layers"), n_embd=n_embd, n_ff=cfg_value(ckpt, "intermediate_size"),
-             n_head=n_head, n_head_kv=cfg_value(ckpt, "num_key_value_heads", default=n_head),
-             head_dim=cfg_value(ckpt, "head_dim", default=n_embd // n_head), n_vocab=cfg_value(ckpt, "vocab_size"))
+    d = Dims.from_config(ckpt)
+    n_embd, n_head = d.n_embd, d.n_head
     factor = float(cfg.get("partial_rotary_factor", 0.5))
     n_rot = int(d.head_dim * factor)
     if not (0 < n_rot <= d.head_dim and n_rot % 2 == 0):

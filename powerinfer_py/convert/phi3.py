@@ -98,11 +98,8 @@ def phi3_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
     cfg, where = ckpt.config, ckpt.folder / "config.json"
     if cfg.get("attention_bias") or cfg.get("mlp_bias"):
         raise UnsupportedError(f"{where}: Phi-3 with attention/MLP biases is not supported")
-    n_embd = cfg_value(ckpt, "hidden_size")
-    n_head = cfg_value(ckpt, "num_attention_heads")
-    d = Dims(n_layer=cfg_value(ckpt, "num_hidden_layers"), n_embd=n_embd, n_ff=cfg_value(ckpt, "intermediate_size"),
-             n_head=n_head, n_head_kv=cfg_value(ckpt, "num_key_value_heads", default=n_head),
-             head_dim=cfg_value(ckpt, "head_dim", default=n_embd // n_head), n_vocab=cfg_value(ckpt, "vocab_size"))
+    d = Dims.from_config(ckpt)
+    n_embd, n_head = d.n_embd, d.n_head
     max_pos = int(cfg_value(ckpt, "max_position_embeddings", default=4096))
     orig_ctx = int(cfg_value(ckpt, "original_max_position_embeddings", default=max_pos))
     n_rot = _n_rot(ckpt, n_embd, n_head, d.head_dim)
