@@ -356,5 +356,10 @@ class Model:
             plans = self._attn_plans = [
                 self.kernels.attn_block_plan(L.wq, L.wk, L.wv, L.wo, L.attn_norm, L.ffn_norm,
                                              **{**shape, **self.attn_plan_kwargs(il, L)})
+                if self.has_attention(il) else None
                 for il, L in enumerate(self.layers)]
         return plans
+
+    def has_attention(self, il: int) -> bool:
+        """Whether layer il is an attention layer (lfm2's convolution layers are not: their plan is None)."""
+        return True

@@ -108,22 +108,8 @@ class Lfm2Model(Model):
         c = self.config
         return ConvKVCache(c.conv_layers, c.n_head_kv, n_ctx or c.n_ctx_train, c.head_dim, c.n_embd, c.conv_kernel)
 
-    def attn_plans(self) -> list | None:
-        """base.Model.attn_plans for the attention layers (None in the conv layers' places), made on first use;
-        None when the kernels have no one-call step or fused_attention is off."""
-        if not self.fused_attention or not hasattr(self.kernels, "attn_block_plan"):
-            return None
-        plans = self.__dict__.get("_attn_plans")
-        if plans is None:
-            c = self.config
-            shape = dict(n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim, n_rot=c.n_rot,
-                         rope_neox=c.rope_neox, eps=c.norm_eps, attn_scale=c.attn_scale)
-            plans = self._attn_plans = [
-                None if c.conv_layers[il] else
-                self.kernels.attn_block_plan(L.wq, L.wk, L.wv, L.wo, L.attn_norm, L.ffn_norm,
-                                             **shape, **self.attn_plan_kwargs(il, L))
-                for il, L in enumerate(self.layers)]
-        return plans
+    def has_attention(self, il: int) -> bool:
+        return not self.config.conv_layers[il]
 
     def forward(self, tokens, cache: ConvKVCache, all_logits: bool = False) -> np.ndarray:
         """Logits of tokens (the last, or all rows with all_logits), continuing the cache's K/V and conv states."""
