@@ -112,6 +112,9 @@ def _table(f: dict) -> Table:
         if c["arch"] == "gpt-oss":
             t.add_row("gpt-oss", f"attention sinks; even layers see the last {c['sliding_window']} tokens; router "
                       "weights softmaxed after top-k; expert biases; swiglu_oai (clamp 7, alpha 1.702)")
+        if c.get("attn_temp_scale"):  # mistral3
+            t.add_row("attention temperature", f"q x (1 + {c['attn_temp_scale']:g} ln(floor(pos / "
+                      f"{c['attn_temp_floor']}) + 1)): from position {c['attn_temp_floor']} on")
         if c.get("attn_softcap") or c.get("final_softcap"):
             t.add_row("soft-capping", f"attention scores {c['attn_softcap']:g}, output logits {c['final_softcap']:g}")
         rs = f.get("rope_scaling")

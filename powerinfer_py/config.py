@@ -39,13 +39,13 @@ from .gguf.reader import GGUFFile
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "bamboo", "falcon",
                    "opt", "phi3", "granite", "granitemoe", "gpt-oss", "ernie4_5", "ernie4_5-moe", "deepseek2", "arcee",
-                   "glm4", "glm4moe", "smollm3", "olmo2", "lfm2", "lfm2moe")
+                   "glm4", "glm4moe", "smollm3", "olmo2", "lfm2", "lfm2moe", "mistral3")
 # always mixture-of-experts (llama files are when they carry expert_count; ernie4_5-moe, deepseek2 and glm4moe
 # have leading dense layers: ModelConfig.moe_layers)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "deepseek2", "glm4moe", "lfm2moe")
 # whether the chosen experts' router weights are renormalized (as llama.cpp does per arch); gpt-oss's weights are a
 # softmax over the chosen logits (moe.py); deepseek2 and glm4moe read it from {arch}.expert_weights_norm
-_MOE_NORM_WEIGHTS = {"llama": True, "qwen3moe": True, "qwen2moe": False, "granitemoe": True, "gpt-oss": False,
+_MOE_NORM_WEIGHTS = {"llama": True, "mistral3": True, "qwen3moe": True, "qwen2moe": False, "granitemoe": True, "gpt-oss": False,
                      "ernie4_5-moe": True, "deepseek2": False, "glm4moe": False,
                      "lfm2moe": True}
 GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")  # scaled embeddings, GeGLU FFN, the "gemma" chat format
@@ -53,7 +53,7 @@ GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")  # scaled embeddings, GeGLU FFN, the
 _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "falcon", "phi3", "olmo2",
                "gpt-oss", "glm4moe", "lfm2", "lfm2moe"}
 # their models take per-pair RoPE factors and a scale (models/base.py)
-_YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee", "deepseek2")
+_YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee", "deepseek2", "mistral3")
 _LAYERNORM_ARCHS = {"falcon", "opt"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
 _DEFAULT_FREQ_BASE = {"qwen2": 1_000_000.0, "qwen2moe": 1_000_000.0}
 HIDDEN_ACTS = ("silu", "relu", "fatrelu", "gelu")
@@ -116,6 +116,8 @@ class ModelConfig:
     n_ff_exp: int = 0  # one expert's FFN width
     n_ff_shexp: int = 0  # qwen2moe: the shared expert's FFN width (0: none)
     expert_weights_norm: bool = False  # the chosen experts' router weights are divided by their sum
+    attn_temp_scale: float = 0.0  # mistral3: q scaled by 1 + attn_temp_scale * ln(floor(pos / attn_temp_floor) + 1)
+    attn_temp_floor: int = 0  # mistral3: the position unit of that scaling (0: no scaling)
     no_rope_layers: tuple[bool, ...] = ()  # smollm3: per layer, True = no RoPE on q and k; () = RoPE everywhere
     residual_scale: float = 1.0  # granite: attention and FFN outputs are multiplied by it before the add (1: none)
     logit_scale: float = 1.0  # granite: logits are divided by it (1: none)
@@ -300,7 +302,7 @@ class _Reader(ArchKeys):
         if n_used > n_expert:
             raise ModelFileError(f"{self.f.path}: {self.key('{arch}.expert_used_count')} {n_used} exceeds "
                                  f"{self.key('{arch}.expert_count')} {n_expert}")
-        width_key = ("{arch}.feed_forward_length" if self.arch in ("llama", "granitemoe")
+        width_key = ("{arch}.feed_forward_length" if self.arch in ("llama", "mistral3", "granitemoe")
                      else "{arch}.expert_feed_forward_length")
         shexp = (self.positive("{arch}.expert_shared_feed_forward_length") if self.arch == "qwen2moe" else
                  self.get("{arch}.expert_shared_feed_forward_length", 0)
@@ -418,6 +420,8 @@ class _Reader(ArchKeys):
         rope_scale, rope_factors, rope_mscale = self.rope_scaling(n_rot, freq_base, n_ctx_train)
         if mla:
             rope_mscale, attn_scale = self.deepseek2_yarn(head_dim, rope_scale, bool(rope_factors))
+        m3 = self.mistral3(n_ctx_train, bool(rope_factors)) if self.arch == "mistral3" else {}
+        rope_mscale = m3.pop("rope_mscale", rope_mscale)
         granite = self.granite_scales()
         embd_scale = math.sqrt(n_embd) if self.arch in GEMMA_ARCHS else granite.pop("embd_scale", 1.0)
         if granite:
@@ -466,4 +470,5 @@ class _Reader(ArchKeys):
             **granite,
             **glm,
             **lfm2,
+            **m3,
         )

@@ -24,6 +24,13 @@ Per architecture:
   falcon  LayerNorm with biases, fused attn_qkv, NeoX RoPE, parallel attention + MLP, no ffn_norm
   opt     LayerNorm with biases, biases on every projection, learned positions (no RoPE), ReLU FFN
   qwen3moe, qwen2moe  qwen3 / qwen2 with a mixture-of-experts FFN (below); qwen2moe adds a shared expert
+  mistral3 (Ministral 3, Mistral Small 3.x files of that arch) the llama block (normal RoPE; experts as llama's,
+          their width feed_forward_length) plus two things: {arch}.attention.temperature_scale b (optional) scales q
+          after RoPE by 1 + b * ln(floor(pos / L) + 1), L = rope.scaling.original_context_length (default
+          context_length): 1 below position L; and with YaRN and rope.scaling.yarn_log_multiplier m the rotated dims
+          are scaled by (1 + 0.1 ln F) / (1 + 0.1 m ln F) (F the YaRN factor; without m, by 1 + 0.1 ln F as for
+          llama). Both checked against llama.cpp's results on synthetic files (tests/test_mistral3.py): the position
+          has no +1 offset, and the YaRN scale is not multiplied by 1 + 0.1 ln F again.
   granite, granitemoe  the llama block (normal RoPE) with four scalars: {arch}.embedding_scale multiplies the
           embeddings (embd_scale), {arch}.residual_scale the attention and FFN outputs before each residual add,
           {arch}.attention.scale replaces 1/sqrt(head_dim) (attn_scale), and the logits are divided by
@@ -133,6 +140,26 @@ class ArchKeys:
                    expert_gating="softmax" if gating == 1 else "sigmoid", expert_weights_scale=scale or 1.0,
                    _norm=norm, _n_shared=self.get("{arch}.expert_shared_count", 0))
         return n_layer, out
+
+    def mistral3(self, n_ctx_train: int, yarn: bool) -> dict:
+        """mistral3's attention temperature (attn_temp_scale, attn_temp_floor) and, for YaRN files with
+        rope.scaling.yarn_log_multiplier L, the scale of the rotated dims (module docstring)."""
+        out: dict = {}
+        orig = self.positive("{arch}.rope.scaling.original_context_length", n_ctx_train)
+        beta = self.get("{arch}.attention.temperature_scale", 0.0, kind=float)
+        if not math.isfinite(beta) or beta < 0:
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.attention.temperature_scale')} must be >= 0, "
+                                 f"got {beta}")
+        if beta:
+            out.update(attn_temp_scale=beta, attn_temp_floor=orig)
+        log_mul = self.get("{arch}.rope.scaling.yarn_log_multiplier", 0.0, kind=float)
+        if yarn and log_mul:
+            factor = self.get("{arch}.rope.scaling.factor", kind=float)
+
+            def mscale(m: float) -> float:
+                return 1.0 if factor <= 1 else 1.0 + 0.1 * m * math.log(factor)
+            out["rope_mscale"] = mscale(1.0) / mscale(log_mul)
+        return out
 
     def smollm3_olmo2(self, n_layer: int) -> dict:
         """smollm3's RoPE-less layers (ModelConfig.no_rope_layers); refuses olmo2 files with a sliding window."""

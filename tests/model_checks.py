@@ -67,20 +67,23 @@ def llama_cpp_quantized(src, dst, ftype):
     return dst
 
 
-def rewrite_gguf(src, dst, edit=None, drop=(), extra=()):
+def rewrite_gguf(src, dst, edit=None, drop=(), extra=(), types=None):
     """A copy of GGUF file src at dst with metadata keys changed (edit: key -> value, None removes the key),
-    the tensors named in drop left out and the Tensors in extra added; returns dst."""
+    the tensors named in drop left out and the Tensors in extra added; returns dst. Keys left as they were keep
+    their value types (llama.cpp insists on e.g. INT32 token types); types: value types of edited keys."""
     from powerinfer_py.gguf.reader import open_gguf
     from powerinfer_py.gguf.writer import write_gguf
 
     f = open_gguf(src)
     meta = dict(f.metadata)
+    kept_types = {k: t for k, t in f.metadata_types.items() if k not in (edit or {})}
     for key, value in (edit or {}).items():
         if value is None:
             meta.pop(key)
         else:
             meta[key] = value
-    return write_gguf(dst, meta, [t for name, t in f.tensors.items() if name not in drop] + list(extra))
+    return write_gguf(dst, meta, [t for name, t in f.tensors.items() if name not in drop] + list(extra),
+                      types={**kept_types, **(types or {})})
 
 
 def info_text(path, width: int = 220) -> str:

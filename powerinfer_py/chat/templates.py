@@ -226,7 +226,7 @@ def default_builtin(arch: str, vocab_has: Callable[[str], bool]) -> str:
         return "chatml"
     if vocab_has("<|eot_id|>"):
         return "llama-3"
-    if arch == "llama" and vocab_has("[INST]"):
+    if arch in ("llama", "mistral3") and vocab_has("[INST]"):
         return "mistral"
     return "plain"
 

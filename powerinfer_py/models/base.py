@@ -263,13 +263,16 @@ class Model:
         n, eps = ids.shape[0], c.norm_eps
 
         x = self._embed(ids, pos)  # [N, n_embd]
-        plans = self.attn_plans() if n == 1 else None
+        temp = self.q_temperature(pos)
+        plans = self.attn_plans() if n == 1 and temp is None else None
         if plans is not None:
             return self._fused_decode(plans, x, p0, cache, all_logits)
         for il, (L, (window, rope)) in enumerate(zip(self.layers, self.layer_attention())):
             q, kk, v = self._qkv(L, k.rmsnorm(x, L.attn_norm, eps), n)
             k.rope(q, pos, *rope)
             k.rope(kk, pos, *rope)
+            if temp is not None:
+                q *= temp[:, None, None]
             self._store_kv(cache, il, p0, kk, v)
             a = k.attention(q, cache.k[il], cache.v[il], p0, window, c.attn_scale, c.attn_softcap)  # [N, H, hd]
             x += self._attn_out(il, k.matmul(L.wo, a.reshape(n, c.n_head * c.head_dim)))
@@ -281,6 +284,11 @@ class Model:
     def _embed(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
         """The input rows f32 [N, n_embd] of token ids at positions pos (gemma3 scales them)."""
         return self.kernels.get_rows(self.token_embd, ids)
+
+    def q_temperature(self, pos: np.ndarray) -> np.ndarray | None:
+        """Per-token factors f32 [N] that scale q after RoPE (mistral3's attention temperature), or None for
+        none (the one-call decode step has no such factor: tokens that need one take the Python path)."""
+        return None
 
     def layer_attention(self) -> list[tuple[int, tuple]]:
         """Per layer (attention window, 0 for all positions; the arguments of kernels.rope after the positions)."""
