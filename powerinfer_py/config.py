@@ -48,6 +48,10 @@ MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "d
 _MOE_NORM_WEIGHTS = {"llama": True, "mistral3": True, "qwen3moe": True, "qwen2moe": False, "granitemoe": True, "gpt-oss": False,
                      "ernie4_5-moe": True, "deepseek2": False, "glm4moe": False,
                      "lfm2moe": True}
+# vision-language models whose GGUF text model is an existing arch under its own name: with text-only input every
+# M-RoPE section rotates by the same position, which is that arch's RoPE when the sections cover the rotated
+# pairs (checked against llama.cpp: tests/test_vl_text.py). Keys are read under the file's name ({arch}).
+TEXT_ALIASES = {"qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3moe"}
 GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")  # scaled embeddings, GeGLU FFN, the "gemma" chat format
 # llama.cpp's NeoX rope type (pairs (i, i + n_rot/2)); the others rotate pairs (2i, 2i + 1)
 _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "falcon", "phi3", "olmo2",
@@ -175,10 +179,11 @@ class _Reader(ArchKeys):
     def __init__(self, f: GGUFFile):
         self.f = f
         self.meta = f.metadata
-        self.arch = ""
+        self.arch = ""  # the architecture whose behaviour runs (TEXT_ALIASES mapped)
+        self.key_arch = ""  # the file's general.architecture, which names its keys
 
     def key(self, suffix: str) -> str:
-        return suffix.format(arch=self.arch)
+        return suffix.format(arch=self.key_arch or self.arch)
 
     def get(self, suffix: str, default: Any = None, *, kind: type = int) -> Any:
         """The value of key `suffix` ({arch} filled in) as `kind`; `default` when absent (None = required).
@@ -209,10 +214,22 @@ class _Reader(ArchKeys):
 
     def architecture(self) -> str:
         arch = self.get("general.architecture", kind=str)
+        if arch in TEXT_ALIASES:
+            self.key_arch = arch
+            return TEXT_ALIASES[arch]
         if arch not in SUPPORTED_ARCHS:
             raise UnsupportedError(f"{self.f.path}: architecture {arch!r} is not supported; supported: "
-                                   f"{', '.join(SUPPORTED_ARCHS)}")
+                                   f"{', '.join(SUPPORTED_ARCHS + tuple(TEXT_ALIASES))}")
         return arch
+
+    def mrope_sections(self, n_rot: int) -> None:
+        """Text-only input of a TEXT_ALIASES file: refuse M-RoPE sections that leave rotated pairs out (llama.cpp
+        then rotates those by another position component, which the aliased arch cannot)."""
+        sections = self.meta.get(self.key("{arch}.rope.dimension_sections"))
+        if self.key_arch in ("qwen3vl", "qwen3vlmoe") and isinstance(sections, list) and \
+                sum(int(v) for v in sections) != n_rot // 2:
+            raise UnsupportedError(f"{self.f.path}: {self.key('{arch}.rope.dimension_sections')} {sections} does not "
+                                   f"cover the {n_rot // 2} rotated pairs of a head")
 
     def n_vocab(self) -> int:
         if self.key("{arch}.vocab_size") in self.meta:
@@ -400,6 +417,7 @@ class _Reader(ArchKeys):
         n_rot = self.get("{arch}.rope.dimension_count", 0 if self.arch == "opt" else head_dim)
         if not 0 <= n_rot <= head_dim or n_rot % 2:
             raise ModelFileError(f"{self.f.path}: rope.dimension_count {n_rot} must be even and <= {head_dim}")
+        self.mrope_sections(n_rot)
         attn_scale = 1.0 / math.sqrt(head_dim)
         if (self.arch, n_layer) in (("gemma3", 62), ("gemma2", 46)):  # the 27B models: 1/sqrt(n_embd / n_head)
             attn_scale = 1.0 / math.sqrt(n_embd / n_head)

@@ -86,6 +86,24 @@ def rewrite_gguf(src, dst, edit=None, drop=(), extra=(), types=None):
                       types={**kept_types, **(types or {})})
 
 
+def relabel_gguf(src, dst, arch, extra=None, extra_types=None):
+    """The GGUF file src under another general.architecture at dst: every key of the old arch renamed (with its
+    value type) and the keys in extra added (extra_types: their value types where the default would not do)."""
+    from powerinfer_py.gguf.reader import open_gguf
+
+    f = open_gguf(src)
+    old = f.metadata["general.architecture"]
+    edit, types = {"general.architecture": arch}, {}
+    for key, value in f.metadata.items():
+        if key.startswith(old + "."):
+            edit[key] = None
+            edit[arch + key[len(old):]] = value
+            types[arch + key[len(old):]] = f.metadata_types[key]
+    edit.update(extra or {})
+    types.update(extra_types or {})
+    return rewrite_gguf(src, dst, edit, types=types)
+
+
 def info_text(path, width: int = 220) -> str:
     """`powerinfer info`'s table for path, as plain text."""
     from rich.console import Console

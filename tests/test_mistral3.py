@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
-from model_checks import assert_fused_decode_equals_python, assert_matches_llama_cpp, info_text, rewrite_gguf
+from model_checks import assert_fused_decode_equals_python, assert_matches_llama_cpp, info_text, relabel_gguf
 
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError
@@ -39,15 +39,7 @@ def config_of(path) -> ModelConfig:
 
 def as_mistral3(src, dst, extra=None):
     """The llama GGUF file src relabelled as mistral3 (every llama.* key renamed), with extra keys added."""
-    f = open_gguf(src)
-    edit, types = {"general.architecture": "mistral3"}, {}
-    for key, value in f.metadata.items():
-        if key.startswith("llama."):
-            edit[key] = None
-            edit["mistral3." + key[6:]] = value
-            types["mistral3." + key[6:]] = f.metadata_types[key]
-    edit.update(extra or {})
-    return rewrite_gguf(src, dst, edit, types=types)
+    return relabel_gguf(src, dst, "mistral3", extra)
 
 
 @pytest.fixture(scope="module")
