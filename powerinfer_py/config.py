@@ -35,11 +35,12 @@ from typing import Any
 
 from .errors import ModelFileError, UnsupportedError
 from .config_archs import GLM_ARCHS, GPTOSS_SWA_PERIOD, ArchKeys
+from .config_gemma4 import Gemma4Layout, gemma4_keys
 from .gguf.reader import GGUFFile
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "bamboo", "falcon",
                    "opt", "phi3", "granite", "granitemoe", "gpt-oss", "ernie4_5", "ernie4_5-moe", "deepseek2", "arcee",
-                   "glm4", "glm4moe", "smollm3", "olmo2", "lfm2", "lfm2moe", "mistral3")
+                   "glm4", "glm4moe", "smollm3", "olmo2", "lfm2", "lfm2moe", "mistral3", "gemma4")
 # always mixture-of-experts (llama files are when they carry expert_count; ernie4_5-moe, deepseek2 and glm4moe
 # have leading dense layers: ModelConfig.moe_layers)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "deepseek2", "glm4moe", "lfm2moe")
@@ -52,10 +53,10 @@ _MOE_NORM_WEIGHTS = {"llama": True, "mistral3": True, "qwen3moe": True, "qwen2mo
 # M-RoPE section rotates by the same position, which is that arch's RoPE when the sections cover the rotated
 # pairs (checked against llama.cpp: tests/test_vl_text.py). Keys are read under the file's name ({arch}).
 TEXT_ALIASES = {"qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3moe"}
-GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")  # scaled embeddings, GeGLU FFN, the "gemma" chat format
+GEMMA_ARCHS = ("gemma", "gemma2", "gemma3", "gemma4")  # scaled embeddings, GeGLU FFN, the "gemma" chat format
 # llama.cpp's NeoX rope type (pairs (i, i + n_rot/2)); the others rotate pairs (2i, 2i + 1)
 _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "falcon", "phi3", "olmo2",
-               "gpt-oss", "glm4moe", "lfm2", "lfm2moe"}
+               "gpt-oss", "glm4moe", "lfm2", "lfm2moe", "gemma4"}
 # their models take per-pair RoPE factors and a scale (models/base.py)
 _YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee", "deepseek2", "mistral3")
 _LAYERNORM_ARCHS = {"falcon", "opt"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
@@ -137,6 +138,7 @@ class ModelConfig:
     n_nextn: int = 0  # glm4, glm4moe: trailing next-token-prediction blocks in the file, not run (not in n_layer)
     conv_layers: tuple[bool, ...] = ()  # lfm2: per layer True = gated short convolution, False = attention
     conv_kernel: int = 0  # lfm2: the convolution's length in tokens ({arch}.shortconv.l_cache; 0 = none)
+    gemma4: Gemma4Layout | None = None  # gemma4: the per-layer shapes, RoPE and K/V sharing (config_gemma4.py)
 
     def is_moe_layer(self, il: int) -> bool:
         """Whether layer il's FFN is a mixture of experts (ernie4_5-moe's leading layers are dense)."""
@@ -367,11 +369,13 @@ class _Reader(ArchKeys):
         flat = self._floats(KEY_FFN_QUANTILES, n_layer * n_q) if KEY_FFN_QUANTILES in self.meta else ()
         return sparsity, thresholds, tuple(flat[i * n_q:(i + 1) * n_q] for i in range(len(flat) // n_q))
 
-    def neuron_scales(self, n_layer: int, n_ff: int) -> tuple[tuple[float, ...], ...]:
-        """Per-layer neuron scales of a threshold calibration (KEY_FFN_NEURON_SCALES), or () when absent."""
+    def neuron_scales(self, n_layer: int, n_ff: int | tuple[int, ...]) -> tuple[tuple[float, ...], ...]:
+        """Per-layer neuron scales of a threshold calibration (KEY_FFN_NEURON_SCALES), or () when absent; n_ff:
+        the FFN width, or one per layer (gemma4)."""
         if not any(k.startswith(KEY_FFN_NEURON_SCALES) for k in self.meta):
             return ()
-        out = tuple(self._floats(f"{KEY_FFN_NEURON_SCALES}{il}", n_ff) for il in range(n_layer))
+        widths = n_ff if isinstance(n_ff, tuple) else (n_ff,) * n_layer
+        out = tuple(self._floats(f"{KEY_FFN_NEURON_SCALES}{il}", widths[il]) for il in range(n_layer))
         if any(v < 0 for row in out for v in row):
             raise ModelFileError(f"{self.f.path}: {KEY_FFN_NEURON_SCALES}* holds a negative scale")
         return out
@@ -398,12 +402,14 @@ class _Reader(ArchKeys):
         n_embd = self.positive("{arch}.embedding_length")
         n_layer = self.positive("{arch}.block_count")
         n_layer, glm = self.glm4(n_layer) if self.arch in GLM_ARCHS else (n_layer, {})
-        n_head = self.positive("{arch}.attention.head_count")
+        g4 = gemma4_keys(self, n_layer) if self.arch == "gemma4" else {}  # per-layer shapes: config_gemma4.py
+        n_head = g4.pop("_n_head") if g4 else self.positive("{arch}.attention.head_count")
         lfm2 = self.lfm2(n_layer, n_head)  # per-layer head counts: 0 marks a convolution layer
-        n_head_kv = lfm2.pop("_n_head_kv") if lfm2 else self.positive("{arch}.attention.head_count_kv", n_head)
+        n_head_kv = lfm2.pop("_n_head_kv") if lfm2 else g4.pop("_n_head_kv") if g4 else self.positive(
+            "{arch}.attention.head_count_kv", n_head)
         if n_head % n_head_kv:
             raise ModelFileError(f"{self.f.path}: head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
-        head_dim = self.positive("{arch}.attention.key_length", n_embd // n_head)
+        head_dim = g4.pop("_head_dim") if g4 else self.positive("{arch}.attention.key_length", n_embd // n_head)
         value_dim = self.positive("{arch}.attention.value_length", head_dim)
         mla = self.deepseek2(n_layer, n_head) if self.arch == "deepseek2" else {}
         if mla:  # q/k heads of nope + rope dims; one latent "kv head" in the cache
@@ -414,6 +420,8 @@ class _Reader(ArchKeys):
         eps_key = "layer_norm_epsilon" if self.arch in _LAYERNORM_ARCHS else "layer_norm_rms_epsilon"
         freq_base = self.get("{arch}.rope.freq_base", _DEFAULT_FREQ_BASE.get(self.arch, 10_000.0), kind=float)
         window, swa_layers, freq_base_swa = self.swa(n_layer, freq_base)
+        if g4:
+            window, swa_layers, freq_base_swa = g4.pop("sliding_window"), g4.pop("swa_layers"), g4.pop("base_swa")
         n_rot = self.get("{arch}.rope.dimension_count", 0 if self.arch == "opt" else head_dim)
         if not 0 <= n_rot <= head_dim or n_rot % 2:
             raise ModelFileError(f"{self.f.path}: rope.dimension_count {n_rot} must be even and <= {head_dim}")
@@ -421,6 +429,8 @@ class _Reader(ArchKeys):
         attn_scale = 1.0 / math.sqrt(head_dim)
         if (self.arch, n_layer) in (("gemma3", 62), ("gemma2", 46)):  # the 27B models: 1/sqrt(n_embd / n_head)
             attn_scale = 1.0 / math.sqrt(n_embd / n_head)
+        if g4:  # the per-head Q norm scales the scores
+            attn_scale = 1.0
         threshold = self.get("powerinfer.sparse_threshold", 0.0, kind=float) if self.f.is_sparse else 0.0
         hidden_act, hidden_act_param = self.hidden_act()
         calibrated, ffn_thresholds, ffn_quantiles = self.calibration(n_layer)
@@ -433,7 +443,7 @@ class _Reader(ArchKeys):
         if glm.get("_n_shared") is not None:  # glm4moe: shared experts of the routed width
             moe.update(expert_weights_norm=glm.pop("_norm"), n_ff_shexp=moe["n_ff_exp"] * glm.pop("_n_shared"))
         # MoE files may leave out the dense width (unused there): the experts' width stands in for it
-        n_ff = self.positive("{arch}.feed_forward_length", moe.get("n_ff_exp") or None)
+        n_ff = g4.pop("_n_ff") if g4 else self.positive("{arch}.feed_forward_length", moe.get("n_ff_exp") or None)
         n_ctx_train = self.positive("{arch}.context_length")
         rope_scale, rope_factors, rope_mscale = self.rope_scaling(n_rot, freq_base, n_ctx_train)
         if mla:
@@ -475,7 +485,8 @@ class _Reader(ArchKeys):
             calibrated_sparsity=calibrated,
             ffn_thresholds=ffn_thresholds,
             ffn_quantiles=ffn_quantiles,
-            ffn_neuron_scales=self.neuron_scales(n_layer, n_ff) if calibrated is not None else (),
+            ffn_neuron_scales=self.neuron_scales(n_layer, g4["gemma4"].n_ff if g4 else n_ff)
+            if calibrated is not None else (),
             ffn_up_thresholds=self.up_thresholds(n_layer) if calibrated is not None else (),
             rope_factors=rope_factors,
             rope_mscale=rope_mscale,
@@ -489,4 +500,5 @@ class _Reader(ArchKeys):
             **glm,
             **lfm2,
             **m3,
+            **g4,
         )

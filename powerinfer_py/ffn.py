@@ -177,8 +177,9 @@ class SparsityStats:
     """Per-layer neuron counts since the last reset(): `active` = neurons computed per token (predicted active,
     or non-zero gating activation in exact/off mode), `nonzero` = neurons whose h was non-zero."""
 
-    def __init__(self, n_layer: int, n_ff: int, mode: str, threshold: float):
-        self.n_ff, self.mode, self.threshold = n_ff, mode, threshold
+    def __init__(self, n_layer: int, n_ff, mode: str, threshold: float):
+        self.n_ff, self.mode, self.threshold = n_ff, mode, threshold  # n_ff: one width, or one per layer (gemma4)
+        self.widths = np.broadcast_to(np.asarray(n_ff, dtype=np.float64), (n_layer,))
         self.tokens = np.zeros(n_layer, dtype=np.int64)
         self.active = np.zeros(n_layer, dtype=np.int64)
         self.nonzero = np.zeros(n_layer, dtype=np.int64)
@@ -194,7 +195,7 @@ class SparsityStats:
 
     def _fractions(self, counts: np.ndarray) -> list[float]:
         with np.errstate(invalid="ignore", divide="ignore"):
-            return [float(f) for f in counts / (self.tokens * float(self.n_ff))]
+            return [float(f) for f in counts / (self.tokens * self.widths)]
 
     @property
     def fractions(self) -> list[float]:
@@ -207,7 +208,7 @@ class SparsityStats:
 
     @property
     def mean_fraction(self) -> float:
-        total = float(self.tokens.sum()) * self.n_ff
+        total = float((self.tokens * self.widths).sum())
         return float(self.active.sum()) / total if total else float("nan")
 
     @property

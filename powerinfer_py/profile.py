@@ -79,7 +79,7 @@ class ActivationProfile:
             if np.isnan(self.count_threshold[layer]):
                 self.count_threshold[layer] = np.quantile(a, self.count_sparsity)
             active = a > self.count_threshold[layer]
-        self.counts[layer] += active.sum(axis=0)
+        self.counts[layer, :act.shape[1]] += active.sum(axis=0)  # narrower layers (gemma4): the leading entries
         self.tokens[layer] += act.shape[0]
         self.hist[layer] += abs_histogram(a)
 

@@ -27,6 +27,7 @@ from . import deepseek2
 from . import glm4
 from . import lfm2
 from . import mistral3
+from . import gemma4
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -56,6 +57,7 @@ _FAMILIES = {
     "lfm2": (lfm2.Lfm2Model, lfm2.expected_tensors),  # gated short-convolution layers + attention layers
     "lfm2moe": (lfm2.Lfm2Model, lfm2.expected_tensors),  # the same with leading dense layers, then experts
     "mistral3": (mistral3.Mistral3Model, mistral3.expected_tensors),  # llama + attention temperature
+    "gemma4": (gemma4.Gemma4Model, gemma4.expected_tensors),  # per-layer shapes, shared K/V, per-layer embeddings
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)

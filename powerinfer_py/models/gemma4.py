@@ -1,0 +1,180 @@
+"""Gemma 4 (GGUF arch "gemma4"), text part, dense layers (E2B, E4B, 31B; the 26B-A4B MoE model is refused).
+
+Gemma 3's sandwich-normed block with per-layer shapes (config.gemma4, a config_gemma4.Gemma4Layout) and four
+additions. With e = token_embd[ids] * sqrt(n_embd) and x = e:
+  per layer il (head dim, heads, KV heads, rotated dims, RoPE base and FFN width are the layer's own):
+    n = rmsnorm(x) * attn_norm
+    q = rope(rmsnorm_heads(Wq·n) * q_norm)
+    layers with their own K/V:  k = rope(rmsnorm_heads(Wk·n) * k_norm);  v = rmsnorm_heads(Wv·n)   (no weight;
+                                Wv absent: v comes from Wk·n, before the k norm); both go into the layer's cache
+    layers sharing K/V (the last attention.shared_kv_layers): attend over layer kv_source[il]'s cache
+    a = attention(q, K, V) with scale 1 (the q norm scales), within the window on sliding layers
+    x = x + rmsnorm(Wo·a) * post_attention_norm
+    x = x + rmsnorm(Wdown·(gelu(Wgate·m) * (Wup·m))) * post_ffw_norm,   m = rmsnorm(x) * ffn_norm
+    per-layer embeddings (E models):  x = x + rmsnorm(proj · (gelu(inp_gate·x) * pl[il])) * post_norm
+    x = x * layer_output_scale                                       (a scalar per layer, when present)
+  logits = cap * tanh((token_embd · (rmsnorm(x) * output_norm)) / cap)     (tied head, final soft-cap)
+RoPE is NeoX; on full-attention layers rope_freqs.weight divides the frequencies ("proportional" RoPE: huge
+factors stop the pairs past the rotated fraction). The per-layer inputs pl (one row of n_embd_per_layer per
+layer and token) are, with P = n_embd_per_layer:
+  pl = (rmsnorm_P(per_layer_model_proj · e / sqrt(n_embd)) * per_layer_proj_norm
+        + per_layer_token_embd[ids] * sqrt(P)) / sqrt(2)
+GGUF norm weights already hold Gemma's "+1". Decode steps run the Python path (no one-call C attention step).
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..errors import ModelFileError
+from ..ffn import SparseSettings
+from ..kv_cache import KVCache
+from ..tensor import Tensor
+from .base import Expected, get_tensor, head_expected, norm_weight
+from .gemma import GemmaModel
+
+LAYER_TENSORS = {
+    "attn_norm": "attn_norm.weight",
+    "wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight", "wo": "attn_output.weight",
+    "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
+    "post_attn_norm": "post_attention_norm.weight",
+    "ffn_norm": "ffn_norm.weight",
+    "post_ffw_norm": "post_ffw_norm.weight",
+    "inp_gate": "inp_gate.weight", "proj": "proj.weight", "post_norm": "post_norm.weight",
+    "out_scale": "layer_output_scale.weight",
+}
+# K/V tensors: absent on the layers that share an earlier layer's cache (required on the others but attn_v);
+# per-layer embedding tensors: only in files with embedding_length_per_layer_input > 0 (checked there)
+OPTIONAL = ("wk", "wv", "k_norm", "inp_gate", "proj", "post_norm", "out_scale")
+
+
+def expected_tensors(c: ModelConfig) -> Expected:
+    g, P, E = c.gemma4, c.gemma4.n_embd_per_layer, c.n_embd
+    e = head_expected(c)
+    if not all(c.swa_layers):  # the full layers' proportional RoPE factors (llama.cpp requires them)
+        e["rope_freqs.weight"] = ((c.head_dim // 2,), True)
+    if P:
+        e["per_layer_token_embd.weight"] = ((c.n_vocab, P * c.n_layer), True)
+        e["per_layer_model_proj.weight"] = ((P * c.n_layer, E), True)
+        e["per_layer_proj_norm.weight"] = ((P,), True)
+    for il in range(c.n_layer):
+        p, hd, F = f"blk.{il}.", g.head_dim[il], g.n_ff[il]
+        q_dim, kv_dim, own = g.n_head[il] * hd, g.n_head_kv[il] * hd, g.has_kv(il)
+        e.update({p + "attn_norm.weight": ((E,), True), p + "attn_q.weight": ((q_dim, E), True),
+                  p + "attn_k.weight": ((kv_dim, E), own), p + "attn_v.weight": ((kv_dim, E), False),
+                  p + "attn_output.weight": ((E, q_dim), True), p + "attn_q_norm.weight": ((hd,), True),
+                  p + "attn_k_norm.weight": ((hd,), own), p + "post_attention_norm.weight": ((E,), True),
+                  p + "ffn_norm.weight": ((E,), True), p + "ffn_gate.weight": ((F, E), True),
+                  p + "ffn_up.weight": ((F, E), True), p + "ffn_down.weight": ((E, F), True),
+                  p + "post_ffw_norm.weight": ((E,), True), p + "layer_output_scale.weight": ((1,), False)})
+        if P:
+            e.update({p + "inp_gate.weight": ((P, E), True), p + "proj.weight": ((E, P), True),
+                      p + "post_norm.weight": ((E,), True)})
+    return e
+
+
+class Gemma4Cache(KVCache):
+    """A KVCache whose layers have their own shapes [n_head_kv, n_ctx, head_dim]; a layer that shares another's
+    K/V holds that layer's very arrays (so nothing is stored twice, and nbytes counts them once)."""
+
+    def __init__(self, layout, n_ctx: int):
+        super().__init__(0, 1, n_ctx, 1)
+        for il, src in enumerate(layout.kv_source):
+            if src == il:
+                shape = (layout.n_head_kv[il], self.n_ctx, layout.head_dim[il])
+                self.k.append(np.zeros(shape, dtype=np.float16))
+                self.v.append(np.zeros(shape, dtype=np.float16))
+            else:
+                self.k.append(self.k[src])
+                self.v.append(self.v[src])
+
+    @property
+    def nbytes(self) -> int:
+        unique = {id(a): a for a in self.k + self.v}
+        return sum(a.nbytes for a in unique.values())
+
+
+class Gemma4Model(GemmaModel):
+    """Gemma 4's dense model (module docstring); its own forward, as every layer has its own shapes."""
+
+    LAYER_TENSORS = LAYER_TENSORS
+    OPTIONAL_TENSORS = OPTIONAL
+    fused_attention = False
+
+    def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
+                 sparse: SparseSettings | None = None):
+        super().__init__(config, tensors, kernels, sparse)
+        c, g = config, config.gemma4
+        if self.sparsity is not None:  # fractions of each layer's own FFN width
+            self.sparsity.widths = np.asarray(g.n_ff, dtype=np.float64)
+        for il, L in enumerate(self.layers):
+            if g.has_kv(il) and (L.wk is None or L.k_norm is None):
+                raise ModelFileError(f"layer {il} computes its own K/V but has no attn_k / attn_k_norm tensor")
+            L.out_scale = float(norm_weight(L.out_scale)[0]) if L.out_scale is not None else None
+        freqs = get_tensor(tensors, "rope_freqs.weight", required=not all(c.swa_layers))
+        self.full_freqs = norm_weight(freqs)
+        # per layer: (window, the arguments of kernels.rope after the positions)
+        self.layer_attn = [(c.sliding_window if swa else 0,
+                            (g.n_rot[il], g.rope_base[il], c.rope_freq_scale, True,
+                             None if swa else self.full_freqs))
+                           for il, swa in enumerate(c.swa_layers)]
+        P = g.n_embd_per_layer
+        self.per_layer_embd = get_tensor(tensors, "per_layer_token_embd.weight") if P else None
+        self.per_layer_proj = get_tensor(tensors, "per_layer_model_proj.weight") if P else None
+        self.per_layer_norm = norm_weight(get_tensor(tensors, "per_layer_proj_norm.weight")) if P else None
+
+    def new_cache(self, n_ctx: int | None = None) -> Gemma4Cache:
+        return Gemma4Cache(self.config.gemma4, n_ctx or self.config.n_ctx_train)
+
+    def attn_plans(self) -> list | None:
+        return None  # no one-call C decode step for these layers (yet)
+
+    def layer_attention(self) -> list[tuple[int, tuple]]:
+        return self.layer_attn
+
+    def per_layer_inputs(self, ids: np.ndarray, e: np.ndarray) -> np.ndarray:
+        """pl f32 [n_layer, N, P] (module docstring) of tokens ids with scaled embeddings e [N, n_embd]."""
+        c, k = self.config, self.kernels
+        P, n = c.gemma4.n_embd_per_layer, ids.shape[0]
+        tok = k.get_rows(self.per_layer_embd, ids).reshape(n, c.n_layer, P)
+        tok *= np.float32(math.sqrt(P))
+        proj = k.matmul(self.per_layer_proj, e)
+        proj *= np.float32(1.0 / math.sqrt(c.n_embd))
+        out = k.rmsnorm(proj.reshape(n, c.n_layer, P), self.per_layer_norm, c.norm_eps)
+        out += tok
+        out *= np.float32(1.0 / math.sqrt(2.0))
+        return np.ascontiguousarray(out.transpose(1, 0, 2))
+
+    def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
+        c, k, g = self.config, self.kernels, self.config.gemma4
+        ids, pos, p0 = self._begin(tokens, cache)
+        n, eps = ids.shape[0], c.norm_eps
+        x = self._embed(ids, pos)
+        pl = self.per_layer_inputs(ids, x) if g.n_embd_per_layer else None
+        for il, (L, (window, rope)) in enumerate(zip(self.layers, self.layer_attn)):
+            hd, H, Hkv = g.head_dim[il], g.n_head[il], g.n_head_kv[il]
+            h = k.rmsnorm(x, L.attn_norm, eps)
+            q = k.rmsnorm(k.matmul(L.wq, h).reshape(n, H, hd), L.q_norm, eps)
+            k.rope(q, pos, *rope)
+            if g.has_kv(il):
+                kk = k.matmul(L.wk, h).reshape(n, Hkv, hd)
+                v = k.matmul(L.wv, h).reshape(n, Hkv, hd) if L.wv is not None else kk
+                v = k.rmsnorm(v, None, eps)
+                kk = k.rmsnorm(kk, L.k_norm, eps)
+                k.rope(kk, pos, *rope)
+                self._store_kv(cache, il, p0, kk, v)
+            src = g.kv_source[il]
+            a = k.attention(q, cache.k[src], cache.v[src], p0, window, 1.0)
+            x += k.rmsnorm(k.matmul(L.wo, a.reshape(n, H * hd)), L.post_attn_norm, eps)
+            x += k.rmsnorm(self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x), L.post_ffw_norm, eps)
+            if pl is not None:
+                gate = k.gelu(k.matmul(L.inp_gate, x))
+                gate *= pl[il]
+                x += k.rmsnorm(k.matmul(L.proj, gate), L.post_norm, eps)
+            if L.out_scale is not None:
+                x *= np.float32(L.out_scale)
+        cache.n_past = p0 + n
+        return self._head(x, all_logits)
