@@ -88,6 +88,15 @@ Per architecture:
           {arch}.leading_dense_block_count (default 0) dense layers, then experts (expert_feed_forward_length wide)
           chosen by expert_gating_func (required: 1 softmax, 2 sigmoid) scores plus the selection bias
           exp_probs_b.bias, their weights always renormalized (sum clamped at 6.1e-5) and not scaled
+  smallthinker (PowerInfer's SmallThinker-4B-A0.6B / 21B-A3B) NeoX RoPE over whole heads (rope.dimension_count
+          must equal head_dim, as llama.cpp asserts); every layer has experts (expert_feed_forward_length wide,
+          ReLU-gated), routed by expert_gating_func (required: 1 softmax, 2 sigmoid) with weights always
+          renormalized; {arch}.expert_weights_scale is not read (llama.cpp ignores it for this arch: measured).
+          With {arch}.attention.sliding_window > 0 the window is 4096 whatever the key says (llama.cpp
+          hard-codes it), layers il % P != 0 attend within it (P = attention.sliding_window_pattern, default 4)
+          with RoPE base rope.freq_base_swa (default: the global base), and layers il % 4 == 0 use no RoPE
+          (llama.cpp's fixed no-RoPE step; except in 4-layer files, where llama.cpp's step equals n_layer,
+          its "RoPE everywhere" value); without the key every layer attends globally with RoPE
 """
 from __future__ import annotations
 
@@ -98,6 +107,9 @@ from .errors import ModelFileError, UnsupportedError
 GPTOSS_SWA_PERIOD = 2  # gpt-oss: layers il % 2 == 0 attend within the window (llama.cpp hard-codes it)
 GRANITE_ARCHS = ("granite", "granitemoe")  # the llama block with four scalars from the metadata (granite_scales)
 GLM_ARCHS = ("glm4", "glm4moe")
+SMALLTHINKER_WINDOW = 4096  # smallthinker: llama.cpp's fixed window whenever a file has sliding_window > 0
+SMALLTHINKER_SWA_PERIOD = 4  # default of {arch}.attention.sliding_window_pattern
+SMALLTHINKER_NO_ROPE_STEP = 4  # smallthinker with a window: layers il % 4 == 0 use no RoPE (no key holds it)
 SMOLLM3_NO_ROPE_STEP = 4  # smollm3: layers with (il + 1) % 4 == 0 use no RoPE (llama.cpp's n_no_rope_layer_step)
 
 
@@ -168,6 +180,34 @@ class ArchKeys:
         if self.arch != "smollm3":
             return {}
         return {"no_rope_layers": tuple((il + 1) % SMOLLM3_NO_ROPE_STEP == 0 for il in range(n_layer))}
+
+    def smallthinker_swa(self, n_layer: int, rope_freq_base: float) -> tuple[int, tuple[bool, ...], float]:
+        """smallthinker's (sliding_window, swa_layers, rope_freq_base_swa) (module docstring)."""
+        if self.get("{arch}.attention.sliding_window", 0) <= 0:
+            return 0, (False,) * n_layer, rope_freq_base
+        period = self.get("{arch}.attention.sliding_window_pattern", SMALLTHINKER_SWA_PERIOD)
+        if period < 0:
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.attention.sliding_window_pattern')} must be "
+                                 f">= 0, got {period}")
+        layers = tuple(period == 0 or il % period != 0 for il in range(n_layer))
+        return SMALLTHINKER_WINDOW, layers, self.get("{arch}.rope.freq_base_swa", rope_freq_base, kind=float)
+
+    def smallthinker(self, n_layer: int, n_rot: int, head_dim: int) -> dict:
+        """smallthinker's routing and RoPE-less layers as ModelConfig fields; {} for the other architectures."""
+        if self.arch != "smallthinker":
+            return {}
+        if n_rot != head_dim:
+            raise UnsupportedError(f"{self.f.path}: smallthinker rotates whole heads; rope.dimension_count {n_rot} "
+                                   f"!= head_dim {head_dim} is not supported (llama.cpp refuses it too)")
+        gating = self.get("{arch}.expert_gating_func", 0)
+        if gating not in (1, 2):
+            raise UnsupportedError(f"{self.f.path}: {self.key('{arch}.expert_gating_func')} {gating} is not "
+                                   "supported (1 softmax, 2 sigmoid)")
+        # llama.cpp: RoPE unless il % step == 0, where the step is n_layer without a window (RoPE everywhere)
+        # and 4 with one; a step equal to n_layer (a 4-layer file) also means RoPE everywhere
+        nope = self.get("{arch}.attention.sliding_window", 0) > 0 and n_layer != SMALLTHINKER_NO_ROPE_STEP
+        return {"expert_gating": "sigmoid" if gating == 2 else "softmax",
+                "no_rope_layers": tuple(nope and il % SMALLTHINKER_NO_ROPE_STEP == 0 for il in range(n_layer))}
 
     def ernie(self, n_layer: int, n_rot: int, head_dim: int) -> dict:
         """ernie4_5(-moe): RoPE over whole heads only; the MoE model's per-layer FFN kinds (moe_layers): dense below

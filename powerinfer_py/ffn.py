@@ -23,6 +23,7 @@ Modes (FORMATS.md section 2), chosen per model by resolve_sparse():
              On a dense GGUF file the down projection stays the dense ffn_down matmul (inactive h = 0): a
              transposed copy would need re-quantization (Q4_0/Q8_0 blocks run along n_ff) and a different
              summation order, so it could not be exact; exact mode there saves the up rows only.
+             Mixture-of-experts files with ReLU experts (smallthinker) run it inside each chosen expert (moe.py).
   threshold  SwiGLU/GeGLU models (threshold.py): the gate is dense, then up and the down projection only for
              neurons whose |act(gate·x)| (times a calibrated per-neuron scale) reaches the layer's calibrated
              cut-off (file metadata written by `powerinfer calibrate`); sparsity 0 is the dense FFN itself.
@@ -74,6 +75,7 @@ DENSE_FALLBACK = 0.5  # batches whose union of active neurons exceeds this fract
 RELU_FAMILY = ("reglu", "fatreglu", "dreglu", "relu", "relu2")
 PREDICTED_GLU = ("swiglu", "geglu")  # non-ReLU FFNs that predictor mode also runs (trained predictors skip the gate)
 GATED = ("swiglu", "geglu", "reglu", "fatreglu", "dreglu")
+RELU_EXPERT_ARCHS = ("smallthinker",)  # MoE archs whose experts are ReLU-gated: `exact` runs them (moe.py)
 
 
 def ffn_variant(config: ModelConfig) -> str:
@@ -83,6 +85,8 @@ def ffn_variant(config: ModelConfig) -> str:
         return "dreglu"
     if config.arch == "arcee":
         return "relu2"
+    if config.arch == "smallthinker":  # its experts: relu(gate) * up (moe.py)
+        return "reglu"
     if config.arch in GEMMA_ARCHS:
         return "geglu"
     if config.arch in ("falcon", "opt"):
@@ -129,10 +133,11 @@ def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: floa
         mode = default_mode(config)
     if mode not in MODES:
         raise UnsupportedError(f"unknown sparse mode {mode!r}; one of {', '.join(MODES)}")
-    if config.n_expert and mode != "off":
+    if config.n_expert and mode != "off" and not (mode == "exact" and config.arch in RELU_EXPERT_ARCHS):
         raise UnsupportedError(f"sparse mode {mode!r} is for dense FFNs; this {config.arch} model is a mixture of "
                                f"experts (each token already runs only {config.n_expert_used} of its "
-                               f"{config.n_expert} experts): use 'off'")
+                               f"{config.n_expert} experts): use 'off' ('exact' also runs the ReLU experts of "
+                               f"{', '.join(RELU_EXPERT_ARCHS)})")
     variant = ffn_variant(config)
     if mode == "predictor" and not config.is_sparse:
         raise UnsupportedError("sparse mode 'predictor' needs a PowerInfer (PWRI) file with predictors; this "

@@ -29,8 +29,20 @@ expert with its own input, one pool job). A batch (prefill) groups the (token, e
 makes one grouped call each for gate, up and down, each expert's weights read once for all its tokens, then adds
 every token's experts in its own chosen order, so a token gets the same bits in a batch as alone.
 
-Experts are where a MoE model is sparse: the other experts' weights are never read. The sparse modes
-(predictor, exact, threshold) are for dense FFNs and are refused for these models (ffn.resolve_sparse).
+smallthinker (options of MoEFFN, off for the others): the experts are ReLU-gated, act = "reglu":
+    y       = sum over r of  w_r * down_e · (relu(gate_e · x) * (up_e · x))
+and the router reads another input than the experts (the layer's input before attention): __call__ takes its
+logits precomputed (router_logits), the probabilities, choice and weights then as above.
+
+Experts are where a MoE model is sparse: the other experts' weights are never read. Within a chosen ReLU expert
+most neurons are exactly 0 as well, which `exact` mode (exact=True, ReLU experts only; ffn.resolve_sparse refuses
+the other modes and SwiGLU experts) uses: the gate rows of the chosen experts are computed densely, then only the
+up rows of neurons with relu(gate) != 0 (one row gather over the expert's rows; per expert, the union over its
+tokens in a batch), and the down projection takes h with exact zeros elsewhere. Bit for bit `off`: a gathered row
+has the bits of the full matmul's row, and relu(g) * u is 0 wherever relu(g) is. It saves the inactive neurons'
+up rows only: a GGUF expert's down matrix (n_embd, n_ff) is stored in quantization blocks along n_ff, so skipping
+some of its columns would read the same blocks. `stats` (an ffn.SparsityStats with n_ff = the expert width,
+counting n_used slots per token) records the non-zero neurons of the chosen experts, in both modes.
 """
 from __future__ import annotations
 
@@ -52,8 +64,13 @@ def usage_note(config, ffns) -> str:
     """One line on how a run spread its tokens over the experts (for `run -v` and `info -v`)."""
     counts = [f.counts for f in ffns if isinstance(f, MoEFFN)]
     busiest = float(np.mean([c.max() / max(1, c.sum()) for c in counts])) if counts else 0.0
-    return (f"a mixture of experts: each token runs {config.n_expert_used} of {config.n_expert} experts per layer; "
+    note = (f"a mixture of experts: each token runs {config.n_expert_used} of {config.n_expert} experts per layer; "
             f"the busiest expert of a layer took {100 * busiest:.0f}% of its routings")
+    stats = next((f.stats for f in ffns if isinstance(f, MoEFFN) and f.stats is not None), None)
+    if stats is not None and stats.tokens.any():  # ReLU experts (smallthinker): their neurons that fired
+        note += (f"; active neurons of the chosen experts: {100 * stats.mean_fraction:.1f}% of {stats.n_ff}"
+                 + (" (up rows read for those only: --sparse exact)" if stats.mode == "exact" else ""))
+    return note
 
 
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0  # gpt-oss's constants (llama.cpp's build_moe_ffn has the same)
@@ -92,7 +109,8 @@ class MoEFFN:
                  norm_weights: bool, *, layer: int = 0, shared=None, shared_gate: np.ndarray | None = None,
                  router_bias: np.ndarray | None = None, weights_after_topk: bool = False,
                  expert_biases: tuple | None = None, act: str = "swiglu", select_bias: np.ndarray | None = None,
-                 gating: str = "softmax", weights_scale: float = 1.0, n_groups: int = 0, n_group_used: int = 0):
+                 gating: str = "softmax", weights_scale: float = 1.0, n_groups: int = 0, n_group_used: int = 0,
+                 exact: bool = False, stats=None):
         self.k, self.layer, self.n_used, self.norm_weights = kernels, layer, n_used, norm_weights
         self.n_expert, self.n_ff, n_embd = gate.shape
         if up.shape != gate.shape or down.shape != (self.n_expert, n_embd, self.n_ff):
@@ -119,9 +137,13 @@ class MoEFFN:
                                  f"{n_group_used} are used")
         self.gating, self.weights_scale = gating, weights_scale
         self.n_groups, self.n_group_used = (n_groups, n_group_used) if n_groups > 1 else (0, 0)
-        if act not in ("swiglu", "swiglu_oai"):
+        if act not in ("swiglu", "swiglu_oai", "reglu"):
             raise ValueError(f"MoEFFN: unknown activation {act!r}")
-        self.act = kernels.swiglu if act == "swiglu" else swiglu_oai
+        if exact and (act != "reglu" or expert_biases is not None):
+            raise UnsupportedError(f"layer {layer}: sparse mode 'exact' needs ReLU-gated experts, these are {act}")
+        self.relu = act == "reglu"
+        self.act = {"swiglu": kernels.swiglu, "swiglu_oai": swiglu_oai, "reglu": reglu}[act]
+        self.exact, self.stats = exact, stats
         self.b_gate = self.b_up = self.b_down = None
         if expert_biases is not None:
             self.b_gate, self.b_up, self.b_down = expert_biases
@@ -142,9 +164,10 @@ class MoEFFN:
             raise UnsupportedError(f"layer {self.layer} is a mixture of experts: profiling, threshold calibration "
                                    "and predictor training work on dense FFNs only")
 
-    def route(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(chosen int [N, n_used] largest probability first, weights f32 [N, n_used]) for x f32 [N, n_embd]."""
-        logits = self.k.matmul(self.router, x)  # [N, n_expert]
+    def route(self, x: np.ndarray, logits: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(chosen int [N, n_used] largest probability first, weights f32 [N, n_used]) for x f32 [N, n_embd], or
+        from the router logits f32 [N, n_expert] when given (smallthinker: its router reads another input)."""
+        logits = self.k.matmul(self.router, x) if logits is None else np.array(logits, dtype=np.float32)
         if self.router_bias is not None:
             logits += self.router_bias
         if self.weights_after_topk:  # gpt-oss: pick by logit, then softmax the chosen ones
@@ -183,9 +206,10 @@ class MoEFFN:
         np.put_along_axis(out, keep[:, :, None], np.take_along_axis(g, keep[:, :, None], axis=1), axis=1)
         return out.reshape(n, -1)
 
-    def __call__(self, x: np.ndarray, p: np.ndarray | None = None) -> np.ndarray:
+    def __call__(self, x: np.ndarray, p: np.ndarray | None = None,
+                 router_logits: np.ndarray | None = None) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
-        chosen, w = self.route(x)
+        chosen, w = self.route(x, router_logits)
         out = self._decode(x[0], chosen[0], w[0])[None, :] if x.shape[0] == 1 else self._batch(x, chosen, w)
         if self.shared is not None and self.shared_gate is None:  # granitemoe: added as it is
             out += self.shared(x)
@@ -198,11 +222,24 @@ class MoEFFN:
         k, F = self.k, self.n_ff
         order = np.argsort(chosen, kind="stable")  # the row gathers take ascending rows
         rows = (chosen[order, None].astype(np.int32) * np.int32(F) + self._ff).reshape(-1)
-        g, u = k.matmul_rows(self.gate_rows, rows, x), k.matmul_rows(self.up_rows, rows, x)
-        if self.b_gate is not None:
-            g += self.b_gate[chosen[order]].reshape(-1)
-            u += self.b_up[chosen[order]].reshape(-1)
-        h = self.act(g, u).reshape(len(chosen), F)  # row i: expert chosen[order[i]]
+        g = k.matmul_rows(self.gate_rows, rows, x)
+        if self.exact:  # up rows only where relu(gate) != 0; h is exactly 0 elsewhere
+            a = np.maximum(g, np.float32(0))
+            live = k.select_nonzero(a)
+            h = np.zeros_like(a)
+            h[live] = a[live] * k.matmul_rows(self.up_rows, rows[live], x)
+            h = h.reshape(len(chosen), F)
+            self._count(1, len(live), h)
+        else:
+            u = k.matmul_rows(self.up_rows, rows, x)
+            if self.b_gate is not None:
+                g += self.b_gate[chosen[order]].reshape(-1)
+                u += self.b_up[chosen[order]].reshape(-1)
+            if self.stats is not None:
+                n_live = int(np.count_nonzero(g > 0))
+            h = self.act(g, u).reshape(len(chosen), F)  # row i: expert chosen[order[i]]
+            if self.stats is not None:
+                self._count(1, n_live, h)
         o = k.matmul_experts(self.down, chosen[order], np.arange(len(chosen) + 1), h)
         if self.b_down is not None:
             o += self.b_down[chosen[order]]
@@ -234,12 +271,20 @@ class MoEFFN:
         experts, counts = np.unique(chosen.reshape(-1)[order], return_counts=True)
         tok_off = np.concatenate([[0], np.cumsum(counts)])
         xs = np.ascontiguousarray(x[tok])
-        g, u = k.matmul_experts(self.gate, experts, tok_off, xs), k.matmul_experts(self.up, experts, tok_off, xs)
-        if self.b_gate is not None:
-            row_expert = chosen.reshape(-1)[order]
-            g += self.b_gate[row_expert]
-            u += self.b_up[row_expert]
-        o = k.matmul_experts(self.down, experts, tok_off, self.act(g, u))
+        g = k.matmul_experts(self.gate, experts, tok_off, xs)
+        if self.exact:
+            h = self._exact_up(xs, g, experts, tok_off)
+        else:
+            u = k.matmul_experts(self.up, experts, tok_off, xs)
+            if self.b_gate is not None:
+                row_expert = chosen.reshape(-1)[order]
+                g += self.b_gate[row_expert]
+                u += self.b_up[row_expert]
+            n_live = int(np.count_nonzero(g > 0)) if self.stats is not None else 0
+            h = self.act(g, u)
+            if self.stats is not None:
+                self._count(n_tok, n_live, h)
+        o = k.matmul_experts(self.down, experts, tok_off, h)
         if self.b_down is not None:
             o += self.b_down[row_expert]
         o *= w[tok, slot][:, None]
@@ -250,3 +295,28 @@ class MoEFFN:
         for r in range(1, n_used):
             y[tok[by_rank[r]]] += o[by_rank[r]]
         return y
+
+    def _exact_up(self, xs: np.ndarray, g: np.ndarray, experts: np.ndarray, tok_off: np.ndarray) -> np.ndarray:
+        """h f32 [T, n_ff] of the grouped (token, expert) rows xs from their gate values g (exact mode): per expert,
+        the up rows of the neurons some of its tokens activate (the union), one row gather each."""
+        a = np.maximum(g, np.float32(0))
+        h = np.zeros_like(a)
+        F = self.n_ff
+        for i, e in enumerate(experts):
+            t0, t1 = int(tok_off[i]), int(tok_off[i + 1])
+            live = np.flatnonzero((a[t0:t1] != 0).any(axis=0)).astype(np.int32)
+            if len(live):
+                u = self.k.matmul_rows(self.up_rows, live + np.int32(int(e) * F), np.ascontiguousarray(xs[t0:t1]))
+                h[t0:t1, live] = a[t0:t1][:, live] * u
+        self._count(len(xs) // self.n_used, int(np.count_nonzero(a)), h)
+        return h
+
+    def _count(self, n_tok: int, n_live: int, h: np.ndarray) -> None:
+        """Record n_tok tokens' neurons with relu(gate) != 0 (n_live) and non-zero h in self.stats, if any."""
+        if self.stats is not None:
+            self.stats.record(self.layer, n_tok * self.n_used, n_live, int(np.count_nonzero(h)))
+
+
+def reglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """smallthinker's expert activation, f32: relu(g) * u (llama.cpp's reglu)."""
+    return (np.maximum(g, np.float32(0)) * u).astype(np.float32, copy=False)

@@ -28,6 +28,7 @@ from . import glm4
 from . import lfm2
 from . import mistral3
 from . import gemma4
+from . import smallthinker
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -58,6 +59,7 @@ _FAMILIES = {
     "lfm2moe": (lfm2.Lfm2Model, lfm2.expected_tensors),  # the same with leading dense layers, then experts
     "mistral3": (mistral3.Mistral3Model, mistral3.expected_tensors),  # llama + attention temperature
     "gemma4": (gemma4.Gemma4Model, gemma4.expected_tensors),  # per-layer shapes, shared K/V, per-layer embeddings
+    "smallthinker": (smallthinker.SmallThinkerModel, smallthinker.expected_tensors),  # ReLU experts, NoPE + SWA
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
