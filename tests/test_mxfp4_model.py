@@ -45,11 +45,11 @@ def router_margins(path, tokens) -> np.ndarray:
     with load(path, threads=2) as llm:
         assert llm.conversions == []  # every tensor, the MXFP4 experts included, stays a view on the file
         for f in llm.model.ffns:
-            def route(x, logits=None, f=f, route=f.route):
+            def route(x, given=None, f=f, route=f.route):
                 logits = f.k.matmul(f.router, x) + (f.router_bias if f.router_bias is not None else 0)
                 top = np.sort(logits, axis=1)[:, ::-1]
                 gaps.append(top[:, f.n_used - 1] - top[:, f.n_used])
-                return route(x, logits)
+                return route(x, given)
             f.route = route
         llm.model.forward(np.array(tokens, np.int32), llm.model.new_cache(64))
     return np.min(gaps, axis=0)
