@@ -90,12 +90,12 @@ class DecayAfter(Qwen35Model):
     """S = exp(g) (S + beta (v - S k) k^T): the decay after the write instead of before it."""
 
     @staticmethod
-    def _recur(S, q, k, v, beta, decay):
+    def _recur(S, q, k, v, beta, g):
         o = np.empty(v.shape, dtype=np.float32)
         for t in range(v.shape[0]):
             err = v[t] - np.einsum("hvk,hk->hv", S, k[t])
             S += (beta[t, :, None] * err)[:, :, None] * k[t][:, None, :]
-            S *= decay[t, :, None, None]
+            S *= np.exp(g[t])[:, None, None]
             o[t] = np.einsum("hvk,hk->hv", S, q[t])
         return o
 
@@ -207,6 +207,24 @@ def test_steps_and_split_prefill_equal_one_prefill(f32_file, cpu_kernels):
     two = np.concatenate([m.forward(TOKENS[:6], cache, all_logits=True), m.forward(TOKENS[6:], cache, all_logits=True)])
     np.testing.assert_allclose(two, batch, rtol=0, atol=tol)
     assert cache.n_past == cache.state_pos == len(TOKENS)
+
+
+def test_chunked_delta_rule_equals_the_recurrence():
+    """The closed form over chunks (prefill: 150 tokens = 64 + 64 + 22) gives the token-by-token recurrence's
+    outputs and final state, starting from a non-zero state, with decays down to exp(-3) per token."""
+    rng = np.random.default_rng(1)
+    n, H, d = 150, 4, 16
+    q, k = (qwen35.l2norm(rng.standard_normal((n, H, d), dtype=np.float32), 1e-6) for _ in range(2))
+    v = rng.standard_normal((n, H, d), dtype=np.float32)
+    beta = rng.uniform(0, 1, (n, H)).astype(np.float32)
+    g = -rng.uniform(0, 3, (n, H)).astype(np.float32)
+    S0 = rng.standard_normal((H, d, d), dtype=np.float32)
+    S1, S2 = S0.copy(), S0.copy()
+    chunked = Qwen35Model._recur(S1, q, k, v, beta, g)
+    steps = np.concatenate([Qwen35Model._recur(S2, q[t:t + 1], k[t:t + 1], v[t:t + 1], beta[t:t + 1], g[t:t + 1])
+                            for t in range(n)])
+    np.testing.assert_allclose(chunked, steps, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(S1, S2, rtol=0, atol=1e-4)
 
 
 def test_cache_truncation_keeps_all_or_nothing(f32_file, cpu_kernels):

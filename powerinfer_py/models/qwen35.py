@@ -26,8 +26,9 @@
   All RMS norms use the file's layer_norm_rms_epsilon; so does the l2norm.
 
 The recurrent state of a delta-net layer (the last K-1 conv inputs and S) lives in delta_cache.DeltaKVCache, so
-a forward that starts at n_past continues both exactly. Prefill runs the recurrence token by token in numpy (the
-projections, all tokens at once, go through kernels.matmul, so quantized files work).
+a forward that starts at n_past continues both exactly. The recurrence runs in numpy: one token as written, a
+prompt in chunks of CHUNK tokens in closed form (_chunk); the projections, all tokens at once, go through
+kernels.matmul, so quantized files work.
 """
 from __future__ import annotations
 
@@ -95,6 +96,40 @@ def softplus(x: np.ndarray) -> np.ndarray:
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
     return (1.0 / (1.0 + np.exp(-x))).astype(np.float32)
+
+
+CHUNK = 64  # tokens per closed-form chunk of the delta rule (prefill)
+
+
+def _chunk(S: np.ndarray, q, k, v, beta, g) -> np.ndarray:
+    """The delta rule over one chunk of C tokens in closed form; S [H, d_v, d_k] updated in place, q, k, v
+    [C, H, d], beta, g [C, H]; returns o [C, H, d_v].
+
+    With G_t = g_1 + ... + g_t (so exp(G_t) is the decay since the chunk began) and S0 the state before it, every
+    S_t is exp(G_t) S0 + sum_{s<=t} exp(G_t - G_s) u_s k_s^T, where u_s is what token s writes. The write of
+    token t, u_t = beta_t (v_t - S'_t k_t) with S'_t the decayed state before it, is then a lower-triangular
+    system:  u_t + beta_t sum_{s<t} exp(G_t - G_s) (k_t . k_s) u_s = beta_t (v_t - exp(G_t) S0 k_t), and
+        o_t = exp(G_t) S0 q_t + sum_{s<=t} exp(G_t - G_s) (q_t . k_s) u_s
+        S_C = exp(G_C) S0 + sum_s exp(G_C - G_s) u_s k_s^T.
+    Only differences G_t - G_s with s <= t are exponentiated (all <= 0), so nothing overflows."""
+    q, k, v = (np.ascontiguousarray(x.transpose(1, 0, 2)) for x in (q, k, v))  # [H, C, d]
+    G = np.cumsum(g.T, axis=1, dtype=np.float32)  # [H, C]
+    C = G.shape[1]
+    diff = G[:, :, None] - G[:, None, :]  # [H, t, s]
+    lower = np.tril(np.ones((C, C), dtype=bool))
+    decay = np.where(lower, np.exp(np.where(lower, diff, 0)), 0).astype(np.float32)  # exp(G_t - G_s), s <= t
+    bt = beta.T[:, :, None]  # [H, C, 1]
+    eG = np.exp(G)[:, :, None]
+    St = S.transpose(0, 2, 1)  # [H, d_k, d_v]: x @ St = (S x^T)^T
+    rhs = bt * (v - eG * (k @ St))
+    A = bt * (decay * (k @ k.transpose(0, 2, 1)))
+    A[:, np.arange(C), np.arange(C)] = 1.0  # I + strictly-lower part (the diagonal of decay * k.k is replaced)
+    u = np.linalg.solve(A, rhs).astype(np.float32)  # [H, C, d_v]
+    o = eG * (q @ St) + (decay * (q @ k.transpose(0, 2, 1))) @ u
+    last = np.exp(G[:, -1:] - G)[:, :, None]  # [H, C, 1]: exp(G_C - G_s)
+    S *= np.exp(G[:, -1])[:, None, None]
+    S += (u * last).transpose(0, 2, 1) @ k
+    return o.transpose(1, 0, 2)
 
 
 class Qwen35Model(Model):
@@ -193,16 +228,21 @@ class Qwen35Model(Model):
         return self._key_heads(q), self._key_heads(kk), y[:, 2 * hk * d:].reshape(n, hv, d)
 
     @staticmethod
-    def _recur(S: np.ndarray, q, k, v, beta, decay) -> np.ndarray:
+    def _recur(S: np.ndarray, q, k, v, beta, g) -> np.ndarray:
         """Run the delta rule over N tokens from state S [Hv, d_v, d_k] (updated in place): q, k, v [N, Hv, d],
-        beta and decay [N, Hv]. Per token the decay first, then the write of the error v - S k; returns
-        o [N, Hv, d_v] = S q after each token's write."""
+        beta and the log-decay g [N, Hv]. Per token the decay first, then the write of the error v - S k;
+        returns o [N, Hv, d_v] = S q after each token's write. One token: the recurrence as written; more:
+        chunks of CHUNK tokens in closed form (_chunk), the same values up to rounding."""
+        n = v.shape[0]
+        if n == 1:
+            S *= np.exp(g[0])[:, None, None]
+            err = v[0] - np.einsum("hvk,hk->hv", S, k[0])
+            S += (beta[0, :, None] * err)[:, :, None] * k[0][:, None, :]
+            return np.einsum("hvk,hk->hv", S, q[0])[None]
         o = np.empty(v.shape, dtype=np.float32)
-        for t in range(v.shape[0]):
-            S *= decay[t, :, None, None]
-            err = v[t] - np.einsum("hvk,hk->hv", S, k[t])
-            S += (beta[t, :, None] * err)[:, :, None] * k[t][:, None, :]
-            o[t] = np.einsum("hvk,hk->hv", S, q[t])
+        for a in range(0, n, CHUNK):
+            b = min(a + CHUNK, n)
+            o[a:b] = _chunk(S, q[a:b], k[a:b], v[a:b], beta[a:b], g[a:b])
         return o
 
     def _delta_net(self, il: int, L, h: np.ndarray, cache: DeltaKVCache, p0: int) -> np.ndarray:
@@ -213,9 +253,9 @@ class Qwen35Model(Model):
         n = h.shape[0]
         q, kk, v = self._delta_qkv(self._conv(il, L, k.matmul(L.wqkv, h), cache, p0))
         beta = sigmoid(k.matmul(L.w_beta, h))  # [N, Hv]
-        decay = np.exp(L.ssm_a * softplus(k.matmul(L.w_alpha, h) + L.dt_bias))  # [N, Hv], in (0, 1)
+        g = L.ssm_a * softplus(k.matmul(L.w_alpha, h) + L.dt_bias)  # [N, Hv] log-decay, < 0
         S = cache.delta_state(il, p0)  # [Hv, d_v, d_k]
-        o = self._recur(S, q, kk, v, beta, decay)
+        o = self._recur(S, q, kk, v, beta, g)
         cache.set_delta_state(il, S)
         gated = k.rmsnorm(o, L.ssm_norm, c.norm_eps) * k.silu(k.matmul(L.wz, h).reshape(n, hv, d))
         return k.matmul(L.w_out, gated.reshape(n, hv * d))
