@@ -87,7 +87,8 @@ Per architecture:
           key heads) and ssm.inner_size (= state_size x time_step_rank) are required. rope.dimension_sections (M-RoPE)
           must sum to at most rope.dimension_count / 2: with text positions (every section at the token's position)
           llama.cpp's interleaved M-RoPE is NeoX RoPE over the first dimension_count dims. qwen35moe: experts with
-          softmax scores and renormalized weights plus a sigmoid-gated shared expert in every layer
+          softmax scores and renormalized weights plus a sigmoid-gated shared expert in every layer. Files with
+          nextn_predict_layers (multi-token-prediction blocks) are refused
 """
 from __future__ import annotations
 
@@ -294,6 +295,9 @@ class ArchKeys:
         if self.arch not in ("qwen35", "qwen35moe"):
             return {}
         path, key = self.f.path, self.key
+        if self.get("{arch}.nextn_predict_layers", 0):  # how llama.cpp counts these blocks was not checked here
+            raise UnsupportedError(f"{path}: qwen35 files with multi-token-prediction blocks "
+                                   f"({key('{arch}.nextn_predict_layers')}) are not supported")
         interval = self.get("{arch}.full_attention_interval", 4)
         if interval < 1:
             raise ModelFileError(f"{path}: {key('{arch}.full_attention_interval')} must be at least 1, got {interval}")

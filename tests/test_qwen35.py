@@ -26,7 +26,7 @@ from powerinfer_py import load
 from powerinfer_py.chat import ChatSession, template_for
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.delta_cache import DeltaKVCache
-from powerinfer_py.errors import ModelFileError, PowerInferError
+from powerinfer_py.errors import ModelFileError, PowerInferError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.loader import load_weights
 from powerinfer_py.models import build_model, expected_tensors, qwen35
@@ -155,12 +155,16 @@ def test_missing_delta_tensor_is_named(f32_file, tmp_path):
 
 
 def test_bad_ssm_keys_are_refused(f32_file, tmp_path):
-    """Value heads that are not a multiple of the key heads, and a conv of one tap, fail on the key."""
+    """Value heads that are not a multiple of the key heads, and a conv of one tap, fail on the key; files with
+    multi-token-prediction blocks are refused."""
     with pytest.raises(ModelFileError, match="time_step_rank 3 .* not a multiple of ssm.group_count 2"):
         bad = rewrite_gguf(f32_file, tmp_path / "heads.gguf", edit={"qwen35.ssm.time_step_rank": 3})
         ModelConfig.from_gguf(open_gguf(bad))
     with pytest.raises(ModelFileError, match="qwen35.ssm.conv_kernel must be at least 2"):
         ModelConfig.from_gguf(open_gguf(rewrite_gguf(f32_file, tmp_path / "k1.gguf", edit={"qwen35.ssm.conv_kernel": 1})))
+    with pytest.raises(UnsupportedError, match="multi-token-prediction blocks"):
+        ModelConfig.from_gguf(open_gguf(rewrite_gguf(f32_file, tmp_path / "mtp.gguf",
+                                                     edit={"qwen35.nextn_predict_layers": 1})))
 
 
 # ---- against llama.cpp ----------------------------------------------------------------------------------------
@@ -285,7 +289,6 @@ def test_threshold_mode_runs_and_moe_refuses(f32_file, synthetic_model, tmp_path
     threshold mode (its default) skipping about half of the neurons; qwen35moe refuses
     sparse modes with a clear error."""
     from powerinfer_py.calibrate import calibrate
-    from powerinfer_py.errors import UnsupportedError
     from powerinfer_py.ffn import resolve_sparse
 
     out = tmp_path / "t50.gguf"
