@@ -109,6 +109,11 @@ def _table(f: dict) -> Table:
             conv = [il for il, is_conv in enumerate(c["conv_layers"]) if is_conv]
             t.add_row("conv layers", f"{', '.join(map(str, conv)) or 'none'} (gated short convolution over "
                       f"{c['conv_kernel']} tokens); attention on the others")
+        if c.get("delta_layers"):  # qwen35: gated delta nets and gated attention (models/qwen35.py)
+            delta = [il for il, is_delta in enumerate(c["delta_layers"]) if is_delta]
+            t.add_row("delta-net layers", f"{', '.join(map(str, delta)) or 'none'} ({c['ssm_n_k_heads']} key / "
+                      f"{c['ssm_n_v_heads']} value heads of {c['ssm_d_state']}, conv over {c['conv_kernel']} tokens); "
+                      "gated attention on the others")
         if c["arch"] == "gpt-oss":
             t.add_row("gpt-oss", f"attention sinks; even layers see the last {c['sliding_window']} tokens; router "
                       "weights softmaxed after top-k; expert biases; swiglu_oai (clamp 7, alpha 1.702)")

@@ -40,16 +40,17 @@ from .gguf.reader import GGUFFile
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "bamboo", "falcon",
                    "opt", "phi3", "granite", "granitemoe", "gpt-oss", "ernie4_5", "ernie4_5-moe", "deepseek2", "arcee",
-                   "glm4", "glm4moe", "smollm3", "olmo2", "lfm2", "lfm2moe", "mistral3", "gemma4", "smallthinker")
+                   "glm4", "glm4moe", "smollm3", "olmo2", "lfm2", "lfm2moe", "mistral3", "gemma4", "smallthinker", "qwen35",
+                   "qwen35moe")
 # always mixture-of-experts (llama files are when they carry expert_count; ernie4_5-moe, deepseek2 and glm4moe
 # have leading dense layers: ModelConfig.moe_layers)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "deepseek2", "glm4moe", "lfm2moe",
-             "smallthinker")
+             "smallthinker", "qwen35moe")
 # whether the chosen experts' router weights are renormalized (as llama.cpp does per arch); gpt-oss's weights are a
 # softmax over the chosen logits (moe.py); deepseek2 and glm4moe read it from {arch}.expert_weights_norm
 _MOE_NORM_WEIGHTS = {"llama": True, "mistral3": True, "qwen3moe": True, "qwen2moe": False, "granitemoe": True, "gpt-oss": False,
                      "ernie4_5-moe": True, "deepseek2": False, "glm4moe": False,
-                     "lfm2moe": True, "smallthinker": True}
+                     "lfm2moe": True, "smallthinker": True, "qwen35moe": True}
 # vision-language models whose GGUF text model is an existing arch under its own name: with text-only input every
 # M-RoPE section rotates by the same position, which is that arch's RoPE when the sections cover the rotated
 # pairs (checked against llama.cpp: tests/test_vl_text.py). Keys are read under the file's name ({arch}).
@@ -57,7 +58,8 @@ TEXT_ALIASES = {"qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3moe"
 GEMMA_ARCHS = ("gemma", "gemma2", "gemma3", "gemma4")  # scaled embeddings, GeGLU FFN, the "gemma" chat format
 # llama.cpp's NeoX rope type (pairs (i, i + n_rot/2)); the others rotate pairs (2i, 2i + 1)
 _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "falcon", "phi3", "olmo2",
-               "gpt-oss", "glm4moe", "lfm2", "lfm2moe", "gemma4", "smallthinker"}
+               "gpt-oss", "glm4moe", "lfm2", "lfm2moe", "gemma4", "smallthinker",
+               "qwen35", "qwen35moe"}  # qwen35: text M-RoPE is NeoX RoPE (config_archs.qwen35)
 # their models take per-pair RoPE factors and a scale (models/base.py)
 _YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee", "deepseek2", "mistral3")
 _LAYERNORM_ARCHS = {"falcon", "opt"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
@@ -138,7 +140,11 @@ class ModelConfig:
     n_expert_group_used: int = 0  # groups whose experts may be chosen
     n_nextn: int = 0  # glm4, glm4moe: trailing next-token-prediction blocks in the file, not run (not in n_layer)
     conv_layers: tuple[bool, ...] = ()  # lfm2: per layer True = gated short convolution, False = attention
-    conv_kernel: int = 0  # lfm2: the convolution's length in tokens ({arch}.shortconv.l_cache; 0 = none)
+    conv_kernel: int = 0  # lfm2, qwen35: the convolution's length in tokens (shortconv.l_cache, ssm.conv_kernel)
+    delta_layers: tuple[bool, ...] = ()  # qwen35: per layer True = gated delta net, False = gated attention
+    ssm_d_state: int = 0  # qwen35: the width of a delta-net key head and value head (ssm.state_size)
+    ssm_n_k_heads: int = 0  # qwen35: delta-net query/key heads (ssm.group_count)
+    ssm_n_v_heads: int = 0  # qwen35: delta-net value heads (ssm.time_step_rank), a multiple of ssm_n_k_heads
     gemma4: Gemma4Layout | None = None  # gemma4: the per-layer shapes, RoPE and K/V sharing (config_gemma4.py)
 
     def is_moe_layer(self, il: int) -> bool:
@@ -326,7 +332,7 @@ class _Reader(ArchKeys):
                                  f"{self.key('{arch}.expert_count')} {n_expert}")
         width_key = ("{arch}.feed_forward_length" if self.arch in ("llama", "mistral3", "granitemoe")
                      else "{arch}.expert_feed_forward_length")
-        shexp = (self.positive("{arch}.expert_shared_feed_forward_length") if self.arch == "qwen2moe" else
+        shexp = (self.positive("{arch}.expert_shared_feed_forward_length") if self.arch in ("qwen2moe", "qwen35moe") else
                  self.get("{arch}.expert_shared_feed_forward_length", 0)
                  if self.arch in ("granitemoe", "ernie4_5-moe") else 0)
         return {"n_expert": n_expert, "n_expert_used": n_used, "n_ff_exp": self.positive(width_key),
@@ -408,6 +414,8 @@ class _Reader(ArchKeys):
         g4 = gemma4_keys(self, n_layer) if self.arch == "gemma4" else {}  # per-layer shapes: config_gemma4.py
         n_head = g4.pop("_n_head") if g4 else self.positive("{arch}.attention.head_count")
         lfm2 = self.lfm2(n_layer, n_head)  # per-layer head counts: 0 marks a convolution layer
+        qwen35 = self.qwen35(n_layer)  # delta-net layers and their sizes
+        lfm2 = lfm2 or qwen35
         n_head_kv = lfm2.pop("_n_head_kv") if lfm2 else g4.pop("_n_head_kv") if g4 else self.positive(
             "{arch}.attention.head_count_kv", n_head)
         if n_head % n_head_kv:

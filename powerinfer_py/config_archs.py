@@ -97,6 +97,14 @@ Per architecture:
           with RoPE base rope.freq_base_swa (default: the global base), and layers il % 4 == 0 use no RoPE
           (llama.cpp's fixed no-RoPE step; except in 4-layer files, where llama.cpp's step equals n_layer,
           its "RoPE everywhere" value); without the key every layer attends globally with RoPE
+  qwen35, qwen35moe  (Qwen3.5) a hybrid: layer il is a gated delta net unless (il + 1) % full_attention_interval
+          == 0 (default 4, as llama.cpp), then gated full attention. ssm.conv_kernel (>= 2), ssm.state_size (the
+          key and value head width), ssm.group_count (key heads), ssm.time_step_rank (value heads, a multiple of the
+          key heads) and ssm.inner_size (= state_size x time_step_rank) are required. rope.dimension_sections (M-RoPE)
+          must sum to at most rope.dimension_count / 2: with text positions (every section at the token's position)
+          llama.cpp's interleaved M-RoPE is NeoX RoPE over the first dimension_count dims. qwen35moe: experts with
+          softmax scores and renormalized weights plus a sigmoid-gated shared expert in every layer. Files with
+          nextn_predict_layers (multi-token-prediction blocks) are refused
 """
 from __future__ import annotations
 
@@ -348,3 +356,37 @@ class ArchKeys:
             out.update(moe_layers=tuple(il >= lead for il in range(n_layer)),
                        expert_gating="sigmoid" if gating == 2 else "softmax")
         return out
+
+    def qwen35(self, n_layer: int) -> dict:
+        """qwen35's layer kinds and delta-net sizes (module docstring) for config(); {} for other architectures."""
+        if self.arch not in ("qwen35", "qwen35moe"):
+            return {}
+        path, key = self.f.path, self.key
+        if self.get("{arch}.nextn_predict_layers", 0):  # how llama.cpp counts these blocks was not checked here
+            raise UnsupportedError(f"{path}: qwen35 files with multi-token-prediction blocks "
+                                   f"({key('{arch}.nextn_predict_layers')}) are not supported")
+        interval = self.get("{arch}.full_attention_interval", 4)
+        if interval < 1:
+            raise ModelFileError(f"{path}: {key('{arch}.full_attention_interval')} must be at least 1, got {interval}")
+        kernel = self.get("{arch}.ssm.conv_kernel")
+        if kernel < 2:
+            raise ModelFileError(f"{path}: {key('{arch}.ssm.conv_kernel')} must be at least 2, got {kernel}")
+        d_state, n_k, n_v = (self.positive(f"{{arch}}.ssm.{k}") for k in ("state_size", "group_count", "time_step_rank"))
+        if n_v % n_k:
+            raise ModelFileError(f"{path}: ssm.time_step_rank {n_v} (value heads) is not a multiple of ssm.group_count "
+                                 f"{n_k} (key heads)")
+        inner = self.positive("{arch}.ssm.inner_size")
+        if inner != d_state * n_v:
+            raise UnsupportedError(f"{path}: ssm.inner_size {inner} != ssm.state_size {d_state} x time_step_rank {n_v} "
+                                   "(value heads as wide as key heads)")
+        sections = self.meta.get(key("{arch}.rope.dimension_sections"), [])
+        n_rot = self.get("{arch}.rope.dimension_count", 0)
+        if not isinstance(sections, list) or sum(int(v) for v in sections) * 2 > n_rot:
+            raise ModelFileError(f"{path}: {key('{arch}.rope.dimension_sections')} {sections!r} must be a list whose "
+                                 f"sum is at most rope.dimension_count / 2 = {n_rot // 2}")
+        kv = self.meta.get(key("{arch}.attention.head_count_kv"))
+        if isinstance(kv, list):  # a per-layer array: the attention layers' count (0 or the same on the others)
+            kv = max(kv) if kv else None
+        return {"delta_layers": tuple((il + 1) % interval != 0 for il in range(n_layer)), "conv_kernel": kernel,
+                "ssm_d_state": d_state, "ssm_n_k_heads": n_k, "ssm_n_v_heads": n_v,
+                "_n_head_kv": kv if isinstance(kv, int) and kv > 0 else self.positive("{arch}.attention.head_count")}

@@ -29,6 +29,7 @@ from . import lfm2
 from . import mistral3
 from . import gemma4
 from . import smallthinker
+from . import qwen35
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -60,6 +61,8 @@ _FAMILIES = {
     "mistral3": (mistral3.Mistral3Model, mistral3.expected_tensors),  # llama + attention temperature
     "gemma4": (gemma4.Gemma4Model, gemma4.expected_tensors),  # per-layer shapes, shared K/V, per-layer embeddings
     "smallthinker": (smallthinker.SmallThinkerModel, smallthinker.expected_tensors),  # ReLU experts, NoPE + SWA
+    "qwen35": (qwen35.Qwen35Model, qwen35.expected_tensors),  # gated delta-net layers + gated attention layers
+    "qwen35moe": (qwen35.Qwen35Model, qwen35.expected_tensors),  # the same with experts and a shared expert
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
