@@ -27,7 +27,8 @@
 
 INLINE size_t iq_block_size(const int type) {
     return type == PI_IQ2_XXS ? sizeof(block_iq2_xxs) : type == PI_IQ2_XS ? sizeof(block_iq2_xs)
-         : type == PI_IQ2_S ? sizeof(block_iq2_s) : type == PI_IQ3_XXS ? sizeof(block_iq3_xxs) : sizeof(block_iq3_s);
+         : type == PI_IQ2_S ? sizeof(block_iq2_s) : type == PI_IQ3_XXS ? sizeof(block_iq3_xxs)
+         : type == PI_IQ1_S ? sizeof(block_iq1_s) : type == PI_IQ1_M ? sizeof(block_iq1_m) : sizeof(block_iq3_s);
 }
 
 /* 8 dwords, each 4 sign indices of 7 bits (bits 0..27) -> 4 sign bytes each (pi_iq_signs4 per lane) */
@@ -146,8 +147,7 @@ INLINE void iq3_values_b(ksb *s, __m512i idx, __mmask64 b8, const uint8_t *lo, c
  * qword k = code k, vpmultishiftqb puts value j's field in byte j, vpermb maps it through the levels repeated.
  * Otherwise word w of z[c] takes code 8c + w / 4 (one word permute) shifted right by 4 (w % 4) (one variable
  * shift), so that its two bytes get values 2 (w % 4) and 2 (w % 4) + 1, which one byte shuffle maps to the levels */
-INLINE void iq2_values(ksb *s, __m512i idx, const uint16_t *tab, const uint8_t *lv, const int n_pairs) {
-    const __m512i codes = iq_codes(idx, tab, n_pairs);
+INLINE void iq2_expand(ksb *s, const __m512i codes, const uint8_t *lv) {
 #if defined(__AVX512VBMI__)
     uint32_t l4;
     memcpy(&l4, lv, 4);
@@ -173,6 +173,91 @@ INLINE void iq2_values(ksb *s, __m512i idx, const uint16_t *tab, const uint8_t *
         s->z[c] = _mm512_shuffle_epi8(levels, t);
     }
 #endif
+}
+
+INLINE void iq2_values(ksb *s, __m512i idx, const uint16_t *tab, const uint8_t *lv, const int n_pairs) {
+    iq2_expand(s, iq_codes(idx, tab, n_pairs), lv);
+}
+
+/* IQ1_S / IQ1_M: 32 grid indices (words < 2048) -> their 2-bit codes (words). The 2048-entry table is too large
+ * for register permutes: two dword gathers of the 16-bit table (scale 2; the table has 2 bytes of padding) */
+INLINE __m512i iq1_codes(__m512i idx) {
+    const __m512i a = _mm512_i32gather_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(idx)), pi_iq1s_grid_code, 2);
+    const __m512i b = _mm512_i32gather_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(idx, 1)), pi_iq1s_grid_code, 2);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(a)), _mm512_cvtepi32_epi16(b), 1);
+}
+
+/* IQ1: the 32 indices -> z[c] = |8 grid + 8 delta|, neg[c] its sign; dn[c]: the weights of chunk c whose delta is
+ * -1/8 (8 grid comes from the levels times 8; 8 grid +- 1 is never 0, so every weight has a definite sign) */
+INLINE void iq1_values(ksb *s, __m512i idx, const __mmask64 *dn) {
+    iq2_expand(s, iq1_codes(idx), (const uint8_t *)pi_iq1s_grid_levels8);
+    const __m512i one = _mm512_set1_epi8(1);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m512i w = _mm512_mask_sub_epi8(_mm512_add_epi8(s->z[c], one), dn[c], s->z[c], one);
+        s->neg[c] = _mm512_movepi8_mask(w);
+        s->z[c] = _mm512_abs_epi8(w);
+    }
+}
+
+static const uint16_t iq1_quarter[32] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
+                                         4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7};
+static const uint16_t iq1_shift3[32] = {0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9,
+                                        0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9};
+
+INLINE void unpack_iq1s(const uint8_t *blk, ksb *s) {
+    const block_iq1_s *b = (const block_iq1_s *)blk;
+    const __m128i qh = _mm_loadu_si128((const __m128i *)b->qh); /* sub-block k: word k */
+    /* index of group i: qs[i] | bits 3 (i % 4) .. of qh[i / 4] << 8 */
+    const __m512i h = _mm512_srlv_epi16(_mm512_permutexvar_epi16(_mm512_loadu_si512(iq1_quarter), _mm512_zextsi128_si512(qh)),
+                                        _mm512_loadu_si512(iq1_shift3));
+    const __m512i idx = _mm512_ternarylogic_epi32(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)b->qs)),
+                                                  _mm512_slli_epi16(h, 8), _mm512_set1_epi16(0x700), 0xf8);
+    const unsigned neg = _mm_movepi16_mask(qh); /* bit k: sub-block k's delta is -1/8 */
+    __mmask64 dn[4];
+    for (int c = 0; c < 4; c++) /* chunk c: sub-blocks 2c (bytes 0..31), 2c + 1 */
+        dn[c] = _cvtu64_mask64((-(uint64_t)((neg >> 2 * c) & 1) & 0xffffffffu) | -(uint64_t)((neg >> (2 * c + 1)) & 1) << 32);
+    iq1_values(s, idx, dn);
+    const __m128i ls = _mm_and_si128(_mm_srli_epi16(qh, 12), _mm_set1_epi16(7));
+    const __m512i s16 = _mm512_zextsi128_si512(_mm_add_epi16(_mm_add_epi16(ls, ls), _mm_set1_epi16(1)));
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) s->sw[c] = scale_words(s16, 2 * c, 0);
+    s->d = pi_h2f(b->d) * 0.125f;
+}
+
+INLINE void unpack_iq1m(const uint8_t *blk, ksb *s) {
+    const block_iq1_m *b = (const block_iq1_m *)blk;
+    static const uint16_t half[32] = {0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7,
+                                      8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15};
+    static const uint16_t shift4[32] = {0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4,
+                                        0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4};
+    const __m128i qh = _mm_loadu_si128((const __m128i *)b->qh); /* group i: nibble i % 2 of byte i / 2 */
+    const __m512i h = _mm512_srlv_epi16(_mm512_permutexvar_epi16(_mm512_loadu_si512(half),
+                                                                 _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(qh))),
+                                        _mm512_loadu_si512(shift4));
+    const __m512i idx = _mm512_ternarylogic_epi32(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)b->qs)),
+                                                  _mm512_slli_epi16(h, 8), _mm512_set1_epi16(0x700), 0xf8);
+    /* delta signs: 128-bit lane L of chunk c = groups 8c + 2L (bytes 0..7: bit 3 of qh[4c + L]) and 8c + 2L + 1
+     * (bytes 8..15: bit 7) */
+    const __m512i qb = _mm512_broadcast_i32x4(qh);
+    const __m512i lane = _mm512_set_epi32(0x03030303, 0x03030303, 0x03030303, 0x03030303, 0x02020202, 0x02020202,
+                                          0x02020202, 0x02020202, 0x01010101, 0x01010101, 0x01010101, 0x01010101,
+                                          0, 0, 0, 0);
+    const __m512i bit = _mm512_set4_epi32((int)0x80808080, (int)0x80808080, 0x08080808, 0x08080808);
+    __mmask64 dn[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++)
+        dn[c] = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qb, _mm512_add_epi8(lane, _mm512_set1_epi8((char)(4 * c)))), bit);
+    iq1_values(s, idx, dn);
+    /* scale of group g of 16: bits 3 (g % 4) .. of word g / 4 */
+    const __m256i sc = _mm256_permutexvar_epi16(_mm256_loadu_si256((const __m256i *)iq1_quarter),
+                                                _mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)b->scales)));
+    const __m256i ls = _mm256_and_si256(_mm256_srlv_epi16(sc, _mm256_loadu_si256((const __m256i *)iq1_shift3)),
+                                        _mm256_set1_epi16(7));
+    const __m512i s16 = _mm512_zextsi256_si512(_mm256_add_epi16(_mm256_add_epi16(ls, ls), _mm256_set1_epi16(1)));
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) s->sw[c] = scale_words(s16, 4 * c, 1);
+    s->d = pi_h2f(pi_iq1m_d(b)) * 0.125f;
 }
 
 INLINE void unpack_iq2xxs(const uint8_t *blk, ksb *s) {
@@ -281,6 +366,8 @@ INLINE void unpack_iq(const int type, const uint8_t *blk, ksb *s) {
     else if (type == PI_IQ2_XS) unpack_iq2xs(blk, s);
     else if (type == PI_IQ2_S) unpack_iq2s(blk, s);
     else if (type == PI_IQ3_XXS) unpack_iq3xxs(blk, s);
+    else if (type == PI_IQ1_S) unpack_iq1s(blk, s);
+    else if (type == PI_IQ1_M) unpack_iq1m(blk, s);
     else unpack_iq3s(blk, s);
 }
 
