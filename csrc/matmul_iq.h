@@ -180,11 +180,17 @@ INLINE void iq2_values(ksb *s, __m512i idx, const uint16_t *tab, const uint8_t *
 }
 
 /* IQ1_S / IQ1_M: 32 grid indices (words < 2048) -> their 2-bit codes (words). The 2048-entry table is too large
- * for register permutes: two dword gathers of the 16-bit table (scale 2; the table has 2 bytes of padding) */
+ * for register permutes; one 16-bit load per index (as llama.cpp loads its 8-byte entries). Measured against two
+ * dword gathers of the table (scale 2; why it has 2 bytes of padding): the same 2.8 GB/s (IQ1_S, one thread, hot,
+ * bench_matvec_hot.py on this Zen 5 host); loads kept, gathers are slower on several older cores */
 INLINE __m512i iq1_codes(__m512i idx) {
-    const __m512i a = _mm512_i32gather_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(idx)), pi_iq1s_grid_code, 2);
-    const __m512i b = _mm512_i32gather_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(idx, 1)), pi_iq1s_grid_code, 2);
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(a)), _mm512_cvtepi32_epi16(b), 1);
+    uint16_t ix[32];
+    uint64_t c[8];
+    _mm512_storeu_si512(ix, idx);
+    for (int k = 0; k < 8; k++)
+        c[k] = (uint64_t)pi_iq1s_grid_code[ix[4 * k]] | (uint64_t)pi_iq1s_grid_code[ix[4 * k + 1]] << 16
+             | (uint64_t)pi_iq1s_grid_code[ix[4 * k + 2]] << 32 | (uint64_t)pi_iq1s_grid_code[ix[4 * k + 3]] << 48;
+    return _mm512_loadu_si512(c);
 }
 
 /* IQ1: the 32 indices -> z[c] = |8 grid + 8 delta|, neg[c] its sign; dn[c]: the weights of chunk c whose delta is
