@@ -1,5 +1,5 @@
-/* matmul_iq.h: AVX-512 unpack of one I-quant super-block (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) into
- * matmul_k.c's ksb; included by matmul_k.c inside its AVX-512 part (it uses ksb, INLINE and scale_words).
+/* matmul_iq.h: AVX-512 unpack of one I-quant super-block (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M)
+ * into matmul_k.c's ksb; included by matmul_k.c inside its AVX-512 part (it uses ksb, INLINE and scale_words).
  *
  * As for IQ4_XS ("magnitudes + sign mask"): z[c] holds the 64 weights of chunk c as their unsigned grid values
  * in the activations' order, neg[c] the mask of the negative ones, sw[c] the integer scale 2 ls + 1 of each
@@ -21,6 +21,12 @@
  * -> 15.2 GB/s, IQ3_XXS 12.1 -> 14.3 (Q4_K 27.8 in the same runs). Not done for IQ2 (not tried): with 32
  * indices per super-block a byte permute would also cover only 64 entries, as a word permute does.
  * Prefill reuses each unpack over 64 tokens (matmul_iq_tile.h).
+ * IQ1_S / IQ1_M: weights 8 grid + 8 delta (grid -1 / 0 / 1, delta +-1/8, so |w| = 1, 7 or 9, never 0) as the same
+ * magnitudes + sign mask with d / 8: the rest of the path is the other types'. Their 2048-entry grid is too large
+ * for permutes, so the 32 codes of a super-block come from 16-bit loads (iq1_codes). Decode is compute-bound:
+ * 2.8 GB/s IQ1_S, 3.0 IQ1_M one thread hot (IQ2_XXS 8.5); gathers in place of the loads, or vector delta masks
+ * in place of scalar ones, measured the same, which suggests the per-block dependency chain (index -> code ->
+ * levels -> dot) rather than the instruction count sets the pace.
  */
 #ifndef PI_MATMUL_IQ_H
 #define PI_MATMUL_IQ_H
@@ -219,10 +225,16 @@ INLINE void unpack_iq1s(const uint8_t *blk, ksb *s) {
                                         _mm512_loadu_si512(iq1_shift3));
     const __m512i idx = _mm512_ternarylogic_epi32(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)b->qs)),
                                                   _mm512_slli_epi16(h, 8), _mm512_set1_epi16(0x700), 0xf8);
-    const unsigned neg = _mm_movepi16_mask(qh); /* bit k: sub-block k's delta is -1/8 */
+    /* delta signs: bit 15 of qh[k] for the 32 weights of sub-block k; chunk c = sub-blocks 2c (128-bit lanes 0, 1)
+     * and 2c + 1 (lanes 2, 3): each lane's bytes all take the high byte of its word, whose bit 7 vpmovb2m reads */
+    const __m512i qb = _mm512_broadcast_i32x4(qh);
+    const __m512i hib = _mm512_set_epi32(0x03030303, 0x03030303, 0x03030303, 0x03030303, 0x03030303, 0x03030303,
+                                         0x03030303, 0x03030303, 0x01010101, 0x01010101, 0x01010101, 0x01010101,
+                                         0x01010101, 0x01010101, 0x01010101, 0x01010101);
     __mmask64 dn[4];
-    for (int c = 0; c < 4; c++) /* chunk c: sub-blocks 2c (bytes 0..31), 2c + 1 */
-        dn[c] = _cvtu64_mask64((-(uint64_t)((neg >> 2 * c) & 1) & 0xffffffffu) | -(uint64_t)((neg >> (2 * c + 1)) & 1) << 32);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++)
+        dn[c] = _mm512_movepi8_mask(_mm512_shuffle_epi8(qb, _mm512_add_epi8(hib, _mm512_set1_epi8((char)(4 * c)))));
     iq1_values(s, idx, dn);
     const __m128i ls = _mm_and_si128(_mm_srli_epi16(qh, 12), _mm_set1_epi16(7));
     const __m512i s16 = _mm512_zextsi128_si512(_mm_add_epi16(_mm_add_epi16(ls, ls), _mm_set1_epi16(1)));
