@@ -502,7 +502,16 @@ INLINE float k_dot(const int type, const uint8_t *row, const block_q8_K *x, int6
     const size_t size = k_block_size(type);
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n_sb; i++) {
+    int64_t i = 0;
+    if (type == PI_IQ1_S || type == PI_IQ1_M) /* two super-blocks unpacked before their dots (see matmul_iq.h) */
+        for (; i + 1 < n_sb; i += 2) {
+            ksb s0, s1;
+            k_unpack(type, row + i * size, &s0);
+            k_unpack(type, row + (i + 1) * size, &s1);
+            k_token(type, &s0, x + i, &acc, &accm);
+            k_token(type, &s1, x + i + 1, &acc, &accm);
+        }
+    for (; i < n_sb; i++) {
         ksb s;
         k_unpack(type, row + i * size, &s);
         k_token(type, &s, x + i, &acc, &accm);
