@@ -25,6 +25,7 @@ from gguf import GGML_QUANT_SIZES
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the source tree, unless installed
 
 from powerinfer_py.kernels import cpu  # noqa: E402
+from powerinfer_py.kernels.ref_iq import put_iq1m_d  # noqa: E402
 from powerinfer_py.tensor import GGMLType, Tensor  # noqa: E402
 from roundrobin import round_robin  # noqa: E402  (benchmarks/, beside this script)
 
@@ -36,13 +37,15 @@ TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6
          GGMLType.IQ4_XS,
          GGMLType.MXFP4,
          GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S,
+         GGMLType.IQ1_S, GGMLType.IQ1_M,
          )
 K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),  # f16 scales in a block
                 GGMLType.Q2_K: (80, 82),
                 GGMLType.Q3_K: (108,),
                 GGMLType.IQ4_XS: (0,),
                 **{t: (0,) for t in (GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_XXS, GGMLType.IQ2_XS,
-                                     GGMLType.IQ2_S)},  # f16 d first; any grid index, sign or scale byte is valid
+                                     GGMLType.IQ2_S, GGMLType.IQ1_S)},  # f16 d first; any grid index, sign or scale byte is valid
+                GGMLType.IQ1_M: (),  # its f16 d: the top nibbles of the scale words (set below)
                 }
 K_F16_FIELDS[GGMLType.IQ4_NL] = (0,)  # random bytes after its f16 d are a valid IQ4_NL block
 K_F16_FIELDS[GGMLType.MXFP4] = ()  # no f16: byte 0 is an E8M0 exponent, set to sane scales below
@@ -71,6 +74,8 @@ def random_weight(ggml_type: GGMLType, n_rows: int, n_cols: int, rng) -> Tensor:
             b[:, off:off + 2] = rng.uniform(0.001, 0.02, len(b)).astype(np.float16).view(np.uint8).reshape(-1, 2)
         if ggml_type == GGMLType.MXFP4:
             b[:, 0] = rng.integers(118, 124, len(b))  # block scales 2^-9 .. 2^-4
+        if ggml_type == GGMLType.IQ1_M:
+            put_iq1m_d(b, rng.uniform(0.001, 0.02, len(b)))
         return Tensor(f"w_{ggml_type.name}", ggml_type, (n_rows, n_cols), b.reshape(n_rows, -1))
     parts = [cpu.quantize(rng.standard_normal((min(1024, n_rows - r), n_cols), dtype=np.float32), ggml_type)
              for r in range(0, n_rows, 1024)]

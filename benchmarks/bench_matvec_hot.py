@@ -22,6 +22,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # the source tree, un
 from bench_kernels import K_F16_FIELDS  # benchmarks/, beside this script
 
 from powerinfer_py.kernels import cpu
+from powerinfer_py.kernels.ref_iq import put_iq1m_d
 from powerinfer_py.tensor import GGMLType, Tensor
 
 TYPES = ("Q4_0", "Q5_0", "Q4_1", "Q5_1", "IQ4_NL", "MXFP4", "Q8_0")
@@ -36,6 +37,8 @@ def weight(name: str, n_rows: int, n_cols: int, rng) -> Tensor:
             b[:, off:off + 2] = np.array([0.01], np.float16).view(np.uint8)
         if t == GGMLType.MXFP4:  # its E8M0 exponent byte: scale 2^-7
             b[:, 0] = 120
+        if t == GGMLType.IQ1_M:  # its f16 d: the top nibbles of the scale words
+            put_iq1m_d(b, np.full(len(b), 0.01))
         return Tensor("w", t, (n_rows, n_cols), b.reshape(n_rows, -1))
     return Tensor("w", t, (n_rows, n_cols), cpu.quantize(rng.standard_normal((n_rows, n_cols), dtype=np.float32), t))
 

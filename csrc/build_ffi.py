@@ -22,7 +22,7 @@ def iq_grids_text() -> str:
     """csrc/iq_grids.h as generated from the gguf package's grids (gguf.quants.<TYPE>.grid, unsigned values):
     each grid entry packed little-endian into one integer, byte j = the entry's value j; also each grid's levels
     (IQ2: 3, IQ3: 8) and its entries as codes of 2 (IQ2) or 3 (IQ3) bits per value, the level index (IQ3: also
-    the codes' low and high bytes as two tables); and the
+    the codes' low and high bytes as two tables); IQ1_S's grid (also IQ1_M's) as 2-bit codes; and the
     sign bytes of the 7-bit sign indices (gguf's IQ2_XXS.ksigns)."""
     import numpy as np
     from gguf import quants
@@ -59,6 +59,20 @@ def iq_grids_text() -> str:
                 for i in range(0, len(code), 16):
                     out.append("    " + ", ".join(f"0x{int(v):02x}" for v in vals[i:i + 16]) + ",")
                 out.append("};")
+    # IQ1_S / IQ1_M share one grid of 2048 entries of 8 values in {-1, 0, 1}: entries only as 16-bit codes (2 bits
+    # per value, the level index), two zero entries after the last so that a 4-byte gather of entry 2047 stays
+    # inside the table; levels8: the levels times 8 as int8 (the kernels compute on 8 * (grid + delta))
+    quants.IQ1_S.init_grid()
+    g = np.asarray(quants.IQ1_S.grid, dtype=np.float32).reshape(-1, 8)
+    levels = np.unique(g)
+    assert len(levels) == 3 and (levels == np.round(levels)).all(), "IQ1_S"
+    code = (np.searchsorted(levels, g).astype(np.uint16) << (2 * np.arange(8, dtype=np.uint16))).sum(axis=1)
+    code = np.concatenate([code, np.zeros(2, np.uint16)])
+    out.append(f"const int8_t pi_iq1s_grid_levels8[16] = {{{', '.join(str(int(8 * v)) for v in levels)}}};")
+    out.append(f"const uint16_t pi_iq1s_grid_code[{len(code)}] = {{")
+    for i in range(0, len(code), 12):
+        out.append("    " + ", ".join(f"0x{int(v):04x}" for v in code[i:i + 12]) + ",")
+    out.append("};")
     signs = np.frombuffer(quants.IQ2_XXS.ksigns, dtype=np.uint8)  # the 128 sign bytes of the 7-bit sign indices
     out.append("const uint8_t pi_iq_ksigns[128] = {")
     for i in range(0, 128, 16):

@@ -36,6 +36,14 @@
  *       a >> 7l, ls = a >> 28.
  *     IQ3_S (110 B): qs[64] (index low 8 bits, groups of 4), qh[8] (bit 8 of index i: bit i % 8 of qh[i / 8]),
  *       signs[32] (one bit per weight), scales[4] (sub-block s: nibble s % 2 of scales[s / 2]).
+ *   IQ1_S, IQ1_M (256 = groups of 8 weights, each one entry of a grid of 2048 x 8 values in {-1, 0, 1}, index
+ *     11 bits): value = d * (2 ls + 1) * (grid + delta), delta = +-1/8. The kernels keep the integer
+ *     8 * (grid + delta) = 8 grid +- 1 (|.| <= 9, never 0: a magnitude and a sign like the others) with f = 1/8.
+ *     IQ1_S (50 B): f16 d, qs[32] (index low 8 bits of group i), uint16 qh[8] (sub-block s of 32: bits 3l..3l+2
+ *       = index bits 8..10 of its group l < 4, bits 12..14 = ls, bit 15 set: delta = -1/8 for all 32).
+ *     IQ1_M (56 B): qs[32] as IQ1_S, qh[16] (nibble i % 2 of qh[i / 2] for group i: bits 0..2 index bits 8..10,
+ *       bit 3 set: delta = -1/8 for its 8), uint16 scales[4] (group of 16 g: bits 3(g % 4).. of word g / 4 = ls;
+ *       the f16 d = the top nibbles of words 0, 1, 2, 3 as its bits 0..3, 4..7, 8..11, 12..15; no d field).
  *   Q8_K (activations only): f32 d, int8 qs[256], int16 bsums[16] (sums of 16 consecutive qs).
  */
 #ifndef PI_MATMUL_INTERNAL_H
@@ -70,6 +78,8 @@ typedef struct { uint16_t d; uint16_t qs[QK_K / 8]; uint8_t scales[QK_K / 32]; }
 typedef struct { uint16_t d; uint8_t qs[QK_K / 8]; uint8_t signs[QK_K / 8]; uint8_t qh[QK_K / 32]; uint8_t scales[QK_K / 32]; } block_iq2_s;
 typedef struct { uint16_t d; uint8_t qs[QK_K / 4]; uint8_t sas[QK_K / 8]; } block_iq3_xxs;
 typedef struct { uint16_t d; uint8_t qs[QK_K / 4]; uint8_t qh[QK_K / 32]; uint8_t signs[QK_K / 8]; uint8_t scales[QK_K / 64]; } block_iq3_s;
+typedef struct { uint16_t d; uint8_t qs[QK_K / 8]; uint16_t qh[QK_K / 32]; } block_iq1_s;
+typedef struct { uint8_t qs[QK_K / 8]; uint8_t qh[QK_K / 16]; uint16_t scales[QK_K / 64]; } block_iq1_m;
 /* Q8_K activations (matmul_k.c; our own scratch, never a file): llama.cpp's fields, laid out qs first and
  * padded to 320 bytes so that, in a 64-byte aligned array, every 64-byte load of qs stays in one cache line */
 typedef struct __attribute__((aligned(64))) { int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; float d; } block_q8_K;
@@ -91,6 +101,8 @@ _Static_assert(sizeof(block_iq2_xs) == 74, "IQ2_XS block is 74 bytes");
 _Static_assert(sizeof(block_iq2_s) == 82, "IQ2_S block is 82 bytes");
 _Static_assert(sizeof(block_iq3_xxs) == 98, "IQ3_XXS block is 98 bytes");
 _Static_assert(sizeof(block_iq3_s) == 110, "IQ3_S block is 110 bytes");
+_Static_assert(sizeof(block_iq1_s) == 50, "IQ1_S block is 50 bytes");
+_Static_assert(sizeof(block_iq1_m) == 56, "IQ1_M block is 56 bytes");
 _Static_assert(sizeof(block_q8_K) == 320, "Q8_K block is 320 bytes");
 
 uint16_t pi_f32_to_f16(float f); /* round to nearest even (quant.c) */
@@ -124,7 +136,8 @@ static inline float pi_e8m0_half(uint8_t e) {
 
 /* The I-quants with grids (matmul_iq.c) */
 static inline int pi_is_iq_type(int type) {
-    return type == PI_IQ2_XXS || type == PI_IQ2_XS || type == PI_IQ2_S || type == PI_IQ3_XXS || type == PI_IQ3_S;
+    return type == PI_IQ2_XXS || type == PI_IQ2_XS || type == PI_IQ2_S || type == PI_IQ3_XXS || type == PI_IQ3_S
+        || type == PI_IQ1_S || type == PI_IQ1_M;
 }
 
 /* Their grids (iq_grids.h) */
@@ -138,11 +151,22 @@ extern const uint16_t pi_iq2xxs_grid_code[256], pi_iq2xs_grid_code[512], pi_iq2s
 extern const uint16_t pi_iq3xxs_grid_code[256], pi_iq3s_grid_code[512];
 extern const uint8_t pi_iq3xxs_grid_code_lo[256], pi_iq3xxs_grid_code_hi[256]; /* the codes' low, high bytes */
 extern const uint8_t pi_iq3s_grid_code_lo[512], pi_iq3s_grid_code_hi[512];
+/* IQ1_S / IQ1_M: their grid's 2048 entries as 2-bit codes (then two zero entries: 4-byte gathers stay inside) and
+ * the 3 levels times 8 */
+extern const uint16_t pi_iq1s_grid_code[2050];
+extern const int8_t pi_iq1s_grid_levels8[16];
 extern const uint8_t pi_iq_ksigns[128]; /* sign byte of each 7-bit sign index (pi_iq_signs4 computes the same) */
 
 /* I-quant super-block -> the integer scales 2 ls + 1 of its groups (8 of 32 or 16 of 16; returns the group
- * size) and *d = d * f (exact: f is a power of two), and if q is not NULL the 256 signed values grid * sign */
+ * size) and *d = d * f (exact: f is a power of two), and if q is not NULL the 256 signed values grid * sign
+ * (IQ1_S / IQ1_M: 8 grid + 8 delta, f = 1/8) */
 int pi_iq_unpack(int type, const uint8_t *blk, int8_t *q, uint8_t sc[16], float *d);
+
+/* IQ1_M's f16 super-block scale: the top nibbles of its four scale words */
+static inline uint16_t pi_iq1m_d(const block_iq1_m *b) {
+    return (uint16_t)((b->scales[0] >> 12) | ((b->scales[1] >> 8) & 0xf0) | ((b->scales[2] >> 4) & 0xf00)
+                      | (b->scales[3] & 0xf000));
+}
 
 /* The 8 signs of a 7-bit sign index k (I-quants): k with bit 7 = the parity of k */
 static inline uint32_t pi_iq_signs4(uint32_t a) { /* 4 indices (bits 0..27 of a) -> 4 sign bytes */
@@ -163,7 +187,7 @@ static inline int pi_is_k_type(int type) {
 /* elements per scale group of a K-quant: 32 (Q4_K, Q5_K, IQ4_XS) or 16 (Q2_K, Q3_K, Q6_K) */
 static inline int pi_qk_group(int type) {
     return type == PI_Q4_K || type == PI_Q5_K || type == PI_IQ4_XS || type == PI_IQ2_XXS || type == PI_IQ3_XXS
-        || type == PI_IQ3_S ? 32 : 16;
+        || type == PI_IQ3_S || type == PI_IQ1_S ? 32 : 16;
 }
 
 /* IQ4_XS: the 8 six-bit sub-block scales of a super-block, minus 32 */

@@ -1,5 +1,5 @@
-/* matmul_iq.h: AVX-512 unpack of one I-quant super-block (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) into
- * matmul_k.c's ksb; included by matmul_k.c inside its AVX-512 part (it uses ksb, INLINE and scale_words).
+/* matmul_iq.h: AVX-512 unpack of one I-quant super-block (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M)
+ * into matmul_k.c's ksb; included by matmul_k.c inside its AVX-512 part (it uses ksb, INLINE and scale_words).
  *
  * As for IQ4_XS ("magnitudes + sign mask"): z[c] holds the 64 weights of chunk c as their unsigned grid values
  * in the activations' order, neg[c] the mask of the negative ones, sw[c] the integer scale 2 ls + 1 of each
@@ -21,13 +21,21 @@
  * -> 15.2 GB/s, IQ3_XXS 12.1 -> 14.3 (Q4_K 27.8 in the same runs). Not done for IQ2 (not tried): with 32
  * indices per super-block a byte permute would also cover only 64 entries, as a word permute does.
  * Prefill reuses each unpack over 64 tokens (matmul_iq_tile.h).
+ * IQ1_S / IQ1_M: weights 8 grid + 8 delta (grid -1 / 0 / 1, delta +-1/8, so |w| = 1, 7 or 9, never 0) as the same
+ * magnitudes + sign mask with d / 8: the rest of the path is the other types'. Their 2048-entry grid is too large
+ * for permutes, so the 32 codes of a super-block come from 16-bit loads (iq1_codes). Decode is compute-bound:
+ * 2.8 GB/s IQ1_S, 3.0 IQ1_M one thread hot (IQ2_XXS 8.5); gathers in place of the loads, or vector delta masks
+ * in place of scalar ones, measured the same, which suggests the per-block dependency chain (index -> code ->
+ * levels -> dot) as much as the instruction count sets the pace; k_dot unpacks two IQ1 super-blocks before their
+ * dots (2.8 -> 3.0 GB/s IQ1_S, 3.0 -> 3.1-3.2 IQ1_M; the same FMAs in the same order, so the same bits).
  */
 #ifndef PI_MATMUL_IQ_H
 #define PI_MATMUL_IQ_H
 
 INLINE size_t iq_block_size(const int type) {
     return type == PI_IQ2_XXS ? sizeof(block_iq2_xxs) : type == PI_IQ2_XS ? sizeof(block_iq2_xs)
-         : type == PI_IQ2_S ? sizeof(block_iq2_s) : type == PI_IQ3_XXS ? sizeof(block_iq3_xxs) : sizeof(block_iq3_s);
+         : type == PI_IQ2_S ? sizeof(block_iq2_s) : type == PI_IQ3_XXS ? sizeof(block_iq3_xxs)
+         : type == PI_IQ1_S ? sizeof(block_iq1_s) : type == PI_IQ1_M ? sizeof(block_iq1_m) : sizeof(block_iq3_s);
 }
 
 /* 8 dwords, each 4 sign indices of 7 bits (bits 0..27) -> 4 sign bytes each (pi_iq_signs4 per lane) */
@@ -146,8 +154,7 @@ INLINE void iq3_values_b(ksb *s, __m512i idx, __mmask64 b8, const uint8_t *lo, c
  * qword k = code k, vpmultishiftqb puts value j's field in byte j, vpermb maps it through the levels repeated.
  * Otherwise word w of z[c] takes code 8c + w / 4 (one word permute) shifted right by 4 (w % 4) (one variable
  * shift), so that its two bytes get values 2 (w % 4) and 2 (w % 4) + 1, which one byte shuffle maps to the levels */
-INLINE void iq2_values(ksb *s, __m512i idx, const uint16_t *tab, const uint8_t *lv, const int n_pairs) {
-    const __m512i codes = iq_codes(idx, tab, n_pairs);
+INLINE void iq2_expand(ksb *s, const __m512i codes, const uint8_t *lv) {
 #if defined(__AVX512VBMI__)
     uint32_t l4;
     memcpy(&l4, lv, 4);
@@ -173,6 +180,103 @@ INLINE void iq2_values(ksb *s, __m512i idx, const uint16_t *tab, const uint8_t *
         s->z[c] = _mm512_shuffle_epi8(levels, t);
     }
 #endif
+}
+
+INLINE void iq2_values(ksb *s, __m512i idx, const uint16_t *tab, const uint8_t *lv, const int n_pairs) {
+    iq2_expand(s, iq_codes(idx, tab, n_pairs), lv);
+}
+
+/* IQ1_S / IQ1_M: 32 grid indices (words < 2048) -> their 2-bit codes (words). The 2048-entry table is too large
+ * for register permutes; one 16-bit load per index (as llama.cpp loads its 8-byte entries). Measured against two
+ * dword gathers of the table (scale 2; why it has 2 bytes of padding): the same 2.8 GB/s (IQ1_S, one thread, hot,
+ * bench_matvec_hot.py on this Zen 5 host); loads kept, gathers are slower on several older cores */
+INLINE __m512i iq1_codes(__m512i idx) {
+    uint16_t ix[32];
+    uint64_t c[8];
+    _mm512_storeu_si512(ix, idx);
+    for (int k = 0; k < 8; k++)
+        c[k] = (uint64_t)pi_iq1s_grid_code[ix[4 * k]] | (uint64_t)pi_iq1s_grid_code[ix[4 * k + 1]] << 16
+             | (uint64_t)pi_iq1s_grid_code[ix[4 * k + 2]] << 32 | (uint64_t)pi_iq1s_grid_code[ix[4 * k + 3]] << 48;
+    return _mm512_loadu_si512(c);
+}
+
+/* IQ1: the 32 indices -> z[c] = |8 grid + 8 delta|, neg[c] its sign; dn[c]: the weights of chunk c whose delta is
+ * -1/8 (8 grid comes from the levels times 8; 8 grid +- 1 is never 0, so every weight has a definite sign) */
+INLINE void iq1_values(ksb *s, __m512i idx, const __mmask64 *dn) {
+    iq2_expand(s, iq1_codes(idx), (const uint8_t *)pi_iq1s_grid_levels8);
+    const __m512i one = _mm512_set1_epi8(1);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m512i w = _mm512_mask_sub_epi8(_mm512_add_epi8(s->z[c], one), dn[c], s->z[c], one);
+        s->neg[c] = _mm512_movepi8_mask(w);
+        s->z[c] = _mm512_abs_epi8(w);
+    }
+}
+
+static const uint16_t iq1_quarter[32] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3,
+                                         4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7};
+static const uint16_t iq1_shift3[32] = {0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9,
+                                        0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9};
+
+INLINE void unpack_iq1s(const uint8_t *blk, ksb *s) {
+    const block_iq1_s *b = (const block_iq1_s *)blk;
+    const __m128i qh = _mm_loadu_si128((const __m128i *)b->qh); /* sub-block k: word k */
+    /* index of group i: qs[i] | bits 3 (i % 4) .. of qh[i / 4] << 8 */
+    const __m512i h = _mm512_srlv_epi16(_mm512_permutexvar_epi16(_mm512_loadu_si512(iq1_quarter), _mm512_zextsi128_si512(qh)),
+                                        _mm512_loadu_si512(iq1_shift3));
+    const __m512i idx = _mm512_ternarylogic_epi32(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)b->qs)),
+                                                  _mm512_slli_epi16(h, 8), _mm512_set1_epi16(0x700), 0xf8);
+    /* delta signs: bit 15 of qh[k] for the 32 weights of sub-block k; chunk c = sub-blocks 2c (128-bit lanes 0, 1)
+     * and 2c + 1 (lanes 2, 3): each lane's bytes all take the high byte of its word, whose bit 7 vpmovb2m reads */
+    const __m512i qb = _mm512_broadcast_i32x4(qh);
+    const __m512i hib = _mm512_set_epi32(0x03030303, 0x03030303, 0x03030303, 0x03030303, 0x03030303, 0x03030303,
+                                         0x03030303, 0x03030303, 0x01010101, 0x01010101, 0x01010101, 0x01010101,
+                                         0x01010101, 0x01010101, 0x01010101, 0x01010101);
+    __mmask64 dn[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++)
+        dn[c] = _mm512_movepi8_mask(_mm512_shuffle_epi8(qb, _mm512_add_epi8(hib, _mm512_set1_epi8((char)(4 * c)))));
+    iq1_values(s, idx, dn);
+    const __m128i ls = _mm_and_si128(_mm_srli_epi16(qh, 12), _mm_set1_epi16(7));
+    const __m512i s16 = _mm512_zextsi128_si512(_mm_add_epi16(_mm_add_epi16(ls, ls), _mm_set1_epi16(1)));
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) s->sw[c] = scale_words(s16, 2 * c, 0);
+    s->d = pi_h2f(b->d) * 0.125f;
+}
+
+INLINE void unpack_iq1m(const uint8_t *blk, ksb *s) {
+    const block_iq1_m *b = (const block_iq1_m *)blk;
+    static const uint16_t half[32] = {0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7,
+                                      8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15};
+    static const uint16_t shift4[32] = {0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4,
+                                        0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4};
+    const __m128i qh = _mm_loadu_si128((const __m128i *)b->qh); /* group i: nibble i % 2 of byte i / 2 */
+    const __m512i h = _mm512_srlv_epi16(_mm512_permutexvar_epi16(_mm512_loadu_si512(half),
+                                                                 _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(qh))),
+                                        _mm512_loadu_si512(shift4));
+    const __m512i idx = _mm512_ternarylogic_epi32(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)b->qs)),
+                                                  _mm512_slli_epi16(h, 8), _mm512_set1_epi16(0x700), 0xf8);
+    /* delta signs: 128-bit lane L of chunk c = groups 8c + 2L (bytes 0..7: bit 3 of qh[4c + L]) and 8c + 2L + 1
+     * (bytes 8..15: bit 7) */
+    const __m512i qb = _mm512_broadcast_i32x4(qh);
+    const __m512i lane = _mm512_set_epi32(0x03030303, 0x03030303, 0x03030303, 0x03030303, 0x02020202, 0x02020202,
+                                          0x02020202, 0x02020202, 0x01010101, 0x01010101, 0x01010101, 0x01010101,
+                                          0, 0, 0, 0);
+    const __m512i bit = _mm512_set4_epi32((int)0x80808080, (int)0x80808080, 0x08080808, 0x08080808);
+    __mmask64 dn[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++)
+        dn[c] = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qb, _mm512_add_epi8(lane, _mm512_set1_epi8((char)(4 * c)))), bit);
+    iq1_values(s, idx, dn);
+    /* scale of group g of 16: bits 3 (g % 4) .. of word g / 4 */
+    const __m256i sc = _mm256_permutexvar_epi16(_mm256_loadu_si256((const __m256i *)iq1_quarter),
+                                                _mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)b->scales)));
+    const __m256i ls = _mm256_and_si256(_mm256_srlv_epi16(sc, _mm256_loadu_si256((const __m256i *)iq1_shift3)),
+                                        _mm256_set1_epi16(7));
+    const __m512i s16 = _mm512_zextsi256_si512(_mm256_add_epi16(_mm256_add_epi16(ls, ls), _mm256_set1_epi16(1)));
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) s->sw[c] = scale_words(s16, 4 * c, 1);
+    s->d = pi_h2f(pi_iq1m_d(b)) * 0.125f;
 }
 
 INLINE void unpack_iq2xxs(const uint8_t *blk, ksb *s) {
@@ -281,6 +385,8 @@ INLINE void unpack_iq(const int type, const uint8_t *blk, ksb *s) {
     else if (type == PI_IQ2_XS) unpack_iq2xs(blk, s);
     else if (type == PI_IQ2_S) unpack_iq2s(blk, s);
     else if (type == PI_IQ3_XXS) unpack_iq3xxs(blk, s);
+    else if (type == PI_IQ1_S) unpack_iq1s(blk, s);
+    else if (type == PI_IQ1_M) unpack_iq1m(blk, s);
     else unpack_iq3s(blk, s);
 }
 

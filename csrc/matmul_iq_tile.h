@@ -1,4 +1,4 @@
-/* matmul_iq_tile.h: AVX-512 prefill of the I-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) with each
+/* matmul_iq_tile.h: AVX-512 prefill of the I-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) with each
  * super-block unpacked once per IQ_GROUP tiles instead of once per tile; included by matmul_k.c inside its
  * AVX-512 part, after kacc (it uses ksb, kacc, unpack_iq, dot_acc, kacc_zero).
  *
@@ -102,6 +102,8 @@ IQ_UNPACK_FN(iq_unpack_iq2xs, PI_IQ2_XS)
 IQ_UNPACK_FN(iq_unpack_iq2s, PI_IQ2_S)
 IQ_UNPACK_FN(iq_unpack_iq3xxs, PI_IQ3_XXS)
 IQ_UNPACK_FN(iq_unpack_iq3s, PI_IQ3_S)
+IQ_UNPACK_FN(iq_unpack_iq1s, PI_IQ1_S)
+IQ_UNPACK_FN(iq_unpack_iq1m, PI_IQ1_M)
 
 /* _mm512_reduce_add_ps of 16 vectors at once, with the same additions: GCC's reduction adds the two 256-bit
  * halves, then the two 128-bit halves of that, then elements (0, 2) and (1, 3), then the two results; here each
@@ -137,7 +139,8 @@ static void mk_rows_iq(const int type, const uint8_t *w, int64_t row_bytes, cons
                        int64_t n_sb, int64_t n_tok, float *y, int64_t n_out, int64_t r_beg, int64_t r_end, iq_work *wk) {
     void (*unpack)(const uint8_t *, int64_t, int, iqsb *) =
         type == PI_IQ2_XXS ? iq_unpack_iq2xxs : type == PI_IQ2_XS ? iq_unpack_iq2xs : type == PI_IQ2_S ? iq_unpack_iq2s
-        : type == PI_IQ3_XXS ? iq_unpack_iq3xxs : iq_unpack_iq3s;
+        : type == PI_IQ3_XXS ? iq_unpack_iq3xxs : type == PI_IQ1_S ? iq_unpack_iq1s : type == PI_IQ1_M ? iq_unpack_iq1m
+        : iq_unpack_iq3s;
     const int64_t size = (int64_t)iq_block_size(type);
     iqsb (*__restrict scr)[IQ_SPAN] = wk->scr;
     kacc (*__restrict a)[IQ_GROUP] = wk->a;

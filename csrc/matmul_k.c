@@ -374,7 +374,7 @@ INLINE __m512i isum_iq4xs(const ksb *s, const block_q8_K *x) {
     return isum;
 }
 
-#include "matmul_iq.h" /* unpack_iq: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S (their dots: isum_iq4xs) */
+#include "matmul_iq.h" /* unpack_iq: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (their dots: isum_iq4xs) */
 
 INLINE size_t k_block_size(const int type) { /* a compile-time constant where type is one */
     return pi_is_iq_type(type) ? iq_block_size(type) : type == PI_Q4_K ? sizeof(block_q4_K) : type == PI_Q5_K ? sizeof(block_q5_K)
@@ -502,7 +502,16 @@ INLINE float k_dot(const int type, const uint8_t *row, const block_q8_K *x, int6
     const size_t size = k_block_size(type);
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n_sb; i++) {
+    int64_t i = 0;
+    if (type == PI_IQ1_S || type == PI_IQ1_M) /* two super-blocks unpacked before their dots (see matmul_iq.h) */
+        for (; i + 1 < n_sb; i += 2) {
+            ksb s0, s1;
+            k_unpack(type, row + i * size, &s0);
+            k_unpack(type, row + (i + 1) * size, &s1);
+            k_token(type, &s0, x + i, &acc, &accm);
+            k_token(type, &s1, x + i + 1, &acc, &accm);
+        }
+    for (; i < n_sb; i++) {
         ksb s;
         k_unpack(type, row + i * size, &s);
         k_token(type, &s, x + i, &acc, &accm);
@@ -528,6 +537,8 @@ K_SPAN_FN(span_iq2xs, dot_iq2xs, PI_IQ2_XS)
 K_SPAN_FN(span_iq2s, dot_iq2s, PI_IQ2_S)
 K_SPAN_FN(span_iq3xxs, dot_iq3xxs, PI_IQ3_XXS)
 K_SPAN_FN(span_iq3s, dot_iq3s, PI_IQ3_S)
+K_SPAN_FN(span_iq1s, dot_iq1s, PI_IQ1_S)
+K_SPAN_FN(span_iq1m, dot_iq1m, PI_IQ1_M)
 
 /* A tile: nt <= KT tokens */
 static void row_span(int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb, int64_t i0, int64_t i1,
@@ -543,6 +554,8 @@ static void row_span(int type, const uint8_t *row, const block_q8_K *x, int64_t 
     case PI_IQ2_S: span_iq2s(row, x, n_sb, i0, i1, tl, a, nt); return;
     case PI_IQ3_XXS: span_iq3xxs(row, x, n_sb, i0, i1, tl, a, nt); return;
     case PI_IQ3_S: span_iq3s(row, x, n_sb, i0, i1, tl, a, nt); return;
+    case PI_IQ1_S: span_iq1s(row, x, n_sb, i0, i1, tl, a, nt); return;
+    case PI_IQ1_M: span_iq1m(row, x, n_sb, i0, i1, tl, a, nt); return;
     default: span_q4k(row, x, n_sb, i0, i1, tl, a, nt); return;
     }
 }
@@ -559,6 +572,8 @@ static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t 
     case PI_IQ2_S: return dot_iq2s(row, x, n_sb);
     case PI_IQ3_XXS: return dot_iq3xxs(row, x, n_sb);
     case PI_IQ3_S: return dot_iq3s(row, x, n_sb);
+    case PI_IQ1_S: return dot_iq1s(row, x, n_sb);
+    case PI_IQ1_M: return dot_iq1m(row, x, n_sb);
     default: return dot_q4k(row, x, n_sb);
     }
 }
@@ -686,6 +701,8 @@ K_DECODE_FN(decode_iq2xs, PI_IQ2_XS)
 K_DECODE_FN(decode_iq2s, PI_IQ2_S)
 K_DECODE_FN(decode_iq3xxs, PI_IQ3_XXS)
 K_DECODE_FN(decode_iq3s, PI_IQ3_S)
+K_DECODE_FN(decode_iq1s, PI_IQ1_S)
+K_DECODE_FN(decode_iq1m, PI_IQ1_M)
 
 static void mk_decode(const mk_job *j, int64_t r_beg, int64_t r_end) {
     switch (j->type) {
@@ -699,6 +716,8 @@ static void mk_decode(const mk_job *j, int64_t r_beg, int64_t r_end) {
     case PI_IQ2_S: decode_iq2s(j, r_beg, r_end); return;
     case PI_IQ3_XXS: decode_iq3xxs(j, r_beg, r_end); return;
     case PI_IQ3_S: decode_iq3s(j, r_beg, r_end); return;
+    case PI_IQ1_S: decode_iq1s(j, r_beg, r_end); return;
+    case PI_IQ1_M: decode_iq1m(j, r_beg, r_end); return;
     default: decode_q4k(j, r_beg, r_end); return;
     }
 }

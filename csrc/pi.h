@@ -9,7 +9,7 @@
  *   - Weight types use ggml's numbering (enum pi_type). Quantized rows are arrays of blocks in llama.cpp's
  *     layout: Q8_0 = {f16 d; int8 qs[32]} (34 B), Q4_0 = {f16 d; uint8 qs[16]} (18 B, element j in the low
  *     nibble of qs[j] for j < 16, element j+16 in the high nibble; value = (nibble - 8) * d); Q4_1, Q5_0,
- *     Q5_1, IQ4_NL, MXFP4 (32 elements) and Q2_K ... Q6_K, IQ4_XS and the I-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S (256) are described in
+ *     Q5_1, IQ4_NL, MXFP4 (32 elements) and Q2_K ... Q6_K, IQ4_XS and the I-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (256) are described in
  *     csrc/matmul_internal.h.
  *   - C trusts its arguments: Python validates shapes, types, contiguity and bounds before calling.
  *   - Every multi-threaded kernel takes the pool as its first argument; no kernel keeps hidden global state.
@@ -35,10 +35,12 @@ enum pi_type {
     PI_IQ2_XXS = 16,
     PI_IQ2_XS = 17,
     PI_IQ3_XXS = 18,
+    PI_IQ1_S = 19,
     PI_IQ4_NL = 20,
     PI_IQ3_S = 21,
     PI_IQ2_S = 22,
     PI_IQ4_XS = 23,
+    PI_IQ1_M = 29,
     PI_BF16 = 30,
     PI_MXFP4 = 39
 };

@@ -9,7 +9,7 @@
  *     d = m / -8, q = min(15, trunc(x * (1/d) + 8.5)), two 4-bit values per byte (j low, j + 16 high).
  *   - Q5_0: as Q4_0 with d = m / -16, q = min(31, trunc(x / d + 16.5)), bit 4 of element j in bit j of qh.
  *   - Q4_1 / Q5_1: d = (max - min) / 15 (31), m = min, q = min(15 (31), trunc((x - min) / d + 0.5)).
- *   - K-quants (Q2_K ... Q6_K), IQ4_XS and IQ2_* / IQ3_*: dequantization only (llama.cpp's 256-element super-blocks, see
+ *   - K-quants (Q2_K ... Q6_K), IQ4_XS and IQ1_* / IQ2_* / IQ3_*: dequantization only (llama.cpp's 256-element super-blocks, see
  *     matmul_internal.h); they are never produced here.
  * Quantization is exact integer/IEEE arithmetic, so kernels/ref.py reproduces it byte for byte.
  */
@@ -75,7 +75,8 @@ int64_t pi_block_size(int type) {
     case PI_IQ4_NL: case PI_MXFP4: return QK;
     case PI_Q4_K: case PI_Q5_K: case PI_Q6_K: return QK_K;
     case PI_Q2_K: case PI_Q3_K: case PI_IQ4_XS: return QK_K;
-    case PI_IQ2_XXS: case PI_IQ2_XS: case PI_IQ2_S: case PI_IQ3_XXS: case PI_IQ3_S: return QK_K;
+    case PI_IQ2_XXS: case PI_IQ2_XS: case PI_IQ2_S: case PI_IQ3_XXS: case PI_IQ3_S:
+    case PI_IQ1_S: case PI_IQ1_M: return QK_K;
     default: return 1;
     }
 }
@@ -103,6 +104,8 @@ int64_t pi_row_size(int type, int64_t n_cols) {
     case PI_IQ2_S: return n_cols / QK_K * (int64_t)sizeof(block_iq2_s);
     case PI_IQ3_XXS: return n_cols / QK_K * (int64_t)sizeof(block_iq3_xxs);
     case PI_IQ3_S: return n_cols / QK_K * (int64_t)sizeof(block_iq3_s);
+    case PI_IQ1_S: return n_cols / QK_K * (int64_t)sizeof(block_iq1_s);
+    case PI_IQ1_M: return n_cols / QK_K * (int64_t)sizeof(block_iq1_m);
     default: return 0;
     }
 }
@@ -289,7 +292,8 @@ static void dequantize_row(int type, const void *src, float *y, int64_t n_cols) 
     }
     case PI_Q2_K: case PI_Q3_K:
     case PI_Q4_K: case PI_Q5_K: case PI_Q6_K: case PI_IQ4_XS:
-    case PI_IQ2_XXS: case PI_IQ2_XS: case PI_IQ2_S: case PI_IQ3_XXS: case PI_IQ3_S: {
+    case PI_IQ2_XXS: case PI_IQ2_XS: case PI_IQ2_S: case PI_IQ3_XXS: case PI_IQ3_S:
+    case PI_IQ1_S: case PI_IQ1_M: {
         const int64_t size = pi_row_size(type, QK_K);
         for (int64_t k = 0; k < n_cols / QK_K; k++, y += QK_K) {
             int8_t q[QK_K];

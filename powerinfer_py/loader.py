@@ -2,7 +2,7 @@
 
 Tensors in a kernel type (tensor.KERNEL_TYPES: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL, MXFP4 (gpt-oss's
 and llama.cpp's MXFP4_MOE experts), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS and the I-quants IQ3_XXS, IQ3_S, IQ2_XXS,
-IQ2_XS, IQ2_S) stay zero-copy views on the memory map. Every other float or quantized type (IQ1_S, IQ1_M, TQ1_0,
+IQ2_XS, IQ2_S, IQ1_S, IQ1_M) stay zero-copy views on the memory map. Every other float or quantized type (TQ1_0,
 TQ2_0, F64 ...) is converted once, here: dequantized to f32 with the gguf package's numpy code, then
 quantized to Q8_0 (the nearest kernel type that loses almost nothing: 8.5 bits per weight), or kept F32 for 1-D
 tensors and rows that are not a multiple of 32. Integer tensors (I8..I64) are left alone. After a tensor is

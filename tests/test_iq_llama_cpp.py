@@ -1,10 +1,10 @@
-"""I-quant files (IQ3_S, IQ3_M = mostly IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S) load without conversion and give
-llama.cpp's logits on the same file.
+"""I-quant files (IQ3_S, IQ3_M = mostly IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M) load without
+conversion and give llama.cpp's logits on the same file.
 
-llama.cpp's quantizer makes IQ3_S / IQ3_M files without an importance matrix; it refuses IQ3_XXS and the IQ2
-types without one, so those files are written here: every 2-D layer matrix of a synthetic llama replaced by
-random valid blocks (any grid index, sign and scale is valid) with one f16 d per tensor that keeps the weights'
-spread, the rest of the file as it was."""
+llama.cpp's quantizer makes IQ3_S / IQ3_M files without an importance matrix; it refuses IQ3_XXS, the IQ2 and the
+IQ1 types without one, so those files are written here: every 2-D layer matrix of a synthetic llama replaced by
+random valid blocks (any grid index, sign, delta and scale is valid) with one f16 d per tensor that keeps the
+weights' spread, the rest of the file as it was."""
 from __future__ import annotations
 
 import llama_cpp
@@ -16,11 +16,12 @@ from model_checks import unconverted_logits
 
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.gguf.writer import write_gguf
+from powerinfer_py.kernels.ref_iq import put_iq1m_d
 from powerinfer_py.tensor import GGML_QUANT_SIZES, GGMLType, Tensor
 
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322], dtype=np.int32)
 QUANTIZED = {"IQ3_S": llama_cpp.LLAMA_FTYPE_MOSTLY_IQ3_S, "IQ3_M": llama_cpp.LLAMA_FTYPE_MOSTLY_IQ3_M}
-RANDOM = ("IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_S")
+RANDOM = ("IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M")
 # As in test_llama_cpp_quantized: both engines round every matmul input to Q8_K; a ~1e-3 difference upstream
 # (llama.cpp's f16 attention) flips a few of those roundings and the flips compound over the layers. A wrong
 # grid entry, sign, scale or factor moves the logits by a large fraction of their spread. Measured (max difference
@@ -35,6 +36,14 @@ def source(synthetic_model):
     return synthetic_model("llama", "f32", n_embd=256, n_ff=512)  # rows of 256
 
 
+def set_d(blocks, ggml_type: GGMLType, d: float):
+    """Every block's f16 d := d (bytes 0..1; IQ1_M: the top nibbles of its scale words)."""
+    if ggml_type == GGMLType.IQ1_M:
+        put_iq1m_d(blocks, np.full(len(blocks), d))
+    else:
+        blocks[:, :2] = np.array([d], np.float16).view(np.uint8)
+
+
 def random_iq_file(src, dst, ggml_type: GGMLType, seed: int = 0):
     f = open_gguf(src)
     rng = np.random.default_rng(seed)
@@ -46,10 +55,9 @@ def random_iq_file(src, dst, ggml_type: GGMLType, seed: int = 0):
         n_rows, n_cols = t.shape
         _, size = GGML_QUANT_SIZES[ggml_type]
         b = rng.integers(0, 256, (n_rows * n_cols // 256, size), dtype=np.uint8)
-        b[:, :2] = np.array([1.0], np.float16).view(np.uint8)
+        set_d(b, ggml_type, 1.0)
         unit_std = gguf_quants.dequantize(b, ggml_type).std()
-        d = np.float16(np.asarray(t.data, np.float32).std() / unit_std)
-        b[:, :2] = np.array([d], np.float16).view(np.uint8)
+        set_d(b, ggml_type, np.asarray(t.data, np.float32).std() / unit_std)
         tensors.append(Tensor(name, ggml_type, t.shape, b.reshape(n_rows, -1)))
     out = write_gguf(dst, f.metadata, tensors, types=f.metadata_types)
     f.close()

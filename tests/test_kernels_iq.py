@@ -27,11 +27,16 @@ def kernels(request):
 
 
 def random_iq(ggml_type, n_rows, n_cols, seed) -> Tensor:
-    """Random blocks: any grid index, sign and scale byte is valid; only the f16 d (bytes 0..1) is set finite."""
+    """Random blocks: any grid index, sign and scale byte is valid; only the f16 d (bytes 0..1; IQ1_M: the top
+    nibbles of its four scale words, bytes 48..55) is set finite."""
     rng = np.random.default_rng(seed)
     _, size = GGML_QUANT_SIZES[ggml_type]
     b = rng.integers(0, 256, (n_rows * n_cols // 256, size), dtype=np.uint8)
-    b[:, :2] = rng.uniform(-0.02, 0.02, len(b)).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    d = rng.uniform(-0.02, 0.02, len(b)).astype(np.float16)
+    if ggml_type == GGMLType.IQ1_M:
+        ref_iq.put_iq1m_d(b, d)
+    else:
+        b[:, :2] = d.view(np.uint8).reshape(-1, 2)
     return Tensor("w", ggml_type, (n_rows, n_cols), b.reshape(n_rows, -1))
 
 

@@ -8,7 +8,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import quants as gguf_quants
 
 from powerinfer_py.errors import UnsupportedError
-from powerinfer_py.kernels import ref
+from powerinfer_py.kernels import ref, ref_iq
 from powerinfer_py.tensor import KERNEL_TYPES, GGMLType, Tensor
 
 cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not built", exc_type=ImportError)
@@ -24,6 +24,7 @@ K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,  # 256-element super-blo
            GGMLType.IQ4_XS,  # IQ4_NL's levels in 8 sub-blocks of 32 with 6-bit scales
            # grid values with sign bits, 4-bit scales (random bytes: any index, sign and scale is valid)
            GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S,
+           GGMLType.IQ1_S, GGMLType.IQ1_M,  # grid -1 / 0 / 1 plus a +-1/8 delta, 3-bit scales
            )
 RANDOM_TYPES = K_TYPES + (GGMLType.IQ4_NL, GGMLType.MXFP4)  # types tests build from random bytes
 QUANTIZABLE = FLOAT_TYPES + Q0_TYPES + Q1_TYPES
@@ -34,7 +35,8 @@ K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (20
                 GGMLType.Q3_K: (108,),
                 GGMLType.IQ4_XS: (0,),
                 **{t: (0,) for t in (GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_XXS, GGMLType.IQ2_XS,
-                                     GGMLType.IQ2_S)},
+                                     GGMLType.IQ2_S, GGMLType.IQ1_S)},
+                GGMLType.IQ1_M: (),  # its f16 d is spread over the scale words' top nibbles (ref_iq.put_iq1m_d)
                 }
 K_F16_FIELDS[GGMLType.IQ4_NL] = (0,)  # its one f16 d: random bytes after it are a valid IQ4_NL block too
 K_F16_FIELDS[GGMLType.MXFP4] = ()  # no f16: byte 0 is an E8M0 exponent (random_k_blocks keeps it sane)
@@ -57,6 +59,8 @@ def random_k_blocks(ggml_type, n_rows, n_cols, rng, scale=(0.001, 0.02)) -> np.n
         b[:, off:off + 2] = rng.uniform(*scale, len(b)).astype(np.float16).view(np.uint8).reshape(-1, 2)
     if ggml_type == GGMLType.MXFP4:
         b[:, 0] = rng.integers(*MXFP4_E, len(b))
+    if ggml_type == GGMLType.IQ1_M:
+        ref_iq.put_iq1m_d(b, rng.uniform(*scale, len(b)))
     return b.reshape(n_rows, -1)
 
 
@@ -197,6 +201,8 @@ def test_k_quant_matmul_is_exact_integer_arithmetic(kernels, ggml_type):
     blocks = data.reshape(-1, GGML_QUANT_SIZES[ggml_type][1])
     for off, value in zip(K_F16_FIELDS[ggml_type], (2.0 ** -4, 2.0 ** -5)):
         blocks[:, off:off + 2] = np.full(len(blocks), value, np.float16).view(np.uint8).reshape(-1, 2)
+    if ggml_type == GGMLType.IQ1_M:
+        ref_iq.put_iq1m_d(blocks, np.full(len(blocks), 2.0 ** -4))
     w = Tensor("w", ggml_type, (n_rows, n_cols), data)
     wv = ref.dequantize(w).astype(np.float64)
     x = rng.integers(-3, 4, size=(3, n_cols)).astype(np.float32)
@@ -360,8 +366,8 @@ def test_bad_input_raises(kernels):
         kernels.get_rows(w, np.array([-1], dtype=np.int32))
     with pytest.raises(ValueError, match="integer"):
         kernels.get_rows(w, np.array([0.5]))
-    iq = Tensor("blk.0.ffn_down.weight", GGMLType.IQ1_S, (2, 256), np.zeros((2, 50), dtype=np.uint8))
-    with pytest.raises(UnsupportedError, match="blk.0.ffn_down.weight.*IQ1_S"):
+    iq = Tensor("blk.0.ffn_down.weight", GGMLType.TQ2_0, (2, 256), np.zeros((2, 66), dtype=np.uint8))
+    with pytest.raises(UnsupportedError, match="blk.0.ffn_down.weight.*TQ2_0"):
         kernels.matmul(iq, np.zeros(256, dtype=np.float32))
     q4k = Tensor("odd", GGMLType.Q4_K, (2, 128), np.zeros((2, 72), dtype=np.uint8))
     with pytest.raises(ValueError, match="odd.*multiple of 256"):

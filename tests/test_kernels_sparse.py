@@ -6,14 +6,15 @@ import numpy as np
 import pytest
 
 from powerinfer_py.errors import UnsupportedError
-from powerinfer_py.kernels import ref
+from powerinfer_py.kernels import ref, ref_iq
 from powerinfer_py.tensor import KERNEL_TYPES, GGMLType, Tensor, row_bytes
 
 cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not built", exc_type=ImportError)
 
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 EPS32 = 2.0 ** -24  # f32 unit roundoff
-IQ_TYPES = (GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S)
+IQ_TYPES = (GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ1_S,
+            GGMLType.IQ1_M)
 K_TYPES = tuple(t for t in KERNEL_TYPES if t.name.endswith("_K") or t in (GGMLType.IQ4_XS,) + IQ_TYPES)  # 256-element super-blocks
 RANDOM_TYPES = K_TYPES + (GGMLType.IQ4_NL, GGMLType.MXFP4)  # computed on, not produced by quantize(): random bytes
 
@@ -32,6 +33,7 @@ K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (20
                 GGMLType.Q3_K: (108,),
                 GGMLType.IQ4_XS: (0,),
                 **{t: (0,) for t in IQ_TYPES},  # f16 d first; any grid index, sign and scale bytes are valid
+                GGMLType.IQ1_M: (),  # its f16 d: the scale words' top nibbles (set below)
                 }
 K_F16_FIELDS[GGMLType.IQ4_NL] = (0,)  # its one f16 d: random bytes after it are a valid IQ4_NL block too
 K_F16_FIELDS[GGMLType.MXFP4] = ()  # byte 0 is an E8M0 exponent (set below), the rest any nibbles
@@ -47,6 +49,8 @@ def make_weight(ggml_type, n_rows, n_cols, seed=0, name="ffn_down_t") -> Tensor:
             b[:, off:off + 2] = rng.uniform(0.001, 0.02, len(b)).astype(np.float16).view(np.uint8).reshape(-1, 2)
         if ggml_type == GGMLType.MXFP4:  # scales 2^(e - 127) of 2^-9 .. 2^-4, as the f16 scales above
             b[:, 0] = rng.integers(118, 124, len(b))
+        if ggml_type == GGMLType.IQ1_M:
+            ref_iq.put_iq1m_d(b, rng.uniform(0.001, 0.02, len(b)))
         return Tensor(name, ggml_type, (n_rows, n_cols), b.reshape(n_rows, -1))
     w = rng.standard_normal((n_rows, n_cols), dtype=np.float32)
     return Tensor(name, ggml_type, (n_rows, n_cols), ref.quantize(w, ggml_type))
@@ -210,7 +214,7 @@ def test_axpy_bad_input(pools):
     bad = Tensor("ffn_down_t", GGMLType.Q4_0, (4, 64), np.zeros((4, 10), np.uint8))
     with pytest.raises(ValueError, match="ffn_down_t"):
         k.axpy_rows(bad, np.array([0], np.int32), np.ones(1, np.float32))
-    q = Tensor("ffn_down_t", GGMLType.IQ1_S, (4, 256), np.zeros((4, 50), np.uint8))
+    q = Tensor("ffn_down_t", GGMLType.TQ2_0, (4, 256), np.zeros((4, 66), np.uint8))
     with pytest.raises(UnsupportedError):
         k.axpy_rows(q, np.array([0], np.int32), np.ones(1, np.float32))
     for impl in (k, ref):

@@ -44,7 +44,7 @@ def _q(name: str, ggml_type: GGMLType, shape: tuple[int, ...]) -> tuple[Tensor, 
 _KQUANT_F16_FIELDS = {GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,), GGMLType.Q4_K: (0, 2), GGMLType.Q6_K: (208,)}
 _KQUANT_F16_FIELDS[GGMLType.IQ4_XS] = (0,)  # its f16 d (random scale bytes after it are valid)
 _KQUANT_F16_FIELDS[GGMLType.IQ3_S] = (0,)  # likewise (any grid index, sign and scale bytes)
-_KQUANT_F16_FIELDS[GGMLType.IQ1_S] = (0,)  # likewise (random grid indices, deltas and scales are valid)
+_KQUANT_F16_FIELDS[GGMLType.TQ2_0] = (64,)  # its f16 d after the 2-bit values (any value bytes are valid)
 
 
 def _kquant(name: str, ggml_type: GGMLType, shape: tuple[int, ...]) -> tuple[Tensor, np.ndarray]:
@@ -189,9 +189,9 @@ def test_gemma3_swa_and_scaling(tmp_path):
 
 def _mixed_file(tmp_path: Path):
     q5, _ = _q("blk.0.ffn_up.weight", GGMLType.Q5_1, (96, 64))
-    # converted: types without a kernel (IQ1_S: 2-D to Q8_0, 1-D to F32)
-    iq, iq_ref = _kquant("blk.0.extra.weight", GGMLType.IQ1_S, (5, 256))
-    q41_1d, q41_ref = _kquant("blk.0.odd.weight", GGMLType.IQ1_S, (256,))
+    # converted: types without a kernel (TQ2_0: 2-D to Q8_0, 1-D to F32)
+    iq, iq_ref = _kquant("blk.0.extra.weight", GGMLType.TQ2_0, (5, 256))
+    q41_1d, q41_ref = _kquant("blk.0.odd.weight", GGMLType.TQ2_0, (256,))
     f64 = Tensor("blk.0.f64.weight", GGMLType.F64, (3, 5), rng.standard_normal((3, 5)))
     q8, _ = _q("token_embd.weight", GGMLType.Q8_0, (32, 64))
     f16 = Tensor("blk.0.attn_q.weight", GGMLType.F16, (64, 64), rng.standard_normal((64, 64)).astype(np.float16))
@@ -218,8 +218,8 @@ def test_conversion_of_non_kernel_types(tmp_path):
     assert w.config.arch == "llama" and w.file is f
     assert list(w.tensors) == list(f.tensors)
     assert w.conversions == [
-        Conversion("blk.0.extra.weight", GGMLType.IQ1_S, GGMLType.Q8_0),
-        Conversion("blk.0.odd.weight", GGMLType.IQ1_S, GGMLType.F32),  # 1-D
+        Conversion("blk.0.extra.weight", GGMLType.TQ2_0, GGMLType.Q8_0),
+        Conversion("blk.0.odd.weight", GGMLType.TQ2_0, GGMLType.F32),  # 1-D
         Conversion("blk.0.f64.weight", GGMLType.F64, GGMLType.F32),  # rows of 5: not a multiple of 32
     ]
     for name, ref in refs.items():
@@ -289,7 +289,7 @@ def test_model_info(tmp_path):
     assert info["tensor_types"]["IQ4_XS"] == {"count": 1, "bytes": 3 * 512 // 256 * 136}  # native: not converted
     assert info["tensor_types"]["IQ3_S"] == {"count": 1, "bytes": 3 * 512 // 256 * 110}
     assert {(c["from"], c["to"], c["count"]) for c in info["conversions"]} == {
-        ("IQ1_S", "Q8_0", 1), ("IQ1_S", "F32", 1), ("F64", "F32", 1)}
+        ("TQ2_0", "Q8_0", 1), ("TQ2_0", "F32", 1), ("F64", "F32", 1)}
 
 
 def test_model_info_checks_tensors_from_the_header(synthetic_model, tmp_path):

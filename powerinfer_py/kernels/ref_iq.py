@@ -1,10 +1,14 @@
-"""Numpy reference for the I-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S (layouts: csrc/matmul_internal.h).
+"""Numpy reference for the I-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (layouts:
+csrc/matmul_internal.h).
 
 Each weight is d * f * (2 ls + 1) * grid * sign: an unsigned grid value, a sign bit, a 4-bit scale ls per group
 (32 or 16 weights) and f = 1/8 (IQ2), 1/4 (IQ3_XXS) or 1 (IQ3_S). The grids are data of the format and come
 from the gguf package (gguf.quants.<TYPE>.grid); a 7-bit sign index k stands for the 8 signs k | parity(k) << 7.
 iq_blocks returns the integer parts in ref.py's K-quant form, so ref.matmul / ref.dequantize treat them like
 the other super-block types: q = grid * sign, sc = 2 ls + 1, d = f16 d * f.
+IQ1_S / IQ1_M: value = d * (2 ls + 1) * (grid + delta), grid in {-1, 0, 1}, delta = +-1/8 per 32 (IQ1_S) or 8
+(IQ1_M) weights (a sign bit); in the same form q = 8 grid + 8 delta (an integer), f = 1/8. IQ1_M has no d field:
+its f16 d is the top nibbles of its four 16-bit scale words.
 """
 from __future__ import annotations
 
@@ -13,16 +17,17 @@ from gguf import quants
 
 from ..tensor import GGMLType
 
-IQ_TYPES = (GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S)
+IQ_TYPES = (GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ1_S,
+            GGMLType.IQ1_M)
 BLOCK_BYTES = {GGMLType.IQ2_XXS: 66, GGMLType.IQ2_XS: 74, GGMLType.IQ2_S: 82, GGMLType.IQ3_XXS: 98,
-               GGMLType.IQ3_S: 110}
+               GGMLType.IQ3_S: 110, GGMLType.IQ1_S: 50, GGMLType.IQ1_M: 56}
 _FACTOR = {GGMLType.IQ2_XXS: 0.125, GGMLType.IQ2_XS: 0.125, GGMLType.IQ2_S: 0.125, GGMLType.IQ3_XXS: 0.25,
-           GGMLType.IQ3_S: 1.0}
+           GGMLType.IQ3_S: 1.0, GGMLType.IQ1_S: 0.125, GGMLType.IQ1_M: 0.125}
 _GRIDS: dict = {}
 
 
 def grid(ggml_type: GGMLType) -> np.ndarray:
-    """The type's grid as int16 [n_entries, 8 (IQ2) or 4 (IQ3)], from gguf.quants."""
+    """The type's grid as int16 [n_entries, 8 (IQ2, IQ1) or 4 (IQ3)], from gguf.quants (IQ1: signed -1, 0, 1)."""
     if ggml_type not in _GRIDS:
         cls = getattr(quants, ggml_type.name)
         cls.init_grid()
@@ -53,6 +58,8 @@ def _nibbles(b: np.ndarray) -> np.ndarray:
 def iq_blocks(ggml_type: GGMLType, b: np.ndarray) -> dict:
     """b uint8 [R, S, block bytes] -> {"q": int8 [R, S, 256], "sc": int [R, S, G], "d": f32 [R, S]}."""
     t = GGMLType(ggml_type)
+    if t in (GGMLType.IQ1_S, GGMLType.IQ1_M):
+        return _iq1_blocks(t, b)
     rs = b.shape[:2]
     d = b[..., :2].copy().view(np.float16)[..., 0].astype(np.float32) * np.float32(_FACTOR[t])
     g = grid(t)
@@ -84,3 +91,43 @@ def iq_blocks(ggml_type: GGMLType, b: np.ndarray) -> dict:
     idx = b[..., 2:66].astype(np.int64) | (qh.reshape(*rs, 64).astype(np.int64) << 8)
     q = _apply_signs(g[idx].reshape(*rs, 32, 8), b[..., 74:106])
     return {"q": q.reshape(*rs, 256), "sc": 2 * _nibbles(b[..., 106:110]) + 1, "d": d}
+
+
+def iq1m_d(b: np.ndarray) -> np.ndarray:
+    """IQ1_M blocks uint8 [..., 56] -> their f16 d as f32: the top nibble of scale word k is bits 4k..4k+3."""
+    w = b[..., 48:56].copy().view(np.uint16).astype(np.uint16)
+    bits = (w[..., 0] >> 12) | ((w[..., 1] >> 12) << 4) | ((w[..., 2] >> 12) << 8) | ((w[..., 3] >> 12) << 12)
+    return bits.astype(np.uint16).view(np.float16).astype(np.float32)
+
+
+def put_iq1m_d(blocks: np.ndarray, d) -> None:
+    """Write f16 scales d [n] into IQ1_M blocks uint8 [n, 56] in place (the top nibbles of the scale words; the
+    3-bit scales below them are kept): IQ1_M has no d field, so tests and benchmarks that make random blocks
+    set it here."""
+    bits = np.asarray(d, np.float16).view(np.uint16).astype(np.uint16)
+    w = blocks[:, 48:56].copy().view(np.uint16) & np.uint16(0x0FFF)
+    w |= ((bits[:, None] >> np.array([0, 4, 8, 12], np.uint16)) & np.uint16(15)) << np.uint16(12)
+    blocks[:, 48:56] = w.view(np.uint8)
+
+
+def _iq1_blocks(t: GGMLType, b: np.ndarray) -> dict:
+    """IQ1_S (f16 d, qs[32], uint16 qh[8]) / IQ1_M (qs[32], qh[16], uint16 scales[4]) in iq_blocks' form."""
+    rs = b.shape[:2]
+    g = grid(t).astype(np.int64)
+    if t == GGMLType.IQ1_S:
+        qh = b[..., 34:50].copy().view(np.uint16).astype(np.int64)  # [R, S, 8]
+        high = (qh[..., None] >> np.array([0, 3, 6, 9])) & 7  # [R, S, 8, 4]: group 4k + l
+        idx = b[..., 2:34].astype(np.int64) | (high.reshape(*rs, 32) << 8)
+        neg = np.repeat((qh >> 15) & 1, 4, axis=-1)  # per group of 8
+        sc = 2 * ((qh >> 12) & 7) + 1
+        d = b[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+    else:
+        nib = (b[..., 32:48, None].astype(np.int64) >> np.array([0, 4])) & 15  # group 2k + h: nibble h of qh[k]
+        nib = nib.reshape(*rs, 32)
+        idx = b[..., :32].astype(np.int64) | ((nib & 7) << 8)
+        neg = nib >> 3
+        w = b[..., 48:56].copy().view(np.uint16).astype(np.int64)  # [R, S, 4]
+        sc = (2 * ((w[..., None] >> np.array([0, 3, 6, 9])) & 7) + 1).reshape(*rs, 16)
+        d = iq1m_d(b)
+    q = 8 * g[idx] + np.where(neg == 1, -1, 1)[..., None]  # [R, S, 32, 8]
+    return {"q": q.reshape(*rs, 256).astype(np.int8), "sc": sc, "d": d * np.float32(0.125)}
