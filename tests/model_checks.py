@@ -130,3 +130,39 @@ def unconverted_logits(f, kernels, tokens) -> np.ndarray:
     singles = np.stack([model.forward(tokens[i:i + 1], step, all_logits=True)[-1] for i in range(len(tokens))])
     np.testing.assert_array_equal(singles, ours)
     return ours
+
+
+def assert_chat_reuse_matches_fresh_prefill(path) -> None:
+    """For models whose cache cannot be rewound (recurrent state: lfm2, qwen35): turn 2 of a chat continues the
+    cache (only the new tokens run); after an edit of the earlier reply the prompt diverges inside the cached
+    text, the session starts over from 0, and the prompt's logits are a fresh prefill's either way."""
+    from powerinfer_py.chat import ChatSession, template_for
+    from powerinfer_py.sampler import SamplingParams
+
+    llm = load(path, threads=1, n_ctx=256)
+    s = ChatSession(llm, template_for(llm, "chatml"), "Be kind.", max_tokens=6, sampling=SamplingParams(temperature=0))
+    seen, forward = [], llm.model.forward
+
+    def recording(tokens, cache, all_logits=False):
+        out = forward(tokens, cache, all_logits)
+        seen.append(out.copy())
+        return out
+
+    try:
+        list(s.send("hello world"))
+        held = list(s.tokens)
+        llm.model.forward = recording
+        for edit in (False, True):
+            if edit:
+                s.messages[-1]["content"] = "the sun " + s.messages[-1]["content"]
+                held = list(s.tokens)
+            seen.clear()
+            r = s.send("the cat")
+            list(r)
+            ids = s.tokens[:r.stats.n_prompt]
+            assert r.stats.n_reused == (0 if edit else len(held))
+            assert (ids[:len(held)] == held) != edit
+            fresh = forward(ids, llm.model.new_cache(256))
+            np.testing.assert_allclose(seen[0], fresh, rtol=0, atol=1e-4 * fresh.std())
+    finally:
+        llm.close()

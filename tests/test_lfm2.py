@@ -19,10 +19,8 @@ import dataclasses
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
-from model_checks import assert_fused_decode_equals_python, rewrite_gguf
+from model_checks import assert_chat_reuse_matches_fresh_prefill, assert_fused_decode_equals_python, rewrite_gguf
 
-from powerinfer_py import load
-from powerinfer_py.chat import ChatSession, template_for
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.conv_cache import ConvKVCache
 from powerinfer_py.errors import ModelFileError, PowerInferError
@@ -30,7 +28,6 @@ from powerinfer_py.gguf import open_gguf
 from powerinfer_py.loader import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.models.lfm2 import Lfm2Model
-from powerinfer_py.sampler import SamplingParams
 from powerinfer_py.tensor import GGMLType, Tensor
 
 # <s> then the pieces of "Hello world, th..." and a few more
@@ -213,36 +210,7 @@ def test_cache_truncation_keeps_all_or_nothing(f32_file, cpu_kernels):
 
 
 def test_chat_reuse_and_divergence_match_a_fresh_prefill(f32_file):
-    """Turn 2 of a chat continues the cache (only the new tokens run); after an edit of the earlier reply the
-    prompt diverges inside the cached text, the session starts over from 0, and the prompt's logits are a fresh
-    prefill's either way."""
-    llm = load(f32_file, threads=1, n_ctx=256)
-    s = ChatSession(llm, template_for(llm, "chatml"), "Be kind.", max_tokens=6, sampling=SamplingParams(temperature=0))
-    seen, forward = [], llm.model.forward
-
-    def recording(tokens, cache, all_logits=False):
-        out = forward(tokens, cache, all_logits)
-        seen.append(out.copy())
-        return out
-
-    try:
-        list(s.send("hello world"))
-        held = list(s.tokens)
-        llm.model.forward = recording
-        for edit in (False, True):
-            if edit:
-                s.messages[-1]["content"] = "the sun " + s.messages[-1]["content"]
-                held = list(s.tokens)
-            seen.clear()
-            r = s.send("the cat")
-            list(r)
-            ids = s.tokens[:r.stats.n_prompt]
-            assert r.stats.n_reused == (0 if edit else len(held))
-            assert (ids[:len(held)] == held) != edit
-            fresh = forward(ids, llm.model.new_cache(256))
-            np.testing.assert_allclose(seen[0], fresh, rtol=0, atol=1e-4 * fresh.std())
-    finally:
-        llm.close()
+    assert_chat_reuse_matches_fresh_prefill(f32_file)
 
 
 # ---- broken files ------------------------------------------------------------------------------------------------
