@@ -166,3 +166,22 @@ def assert_chat_reuse_matches_fresh_prefill(path) -> None:
             np.testing.assert_allclose(seen[0], fresh, rtol=0, atol=1e-4 * fresh.std())
     finally:
         llm.close()
+
+
+def load_model(path, kernels, cls=None, **config_changes):
+    """The model of GGUF file path on kernels, its config changed by config_changes (a mutation), built as
+    class cls when given (a subclass that does one thing wrong), else the arch's own class."""
+    import dataclasses
+
+    from powerinfer_py.gguf import open_gguf
+    from powerinfer_py.loader import load_weights
+    from powerinfer_py.models import build_model, expected_tensors
+
+    w = load_weights(open_gguf(path), expected_tensors)
+    config = dataclasses.replace(w.config, **config_changes) if config_changes else w.config
+    return build_model(config, w.tensors, kernels) if cls is None else cls(config, w.tensors, kernels)
+
+
+def rel_err(ours: np.ndarray, want: np.ndarray) -> float:
+    """Largest |ours - want| relative to the spread (std) of want: the measure every architecture test quotes."""
+    return float(np.abs(ours - want).max() / want.std())

@@ -4,13 +4,12 @@ same file (with caps small enough to change the result, so a missing cap would s
 against the Python path, threshold mode at sparsity 0 against dense, and clear errors for broken files."""
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
-from model_checks import assert_fused_decode_equals_python
+from model_checks import assert_fused_decode_equals_python, load_model, rel_err
 
 from powerinfer_py import load
 from powerinfer_py.calibrate import calibrate
@@ -22,7 +21,7 @@ from powerinfer_py.gguf.writer import write_gguf
 from powerinfer_py.kernels import ref
 from powerinfer_py.kernels.cpu import CpuKernels
 from powerinfer_py.loader import load_weights
-from powerinfer_py.models import build_model, expected_tensors
+from powerinfer_py.models import expected_tensors
 from powerinfer_py.perplexity import perplexity
 from powerinfer_py.profile import profile_model
 from powerinfer_py.tensor import GGMLType, Tensor
@@ -43,16 +42,6 @@ def kern(request):
     k = CpuKernels(n_threads=request.param)
     yield k
     k.close()
-
-
-def load_model(path, kernels, **config_changes):
-    w = load_weights(open_gguf(path), expected_tensors)
-    config = dataclasses.replace(w.config, **config_changes) if config_changes else w.config
-    return build_model(config, w.tensors, kernels)
-
-
-def rel_err(ours: np.ndarray, want: np.ndarray) -> float:
-    return float(np.abs(ours - want).max() / want.std())
 
 
 # ---- the soft-capped attention kernel ----------------------------------------------------------------------

@@ -18,7 +18,7 @@ import dataclasses
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
-from model_checks import info_text, rewrite_gguf
+from model_checks import info_text, rel_err, rewrite_gguf
 
 from powerinfer_py import load
 from powerinfer_py.calibrate import calibrate
@@ -69,10 +69,6 @@ def logits(model) -> np.ndarray:
     return model.forward(TOKENS, model.new_cache(32), all_logits=True)
 
 
-def off(ours, ref) -> float:
-    return float(np.abs(ours - ref).max() / ref.std())
-
-
 def test_config_reads_the_per_layer_layout(files):
     c = load_weights(open_gguf(files[8, "f32"]), expected_tensors).config
     g = c.gemma4
@@ -91,7 +87,7 @@ def test_matches_llama_cpp(files, refs, kern, P, dtype):
     ref = refs[P, dtype]
     model = build(files[P, dtype], kern)
     batch = logits(model)
-    assert off(batch, ref) < (TOL if dtype == "f32" else QUANT_TOL)
+    assert rel_err(batch, ref) < (TOL if dtype == "f32" else QUANT_TOL)
     if dtype == "f32":
         assert (batch.argmax(1) == ref.argmax(1)).all()
     cache = model.new_cache(32)
@@ -122,19 +118,19 @@ def test_each_feature_matters(files, refs, kern):
         dist = {}
         m = build(path, kern)
         m.kernels = _NoVNorm(kern)
-        dist["v_norm"] = off(logits(m), ref)
+        dist["v_norm"] = rel_err(logits(m), ref)
         m = build(path, kern)
         for L in m.layers:
             L.out_scale = None
-        dist["out_scale"] = off(logits(m), ref)
+        dist["out_scale"] = rel_err(logits(m), ref)
         if P:
             m = build(path, kern)
             m.per_layer_inputs = lambda ids, e: np.zeros((6, len(ids), P), np.float32)
-            dist["per_layer"] = off(logits(m), ref)
-        dist["kv_shared"] = off(logits(build(path, kern, kv_source=(0, 1, 2, 3, 0, 1))), ref)
+            dist["per_layer"] = rel_err(logits(m), ref)
+        dist["kv_shared"] = rel_err(logits(build(path, kern, kv_source=(0, 1, 2, 3, 0, 1))), ref)
         m = build(path, kern)
         m.layer_attn = [(w, rope[:4] + (None,)) for w, rope in m.layer_attn]
-        dist["rope_freqs"] = off(logits(m), ref)
+        dist["rope_freqs"] = rel_err(logits(m), ref)
         print(P, {k: round(v, 3) for k, v in dist.items()})
         assert min(dist.values()) > TOL
 

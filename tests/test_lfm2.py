@@ -14,19 +14,18 @@ B and C swapped: 5.1; no Q/K norms: 0.94.
 """
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
-from model_checks import assert_chat_reuse_matches_fresh_prefill, assert_fused_decode_equals_python, rewrite_gguf
+from model_checks import assert_chat_reuse_matches_fresh_prefill, assert_fused_decode_equals_python, load_model, rel_err, rewrite_gguf
 
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.conv_cache import ConvKVCache
 from powerinfer_py.errors import ModelFileError, PowerInferError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.loader import load_weights
-from powerinfer_py.models import build_model, expected_tensors
+from powerinfer_py.models import expected_tensors
 from powerinfer_py.models.lfm2 import Lfm2Model
 from powerinfer_py.tensor import GGMLType, Tensor
 
@@ -37,18 +36,8 @@ QUANT_TOL = 0.25  # quantized files (tests/test_models.py's bound)
 N_LAYER = 6
 
 
-def load_model(path, kernels, cls=None, **config_changes):
-    w = load_weights(open_gguf(path), expected_tensors)
-    config = dataclasses.replace(w.config, **config_changes) if config_changes else w.config
-    return build_model(config, w.tensors, kernels) if cls is None else cls(config, w.tensors, kernels)
-
-
 def all_logits(model, tokens=TOKENS) -> np.ndarray:
     return model.forward(tokens, model.new_cache(32), all_logits=True)
-
-
-def rel_err(ours: np.ndarray, want: np.ndarray) -> float:
-    return float(np.abs(ours - want).max() / want.std())
 
 
 @pytest.fixture(scope="module")

@@ -9,19 +9,16 @@ within 0.0014 on every f32 file here (tolerance 0.01).
 """
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
-from model_checks import assert_fused_decode_equals_python, assert_matches_llama_cpp, info_text, relabel_gguf
+from model_checks import assert_fused_decode_equals_python, assert_matches_llama_cpp, info_text, load_model, relabel_gguf
 
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.kernels.cpu import CpuKernels
-from powerinfer_py.loader import load_weights
-from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.models.mistral3 import Mistral3Model
 from powerinfer_py.synth import write_synthetic_model
 
@@ -93,16 +90,10 @@ def kern():
     k.close()
 
 
-def model_of(path, kernels, cls=Mistral3Model, **changes):
-    w = load_weights(open_gguf(path), expected_tensors)
-    config = dataclasses.replace(w.config, **changes) if changes else w.config
-    return cls(config, w.tensors, kernels)
-
-
 def test_temperature_only_past_its_unit(files, kern):
     """t(pos) = 1 below L (the fused C step runs there, bit for bit the Python path); past L the Python path
     applies it, and one token at a time equals one batch (assert_matches_llama_cpp checked that on the file)."""
-    m = model_of(files["temp"], kern)
+    m = load_model(files["temp"], kern, Mistral3Model)
     assert m.q_temperature(np.arange(4, dtype=np.int32)) is None
     t = m.q_temperature(np.arange(16, dtype=np.int32))
     want = 1 + 0.5 * np.log(np.floor(np.arange(16) / 4) + 1)
@@ -130,6 +121,6 @@ class NoTemperature(Mistral3Model):
 def test_mistakes_are_visible(files, kern, file, cls, changes, least):
     """Each wrong reading is far outside TOL, so the agreement above tells them apart."""
     ref = llama_cpp_logits(files[file], TOKENS)
-    m = model_of(files[file], kern, cls, **changes)
+    m = load_model(files[file], kern, cls, **changes)
     out = m.forward(TOKENS, m.new_cache(32), all_logits=True)
     assert np.abs(out - ref).max() / ref.std() > least

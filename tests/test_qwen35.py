@@ -15,12 +15,11 @@ carried into the second call of a prefill split 6 + 10: 5.3; q not scaled by 1/s
 """
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
-from model_checks import assert_chat_reuse_matches_fresh_prefill, info_text, rewrite_gguf
+from model_checks import assert_chat_reuse_matches_fresh_prefill, info_text, load_model, rel_err, rewrite_gguf
 
 from powerinfer_py import load
 from powerinfer_py.config import ModelConfig
@@ -28,7 +27,7 @@ from powerinfer_py.delta_cache import DeltaKVCache
 from powerinfer_py.errors import ModelFileError, PowerInferError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.loader import load_weights
-from powerinfer_py.models import build_model, expected_tensors, qwen35
+from powerinfer_py.models import expected_tensors, qwen35
 from powerinfer_py.models.qwen35 import Qwen35Model
 
 # <s> then the pieces of "Hello world, th..." and a few more
@@ -37,18 +36,8 @@ TOL = 0.01  # as the other architectures' f32 files
 QUANT_TOL = 0.25  # quantized files (tests/test_models.py's bound)
 
 
-def load_model(path, kernels, cls=None, **config_changes):
-    w = load_weights(open_gguf(path), expected_tensors)
-    config = dataclasses.replace(w.config, **config_changes) if config_changes else w.config
-    return build_model(config, w.tensors, kernels) if cls is None else cls(config, w.tensors, kernels)
-
-
 def all_logits(model, tokens=TOKENS) -> np.ndarray:
     return model.forward(tokens, model.new_cache(32), all_logits=True)
-
-
-def rel_err(ours: np.ndarray, want: np.ndarray) -> float:
-    return float(np.abs(ours - want).max() / want.std())
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,11 @@ last layer only would be off by 0.43, on layer 3 only by 0.18: the step of 4 is 
 """
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
-from model_checks import assert_fused_decode_equals_python
+from model_checks import assert_fused_decode_equals_python, load_model, rel_err
 
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError, UnsupportedError
@@ -24,7 +23,7 @@ from powerinfer_py.gguf import open_gguf
 from powerinfer_py.gguf.writer import write_gguf
 from powerinfer_py.kernels.cpu import CpuKernels
 from powerinfer_py.loader import load_weights
-from powerinfer_py.models import build_model, expected_tensors
+from powerinfer_py.models import expected_tensors
 from powerinfer_py.models.olmo2 import Olmo2Model
 
 # <s> then the pieces of "Hello world, th"
@@ -40,18 +39,8 @@ def kern(request):
     k.close()
 
 
-def load_model(path, kernels, cls=None, **config_changes):
-    w = load_weights(open_gguf(path), expected_tensors)
-    config = dataclasses.replace(w.config, **config_changes) if config_changes else w.config
-    return build_model(config, w.tensors, kernels) if cls is None else cls(config, w.tensors, kernels)
-
-
 def all_logits(model) -> np.ndarray:
     return model.forward(TOKENS, model.new_cache(32), all_logits=True)
-
-
-def rel_err(ours: np.ndarray, want: np.ndarray) -> float:
-    return float(np.abs(ours - want).max() / want.std())
 
 
 class PerHeadQKNorm(Olmo2Model):
