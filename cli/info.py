@@ -113,7 +113,8 @@ def _table(f: dict) -> Table:
             delta = [il for il, is_delta in enumerate(c["delta_layers"]) if is_delta]
             t.add_row("delta-net layers", f"{', '.join(map(str, delta)) or 'none'} ({c['ssm_n_k_heads']} key / "
                       f"{c['ssm_n_v_heads']} value heads of {c['ssm_d_state']}, conv over {c['conv_kernel']} tokens); "
-                      "gated attention on the others")
+                      "gated attention on the others"
+                      + (f"; {c['n_nextn']} next-token-prediction block(s) not run" if c["n_nextn"] else ""))
         if c["arch"] == "gpt-oss":
             t.add_row("gpt-oss", f"attention sinks; even layers see the last {c['sliding_window']} tokens; router "
                       "weights softmaxed after top-k; expert biases; swiglu_oai (clamp 7, alpha 1.702)")

@@ -138,7 +138,7 @@ class ModelConfig:
     expert_weights_scale: float = 1.0  # the chosen experts' weights are multiplied by it (deepseek2)
     n_expert_groups: int = 0  # deepseek2 group-limited routing: groups of experts (0: none)
     n_expert_group_used: int = 0  # groups whose experts may be chosen
-    n_nextn: int = 0  # glm4, glm4moe: trailing next-token-prediction blocks in the file, not run (not in n_layer)
+    n_nextn: int = 0  # glm4, glm4moe, qwen35(moe): trailing next-token-prediction blocks in the file, not run (not in n_layer)
     conv_layers: tuple[bool, ...] = ()  # lfm2: per layer True = gated short convolution, False = attention
     conv_kernel: int = 0  # lfm2, qwen35: the convolution's length in tokens (shortconv.l_cache, ssm.conv_kernel)
     delta_layers: tuple[bool, ...] = ()  # qwen35: per layer True = gated delta net, False = gated attention
@@ -411,6 +411,9 @@ class _Reader(ArchKeys):
         n_embd = self.positive("{arch}.embedding_length")
         n_layer = self.positive("{arch}.block_count")
         n_layer, glm = self.glm4(n_layer) if self.arch in GLM_ARCHS else (n_layer, {})
+        if self.arch in ("qwen35", "qwen35moe"):  # trailing multi-token-prediction blocks: not run
+            n_nextn = self.nextn_blocks(n_layer)
+            n_layer, glm = n_layer - n_nextn, {"n_nextn": n_nextn}
         g4 = gemma4_keys(self, n_layer) if self.arch == "gemma4" else {}  # per-layer shapes: config_gemma4.py
         n_head = g4.pop("_n_head") if g4 else self.positive("{arch}.attention.head_count")
         lfm2 = self.lfm2(n_layer, n_head)  # per-layer head counts: 0 marks a convolution layer

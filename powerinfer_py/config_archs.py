@@ -125,13 +125,19 @@ class ArchKeys:
     """Per-architecture metadata readers, mixed into config._Reader (which provides f, meta, arch, key, get,
     positive, n_vocab)."""
 
-    def glm4(self, n_layer: int) -> tuple[int, dict]:
-        """glm4(moe): (the layers that run, ModelConfig fields): the trailing next-token-prediction blocks left out;
-        glm4moe's per-layer FFN kinds and routing (module docstring), with "_norm" / "_n_shared" for config()."""
+    def nextn_blocks(self, n_layer: int) -> int:
+        """{arch}.nextn_predict_layers: trailing multi-token-prediction blocks (glm4moe, qwen35; llama.cpp's converter
+        writes them by default). They are in the file and in block_count, but the main pass never runs them."""
         nextn = self.get("{arch}.nextn_predict_layers", 0)
         if not 0 <= nextn < n_layer:
             raise ModelFileError(f"{self.f.path}: {self.key('{arch}.nextn_predict_layers')} {nextn} must be in "
                                  f"0..{n_layer - 1} (block_count {n_layer})")
+        return nextn
+
+    def glm4(self, n_layer: int) -> tuple[int, dict]:
+        """glm4(moe): (the layers that run, ModelConfig fields): the trailing next-token-prediction blocks left out;
+        glm4moe's per-layer FFN kinds and routing (module docstring), with "_norm" / "_n_shared" for config()."""
+        nextn = self.nextn_blocks(n_layer)
         sections = self.meta.get(self.key("{arch}.rope.dimension_sections"))
         if isinstance(sections, list) and any(sections):
             raise UnsupportedError(f"{self.f.path}: {self.arch} files with rope.dimension_sections (multimodal "
@@ -362,9 +368,6 @@ class ArchKeys:
         if self.arch not in ("qwen35", "qwen35moe"):
             return {}
         path, key = self.f.path, self.key
-        if self.get("{arch}.nextn_predict_layers", 0):  # how llama.cpp counts these blocks was not checked here
-            raise UnsupportedError(f"{path}: qwen35 files with multi-token-prediction blocks "
-                                   f"({key('{arch}.nextn_predict_layers')}) are not supported")
         interval = self.get("{arch}.full_attention_interval", 4)
         if interval < 1:
             raise ModelFileError(f"{path}: {key('{arch}.full_attention_interval')} must be at least 1, got {interval}")
@@ -387,6 +390,17 @@ class ArchKeys:
         kv = self.meta.get(key("{arch}.attention.head_count_kv"))
         if isinstance(kv, list):  # a per-layer array: the attention layers' count (0 or the same on the others)
             kv = max(kv) if kv else None
-        return {"delta_layers": tuple((il + 1) % interval != 0 for il in range(n_layer)), "conv_kernel": kernel,
+        delta = tuple((il + 1) % interval != 0 for il in range(n_layer))
+        flags = self.meta.get(key("{arch}.attention.recurrent_layers"))  # newer converters: one bool per block
+        if flags is not None:
+            n_all = n_layer + self.get("{arch}.nextn_predict_layers", 0)
+            if not isinstance(flags, list) or len(flags) != n_all:
+                raise ModelFileError(f"{path}: {key('{arch}.attention.recurrent_layers')} must hold one boolean per "
+                                     f"block ({n_all}), got {flags!r:.80}")
+            delta = tuple(bool(v) for v in flags[:n_layer])
+            if any(flags[n_layer:]):
+                raise ModelFileError(f"{path}: {key('{arch}.attention.recurrent_layers')} marks a multi-token-"
+                                     "prediction block as recurrent (they are full-attention blocks)")
+        return {"delta_layers": delta, "conv_kernel": kernel,
                 "ssm_d_state": d_state, "ssm_n_k_heads": n_k, "ssm_n_v_heads": n_v,
                 "_n_head_kv": kv if isinstance(kv, int) and kv > 0 else self.positive("{arch}.attention.head_count")}

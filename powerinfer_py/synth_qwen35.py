@@ -36,7 +36,8 @@ def _options(o: dict, n_embd: int, n_head: int) -> dict:
             "n_ctx_train": o.pop("n_ctx_train", 512), "norm_eps": o.pop("norm_eps", 1e-6),
             "freq_base": o.pop("rope_freq_base", 10_000_000.0), "tied": o.pop("tied", True),
             "n_expert": o.pop("n_expert", 4), "n_expert_used": o.pop("n_expert_used", 2),
-            "n_ff_exp": o.pop("n_ff_exp", None), "n_ff_shexp": o.pop("n_ff_shexp", None)}
+            "n_ff_exp": o.pop("n_ff_exp", None), "n_ff_shexp": o.pop("n_ff_shexp", None),
+            "nextn": o.pop("nextn", 0), "recurrent_layers": o.pop("recurrent_layers", False)}
     if o:
         raise TypeError(f"unknown qwen35 synthetic model option(s): {', '.join(sorted(o))}")
     if opts["n_v_heads"] % opts["n_k_heads"]:
@@ -49,7 +50,11 @@ def write_qwen35(path: str | os.PathLike, arch: str, *, dtype: str, n_layer: int
     """Write a tiny random qwen35 / qwen35moe model; overrides: head_dim (default 2 n_embd / n_head), n_rot
     (default head_dim / 2), rope_sections (4 ints summing to n_rot / 2), full_attention_interval (default 3),
     d_state (16), n_k_heads (2), n_v_heads (4), conv_kernel (4), n_ctx_train, norm_eps, rope_freq_base, tied
-    (default True); qwen35moe: n_expert (4), n_expert_used (2), n_ff_exp and n_ff_shexp (default n_ff)."""
+    (default True); qwen35moe: n_expert (4), n_expert_used (2), n_ff_exp and n_ff_shexp (default n_ff).
+    nextn (default 0): trailing multi-token-prediction blocks as llama.cpp's converter writes them by default
+    (block_count counts them; each is a full-attention block plus nextn.* tensors; never run for the main
+    output); recurrent_layers (default False): also write the per-layer {arch}.attention.recurrent_layers
+    booleans that newer converters write (false on the MTP blocks)."""
     from .gguf import write_gguf
     from .synth import _FILE_TYPE, DTYPES, _encode, synthetic_vocab
     from .tensor import GGMLType
@@ -61,7 +66,7 @@ def write_qwen35(path: str | os.PathLike, arch: str, *, dtype: str, n_layer: int
     F_exp, F_sh = o["n_ff_exp"] or n_ff, o["n_ff_shexp"] or n_ff
     meta = {
         "general.architecture": a, "general.name": f"synthetic-{a}-{dtype}", "general.file_type": _FILE_TYPE[dtype],
-        f"{a}.context_length": o["n_ctx_train"], f"{a}.embedding_length": E, f"{a}.block_count": n_layer,
+        f"{a}.context_length": o["n_ctx_train"], f"{a}.embedding_length": E, f"{a}.block_count": n_layer + o["nextn"],
         f"{a}.feed_forward_length": n_ff, f"{a}.attention.head_count": n_head,
         f"{a}.attention.head_count_kv": n_head_kv, f"{a}.attention.layer_norm_rms_epsilon": float(o["norm_eps"]),
         f"{a}.attention.key_length": hd, f"{a}.attention.value_length": hd,
@@ -70,6 +75,11 @@ def write_qwen35(path: str | os.PathLike, arch: str, *, dtype: str, n_layer: int
         f"{a}.ssm.conv_kernel": K, f"{a}.ssm.state_size": dk, f"{a}.ssm.group_count": Hk,
         f"{a}.ssm.time_step_rank": Hv, f"{a}.ssm.inner_size": dk * Hv,
     }
+    if o["nextn"]:
+        meta[f"{a}.nextn_predict_layers"] = o["nextn"]
+    if o["recurrent_layers"]:
+        meta[f"{a}.attention.recurrent_layers"] = [bool((il + 1) % o["interval"]) and il < n_layer
+                                                   for il in range(n_layer + o["nextn"])]
     if moe:
         meta.update({f"{a}.expert_count": o["n_expert"], f"{a}.expert_used_count": o["n_expert_used"],
                      f"{a}.expert_feed_forward_length": F_exp, f"{a}.expert_shared_feed_forward_length": F_sh})
@@ -92,10 +102,13 @@ def write_qwen35(path: str | os.PathLike, arch: str, *, dtype: str, n_layer: int
 
     out = [("token_embd.weight", (0.1 if o["tied"] else 1.0) * rng.standard_normal((n_vocab, E), dtype=np.float32))]
     conv_dim = 2 * dk * Hk + dk * Hv
-    for il in range(n_layer):
+    for il in range(n_layer + o["nextn"]):
         p = f"blk.{il}."
         out.append((p + "attn_norm.weight", norm(E)))
-        if (il + 1) % o["interval"]:  # a gated delta net
+        if il >= n_layer:  # a multi-token-prediction block: the full-attention block below plus its own tensors
+            out += [(p + "nextn.eh_proj.weight", linear(E, 2 * E)), (p + "nextn.enorm.weight", norm(E)),
+                    (p + "nextn.hnorm.weight", norm(E)), (p + "nextn.shared_head_norm.weight", norm(E))]
+        if (il + 1) % o["interval"] and il < n_layer:  # a gated delta net
             out += [(p + "attn_qkv.weight", linear(conv_dim, E)), (p + "attn_gate.weight", linear(dk * Hv, E)),
                     (p + "ssm_conv1d.weight", linear(conv_dim, K)),
                     (p + "ssm_dt.bias", 0.3 * rng.standard_normal(Hv, dtype=np.float32)),

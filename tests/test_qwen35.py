@@ -142,16 +142,16 @@ def test_missing_delta_tensor_is_named(f32_file, tmp_path):
 
 
 def test_bad_ssm_keys_are_refused(f32_file, tmp_path):
-    """Value heads that are not a multiple of the key heads, and a conv of one tap, fail on the key; files with
-    multi-token-prediction blocks are refused."""
+    """Value heads that are not a multiple of the key heads, a conv of one tap, and more multi-token-prediction
+    blocks than blocks fail on the key."""
     with pytest.raises(ModelFileError, match="time_step_rank 3 .* not a multiple of ssm.group_count 2"):
         bad = rewrite_gguf(f32_file, tmp_path / "heads.gguf", edit={"qwen35.ssm.time_step_rank": 3})
         ModelConfig.from_gguf(open_gguf(bad))
     with pytest.raises(ModelFileError, match="qwen35.ssm.conv_kernel must be at least 2"):
         ModelConfig.from_gguf(open_gguf(rewrite_gguf(f32_file, tmp_path / "k1.gguf", edit={"qwen35.ssm.conv_kernel": 1})))
-    with pytest.raises(UnsupportedError, match="multi-token-prediction blocks"):
+    with pytest.raises(ModelFileError, match=r"nextn_predict_layers 6 must be in 0..5 \(block_count 6\)"):
         ModelConfig.from_gguf(open_gguf(rewrite_gguf(f32_file, tmp_path / "mtp.gguf",
-                                                     edit={"qwen35.nextn_predict_layers": 1})))
+                                                     edit={"qwen35.nextn_predict_layers": 6})))
 
 
 # ---- against llama.cpp ----------------------------------------------------------------------------------------
@@ -286,3 +286,35 @@ def test_qwen35moe_q8_0_matches_llama_cpp(synthetic_model, cpu_kernels):
     """The Q8_0 file (measured: 0.099 of the spread)."""
     path = synthetic_model("qwen35moe", "q8_0")
     assert rel_err(all_logits(load_model(path, cpu_kernels)), llama_cpp_logits(path, TOKENS)) < QUANT_TOL
+
+
+# ---- files as llama.cpp's converter writes them now: a multi-token-prediction block and recurrent_layers ----------
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
+def test_mtp_blocks_are_skipped_like_llama_cpp(synthetic_model, cpu_kernels, tmp_path, arch):
+    """The converter appends nextn_predict_layers full-attention blocks with nextn.* tensors (counted in block_count)
+    and writes attention.recurrent_layers: the main pass runs only the first block_count - nextn blocks, as
+    llama.cpp does on the same file, and gives the bits of that file with the MTP block cut out."""
+    path = synthetic_model(arch, "f32", nextn=1, recurrent_layers=True)
+    f = open_gguf(path)
+    c = ModelConfig.from_gguf(f)
+    assert c.n_layer == 6 and c.n_nextn == 1 and c.delta_layers == (True, True, False, True, True, False)
+    assert "1 next-token-prediction block(s) not run" in info_text(path)
+    ours = all_logits(load_model(path, cpu_kernels))
+    assert rel_err(ours, llama_cpp_logits(path, TOKENS)) < TOL
+    cut = rewrite_gguf(path, tmp_path / "cut.gguf", drop=[n for n in f.tensors if n.startswith("blk.6.")],
+                       edit={f"{arch}.block_count": 6, f"{arch}.nextn_predict_layers": None,
+                             f"{arch}.attention.recurrent_layers": None})
+    np.testing.assert_array_equal(all_logits(load_model(cut, cpu_kernels)), ours)
+
+
+def test_recurrent_layers_key_decides_the_layer_kinds(f32_file, tmp_path, cpu_kernels):
+    """attention.recurrent_layers overrides full_attention_interval (llama.cpp reads it first); a wrong length or an
+    MTP block marked recurrent is a clear error."""
+    flags = [True, True, False, True, True, False]
+    good = rewrite_gguf(f32_file, tmp_path / "flags.gguf",
+                        edit={"qwen35.attention.recurrent_layers": flags, "qwen35.full_attention_interval": 5})
+    assert ModelConfig.from_gguf(open_gguf(good)).delta_layers == tuple(flags)
+    short = rewrite_gguf(f32_file, tmp_path / "short.gguf", edit={"qwen35.attention.recurrent_layers": flags[:4]})
+    with pytest.raises(ModelFileError, match="recurrent_layers must hold one boolean per block"):
+        ModelConfig.from_gguf(open_gguf(short))
