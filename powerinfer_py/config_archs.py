@@ -103,8 +103,10 @@ Per architecture:
           key heads) and ssm.inner_size (= state_size x time_step_rank) are required. rope.dimension_sections (M-RoPE)
           must sum to at most rope.dimension_count / 2: with text positions (every section at the token's position)
           llama.cpp's interleaved M-RoPE is NeoX RoPE over the first dimension_count dims. qwen35moe: experts with
-          softmax scores and renormalized weights plus a sigmoid-gated shared expert in every layer. Files with
-          nextn_predict_layers (multi-token-prediction blocks) are refused
+          softmax scores and renormalized weights plus a sigmoid-gated shared expert in every layer.
+          attention.recurrent_layers (one boolean per block, newer converters) overrides the interval when present;
+          nextn_predict_layers trailing multi-token-prediction blocks are in the file and in block_count but not run
+          (as glm4moe's).
 """
 from __future__ import annotations
 
