@@ -61,7 +61,8 @@ _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gem
                "gpt-oss", "glm4moe", "lfm2", "lfm2moe", "gemma4", "smallthinker",
                "qwen35", "qwen35moe"}  # qwen35: text M-RoPE is NeoX RoPE (config_archs.qwen35)
 # their models take per-pair RoPE factors and a scale (models/base.py)
-_YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee", "deepseek2", "mistral3")
+_YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee", "deepseek2", "mistral3",
+               "olmo2")
 _LAYERNORM_ARCHS = {"falcon", "opt"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
 _DEFAULT_FREQ_BASE = {"qwen2": 1_000_000.0, "qwen2moe": 1_000_000.0}
 HIDDEN_ACTS = ("silu", "relu", "fatrelu", "gelu")
@@ -287,6 +288,8 @@ class _Reader(ArchKeys):
                     tuple(il % GPTOSS_SWA_PERIOD != GPTOSS_SWA_PERIOD - 1 for il in range(n_layer)), rope_freq_base)
         if self.arch == "smallthinker":
             return self.smallthinker_swa(n_layer, rope_freq_base)
+        if self.arch == "olmo2":  # OLMo 3: a window on 3 of every 4 layers (llama.cpp's default pattern), if any
+            return self.olmo3_swa(n_layer, rope_freq_base)
         if self.arch not in ("gemma2", "gemma3"):
             return 0, (False,) * n_layer, rope_freq_base
         gemma2 = self.arch == "gemma2"

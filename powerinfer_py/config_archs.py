@@ -45,7 +45,9 @@ Per architecture:
   smollm3 the llama block (normal RoPE) where every 4th layer ((il + 1) % 4 == 0) skips RoPE (no_rope_layers);
           llama.cpp hard-codes the step 4 (no GGUF key holds it), and so do we
   olmo2   NeoX RoPE; no pre-norms: RMSNorms of the whole Q and K projections and of the attention and FFN outputs
-          (tensors); files with {arch}.attention.sliding_window > 0 (OLMo 3) are refused
+          (tensors). OLMo 3 files have attention.sliding_window > 0: window layers per sliding_window_pattern
+          (default: all but every 4th), with plain RoPE at rope.freq_base_swa (default rope.freq_base) while
+          the full layers take the file's YaRN scaling, as llama.cpp runs them
   gpt-oss NeoX RoPE (YaRN in the real files), Q/K/V and output biases, attention sinks (tensors); the even layers
           (il % 2 == 0, llama.cpp's fixed pattern) attend within {arch}.attention.sliding_window (required);
           attn_scale 1/sqrt(head_dim); experts {arch}.expert_feed_forward_length wide, routed by the top-k
@@ -120,6 +122,7 @@ GLM_ARCHS = ("glm4", "glm4moe")
 SMALLTHINKER_WINDOW = 4096  # smallthinker: llama.cpp's fixed window whenever a file has sliding_window > 0
 SMALLTHINKER_SWA_PERIOD = 4  # default of {arch}.attention.sliding_window_pattern
 SMALLTHINKER_NO_ROPE_STEP = 4  # smallthinker with a window: layers il % 4 == 0 use no RoPE (no key holds it)
+OLMO3_SWA_PERIOD = 4  # olmo2 with a window (OLMo 3): layers with il % 4 == 3 attend to every position
 SMOLLM3_NO_ROPE_STEP = 4  # smollm3: layers with (il + 1) % 4 == 0 use no RoPE (llama.cpp's n_no_rope_layer_step)
 
 
@@ -189,10 +192,26 @@ class ArchKeys:
             out["rope_mscale"] = mscale(1.0) / mscale(log_mul)
         return out
 
+    def olmo3_swa(self, n_layer: int, rope_freq_base: float) -> tuple[int, tuple[bool, ...], float]:
+        """olmo2 files with attention.sliding_window > 0 (OLMo 3): (window, swa_layers, RoPE base of the window
+        layers). The layers come from attention.sliding_window_pattern (one bool per layer, or a period) and
+        otherwise from llama.cpp's default period of 4 (layer il has the window unless il % 4 == 3)."""
+        window = self.get("{arch}.attention.sliding_window", 0)
+        if window <= 0:
+            return 0, (False,) * n_layer, rope_freq_base
+        pattern = self.meta.get(self.key("{arch}.attention.sliding_window_pattern"))
+        if isinstance(pattern, list):
+            if len(pattern) != n_layer:
+                raise ModelFileError(f"{self.f.path}: {self.key('{arch}.attention.sliding_window_pattern')} has "
+                                     f"{len(pattern)} entries for {n_layer} layers")
+            layers = tuple(bool(v) for v in pattern)
+        else:
+            period = pattern if isinstance(pattern, int) and pattern > 0 else OLMO3_SWA_PERIOD
+            layers = tuple(il % period != period - 1 for il in range(n_layer))
+        return window, layers, self.get("{arch}.rope.freq_base_swa", rope_freq_base, kind=float)
+
     def smollm3_olmo2(self, n_layer: int) -> dict:
-        """smollm3's RoPE-less layers (ModelConfig.no_rope_layers); refuses olmo2 files with a sliding window."""
-        if self.arch == "olmo2" and self.get("{arch}.attention.sliding_window", 0) > 0:
-            raise UnsupportedError(f"{self.f.path}: olmo2 files with a sliding window (OLMo 3) are not supported")
+        """smollm3's RoPE-less layers (ModelConfig.no_rope_layers); {} for other architectures."""
         if self.arch != "smollm3":
             return {}
         return {"no_rope_layers": tuple((il + 1) % SMOLLM3_NO_ROPE_STEP == 0 for il in range(n_layer))}

@@ -8,6 +8,8 @@ layer il = 3 rotated) 0.42, smollm3 with NeoX RoPE 3.0; olmo2 with per-head inst
 0.55, olmo2 with normal instead of NeoX RoPE 1.4. The correct models are off by 0.0023 (smollm3) and 0.0015
 (olmo2), against a tolerance of 0.01. On the 8-layer smollm3 file (0.0020 when right), RoPE switched off on the
 last layer only would be off by 0.43, on layer 3 only by 0.18: the step of 4 is what llama.cpp runs.
+OLMo 3 (olmo2 with a window of 4 on layers 0-2, 12 tokens): 0.0018; with YaRN (factor 4) 0.0019, Q8_0 0.076;
+on that YaRN file, no window would be off by 4.8, YaRN applied to the window layers too by 0.65.
 """
 from __future__ import annotations
 
@@ -56,6 +58,13 @@ class PerHeadQKNorm(Olmo2Model):
         return np.ascontiguousarray(q, np.float32), np.ascontiguousarray(kk, np.float32), v
 
 
+class YarnEverywhere(Olmo2Model):
+    """A wrong OLMo 3: the window layers rotated with the file's YaRN scaling too."""
+
+    def layer_attention(self):
+        return [(w, self.rope_args()) for w, _ in super().layer_attention()]
+
+
 # ---- config -------------------------------------------------------------------------------------------------
 
 def test_config(synthetic_model):
@@ -69,20 +78,42 @@ def test_config(synthetic_model):
     assert c.attn_scale == pytest.approx(c.head_dim ** -0.5) and c.sliding_window == 0
 
 
-def test_olmo2_with_sliding_window_is_refused(synthetic_model):
-    """OLMo 3 files (arch olmo2 with a sliding window) need per-layer windows and RoPE we do not run."""
-    with pytest.raises(UnsupportedError, match="olmo2 files with a sliding window"):
-        ModelConfig.from_gguf(open_gguf(synthetic_model("olmo2", "f32", sliding_window=4)))
+OLMO3 = dict(n_layer=4, sliding_window=4, n_ctx_train=64)  # layers 0-2 windowed, layer 3 global (period 4)
+OLMO3_YARN = dict(OLMO3, rope_scaling=(("type", "yarn"), ("factor", 4.0), ("original_context_length", 8)))
+
+
+def test_olmo3_config(synthetic_model, tmp_path):
+    """OLMo 3 (olmo2 with attention.sliding_window): 3 of every 4 layers windowed unless
+    attention.sliding_window_pattern says otherwise (one bool per layer); the window layers' RoPE base is
+    rope.freq_base_swa when given; a pattern of the wrong length is a clear error."""
+    path = synthetic_model("olmo2", "f32", **OLMO3)
+    c = ModelConfig.from_gguf(open_gguf(path))
+    assert c.sliding_window == 4 and c.swa_layers == (True, True, True, False)
+    assert c.rope_freq_base_swa == c.rope_freq_base
+    f = open_gguf(path)
+    tensors = list(f.tensors.values())
+    meta = dict(f.metadata, **{"olmo2.attention.sliding_window_pattern": [True, False, True, False],
+                               "olmo2.rope.freq_base_swa": 5000.0})
+    c = ModelConfig.from_gguf(open_gguf(write_gguf(tmp_path / "pattern.gguf", meta, tensors)))
+    assert c.swa_layers == (True, False, True, False) and c.rope_freq_base_swa == 5000.0
+    meta["olmo2.attention.sliding_window_pattern"] = [True, False]
+    with pytest.raises(ModelFileError, match="sliding_window_pattern has 2 entries for 4 layers"):
+        ModelConfig.from_gguf(open_gguf(write_gguf(tmp_path / "short.gguf", meta, tensors)))
 
 
 # ---- against llama.cpp ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("arch,dtype,n_layer", [("smollm3", "f32", 4), ("smollm3", "f32", 8), ("smollm3", "q8_0", 4),
-                                                ("olmo2", "f32", 2), ("olmo2", "q8_0", 2)])
-def test_logits_match_llama_cpp(synthetic_model, cpu_kernels, arch, dtype, n_layer):
+@pytest.mark.parametrize("arch,dtype,shape", [("smollm3", "f32", dict(n_layer=4)), ("smollm3", "f32", dict(n_layer=8)),
+                                              ("smollm3", "q8_0", dict(n_layer=4)), ("olmo2", "f32", dict(n_layer=2)),
+                                              ("olmo2", "q8_0", dict(n_layer=2)), ("olmo2", "f32", OLMO3),
+                                              ("olmo2", "f32", OLMO3_YARN), ("olmo2", "q8_0", OLMO3_YARN)],
+                         ids=["smollm3-4", "smollm3-8", "smollm3-q8_0", "olmo2", "olmo2-q8_0", "olmo3", "olmo3-yarn",
+                              "olmo3-yarn-q8_0"])
+def test_logits_match_llama_cpp(synthetic_model, cpu_kernels, arch, dtype, shape):
     """Same file, same tokens: the logits at every position against llama.cpp's. smollm3 with 8 layers: the
-    NoPE layers are 3 and 7 (a step of 4), not only the last one."""
-    path = synthetic_model(arch, dtype, n_layer=n_layer)
+    NoPE layers are 3 and 7 (a step of 4), not only the last one. OLMo 3: 12 tokens through a window of 4 on
+    layers 0-2, and with YaRN, which llama.cpp applies to the global layer only."""
+    path = synthetic_model(arch, dtype, **shape)
     ours, theirs = all_logits(load_model(path, cpu_kernels)), llama_cpp_logits(path, TOKENS)
     assert (ours.argmax(1) == theirs.argmax(1)).all()
     assert rel_err(ours, theirs) < (TOL if dtype == "f32" else QUANT_TOL)
@@ -98,16 +129,22 @@ def test_mistakes_are_visible(synthetic_model, cpu_kernels):
     theirs = llama_cpp_logits(path, TOKENS)
     assert rel_err(all_logits(load_model(path, cpu_kernels, PerHeadQKNorm)), theirs) > 10 * TOL
     assert rel_err(all_logits(load_model(path, cpu_kernels, rope_neox=False)), theirs) > 10 * TOL
+    path = synthetic_model("olmo2", "f32", **OLMO3_YARN)
+    theirs = llama_cpp_logits(path, TOKENS)
+    assert rel_err(all_logits(load_model(path, cpu_kernels, sliding_window=0)), theirs) > 10 * TOL
+    assert rel_err(all_logits(load_model(path, cpu_kernels, YarnEverywhere)), theirs) > 10 * TOL
 
 
 # ---- one token at a time ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("arch,dtype", [("smollm3", "f32"), ("smollm3", "q8_0"), ("olmo2", "f32"), ("olmo2", "q8_0")])
-def test_fused_decode_equals_python_path(synthetic_model, kern, arch, dtype):
+@pytest.mark.parametrize("arch,dtype,shape", [("smollm3", "f32", {}), ("smollm3", "q8_0", {}), ("olmo2", "f32", {}),
+                                              ("olmo2", "q8_0", {}), ("olmo2", "f32", OLMO3_YARN)],
+                         ids=["smollm3", "smollm3-q8_0", "olmo2", "olmo2-q8_0", "olmo3-yarn"])
+def test_fused_decode_equals_python_path(synthetic_model, kern, arch, dtype, shape):
     """Prompt of 3 tokens, then one at a time: the one-call C attention block (smollm3: n_rot 0 on layer 3;
     olmo2: no pre-norm, whole-width Q/K norms, output norm) gives the Python path's logits and KV cache bit for
     bit, and the steps agree with one prefill of all tokens."""
-    model = load_model(synthetic_model(arch, dtype), kern)
+    model = load_model(synthetic_model(arch, dtype, **shape), kern)
     assert_fused_decode_equals_python(model, TOKENS)
 
 

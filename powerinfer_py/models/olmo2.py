@@ -11,8 +11,12 @@ Per layer:  q = rmsnorm(Wq·x) * q_norm        (blk.N.attn_q_norm.weight, f32 [n
             h = x + rmsnorm(Wo · attn(q, k, v)) * post_attention_norm        (scale 1/sqrt(head_dim))
             y = h + rmsnorm(Wdown · (silu(Wgate·h) * (Wup·h))) * post_ffw_norm
 Logits: rmsnorm(x) * output_norm, then output.weight (llama.cpp requires it; a file without it would use
-token_embd.weight). No biases anywhere. All as in llama.cpp's olmo2 graph; its sliding-window variant (OLMo 3
-files, attention.sliding_window > 0) is refused by config.py.
+token_embd.weight). No biases anywhere. All as in llama.cpp's olmo2 graph.
+
+OLMo 3 files (the same arch with attention.sliding_window > 0): the layers config.swa_layers marks (3 of every 4
+by default) attend only to the last `sliding_window` positions and rotate with plain RoPE (base
+rope.freq_base_swa, no frequency scale, no YaRN factors or magnitude); the others attend to every position with
+the file's RoPE scaling (YaRN on the long-context files), as llama.cpp's graph does.
 
 One-token steps run each attention block as one C call (attn_block.c, as the pre-norm models do) with the
 three switches it has for this block: no input norm (attn_norm None), whole-width Q/K norms (qk_norm_full) and
@@ -64,23 +68,28 @@ class Olmo2Model(Model):
         for L in self.layers:  # what base.attn_plans hands to attn_block_plan: no pre-norms in this block
             L.attn_norm = L.ffn_norm = None
 
+    def layer_attention(self) -> list[tuple[int, tuple]]:
+        """Per layer (window, RoPE args): OLMo 3's window layers use plain RoPE at their own base."""
+        c = self.config
+        plain = (c.n_rot, c.rope_freq_base_swa, 1.0, c.rope_neox, None, 1.0)
+        return [(c.sliding_window, plain) if swa else (0, self.rope_args()) for swa in c.swa_layers]
+
     def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         """Logits of tokens (the last, or all rows with all_logits) after appending their K/V to cache."""
         c, k = self.config, self.kernels
         ids, pos, p0 = self._begin(tokens, cache)
         n, eps = ids.shape[0], c.norm_eps
-        rope = self.rope_args()
 
         x = self._embed(ids, pos)  # [N, n_embd]
         plans = self.attn_plans() if n == 1 else None
         if plans is not None:  # base._fused_decode: the C block, then _ffn_out(ffn(x, x))
             return self._fused_decode(plans, x, p0, cache, all_logits)
-        for il, L in enumerate(self.layers):
+        for il, (L, (window, rope)) in enumerate(zip(self.layers, self.layer_attention())):
             q, kk, v = self._qkv(L, x, n)
             k.rope(q, pos, *rope)
             k.rope(kk, pos, *rope)
             self._store_kv(cache, il, p0, kk, v)
-            a = k.attention(q, cache.k[il], cache.v[il], p0, 0, c.attn_scale)  # [N, H, hd]
+            a = k.attention(q, cache.k[il], cache.v[il], p0, window, c.attn_scale)  # [N, H, hd]
             x += k.rmsnorm(k.matmul(L.wo, a.reshape(n, c.n_head * c.head_dim)), L.post_attn_norm, eps)
             # the FFN reads the residual itself (no ffn_norm); the predictor input is that residual too
             x += self._ffn_out(il, self.ffns[il](x, x))
@@ -89,8 +98,12 @@ class Olmo2Model(Model):
         return self._head(x, all_logits)
 
     def attn_plan_kwargs(self, il: int, layer) -> dict:
-        return dict(super().attn_plan_kwargs(il, layer), q_norm=layer.q_norm, k_norm=layer.k_norm,
-                    post_norm=layer.post_attn_norm, qk_norm_full=True)
+        kw = dict(super().attn_plan_kwargs(il, layer), q_norm=layer.q_norm, k_norm=layer.k_norm,
+                  post_norm=layer.post_attn_norm, qk_norm_full=True)
+        if self.config.swa_layers[il]:  # OLMo 3's window layers: plain RoPE
+            kw.update(window=self.config.sliding_window, rope_base=self.config.rope_freq_base_swa, rope_scale=1.0,
+                      rope_freqs=None, rope_mscale=1.0)
+        return kw
 
     def _ffn_out(self, il: int, y: np.ndarray) -> np.ndarray:
         return self.kernels.rmsnorm(y, self.layers[il].post_ffw_norm, self.config.norm_eps)
