@@ -236,14 +236,14 @@ def _hf_moe(w, p, h, cfg) -> np.ndarray:
 
 def variant_weights(w: dict[str, np.ndarray], rng, arch: str, *, n_layer: int) -> dict[str, np.ndarray]:
     """llama_weights reshaped into another architecture's HF tensors: ArceeForCausalLM drops gate_proj (its MLP
-    is down(relu(up x)^2)); Olmo2ForCausalLM drops input_layernorm and adds whole-width self_attn.q_norm /
+    is down(relu(up x)^2)); Olmo2ForCausalLM (and Olmo3) drops input_layernorm and adds whole-width self_attn.q_norm /
     k_norm and post_feedforward_layernorm (post_attention_layernorm then norms the attention output)."""
     w = dict(w)
     for il in range(n_layer):
         p = f"model.layers.{il}."
         if arch == "ArceeForCausalLM":
             del w[p + "mlp.gate_proj.weight"]
-        if arch == "Olmo2ForCausalLM":
+        if arch in ("Olmo2ForCausalLM", "Olmo3ForCausalLM"):
             n_embd = w.pop(p + "input_layernorm.weight").shape[0]
             for name, proj in (("q_norm", "q_proj"), ("k_norm", "k_proj")):
                 rows = w[f"{p}self_attn.{proj}.weight"].shape[0]
@@ -273,7 +273,7 @@ def hf_llama_forward(w: dict[str, np.ndarray], cfg: dict, tokens, inv_freq=None)
     MLP is down(relu(up x)^2) (hidden_act relu2)."""
     w = {k: v.astype(np.float64) for k, v in w.items()}
     hf_arch = cfg["architectures"][0]
-    granite, olmo2 = hf_arch == "GraniteForCausalLM", hf_arch == "Olmo2ForCausalLM"
+    granite, olmo2 = hf_arch == "GraniteForCausalLM", hf_arch in ("Olmo2ForCausalLM", "Olmo3ForCausalLM")
     mult = {k: cfg.get(k, 1.0) if granite else 1.0 for k in
             ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")}
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]

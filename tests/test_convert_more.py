@@ -1,4 +1,4 @@
-"""`powerinfer convert` for GraniteForCausalLM, SmolLM3ForCausalLM, Olmo2ForCausalLM and ArceeForCausalLM: a tiny
+"""`powerinfer convert` for GraniteForCausalLM, SmolLM3ForCausalLM, Olmo2ForCausalLM (and Olmo3ForCausalLM) and ArceeForCausalLM: a tiny
 random checkpoint per architecture (BF16 weights), converted to f32 GGUF, run by llama.cpp and by our engine
 (one batch and token by token), each against a float64 numpy reference of the Hugging Face model
 (hf_fixtures.hf_llama_forward).
@@ -32,6 +32,7 @@ CASES = {
     "SmolLM3ForCausalLM": ("smollm3", dict(n_layer=4, no_rope_layers=[1, 1, 1, 0], no_rope_layer_interval=4,
                                            tied=True)),
     "Olmo2ForCausalLM": ("olmo2", dict(rope_theta=5e5)),
+    "Olmo3ForCausalLM": ("olmo2", dict(rope_theta=5e5)),  # no window here: the reference has none
     "ArceeForCausalLM": ("arcee", dict(act="relu2")),
 }
 
@@ -106,6 +107,36 @@ def test_arcee_yarn_is_written_as_llama_cpp_reads_it(tmp_path):
     for got in batch_and_steps(out, TOKENS):
         assert (got.argmax(1) == theirs.argmax(1)).all()
         assert np.abs(got - theirs).max() < 2e-3 * np.abs(theirs).max()
+
+
+def test_olmo3_window_and_yarn_are_written_as_llama_cpp_reads_them(tmp_path):
+    """Olmo3ForCausalLM: the window and layer_types become attention.sliding_window(_pattern), YaRN its three keys;
+    both engines run the file alike over 12 tokens through a window of 4 (measured 5.2e-4 of the logits' max), and
+    the window matters (the same file without it: 1.08 off). Not compared with HF's model."""
+    from powerinfer_py.convert import convert
+
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+    types = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+    _checkpoint(tmp_path / "hf", "Olmo3ForCausalLM", n_layer=4, sliding_window=4, layer_types=types,
+                rope_scaling=yarn)
+    out = convert(tmp_path / "hf", tmp_path / "m.gguf", outtype="f32")
+    with open_gguf(out) as f:
+        assert f.metadata["general.architecture"] == "olmo2"
+        assert f.metadata["olmo2.attention.sliding_window"] == 4
+        assert list(f.metadata["olmo2.attention.sliding_window_pattern"]) == [True, False, True, False]
+        assert f.metadata["olmo2.rope.scaling.type"] == "yarn"
+        assert f.metadata["olmo2.rope.scaling.original_context_length"] == 16
+    theirs = llama_cpp_logits(out, TOKENS)
+    for got in batch_and_steps(out, TOKENS):
+        assert (got.argmax(1) == theirs.argmax(1)).all()
+        assert np.abs(got - theirs).max() < 2e-3 * np.abs(theirs).max()
+    from model_checks import load_model
+    from powerinfer_py.kernels.cpu import CpuKernels
+    k = CpuKernels(n_threads=1)
+    m = load_model(out, k, sliding_window=0)
+    no_window = m.forward(np.asarray(TOKENS, np.int32), m.new_cache(32), all_logits=True)
+    k.close()
+    assert np.abs(no_window - theirs).max() > 20 * 2e-3 * np.abs(theirs).max()
 
 
 # what each mutation changes in the reference's config / weights (module docstring)

@@ -76,9 +76,12 @@ def llama_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
     if d.head_dim != n_embd // n_head:
         meta[f"{arch}.attention.key_length"] = meta[f"{arch}.attention.value_length"] = d.head_dim
     kind = _rope_scaling_kind(ckpt, arch)
-    if kind == "linear":
-        meta[f"{arch}.rope.scaling.type"] = "linear"
+    if kind in ("linear", "yarn"):  # YaRN as llama.cpp's converter writes it: type, factor, original context
+        meta[f"{arch}.rope.scaling.type"] = kind
         meta[f"{arch}.rope.scaling.factor"] = float(ckpt.config["rope_scaling"]["factor"])
+    if kind == "yarn":
+        meta[f"{arch}.rope.scaling.original_context_length"] = int(ckpt.config["rope_scaling"].get(
+            "original_max_position_embeddings", cfg_value(ckpt, "max_position_embeddings")))
     if arch != "arcee":  # arcee's squared ReLU is implied by the architecture (hidden_act "relu2")
         meta.update(_activation(ckpt))
     meta.update(_experts(ckpt, arch))
@@ -142,7 +145,7 @@ def _rope_scaling_kind(ckpt: Checkpoint, arch: str) -> str | None:
     the rope_freqs.weight tensor); anything else is refused."""
     scaling = ckpt.config.get("rope_scaling")
     kind = (scaling.get("rope_type", scaling.get("type")) if scaling else None) or None
-    supported = ("linear", "llama3") if arch == "llama" else ("linear", "yarn") if arch == "arcee" else ("linear",)
+    supported = ("linear", "llama3") if arch == "llama" else ("linear", "yarn") if arch in ("arcee", "olmo2") else ("linear",)
     if kind in (None, "default") or kind in supported:
         return None if kind == "default" else kind
     raise UnsupportedError(f"{ckpt.folder / 'config.json'}: rope_scaling {kind!r} is not supported for {arch} "
@@ -255,18 +258,28 @@ def smollm3_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
 
 
 def arcee_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
-    """llama's hparams (no activation key: the squared ReLU comes with the architecture), YaRN as llama.cpp
-    writes it (type, factor, original context)."""
+    """llama's hparams (no activation key: the squared ReLU comes with the architecture; YaRN as llama.cpp
+    writes it: type, factor, original context)."""
     act = ckpt.config.get("hidden_act", "relu2")
     if act != "relu2":
         raise UnsupportedError(f"{ckpt.folder / 'config.json'}: arcee hidden_act {act!r} is not supported (relu2)")
+    return llama_hparams(ckpt, arch)
+
+
+def olmo3_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
+    """Olmo3ForCausalLM: olmo2's hparams (YaRN included) plus the sliding window as llama.cpp's converter writes it
+    (the window and one bool per layer, from layer_types or, without them, all but every 4th layer)."""
     d, meta = llama_hparams(ckpt, arch)
-    if _rope_scaling_kind(ckpt, arch) == "yarn":
-        s = ckpt.config["rope_scaling"]
-        meta[f"{arch}.rope.scaling.type"] = "yarn"
-        meta[f"{arch}.rope.scaling.factor"] = float(s["factor"])
-        meta[f"{arch}.rope.scaling.original_context_length"] = int(
-            s.get("original_max_position_embeddings", cfg_value(ckpt, "max_position_embeddings")))
+    window = int(ckpt.config.get("sliding_window") or 0)
+    if window > 0:
+        types = ckpt.config.get("layer_types")
+        if types is not None and len(types) != d.n_layer:
+            raise ModelFileError(f"{ckpt.folder / 'config.json'}: layer_types has {len(types)} entries for "
+                                 f"{d.n_layer} layers")
+        meta[f"{arch}.attention.sliding_window"] = window
+        meta[f"{arch}.attention.sliding_window_pattern"] = (
+            [t == "sliding_attention" for t in types] if types is not None
+            else [(il + 1) % 4 != 0 for il in range(d.n_layer)])
     return d, meta
 
 
@@ -422,6 +435,7 @@ ARCHITECTURES = {
     "GraniteForCausalLM": ("granite", granite_hparams, llama_tensors),
     "SmolLM3ForCausalLM": ("smollm3", smollm3_hparams, llama_tensors),
     "Olmo2ForCausalLM": ("olmo2", llama_hparams, olmo2_tensors),
+    "Olmo3ForCausalLM": ("olmo2", olmo3_hparams, olmo2_tensors),
     "ArceeForCausalLM": ("arcee", arcee_hparams, llama_tensors),
     "Glm4ForCausalLM": ("glm4", glm4_hparams, glm4_tensors),
 }

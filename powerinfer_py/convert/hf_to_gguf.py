@@ -21,6 +21,8 @@ Architectures (config.json "architectures"[0] -> general.architecture):
                                                    (llama.cpp's fixed step: no GGUF key holds it)
   Olmo2ForCausalLM                      -> olmo2   NeoX RoPE, no pre-norms; whole-width q_norm/k_norm, post-attention
                                                    and post-feedforward norms -> post_attention_norm, post_ffw_norm
+  Olmo3ForCausalLM                      -> olmo2   as Olmo2, plus sliding_window + layer_types ->
+                                                   attention.sliding_window(_pattern); YaRN rope_scaling
   ArceeForCausalLM                      -> arcee   llama layout without gate_proj (relu2 MLP); YaRN rope_scaling
   Glm4ForCausalLM                       -> glm4    q/k/v biases, four norms per block, gate_up_proj kept fused,
                                                    partial normal-layout RoPE (glm4.py)
