@@ -41,7 +41,8 @@ from .gguf.reader import GGUFFile
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "bamboo", "falcon",
                    "opt", "phi3", "granite", "granitemoe", "gpt-oss", "ernie4_5", "ernie4_5-moe", "deepseek2", "arcee",
                    "glm4", "glm4moe", "smollm3", "olmo2", "lfm2", "lfm2moe", "mistral3", "gemma4", "smallthinker", "qwen35",
-                   "qwen35moe")
+                   "qwen35moe",
+                   "exaone4")
 # always mixture-of-experts (llama files are when they carry expert_count; ernie4_5-moe, deepseek2 and glm4moe
 # have leading dense layers: ModelConfig.moe_layers)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "deepseek2", "glm4moe", "lfm2moe",
@@ -58,7 +59,7 @@ TEXT_ALIASES = {"qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3moe"
 GEMMA_ARCHS = ("gemma", "gemma2", "gemma3", "gemma4")  # scaled embeddings, GeGLU FFN, the "gemma" chat format
 # llama.cpp's NeoX rope type (pairs (i, i + n_rot/2)); the others rotate pairs (2i, 2i + 1)
 _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "falcon", "phi3", "olmo2",
-               "gpt-oss", "glm4moe", "lfm2", "lfm2moe", "gemma4", "smallthinker",
+               "gpt-oss", "glm4moe", "lfm2", "lfm2moe", "gemma4", "smallthinker", "exaone4",
                "qwen35", "qwen35moe"}  # qwen35: text M-RoPE is NeoX RoPE (config_archs.qwen35)
 # their models take per-pair RoPE factors and a scale (models/base.py)
 _YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee", "deepseek2", "mistral3",
@@ -290,6 +291,8 @@ class _Reader(ArchKeys):
             return self.smallthinker_swa(n_layer, rope_freq_base)
         if self.arch == "olmo2":  # OLMo 3: a window on 3 of every 4 layers (llama.cpp's default pattern), if any
             return self.olmo3_swa(n_layer, rope_freq_base)
+        if self.arch == "exaone4":  # windows on the 64-layer (32B) files only, as llama.cpp decides
+            return self.exaone4_swa(n_layer, rope_freq_base)
         if self.arch not in ("gemma2", "gemma3"):
             return 0, (False,) * n_layer, rope_freq_base
         gemma2 = self.arch == "gemma2"
@@ -414,7 +417,7 @@ class _Reader(ArchKeys):
         n_embd = self.positive("{arch}.embedding_length")
         n_layer = self.positive("{arch}.block_count")
         n_layer, glm = self.glm4(n_layer) if self.arch in GLM_ARCHS else (n_layer, {})
-        if self.arch in ("qwen35", "qwen35moe"):  # trailing multi-token-prediction blocks: not run
+        if self.arch in ("qwen35", "qwen35moe", "exaone4"):  # trailing multi-token-prediction blocks: not run
             n_nextn = self.nextn_blocks(n_layer)
             n_layer, glm = n_layer - n_nextn, {"n_nextn": n_nextn}
         g4 = gemma4_keys(self, n_layer) if self.arch == "gemma4" else {}  # per-layer shapes: config_gemma4.py

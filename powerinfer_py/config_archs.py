@@ -44,6 +44,9 @@ Per architecture:
           mscale); phi3.attention.sliding_window is ignored, as llama.cpp does
   smollm3 the llama block (normal RoPE) where every 4th layer ((il + 1) % 4 == 0) skips RoPE (no_rope_layers);
           llama.cpp hard-codes the step 4 (no GGUF key holds it), and so do we
+  exaone4 (EXAONE 4.0 / 4.5) olmo2's block with per-head Q/K norms, rope_freqs.weight factors and NeoX RoPE;
+          64-layer files only (the 32B) get sliding windows (attention.sliding_window, default 4096, pattern as
+          OLMo 3's) and no RoPE on their global layers; nextn_predict_layers trailing blocks are not run
   olmo2   NeoX RoPE; no pre-norms: RMSNorms of the whole Q and K projections and of the attention and FFN outputs
           (tensors). OLMo 3 files have attention.sliding_window > 0: window layers per sliding_window_pattern
           (default: all but every 4th), with plain RoPE at rope.freq_base_swa (default rope.freq_base) while
@@ -123,6 +126,8 @@ SMALLTHINKER_WINDOW = 4096  # smallthinker: llama.cpp's fixed window whenever a 
 SMALLTHINKER_SWA_PERIOD = 4  # default of {arch}.attention.sliding_window_pattern
 SMALLTHINKER_NO_ROPE_STEP = 4  # smallthinker with a window: layers il % 4 == 0 use no RoPE (no key holds it)
 OLMO3_SWA_PERIOD = 4  # olmo2 with a window (OLMo 3): layers with il % 4 == 3 attend to every position
+EXAONE4_SWA_LAYERS = 64  # exaone4: only files of this depth (32B) get sliding windows in llama.cpp
+EXAONE4_SLIDING_WINDOW = 4096  # their window when no key gives one
 SMOLLM3_NO_ROPE_STEP = 4  # smollm3: layers with (il + 1) % 4 == 0 use no RoPE (llama.cpp's n_no_rope_layer_step)
 
 
@@ -210,8 +215,23 @@ class ArchKeys:
             layers = tuple(il % period != period - 1 for il in range(n_layer))
         return window, layers, self.get("{arch}.rope.freq_base_swa", rope_freq_base, kind=float)
 
+    def exaone4_swa(self, n_layer: int, rope_freq_base: float) -> tuple[int, tuple[bool, ...], float]:
+        """exaone4: llama.cpp gives sliding windows to 64-layer files only (EXAONE 4.0 32B; default 4096 tokens,
+        pattern as OLMo 3's); any other depth attends everywhere whatever the keys say (the 1.2B model)."""
+        if n_layer != EXAONE4_SWA_LAYERS:
+            return 0, (False,) * n_layer, rope_freq_base
+        window, layers, base_swa = self.olmo3_swa(n_layer, rope_freq_base)
+        if not window:  # no key: llama.cpp's default window with the default pattern
+            window = EXAONE4_SLIDING_WINDOW
+            layers = tuple(il % OLMO3_SWA_PERIOD != OLMO3_SWA_PERIOD - 1 for il in range(n_layer))
+        return window, layers, base_swa
+
     def smollm3_olmo2(self, n_layer: int) -> dict:
-        """smollm3's RoPE-less layers (ModelConfig.no_rope_layers); {} for other architectures."""
+        """smollm3's RoPE-less layers (ModelConfig.no_rope_layers); exaone4's with windows (the global layers have
+        no RoPE); {} for other architectures."""
+        if self.arch == "exaone4":
+            window, layers, _ = self.exaone4_swa(n_layer, 0.0)
+            return {"no_rope_layers": tuple(not swa for swa in layers)} if window else {}
         if self.arch != "smollm3":
             return {}
         return {"no_rope_layers": tuple((il + 1) % SMOLLM3_NO_ROPE_STEP == 0 for il in range(n_layer))}

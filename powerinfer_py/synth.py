@@ -46,9 +46,9 @@ _EMBD_STD = {"llama": 1.0, "qwen2": 0.1, "qwen3": 0.1, "qwen2moe": 1.0, "qwen3mo
 _OUTPUT_NORM_GAIN = {"llama": 1.0, "qwen2": 3.0, "qwen3": 3.0, "qwen2moe": 3.0, "qwen3moe": 3.0, "gemma": 6.0, "gemma2": 6.0, "gemma3": 6.0,
                      "phi3": 1.0}
 # SmolLM3 (tied, as the 3B model) and OLMo 2 (untied, as llama.cpp requires output.weight)
-ARCHS += ("smollm3", "olmo2")
-_EMBD_STD.update(smollm3=0.1, olmo2=1.0)
-_OUTPUT_NORM_GAIN.update(smollm3=3.0, olmo2=1.0)
+ARCHS += ("smollm3", "olmo2", "exaone4")
+_EMBD_STD.update(smollm3=0.1, olmo2=1.0, exaone4=1.0)
+_OUTPUT_NORM_GAIN.update(smollm3=3.0, olmo2=1.0, exaone4=1.0)
 _EMBD_STD.update(granite=0.1, granitemoe=0.1)  # tied, as Granite 3.x; times embedding_scale 10: std 1
 _OUTPUT_NORM_GAIN.update(granite=3.0, granitemoe=3.0)  # times logit_scale (divided out again in the logits)
 # granite's scalars ({arch}.embedding_scale, residual_scale, attention.scale, logit_scale), far from 1 and from
@@ -160,7 +160,7 @@ class _Spec:
         self.rope_freqs = o.pop("rope_freqs", None)  # RoPE frequency factors [head_dim/2] (llama: rope_freqs.weight)
         if self.rope_freqs is not None:
             self.rope_freqs = np.asarray(self.rope_freqs, dtype=np.float32).reshape(-1)
-            if arch not in ("llama", "arcee") or self.rope_freqs.shape != (self.head_dim // 2,):
+            if arch not in ("llama", "arcee", "exaone4") or self.rope_freqs.shape != (self.head_dim // 2,):
                 raise ValueError(f"rope_freqs: a llama model takes {self.head_dim // 2} factors "
                                  f"(head_dim / 2); got {self.rope_freqs.shape[0]} for {arch}")
         # mixture of experts: (n_expert, n_expert_used, expert width, shared expert width) or () for a dense FFN
@@ -300,8 +300,8 @@ class _Spec:
                 out += lfm2_layer(p, il, E, F, q_dim, kv_dim, hd, self.lfm2, linear, norm,
                                   lambda: self.experts(p, rng, linear, norm))
                 continue
-            if self.arch == "olmo2":  # no pre-norms; whole-width Q/K norms and the two output norms
-                out += _olmo2_layer(p, q_dim, kv_dim, E, F, linear, norm)
+            if self.arch in ("olmo2", "exaone4"):  # no pre-norms; Q/K norms (olmo2: whole width) and two output norms
+                out += _olmo2_layer(p, q_dim, kv_dim, E, F, linear, norm, hd if self.arch == "exaone4" else 0)
                 continue
             if self.arch == "gpt-oss":
                 out += _gptoss_layer(p, self, rng, linear, norm)
@@ -370,11 +370,13 @@ def _gptoss_layer(p: str, spec: _Spec, rng: np.random.Generator, linear, norm) -
             (p + "ffn_down_exps.bias", bias(n_exp, E))]
 
 
-def _olmo2_layer(p: str, q_dim: int, kv_dim: int, E: int, F: int, linear, norm) -> list[tuple[str, np.ndarray]]:
-    """One olmo2 layer's tensors in llama.cpp's names (models/olmo2.py has the math)."""
+def _olmo2_layer(p: str, q_dim: int, kv_dim: int, E: int, F: int, linear, norm,
+                 head_norm: int = 0) -> list[tuple[str, np.ndarray]]:
+    """One olmo2 layer's tensors in llama.cpp's names (models/olmo2.py has the math); head_norm > 0: Q/K norms of
+    that width, one per head (exaone4)."""
     return [(p + "attn_q.weight", linear(q_dim, E)), (p + "attn_k.weight", linear(kv_dim, E)),
-            (p + "attn_v.weight", linear(kv_dim, E)), (p + "attn_q_norm.weight", norm(q_dim)),
-            (p + "attn_k_norm.weight", norm(kv_dim)), (p + "attn_output.weight", linear(E, q_dim)),
+            (p + "attn_v.weight", linear(kv_dim, E)), (p + "attn_q_norm.weight", norm(head_norm or q_dim)),
+            (p + "attn_k_norm.weight", norm(head_norm or kv_dim)), (p + "attn_output.weight", linear(E, q_dim)),
             (p + "post_attention_norm.weight", norm(E)), (p + "ffn_gate.weight", linear(F, E)),
             (p + "ffn_up.weight", linear(F, E)), (p + "ffn_down.weight", linear(E, F)),
             (p + "post_ffw_norm.weight", norm(E))]

@@ -18,7 +18,7 @@ from ..errors import UnsupportedError
 from ..ffn import SparseSettings
 from ..tensor import Tensor
 from . import bamboo, falcon, gemma, gemma3, llama, opt, phi3, qwen2, qwen3
-from . import olmo2, smollm3
+from . import exaone4, olmo2, smollm3
 from . import granite
 from . import gptoss
 from . import arcee
@@ -47,6 +47,7 @@ _FAMILIES = {
     "phi3": (phi3.Phi3Model, phi3.expected_tensors),
     "smollm3": (smollm3.SmolLM3Model, smollm3.expected_tensors),
     "olmo2": (olmo2.Olmo2Model, olmo2.expected_tensors),
+    "exaone4": (exaone4.Exaone4Model, exaone4.expected_tensors),
     "granite": (granite.GraniteModel, granite.expected_tensors),
     "granitemoe": (granite.GraniteModel, granite.expected_tensors),  # with experts (GraniteModel.build_moe)
     "gpt-oss": (gptoss.GptOssModel, gptoss.expected_tensors),

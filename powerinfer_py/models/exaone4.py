@@ -1,0 +1,77 @@
+"""EXAONE 4.0 / 4.5 (GGUF arch "exaone4": EXAONE 4.0 1.2B and 32B, EXAONE 4.5).
+
+OLMo 2's block (models/olmo2.py: no pre-norms, the attention and FFN outputs RMS-normed before the residual add)
+with three differences, all as llama.cpp's exaone4 graph runs them:
+  - q and k are RMS-normed per head (blk.N.attn_q_norm / attn_k_norm, f32 [head_dim]), not over their whole width;
+  - RoPE is NeoX-style with the per-pair frequency divisors of rope_freqs.weight when the file has one (LLaMA 3
+    style scaling, as the converter writes it for the 1.2B model);
+  - 64-layer files (the 32B model) have sliding-window layers (3 of every 4 by default; attention.sliding_window,
+    default 4096) and their global layers use no RoPE at all (config.no_rope_layers). llama.cpp gives windows to
+    that depth only: a file of any other depth attends everywhere with RoPE on every layer, whatever its keys.
+EXAONE 4.5 files end with nextn_predict_layers multi-token-prediction blocks, which are not run (config).
+The output matrix is optional (tied to token_embd.weight when absent).
+
+One-token steps run each attention block as one C call (attn_block.c) as olmo2's do, with per-head Q/K norms
+and n_rot 0 on the layers without RoPE; same bits as the Python path (tests/test_exaone4.py).
+"""
+from __future__ import annotations
+
+from ..config import ModelConfig
+from .base import Expected, head_expected
+from .llama import rope_factors
+from .olmo2 import Olmo2Model
+
+
+def expected_tensors(c: ModelConfig) -> Expected:
+    q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+    e = head_expected(c)
+    e["rope_freqs.weight"] = ((c.n_rot // 2,), False)
+    for il in range(c.n_layer):
+        p = f"blk.{il}."
+        e[p + "attn_q.weight"] = ((q_dim, c.n_embd), True)
+        e[p + "attn_k.weight"] = ((kv_dim, c.n_embd), True)
+        e[p + "attn_v.weight"] = ((kv_dim, c.n_embd), True)
+        e[p + "attn_output.weight"] = ((c.n_embd, q_dim), True)
+        e[p + "attn_q_norm.weight"] = ((c.head_dim,), True)
+        e[p + "attn_k_norm.weight"] = ((c.head_dim,), True)
+        e[p + "post_attention_norm.weight"] = ((c.n_embd,), True)
+        e[p + "ffn_gate.weight"] = ((c.n_ff, c.n_embd), True)
+        e[p + "ffn_up.weight"] = ((c.n_ff, c.n_embd), True)
+        e[p + "ffn_down.weight"] = ((c.n_embd, c.n_ff), True)
+        e[p + "post_ffw_norm.weight"] = ((c.n_embd,), True)
+    return e
+
+
+class Exaone4Model(Olmo2Model):
+    """Olmo2Model with per-head Q/K norms (base.Model._qkv's QK_NORMS path), rope_freqs.weight and RoPE-less
+    global layers."""
+
+    QK_NORMS = True
+
+    def __init__(self, config: ModelConfig, tensors, kernels, sparse=None):
+        super().__init__(config, tensors, kernels, sparse)
+        ff = rope_factors(tensors)
+        if ff is not None:
+            self.rope_freqs = ff if self.rope_freqs is None else (ff * self.rope_freqs).astype(self.rope_freqs.dtype)
+
+    def layer_attention(self) -> list[tuple[int, tuple]]:
+        """olmo2's windows (plain RoPE there needs no change: exaone4 has no YaRN) with n_rot 0 on the layers
+        config.no_rope_layers marks."""
+        c, no_rope = self.config, self.config.no_rope_layers
+        out = []
+        for il, swa in enumerate(c.swa_layers):
+            rope = self.rope_args()
+            out.append((c.sliding_window if swa else 0, (0, *rope[1:]) if no_rope and no_rope[il] else rope))
+        return out
+
+    def _qkv(self, L, h, n):
+        return super(Olmo2Model, self)._qkv(L, h, n)  # base.Model's: projections, then per-head norms
+
+    def attn_plan_kwargs(self, il: int, layer) -> dict:
+        c = self.config
+        kw = dict(super(Olmo2Model, self).attn_plan_kwargs(il, layer), post_norm=layer.post_attn_norm)
+        if c.swa_layers[il]:
+            kw["window"] = c.sliding_window
+        if c.no_rope_layers and c.no_rope_layers[il]:
+            kw["n_rot"] = 0
+        return kw
