@@ -41,16 +41,17 @@ from .gguf.reader import GGUFFile
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "bamboo", "falcon",
                    "opt", "phi3", "granite", "granitemoe", "gpt-oss", "ernie4_5", "ernie4_5-moe", "deepseek2", "arcee",
                    "glm4", "glm4moe", "smollm3", "olmo2", "lfm2", "lfm2moe", "mistral3", "gemma4", "smallthinker", "qwen35",
-                   "qwen35moe")
+                   "qwen35moe", "qwen3next")
 # always mixture-of-experts (llama files are when they carry expert_count; ernie4_5-moe, deepseek2 and glm4moe
 # have leading dense layers: ModelConfig.moe_layers)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "deepseek2", "glm4moe", "lfm2moe",
-             "smallthinker", "qwen35moe")
+             "smallthinker", "qwen35moe", "qwen3next")
 # whether the chosen experts' router weights are renormalized (as llama.cpp does per arch); gpt-oss's weights are a
 # softmax over the chosen logits (moe.py); deepseek2 and glm4moe read it from {arch}.expert_weights_norm
 _MOE_NORM_WEIGHTS = {"llama": True, "mistral3": True, "qwen3moe": True, "qwen2moe": False, "granitemoe": True, "gpt-oss": False,
                      "ernie4_5-moe": True, "deepseek2": False, "glm4moe": False,
-                     "lfm2moe": True, "smallthinker": True, "qwen35moe": True}
+                     "lfm2moe": True, "smallthinker": True, "qwen35moe": True,
+                     "qwen3next": True}
 # vision-language models whose GGUF text model is an existing arch under its own name: with text-only input every
 # M-RoPE section rotates by the same position, which is that arch's RoPE when the sections cover the rotated
 # pairs (checked against llama.cpp: tests/test_vl_text.py). Keys are read under the file's name ({arch}).
@@ -59,7 +60,7 @@ GEMMA_ARCHS = ("gemma", "gemma2", "gemma3", "gemma4")  # scaled embeddings, GeGL
 # llama.cpp's NeoX rope type (pairs (i, i + n_rot/2)); the others rotate pairs (2i, 2i + 1)
 _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "falcon", "phi3", "olmo2",
                "gpt-oss", "glm4moe", "lfm2", "lfm2moe", "gemma4", "smallthinker",
-               "qwen35", "qwen35moe"}  # qwen35: text M-RoPE is NeoX RoPE (config_archs.qwen35)
+               "qwen35", "qwen35moe", "qwen3next"}  # qwen35: text M-RoPE is NeoX RoPE (config_archs.qwen35)
 # their models take per-pair RoPE factors and a scale (models/base.py)
 _YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee", "deepseek2", "mistral3")
 _LAYERNORM_ARCHS = {"falcon", "opt"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
@@ -332,7 +333,7 @@ class _Reader(ArchKeys):
                                  f"{self.key('{arch}.expert_count')} {n_expert}")
         width_key = ("{arch}.feed_forward_length" if self.arch in ("llama", "mistral3", "granitemoe")
                      else "{arch}.expert_feed_forward_length")
-        shexp = (self.positive("{arch}.expert_shared_feed_forward_length") if self.arch in ("qwen2moe", "qwen35moe") else
+        shexp = (self.positive("{arch}.expert_shared_feed_forward_length") if self.arch in ("qwen2moe", "qwen35moe", "qwen3next") else
                  self.get("{arch}.expert_shared_feed_forward_length", 0)
                  if self.arch in ("granitemoe", "ernie4_5-moe") else 0)
         return {"n_expert": n_expert, "n_expert_used": n_used, "n_ff_exp": self.positive(width_key),

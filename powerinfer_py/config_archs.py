@@ -105,6 +105,8 @@ Per architecture:
           llama.cpp's interleaved M-RoPE is NeoX RoPE over the first dimension_count dims. qwen35moe: experts with
           softmax scores and renormalized weights plus a sigmoid-gated shared expert in every layer. Files with
           nextn_predict_layers (multi-token-prediction blocks) are refused
+  qwen3next  (Qwen3-Next) qwen35moe's keys and layer kinds (ssm.*, full_attention_interval), plain NeoX RoPE over
+          rope.dimension_count dims (no sections); always experts with a gated shared expert
 """
 from __future__ import annotations
 
@@ -359,7 +361,7 @@ class ArchKeys:
 
     def qwen35(self, n_layer: int) -> dict:
         """qwen35's layer kinds and delta-net sizes (module docstring) for config(); {} for other architectures."""
-        if self.arch not in ("qwen35", "qwen35moe"):
+        if self.arch not in ("qwen35", "qwen35moe", "qwen3next"):
             return {}
         path, key = self.f.path, self.key
         if self.get("{arch}.nextn_predict_layers", 0):  # how llama.cpp counts these blocks was not checked here
