@@ -105,7 +105,8 @@ Per architecture:
           llama.cpp's interleaved M-RoPE is NeoX RoPE over the first dimension_count dims. qwen35moe: experts with
           softmax scores and renormalized weights plus a sigmoid-gated shared expert in every layer. Files with
           nextn_predict_layers (multi-token-prediction blocks) are refused
-  qwen3next  (Qwen3-Next) qwen35moe's keys and layer kinds (ssm.*, full_attention_interval), plain NeoX RoPE over
+  qwen3next  (Qwen3-Next) qwen35moe's keys and layer kinds (ssm.*, full_attention_interval; attention.recurrent_layers,
+          one flag per layer or one for all, overrides the interval as in llama.cpp), plain NeoX RoPE over
           rope.dimension_count dims (no sections); always experts with a gated shared expert
 """
 from __future__ import annotations
@@ -365,7 +366,7 @@ class ArchKeys:
             return {}
         path, key = self.f.path, self.key
         if self.get("{arch}.nextn_predict_layers", 0):  # how llama.cpp counts these blocks was not checked here
-            raise UnsupportedError(f"{path}: qwen35 files with multi-token-prediction blocks "
+            raise UnsupportedError(f"{path}: {self.arch} files with multi-token-prediction blocks "
                                    f"({key('{arch}.nextn_predict_layers')}) are not supported")
         interval = self.get("{arch}.full_attention_interval", 4)
         if interval < 1:
@@ -389,6 +390,14 @@ class ArchKeys:
         kv = self.meta.get(key("{arch}.attention.head_count_kv"))
         if isinstance(kv, list):  # a per-layer array: the attention layers' count (0 or the same on the others)
             kv = max(kv) if kv else None
-        return {"delta_layers": tuple((il + 1) % interval != 0 for il in range(n_layer)), "conv_kernel": kernel,
+        delta = tuple((il + 1) % interval != 0 for il in range(n_layer))
+        rec = self.meta.get(key("{arch}.attention.recurrent_layers")) if self.arch == "qwen3next" else None
+        if rec is not None:  # llama.cpp's qwen3next reads it first: one flag per layer, or one for all
+            rec = rec if isinstance(rec, list) else [rec] * n_layer
+            if len(rec) != n_layer or not all(isinstance(v, (bool, int)) for v in rec):
+                raise ModelFileError(f"{path}: {key('{arch}.attention.recurrent_layers')} must hold {n_layer} flags "
+                                     f"(block_count), got {rec!r}")
+            delta = tuple(bool(v) for v in rec)
+        return {"delta_layers": delta, "conv_kernel": kernel,
                 "ssm_d_state": d_state, "ssm_n_k_heads": n_k, "ssm_n_v_heads": n_v,
                 "_n_head_kv": kv if isinstance(kv, int) and kv > 0 else self.positive("{arch}.attention.head_count")}

@@ -54,7 +54,7 @@ def _options(o: dict, n_embd: int, n_head: int) -> dict:
             "freq_base": o.pop("rope_freq_base", 10_000_000.0), "tied": o.pop("tied", True),
             "n_expert": o.pop("n_expert", 4), "n_expert_used": o.pop("n_expert_used", 2),
             "n_ff_exp": o.pop("n_ff_exp", None), "n_ff_shexp": o.pop("n_ff_shexp", None),
-            "ssm_in": o.pop("ssm_in", True)}
+            "ssm_in": o.pop("ssm_in", True), "recurrent_layers": o.pop("recurrent_layers", None)}
     if o:
         raise TypeError(f"unknown qwen35 synthetic model option(s): {', '.join(sorted(o))}")
     if opts["n_v_heads"] % opts["n_k_heads"]:
@@ -68,7 +68,8 @@ def write_qwen35(path: str | os.PathLike, arch: str, *, dtype: str, n_layer: int
     (default head_dim / 2), rope_sections (4 ints summing to n_rot / 2), full_attention_interval (default 3),
     d_state (16), n_k_heads (2), n_v_heads (4), conv_kernel (4), n_ctx_train, norm_eps, rope_freq_base, tied
     (default True); qwen35moe and qwen3next: n_expert (4), n_expert_used (2), n_ff_exp and n_ff_shexp (default
-    n_ff); qwen3next: ssm_in (default True; False writes attn_qkv and attn_gate instead)."""
+    n_ff); qwen3next: ssm_in (default True; False writes attn_qkv and attn_gate instead), recurrent_layers (a
+    flag per layer, True = delta net, written as attention.recurrent_layers; default: the interval decides)."""
     from .gguf import write_gguf
     from .synth import _FILE_TYPE, DTYPES, _encode, synthetic_vocab
     from .tensor import GGMLType
@@ -89,6 +90,10 @@ def write_qwen35(path: str | os.PathLike, arch: str, *, dtype: str, n_layer: int
         f"{a}.ssm.conv_kernel": K, f"{a}.ssm.state_size": dk, f"{a}.ssm.group_count": Hk,
         f"{a}.ssm.time_step_rank": Hv, f"{a}.ssm.inner_size": dk * Hv,
     }
+    delta = [(il + 1) % o["interval"] != 0 for il in range(n_layer)]
+    if o["recurrent_layers"] is not None:  # qwen3next: the layer kinds as flags (overriding the interval)
+        delta = [bool(v) for v in o["recurrent_layers"]]
+        meta[f"{a}.attention.recurrent_layers"] = delta
     if not nxt:  # qwen3next rotates plain NeoX pairs: no M-RoPE sections
         meta[f"{a}.rope.dimension_sections"] = o["sections"]
     if moe:
@@ -101,7 +106,8 @@ def write_qwen35(path: str | os.PathLike, arch: str, *, dtype: str, n_layer: int
                  "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False})
     types = {f"{a}.rope.dimension_sections": (GGUFValueType.ARRAY, GGUFValueType.INT32),
              "tokenizer.ggml.token_type": (GGUFValueType.ARRAY, GGUFValueType.INT32),
-             "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32)}
+             "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32),
+             f"{a}.attention.recurrent_layers": (GGUFValueType.ARRAY, GGUFValueType.BOOL)}
 
     rng = np.random.default_rng(seed)
 
@@ -116,7 +122,7 @@ def write_qwen35(path: str | os.PathLike, arch: str, *, dtype: str, n_layer: int
     for il in range(n_layer):
         p = f"blk.{il}."
         out.append((p + "attn_norm.weight", norm(E)))
-        if (il + 1) % o["interval"]:  # a gated delta net
+        if delta[il]:  # a gated delta net
             qkv, z, conv = linear(conv_dim, E), linear(dk * Hv, E), linear(conv_dim, K)
             dt, ssm_a = 0.3 * rng.standard_normal(Hv, dtype=np.float32), -rng.uniform(0.05, 0.5, Hv).astype(np.float32)
             beta, alpha = linear(Hv, E), linear(Hv, E)

@@ -13,6 +13,8 @@ experts with a sigmoid-gated shared expert in every layer); what llama.cpp's qwe
   heads    value head h reads key head h // r (llama.cpp repeats each key head r times in place; qwen35 tiles
            them, h mod Hk).
   RoPE     plain NeoX over rope.dimension_count dims (qwen35's text M-RoPE comes to the same; no sections here).
+  layers   attention.recurrent_layers (a flag per layer), when the file has it, says which layers are delta nets
+           instead of full_attention_interval (config_archs.qwen35).
   FFN      always experts (softmax, chosen weights renormalized) plus the shared expert scaled by
            sigmoid(ffn_gate_inp_shexp . m): qwen35moe's.
 
