@@ -41,17 +41,18 @@ from .gguf.reader import GGUFFile
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "bamboo", "falcon",
                    "opt", "phi3", "granite", "granitemoe", "gpt-oss", "ernie4_5", "ernie4_5-moe", "deepseek2", "arcee",
                    "glm4", "glm4moe", "smollm3", "olmo2", "lfm2", "lfm2moe", "mistral3", "gemma4", "smallthinker", "qwen35",
-                   "qwen35moe",
+                   "qwen35moe", "qwen3next",
                    "exaone4")
 # always mixture-of-experts (llama files are when they carry expert_count; ernie4_5-moe, deepseek2 and glm4moe
 # have leading dense layers: ModelConfig.moe_layers)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "deepseek2", "glm4moe", "lfm2moe",
-             "smallthinker", "qwen35moe")
+             "smallthinker", "qwen35moe", "qwen3next")
 # whether the chosen experts' router weights are renormalized (as llama.cpp does per arch); gpt-oss's weights are a
 # softmax over the chosen logits (moe.py); deepseek2 and glm4moe read it from {arch}.expert_weights_norm
 _MOE_NORM_WEIGHTS = {"llama": True, "mistral3": True, "qwen3moe": True, "qwen2moe": False, "granitemoe": True, "gpt-oss": False,
                      "ernie4_5-moe": True, "deepseek2": False, "glm4moe": False,
-                     "lfm2moe": True, "smallthinker": True, "qwen35moe": True}
+                     "lfm2moe": True, "smallthinker": True, "qwen35moe": True,
+                     "qwen3next": True}
 # vision-language models whose GGUF text model is an existing arch under its own name: with text-only input every
 # M-RoPE section rotates by the same position, which is that arch's RoPE when the sections cover the rotated
 # pairs (checked against llama.cpp: tests/test_vl_text.py). Keys are read under the file's name ({arch}).
@@ -60,7 +61,7 @@ GEMMA_ARCHS = ("gemma", "gemma2", "gemma3", "gemma4")  # scaled embeddings, GeGL
 # llama.cpp's NeoX rope type (pairs (i, i + n_rot/2)); the others rotate pairs (2i, 2i + 1)
 _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "falcon", "phi3", "olmo2",
                "gpt-oss", "glm4moe", "lfm2", "lfm2moe", "gemma4", "smallthinker", "exaone4",
-               "qwen35", "qwen35moe"}  # qwen35: text M-RoPE is NeoX RoPE (config_archs.qwen35)
+               "qwen35", "qwen35moe", "qwen3next"}  # qwen35: text M-RoPE is NeoX RoPE (config_archs.qwen35)
 # their models take per-pair RoPE factors and a scale (models/base.py)
 _YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee", "deepseek2", "mistral3",
                "olmo2")
@@ -338,7 +339,7 @@ class _Reader(ArchKeys):
                                  f"{self.key('{arch}.expert_count')} {n_expert}")
         width_key = ("{arch}.feed_forward_length" if self.arch in ("llama", "mistral3", "granitemoe")
                      else "{arch}.expert_feed_forward_length")
-        shexp = (self.positive("{arch}.expert_shared_feed_forward_length") if self.arch in ("qwen2moe", "qwen35moe") else
+        shexp = (self.positive("{arch}.expert_shared_feed_forward_length") if self.arch in ("qwen2moe", "qwen35moe", "qwen3next") else
                  self.get("{arch}.expert_shared_feed_forward_length", 0)
                  if self.arch in ("granitemoe", "ernie4_5-moe") else 0)
         return {"n_expert": n_expert, "n_expert_used": n_used, "n_ff_exp": self.positive(width_key),
@@ -417,7 +418,7 @@ class _Reader(ArchKeys):
         n_embd = self.positive("{arch}.embedding_length")
         n_layer = self.positive("{arch}.block_count")
         n_layer, glm = self.glm4(n_layer) if self.arch in GLM_ARCHS else (n_layer, {})
-        if self.arch in ("qwen35", "qwen35moe", "exaone4"):  # trailing multi-token-prediction blocks: not run
+        if self.arch in ("qwen35", "qwen35moe", "qwen3next", "exaone4"):  # trailing MTP blocks: not run
             n_nextn = self.nextn_blocks(n_layer)
             n_layer, glm = n_layer - n_nextn, {"n_nextn": n_nextn}
         g4 = gemma4_keys(self, n_layer) if self.arch == "gemma4" else {}  # per-layer shapes: config_gemma4.py

@@ -109,9 +109,11 @@ Per architecture:
           must sum to at most rope.dimension_count / 2: with text positions (every section at the token's position)
           llama.cpp's interleaved M-RoPE is NeoX RoPE over the first dimension_count dims. qwen35moe: experts with
           softmax scores and renormalized weights plus a sigmoid-gated shared expert in every layer.
-          attention.recurrent_layers (one boolean per block, newer converters) overrides the interval when present;
-          nextn_predict_layers trailing multi-token-prediction blocks are in the file and in block_count but not run
-          (as glm4moe's).
+          attention.recurrent_layers (one flag per block, or one for all; newer converters) overrides the interval
+          when present; nextn_predict_layers trailing multi-token-prediction blocks are in the file and in
+          block_count but not run (as glm4moe's).
+  qwen3next  (Qwen3-Next) qwen35moe's keys, layer kinds and MTP blocks, plain NeoX RoPE over rope.dimension_count
+          dims (no sections); always experts with a gated shared expert
 """
 from __future__ import annotations
 
@@ -406,7 +408,7 @@ class ArchKeys:
 
     def qwen35(self, n_layer: int) -> dict:
         """qwen35's layer kinds and delta-net sizes (module docstring) for config(); {} for other architectures."""
-        if self.arch not in ("qwen35", "qwen35moe"):
+        if self.arch not in ("qwen35", "qwen35moe", "qwen3next"):
             return {}
         path, key = self.f.path, self.key
         interval = self.get("{arch}.full_attention_interval", 4)
@@ -432,11 +434,12 @@ class ArchKeys:
         if isinstance(kv, list):  # a per-layer array: the attention layers' count (0 or the same on the others)
             kv = max(kv) if kv else None
         delta = tuple((il + 1) % interval != 0 for il in range(n_layer))
-        flags = self.meta.get(key("{arch}.attention.recurrent_layers"))  # newer converters: one bool per block
+        flags = self.meta.get(key("{arch}.attention.recurrent_layers"))  # newer converters; llama.cpp reads it first
         if flags is not None:
             n_all = n_layer + self.get("{arch}.nextn_predict_layers", 0)
-            if not isinstance(flags, list) or len(flags) != n_all:
-                raise ModelFileError(f"{path}: {key('{arch}.attention.recurrent_layers')} must hold one boolean per "
+            flags = flags if isinstance(flags, list) else [flags] * n_all  # one flag for all blocks
+            if len(flags) != n_all or not all(isinstance(v, (bool, int)) for v in flags):
+                raise ModelFileError(f"{path}: {key('{arch}.attention.recurrent_layers')} must hold one flag per "
                                      f"block ({n_all}), got {flags!r:.80}")
             delta = tuple(bool(v) for v in flags[:n_layer])
             if any(flags[n_layer:]):

@@ -1,5 +1,6 @@
-"""Tiny random Qwen3.5 files (GGUF archs "qwen35" and "qwen35moe") that llama.cpp loads, for tests and benchmarks;
-synth.write_synthetic_model hands these two archs to write_qwen35 (models/qwen35.py has the math).
+"""Tiny random Qwen3.5 files (GGUF archs "qwen35" and "qwen35moe") and Qwen3-Next files ("qwen3next") that llama.cpp
+loads, for tests and benchmarks; synth.write_synthetic_model hands these archs to write_qwen35 (models/qwen35.py and
+models/qwen3next.py have the math).
 
 Layout (defaults): n_layer 6 with full_attention_interval 3, so layers 2 and 5 attend and 0, 1, 3, 4 are gated
 delta nets; 2 key heads and 4 value heads of 16 dims (each key head serves two value heads, as the 9B model's
@@ -9,7 +10,8 @@ delta nets; 2 key heads and 4 value heads of 16 dims (each key head serves two v
 Scales keep every activation O(1) and make the recurrent state matter: ssm_a = -exp(A_log) in [-0.5, -0.05] with
 softplus(alpha + dt) ~ 0.7 gives per-token decays of about 0.7 .. 0.97, so a token's write is still visible ten
 tokens later; beta = sigmoid(~N(0, 1)) mixes small and large updates. qwen35moe: every layer's FFN is 4 experts
-(2 used) plus a shared expert behind its sigmoid gate.
+(2 used) plus a shared expert behind its sigmoid gate. qwen3next: the same experts, no RoPE sections, and the
+delta nets' projections fused per key head as in the real files (fuse_qkvz, fuse_ba) from the same random draws.
 """
 from __future__ import annotations
 
@@ -19,7 +21,22 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFValueType
 
-QWEN35_ARCHS = ("qwen35", "qwen35moe")
+QWEN35_ARCHS = ("qwen35", "qwen35moe", "qwen3next")
+
+
+def fuse_qkvz(wqkv: np.ndarray, wz: np.ndarray, d: int, hk: int) -> np.ndarray:
+    """qwen3next's ssm_in from qwen35's attn_qkv (rows q | k | v over all heads) and attn_gate (z): per key head g
+    the rows [q_g (d) | k_g (d) | v (r d) | z (r d)], where the r = Hv / Hk value heads g r .. g r + r - 1 follow."""
+    r = wz.shape[0] // (hk * d)
+    q, k, v = np.split(wqkv, [hk * d, 2 * hk * d])
+    per = [q.reshape(hk, d, -1), k.reshape(hk, d, -1), v.reshape(hk, r * d, -1), wz.reshape(hk, r * d, -1)]
+    return np.concatenate(per, axis=1).reshape(-1, wqkv.shape[1])
+
+
+def fuse_ba(w_beta: np.ndarray, w_alpha: np.ndarray, hk: int) -> np.ndarray:
+    """qwen3next's ssm_ba: per key head g the rows [beta of its r value heads | alpha of them]."""
+    return np.concatenate([w_beta.reshape(hk, -1, w_beta.shape[1]), w_alpha.reshape(hk, -1, w_beta.shape[1])],
+                          axis=1).reshape(-1, w_beta.shape[1])
 
 
 def _options(o: dict, n_embd: int, n_head: int) -> dict:
@@ -37,7 +54,8 @@ def _options(o: dict, n_embd: int, n_head: int) -> dict:
             "freq_base": o.pop("rope_freq_base", 10_000_000.0), "tied": o.pop("tied", True),
             "n_expert": o.pop("n_expert", 4), "n_expert_used": o.pop("n_expert_used", 2),
             "n_ff_exp": o.pop("n_ff_exp", None), "n_ff_shexp": o.pop("n_ff_shexp", None),
-            "nextn": o.pop("nextn", 0), "recurrent_layers": o.pop("recurrent_layers", False)}
+            "ssm_in": o.pop("ssm_in", True), "recurrent_layers": o.pop("recurrent_layers", None),
+            "nextn": o.pop("nextn", 0)}
     if o:
         raise TypeError(f"unknown qwen35 synthetic model option(s): {', '.join(sorted(o))}")
     if opts["n_v_heads"] % opts["n_k_heads"]:
@@ -50,17 +68,18 @@ def write_qwen35(path: str | os.PathLike, arch: str, *, dtype: str, n_layer: int
     """Write a tiny random qwen35 / qwen35moe model; overrides: head_dim (default 2 n_embd / n_head), n_rot
     (default head_dim / 2), rope_sections (4 ints summing to n_rot / 2), full_attention_interval (default 3),
     d_state (16), n_k_heads (2), n_v_heads (4), conv_kernel (4), n_ctx_train, norm_eps, rope_freq_base, tied
-    (default True); qwen35moe: n_expert (4), n_expert_used (2), n_ff_exp and n_ff_shexp (default n_ff).
-    nextn (default 0): trailing multi-token-prediction blocks as llama.cpp's converter writes them by default
-    (block_count counts them; each is a full-attention block plus nextn.* tensors; never run for the main
-    output); recurrent_layers (default False): also write the per-layer {arch}.attention.recurrent_layers
-    booleans that newer converters write (false on the MTP blocks)."""
+    (default True); qwen35moe and qwen3next: n_expert (4), n_expert_used (2), n_ff_exp and n_ff_shexp (default
+    n_ff); qwen3next: ssm_in (default True; False writes attn_qkv and attn_gate instead). recurrent_layers: a flag
+    per layer (True = delta net) written as attention.recurrent_layers, or True to write the interval's flags as
+    newer converters do (default None: no key, the interval decides). nextn (default 0): trailing
+    multi-token-prediction blocks as llama.cpp's converter writes them by default (block_count counts them; each is
+    a full-attention block plus nextn.* tensors, flagged not recurrent; never run for the main output)."""
     from .gguf import write_gguf
     from .synth import _FILE_TYPE, DTYPES, _encode, synthetic_vocab
     from .tensor import GGMLType
 
     o = _options(dict(overrides), n_embd, n_head)
-    moe = arch == "qwen35moe"
+    moe, nxt = arch in ("qwen35moe", "qwen3next"), arch == "qwen3next"
     E, hd, a = n_embd, o["head_dim"], arch
     dk, Hk, Hv, K = o["d_state"], o["n_k_heads"], o["n_v_heads"], o["kernel"]
     F_exp, F_sh = o["n_ff_exp"] or n_ff, o["n_ff_shexp"] or n_ff
@@ -71,15 +90,20 @@ def write_qwen35(path: str | os.PathLike, arch: str, *, dtype: str, n_layer: int
         f"{a}.attention.head_count_kv": n_head_kv, f"{a}.attention.layer_norm_rms_epsilon": float(o["norm_eps"]),
         f"{a}.attention.key_length": hd, f"{a}.attention.value_length": hd,
         f"{a}.rope.freq_base": float(o["freq_base"]), f"{a}.rope.dimension_count": o["n_rot"],
-        f"{a}.rope.dimension_sections": o["sections"], f"{a}.full_attention_interval": o["interval"],
+        f"{a}.full_attention_interval": o["interval"],
         f"{a}.ssm.conv_kernel": K, f"{a}.ssm.state_size": dk, f"{a}.ssm.group_count": Hk,
         f"{a}.ssm.time_step_rank": Hv, f"{a}.ssm.inner_size": dk * Hv,
     }
+    delta = [(il + 1) % o["interval"] != 0 for il in range(n_layer)]
+    if o["recurrent_layers"] is not None:  # the layer kinds as flags (overriding the interval); MTP blocks attend
+        if o["recurrent_layers"] is not True:
+            delta = [bool(v) for v in o["recurrent_layers"]]
+        meta[f"{a}.attention.recurrent_layers"] = delta + [False] * o["nextn"]
+    delta += [False] * o["nextn"]
     if o["nextn"]:
         meta[f"{a}.nextn_predict_layers"] = o["nextn"]
-    if o["recurrent_layers"]:
-        meta[f"{a}.attention.recurrent_layers"] = [bool((il + 1) % o["interval"]) and il < n_layer
-                                                   for il in range(n_layer + o["nextn"])]
+    if not nxt:  # qwen3next rotates plain NeoX pairs: no M-RoPE sections
+        meta[f"{a}.rope.dimension_sections"] = o["sections"]
     if moe:
         meta.update({f"{a}.expert_count": o["n_expert"], f"{a}.expert_used_count": o["n_expert_used"],
                      f"{a}.expert_feed_forward_length": F_exp, f"{a}.expert_shared_feed_forward_length": F_sh})
@@ -90,7 +114,8 @@ def write_qwen35(path: str | os.PathLike, arch: str, *, dtype: str, n_layer: int
                  "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False})
     types = {f"{a}.rope.dimension_sections": (GGUFValueType.ARRAY, GGUFValueType.INT32),
              "tokenizer.ggml.token_type": (GGUFValueType.ARRAY, GGUFValueType.INT32),
-             "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32)}
+             "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32),
+             f"{a}.attention.recurrent_layers": (GGUFValueType.ARRAY, GGUFValueType.BOOL)}
 
     rng = np.random.default_rng(seed)
 
@@ -108,12 +133,18 @@ def write_qwen35(path: str | os.PathLike, arch: str, *, dtype: str, n_layer: int
         if il >= n_layer:  # a multi-token-prediction block: the full-attention block below plus its own tensors
             out += [(p + "nextn.eh_proj.weight", linear(E, 2 * E)), (p + "nextn.enorm.weight", norm(E)),
                     (p + "nextn.hnorm.weight", norm(E)), (p + "nextn.shared_head_norm.weight", norm(E))]
-        if (il + 1) % o["interval"] and il < n_layer:  # a gated delta net
-            out += [(p + "attn_qkv.weight", linear(conv_dim, E)), (p + "attn_gate.weight", linear(dk * Hv, E)),
-                    (p + "ssm_conv1d.weight", linear(conv_dim, K)),
-                    (p + "ssm_dt.bias", 0.3 * rng.standard_normal(Hv, dtype=np.float32)),
-                    (p + "ssm_a", -rng.uniform(0.05, 0.5, Hv).astype(np.float32)),
-                    (p + "ssm_beta.weight", linear(Hv, E)), (p + "ssm_alpha.weight", linear(Hv, E)),
+        if delta[il]:  # a gated delta net
+            qkv, z, conv = linear(conv_dim, E), linear(dk * Hv, E), linear(conv_dim, K)
+            dt, ssm_a = 0.3 * rng.standard_normal(Hv, dtype=np.float32), -rng.uniform(0.05, 0.5, Hv).astype(np.float32)
+            beta, alpha = linear(Hv, E), linear(Hv, E)
+            if nxt:  # ssm_ba and (unless ssm_in=False: llama.cpp's newer layout) ssm_in, fused per key head
+                out += [(p + "ssm_in.weight", fuse_qkvz(qkv, z, dk, Hk))] if o["ssm_in"] else [
+                    (p + "attn_qkv.weight", qkv), (p + "attn_gate.weight", z)]
+                out.append((p + "ssm_ba.weight", fuse_ba(beta, alpha, Hk)))
+            else:
+                out += [(p + "attn_qkv.weight", qkv), (p + "attn_gate.weight", z), (p + "ssm_beta.weight", beta),
+                        (p + "ssm_alpha.weight", alpha)]
+            out += [(p + "ssm_conv1d.weight", conv), (p + "ssm_dt.bias", dt), (p + "ssm_a", ssm_a),
                     (p + "ssm_norm.weight", norm(dk)), (p + "ssm_out.weight", linear(E, dk * Hv))]
         else:  # gated full attention: q rows per head [query (hd) | gate (hd)]
             out += [(p + "attn_q.weight", linear(2 * n_head * hd, E)), (p + "attn_k.weight", linear(n_head_kv * hd, E)),

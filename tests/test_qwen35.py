@@ -316,5 +316,5 @@ def test_recurrent_layers_key_decides_the_layer_kinds(f32_file, tmp_path, cpu_ke
                         edit={"qwen35.attention.recurrent_layers": flags, "qwen35.full_attention_interval": 5})
     assert ModelConfig.from_gguf(open_gguf(good)).delta_layers == tuple(flags)
     short = rewrite_gguf(f32_file, tmp_path / "short.gguf", edit={"qwen35.attention.recurrent_layers": flags[:4]})
-    with pytest.raises(ModelFileError, match="recurrent_layers must hold one boolean per block"):
+    with pytest.raises(ModelFileError, match="recurrent_layers must hold one flag per block"):
         ModelConfig.from_gguf(open_gguf(short))

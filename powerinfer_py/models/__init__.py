@@ -29,7 +29,7 @@ from . import lfm2
 from . import mistral3
 from . import gemma4
 from . import smallthinker
-from . import qwen35
+from . import qwen35, qwen3next
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -64,6 +64,7 @@ _FAMILIES = {
     "smallthinker": (smallthinker.SmallThinkerModel, smallthinker.expected_tensors),  # ReLU experts, NoPE + SWA
     "qwen35": (qwen35.Qwen35Model, qwen35.expected_tensors),  # gated delta-net layers + gated attention layers
     "qwen35moe": (qwen35.Qwen35Model, qwen35.expected_tensors),  # the same with experts and a shared expert
+    "qwen3next": (qwen3next.Qwen3NextModel, qwen3next.expected_tensors),  # qwen35moe with fused projections
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
