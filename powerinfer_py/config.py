@@ -42,7 +42,7 @@ from .gguf.reader import GGUFFile
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "bamboo", "falcon",
                    "opt", "phi3", "granite", "granitemoe", "gpt-oss", "ernie4_5", "ernie4_5-moe", "deepseek2", "arcee",
                    "glm4", "glm4moe", "smollm3", "olmo2", "lfm2", "lfm2moe", "mistral3", "gemma4", "smallthinker", "qwen35",
-                   "qwen35moe", "nemotron_h")
+                   "qwen35moe", "nemotron_h", "mamba2")
 # always mixture-of-experts (llama files are when they carry expert_count; ernie4_5-moe, deepseek2 and glm4moe
 # have leading dense layers: ModelConfig.moe_layers)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "deepseek2", "glm4moe", "lfm2moe",
@@ -417,7 +417,9 @@ class _Reader(ArchKeys):
         n_layer = self.positive("{arch}.block_count")
         n_layer, glm = self.glm4(n_layer) if self.arch in GLM_ARCHS else (n_layer, {})
         g4 = gemma4_keys(self, n_layer) if self.arch == "gemma4" else {}  # per-layer shapes: config_gemma4.py
-        n_head = g4.pop("_n_head") if g4 else self.positive("{arch}.attention.head_count")
+        # mamba2 files have no attention (head_count 0): one placeholder head
+        n_head = g4.pop("_n_head") if g4 else (self.get("{arch}.attention.head_count", 0) or 1) if (
+            self.arch == "mamba2") else self.positive("{arch}.attention.head_count")
         lfm2 = self.lfm2(n_layer, n_head)  # per-layer head counts: 0 marks a convolution layer
         qwen35 = self.qwen35(n_layer)  # delta-net layers and their sizes
         lfm2 = lfm2 or qwen35

@@ -9,13 +9,16 @@
               ssm.group_count (B and C groups; the heads must be a multiple), all required. The attention layers
               must share one KV head count and the FFN layers one width (n_ff). Files with experts are refused.
 
+  mamba2      (plain Mamba-2 files) every layer is a mixer after its RMSNorm; the same ssm.* keys; no attention
+              or FFN keys are read (the converter writes head_count and feed_forward_length 0).
+
 Scalars may also be stored as per-layer arrays of one value (config._Reader.get).
 """
 from __future__ import annotations
 
 from .errors import ModelFileError, UnsupportedError
 
-MAMBA2_ARCHS = ("nemotron_h",)
+MAMBA2_ARCHS = ("nemotron_h", "mamba2")
 
 
 def _layer_array(r, suffix: str, n_layer: int) -> list[int]:
@@ -45,8 +48,9 @@ def mamba2_keys(r, n_layer: int, n_head: int) -> dict:
     path = r.f.path
     if r.get("{arch}.expert_count", 0):
         raise UnsupportedError(f"{path}: {r.arch} files with experts (Nemotron-H MoE) are not supported")
-    kv = _layer_array(r, "{arch}.attention.head_count_kv", n_layer)
-    ff = _layer_array(r, "{arch}.feed_forward_length", n_layer)
+    plain = r.arch == "mamba2"  # every layer a mixer
+    kv = [0] * n_layer if plain else _layer_array(r, "{arch}.attention.head_count_kv", n_layer)
+    ff = [0] * n_layer if plain else _layer_array(r, "{arch}.feed_forward_length", n_layer)
     n_kv = _one(r, "{arch}.attention.head_count_kv", kv, "attention layers")
     n_ff = _one(r, "{arch}.feed_forward_length", ff, "FFN layers")
     if n_kv and n_head % n_kv:

@@ -22,8 +22,8 @@ from gguf import GGUFValueType
 DEFAULT_PATTERN = "M-M*M-"
 
 
-def _options(o: dict, n_layer: int) -> dict:
-    opts = {"pattern": o.pop("pattern", DEFAULT_PATTERN), "d_state": o.pop("d_state", 16),
+def _options(o: dict, n_layer: int, arch: str) -> dict:
+    opts = {"pattern": "M" * n_layer if arch == "mamba2" else o.pop("pattern", DEFAULT_PATTERN), "d_state": o.pop("d_state", 16),
             "n_group": o.pop("n_group", 2), "n_ssm_head": o.pop("n_ssm_head", 8), "head_dim": o.pop("ssm_head_dim", 16),
             "kernel": o.pop("conv_kernel", 4), "n_ctx_train": o.pop("n_ctx_train", 512),
             "norm_eps": o.pop("norm_eps", 1e-5), "ln_eps": o.pop("ln_eps", 1e-5), "tied": o.pop("tied", False), "conv_bias": o.pop("conv_bias", True)}
@@ -38,14 +38,14 @@ def _options(o: dict, n_layer: int) -> dict:
 
 def write_nemotron_h(path: str | os.PathLike, arch: str, *, dtype: str, n_layer: int, n_embd: int, n_ff: int,
                      n_head: int, n_head_kv: int, n_vocab: int, seed: int, **overrides) -> Path:
-    """Write a tiny random nemotron_h model; overrides: pattern (one of "M*-" per layer, default "M-M*M-"),
+    """Write a tiny random nemotron_h (or mamba2: every layer a mixer) model; overrides: pattern (one of "M*-" per layer, default "M-M*M-"),
     d_state (16), n_group (2), n_ssm_head (8), ssm_head_dim (16), conv_kernel (4), n_ctx_train, norm_eps,
     tied (default False), conv_bias (default True)."""
     from .gguf import write_gguf
     from .synth import _FILE_TYPE, DTYPES, _encode, synthetic_vocab
     from .tensor import GGMLType
 
-    o = _options(dict(overrides), n_layer)
+    o = _options(dict(overrides), n_layer, arch)
     a, E, hd = arch, n_embd, n_embd // n_head
     N, G, H, P, K = o["d_state"], o["n_group"], o["n_ssm_head"], o["head_dim"], o["kernel"]
     d_inner = H * P
@@ -62,16 +62,21 @@ def write_nemotron_h(path: str | os.PathLike, arch: str, *, dtype: str, n_layer:
         f"{a}.ssm.conv_kernel": K, f"{a}.ssm.state_size": N, f"{a}.ssm.group_count": G,
         f"{a}.ssm.time_step_rank": H, f"{a}.ssm.inner_size": d_inner,
     }
+    if a == "mamba2":
+        for key in ("feed_forward_length", "attention.head_count_kv", "attention.key_length", "attention.value_length"):
+            del meta[f"{a}.{key}"]
+        meta.update({f"{a}.feed_forward_length": 0, f"{a}.attention.head_count": 0})
     tokens, scores, token_types = synthetic_vocab(n_vocab)
     meta.update({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
                  "tokenizer.ggml.token_type": token_types, "tokenizer.ggml.unknown_token_id": 0,
                  "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
                  "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False})
-    int_array = (GGUFValueType.ARRAY, GGUFValueType.INT32)
-    types = {f"{a}.feed_forward_length": int_array, f"{a}.attention.head_count_kv": int_array,
-             "tokenizer.ggml.token_type": int_array,
+    int32s = (GGUFValueType.ARRAY, GGUFValueType.INT32)
+    types = {"tokenizer.ggml.token_type": int32s,
              "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32)}
 
+    if a != "mamba2":  # the per-layer arrays that tell the layer kinds apart
+        types.update({f"{a}.feed_forward_length": int32s, f"{a}.attention.head_count_kv": int32s})
     rng = np.random.default_rng(seed)
 
     def linear(m, k):

@@ -181,3 +181,23 @@ def test_sparse_exact_is_bit_for_bit_off(f32_file, cpu_kernels):
     stats = exact.sparsity
     active = stats.active[1] / stats.tokens[1]
     assert 0 < active < w.config.n_ff  # relu(up x) skips a real share of the neurons
+
+
+# ---- plain mamba2 (every layer a mixer: the same model class) ---------------------------------------------------
+
+@pytest.mark.parametrize("dtype,tol", [("f32", TOL), ("q8_0", QUANT_TOL)])
+def test_plain_mamba2_matches_llama_cpp(synthetic_model, dtype, tol):
+    assert_matches_llama_cpp(synthetic_model("mamba2", dtype), TOKENS, tol, same_top1=dtype == "f32")
+
+
+def test_plain_mamba2_needs_its_state(synthetic_model, cpu_kernels):
+    path = synthetic_model("mamba2", "f32")
+    c = load_weights(open_gguf(path), expected_tensors).config
+    assert c.mamba_layers == (True,) * 4 and not any(c.ffn_layers)
+    model = load_model(path, cpu_kernels)
+    ref = llama_cpp_logits(path, TOKENS)
+    cache = model.new_cache(32)
+    model.forward(TOKENS[:6], cache)
+    for s in cache.ssm:
+        s[...] = 0
+    assert rel_err(model.forward(TOKENS[6:], cache, all_logits=True), ref[6:]) > MISTAKE

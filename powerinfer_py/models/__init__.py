@@ -65,6 +65,7 @@ _FAMILIES = {
     "qwen35": (qwen35.Qwen35Model, qwen35.expected_tensors),  # gated delta-net layers + gated attention layers
     "qwen35moe": (qwen35.Qwen35Model, qwen35.expected_tensors),  # the same with experts and a shared expert
     "nemotron_h": (nemotron_h.NemotronHModel, nemotron_h.expected_tensors),  # Mamba-2 mixers + attention + FFNs
+    "mamba2": (nemotron_h.NemotronHModel, nemotron_h.expected_tensors),  # the same with every layer a mixer
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
