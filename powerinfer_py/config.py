@@ -36,13 +36,15 @@ from typing import Any
 from .errors import ModelFileError, UnsupportedError
 from .config_archs import GLM_ARCHS, GPTOSS_SWA_PERIOD, ArchKeys
 from .config_gemma4 import Gemma4Layout, gemma4_keys
+from .config_mamba2 import mamba2_keys
 from .gguf.reader import GGUFFile
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "bamboo", "falcon",
                    "opt", "phi3", "granite", "granitemoe", "gpt-oss", "ernie4_5", "ernie4_5-moe", "deepseek2", "arcee",
                    "glm4", "glm4moe", "smollm3", "olmo2", "lfm2", "lfm2moe", "mistral3", "gemma4", "smallthinker", "qwen35",
                    "qwen35moe", "qwen3next",
-                   "exaone4")
+                   "exaone4",
+                   "nemotron_h", "mamba2")
 # always mixture-of-experts (llama files are when they carry expert_count; ernie4_5-moe, deepseek2 and glm4moe
 # have leading dense layers: ModelConfig.moe_layers)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "deepseek2", "glm4moe", "lfm2moe",
@@ -149,6 +151,10 @@ class ModelConfig:
     ssm_n_k_heads: int = 0  # qwen35: delta-net query/key heads (ssm.group_count)
     ssm_n_v_heads: int = 0  # qwen35: delta-net value heads (ssm.time_step_rank), a multiple of ssm_n_k_heads
     gemma4: Gemma4Layout | None = None  # gemma4: the per-layer shapes, RoPE and K/V sharing (config_gemma4.py)
+    mamba_layers: tuple[bool, ...] = ()  # nemotron_h: per layer True = a Mamba-2 mixer (config_mamba2.py)
+    ffn_layers: tuple[bool, ...] = ()  # nemotron_h: per layer True = an FFN-only layer (neither mixer nor attention)
+    ssm_d_inner: int = 0  # Mamba-2: the mixer's inner width (heads x head width)
+    ssm_n_group: int = 0  # Mamba-2: groups of B and C (each serves ssm_n_v_heads / ssm_n_group heads)
 
     def is_moe_layer(self, il: int) -> bool:
         """Whether layer il's FFN is a mixture of experts (ernie4_5-moe's leading layers are dense)."""
@@ -422,10 +428,14 @@ class _Reader(ArchKeys):
             n_nextn = self.nextn_blocks(n_layer)
             n_layer, glm = n_layer - n_nextn, {"n_nextn": n_nextn}
         g4 = gemma4_keys(self, n_layer) if self.arch == "gemma4" else {}  # per-layer shapes: config_gemma4.py
-        n_head = g4.pop("_n_head") if g4 else self.positive("{arch}.attention.head_count")
+        # mamba2 files have no attention (head_count 0): one placeholder head
+        n_head = g4.pop("_n_head") if g4 else (self.get("{arch}.attention.head_count", 0) or 1) if (
+            self.arch == "mamba2") else self.positive("{arch}.attention.head_count")
         lfm2 = self.lfm2(n_layer, n_head)  # per-layer head counts: 0 marks a convolution layer
         qwen35 = self.qwen35(n_layer)  # delta-net layers and their sizes
         lfm2 = lfm2 or qwen35
+        mamba2 = mamba2_keys(self, n_layer, n_head)  # mixer / attention / FFN layers and the mixer sizes
+        lfm2 = lfm2 or mamba2
         n_head_kv = lfm2.pop("_n_head_kv") if lfm2 else g4.pop("_n_head_kv") if g4 else self.positive(
             "{arch}.attention.head_count_kv", n_head)
         if n_head % n_head_kv:
@@ -444,6 +454,9 @@ class _Reader(ArchKeys):
         if g4:
             window, swa_layers, freq_base_swa = g4.pop("sliding_window"), g4.pop("swa_layers"), g4.pop("base_swa")
         n_rot = self.get("{arch}.rope.dimension_count", 0 if self.arch == "opt" else head_dim)
+        if mamba2:  # nemotron_h's attention uses no RoPE
+            n_rot = 0
+            attn_scale_key = self.get("{arch}.attention.scale", 0.0, kind=float)
         if not 0 <= n_rot <= head_dim or n_rot % 2:
             raise ModelFileError(f"{self.f.path}: rope.dimension_count {n_rot} must be even and <= {head_dim}")
         self.mrope_sections(n_rot)
@@ -452,6 +465,8 @@ class _Reader(ArchKeys):
             attn_scale = 1.0 / math.sqrt(n_embd / n_head)
         if g4:  # the per-head Q norm scales the scores
             attn_scale = 1.0
+        if mamba2 and attn_scale_key:
+            attn_scale = attn_scale_key
         threshold = self.get("powerinfer.sparse_threshold", 0.0, kind=float) if self.f.is_sparse else 0.0
         hidden_act, hidden_act_param = self.hidden_act()
         calibrated, ffn_thresholds, ffn_quantiles = self.calibration(n_layer)
@@ -464,7 +479,8 @@ class _Reader(ArchKeys):
         if glm.get("_n_shared") is not None:  # glm4moe: shared experts of the routed width
             moe.update(expert_weights_norm=glm.pop("_norm"), n_ff_shexp=moe["n_ff_exp"] * glm.pop("_n_shared"))
         # MoE files may leave out the dense width (unused there): the experts' width stands in for it
-        n_ff = g4.pop("_n_ff") if g4 else self.positive("{arch}.feed_forward_length", moe.get("n_ff_exp") or None)
+        n_ff = g4.pop("_n_ff") if g4 else mamba2.pop("_n_ff") if mamba2 else self.positive(
+            "{arch}.feed_forward_length", moe.get("n_ff_exp") or None)
         n_ctx_train = self.positive("{arch}.context_length")
         rope_scale, rope_factors, rope_mscale = self.rope_scaling(n_rot, freq_base, n_ctx_train)
         if mla:

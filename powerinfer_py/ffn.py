@@ -83,7 +83,7 @@ def ffn_variant(config: ModelConfig) -> str:
     act = config.hidden_act
     if config.arch == "bamboo":
         return "dreglu"
-    if config.arch == "arcee":
+    if config.arch in ("arcee", "nemotron_h"):
         return "relu2"
     if config.arch == "smallthinker":  # its experts: relu(gate) * up (moe.py)
         return "reglu"

@@ -30,6 +30,7 @@ from . import mistral3
 from . import gemma4
 from . import smallthinker
 from . import qwen35, qwen3next
+from . import nemotron_h
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -65,6 +66,8 @@ _FAMILIES = {
     "qwen35": (qwen35.Qwen35Model, qwen35.expected_tensors),  # gated delta-net layers + gated attention layers
     "qwen35moe": (qwen35.Qwen35Model, qwen35.expected_tensors),  # the same with experts and a shared expert
     "qwen3next": (qwen3next.Qwen3NextModel, qwen3next.expected_tensors),  # qwen35moe with fused projections
+    "nemotron_h": (nemotron_h.NemotronHModel, nemotron_h.expected_tensors),  # Mamba-2 mixers + attention + FFNs
+    "mamba2": (nemotron_h.NemotronHModel, nemotron_h.expected_tensors),  # the same with every layer a mixer
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)

@@ -1,0 +1,69 @@
+"""The metadata of the Mamba-2 hybrids, read for ModelConfig (config.py calls mamba2_keys).
+
+  nemotron_h  (NVIDIA Nemotron-H, Nemotron Nano 2) every layer is ONE of three kinds, told apart by two per-layer
+              arrays as llama.cpp does: {arch}.attention.head_count_kv[il] == 0 and {arch}.feed_forward_length[il]
+              == 0 -> a Mamba-2 mixer; head_count_kv 0 and feed_forward_length > 0 -> a squared-ReLU FFN
+              (relu(up x)^2, no gate); head_count_kv > 0 -> attention (no RoPE; {arch}.attention.scale, absent
+              or 0: 1/sqrt(head_dim)). The mixer sizes: ssm.conv_kernel (>= 2), ssm.inner_size (d_inner),
+              ssm.state_size (d_state), ssm.time_step_rank (the mixer's heads; d_inner must be a multiple) and
+              ssm.group_count (B and C groups; the heads must be a multiple), all required. The attention layers
+              must share one KV head count and the FFN layers one width (n_ff). Files with experts are refused.
+
+  mamba2      (plain Mamba-2 files) every layer is a mixer after its RMSNorm; the same ssm.* keys; no attention
+              or FFN keys are read (the converter writes head_count and feed_forward_length 0).
+
+Scalars may also be stored as per-layer arrays of one value (config._Reader.get).
+"""
+from __future__ import annotations
+
+from .errors import ModelFileError, UnsupportedError
+
+MAMBA2_ARCHS = ("nemotron_h", "mamba2")
+
+
+def _layer_array(r, suffix: str, n_layer: int) -> list[int]:
+    """A per-layer int array (a scalar is the same value on every layer)."""
+    key = r.key(suffix)
+    v = r.meta.get(key)
+    if isinstance(v, int) and not isinstance(v, bool):
+        v = [v] * n_layer
+    if not isinstance(v, list) or len(v) != n_layer or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
+        raise ModelFileError(f"{r.f.path}: {key} must be an array of {n_layer} non-negative ints, got {v!r}")
+    return v
+
+
+def _one(r, key: str, values: list[int], what: str) -> int:
+    distinct = sorted(set(x for x in values if x))
+    if len(distinct) > 1:
+        raise UnsupportedError(f"{r.f.path}: {r.key(key)} differs between {what} ({distinct})")
+    return distinct[0] if distinct else 0
+
+
+def mamba2_keys(r, n_layer: int, n_head: int) -> dict:
+    """ModelConfig fields of a Mamba-2 hybrid (module docstring) plus "_n_head_kv" and "_n_ff" for config();
+    {} for the other architectures. r: the config._Reader."""
+    if r.arch not in MAMBA2_ARCHS:
+        return {}
+    path = r.f.path
+    if r.get("{arch}.expert_count", 0):
+        raise UnsupportedError(f"{path}: {r.arch} files with experts (Nemotron-H MoE) are not supported")
+    plain = r.arch == "mamba2"  # every layer a mixer
+    kv = [0] * n_layer if plain else _layer_array(r, "{arch}.attention.head_count_kv", n_layer)
+    ff = [0] * n_layer if plain else _layer_array(r, "{arch}.feed_forward_length", n_layer)
+    n_kv = _one(r, "{arch}.attention.head_count_kv", kv, "attention layers")
+    n_ff = _one(r, "{arch}.feed_forward_length", ff, "FFN layers")
+    if n_kv and n_head % n_kv:
+        raise ModelFileError(f"{path}: head_count {n_head} is not a multiple of head_count_kv {n_kv}")
+    kernel = r.get("{arch}.ssm.conv_kernel")
+    if kernel < 2:
+        raise ModelFileError(f"{path}: {r.key('{arch}.ssm.conv_kernel')} must be at least 2, got {kernel}")
+    d_inner, d_state, n_ssm_head, n_group = (r.positive(f"{{arch}}.ssm.{k}") for k in
+                                             ("inner_size", "state_size", "time_step_rank", "group_count"))
+    if d_inner % n_ssm_head or n_ssm_head % n_group:
+        raise ModelFileError(f"{path}: ssm.inner_size {d_inner} must be a multiple of ssm.time_step_rank "
+                             f"{n_ssm_head} (heads), and the heads a multiple of ssm.group_count {n_group}")
+    mamba = tuple(k == 0 and f == 0 for k, f in zip(kv, ff))
+    return {"mamba_layers": mamba, "ffn_layers": tuple(k == 0 and f > 0 for k, f in zip(kv, ff)),
+            "conv_kernel": kernel, "ssm_d_inner": d_inner, "ssm_d_state": d_state, "ssm_n_v_heads": n_ssm_head,
+            "ssm_n_group": n_group, "_n_head_kv": n_kv or n_head, "_n_ff": n_ff or 1}

@@ -1,0 +1,113 @@
+"""Tiny random Nemotron-H files (GGUF arch "nemotron_h") that llama.cpp loads, for tests and benchmarks;
+synth.write_synthetic_model hands this arch to write_nemotron_h (models/nemotron_h.py has the math).
+
+Layout: a pattern string with one letter per layer, as Nemotron-H's hybrid_override_pattern: "M" a Mamba-2 mixer,
+"*" attention, "-" a squared-ReLU FFN. The default "M-M*M-" makes every kind feed every kind. The mixer defaults:
+8 heads of 16 (d_inner 128), 2 groups of B and C (4 heads each), a state of 16, a conv of 4 taps (the real files'
+ssm.conv_kernel).
+
+Scales keep every activation O(1) and make the recurrent state matter: A = -exp(A_log) in [-1, -0.1] (ssm_a is
+stored as A, already negative, as the converter writes it) with softplus(dt + dt_bias) ~ 0.5 .. 1 gives per-token
+decays of about 0.4 .. 0.95, so a token is still visible several tokens later; D ~ 1 makes the skip term as large
+as the scan's output; the conv bias ~ N(0, 0.3) so a file without it would differ visibly.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFValueType
+
+DEFAULT_PATTERN = "M-M*M-"
+
+
+def _options(o: dict, n_layer: int, arch: str) -> dict:
+    opts = {"pattern": "M" * n_layer if arch == "mamba2" else o.pop("pattern", DEFAULT_PATTERN), "d_state": o.pop("d_state", 16),
+            "n_group": o.pop("n_group", 2), "n_ssm_head": o.pop("n_ssm_head", 8), "head_dim": o.pop("ssm_head_dim", 16),
+            "kernel": o.pop("conv_kernel", 4), "n_ctx_train": o.pop("n_ctx_train", 512),
+            "norm_eps": o.pop("norm_eps", 1e-5), "ln_eps": o.pop("ln_eps", 1e-5), "tied": o.pop("tied", False), "conv_bias": o.pop("conv_bias", True)}
+    if o:
+        raise TypeError(f"unknown nemotron_h synthetic model option(s): {', '.join(sorted(o))}")
+    if len(opts["pattern"]) != n_layer or set(opts["pattern"]) - set("M*-"):
+        raise ValueError(f"pattern {opts['pattern']!r} must have one of 'M', '*', '-' per layer ({n_layer})")
+    if opts["n_ssm_head"] % opts["n_group"]:
+        raise ValueError("n_ssm_head must be a multiple of n_group")
+    return opts
+
+
+def write_nemotron_h(path: str | os.PathLike, arch: str, *, dtype: str, n_layer: int, n_embd: int, n_ff: int,
+                     n_head: int, n_head_kv: int, n_vocab: int, seed: int, **overrides) -> Path:
+    """Write a tiny random nemotron_h (or mamba2: every layer a mixer) model; overrides: pattern (one of "M*-" per layer, default "M-M*M-"),
+    d_state (16), n_group (2), n_ssm_head (8), ssm_head_dim (16), conv_kernel (4), n_ctx_train, norm_eps,
+    tied (default False), conv_bias (default True)."""
+    from .gguf import write_gguf
+    from .synth import _FILE_TYPE, DTYPES, _encode, synthetic_vocab
+    from .tensor import GGMLType
+
+    o = _options(dict(overrides), n_layer, arch)
+    a, E, hd = arch, n_embd, n_embd // n_head
+    N, G, H, P, K = o["d_state"], o["n_group"], o["n_ssm_head"], o["head_dim"], o["kernel"]
+    d_inner = H * P
+    conv_dim = d_inner + 2 * G * N
+    pat = o["pattern"]
+    meta = {
+        "general.architecture": a, "general.name": f"synthetic-{a}-{dtype}", "general.file_type": _FILE_TYPE[dtype],
+        f"{a}.context_length": o["n_ctx_train"], f"{a}.embedding_length": E, f"{a}.block_count": n_layer,
+        f"{a}.feed_forward_length": [n_ff if c == "-" else 0 for c in pat], f"{a}.attention.head_count": n_head,
+        f"{a}.attention.head_count_kv": [n_head_kv if c == "*" else 0 for c in pat],
+        f"{a}.attention.layer_norm_rms_epsilon": float(o["norm_eps"]),
+        f"{a}.attention.layer_norm_epsilon": float(o["ln_eps"]),
+        f"{a}.attention.key_length": hd, f"{a}.attention.value_length": hd,
+        f"{a}.ssm.conv_kernel": K, f"{a}.ssm.state_size": N, f"{a}.ssm.group_count": G,
+        f"{a}.ssm.time_step_rank": H, f"{a}.ssm.inner_size": d_inner,
+    }
+    if a == "mamba2":
+        for key in ("feed_forward_length", "attention.head_count_kv", "attention.key_length", "attention.value_length"):
+            del meta[f"{a}.{key}"]
+        meta.update({f"{a}.feed_forward_length": 0, f"{a}.attention.head_count": 0})
+    tokens, scores, token_types = synthetic_vocab(n_vocab)
+    meta.update({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
+                 "tokenizer.ggml.token_type": token_types, "tokenizer.ggml.unknown_token_id": 0,
+                 "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+                 "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False})
+    int32s = (GGUFValueType.ARRAY, GGUFValueType.INT32)
+    types = {"tokenizer.ggml.token_type": int32s,
+             "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32)}
+
+    if a != "mamba2":  # the per-layer arrays that tell the layer kinds apart
+        types.update({f"{a}.feed_forward_length": int32s, f"{a}.attention.head_count_kv": int32s})
+    rng = np.random.default_rng(seed)
+
+    def linear(m, k):
+        return rng.standard_normal((m, k), dtype=np.float32) / np.float32(np.sqrt(k))
+
+    def norm(*shape):
+        return 1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)
+
+    out = [("token_embd.weight", rng.standard_normal((n_vocab, E), dtype=np.float32))]
+    for il, kind in enumerate(pat):
+        p = f"blk.{il}."
+        out.append((p + "attn_norm.weight", norm(E)))
+        if kind == "M":
+            out += [(p + "ssm_in.weight", linear(2 * d_inner + 2 * G * N + H, E)),
+                    (p + "ssm_conv1d.weight", linear(conv_dim, K))]
+            if o["conv_bias"]:
+                out.append((p + "ssm_conv1d.bias", 0.3 * rng.standard_normal(conv_dim, dtype=np.float32)))
+            out += [(p + "ssm_dt.bias", rng.uniform(0.0, 0.5, H).astype(np.float32)),
+                    (p + "ssm_a", -np.exp(rng.uniform(np.log(0.1), 0.0, (H, 1))).astype(np.float32)),
+                    (p + "ssm_d", (1.0 + 0.3 * rng.standard_normal((H, 1))).astype(np.float32)),
+                    (p + "ssm_norm.weight", norm(G, d_inner // G)), (p + "ssm_out.weight", linear(E, d_inner))]
+        elif kind == "*":
+            out += [(p + "attn_q.weight", linear(n_head * hd, E)), (p + "attn_k.weight", linear(n_head_kv * hd, E)),
+                    (p + "attn_v.weight", linear(n_head_kv * hd, E)), (p + "attn_output.weight", linear(E, n_head * hd))]
+        else:  # relu(up x)^2: scaled so the squares stay O(1)
+            out += [(p + "ffn_up.weight", linear(n_ff, E)), (p + "ffn_down.weight", 0.5 * linear(E, n_ff))]
+    out.append(("output_norm.weight", norm(E)))
+    if not o["tied"]:
+        out.append(("output.weight", 2.5 * linear(n_vocab, E)))
+    # 1-D tensors, the conv taps, A, D and the grouped norm stay F32 (as in llama.cpp's files); the rest take dtype
+    keep = ("ssm_conv1d", "ssm_a", "ssm_d", "ssm_norm")
+    tensors = [_encode(name, x, DTYPES[dtype] if x.ndim >= 2 and not any(s in name for s in keep) else GGMLType.F32)
+               for name, x in out]
+    return write_gguf(path, meta, tensors, types=types)
