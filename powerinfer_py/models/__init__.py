@@ -28,6 +28,7 @@ from . import glm4
 from . import lfm2
 from . import mistral3
 from . import gemma4
+from . import gemma3n
 from . import smallthinker
 from . import qwen35
 from .base import Expected, Model
@@ -63,6 +64,7 @@ _FAMILIES = {
     "smallthinker": (smallthinker.SmallThinkerModel, smallthinker.expected_tensors),  # ReLU experts, NoPE + SWA
     "qwen35": (qwen35.Qwen35Model, qwen35.expected_tensors),  # gated delta-net layers + gated attention layers
     "qwen35moe": (qwen35.Qwen35Model, qwen35.expected_tensors),  # the same with experts and a shared expert
+    "gemma3n": (gemma3n.Gemma3nModel, gemma3n.expected_tensors),  # AltUp streams, LAuReL, top-k sparse FFNs
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
