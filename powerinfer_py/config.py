@@ -35,6 +35,7 @@ from typing import Any
 
 from .errors import ModelFileError, UnsupportedError
 from .config_archs import GLM_ARCHS, GPTOSS_SWA_PERIOD, ArchKeys
+from .config_gemma3n import Gemma3nLayout, gemma3n_keys
 from .config_gemma4 import Gemma4Layout, gemma4_keys
 from .config_mamba2 import mamba2_keys
 from .gguf.reader import GGUFFile
@@ -44,7 +45,8 @@ SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "
                    "glm4", "glm4moe", "smollm3", "olmo2", "lfm2", "lfm2moe", "mistral3", "gemma4", "smallthinker", "qwen35",
                    "qwen35moe", "qwen3next",
                    "exaone4",
-                   "nemotron_h", "mamba2")
+                   "nemotron_h", "mamba2",
+                   "gemma3n")
 # always mixture-of-experts (llama files are when they carry expert_count; ernie4_5-moe, deepseek2 and glm4moe
 # have leading dense layers: ModelConfig.moe_layers)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "deepseek2", "glm4moe", "lfm2moe",
@@ -59,10 +61,10 @@ _MOE_NORM_WEIGHTS = {"llama": True, "mistral3": True, "qwen3moe": True, "qwen2mo
 # M-RoPE section rotates by the same position, which is that arch's RoPE when the sections cover the rotated
 # pairs (checked against llama.cpp: tests/test_vl_text.py). Keys are read under the file's name ({arch}).
 TEXT_ALIASES = {"qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3moe"}
-GEMMA_ARCHS = ("gemma", "gemma2", "gemma3", "gemma4")  # scaled embeddings, GeGLU FFN, the "gemma" chat format
+GEMMA_ARCHS = ("gemma", "gemma2", "gemma3", "gemma4", "gemma3n")  # scaled embeddings, GeGLU FFN, the "gemma" chat format
 # llama.cpp's NeoX rope type (pairs (i, i + n_rot/2)); the others rotate pairs (2i, 2i + 1)
 _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "falcon", "phi3", "olmo2",
-               "gpt-oss", "glm4moe", "lfm2", "lfm2moe", "gemma4", "smallthinker", "exaone4",
+               "gpt-oss", "glm4moe", "lfm2", "lfm2moe", "gemma4", "smallthinker", "exaone4", "gemma3n",
                "qwen35", "qwen35moe", "qwen3next"}  # qwen35: text M-RoPE is NeoX RoPE (config_archs.qwen35)
 # their models take per-pair RoPE factors and a scale (models/base.py)
 _YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee", "deepseek2", "mistral3",
@@ -155,6 +157,7 @@ class ModelConfig:
     ffn_layers: tuple[bool, ...] = ()  # nemotron_h: per layer True = an FFN-only layer (neither mixer nor attention)
     ssm_d_inner: int = 0  # Mamba-2: the mixer's inner width (heads x head width)
     ssm_n_group: int = 0  # Mamba-2: groups of B and C (each serves ssm_n_v_heads / ssm_n_group heads)
+    gemma3n: Gemma3nLayout | None = None  # gemma3n: AltUp, K/V sharing, top-k sparsity (config_gemma3n.py)
 
     def is_moe_layer(self, il: int) -> bool:
         """Whether layer il's FFN is a mixture of experts (ernie4_5-moe's leading layers are dense)."""
@@ -428,6 +431,7 @@ class _Reader(ArchKeys):
             n_nextn = self.nextn_blocks(n_layer)
             n_layer, glm = n_layer - n_nextn, {"n_nextn": n_nextn}
         g4 = gemma4_keys(self, n_layer) if self.arch == "gemma4" else {}  # per-layer shapes: config_gemma4.py
+        g3n = gemma3n_keys(self, n_layer) if self.arch == "gemma3n" else {}  # config_gemma3n.py
         # mamba2 files have no attention (head_count 0): one placeholder head
         n_head = g4.pop("_n_head") if g4 else (self.get("{arch}.attention.head_count", 0) or 1) if (
             self.arch == "mamba2") else self.positive("{arch}.attention.head_count")
@@ -453,6 +457,8 @@ class _Reader(ArchKeys):
         window, swa_layers, freq_base_swa = self.swa(n_layer, freq_base)
         if g4:
             window, swa_layers, freq_base_swa = g4.pop("sliding_window"), g4.pop("swa_layers"), g4.pop("base_swa")
+        if g3n:
+            window, swa_layers, freq_base_swa = g3n.pop("sliding_window"), g3n.pop("swa_layers"), g3n.pop("base_swa")
         n_rot = self.get("{arch}.rope.dimension_count", 0 if self.arch == "opt" else head_dim)
         if mamba2:  # nemotron_h's attention uses no RoPE
             n_rot = 0
@@ -463,7 +469,7 @@ class _Reader(ArchKeys):
         attn_scale = 1.0 / math.sqrt(head_dim)
         if (self.arch, n_layer) in (("gemma3", 62), ("gemma2", 46)):  # the 27B models: 1/sqrt(n_embd / n_head)
             attn_scale = 1.0 / math.sqrt(n_embd / n_head)
-        if g4:  # the per-head Q norm scales the scores
+        if g4 or g3n:  # the per-head Q norm scales the scores
             attn_scale = 1.0
         if mamba2 and attn_scale_key:
             attn_scale = attn_scale_key
@@ -539,4 +545,5 @@ class _Reader(ArchKeys):
             **lfm2,
             **m3,
             **g4,
+            **g3n,
         )

@@ -76,6 +76,7 @@ RELU_FAMILY = ("reglu", "fatreglu", "dreglu", "relu", "relu2")
 PREDICTED_GLU = ("swiglu", "geglu")  # non-ReLU FFNs that predictor mode also runs (trained predictors skip the gate)
 GATED = ("swiglu", "geglu", "reglu", "fatreglu", "dreglu")
 RELU_EXPERT_ARCHS = ("smallthinker",)  # MoE archs whose experts are ReLU-gated: `exact` runs them (moe.py)
+TOPK_ARCHS = ("gemma3n",)  # GeGLU FFNs with their own Gaussian top-k: `exact` skips the zeroed up rows (models/)
 
 
 def ffn_variant(config: ModelConfig) -> str:
@@ -154,7 +155,8 @@ def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: floa
         target = sparsity if sparsity is not None else config.calibrated_sparsity or 0.0
         return SparseSettings(mode, 0.0, float(target), cuts, scales=config.ffn_neuron_scales,
                               up_cuts=config.ffn_up_thresholds)
-    if mode != "off" and variant not in RELU_FAMILY and not (mode == "predictor" and variant in PREDICTED_GLU):
+    if (mode != "off" and variant not in RELU_FAMILY and not (mode == "predictor" and variant in PREDICTED_GLU)
+            and not (mode == "exact" and config.arch in TOPK_ARCHS)):
         hint = ("'threshold' (after `powerinfer calibrate`) or 'off'" if variant in ("swiglu", "geglu") else "'off'")
         raise UnsupportedError(f"sparse mode {mode!r} needs a ReLU-family FFN; this {config.arch} model's FFN "
                                f"is {variant}: use {hint}")
