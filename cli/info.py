@@ -115,6 +115,16 @@ def _table(f: dict) -> Table:
                       f"{c['ssm_n_v_heads']} value heads of {c['ssm_d_state']}, conv over {c['conv_kernel']} tokens); "
                       "gated attention on the others"
                       + (f"; {c['n_nextn']} next-token-prediction block(s) not run" if c["n_nextn"] else ""))
+        if c.get("mamba_layers"):  # nemotron_h, mamba2: each layer a Mamba-2 mixer, attention or an FFN
+            kinds = {"Mamba-2 mixers": [il for il, m in enumerate(c["mamba_layers"]) if m],
+                     "attention": [il for il, (m, f) in enumerate(zip(c["mamba_layers"], c["ffn_layers"] or
+                                                                      (False,) * len(c["mamba_layers"])))
+                                   if not m and not f],
+                     "FFN": [il for il, f in enumerate(c["ffn_layers"]) if f]}
+            heads = c["ssm_n_v_heads"]
+            t.add_row("layer kinds", "; ".join(f"{name} {', '.join(map(str, ils))}" for name, ils in kinds.items() if ils)
+                      + f" (mixers: {heads} heads of {c['ssm_d_inner'] // heads}, {c['ssm_n_group']} group(s), "
+                      f"state {c['ssm_d_state']}, conv over {c['conv_kernel']} tokens)")
         if c["arch"] == "gpt-oss":
             t.add_row("gpt-oss", f"attention sinks; even layers see the last {c['sliding_window']} tokens; router "
                       "weights softmaxed after top-k; expert biases; swiglu_oai (clamp 7, alpha 1.702)")

@@ -165,7 +165,8 @@ def test_experts_are_refused(f32_file, tmp_path):
 
 
 def test_info_lists_the_arch(f32_file):
-    assert "nemotron_h" in info_text(f32_file)
+    text = info_text(f32_file)
+    assert "nemotron_h" in text and "layer kinds          Mamba-2 mixers 0, 2, 4; attention 3; FFN 1, 5" in text
 
 
 def test_sparse_exact_is_bit_for_bit_off(f32_file, cpu_kernels):
