@@ -50,7 +50,7 @@ MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "d
 # softmax over the chosen logits (moe.py); deepseek2 and glm4moe read it from {arch}.expert_weights_norm
 _MOE_NORM_WEIGHTS = {"llama": True, "mistral3": True, "qwen3moe": True, "qwen2moe": False, "granitemoe": True, "gpt-oss": False,
                      "ernie4_5-moe": True, "deepseek2": False, "glm4moe": False,
-                     "lfm2moe": True, "smallthinker": True, "qwen35moe": True}
+                     "lfm2moe": True, "smallthinker": True, "qwen35moe": True, "gemma4": True}
 # vision-language models whose GGUF text model is an existing arch under its own name: with text-only input every
 # M-RoPE section rotates by the same position, which is that arch's RoPE when the sections cover the rotated
 # pairs (checked against llama.cpp: tests/test_vl_text.py). Keys are read under the file's name ({arch}).
