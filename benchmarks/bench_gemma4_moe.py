@@ -3,8 +3,8 @@
     python benchmarks/bench_gemma4_moe.py [--dir /tmp/powerinfer-gemma4moe] [--layers 6] [--dtype q8_0]
         [-n 32] [-p 64] [-t 2] [--reps 3]
 
-The file (synth_gemma4.py, random weights; written once into --dir and reused) keeps the 26B-A4B model's
-proportions at a quarter of its widths: d 704 (2816), a dense GeGLU FFN of 512 (2112) beside 128 GeGLU experts of
+The file (synth_gemma4.py, random weights; written once into --dir and reused) keeps the proportions of the
+26B-A4B model (as its published config gives them; no real file was read) at a quarter of its widths: d 704 (2816), a dense GeGLU FFN of 512 (2112) beside 128 GeGLU experts of
 192 (704), 8 per token, merged gate/up expert tensors with per-expert scales; sliding layers of 4 heads x 64 with
 2 KV heads and a full layer of 4 heads x 128 with 1 KV head and no V projection (5 sliding : 1 full), a window of
 128, proportional RoPE on the full layer (a quarter of its pairs turn), no per-layer embeddings, a 4096-token
