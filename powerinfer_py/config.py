@@ -56,7 +56,7 @@ MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "d
 _MOE_NORM_WEIGHTS = {"llama": True, "mistral3": True, "qwen3moe": True, "qwen2moe": False, "granitemoe": True, "gpt-oss": False,
                      "ernie4_5-moe": True, "deepseek2": False, "glm4moe": False,
                      "lfm2moe": True, "smallthinker": True, "qwen35moe": True,
-                     "qwen3next": True}
+                     "qwen3next": True, "gemma4": True}
 # vision-language models whose GGUF text model is an existing arch under its own name: with text-only input every
 # M-RoPE section rotates by the same position, which is that arch's RoPE when the sections cover the rotated
 # pairs (checked against llama.cpp: tests/test_vl_text.py). Keys are read under the file's name ({arch}).

@@ -15,14 +15,16 @@ reads them so (keys are {arch}.*, arch = "gemma4"):
                                      must be a sliding and a full layer of the same shape (llama.cpp's rule)
   embedding_length_per_layer_input   width of the per-layer embeddings (0: none; required key)
   final_logit_softcapping            logits -> cap * tanh(logits / cap); absent: llama.cpp's default 30
-  expert_count, expert_used_count, expert_feed_forward_length   the MoE layers (refused here: not yet run)
+  expert_count, expert_used_count, expert_feed_forward_length   the 26B-A4B model's experts (config.experts reads
+                                     them); as in llama.cpp, the layers with experts are those whose file has a
+                                     blk.N.ffn_gate_inp.weight (ModelConfig.moe_layers; models/gemma4.py has the math)
 The attention scale is 1 (the per-head Q norm does the scaling); embeddings are scaled by sqrt(n_embd).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import ModelFileError, UnsupportedError
+from .errors import ModelFileError
 
 GEMMA4_FINAL_SOFTCAP = 30.0  # llama.cpp's default when final_logit_softcapping is absent
 
@@ -60,13 +62,11 @@ def _per_layer(reader, suffix: str, n_layer: int, default=None) -> tuple[int, ..
 
 
 def gemma4_keys(reader, n_layer: int) -> dict:
-    """ModelConfig fields of a gemma4 file (module docstring): "gemma4" (a Gemma4Layout) and the final soft-cap,
-    plus what config() pops: the window fields ("sliding_window", "swa_layers", "base_swa") and, for the uniform
-    fields, the full layers' head dim and the largest head counts and FFN width ("_head_dim", "_n_head",
-    "_n_head_kv", "_n_ff")."""
+    """ModelConfig fields of a gemma4 file (module docstring): "gemma4" (a Gemma4Layout), the final soft-cap and,
+    in files with expert_count, the layers with experts ("moe_layers"); plus what config() pops: the window
+    fields ("sliding_window", "swa_layers", "base_swa") and, for the uniform fields, the full layers' head dim
+    and the largest head counts and FFN width ("_head_dim", "_n_head", "_n_head_kv", "_n_ff")."""
     path = reader.f.path
-    if reader.get("{arch}.expert_count", 0):
-        raise UnsupportedError(f"{path}: gemma4 files with experts (the 26B-A4B MoE model) are not supported yet")
     window = reader.positive("{arch}.attention.sliding_window")
     key = reader.key("{arch}.attention.sliding_window_pattern")
     pattern = reader.meta.get(key)
@@ -116,5 +116,8 @@ def gemma4_keys(reader, n_layer: int) -> dict:
         head_dim=tuple(hd_swa if s else hd_full for s in swa), n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
         n_rot=tuple(rot_swa if s else rot_full for s in swa), rope_base=tuple(base_swa if s else base for s in swa),
         kv_source=tuple(source), n_embd_per_layer=per_layer)
-    return {"gemma4": layout, "final_softcap": cap, "sliding_window": window, "swa_layers": swa, "base_swa": base_swa,
+    moe = {}
+    if reader.get("{arch}.expert_count", 0):  # experts where the file has a router (llama.cpp's test)
+        moe["moe_layers"] = tuple(f"blk.{il}.ffn_gate_inp.weight" in reader.f.tensors for il in range(n_layer))
+    return {**moe, "gemma4": layout, "final_softcap": cap, "sliding_window": window, "swa_layers": swa, "base_swa": base_swa,
             "_head_dim": hd_full, "_n_head": max(n_head), "_n_head_kv": max(n_head_kv), "_n_ff": max(n_ff)}

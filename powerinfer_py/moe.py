@@ -34,6 +34,12 @@ smallthinker (options of MoEFFN, off for the others): the experts are ReLU-gated
 and the router reads another input than the experts (the layer's input before attention): __call__ takes its
 logits precomputed (router_logits), the probabilities, choice and weights then as above.
 
+gemma4 (options of MoEFFN, off for the others): GeGLU experts, act = "geglu": h = gelu(gate_e · x) * (up_e · x);
+their gate and up may come as one merged tensor (gate_up: (n_expert, 2 n_ff, n_embd), expert e's gate rows first,
+then its up rows), which the decode path reads as one row gather and a batch as one grouped call; and per-expert
+output scales (expert_scales f32 [n_expert]): expert e's output is multiplied by expert_scales[e] (folded into its
+router weight). Its router also reads its own input (router_logits, as smallthinker).
+
 Experts are where a MoE model is sparse: the other experts' weights are never read. Within a chosen ReLU expert
 most neurons are exactly 0 as well, which `exact` mode (exact=True, ReLU experts only; ffn.resolve_sparse refuses
 the other modes and SwiGLU experts) uses: the gate rows of the chosen experts are computed densely, then only the
@@ -100,7 +106,8 @@ class MoEFFN:
     predictor input of dense FFNs, is ignored). shared: an ffn.FFN (qwen2moe's shared expert) with its gate
     vector shared_gate f32 [n_embd] (None: added ungated, granitemoe), or None. gpt-oss's options (module
     docstring): router_bias f32 [n_expert], weights_after_topk, expert_biases (gate, up, down) f32
-    (n_expert, n_ff), (n_expert, n_ff), (n_expert, n_embd), act "swiglu" or "swiglu_oai"."""
+    (n_expert, n_ff), (n_expert, n_ff), (n_expert, n_embd), act "swiglu" or "swiglu_oai". gemma4's (module
+    docstring): act "geglu", gate_up (gate and up None), expert_scales f32 [n_expert]."""
 
     split = None  # hybrid CPU/GPU splits are for PWRI files, which have no experts
     BATCH_SLICE = 256  # prefill tokens per pass: their (token, expert) rows are gathered and held at once
@@ -110,19 +117,39 @@ class MoEFFN:
                  router_bias: np.ndarray | None = None, weights_after_topk: bool = False,
                  expert_biases: tuple | None = None, act: str = "swiglu", select_bias: np.ndarray | None = None,
                  gating: str = "softmax", weights_scale: float = 1.0, n_groups: int = 0, n_group_used: int = 0,
-                 exact: bool = False, stats=None):
+                 exact: bool = False, stats=None, gate_up: Tensor | None = None,
+                 expert_scales: np.ndarray | None = None):
         self.k, self.layer, self.n_used, self.norm_weights = kernels, layer, n_used, norm_weights
-        self.n_expert, self.n_ff, n_embd = gate.shape
-        if up.shape != gate.shape or down.shape != (self.n_expert, n_embd, self.n_ff):
-            raise ModelFileError(f"layer {layer}: expert tensors disagree: gate {gate.shape}, up {up.shape}, "
+        self.gate_up = gate_up  # gemma4's merged gate and up (gate, up are then None)
+        if gate_up is not None:
+            self.n_expert, n_ff2, n_embd = gate_up.shape
+            self.n_ff = n_ff2 // 2
+            gate_shape = up_shape = (self.n_expert, self.n_ff, n_embd)
+            if n_ff2 % 2:
+                raise ModelFileError(f"layer {layer}: merged expert gate/up tensor has shape {gate_up.shape}: "
+                                     f"an odd number of rows per expert")
+        else:
+            gate_shape, up_shape = gate.shape, up.shape
+            self.n_expert, self.n_ff, n_embd = gate_shape
+        if up_shape != gate_shape or down.shape != (self.n_expert, n_embd, self.n_ff):
+            raise ModelFileError(f"layer {layer}: expert tensors disagree: gate {gate_shape}, up {up_shape}, "
                                  f"down {down.shape} (expected (n_expert, n_embd, n_ff) = "
                                  f"{(self.n_expert, n_embd, self.n_ff)})")
         if router.shape != (self.n_expert, n_embd):
             raise ModelFileError(f"layer {layer}: router ffn_gate_inp has shape {router.shape}, expected "
                                  f"{(self.n_expert, n_embd)}")
         self.router, self.gate, self.up, self.down = router, gate, up, down
-        self.gate_rows, self.up_rows = expert_rows(gate), expert_rows(up)
-        self._ff = np.arange(self.n_ff, dtype=np.int32)  # one expert's rows, offset per chosen expert
+        if gate_up is None:
+            self.gate_rows, self.up_rows = expert_rows(gate), expert_rows(up)
+            self._ff = np.arange(self.n_ff, dtype=np.int32)  # one expert's rows, offset per chosen expert
+        else:
+            self.gate = self.up = None
+            self.gate_up_rows = expert_rows(gate_up)
+            self._ff = np.arange(2 * self.n_ff, dtype=np.int32)  # one expert's gate and up rows
+        if expert_scales is not None and expert_scales.shape != (self.n_expert,):
+            raise ModelFileError(f"layer {layer}: per-expert output scales have shape {expert_scales.shape}, "
+                                 f"expected {(self.n_expert,)}")
+        self.expert_scales = expert_scales
         self.shared, self.shared_gate = shared, shared_gate
         self.counts = np.zeros(self.n_expert, dtype=np.int64)  # tokens routed to each expert so far
         self.router_bias, self.weights_after_topk = router_bias, weights_after_topk
@@ -137,12 +164,15 @@ class MoEFFN:
                                  f"{n_group_used} are used")
         self.gating, self.weights_scale = gating, weights_scale
         self.n_groups, self.n_group_used = (n_groups, n_group_used) if n_groups > 1 else (0, 0)
-        if act not in ("swiglu", "swiglu_oai", "reglu"):
+        if act not in ("swiglu", "swiglu_oai", "reglu", "geglu"):
             raise ValueError(f"MoEFFN: unknown activation {act!r}")
+        if gate_up is not None and (exact or expert_biases is not None):
+            raise ValueError("MoEFFN: a merged gate_up tensor takes no exact mode and no expert biases")
         if exact and (act != "reglu" or expert_biases is not None):
             raise UnsupportedError(f"layer {layer}: sparse mode 'exact' needs ReLU-gated experts, these are {act}")
         self.relu = act == "reglu"
-        self.act = {"swiglu": kernels.swiglu, "swiglu_oai": swiglu_oai, "reglu": reglu}[act]
+        self.act = (kernels.geglu if act == "geglu" else
+                    {"swiglu": kernels.swiglu, "swiglu_oai": swiglu_oai, "reglu": reglu}[act])
         self.exact, self.stats = exact, stats
         self.b_gate = self.b_up = self.b_down = None
         if expert_biases is not None:
@@ -210,6 +240,8 @@ class MoEFFN:
                  router_logits: np.ndarray | None = None) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
         chosen, w = self.route(x, router_logits)
+        if self.expert_scales is not None:  # gemma4: expert e's output times expert_scales[e]
+            w = w * self.expert_scales[chosen]
         out = self._decode(x[0], chosen[0], w[0])[None, :] if x.shape[0] == 1 else self._batch(x, chosen, w)
         if self.shared is not None and self.shared_gate is None:  # granitemoe: added as it is
             out += self.shared(x)
@@ -221,6 +253,11 @@ class MoEFFN:
     def _decode(self, x: np.ndarray, chosen: np.ndarray, w: np.ndarray) -> np.ndarray:
         k, F = self.k, self.n_ff
         order = np.argsort(chosen, kind="stable")  # the row gathers take ascending rows
+        if self.gate_up is not None:  # one gather of each chosen expert's gate rows and up rows
+            rows = (chosen[order, None].astype(np.int32) * np.int32(2 * F) + self._ff).reshape(-1)
+            gu = k.matmul_rows(self.gate_up_rows, rows, x).reshape(len(chosen), 2, F)
+            h = self.act(np.ascontiguousarray(gu[:, 0]).reshape(-1), np.ascontiguousarray(gu[:, 1]).reshape(-1))
+            return self._down_decode(h.reshape(len(chosen), F), chosen, order, w)
         rows = (chosen[order, None].astype(np.int32) * np.int32(F) + self._ff).reshape(-1)
         g = k.matmul_rows(self.gate_rows, rows, x)
         if self.exact:  # up rows only where relu(gate) != 0; h is exactly 0 elsewhere
@@ -240,6 +277,12 @@ class MoEFFN:
             h = self.act(g, u).reshape(len(chosen), F)  # row i: expert chosen[order[i]]
             if self.stats is not None:
                 self._count(1, n_live, h)
+        return self._down_decode(h, chosen, order, w)
+
+    def _down_decode(self, h: np.ndarray, chosen: np.ndarray, order: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """One token's output from h f32 [n_used, n_ff] (row i: expert chosen[order[i]]): the down projections in
+        one grouped call, weighted and summed in chosen order."""
+        k = self.k
         o = k.matmul_experts(self.down, chosen[order], np.arange(len(chosen) + 1), h)
         if self.b_down is not None:
             o += self.b_down[chosen[order]]
@@ -271,6 +314,12 @@ class MoEFFN:
         experts, counts = np.unique(chosen.reshape(-1)[order], return_counts=True)
         tok_off = np.concatenate([[0], np.cumsum(counts)])
         xs = np.ascontiguousarray(x[tok])
+        if self.gate_up is not None:  # one grouped call for gate and up: each row [gate | up]
+            gu = k.matmul_experts(self.gate_up, experts, tok_off, xs)
+            F = self.n_ff
+            h = self.act(np.ascontiguousarray(gu[:, :F]), np.ascontiguousarray(gu[:, F:]))
+            o = k.matmul_experts(self.down, experts, tok_off, h)
+            return self._combine(x, o, tok, slot, w, n_used)
         g = k.matmul_experts(self.gate, experts, tok_off, xs)
         if self.exact:
             h = self._exact_up(xs, g, experts, tok_off)
@@ -287,6 +336,13 @@ class MoEFFN:
         o = k.matmul_experts(self.down, experts, tok_off, h)
         if self.b_down is not None:
             o += self.b_down[row_expert]
+        return self._combine(x, o, tok, slot, w, n_used)
+
+    @staticmethod
+    def _combine(x, o, tok, slot, w, n_used) -> np.ndarray:
+        """y [n_tok, n_embd] from the grouped rows o (row j: token tok[j]'s expert in rank slot[j]), weighted and
+        added in each token's chosen order."""
+        n_tok = len(x)
         o *= w[tok, slot][:, None]
         # every token once per rank: rank 0's outputs, then rank 1's added, ... (each token's chosen order)
         by_rank = np.argsort(slot, kind="stable").reshape(n_used, n_tok)

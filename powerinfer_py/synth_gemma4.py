@@ -12,6 +12,11 @@ It exercises every per-layer feature of the format on a handful of layers (defau
   - per-layer FFN widths (feed_forward_length is an array), per-layer output scales (layer_output_scale)
   - per-layer embeddings (embedding_length_per_layer_input > 0, the small "E" models) or none (0)
   - a final logit soft-cap small enough to change the result
+  - with n_expert > 0, the 26B-A4B model's layers: beside the dense GeGLU FFN, n_expert GeGLU experts
+    (expert_feed_forward_length wide, n_expert_used per token) routed from the layer's input, with the router's
+    input scale (ffn_gate_inp.scale), the branch norms (pre_ffw_norm_2, post_ffw_norm_1, post_ffw_norm_2), the
+    experts' gate and up in one ffn_gate_up_exps tensor (merged=True, as converted files have them) or two, and
+    optionally per-expert output scales (ffn_down_exps.scale)
 Weights are random and scaled as synth.py's so that activations stay O(1).
 """
 from __future__ import annotations
@@ -39,7 +44,9 @@ def write_gemma4_model(path: str | os.PathLike, *, dtype: str = "f32", n_embd: i
                        n_shared_kv: int = 2, head_dim: int = 32, head_dim_swa: int = 16,
                        n_head_kv: tuple[int, int] = (1, 2), n_ff: tuple[int, ...] | None = None,
                        no_v_layers: tuple[int, ...] = (1,), sliding_window: int = 4, final_softcap: float | None = 4.0,
-                       out_scale: bool = True, rope_freqs: np.ndarray | None = ROPE_FREQS) -> Path:
+                       out_scale: bool = True, rope_freqs: np.ndarray | None = ROPE_FREQS, n_expert: int = 0,
+                       n_expert_used: int = 2, n_ff_exp: int = 32, merged: bool = True,
+                       expert_scales: bool = False, router_gain: float = 2.0) -> Path:
     """Write the file and return its path. per_layer: the per-layer embedding width (0: none); n_head_kv:
     (full, sliding) KV heads; n_ff: per-layer FFN widths (default 96, twice that on the shared-KV layers);
     no_v_layers: layers written without attn_v; final_softcap None leaves the key out (llama.cpp then caps at
@@ -66,6 +73,9 @@ def write_gemma4_model(path: str | os.PathLike, *, dtype: str = "f32", n_embd: i
     }
     if final_softcap is not None:
         meta[f"{A}.final_logit_softcapping"] = float(final_softcap)
+    if n_expert:
+        meta.update({f"{A}.expert_count": n_expert, f"{A}.expert_used_count": n_expert_used,
+                     f"{A}.expert_feed_forward_length": n_ff_exp})
     tokens, scores, token_types = synthetic_vocab(n_vocab)
     meta.update({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
                  "tokenizer.ggml.token_type": token_types, "tokenizer.ggml.unknown_token_id": UNK_ID,
@@ -106,13 +116,41 @@ def write_gemma4_model(path: str | os.PathLike, *, dtype: str = "f32", n_embd: i
               (p + "ffn_norm.weight", norm(E)), (p + "ffn_gate.weight", linear(F, E)),
               (p + "ffn_up.weight", linear(F, E)), (p + "ffn_down.weight", linear(E, F)),
               (p + "post_ffw_norm.weight", norm(E))]
+        if n_expert:
+            w += _expert_tensors(rng, p, E, n_expert, n_ff_exp, merged, expert_scales, router_gain, norm)
         if P:
             w += [(p + "inp_gate.weight", linear(P, E)), (p + "proj.weight", linear(E, P)),
                   (p + "post_norm.weight", norm(E))]
         if out_scale:
             w.append((p + "layer_output_scale.weight", np.array([0.6 + 0.15 * il], np.float32)))
     w.append(("output_norm.weight", 6.0 * norm(E)))
-    # matrices take dtype where their rows fit its blocks (per_layer_token_embd, proj: P * n_layer, P wide stay F32)
-    tensors = [_encode(name, x, DTYPES[dtype] if x.ndim >= 2 and x.shape[-1] % 32 == 0 else DTYPES["f32"])
+    # matrices take dtype where their rows fit its blocks (per_layer_token_embd, proj: P * n_layer, P wide stay F32),
+    # but the router (F32, as in other MoE files: a quantized router moves near-tied choices)
+    tensors = [_encode(name, x, DTYPES[dtype] if x.ndim >= 2 and x.shape[-1] % 32 == 0 and "gate_inp" not in name
+                       else DTYPES["f32"])
                for name, x in w]
     return write_gguf(path, meta, tensors, types=types)
+
+
+def _expert_tensors(rng, p: str, E: int, n_expert: int, F: int, merged: bool, scales: bool, gain: float,
+                    norm) -> list:
+    """One layer's expert tensors (numpy shapes; GGUF's are reversed): the router (n_expert, E) and its input
+    scale, the branch norms, gate and up (n_expert, F, E) each or merged (n_expert, 2F, E), gate rows first,
+    down (n_expert, E, F) and, if scales, per-expert output scales."""
+    def experts(m, k):
+        return rng.standard_normal((n_expert, m, k), dtype=np.float32) / np.float32(np.sqrt(k))
+
+    gate, up = experts(F, E), experts(F, E)
+    # the router reads rmsnorm(x) / sqrt(E) * scale, a vector of norm ~1: rows of norm ~gain give logits ~gain
+    w = [(p + "ffn_gate_inp.weight", gain * rng.standard_normal((n_expert, E), dtype=np.float32)),
+         (p + "ffn_gate_inp.scale", norm(E)),
+         (p + "pre_ffw_norm_2.weight", norm(E)), (p + "post_ffw_norm_1.weight", norm(E)),
+         (p + "post_ffw_norm_2.weight", norm(E))]
+    if merged:
+        w.append((p + "ffn_gate_up_exps.weight", np.concatenate([gate, up], axis=1)))
+    else:
+        w += [(p + "ffn_gate_exps.weight", gate), (p + "ffn_up_exps.weight", up)]
+    w.append((p + "ffn_down_exps.weight", experts(E, F)))
+    if scales:
+        w.append((p + "ffn_down_exps.scale", (0.5 + rng.random(n_expert)).astype(np.float32)))
+    return w

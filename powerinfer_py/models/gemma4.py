@@ -1,4 +1,4 @@
-"""Gemma 4 (GGUF arch "gemma4"), text part, dense layers (E2B, E4B, 31B; the 26B-A4B MoE model is refused).
+"""Gemma 4 (GGUF arch "gemma4"), text part: the dense models (E2B, E4B, 31B) and the 26B-A4B mixture of experts.
 
 Gemma 3's sandwich-normed block with per-layer shapes (config.gemma4, a config_gemma4.Gemma4Layout) and four
 additions. With e = token_embd[ids] * sqrt(n_embd) and x = e:
@@ -11,6 +11,14 @@ additions. With e = token_embd[ids] * sqrt(n_embd) and x = e:
     a = attention(q, K, V) with scale 1 (the q norm scales), within the window on sliding layers
     x = x + rmsnorm(Wo·a) * post_attention_norm
     x = x + rmsnorm(Wdown·(gelu(Wgate·m) * (Wup·m))) * post_ffw_norm,   m = rmsnorm(x) * ffn_norm
+        layers with experts (those with ffn_gate_inp; 26B-A4B: all) run the experts beside that dense FFN:
+        d = rmsnorm(Wdown·(gelu(Wgate·m) * (Wup·m))) * post_ffw_norm_1
+        r = router · (rmsnorm(x) / sqrt(n_embd) * ffn_gate_inp.scale)     (the raw x, its own weightless norm)
+        e = rmsnorm(moe(rmsnorm(x) * pre_ffw_norm_2, r)) * post_ffw_norm_2
+        x = x + rmsnorm(d + e) * post_ffw_norm
+        moe: softmax(r), the expert_used_count largest, weights renormalized to sum 1 (times ffn_down_exps.scale[e]
+        where the file has it); GeGLU experts gelu(gate_e·z) * (up_e·z), gate and up merged in ffn_gate_up_exps
+        (gate rows first) or apart (moe.py has the arithmetic)
     per-layer embeddings (E models):  x = x + rmsnorm(proj · (gelu(inp_gate·x) * pl[il])) * post_norm
     x = x * layer_output_scale                                       (a scalar per layer, when present)
   logits = cap * tanh((token_embd · (rmsnorm(x) * output_norm)) / cap)     (tied head, final soft-cap)
@@ -24,14 +32,16 @@ GGUF norm weights already hold Gemma's "+1". Decode steps run the Python path (n
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Mapping
 
 import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ModelFileError
-from ..ffn import SparseSettings
+from ..ffn import FFN, FFNWeights, SparseSettings, ffn_variant
 from ..kv_cache import KVCache
+from ..moe import MoEFFN
 from ..tensor import Tensor
 from .base import Expected, get_tensor, head_expected, norm_weight
 from .gemma import GemmaModel
@@ -73,7 +83,19 @@ def expected_tensors(c: ModelConfig) -> Expected:
         if P:
             e.update({p + "inp_gate.weight": ((P, E), True), p + "proj.weight": ((E, P), True),
                       p + "post_norm.weight": ((E,), True)})
+        if c.is_moe_layer(il):
+            e.update(moe_expected(c, p))
     return e
+
+
+def moe_expected(c: ModelConfig, p: str) -> Expected:
+    """A layer's expert tensors (beside its dense FFN's): gate and up merged or apart (build_moe requires one)."""
+    E, X, F = c.n_embd, c.n_expert, c.n_ff_exp
+    return {p + "ffn_gate_inp.weight": ((X, E), True), p + "ffn_gate_inp.scale": ((E,), True),
+            p + "pre_ffw_norm_2.weight": ((E,), True), p + "post_ffw_norm_1.weight": ((E,), True),
+            p + "post_ffw_norm_2.weight": ((E,), True), p + "ffn_gate_up_exps.weight": ((X, 2 * F, E), False),
+            p + "ffn_gate_exps.weight": ((X, F, E), False), p + "ffn_up_exps.weight": ((X, F, E), False),
+            p + "ffn_down_exps.weight": ((X, E, F), True), p + "ffn_down_exps.scale": ((X,), False)}
 
 
 class Gemma4Cache(KVCache):
@@ -108,6 +130,7 @@ class Gemma4Model(GemmaModel):
                  sparse: SparseSettings | None = None):
         super().__init__(config, tensors, kernels, sparse)
         c, g = config, config.gemma4
+        self.moe_side = self.__dict__.get("moe_side", {})  # layer -> what runs beside its experts (build_moe)
         if self.sparsity is not None:  # fractions of each layer's own FFN width
             self.sparsity.widths = np.asarray(g.n_ff, dtype=np.float64)
         for il, L in enumerate(self.layers):
@@ -125,6 +148,46 @@ class Gemma4Model(GemmaModel):
         self.per_layer_embd = get_tensor(tensors, "per_layer_token_embd.weight") if P else None
         self.per_layer_proj = get_tensor(tensors, "per_layer_model_proj.weight") if P else None
         self.per_layer_norm = norm_weight(get_tensor(tensors, "per_layer_proj_norm.weight")) if P else None
+
+    def build_moe(self, tensors: Mapping[str, Tensor], il: int) -> MoEFFN:
+        """Layer il's experts (its ffns entry, so that the usage counts and notes find them) and, in
+        self.moe_side[il], what runs beside them: the dense FFN, the branch norms and the router's input scale."""
+        c, p = self.config, f"blk.{il}."
+        gate_up = get_tensor(tensors, p + "ffn_gate_up_exps.weight", required=False)
+        gate = get_tensor(tensors, p + "ffn_gate_exps.weight", required=False)
+        up = get_tensor(tensors, p + "ffn_up_exps.weight", required=False)
+        if gate_up is None and (gate is None or up is None):
+            raise ModelFileError(f"layer {il} has a router but no expert gate/up weights: it needs "
+                                 f"{p}ffn_gate_up_exps.weight or both {p}ffn_gate_exps.weight and {p}ffn_up_exps.weight")
+        if gate_up is not None:
+            gate = up = None
+        scales = norm_weight(get_tensor(tensors, p + "ffn_down_exps.scale", required=False))
+        moe = MoEFFN(self.kernels, get_tensor(tensors, p + "ffn_gate_inp.weight"), gate, up,
+                     get_tensor(tensors, p + "ffn_down_exps.weight"), c.n_expert_used, c.expert_weights_norm,
+                     layer=il, act="geglu", gate_up=gate_up, expert_scales=scales)
+        dense = FFN(self.kernels, FFNWeights(up=get_tensor(tensors, p + "ffn_up.weight"),
+                                             gate=get_tensor(tensors, p + "ffn_gate.weight"),
+                                             down=get_tensor(tensors, p + "ffn_down.weight")),
+                    ffn_variant(c), self.sparse, layer=il)
+        router_scale = norm_weight(get_tensor(tensors, p + "ffn_gate_inp.scale")) * np.float32(1 / math.sqrt(c.n_embd))
+        side = {name: norm_weight(get_tensor(tensors, p + name + ".weight"))
+                for name in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2")}
+        # (build_ffns runs inside Model.__init__, before __init__ below sets anything)
+        self.__dict__.setdefault("moe_side", {})[il] = SimpleNamespace(dense=dense, router_scale=router_scale, **side)
+        return moe
+
+    def ffn_block(self, il: int, L, x: np.ndarray) -> np.ndarray:
+        """What the FFN part of layer il adds to the residual x (module docstring): dense, or dense and experts."""
+        k, eps = self.kernels, self.config.norm_eps
+        m = k.rmsnorm(x, L.ffn_norm, eps)
+        side = self.moe_side.get(il)
+        if side is None:
+            return k.rmsnorm(self.ffns[il](m, x), L.post_ffw_norm, eps)
+        y = k.rmsnorm(side.dense(m, x), side.post_ffw_norm_1, eps)
+        moe = self.ffns[il]
+        logits = k.matmul(moe.router, k.rmsnorm(x, side.router_scale, eps))
+        y += k.rmsnorm(moe(k.rmsnorm(x, side.pre_ffw_norm_2, eps), router_logits=logits), side.post_ffw_norm_2, eps)
+        return k.rmsnorm(y, L.post_ffw_norm, eps)
 
     def new_cache(self, n_ctx: int | None = None) -> Gemma4Cache:
         return Gemma4Cache(self.config.gemma4, n_ctx or self.config.n_ctx_train)
@@ -169,7 +232,7 @@ class Gemma4Model(GemmaModel):
             src = g.kv_source[il]
             a = k.attention(q, cache.k[src], cache.v[src], p0, window, 1.0)
             x += k.rmsnorm(k.matmul(L.wo, a.reshape(n, H * hd)), L.post_attn_norm, eps)
-            x += k.rmsnorm(self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x), L.post_ffw_norm, eps)
+            x += self.ffn_block(il, L, x)
             if pl is not None:
                 gate = k.gelu(k.matmul(L.inp_gate, x))
                 gate *= pl[il]
