@@ -45,13 +45,6 @@ def files(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def kern():
-    k = CpuKernels(n_threads=2)
-    yield k
-    k.close()
-
-
-@pytest.fixture(scope="module")
 def refs(files):
     return {key: llama_cpp_logits(path, TOKENS) for key, path in files.items()}
 
@@ -80,10 +73,10 @@ def test_config_reads_the_layout(files):
 
 
 @pytest.mark.parametrize("dtype", ["f32", "q8_0"])
-def test_matches_llama_cpp(files, refs, kern, dtype):
+def test_matches_llama_cpp(files, refs, cpu_kernels, dtype):
     """Logits at every position against llama.cpp's (same top-1 at F32); one token at a time = the batch."""
     ref = refs[dtype]
-    model = build(files[dtype], kern)
+    model = build(files[dtype], cpu_kernels)
     batch = logits(model)
     err = rel_err(batch, ref)
     print(dtype, round(err, 4))
@@ -98,11 +91,11 @@ def test_matches_llama_cpp(files, refs, kern, dtype):
     assert cache.k[20] is cache.k[18] and cache.v[24] is cache.v[19]
 
 
-def test_exact_sparse_equals_off_bit_for_bit(files, kern):
+def test_exact_sparse_equals_off_bit_for_bit(files, cpu_kernels):
     """--sparse exact computes the up rows of the kept neurons only on the top-k layers: the same bits as off,
     and about 5% of those layers' neurons run (the top-k keeps those above mean + 1.645 std)."""
-    off = build(files["q8_0"], kern, SparseSettings("off", 0.0))
-    exact = build(files["q8_0"], kern, SparseSettings("exact", 0.0))
+    off = build(files["q8_0"], cpu_kernels, SparseSettings("off", 0.0))
+    exact = build(files["q8_0"], cpu_kernels, SparseSettings("exact", 0.0))
     a, b = logits(off), logits(exact)
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
     cache_a, cache_b = off.new_cache(32), exact.new_cache(32)
@@ -113,21 +106,21 @@ def test_exact_sparse_equals_off_bit_for_bit(files, kern):
     assert all(0.01 < f < 0.15 for f in fr[:10])
 
 
-def test_each_feature_matters(files, refs, kern):
+def test_each_feature_matters(files, refs, cpu_kernels):
     """The module docstring's mutation distances: each is far above TOL."""
     path, ref = files["f32"], refs["f32"]
     dist = {}
-    m = build(path, kern)
+    m = build(path, cpu_kernels)
     m.altup_correct = lambda L, pred, y: list(pred)
     dist["altup_correct"] = rel_err(logits(m), ref)
-    m = build(path, kern)
+    m = build(path, cpu_kernels)
     m.laurel = lambda L, h: h.copy()
     dist["laurel"] = rel_err(logits(m), ref)
-    m = build(path, kern)
+    m = build(path, cpu_kernels)
     m.per_layer_inputs = lambda ids, e: np.zeros((25, len(ids), 256), np.float32)
     dist["per_layer"] = rel_err(logits(m), ref)
-    dist["top_k"] = rel_err(logits(build(path, kern, std_mul=(None,) * 25)), ref)
-    dist["kv_shared"] = rel_err(logits(build(path, kern, kv_source=tuple(range(25)))), ref)
+    dist["top_k"] = rel_err(logits(build(path, cpu_kernels, std_mul=(None,) * 25)), ref)
+    dist["kv_shared"] = rel_err(logits(build(path, cpu_kernels, kv_source=tuple(range(25)))), ref)
     print({k: round(v, 3) for k, v in dist.items()})
     assert min(dist.values()) > 4 * TOL
 

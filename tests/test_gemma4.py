@@ -24,7 +24,6 @@ from powerinfer_py import load
 from powerinfer_py.calibrate import calibrate
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.kernels.cpu import CpuKernels
 from powerinfer_py.loader import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.synth_gemma4 import write_gemma4_model
@@ -43,13 +42,6 @@ def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("gemma4")
     return {(P, dtype): write_gemma4_model(d / f"g4-{P}-{dtype}.gguf", per_layer=P, dtype=dtype)
             for P in (8, 0) for dtype in ("f32", "q8_0")}
-
-
-@pytest.fixture(scope="module")
-def kern():
-    k = CpuKernels(n_threads=2)
-    yield k
-    k.close()
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +74,10 @@ def test_config_reads_the_per_layer_layout(files):
 
 @pytest.mark.parametrize("P", [8, 0], ids=["per-layer-embd", "no-per-layer-embd"])
 @pytest.mark.parametrize("dtype", ["f32", "q8_0"])
-def test_matches_llama_cpp(files, refs, kern, P, dtype):
+def test_matches_llama_cpp(files, refs, cpu_kernels, P, dtype):
     """Logits at every position against llama.cpp's (same top-1 at F32); one token at a time = the batch."""
     ref = refs[P, dtype]
-    model = build(files[P, dtype], kern)
+    model = build(files[P, dtype], cpu_kernels)
     batch = logits(model)
     assert rel_err(batch, ref) < (TOL if dtype == "f32" else QUANT_TOL)
     if dtype == "f32":
@@ -111,24 +103,24 @@ class _NoVNorm:
         return x.copy() if w is None else self.k.rmsnorm(x, w, eps)
 
 
-def test_each_feature_matters(files, refs, kern):
+def test_each_feature_matters(files, refs, cpu_kernels):
     """The module docstring's mutation distances: each is far above TOL."""
     for P in (8, 0):
         path, ref = files[P, "f32"], refs[P, "f32"]
         dist = {}
-        m = build(path, kern)
-        m.kernels = _NoVNorm(kern)
+        m = build(path, cpu_kernels)
+        m.kernels = _NoVNorm(cpu_kernels)
         dist["v_norm"] = rel_err(logits(m), ref)
-        m = build(path, kern)
+        m = build(path, cpu_kernels)
         for L in m.layers:
             L.out_scale = None
         dist["out_scale"] = rel_err(logits(m), ref)
         if P:
-            m = build(path, kern)
+            m = build(path, cpu_kernels)
             m.per_layer_inputs = lambda ids, e: np.zeros((6, len(ids), P), np.float32)
             dist["per_layer"] = rel_err(logits(m), ref)
-        dist["kv_shared"] = rel_err(logits(build(path, kern, kv_source=(0, 1, 2, 3, 0, 1))), ref)
-        m = build(path, kern)
+        dist["kv_shared"] = rel_err(logits(build(path, cpu_kernels, kv_source=(0, 1, 2, 3, 0, 1))), ref)
+        m = build(path, cpu_kernels)
         m.layer_attn = [(w, rope[:4] + (None,)) for w, rope in m.layer_attn]
         dist["rope_freqs"] = rel_err(logits(m), ref)
         print(P, {k: round(v, 3) for k, v in dist.items()})

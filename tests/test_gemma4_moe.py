@@ -28,7 +28,6 @@ from model_checks import info_text, rel_err, rewrite_gguf
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.kernels.cpu import CpuKernels
 from powerinfer_py.loader import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.synth_gemma4 import write_gemma4_model
@@ -50,13 +49,6 @@ def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("gemma4moe")
     return {name: write_gemma4_model(d / f"{name}.gguf", n_expert=8, n_expert_used=2, **kw)
             for name, (kw, _) in FILES.items()}
-
-
-@pytest.fixture(scope="module")
-def kern():
-    k = CpuKernels(n_threads=2)
-    yield k
-    k.close()
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +74,10 @@ def test_config_and_info(files):
 
 
 @pytest.mark.parametrize("name", list(FILES))
-def test_matches_llama_cpp(files, refs, kern, name):
+def test_matches_llama_cpp(files, refs, cpu_kernels, name):
     """Logits at every position against llama.cpp's (same top-1 at F32); one token at a time = the batch."""
     ref, tol = refs[name], FILES[name][1]
-    model = build(files[name], kern)
+    model = build(files[name], cpu_kernels)
     batch = logits(model)
     assert rel_err(batch, ref) < tol
     if tol == TOL:
@@ -97,10 +89,10 @@ def test_matches_llama_cpp(files, refs, kern, name):
     assert [int(f.counts.sum()) for f in model.ffns] == [2 * 2 * len(TOKENS)] * 6
 
 
-def test_merged_and_separate_gate_up_agree(files, kern, tmp_path):
+def test_merged_and_separate_gate_up_agree(files, cpu_kernels, tmp_path):
     """The same experts written merged (ffn_gate_up_exps, gate rows first) give the separate file's logits."""
     merged = write_gemma4_model(tmp_path / "merged.gguf", n_expert=8, **{**FILES["f32-separate"][0], "merged": True})
-    np.testing.assert_array_equal(logits(build(merged, kern)), logits(build(files["f32-separate"], kern)))
+    np.testing.assert_array_equal(logits(build(merged, cpu_kernels)), logits(build(files["f32-separate"], cpu_kernels)))
 
 
 def _mutated_block(model, il, L, x, *, router_on_expert_input=False, norm1=True, norm2=True, dense=True):
@@ -116,11 +108,11 @@ def _mutated_block(model, il, L, x, *, router_on_expert_input=False, norm1=True,
     return k.rmsnorm(y, L.post_ffw_norm, eps)
 
 
-def test_each_piece_matters(files, refs, kern):
+def test_each_piece_matters(files, refs, cpu_kernels):
     """The module docstring's mutation distances: each is far above TOL (and the unmutated copy of the block
     above gives the model's logits, so the mutations change only what they name)."""
     path, ref = files["f32-ple-merged-scaled"], refs["f32-ple-merged-scaled"]
-    m = build(path, kern)
+    m = build(path, cpu_kernels)
     want = logits(m)
     m.ffn_block = functools.partial(_mutated_block, m)
     np.testing.assert_allclose(logits(m), want, rtol=0, atol=1e-5 * ref.std())
@@ -129,11 +121,11 @@ def test_each_piece_matters(files, refs, kern):
                      ("post_ffw_norm_2", {"norm2": False}), ("dense_dropped", {"dense": False})):
         m.ffn_block = functools.partial(_mutated_block, m, **kw)
         dist[name] = rel_err(logits(m), ref)
-    m = build(path, kern)
+    m = build(path, cpu_kernels)
     for f in m.ffns:
         f.norm_weights = False
     dist["no_renorm"] = rel_err(logits(m), ref)
-    m = build(path, kern)
+    m = build(path, cpu_kernels)
     for f in m.ffns:
         f.expert_scales = None
     dist["no_expert_scales"] = rel_err(logits(m), ref)

@@ -41,7 +41,7 @@ from ..ffn import SparseSettings, SparsityStats
 from ..kv_cache import KVCache
 from ..tensor import Tensor
 from .base import Expected, Model, get_tensor, head_expected, norm_weight
-from .gemma4 import Gemma4Cache
+from .gemma4 import Gemma4Cache, per_layer_inputs
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight",
@@ -137,17 +137,8 @@ class Gemma3nModel(Model):
         return out
 
     def per_layer_inputs(self, ids: np.ndarray, e: np.ndarray) -> np.ndarray:
-        """pl f32 [n_layer, N, P] (module docstring)."""
-        c, k = self.config, self.kernels
-        P, n = c.gemma3n.n_embd_per_layer, ids.shape[0]
-        tok = k.get_rows(self.per_layer_embd, ids).reshape(n, c.n_layer, P)
-        tok *= np.float32(math.sqrt(P))
-        proj = k.matmul(self.per_layer_proj, e)
-        proj *= np.float32(1.0 / math.sqrt(c.n_embd))
-        out = k.rmsnorm(proj.reshape(n, c.n_layer, P), self.per_layer_norm, c.norm_eps)
-        out += tok
-        out *= np.float32(1.0 / math.sqrt(2.0))
-        return np.ascontiguousarray(out.transpose(1, 0, 2))
+        """pl f32 [n_layer, N, P] (module docstring; Gemma 4's computation)."""
+        return per_layer_inputs(self, self.config.gemma3n.n_embd_per_layer, ids, e)
 
     def router(self, L, v: np.ndarray) -> np.ndarray:
         c = self.config

@@ -119,6 +119,22 @@ class Gemma4Cache(KVCache):
         return sum(a.nbytes for a in unique.values())
 
 
+def per_layer_inputs(model, P: int, ids: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Gemma 4's and Gemma 3n's per-layer inputs pl f32 [n_layer, N, P]: each token's rows of per_layer_token_embd
+    times sqrt(P), plus the RMS-normed projection of its scaled embedding e [N, n_embd] (per_model_proj /
+    sqrt(n_embd)), the sum times 1/sqrt(2). model holds the tables (per_layer_embd, per_layer_proj,
+    per_layer_norm), config and kernels."""
+    c, k, n = model.config, model.kernels, ids.shape[0]
+    tok = k.get_rows(model.per_layer_embd, ids).reshape(n, c.n_layer, P)
+    tok *= np.float32(math.sqrt(P))
+    proj = k.matmul(model.per_layer_proj, e)
+    proj *= np.float32(1.0 / math.sqrt(c.n_embd))
+    out = k.rmsnorm(proj.reshape(n, c.n_layer, P), model.per_layer_norm, c.norm_eps)
+    out += tok
+    out *= np.float32(1.0 / math.sqrt(2.0))
+    return np.ascontiguousarray(out.transpose(1, 0, 2))
+
+
 class Gemma4Model(GemmaModel):
     """Gemma 4's dense model (module docstring); its own forward, as every layer has its own shapes."""
 
@@ -200,16 +216,7 @@ class Gemma4Model(GemmaModel):
 
     def per_layer_inputs(self, ids: np.ndarray, e: np.ndarray) -> np.ndarray:
         """pl f32 [n_layer, N, P] (module docstring) of tokens ids with scaled embeddings e [N, n_embd]."""
-        c, k = self.config, self.kernels
-        P, n = c.gemma4.n_embd_per_layer, ids.shape[0]
-        tok = k.get_rows(self.per_layer_embd, ids).reshape(n, c.n_layer, P)
-        tok *= np.float32(math.sqrt(P))
-        proj = k.matmul(self.per_layer_proj, e)
-        proj *= np.float32(1.0 / math.sqrt(c.n_embd))
-        out = k.rmsnorm(proj.reshape(n, c.n_layer, P), self.per_layer_norm, c.norm_eps)
-        out += tok
-        out *= np.float32(1.0 / math.sqrt(2.0))
-        return np.ascontiguousarray(out.transpose(1, 0, 2))
+        return per_layer_inputs(self, self.config.gemma4.n_embd_per_layer, ids, e)
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         c, k, g = self.config, self.kernels, self.config.gemma4
