@@ -132,6 +132,22 @@ def unconverted_logits(f, kernels, tokens) -> np.ndarray:
     return ours
 
 
+def assert_steps_and_split_match_prefill(model, tokens, split: int, n_ctx: int = 32) -> None:
+    """For models with recurrent state (lfm2, qwen35, qwen3next): one token at a time, and a prefill in two parts
+    (tokens[:split], then the rest), carry the state across calls and give the single prefill's logits (within
+    1e-4 of their spread: the same arithmetic up to the order of sums); the cache ends at len(tokens)."""
+    batch = model.forward(tokens, model.new_cache(n_ctx), all_logits=True)
+    tol = 1e-4 * batch.std()
+    cache = model.new_cache(n_ctx)
+    steps = np.stack([model.forward(tokens[i:i + 1], cache) for i in range(len(tokens))])
+    np.testing.assert_allclose(steps, batch, rtol=0, atol=tol)
+    cache = model.new_cache(n_ctx)
+    two = np.concatenate([model.forward(tokens[:split], cache, all_logits=True),
+                          model.forward(tokens[split:], cache, all_logits=True)])
+    np.testing.assert_allclose(two, batch, rtol=0, atol=tol)
+    assert cache.n_past == len(tokens) and getattr(cache, "state_pos", len(tokens)) == len(tokens)
+
+
 def assert_chat_reuse_matches_fresh_prefill(path) -> None:
     """For models whose cache cannot be rewound (recurrent state: lfm2, qwen35): turn 2 of a chat continues the
     cache (only the new tokens run); after an edit of the earlier reply the prompt diverges inside the cached

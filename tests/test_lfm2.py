@@ -14,11 +14,17 @@ B and C swapped: 5.1; no Q/K norms: 0.94.
 """
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
-from model_checks import assert_chat_reuse_matches_fresh_prefill, assert_fused_decode_equals_python, load_model, rel_err, rewrite_gguf
+from model_checks import (
+    assert_chat_reuse_matches_fresh_prefill,
+    assert_fused_decode_equals_python,
+    assert_steps_and_split_match_prefill,
+    load_model,
+    rel_err,
+    rewrite_gguf,
+)
 
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.conv_cache import ConvKVCache
@@ -148,16 +154,7 @@ def test_mistakes_are_visible(f32_file, cpu_kernels):
 def test_steps_and_split_prefill_equal_one_prefill(f32_file, cpu_kernels):
     """One token at a time, and a prefill in two parts (6 + 10), continue each conv layer's state: their logits
     are the single prefill's (the same arithmetic up to the order of sums)."""
-    m = load_model(f32_file, cpu_kernels)
-    batch = all_logits(m)
-    tol = 1e-4 * batch.std()
-    cache = m.new_cache(32)
-    steps = np.stack([m.forward(TOKENS[i:i + 1], cache) for i in range(len(TOKENS))])
-    np.testing.assert_allclose(steps, batch, rtol=0, atol=tol)
-    cache = m.new_cache(32)
-    two = np.concatenate([m.forward(TOKENS[:6], cache, all_logits=True), m.forward(TOKENS[6:], cache, all_logits=True)])
-    np.testing.assert_allclose(two, batch, rtol=0, atol=tol)
-    assert cache.n_past == cache.state_pos == len(TOKENS)
+    assert_steps_and_split_match_prefill(load_model(f32_file, cpu_kernels), TOKENS, 6)
 
 
 @pytest.mark.parametrize("arch,dtype", [("lfm2", "f32"), ("lfm2", "q8_0"), ("lfm2moe", "f32")])

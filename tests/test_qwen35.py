@@ -15,11 +15,17 @@ carried into the second call of a prefill split 6 + 10: 5.3; q not scaled by 1/s
 """
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
-from model_checks import assert_chat_reuse_matches_fresh_prefill, info_text, load_model, rel_err, rewrite_gguf
+from model_checks import (
+    assert_chat_reuse_matches_fresh_prefill,
+    assert_steps_and_split_match_prefill,
+    info_text,
+    load_model,
+    rel_err,
+    rewrite_gguf,
+)
 
 from powerinfer_py import load
 from powerinfer_py.config import ModelConfig
@@ -188,16 +194,7 @@ def test_mistakes_are_visible(f32_file, cpu_kernels):
 def test_steps_and_split_prefill_equal_one_prefill(f32_file, cpu_kernels):
     """One token at a time, and a prefill in two parts (6 + 10), continue each delta-net layer's conv and delta
     states: their logits are the single prefill's (the same arithmetic up to the order of sums)."""
-    m = load_model(f32_file, cpu_kernels)
-    batch = all_logits(m)
-    tol = 1e-4 * batch.std()
-    cache = m.new_cache(32)
-    steps = np.stack([m.forward(TOKENS[i:i + 1], cache) for i in range(len(TOKENS))])
-    np.testing.assert_allclose(steps, batch, rtol=0, atol=tol)
-    cache = m.new_cache(32)
-    two = np.concatenate([m.forward(TOKENS[:6], cache, all_logits=True), m.forward(TOKENS[6:], cache, all_logits=True)])
-    np.testing.assert_allclose(two, batch, rtol=0, atol=tol)
-    assert cache.n_past == cache.state_pos == len(TOKENS)
+    assert_steps_and_split_match_prefill(load_model(f32_file, cpu_kernels), TOKENS, 6)
 
 
 def test_chunked_delta_rule_equals_the_recurrence():

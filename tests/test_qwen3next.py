@@ -17,7 +17,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
-from model_checks import assert_chat_reuse_matches_fresh_prefill, info_text, load_model, rel_err, rewrite_gguf
+from model_checks import (
+    assert_chat_reuse_matches_fresh_prefill,
+    assert_steps_and_split_match_prefill,
+    info_text,
+    load_model,
+    rel_err,
+    rewrite_gguf,
+)
 
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError, UnsupportedError
@@ -25,8 +32,8 @@ from powerinfer_py.ffn import resolve_sparse
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.loader import load_weights
 from powerinfer_py.models import expected_tensors, qwen3next
-from powerinfer_py.models.qwen35 import Qwen35Model
 from powerinfer_py.models.qwen3next import Qwen3NextModel
+from powerinfer_py.models.qwen35 import Qwen35Model
 from powerinfer_py.synth_qwen35 import fuse_ba, fuse_qkvz
 from powerinfer_py.tensor import GGMLType, Tensor
 
@@ -197,15 +204,7 @@ def test_mistakes_are_visible(f32_file, cpu_kernels):
 # ---- the recurrent state across calls --------------------------------------------------------------------------------
 
 def test_steps_and_split_prefill_equal_one_prefill(f32_file, cpu_kernels):
-    m = load_model(f32_file, cpu_kernels)
-    batch = all_logits(m)
-    tol = 1e-4 * batch.std()
-    cache = m.new_cache(32)
-    steps = np.stack([m.forward(TOKENS[i:i + 1], cache) for i in range(len(TOKENS))])
-    np.testing.assert_allclose(steps, batch, rtol=0, atol=tol)
-    cache = m.new_cache(32)
-    two = np.concatenate([m.forward(TOKENS[:7], cache, all_logits=True), m.forward(TOKENS[7:], cache, all_logits=True)])
-    np.testing.assert_allclose(two, batch, rtol=0, atol=tol)
+    assert_steps_and_split_match_prefill(load_model(f32_file, cpu_kernels), TOKENS, 7)
 
 
 def test_chat_reuse_and_divergence_match_a_fresh_prefill(f32_file):
