@@ -17,28 +17,15 @@ and n_rot 0 on the layers without RoPE; same bits as the Python path (tests/test
 from __future__ import annotations
 
 from ..config import ModelConfig
-from .base import Expected, head_expected
+from . import olmo2
+from .base import Expected
 from .llama import rope_factors
 from .olmo2 import Olmo2Model
 
 
 def expected_tensors(c: ModelConfig) -> Expected:
-    q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
-    e = head_expected(c)
+    e = olmo2.expected_tensors(c, head_norms=True)
     e["rope_freqs.weight"] = ((c.n_rot // 2,), False)
-    for il in range(c.n_layer):
-        p = f"blk.{il}."
-        e[p + "attn_q.weight"] = ((q_dim, c.n_embd), True)
-        e[p + "attn_k.weight"] = ((kv_dim, c.n_embd), True)
-        e[p + "attn_v.weight"] = ((kv_dim, c.n_embd), True)
-        e[p + "attn_output.weight"] = ((c.n_embd, q_dim), True)
-        e[p + "attn_q_norm.weight"] = ((c.head_dim,), True)
-        e[p + "attn_k_norm.weight"] = ((c.head_dim,), True)
-        e[p + "post_attention_norm.weight"] = ((c.n_embd,), True)
-        e[p + "ffn_gate.weight"] = ((c.n_ff, c.n_embd), True)
-        e[p + "ffn_up.weight"] = ((c.n_ff, c.n_embd), True)
-        e[p + "ffn_down.weight"] = ((c.n_embd, c.n_ff), True)
-        e[p + "post_ffw_norm.weight"] = ((c.n_embd,), True)
     return e
 
 

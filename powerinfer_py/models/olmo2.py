@@ -39,7 +39,8 @@ LAYER_TENSORS = {
 }
 
 
-def expected_tensors(c: ModelConfig) -> Expected:
+def expected_tensors(c: ModelConfig, head_norms: bool = False) -> Expected:
+    """olmo2's tensors; head_norms: Q/K norms of one head's width (exaone4) instead of the whole projection's."""
     q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
     e = head_expected(c)
     for il in range(c.n_layer):
@@ -48,8 +49,8 @@ def expected_tensors(c: ModelConfig) -> Expected:
         e[p + "attn_k.weight"] = ((kv_dim, c.n_embd), True)
         e[p + "attn_v.weight"] = ((kv_dim, c.n_embd), True)
         e[p + "attn_output.weight"] = ((c.n_embd, q_dim), True)
-        e[p + "attn_q_norm.weight"] = ((q_dim,), True)
-        e[p + "attn_k_norm.weight"] = ((kv_dim,), True)
+        e[p + "attn_q_norm.weight"] = ((c.head_dim if head_norms else q_dim,), True)
+        e[p + "attn_k_norm.weight"] = ((c.head_dim if head_norms else kv_dim,), True)
         e[p + "post_attention_norm.weight"] = ((c.n_embd,), True)
         e[p + "ffn_gate.weight"] = ((c.n_ff, c.n_embd), True)
         e[p + "ffn_up.weight"] = ((c.n_ff, c.n_embd), True)
