@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .config_gemma4 import kv_sources
 from .errors import ModelFileError, UnsupportedError
 
 SWA_PERIOD = 5
@@ -78,19 +79,7 @@ def gemma3n_keys(reader, n_layer: int) -> dict:
         swa = tuple(il % pattern != pattern - 1 for il in range(n_layer))
     else:
         raise ModelFileError(f"{path}: {key} must be {n_layer} bools (one per layer) or a period, got {pattern!r}")
-    shared = reader.get("{arch}.attention.shared_kv_layers", max(0, n_layer - N_LAYER_KV))
-    n_kv = n_layer - shared
-    source = list(range(n_layer))
-    if shared:
-        if not 0 < shared <= n_layer - 2:
-            raise ModelFileError(f"{path}: attention.shared_kv_layers {shared} must leave at least two layers "
-                                 f"with their own K/V ({n_layer} layers)")
-        for il in range(n_kv, n_layer):
-            src = n_kv - 2 if swa[il] else n_kv - 1
-            if swa[src] != swa[il]:
-                raise ModelFileError(f"{path}: layer {il} ({'sliding' if swa[il] else 'full'}) shares the K/V of "
-                                     f"layer {src}, which is not a layer of the same kind")
-            source[il] = src
+    source = kv_sources(path, reader.get("{arch}.attention.shared_kv_layers", max(0, n_layer - N_LAYER_KV)), swa)
     n_altup = reader.positive("{arch}.altup.num_inputs", N_ALTUP)
     if n_altup < 2:
         raise ModelFileError(f"{path}: altup.num_inputs must be >= 2, got {n_altup}")

@@ -61,6 +61,26 @@ def _per_layer(reader, suffix: str, n_layer: int, default=None) -> tuple[int, ..
     return tuple(values)
 
 
+def kv_sources(path, shared: int, swa: tuple[bool, ...], n_head_kv=None) -> list[int]:
+    """Per layer, the layer whose K/V it attends to (gemma4, gemma3n): the last `shared` layers reuse those of the
+    last sliding (n_kv - 2) or full (n_kv - 1) layer before them, which must be of the same kind (and, given
+    n_head_kv, have as many KV heads); the others their own."""
+    n_layer = len(swa)
+    n_kv = n_layer - shared
+    source = list(range(n_layer))
+    if shared:
+        if not 0 < shared <= n_layer - 2:
+            raise ModelFileError(f"{path}: attention.shared_kv_layers {shared} must leave at least two layers "
+                                 f"with their own K/V ({n_layer} layers)")
+        for il in range(n_kv, n_layer):
+            src = n_kv - 2 if swa[il] else n_kv - 1
+            if swa[src] != swa[il] or (n_head_kv is not None and n_head_kv[src] != n_head_kv[il]):
+                raise ModelFileError(f"{path}: layer {il} ({'sliding' if swa[il] else 'full'}) shares the K/V of "
+                                     f"layer {src}, which is not a layer of the same kind and KV heads")
+            source[il] = src
+    return source
+
+
 def gemma4_keys(reader, n_layer: int) -> dict:
     """ModelConfig fields of a gemma4 file (module docstring): "gemma4" (a Gemma4Layout), the final soft-cap and,
     in files with expert_count, the layers with experts ("moe_layers"); plus what config() pops: the window
@@ -93,19 +113,7 @@ def gemma4_keys(reader, n_layer: int) -> dict:
     if any(h % kv for h, kv in zip(n_head, n_head_kv)):
         raise ModelFileError(f"{path}: head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
     n_ff = _per_layer(reader, "{arch}.feed_forward_length", n_layer)
-    shared = reader.get("{arch}.attention.shared_kv_layers", 0)
-    n_kv = n_layer - shared
-    source = list(range(n_layer))
-    if shared:
-        if not 0 < shared <= n_layer - 2:
-            raise ModelFileError(f"{path}: attention.shared_kv_layers {shared} must leave at least two layers "
-                                 f"with their own K/V ({n_layer} layers)")
-        for il in range(n_kv, n_layer):
-            src = n_kv - 2 if swa[il] else n_kv - 1
-            if swa[src] != swa[il] or n_head_kv[src] != n_head_kv[il]:
-                raise ModelFileError(f"{path}: layer {il} ({'sliding' if swa[il] else 'full'}) shares the K/V of "
-                                     f"layer {src}, which is not a layer of the same kind and KV heads")
-            source[il] = src
+    source = kv_sources(path, reader.get("{arch}.attention.shared_kv_layers", 0), swa, n_head_kv)
     per_layer = reader.get("{arch}.embedding_length_per_layer_input")
     if per_layer < 0:
         raise ModelFileError(f"{path}: embedding_length_per_layer_input must be >= 0, got {per_layer}")
