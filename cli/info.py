@@ -125,6 +125,14 @@ def _table(f: dict) -> Table:
             t.add_row("layer kinds", "; ".join(f"{name} {', '.join(map(str, ils))}" for name, ils in kinds.items() if ils)
                       + f" (mixers: {heads} heads of {c['ssm_d_inner'] // heads}, {c['ssm_n_group']} group(s), "
                       f"state {c['ssm_d_state']}, conv over {c['conv_kernel']} tokens)")
+        if c.get("gemma3n"):  # AltUp, LAuReL, per-layer inputs, top-k sparse FFNs, shared K/V (models/gemma3n.py)
+            g = c["gemma3n"]
+            topk = [il for il, m in enumerate(g["std_mul"]) if m is not None]
+            shared = [il for il, src in enumerate(g["kv_source"]) if src != il]
+            sparse = (f"; top-k FFN (gate > mean + {g['std_mul'][topk[0]]:.3f} std) on layers {_ranges(topk)}"
+                      if topk else "")
+            t.add_row("gemma3n", f"{g['n_altup']} AltUp streams; LAuReL rank {g['laurel_rank']}; per-layer inputs of "
+                      f"{g['n_embd_per_layer']}{sparse}; K/V shared on layers {_ranges(shared) or 'none'}")
         if c["arch"] == "gpt-oss":
             t.add_row("gpt-oss", f"attention sinks; even layers see the last {c['sliding_window']} tokens; router "
                       "weights softmaxed after top-k; expert biases; swiglu_oai (clamp 7, alpha 1.702)")
@@ -168,3 +176,15 @@ def _table(f: dict) -> Table:
             if a["mode"] == "predictor":
                 t.add_row("  non-zero %", f"{100 * a['nonzero_fraction']:.1f}% of neurons had a non-zero output")
     return t
+
+
+def _ranges(ils: list[int]) -> str:
+    """Layer numbers as runs: [0, 1, 2, 5] -> "0-2, 5"."""
+    out, i = [], 0
+    while i < len(ils):
+        j = i
+        while j + 1 < len(ils) and ils[j + 1] == ils[j] + 1:
+            j += 1
+        out.append(f"{ils[i]}-{ils[j]}" if j > i else str(ils[i]))
+        i = j + 1
+    return ", ".join(out)

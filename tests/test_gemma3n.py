@@ -128,6 +128,7 @@ def test_each_feature_matters(files, refs, cpu_kernels):
 def test_info(files):
     text = info_text(files["f32"])
     assert "gemma3n" in text and "runnable             yes" in text
+    assert "top-k FFN (gate > mean + 1.645 std) on layers 0-9; K/V shared on layers 20-24" in text
 
 
 def test_broken_files_are_refused(files, tmp_path):
