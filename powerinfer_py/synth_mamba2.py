@@ -31,8 +31,9 @@ GRANITE_PATTERN = "M*MM*M"  # granitehybrid's default: attention after one and a
 
 def _options(o: dict, n_layer: int, arch: str) -> dict:
     granite = arch == "granitehybrid"
-    default = GRANITE_PATTERN if granite and n_layer == len(GRANITE_PATTERN) else "M*" * (n_layer // 2) + "M" * (
-        n_layer % 2) if granite else DEFAULT_PATTERN
+    default = DEFAULT_PATTERN
+    if granite:  # GRANITE_PATTERN at its 6 layers, else mixers and attention layers alternating
+        default = GRANITE_PATTERN if n_layer == len(GRANITE_PATTERN) else ("M*" * n_layer)[:n_layer]
     opts = {"pattern": "M" * n_layer if arch == "mamba2" else o.pop("pattern", default), "d_state": o.pop("d_state", 16),
             "n_group": o.pop("n_group", 2), "n_ssm_head": o.pop("n_ssm_head", 8), "head_dim": o.pop("ssm_head_dim", 16),
             "kernel": o.pop("conv_kernel", 4), "n_ctx_train": o.pop("n_ctx_train", 512),
