@@ -45,7 +45,7 @@ SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "
                    "glm4", "glm4moe", "smollm3", "olmo2", "lfm2", "lfm2moe", "mistral3", "gemma4", "smallthinker", "qwen35",
                    "qwen35moe", "qwen3next",
                    "exaone4",
-                   "nemotron_h", "mamba2",
+                   "nemotron_h", "mamba2", "granitehybrid",
                    "gemma3n")
 # always mixture-of-experts (llama files are when they carry expert_count; ernie4_5-moe, deepseek2 and glm4moe
 # have leading dense layers: ModelConfig.moe_layers)
@@ -53,7 +53,7 @@ MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "d
              "smallthinker", "qwen35moe", "qwen3next")
 # whether the chosen experts' router weights are renormalized (as llama.cpp does per arch); gpt-oss's weights are a
 # softmax over the chosen logits (moe.py); deepseek2 and glm4moe read it from {arch}.expert_weights_norm
-_MOE_NORM_WEIGHTS = {"llama": True, "mistral3": True, "qwen3moe": True, "qwen2moe": False, "granitemoe": True, "gpt-oss": False,
+_MOE_NORM_WEIGHTS = {"llama": True, "mistral3": True, "qwen3moe": True, "qwen2moe": False, "granitemoe": True, "granitehybrid": True, "gpt-oss": False,
                      "ernie4_5-moe": True, "deepseek2": False, "glm4moe": False,
                      "lfm2moe": True, "smallthinker": True, "qwen35moe": True,
                      "qwen3next": True, "gemma4": True}
@@ -346,11 +346,11 @@ class _Reader(ArchKeys):
         if n_used > n_expert:
             raise ModelFileError(f"{self.f.path}: {self.key('{arch}.expert_used_count')} {n_used} exceeds "
                                  f"{self.key('{arch}.expert_count')} {n_expert}")
-        width_key = ("{arch}.feed_forward_length" if self.arch in ("llama", "mistral3", "granitemoe")
+        width_key = ("{arch}.feed_forward_length" if self.arch in ("llama", "mistral3", "granitemoe", "granitehybrid")
                      else "{arch}.expert_feed_forward_length")
         shexp = (self.positive("{arch}.expert_shared_feed_forward_length") if self.arch in ("qwen2moe", "qwen35moe", "qwen3next") else
                  self.get("{arch}.expert_shared_feed_forward_length", 0)
-                 if self.arch in ("granitemoe", "ernie4_5-moe") else 0)
+                 if self.arch in ("granitemoe", "granitehybrid", "ernie4_5-moe") else 0)
         return {"n_expert": n_expert, "n_expert_used": n_used, "n_ff_exp": self.positive(width_key),
                 "n_ff_shexp": shexp,
                 "expert_weights_norm": _MOE_NORM_WEIGHTS[self.arch]}
@@ -460,7 +460,7 @@ class _Reader(ArchKeys):
         if g3n:
             window, swa_layers, freq_base_swa = g3n.pop("sliding_window"), g3n.pop("swa_layers"), g3n.pop("base_swa")
         n_rot = self.get("{arch}.rope.dimension_count", 0 if self.arch == "opt" else head_dim)
-        if mamba2:  # nemotron_h's attention uses no RoPE
+        if mamba2 and self.arch != "granitehybrid":  # nemotron_h's attention uses no RoPE (granitehybrid: a key)
             n_rot = 0
             attn_scale_key = self.get("{arch}.attention.scale", 0.0, kind=float)
         if not 0 <= n_rot <= head_dim or n_rot % 2:
@@ -471,7 +471,7 @@ class _Reader(ArchKeys):
             attn_scale = 1.0 / math.sqrt(n_embd / n_head)
         if g4 or g3n:  # the per-head Q norm scales the scores
             attn_scale = 1.0
-        if mamba2 and attn_scale_key:
+        if mamba2 and self.arch != "granitehybrid" and attn_scale_key:
             attn_scale = attn_scale_key
         threshold = self.get("powerinfer.sparse_threshold", 0.0, kind=float) if self.f.is_sparse else 0.0
         hidden_act, hidden_act_param = self.hidden_act()

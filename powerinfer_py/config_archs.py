@@ -37,7 +37,8 @@ Per architecture:
           {arch}.logit_scale (required); 0 or absent means unset for the first three, as in llama.cpp.
           {arch}.rope.scaling.finetuned = false switches RoPE off (n_rot 0). granitemoe: experts
           feed_forward_length wide, renormalized router weights, an optional ungated shared expert
-          ({arch}.expert_shared_feed_forward_length)
+          ({arch}.expert_shared_feed_forward_length). granitehybrid (Granite 4.0-H) reads the same scalars, with
+          logit_scale optional there (absent: 1), as llama.cpp; its layer kinds come from config_mamba2.py
   phi3    the llama block with fused attn_qkv and gate+up, NeoX RoPE (partial: n_rot < head_dim on Phi-4-mini);
           long-context files carry rope_factors_long/short (used when n_ctx > rope.scaling.original_context_length
           / otherwise) and rope.scaling.attn_factor, which scales the rotated dims of q and k (llama.cpp's
@@ -122,7 +123,7 @@ import math
 from .errors import ModelFileError, UnsupportedError
 
 GPTOSS_SWA_PERIOD = 2  # gpt-oss: layers il % 2 == 0 attend within the window (llama.cpp hard-codes it)
-GRANITE_ARCHS = ("granite", "granitemoe")  # the llama block with four scalars from the metadata (granite_scales)
+GRANITE_ARCHS = ("granite", "granitemoe", "granitehybrid")  # the llama block with four scalars from the metadata (granite_scales)
 GLM_ARCHS = ("glm4", "glm4moe")
 SMALLTHINKER_WINDOW = 4096  # smallthinker: llama.cpp's fixed window whenever a file has sliding_window > 0
 SMALLTHINKER_SWA_PERIOD = 4  # default of {arch}.attention.sliding_window_pattern
@@ -294,9 +295,10 @@ class ArchKeys:
         out = {}
         for field, suffix in (("embd_scale", "{arch}.embedding_scale"), ("residual_scale", "{arch}.residual_scale"),
                               ("attn_scale", "{arch}.attention.scale"), ("logit_scale", "{arch}.logit_scale")):
-            value = self.get(suffix, 0.0 if field != "logit_scale" else None, kind=float)
-            if not (math.isfinite(value) and value >= 0) or (field == "logit_scale" and value == 0):
-                need = "> 0" if field == "logit_scale" else ">= 0 (0: unset)"
+            optional = field != "logit_scale" or self.arch == "granitehybrid"
+            value = self.get(suffix, 0.0 if optional else None, kind=float)
+            if not (math.isfinite(value) and value >= 0) or (field == "logit_scale" and value == 0 and not optional):
+                need = ">= 0 (0: unset)" if optional else "> 0"
                 raise ModelFileError(f"{self.f.path}: metadata key {self.key(suffix)!r} must be a finite number "
                                      f"{need}, got {value}")
             out[field] = value if value or field == "attn_scale" else 1.0

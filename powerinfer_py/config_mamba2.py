@@ -12,13 +12,17 @@
   mamba2      (plain Mamba-2 files) every layer is a mixer after its RMSNorm; the same ssm.* keys; no attention
               or FFN keys are read (the converter writes head_count and feed_forward_length 0).
 
+  granitehybrid  (IBM Granite 4.0-H) every layer is a mixer ({arch}.attention.head_count_kv[il] == 0) or an
+              attention layer, and EVERY layer then has an FFN (dense SwiGLU, or experts): feed_forward_length is
+              the FFN (or expert) width, not a layer-kind marker. The same ssm.* keys; experts are allowed.
+
 Scalars may also be stored as per-layer arrays of one value (config._Reader.get).
 """
 from __future__ import annotations
 
 from .errors import ModelFileError, UnsupportedError
 
-MAMBA2_ARCHS = ("nemotron_h", "mamba2")
+MAMBA2_ARCHS = ("nemotron_h", "mamba2", "granitehybrid")
 
 
 def _layer_array(r, suffix: str, n_layer: int) -> list[int]:
@@ -46,13 +50,15 @@ def mamba2_keys(r, n_layer: int, n_head: int) -> dict:
     if r.arch not in MAMBA2_ARCHS:
         return {}
     path = r.f.path
-    if r.get("{arch}.expert_count", 0):
+    granite = r.arch == "granitehybrid"  # an FFN on every layer: no FFN-only layers
+    if r.get("{arch}.expert_count", 0) and not granite:
         raise UnsupportedError(f"{path}: {r.arch} files with experts (Nemotron-H MoE) are not supported")
     plain = r.arch == "mamba2"  # every layer a mixer
     kv = [0] * n_layer if plain else _layer_array(r, "{arch}.attention.head_count_kv", n_layer)
-    ff = [0] * n_layer if plain else _layer_array(r, "{arch}.feed_forward_length", n_layer)
+    ff = [0] * n_layer if plain or granite else _layer_array(r, "{arch}.feed_forward_length", n_layer)
     n_kv = _one(r, "{arch}.attention.head_count_kv", kv, "attention layers")
-    n_ff = _one(r, "{arch}.feed_forward_length", ff, "FFN layers")
+    n_ff = r.positive("{arch}.feed_forward_length") if granite else _one(r, "{arch}.feed_forward_length", ff,
+                                                                          "FFN layers")
     if n_kv and n_head % n_kv:
         raise ModelFileError(f"{path}: head_count {n_head} is not a multiple of head_count_kv {n_kv}")
     kernel = r.get("{arch}.ssm.conv_kernel")

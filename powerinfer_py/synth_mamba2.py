@@ -10,6 +10,12 @@ Scales keep every activation O(1) and make the recurrent state matter: A = -exp(
 stored as A, already negative, as the converter writes it) with softplus(dt + dt_bias) ~ 0.5 .. 1 gives per-token
 decays of about 0.4 .. 0.95, so a token is still visible several tokens later; D ~ 1 makes the skip term as large
 as the scan's output; the conv bias ~ N(0, 0.3) so a file without it would differ visibly.
+
+granitehybrid (IBM Granite 4.0-H): the pattern has only "M" and "*" (default "M*MM*M"), every layer then has
+ffn_norm and a SwiGLU FFN, or with n_expert > 0 experts (n_expert_used chosen, n_ff wide, as feed_forward_length)
+and an optional ungated shared expert n_ff_shexp wide; Granite's scalars (synth.GRANITE_SCALES, or None to leave
+a key out) and rope_finetuned (default False, as the Granite 4.0-H files: no RoPE). The embeddings are drawn with
+std 1 / embedding_scale and the output head times logit_scale, so both scales cancel in a right model.
 """
 from __future__ import annotations
 
@@ -20,17 +26,28 @@ import numpy as np
 from gguf import GGUFValueType
 
 DEFAULT_PATTERN = "M-M*M-"
+GRANITE_PATTERN = "M*MM*M"  # granitehybrid's default: attention after one and after two mixers
 
 
 def _options(o: dict, n_layer: int, arch: str) -> dict:
-    opts = {"pattern": "M" * n_layer if arch == "mamba2" else o.pop("pattern", DEFAULT_PATTERN), "d_state": o.pop("d_state", 16),
+    granite = arch == "granitehybrid"
+    default = DEFAULT_PATTERN
+    if granite:  # GRANITE_PATTERN at its 6 layers, else mixers and attention layers alternating
+        default = GRANITE_PATTERN if n_layer == len(GRANITE_PATTERN) else ("M*" * n_layer)[:n_layer]
+    opts = {"pattern": "M" * n_layer if arch == "mamba2" else o.pop("pattern", default), "d_state": o.pop("d_state", 16),
             "n_group": o.pop("n_group", 2), "n_ssm_head": o.pop("n_ssm_head", 8), "head_dim": o.pop("ssm_head_dim", 16),
             "kernel": o.pop("conv_kernel", 4), "n_ctx_train": o.pop("n_ctx_train", 512),
             "norm_eps": o.pop("norm_eps", 1e-5), "ln_eps": o.pop("ln_eps", 1e-5), "tied": o.pop("tied", False), "conv_bias": o.pop("conv_bias", True)}
+    if granite:
+        from .synth import GRANITE_SCALES
+        opts["scales"] = {k: o.pop(k, v) for k, v in GRANITE_SCALES.items()}
+        opts.update(rope=o.pop("rope_finetuned", False), n_expert=o.pop("n_expert", 0),
+                    n_used=o.pop("n_expert_used", 2), n_ff_shexp=o.pop("n_ff_shexp", 0))
     if o:
-        raise TypeError(f"unknown nemotron_h synthetic model option(s): {', '.join(sorted(o))}")
-    if len(opts["pattern"]) != n_layer or set(opts["pattern"]) - set("M*-"):
-        raise ValueError(f"pattern {opts['pattern']!r} must have one of 'M', '*', '-' per layer ({n_layer})")
+        raise TypeError(f"unknown {arch} synthetic model option(s): {', '.join(sorted(o))}")
+    kinds = "M*" if granite else "M*-"
+    if len(opts["pattern"]) != n_layer or set(opts["pattern"]) - set(kinds):
+        raise ValueError(f"pattern {opts['pattern']!r} must have one of {', '.join(kinds)} per layer ({n_layer})")
     if opts["n_ssm_head"] % opts["n_group"]:
         raise ValueError("n_ssm_head must be a multiple of n_group")
     return opts
@@ -62,6 +79,16 @@ def write_nemotron_h(path: str | os.PathLike, arch: str, *, dtype: str, n_layer:
         f"{a}.ssm.conv_kernel": K, f"{a}.ssm.state_size": N, f"{a}.ssm.group_count": G,
         f"{a}.ssm.time_step_rank": H, f"{a}.ssm.inner_size": d_inner,
     }
+    granite = o.get("scales")
+    if granite is not None:  # every layer has an FFN: feed_forward_length is its width
+        meta[f"{a}.feed_forward_length"] = n_ff
+        meta.update({f"{a}.{k.replace('attention_', 'attention.')}": float(v) for k, v in granite.items()
+                     if v is not None})
+        meta[f"{a}.rope.scaling.finetuned"] = bool(o["rope"])
+        if o["n_expert"]:
+            meta.update({f"{a}.expert_count": o["n_expert"], f"{a}.expert_used_count": o["n_used"]})
+            if o["n_ff_shexp"]:
+                meta[f"{a}.expert_shared_feed_forward_length"] = o["n_ff_shexp"]
     if a == "mamba2":
         for key in ("feed_forward_length", "attention.head_count_kv", "attention.key_length", "attention.value_length"):
             del meta[f"{a}.{key}"]
@@ -76,7 +103,9 @@ def write_nemotron_h(path: str | os.PathLike, arch: str, *, dtype: str, n_layer:
              "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32)}
 
     if a != "mamba2":  # the per-layer arrays that tell the layer kinds apart
-        types.update({f"{a}.feed_forward_length": int32s, f"{a}.attention.head_count_kv": int32s})
+        types.update({f"{a}.attention.head_count_kv": int32s})
+        if granite is None:
+            types[f"{a}.feed_forward_length"] = int32s
     rng = np.random.default_rng(seed)
 
     def linear(m, k):
@@ -85,7 +114,9 @@ def write_nemotron_h(path: str | os.PathLike, arch: str, *, dtype: str, n_layer:
     def norm(*shape):
         return 1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)
 
-    out = [("token_embd.weight", rng.standard_normal((n_vocab, E), dtype=np.float32))]
+    scale = {k: v or 1.0 for k, v in granite.items()} if granite is not None else {}
+    embd_std = 1.0 / scale.get("embedding_scale", 1.0)
+    out = [("token_embd.weight", embd_std * rng.standard_normal((n_vocab, E), dtype=np.float32))]
     for il, kind in enumerate(pat):
         p = f"blk.{il}."
         out.append((p + "attn_norm.weight", norm(E)))
@@ -103,11 +134,30 @@ def write_nemotron_h(path: str | os.PathLike, arch: str, *, dtype: str, n_layer:
                     (p + "attn_v.weight", linear(n_head_kv * hd, E)), (p + "attn_output.weight", linear(E, n_head * hd))]
         else:  # relu(up x)^2: scaled so the squares stay O(1)
             out += [(p + "ffn_up.weight", linear(n_ff, E)), (p + "ffn_down.weight", 0.5 * linear(E, n_ff))]
+        if granite is not None:
+            out += [(p + "ffn_norm.weight", norm(E))] + _granite_ffn(p, o, E, n_ff, rng, linear)
     out.append(("output_norm.weight", norm(E)))
     if not o["tied"]:
-        out.append(("output.weight", 2.5 * linear(n_vocab, E)))
+        out.append(("output.weight", 2.5 * scale.get("logit_scale", 1.0) * linear(n_vocab, E)))
     # 1-D tensors, the conv taps, A, D and the grouped norm stay F32 (as in llama.cpp's files); the rest take dtype
-    keep = ("ssm_conv1d", "ssm_a", "ssm_d", "ssm_norm")
+    keep = ("ssm_conv1d", "ssm_a", "ssm_d", "ssm_norm", "gate_inp")
     tensors = [_encode(name, x, DTYPES[dtype] if x.ndim >= 2 and not any(s in name for s in keep) else GGMLType.F32)
                for name, x in out]
     return write_gguf(path, meta, tensors, types=types)
+
+
+def _granite_ffn(p: str, o: dict, E: int, F: int, rng, linear) -> list:
+    """A granitehybrid layer's FFN: SwiGLU, or experts (a router with clear but not one-hot choices) with the
+    optional ungated shared expert."""
+    if not o["n_expert"]:
+        return [(p + "ffn_gate.weight", linear(F, E)), (p + "ffn_up.weight", linear(F, E)),
+                (p + "ffn_down.weight", linear(E, F))]
+    X, S = o["n_expert"], o["n_ff_shexp"]
+    out = [(p + "ffn_gate_inp.weight", 2.0 * linear(X, E)),
+           (p + "ffn_gate_exps.weight", np.stack([linear(F, E) for _ in range(X)])),
+           (p + "ffn_up_exps.weight", np.stack([linear(F, E) for _ in range(X)])),
+           (p + "ffn_down_exps.weight", np.stack([linear(E, F) for _ in range(X)]))]
+    if S:
+        out += [(p + "ffn_gate_shexp.weight", linear(S, E)), (p + "ffn_up_shexp.weight", linear(S, E)),
+                (p + "ffn_down_shexp.weight", linear(E, S))]
+    return out

@@ -32,6 +32,7 @@ from . import gemma3n
 from . import smallthinker
 from . import qwen35, qwen3next
 from . import nemotron_h
+from . import granite_hybrid
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -69,6 +70,7 @@ _FAMILIES = {
     "qwen3next": (qwen3next.Qwen3NextModel, qwen3next.expected_tensors),  # qwen35moe with fused projections
     "nemotron_h": (nemotron_h.NemotronHModel, nemotron_h.expected_tensors),  # Mamba-2 mixers + attention + FFNs
     "mamba2": (nemotron_h.NemotronHModel, nemotron_h.expected_tensors),  # the same with every layer a mixer
+    "granitehybrid": (granite_hybrid.GraniteHybridModel, granite_hybrid.expected_tensors),  # mixers + attention, granite FFNs
     "gemma3n": (gemma3n.Gemma3nModel, gemma3n.expected_tensors),  # AltUp streams, LAuReL, top-k sparse FFNs
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
