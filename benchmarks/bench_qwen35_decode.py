@@ -5,8 +5,9 @@ in one process, alternating, on the same model and cache shape; also how far apa
 
 Without -m a synthetic q8_0 file of a small real shape is written to a temporary folder (24 layers, every 4th
 attends, n_embd 1024, 16 key / 16 value heads of 128, FFN 3584, vocabulary 32000; about 570 MB, so it takes a
-while). Each repetition prefills 64 tokens and times `steps` decode tokens, C step then numpy; prints the median
-ms per token of each and their ratio; then runs each delta-net layer once by both paths from the same states and
+while). Each repetition prefills 64 tokens and times `steps` decode tokens in each mode (C step; C step with the
+value heads split over the threads; numpy); prints the median ms per token of each (wall
+time, and the process's CPU time); then runs each delta-net layer once by both paths from the same states and
 prints their largest differences.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from powerinfer_py import load
+from powerinfer_py.models.qwen35 import delta_dims
 from powerinfer_py.synth import write_synthetic_model
 
 SHAPE = dict(dtype="q8_0", n_layer=24, n_embd=1024, n_ff=3584, n_head=8, n_head_kv=2, n_vocab=32000, head_dim=256,
@@ -33,23 +35,33 @@ def run(path: str, threads: int, reps: int, steps: int) -> None:
         plans = [m._delta_plan(L) for L in delta]
         if any(p is None for p in plans):
             raise SystemExit("these kernels have no delta-net step (the C kernels are needed)")
-        ms: dict[str, list[float]] = {"C step": [], "numpy": []}
+        d, hk, hv, _ = delta_dims(m.config)
+        split = [m.kernels.delta_net_plan(d, hk, hv, L.conv_w, L.ssm_a, L.dt_bias, L.ssm_norm, m.config.norm_eps,
+                                          split_heads=True) for L in delta]
+        modes = {"C step": plans, "C step, heads split": split, "numpy": [None] * len(delta)}
+        ms: dict[str, list[float]] = {mode: [] for mode in modes}
+        cpu: dict[str, list[float]] = {mode: [] for mode in modes}
         prompt = np.arange(10, 74, dtype=np.int32)
         for _ in range(reps):
-            for mode in ms:
-                for L, p in zip(delta, plans):
-                    L.delta_plan = p if mode == "C step" else None
+            for mode, mode_plans in modes.items():
+                for L, p in zip(delta, mode_plans):
+                    L.delta_plan = p
                 cache = m.new_cache(256)
                 m.forward(prompt, cache)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 for i in range(steps):
                     m.forward(np.array([5 + 7 * i], np.int32), cache)
                 ms[mode].append((time.perf_counter() - t0) / steps * 1e3)
+                cpu[mode].append((time.process_time() - c0) / steps * 1e3)
         diffs = layer_agreement(m, delta, plans, cache)
     med = {k: statistics.median(v) for k, v in ms.items()}
-    print(f"{Path(path).name}, {threads} threads, median of {reps} x {steps} decode tokens: "
-          f"C step {med['C step']:.2f} ms/token, numpy {med['numpy']:.2f} ms/token, "
-          f"speed-up {med['numpy'] / med['C step']:.3f}")
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
+    print(f"{Path(path).name}, {threads} threads, median of {reps} x {steps} decode tokens, ms/token: "
+          + ", ".join(f"{mode} {v:.2f}" for mode, v in med.items())
+          + f"; numpy / C step {med['numpy'] / med['C step']:.3f}")
+    print("  CPU time of the process, ms/token: " + ", ".join(f"{mode} {v:.2f}" for mode, v in med_cpu.items())
+          + f"; numpy / C step {med_cpu['numpy'] / med_cpu['C step']:.3f} (with one thread the work done, robust to a "
+          "busy host; with more it counts the pool's spinning too)")
     print("one token from the same states, C step vs numpy, max |diff| over the delta-net layers: output "
           f"{diffs[0]:.3g} (values up to {diffs[1]:.3g}), state {diffs[2]:.3g} (up to {diffs[3]:.3g})")
 

@@ -14,8 +14,11 @@
  *   out:    per head rmsnorm(o) * ssm_norm (pi_rmsnorm) times silu(z) (pi_silu)
  * Element-wise steps round as numpy does (a product, then a sum; no fused multiply-add); only the sums of the dot
  * products and norms run in another order, so the result agrees with the numpy path to float rounding.
- * Threads: the value heads are split over the pool (each head's rows are independent); a head's result never
- * depends on which thread ran it, so the output is the same for every thread count.
+ * Threads: with split_heads the value heads are split over the pool (each head's rows are independent), else the
+ * calling thread runs them all; a head's result never depends on which thread ran it, so the output is the same
+ * either way and for every thread count. On the 2 shared cores of the development machine the split did not pay
+ * (Qwen3.5 small shape, 16 heads of 128: decode A/B in separate processes, the one-thread step faster in 5 of 7
+ * pairs), hence kernels/delta_step.py leaves it off by default.
  * Variants for the row dot products: AVX-512 (16 lanes), AVX2+FMA (8 lanes), scalar; a tail of d not a multiple
  * of the lane count runs scalar after the vector body.
  */
@@ -27,8 +30,6 @@
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
-
-#define PAR_MIN_STATE 16384 /* state floats (Hv * d * d) below which one thread runs every head */
 
 /* One row r of a head's state: s = s * eg; delta = beta (v_r - s . k); s = s + delta k; returns s . q. */
 static float row_step(float *s, const float *k, const float *q, float eg, float beta, float v_r, int64_t d) {
@@ -195,8 +196,8 @@ void pi_delta_net_decode(pi_pool *pool, const pi_delta_net *p, const float *qkv,
         g[h] = p->ssm_a[h] * softplus1(alpha_raw[h] + p->dt_bias[h]);
     }
     delta_job J = {pool, p, y, y + hk * d, y + 2 * hk * d, beta, g, z, S, o, out, 1};
-    /* one head per chunk (threads take them in turn); a small state is not worth waking the workers for */
+    /* split: one head per chunk, the threads take them in turn; else every head on this thread */
     int64_t n_chunks = hv;
-    if (pi_pool_n_threads(pool) == 1 || hv * d * d < PAR_MIN_STATE) n_chunks = 1, J.heads_per_chunk = hv;
+    if (!p->split_heads || pi_pool_n_threads(pool) == 1) n_chunks = 1, J.heads_per_chunk = hv;
     pi_pool_run(pool, delta_chunk, &J, n_chunks);
 }

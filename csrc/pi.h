@@ -267,10 +267,12 @@ void pi_dense_ffn_decode(pi_pool *pool, const pi_threshold_ffn *f, const float *
  * key head h mod Hk; beta = sigmoid(beta_raw), g = ssm_a * softplus(alpha_raw + dt_bias); per value head, S
  * f32 [Hv, d_v, d_k] gets S = exp(g) S, S += beta (v - S k) k^T, and o = S q; out f32 [Hv d] = per head
  * rmsnorm(o) * ssm_norm * silu(z). conv_state and S are updated in place. work: f32 [conv_dim + 2 Hv + Hv d].
- * The value heads are split over the pool; the result is the same for every thread count. */
+ * split_heads: 1 splits the value heads over the pool, 0 runs them on the calling thread; the result is the same
+ * either way and for every thread count. */
 typedef struct {
     int64_t d, n_k_heads, n_v_heads, conv_kernel;
     float eps;                           /* of the L2 norms and of the output RMS norm */
+    int split_heads;                     /* 1: the value heads over the pool's threads; 0: all on the caller */
     const float *conv_w;                 /* f32 [conv_dim, conv_kernel] */
     const float *ssm_a, *dt_bias;        /* f32 [Hv]: the decay rate (-exp(A_log)) and the dt bias */
     const float *ssm_norm;               /* f32 [d] weight of the output RMS norm */

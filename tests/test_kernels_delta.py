@@ -3,7 +3,7 @@ qwen35.py's own steps (l2norm, sigmoid, softplus, Qwen35Model._recur) over sever
 continuing the states the kernel left in place; 1 and 2 threads bit-identical; and its use in Qwen35Model.
 
 Shapes: odd head counts, value heads 1x and 3x the key heads, widths whose rows end in a vector tail (20, 48) or
-not (64), a 4-tap conv; the larger states are split over the threads, the smaller ones run on one.
+not (64), a 4-tap conv.
 """
 from __future__ import annotations
 
@@ -52,8 +52,8 @@ def reference(hk: int, hv: int, d: int, p: dict) -> list[np.ndarray]:
     return outs
 
 
-def run_kernel(kern: CpuKernels, hk: int, hv: int, d: int, p: dict):
-    plan = delta_net_plan(d, hk, hv, p["conv_w"], p["ssm_a"], p["dt_bias"], p["ssm_norm"], EPS)
+def run_kernel(kern: CpuKernels, hk: int, hv: int, d: int, p: dict, split: bool = False):
+    plan = delta_net_plan(d, hk, hv, p["conv_w"], p["ssm_a"], p["dt_bias"], p["ssm_norm"], EPS, split_heads=split)
     conv, S = p["conv_state"].copy(), p["state"].copy()
     outs = [kern.delta_net_decode(plan, t["qkv"], t["z"], t["beta_raw"], t["alpha_raw"], conv, S) for t in p["tokens"]]
     return outs, conv, S
@@ -71,10 +71,12 @@ def k12():
 def test_matches_numpy_over_tokens(k12, hk, hv, d):
     """Five tokens in a row, each continuing the conv state and S the kernel updated in place: every output within
     float rounding of the numpy path (measured: max abs diff <= 1.4e-6 on outputs up to 8, <= 2.4e-7 on states up
-    to 1.3), the final states too; 1 and 2 threads, and a second run, bit-identical."""
+    to 1.3), the final states too; 1 and 2 threads, the heads split over the 2 threads or not, and a second run,
+    bit-identical."""
     p = layer(hk, hv, d, seed=hk * 100 + d)
     ref = reference(hk, hv, d, p)
-    runs = [run_kernel(k, hk, hv, d, p) for k in (*k12, k12[1])]
+    runs = [run_kernel(k, hk, hv, d, p, split) for k, split in
+            ((k12[0], False), (k12[1], False), (k12[1], True), (k12[1], True), (k12[0], True))]
     outs, conv, S = runs[0]
     for t, (a, b) in enumerate(zip(outs, ref)):
         np.testing.assert_allclose(a, b, rtol=0, atol=2e-6 * np.abs(b).max(), err_msg=f"token {t}")

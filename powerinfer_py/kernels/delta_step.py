@@ -43,10 +43,11 @@ def _const_f32(name: str, a, shape: tuple) -> np.ndarray:
     return a
 
 
-def delta_net_plan(d: int, n_k_heads: int, n_v_heads: int, conv_w, ssm_a, dt_bias, ssm_norm,
-                   eps: float) -> DeltaNetPlan:
+def delta_net_plan(d: int, n_k_heads: int, n_v_heads: int, conv_w, ssm_a, dt_bias, ssm_norm, eps: float,
+                   split_heads: bool = False) -> DeltaNetPlan:
     """Checks one layer's constants once: conv_w f32 [conv_dim, K] (K >= 2), ssm_a and dt_bias f32 [Hv], ssm_norm
-    f32 [d]; Hv a multiple of Hk."""
+    f32 [d]; Hv a multiple of Hk. split_heads: run the value heads on all of the pool's threads (the same result;
+    off by default: on 2 shared cores it did not pay, see csrc/delta_net.c)."""
     if min(d, n_k_heads, n_v_heads) < 1 or n_v_heads % n_k_heads:
         raise ValueError(f"delta_net_plan: {n_v_heads} value heads cannot share {n_k_heads} key heads of width {d}")
     conv_dim = (2 * n_k_heads + n_v_heads) * d
@@ -57,7 +58,7 @@ def delta_net_plan(d: int, n_k_heads: int, n_v_heads: int, conv_w, ssm_a, dt_bia
               _const_f32("ssm_norm", ssm_norm, (d,)))
     desc = ffi.new("pi_delta_net *")
     desc.d, desc.n_k_heads, desc.n_v_heads, desc.conv_kernel = d, n_k_heads, n_v_heads, conv_w.shape[1]
-    desc.eps = float(eps)
+    desc.eps, desc.split_heads = float(eps), int(bool(split_heads))
     ptrs = tuple(ffi.from_buffer(_FA, a) for a in arrays)
     desc.conv_w, desc.ssm_a, desc.dt_bias, desc.ssm_norm = ptrs
     return DeltaNetPlan(desc, arrays + ptrs, d, n_k_heads, n_v_heads, conv_w.shape[1])
