@@ -5,8 +5,8 @@ in one process, alternating, on the same model and cache shape; also how far apa
 
 Without -m a synthetic q8_0 file of a small real shape is written to a temporary folder (24 layers, every 4th
 attends, n_embd 1024, 16 key / 16 value heads of 128, FFN 3584, vocabulary 32000; about 570 MB, so it takes a
-while). Each repetition prefills 64 tokens and times `steps` decode tokens in each mode (C step; C step with the
-value heads split over the threads; numpy); prints the median ms per token of each (wall
+while). Each repetition prefills 64 tokens and times `steps` decode tokens in each mode (C step, its value heads
+split over the threads; C step on the calling thread alone; numpy); prints the median ms per token of each (wall
 time, and the process's CPU time); then runs each delta-net layer once by both paths from the same states and
 prints their largest differences.
 """
@@ -36,9 +36,9 @@ def run(path: str, threads: int, reps: int, steps: int) -> None:
         if any(p is None for p in plans):
             raise SystemExit("these kernels have no delta-net step (the C kernels are needed)")
         d, hk, hv, _ = delta_dims(m.config)
-        split = [m.kernels.delta_net_plan(d, hk, hv, L.conv_w, L.ssm_a, L.dt_bias, L.ssm_norm, m.config.norm_eps,
-                                          split_heads=True) for L in delta]
-        modes = {"C step": plans, "C step, heads split": split, "numpy": [None] * len(delta)}
+        one = [m.kernels.delta_net_plan(d, hk, hv, L.conv_w, L.ssm_a, L.dt_bias, L.ssm_norm, m.config.norm_eps,
+                                        split_heads=False) for L in delta]
+        modes = {"C step": plans, "C step, heads on one thread": one, "numpy": [None] * len(delta)}
         ms: dict[str, list[float]] = {mode: [] for mode in modes}
         cpu: dict[str, list[float]] = {mode: [] for mode in modes}
         prompt = np.arange(10, 74, dtype=np.int32)

@@ -16,9 +16,9 @@
  * products and norms run in another order, so the result agrees with the numpy path to float rounding.
  * Threads: with split_heads the value heads are split over the pool (each head's rows are independent), else the
  * calling thread runs them all; a head's result never depends on which thread ran it, so the output is the same
- * either way and for every thread count. On the 2 shared cores of the development machine the split did not pay
- * (Qwen3.5 small shape, 16 heads of 128: decode A/B in separate processes, the one-thread step faster in 5 of 7
- * pairs), hence kernels/delta_step.py leaves it off by default.
+ * either way and for every thread count. On the 2 cores of the development machine the split saves 2-10% of a
+ * decode token when the host is quiet (Qwen3.5 small shape, 16 heads of 128; benchmarks/bench_qwen35_decode.py)
+ * but lost in most A/B pairs while the host ran 4-10 other busy threads; kernels/delta_step.py turns it on.
  * Variants for the row dot products: AVX-512 (16 lanes), AVX2+FMA (8 lanes), scalar; a tail of d not a multiple
  * of the lane count runs scalar after the vector body.
  */

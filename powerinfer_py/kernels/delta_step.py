@@ -44,10 +44,10 @@ def _const_f32(name: str, a, shape: tuple) -> np.ndarray:
 
 
 def delta_net_plan(d: int, n_k_heads: int, n_v_heads: int, conv_w, ssm_a, dt_bias, ssm_norm, eps: float,
-                   split_heads: bool = False) -> DeltaNetPlan:
+                   split_heads: bool = True) -> DeltaNetPlan:
     """Checks one layer's constants once: conv_w f32 [conv_dim, K] (K >= 2), ssm_a and dt_bias f32 [Hv], ssm_norm
     f32 [d]; Hv a multiple of Hk. split_heads: run the value heads on all of the pool's threads (the same result;
-    off by default: on 2 shared cores it did not pay, see csrc/delta_net.c)."""
+    False: all on the calling thread; see csrc/delta_net.c for what each costs)."""
     if min(d, n_k_heads, n_v_heads) < 1 or n_v_heads % n_k_heads:
         raise ValueError(f"delta_net_plan: {n_v_heads} value heads cannot share {n_k_heads} key heads of width {d}")
     conv_dim = (2 * n_k_heads + n_v_heads) * d
