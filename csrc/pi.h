@@ -259,4 +259,26 @@ int64_t pi_threshold_ffn_decode(pi_pool *pool, const pi_threshold_ffn *f, const 
  * (cut, scale and down_transposed unused; down [n_embd, n_ff]). fwork: f32 [2 * n_ff]. */
 void pi_dense_ffn_decode(pi_pool *pool, const pi_threshold_ffn *f, const float *x, float *fwork, float *y);
 
+/* ---- one decode token of a gated delta-net layer (delta_net.c) ------------------------------------------
+ * Qwen3.5's delta net after its input projections (qwen35.py): qkv f32 [conv_dim] (conv_dim = 2 Hk d + Hv d,
+ * rows q | k | v), z f32 [Hv d] (the output gate's projection), beta_raw, alpha_raw f32 [Hv]. The causal conv
+ * (conv_w f32 [conv_dim, K], K >= 2) reads conv_state f32 [K-1, conv_dim] (oldest input first) and this token's
+ * qkv, then SiLU; q and k are L2-normed per key head (x / max(|x|, eps)), q scaled by 1/sqrt(d); value head h reads
+ * key head h mod Hk; beta = sigmoid(beta_raw), g = ssm_a * softplus(alpha_raw + dt_bias); per value head, S
+ * f32 [Hv, d_v, d_k] gets S = exp(g) S, S += beta (v - S k) k^T, and o = S q; out f32 [Hv d] = per head
+ * rmsnorm(o) * ssm_norm * silu(z). conv_state and S are updated in place. work: f32 [conv_dim + 2 Hv + Hv d].
+ * split_heads: 1 splits the value heads over the pool, 0 runs them on the calling thread; the result is the same
+ * either way and for every thread count. */
+typedef struct {
+    int64_t d, n_k_heads, n_v_heads, conv_kernel;
+    float eps;                           /* of the L2 norms and of the output RMS norm */
+    int split_heads;                     /* 1: the value heads over the pool's threads; 0: all on the caller */
+    const float *conv_w;                 /* f32 [conv_dim, conv_kernel] */
+    const float *ssm_a, *dt_bias;        /* f32 [Hv]: the decay rate (-exp(A_log)) and the dt bias */
+    const float *ssm_norm;               /* f32 [d] weight of the output RMS norm */
+} pi_delta_net;
+void pi_delta_net_decode(pi_pool *pool, const pi_delta_net *p, const float *qkv, const float *z,
+                         const float *beta_raw, const float *alpha_raw, float *conv_state, float *S, float *work,
+                         float *out);
+
 #endif

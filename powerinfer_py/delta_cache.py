@@ -6,6 +6,9 @@ A delta-net layer's whole memory of the past is two arrays, both f32 as in llama
                       positions, [kernel - 1, conv_dim]   (the ConvKVCache part, as lfm2's conv state)
     the delta state   per value head the matrix S [d_v, d_k] that maps keys to values, [n_v_heads, d_v, d_k]
 
+A decode token on the C kernels (kernels.delta_net_decode) updates both arrays of a layer in place, so they stay
+writable C-contiguous f32 arrays for the cache's lifetime; a prompt goes through delta_state / set_delta_state.
+
 Attention layers keep their K/V as in KVCache, delta-net layers a zero-size K/V placeholder. Both recurrent
 states summarize every position so far and cannot be rewound, so the truncation contract is ConvKVCache's:
 truncate(n_past) keeps everything, truncate(n < n_past) restarts at 0 (callers such as chat/session.py read

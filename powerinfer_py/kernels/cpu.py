@@ -39,6 +39,7 @@ def _f32(x, name: str = "x") -> np.ndarray:
 # ==== quantization and matmul, module level (owner: matmul helper) ====================================
 from ..errors import UnsupportedError  # noqa: E402
 from . import ref as _ref  # noqa: E402  (type checks and messages are shared with the spec)
+from . import delta_step as _delta_step  # noqa: E402
 
 _QK = 32
 _OUT_DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.BF16: np.uint16}
@@ -512,6 +513,18 @@ class CpuKernels:
         lib.pi_attn_block_decode(self._pool, plan.desc, _fb(_FA, x), pos, _fb(_HA, k_cache), _fb(_HA, v_cache),
                                  k_cache.shape[1], fwork, _fb(_FA, out))
         return out
+
+    # ---- one decode token of a gated delta-net layer (delta_net.c; kernels/delta_step.py) ------------------
+
+    def delta_net_plan(self, *args, **kw) -> "_delta_step.DeltaNetPlan":
+        """One delta-net layer's constants checked and described to C once (delta_step.delta_net_plan)."""
+        return _delta_step.delta_net_plan(*args, **kw)
+
+    def delta_net_decode(self, plan: "_delta_step.DeltaNetPlan", qkv, z, beta_raw, alpha_raw, conv_state,
+                         state) -> np.ndarray:
+        """One token through a planned delta-net layer, states updated in place (delta_step.delta_net_decode)."""
+        work, _ = self._step_work(plan.work_floats)
+        return _delta_step.delta_net_decode(self._pool, work, plan, qkv, z, beta_raw, alpha_raw, conv_state, state)
 
     # ---- one decode step of a threshold-mode SwiGLU/GeGLU FFN (sparse_ffn.c) ------------------------------
 
