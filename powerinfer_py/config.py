@@ -306,6 +306,8 @@ class _Reader(ArchKeys):
         if self.arch not in ("gemma2", "gemma3"):
             return 0, (False,) * n_layer, rope_freq_base
         gemma2 = self.arch == "gemma2"
+        if not gemma2 and self.get("{arch}.attention.sliding_window", 0) <= 0:  # gemma3 without windows (as llama.cpp)
+            return 0, (False,) * n_layer, rope_freq_base
         window = self.positive("{arch}.attention.sliding_window", GEMMA2_SLIDING_WINDOW if gemma2 else None)
         pattern = self.meta.get(self.key("{arch}.attention.sliding_window_pattern"))
         if isinstance(pattern, list) and len(pattern) == n_layer:
@@ -318,7 +320,14 @@ class _Reader(ArchKeys):
         return window, layers, self.get("{arch}.rope.freq_base_swa", base_swa, kind=float)
 
     def softcaps(self) -> dict:
-        """gemma2's attention and final logit soft-caps (ModelConfig.attn_softcap, final_softcap); {} otherwise."""
+        """gemma2's attention and final logit soft-caps (ModelConfig.attn_softcap, final_softcap), gemma3's optional
+        final one; {} otherwise."""
+        if self.arch == "gemma3":  # optional here (llama.cpp: absent or 0 = none; released files have none)
+            cap = self.get("{arch}.final_logit_softcapping", 0.0, kind=float)
+            if not (math.isfinite(cap) and cap >= 0):
+                raise ModelFileError(f"{self.f.path}: {self.key('{arch}.final_logit_softcapping')} must be a finite "
+                                     f"number >= 0, got {cap}")
+            return {"final_softcap": cap} if cap else {}
         if self.arch != "gemma2":
             return {}
         out = {}
