@@ -37,7 +37,7 @@ from .errors import ModelFileError, UnsupportedError
 from .config_archs import GLM_ARCHS, GPTOSS_SWA_PERIOD, ArchKeys
 from .config_gemma3n import Gemma3nLayout, gemma3n_keys
 from .config_gemma4 import Gemma4Layout, gemma4_keys
-from .config_mamba2 import mamba2_keys
+from .config_mamba2 import mamba2_keys, nemotron_moe_keys
 from .gguf.reader import GGUFFile
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "bamboo", "falcon",
@@ -45,18 +45,18 @@ SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "
                    "glm4", "glm4moe", "smollm3", "olmo2", "lfm2", "lfm2moe", "mistral3", "gemma4", "smallthinker", "qwen35",
                    "qwen35moe", "qwen3next",
                    "exaone4",
-                   "nemotron_h", "mamba2", "granitehybrid",
+                   "nemotron_h", "mamba2", "granitehybrid", "nemotron_h_moe",
                    "gemma3n")
 # always mixture-of-experts (llama files are when they carry expert_count; ernie4_5-moe, deepseek2 and glm4moe
 # have leading dense layers: ModelConfig.moe_layers)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "deepseek2", "glm4moe", "lfm2moe",
-             "smallthinker", "qwen35moe", "qwen3next")
+             "smallthinker", "qwen35moe", "qwen3next", "nemotron_h_moe")
 # whether the chosen experts' router weights are renormalized (as llama.cpp does per arch); gpt-oss's weights are a
 # softmax over the chosen logits (moe.py); deepseek2 and glm4moe read it from {arch}.expert_weights_norm
 _MOE_NORM_WEIGHTS = {"llama": True, "mistral3": True, "qwen3moe": True, "qwen2moe": False, "granitemoe": True, "granitehybrid": True, "gpt-oss": False,
                      "ernie4_5-moe": True, "deepseek2": False, "glm4moe": False,
                      "lfm2moe": True, "smallthinker": True, "qwen35moe": True,
-                     "qwen3next": True, "gemma4": True}
+                     "qwen3next": True, "gemma4": True, "nemotron_h_moe": False}  # nemotron_h_moe: a key
 # vision-language models whose GGUF text model is an existing arch under its own name: with text-only input every
 # M-RoPE section rotates by the same position, which is that arch's RoPE when the sections cover the rotated
 # pairs (checked against llama.cpp: tests/test_vl_text.py). Keys are read under the file's name ({arch}).
@@ -145,6 +145,7 @@ class ModelConfig:
     expert_weights_scale: float = 1.0  # the chosen experts' weights are multiplied by it (deepseek2)
     n_expert_groups: int = 0  # deepseek2 group-limited routing: groups of experts (0: none)
     n_expert_group_used: int = 0  # groups whose experts may be chosen
+    moe_latent_size: int = 0  # nemotron_h_moe: the experts' input/output width when the layer has latent projections
     n_nextn: int = 0  # glm4, glm4moe, qwen35(moe): trailing next-token-prediction blocks in the file, not run (not in n_layer)
     conv_layers: tuple[bool, ...] = ()  # lfm2: per layer True = gated short convolution, False = attention
     conv_kernel: int = 0  # lfm2, qwen35: the convolution's length in tokens (shortconv.l_cache, ssm.conv_kernel)
@@ -436,7 +437,7 @@ class _Reader(ArchKeys):
         n_embd = self.positive("{arch}.embedding_length")
         n_layer = self.positive("{arch}.block_count")
         n_layer, glm = self.glm4(n_layer) if self.arch in GLM_ARCHS else (n_layer, {})
-        if self.arch in ("qwen35", "qwen35moe", "qwen3next", "exaone4"):  # trailing MTP blocks: not run
+        if self.arch in ("qwen35", "qwen35moe", "qwen3next", "exaone4", "nemotron_h_moe"):  # trailing MTP blocks: not run
             n_nextn = self.nextn_blocks(n_layer)
             n_layer, glm = n_layer - n_nextn, {"n_nextn": n_nextn}
         g4 = gemma4_keys(self, n_layer) if self.arch == "gemma4" else {}  # per-layer shapes: config_gemma4.py
@@ -491,6 +492,8 @@ class _Reader(ArchKeys):
             if not 0 < n_rot < head_dim:
                 raise ModelFileError(f"{self.f.path}: rope.dimension_count {n_rot} must leave 1..{head_dim - 1} "
                                      f"unrotated dims of the {head_dim}-wide q/k heads")
+        if self.arch == "nemotron_h_moe":  # sigmoid routing, its own keys (config_mamba2.py)
+            moe.update(nemotron_moe_keys(self), moe_layers=mamba2["ffn_layers"])
         if glm.get("_n_shared") is not None:  # glm4moe: shared experts of the routed width
             moe.update(expert_weights_norm=glm.pop("_norm"), n_ff_shexp=moe["n_ff_exp"] * glm.pop("_n_shared"))
         # MoE files may leave out the dense width (unused there): the experts' width stands in for it

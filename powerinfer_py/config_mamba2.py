@@ -9,6 +9,15 @@
               ssm.group_count (B and C groups; the heads must be a multiple), all required. The attention layers
               must share one KV head count and the FFN layers one width (n_ff). Files with experts are refused.
 
+  nemotron_h_moe  (Nemotron 3 Nano 30B-A3B and kin) nemotron_h's layer kinds and mixer keys, with every FFN layer a
+              mixture of experts (feed_forward_length[il] > 0 marks it): {arch}.expert_count experts, expert_used_count
+              chosen by sigmoid scores plus the selection bias blk.N.exp_probs_b.bias (weights: the unbiased scores),
+              renormalized when {arch}.expert_weights_norm, times {arch}.expert_weights_scale (absent or 0: 1);
+              optional group-limited routing ({arch}.expert_group_count > 1, expert_group_used_count); experts
+              expert_feed_forward_length wide, a squared-ReLU shared expert expert_shared_feed_forward_length wide;
+              {arch}.moe_latent_size (optional) the experts' width when the layer projects into a latent space
+              (ffn_latent_down / ffn_latent_up); {arch}.nextn_predict_layers trailing MTP blocks are not run.
+
   mamba2      (plain Mamba-2 files) every layer is a mixer after its RMSNorm; the same ssm.* keys; no attention
               or FFN keys are read (the converter writes head_count and feed_forward_length 0).
 
@@ -20,9 +29,11 @@ Scalars may also be stored as per-layer arrays of one value (config._Reader.get)
 """
 from __future__ import annotations
 
+import math
+
 from .errors import ModelFileError, UnsupportedError
 
-MAMBA2_ARCHS = ("nemotron_h", "mamba2", "granitehybrid")
+MAMBA2_ARCHS = ("nemotron_h", "mamba2", "granitehybrid", "nemotron_h_moe")
 
 
 def _layer_array(r, suffix: str, n_layer: int) -> list[int]:
@@ -31,6 +42,8 @@ def _layer_array(r, suffix: str, n_layer: int) -> list[int]:
     v = r.meta.get(key)
     if isinstance(v, int) and not isinstance(v, bool):
         v = [v] * n_layer
+    if isinstance(v, list) and len(v) > n_layer and len(v) == r.get("{arch}.block_count", 0):
+        v = v[:n_layer]  # trailing MTP blocks (nemotron_h_moe's nextn_predict_layers) are not run
     if not isinstance(v, list) or len(v) != n_layer or not all(
             isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
         raise ModelFileError(f"{r.f.path}: {key} must be an array of {n_layer} non-negative ints, got {v!r}")
@@ -51,7 +64,7 @@ def mamba2_keys(r, n_layer: int, n_head: int) -> dict:
         return {}
     path = r.f.path
     granite = r.arch == "granitehybrid"  # an FFN on every layer: no FFN-only layers
-    if r.get("{arch}.expert_count", 0) and not granite:
+    if r.get("{arch}.expert_count", 0) and r.arch in ("nemotron_h", "mamba2"):
         raise UnsupportedError(f"{path}: {r.arch} files with experts (Nemotron-H MoE) are not supported")
     plain = r.arch == "mamba2"  # every layer a mixer
     kv = [0] * n_layer if plain else _layer_array(r, "{arch}.attention.head_count_kv", n_layer)
@@ -59,6 +72,8 @@ def mamba2_keys(r, n_layer: int, n_head: int) -> dict:
     n_kv = _one(r, "{arch}.attention.head_count_kv", kv, "attention layers")
     n_ff = r.positive("{arch}.feed_forward_length") if granite else _one(r, "{arch}.feed_forward_length", ff,
                                                                           "FFN layers")
+    if r.arch == "nemotron_h_moe" and not any(ff):
+        raise ModelFileError(f"{path}: {r.key('{arch}.feed_forward_length')} marks no expert layer")
     if n_kv and n_head % n_kv:
         raise ModelFileError(f"{path}: head_count {n_head} is not a multiple of head_count_kv {n_kv}")
     kernel = r.get("{arch}.ssm.conv_kernel")
@@ -73,3 +88,21 @@ def mamba2_keys(r, n_layer: int, n_head: int) -> dict:
     return {"mamba_layers": mamba, "ffn_layers": tuple(k == 0 and f > 0 for k, f in zip(kv, ff)),
             "conv_kernel": kernel, "ssm_d_inner": d_inner, "ssm_d_state": d_state, "ssm_n_v_heads": n_ssm_head,
             "ssm_n_group": n_group, "_n_head_kv": n_kv or n_head, "_n_ff": n_ff or 1}
+
+
+def nemotron_moe_keys(r) -> dict:
+    """nemotron_h_moe's routing fields of ModelConfig (module docstring); r: the config._Reader."""
+    path = r.f.path
+    norm = r.meta.get(r.key("{arch}.expert_weights_norm"), False)
+    if not isinstance(norm, bool):
+        raise ModelFileError(f"{path}: {r.key('{arch}.expert_weights_norm')} should be a bool")
+    scale = r.get("{arch}.expert_weights_scale", 0.0, kind=float)
+    if not (math.isfinite(scale) and scale >= 0):
+        raise ModelFileError(f"{path}: {r.key('{arch}.expert_weights_scale')} must be >= 0, got {scale}")
+    groups, used = r.get("{arch}.expert_group_count", 0), r.get("{arch}.expert_group_used_count", 0)
+    latent = r.get("{arch}.moe_latent_size", 0)
+    if latent < 0:
+        raise ModelFileError(f"{path}: {r.key('{arch}.moe_latent_size')} must be >= 0, got {latent}")
+    return {"expert_weights_norm": norm, "expert_gating": "sigmoid", "expert_weights_scale": scale or 1.0,
+            "n_expert_groups": groups if groups > 1 else 0, "n_expert_group_used": used if groups > 1 else 0,
+            "n_ff_shexp": r.positive("{arch}.expert_shared_feed_forward_length"), "moe_latent_size": latent}

@@ -40,6 +40,12 @@ then its up rows), which the decode path reads as one row gather and a batch as 
 output scales (expert_scales f32 [n_expert]): expert e's output is multiplied by expert_scales[e] (folded into its
 router weight). Its router also reads its own input (router_logits, as smallthinker).
 
+nemotron_h_moe (options of MoEFFN, off for the others): ungated squared-ReLU experts, act = "relu2", gate None:
+    y       = sum over r of  w_r * down_e · relu(up_e · x)^2
+the up rows take the gate rows' place (one gather / grouped call, no second one). `exact` is refused: the up
+rows are the only input projection and must all be computed to know which neurons fire, and the down matrix's
+quantization blocks run along n_ff (above), so skipping the zero neurons would read the same bytes.
+
 Experts are where a MoE model is sparse: the other experts' weights are never read. Within a chosen ReLU expert
 most neurons are exactly 0 as well, which `exact` mode (exact=True, ReLU experts only; ffn.resolve_sparse refuses
 the other modes and SwiGLU experts) uses: the gate rows of the chosen experts are computed densely, then only the
@@ -68,6 +74,7 @@ def require_dense_ffn(config, what: str) -> None:
 
 def usage_note(config, ffns) -> str:
     """One line on how a run spread its tokens over the experts (for `run -v` and `info -v`)."""
+    ffns = [getattr(f, "experts", f) for f in ffns]  # nemotron_h_moe wraps its MoEFFN (models/nemotron_moe.py)
     counts = [f.counts for f in ffns if isinstance(f, MoEFFN)]
     busiest = float(np.mean([c.max() / max(1, c.sum()) for c in counts])) if counts else 0.0
     note = (f"a mixture of experts: each token runs {config.n_expert_used} of {config.n_expert} experts per layer; "
@@ -121,6 +128,7 @@ class MoEFFN:
                  expert_scales: np.ndarray | None = None):
         self.k, self.layer, self.n_used, self.norm_weights = kernels, layer, n_used, norm_weights
         self.gate_up = gate_up  # gemma4's merged gate and up (gate, up are then None)
+        self.ungated = False
         if gate_up is not None:
             self.n_expert, n_ff2, n_embd = gate_up.shape
             self.n_ff = n_ff2 // 2
@@ -129,13 +137,15 @@ class MoEFFN:
                 raise ModelFileError(f"layer {layer}: merged expert gate/up tensor has shape {gate_up.shape}: "
                                      f"an odd number of rows per expert")
         else:
+            self.ungated = gate is None  # nemotron_h_moe: relu(up x)^2, the up rows stand in for the gate rows
+            gate = up if gate is None else gate
             gate_shape, up_shape = gate.shape, up.shape
             self.n_expert, self.n_ff, n_embd = gate_shape
         if up_shape != gate_shape or down.shape != (self.n_expert, n_embd, self.n_ff):
             raise ModelFileError(f"layer {layer}: expert tensors disagree: gate {gate_shape}, up {up_shape}, "
                                  f"down {down.shape} (expected (n_expert, n_embd, n_ff) = "
                                  f"{(self.n_expert, n_embd, self.n_ff)})")
-        if router.shape != (self.n_expert, n_embd):
+        if router is not None and router.shape != (self.n_expert, n_embd):  # None: logits always given
             raise ModelFileError(f"layer {layer}: router ffn_gate_inp has shape {router.shape}, expected "
                                  f"{(self.n_expert, n_embd)}")
         self.router, self.gate, self.up, self.down = router, gate, up, down
@@ -164,7 +174,7 @@ class MoEFFN:
                                  f"{n_group_used} are used")
         self.gating, self.weights_scale = gating, weights_scale
         self.n_groups, self.n_group_used = (n_groups, n_group_used) if n_groups > 1 else (0, 0)
-        if act not in ("swiglu", "swiglu_oai", "reglu", "geglu"):
+        if act not in ("swiglu", "swiglu_oai", "reglu", "geglu", "relu2") or (act == "relu2") != self.ungated:
             raise ValueError(f"MoEFFN: unknown activation {act!r}")
         if gate_up is not None and (exact or expert_biases is not None):
             raise ValueError("MoEFFN: a merged gate_up tensor takes no exact mode and no expert biases")
@@ -172,7 +182,7 @@ class MoEFFN:
             raise UnsupportedError(f"layer {layer}: sparse mode 'exact' needs ReLU-gated experts, these are {act}")
         self.relu = act == "reglu"
         self.act = (kernels.geglu if act == "geglu" else
-                    {"swiglu": kernels.swiglu, "swiglu_oai": swiglu_oai, "reglu": reglu}[act])
+                    {"swiglu": kernels.swiglu, "swiglu_oai": swiglu_oai, "reglu": reglu, "relu2": relu2}[act])
         self.exact, self.stats = exact, stats
         self.b_gate = self.b_up = self.b_down = None
         if expert_biases is not None:
@@ -268,7 +278,7 @@ class MoEFFN:
             h = h.reshape(len(chosen), F)
             self._count(1, len(live), h)
         else:
-            u = k.matmul_rows(self.up_rows, rows, x)
+            u = None if self.ungated else k.matmul_rows(self.up_rows, rows, x)
             if self.b_gate is not None:
                 g += self.b_gate[chosen[order]].reshape(-1)
                 u += self.b_up[chosen[order]].reshape(-1)
@@ -324,7 +334,7 @@ class MoEFFN:
         if self.exact:
             h = self._exact_up(xs, g, experts, tok_off)
         else:
-            u = k.matmul_experts(self.up, experts, tok_off, xs)
+            u = None if self.ungated else k.matmul_experts(self.up, experts, tok_off, xs)
             if self.b_gate is not None:
                 row_expert = chosen.reshape(-1)[order]
                 g += self.b_gate[row_expert]
@@ -376,3 +386,9 @@ class MoEFFN:
 def reglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
     """smallthinker's expert activation, f32: relu(g) * u (llama.cpp's reglu)."""
     return (np.maximum(g, np.float32(0)) * u).astype(np.float32, copy=False)
+
+
+def relu2(g: np.ndarray, u: None = None) -> np.ndarray:
+    """nemotron_h_moe's ungated expert activation, f32: relu(g)^2 (g: the up projection; llama.cpp's relu then sqr)."""
+    a = np.maximum(g, np.float32(0))
+    return (a * a).astype(np.float32, copy=False)

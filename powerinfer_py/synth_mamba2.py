@@ -16,6 +16,12 @@ ffn_norm and a SwiGLU FFN, or with n_expert > 0 experts (n_expert_used chosen, n
 and an optional ungated shared expert n_ff_shexp wide; Granite's scalars (synth.GRANITE_SCALES, or None to leave
 a key out) and rope_finetuned (default False, as the Granite 4.0-H files: no RoPE). The embeddings are drawn with
 std 1 / embedding_scale and the output head times logit_scale, so both scales cancel in a right model.
+
+nemotron_h_moe (Nemotron 3 Nano): nemotron_h's pattern, every "-" layer then experts: n_expert (default 8),
+n_expert_used (2) chosen, n_ff wide (expert_feed_forward_length; feed_forward_length marks the layer), a shared
+expert n_ff_shexp (default n_ff) wide, a selection bias exp_probs_b large enough to change some choices,
+expert_weights_norm (True), expert_weights_scale (2.5), moe_latent (0: none; else the latent width, with
+ffn_latent_down / ffn_latent_up), n_nextn (0; 1 appends an MTP block's tensors that must not be run).
 """
 from __future__ import annotations
 
@@ -43,6 +49,10 @@ def _options(o: dict, n_layer: int, arch: str) -> dict:
         opts["scales"] = {k: o.pop(k, v) for k, v in GRANITE_SCALES.items()}
         opts.update(rope=o.pop("rope_finetuned", False), n_expert=o.pop("n_expert", 0),
                     n_used=o.pop("n_expert_used", 2), n_ff_shexp=o.pop("n_ff_shexp", 0))
+    if arch == "nemotron_h_moe":
+        opts.update(n_expert=o.pop("n_expert", 8), n_used=o.pop("n_expert_used", 2), n_ff_shexp=o.pop("n_ff_shexp", 0),
+                    w_norm=o.pop("expert_weights_norm", True), w_scale=o.pop("expert_weights_scale", 2.5),
+                    latent=o.pop("moe_latent", 0), n_nextn=o.pop("n_nextn", 0))
     if o:
         raise TypeError(f"unknown {arch} synthetic model option(s): {', '.join(sorted(o))}")
     kinds = "M*" if granite else "M*-"
@@ -89,6 +99,9 @@ def write_nemotron_h(path: str | os.PathLike, arch: str, *, dtype: str, n_layer:
             meta.update({f"{a}.expert_count": o["n_expert"], f"{a}.expert_used_count": o["n_used"]})
             if o["n_ff_shexp"]:
                 meta[f"{a}.expert_shared_feed_forward_length"] = o["n_ff_shexp"]
+    moe = a == "nemotron_h_moe"
+    if moe:
+        _moe_meta(meta, a, o, n_ff)
     if a == "mamba2":
         for key in ("feed_forward_length", "attention.head_count_kv", "attention.key_length", "attention.value_length"):
             del meta[f"{a}.{key}"]
@@ -132,15 +145,29 @@ def write_nemotron_h(path: str | os.PathLike, arch: str, *, dtype: str, n_layer:
         elif kind == "*":
             out += [(p + "attn_q.weight", linear(n_head * hd, E)), (p + "attn_k.weight", linear(n_head_kv * hd, E)),
                     (p + "attn_v.weight", linear(n_head_kv * hd, E)), (p + "attn_output.weight", linear(E, n_head * hd))]
+        elif moe:
+            out += _moe_ffn(p, o, E, n_ff, rng, linear)
         else:  # relu(up x)^2: scaled so the squares stay O(1)
             out += [(p + "ffn_up.weight", linear(n_ff, E)), (p + "ffn_down.weight", 0.5 * linear(E, n_ff))]
         if granite is not None:
             out += [(p + "ffn_norm.weight", norm(E))] + _granite_ffn(p, o, E, n_ff, rng, linear)
+    if moe and o["n_nextn"]:  # an MTP block after the trunk: garbage that a right model never reads
+        p = f"blk.{n_layer}."
+        X, S, hd, M = o["n_expert"], o["n_ff_shexp"] or n_ff, E // n_head, o["latent"] or E
+        out += [(p + "nextn.enorm.weight", norm(E)), (p + "nextn.hnorm.weight", norm(E)),
+                (p + "nextn.eh_proj.weight", linear(E, 2 * E)), (p + "nextn.shared_head_norm.weight", norm(E)),
+                (p + "attn_norm.weight", norm(E)), (p + "attn_q.weight", linear(n_head * hd, E)),
+                (p + "attn_k.weight", linear(n_head * hd, E)), (p + "attn_v.weight", linear(n_head * hd, E)),
+                (p + "attn_output.weight", linear(E, n_head * hd)), (p + "post_attention_norm.weight", norm(E)),
+                (p + "ffn_gate_inp.weight", linear(X, E)), (p + "exp_probs_b.bias", np.zeros(X, np.float32)),
+                (p + "ffn_up_exps.weight", np.stack([linear(n_ff, M) for _ in range(X)])),
+                (p + "ffn_down_exps.weight", np.stack([linear(M, n_ff) for _ in range(X)])),
+                (p + "ffn_up_shexp.weight", linear(S, E)), (p + "ffn_down_shexp.weight", linear(E, S))]
     out.append(("output_norm.weight", norm(E)))
     if not o["tied"]:
         out.append(("output.weight", 2.5 * scale.get("logit_scale", 1.0) * linear(n_vocab, E)))
     # 1-D tensors, the conv taps, A, D and the grouped norm stay F32 (as in llama.cpp's files); the rest take dtype
-    keep = ("ssm_conv1d", "ssm_a", "ssm_d", "ssm_norm", "gate_inp")
+    keep = ("ssm_conv1d", "ssm_a", "ssm_d", "ssm_norm", "gate_inp", "exp_probs_b")
     tensors = [_encode(name, x, DTYPES[dtype] if x.ndim >= 2 and not any(s in name for s in keep) else GGMLType.F32)
                for name, x in out]
     return write_gguf(path, meta, tensors, types=types)
@@ -161,3 +188,32 @@ def _granite_ffn(p: str, o: dict, E: int, F: int, rng, linear) -> list:
         out += [(p + "ffn_gate_shexp.weight", linear(S, E)), (p + "ffn_up_shexp.weight", linear(S, E)),
                 (p + "ffn_down_shexp.weight", linear(E, S))]
     return out
+
+
+def _moe_meta(meta: dict, a: str, o: dict, F: int) -> None:
+    """nemotron_h_moe's expert keys (the per-layer arrays of an MTP block get one more entry)."""
+    meta.update({f"{a}.expert_count": o["n_expert"], f"{a}.expert_used_count": o["n_used"],
+                 f"{a}.expert_feed_forward_length": F, f"{a}.expert_shared_feed_forward_length": o["n_ff_shexp"] or F,
+                 f"{a}.expert_shared_count": 1, f"{a}.expert_weights_norm": bool(o["w_norm"]),
+                 f"{a}.expert_weights_scale": float(o["w_scale"]), f"{a}.expert_group_count": 1,
+                 f"{a}.expert_group_used_count": 1})
+    if o["latent"]:
+        meta[f"{a}.moe_latent_size"] = o["latent"]
+    if o["n_nextn"]:
+        meta[f"{a}.nextn_predict_layers"] = o["n_nextn"]
+        meta[f"{a}.block_count"] += o["n_nextn"]
+        meta[f"{a}.feed_forward_length"] = meta[f"{a}.feed_forward_length"] + [F]
+        meta[f"{a}.attention.head_count_kv"] = meta[f"{a}.attention.head_count_kv"] + [meta[f"{a}.attention.head_count"]]
+
+
+def _moe_ffn(p: str, o: dict, E: int, F: int, rng, linear) -> list:
+    """A nemotron_h_moe expert layer: router, selection bias, relu^2 experts (in the latent width when set), the
+    latent projections, and the relu^2 shared expert."""
+    X, S, M = o["n_expert"], o["n_ff_shexp"] or F, o["latent"] or E
+    out = [(p + "ffn_gate_inp.weight", 2.0 * linear(X, E)),
+           (p + "exp_probs_b.bias", 0.3 * rng.standard_normal(X, dtype=np.float32)),
+           (p + "ffn_up_exps.weight", np.stack([linear(F, M) for _ in range(X)])),
+           (p + "ffn_down_exps.weight", np.stack([0.5 * linear(M, F) for _ in range(X)]))]
+    if o["latent"]:
+        out += [(p + "ffn_latent_down.weight", linear(M, E)), (p + "ffn_latent_up.weight", linear(E, M))]
+    return out + [(p + "ffn_up_shexp.weight", linear(S, E)), (p + "ffn_down_shexp.weight", 0.5 * linear(E, S))]

@@ -69,6 +69,7 @@ _FAMILIES = {
     "qwen35moe": (qwen35.Qwen35Model, qwen35.expected_tensors),  # the same with experts and a shared expert
     "qwen3next": (qwen3next.Qwen3NextModel, qwen3next.expected_tensors),  # qwen35moe with fused projections
     "nemotron_h": (nemotron_h.NemotronHModel, nemotron_h.expected_tensors),  # Mamba-2 mixers + attention + FFNs
+    "nemotron_h_moe": (nemotron_h.NemotronHModel, nemotron_h.expected_tensors),  # the same, expert FFN layers
     "mamba2": (nemotron_h.NemotronHModel, nemotron_h.expected_tensors),  # the same with every layer a mixer
     "granitehybrid": (granite_hybrid.GraniteHybridModel, granite_hybrid.expected_tensors),  # mixers + attention, granite FFNs
     "gemma3n": (gemma3n.Gemma3nModel, gemma3n.expected_tensors),  # AltUp streams, LAuReL, top-k sparse FFNs

@@ -13,6 +13,9 @@ the rest attend; config_mamba2.py says how the file tells them apart):
 
 The FFN is ffn.py's "relu2" variant, a ReLU-family FFN: `--sparse exact` computes the down projection over the
 neurons with relu(up·n) > 0 only, and gives `off`'s bits (tests/test_nemotron_h.py checks it).
+
+nemotron_h_moe (Nemotron 3 Nano 30B-A3B): the same stack with every FFN layer a mixture of squared-ReLU experts
+plus a shared expert (models/nemotron_moe.py); its trailing MTP block is not run (config.n_nextn).
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from ..mamba2_cache import Mamba2KVCache
 from ..tensor import Tensor
 from .base import Expected, Model, get_tensor, head_expected, layer_tensors, norm_weight
 from .mamba2_mixer import Mamba2Mixer, mamba2_dims, mamba2_expected, mamba2_tensors
+from .nemotron_moe import NemotronMoE, nemotron_moe_expected
 
 ATTENTION = {"wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight", "wo": "attn_output.weight",
              "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias", "bo": "attn_output.bias"}
@@ -41,6 +45,8 @@ def expected_tensors(c: ModelConfig) -> Expected:
         e[p + "attn_norm.weight"] = ((E,), True)
         if c.mamba_layers[il]:
             e.update(mamba2_expected(c, p))
+        elif c.ffn_layers[il] and c.n_expert:  # nemotron_h_moe: experts (nemotron_moe.py)
+            e.update(nemotron_moe_expected(c, p))
         elif c.ffn_layers[il]:
             e.update({p + "ffn_up.weight": ((c.n_ff, E), True), p + "ffn_down.weight": ((E, c.n_ff), True),
                       p + "ffn_up.bias": ((c.n_ff,), False), p + "ffn_down.bias": ((E,), False)})
@@ -75,6 +81,9 @@ class NemotronHModel(Mamba2Mixer, Model):
         for il in range(c.n_layer):
             if not c.ffn_layers[il]:
                 ffns.append(None)
+                continue
+            if c.n_expert:  # nemotron_h_moe
+                ffns.append(NemotronMoE(self.kernels, c, tensors, il, self.sparse))
                 continue
             p = f"blk.{il}."
             w = FFNWeights(up=get_tensor(tensors, p + "ffn_up.weight"), down=get_tensor(tensors, p + "ffn_down.weight"),
