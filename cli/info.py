@@ -91,7 +91,7 @@ def _table(f: dict) -> Table:
             t.add_row("experts", f"{c['n_expert_used']} of {c['n_expert']} per token, {c['n_ff_exp']} wide"
                       + (f", plus a shared expert {c['n_ff_shexp']} wide" if c["n_ff_shexp"] else "")
                       + ("; router weights renormalized" if c["expert_weights_norm"] else ""))
-        if c.get("moe_layers") and not all(c["moe_layers"]):  # ernie4_5-moe: leading dense layers
+        if c.get("moe_layers") and not all(c["moe_layers"]) and not c.get("mamba_layers"):  # ernie4_5-moe: dense lead
             dense = [il for il, moe in enumerate(c["moe_layers"]) if not moe]
             t.add_row("dense FFN layers", f"{', '.join(map(str, dense))} ({c['n_ff']} wide); experts on the others")
         if c["arch"].startswith("granite"):
@@ -120,7 +120,7 @@ def _table(f: dict) -> Table:
                      "attention": [il for il, (m, f) in enumerate(zip(c["mamba_layers"], c["ffn_layers"] or
                                                                       (False,) * len(c["mamba_layers"])))
                                    if not m and not f],
-                     "FFN": [il for il, f in enumerate(c["ffn_layers"]) if f]}
+                     "expert FFN" if c.get("n_expert") else "FFN": [il for il, f in enumerate(c["ffn_layers"]) if f]}
             heads = c["ssm_n_v_heads"]
             t.add_row("layer kinds", "; ".join(f"{name} {', '.join(map(str, ils))}" for name, ils in kinds.items() if ils)
                       + f" (mixers: {heads} heads of {c['ssm_d_inner'] // heads}, {c['ssm_n_group']} group(s), "

@@ -124,5 +124,5 @@ def test_sparse_exact_is_refused_on_the_experts(f32_file):
 
 def test_info_lists_the_arch(f32_file):
     text = info_text(f32_file)
-    assert "nemotron_h_moe" in text
+    assert "nemotron_h_moe" in text and "expert FFN 1, 5" in text and "dense FFN layers" not in text
 
