@@ -138,6 +138,17 @@ class ArchKeys:
     """Per-architecture metadata readers, mixed into config._Reader (which provides f, meta, arch, key, get,
     positive, n_vocab)."""
 
+    def expert_weights(self) -> tuple[bool, float]:
+        """({arch}.expert_weights_norm, {arch}.expert_weights_scale): whether the chosen experts' weights are
+        renormalized (default False) and their scale (default 0, which the callers read as 1, as llama.cpp)."""
+        norm = self.meta.get(self.key("{arch}.expert_weights_norm"), False)
+        if not isinstance(norm, bool):
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.expert_weights_norm')} should be a bool")
+        scale = self.get("{arch}.expert_weights_scale", 0.0, kind=float)
+        if not (math.isfinite(scale) and scale >= 0):
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.expert_weights_scale')} must be >= 0, got {scale}")
+        return norm, scale
+
     def nextn_blocks(self, n_layer: int) -> int:
         """{arch}.nextn_predict_layers: trailing multi-token-prediction blocks (glm4moe, qwen35; llama.cpp's converter
         writes them by default). They are in the file and in block_count, but the main pass never runs them."""
@@ -169,12 +180,7 @@ class ArchKeys:
                                    "supported (1 softmax, 2 sigmoid)")
         if self.get("{arch}.expert_group_count", 0) > 1:
             raise UnsupportedError(f"{self.f.path}: glm4moe files with expert groups are not supported")
-        norm = self.meta.get(self.key("{arch}.expert_weights_norm"), False)
-        if not isinstance(norm, bool):
-            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.expert_weights_norm')} should be a bool")
-        scale = self.get("{arch}.expert_weights_scale", 0.0, kind=float)
-        if not (math.isfinite(scale) and scale >= 0):
-            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.expert_weights_scale')} must be >= 0, got {scale}")
+        norm, scale = self.expert_weights()
         out.update(moe_layers=tuple(il >= lead for il in range(n_layer)),
                    expert_gating="softmax" if gating == 1 else "sigmoid", expert_weights_scale=scale or 1.0,
                    _norm=norm, _n_shared=self.get("{arch}.expert_shared_count", 0))

@@ -29,7 +29,6 @@ Scalars may also be stored as per-layer arrays of one value (config._Reader.get)
 """
 from __future__ import annotations
 
-import math
 
 from .errors import ModelFileError, UnsupportedError
 
@@ -93,12 +92,7 @@ def mamba2_keys(r, n_layer: int, n_head: int) -> dict:
 def nemotron_moe_keys(r) -> dict:
     """nemotron_h_moe's routing fields of ModelConfig (module docstring); r: the config._Reader."""
     path = r.f.path
-    norm = r.meta.get(r.key("{arch}.expert_weights_norm"), False)
-    if not isinstance(norm, bool):
-        raise ModelFileError(f"{path}: {r.key('{arch}.expert_weights_norm')} should be a bool")
-    scale = r.get("{arch}.expert_weights_scale", 0.0, kind=float)
-    if not (math.isfinite(scale) and scale >= 0):
-        raise ModelFileError(f"{path}: {r.key('{arch}.expert_weights_scale')} must be >= 0, got {scale}")
+    norm, scale = r.expert_weights()
     groups, used = r.get("{arch}.expert_group_count", 0), r.get("{arch}.expert_group_used_count", 0)
     latent = r.get("{arch}.moe_latent_size", 0)
     if latent < 0:
