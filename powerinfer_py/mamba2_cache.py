@@ -30,12 +30,16 @@ class Mamba2KVCache(ConvKVCache):
                     for m in mamba_layers]
 
     def ssm_state(self, il: int, p0: int) -> np.ndarray:
-        """Layer il's SSM state in a forward that started at p0 (after begin): fresh zeros at 0, else a copy of
-        the stored one (the caller updates it and hands it back through set_ssm_state)."""
-        return np.zeros_like(self.ssm[il]) if p0 == 0 else self.ssm[il].copy()
+        """Layer il's SSM state in a forward that started at p0 (after begin), the stored array itself (zeroed at
+        p0 = 0): the scan updates it in place. No copy: on Nemotron-H 4B it is 3.5 MB per mixer layer and token."""
+        if p0 == 0:
+            self.ssm[il].fill(0.0)
+        return self.ssm[il]
 
     def set_ssm_state(self, il: int, state: np.ndarray) -> None:
-        self.ssm[il][...] = state
+        """Store a state the caller computed elsewhere (nothing to do for the array ssm_state handed out)."""
+        if state is not self.ssm[il]:
+            self.ssm[il][...] = state
 
     @property
     def nbytes(self) -> int:
