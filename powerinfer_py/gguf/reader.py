@@ -129,7 +129,8 @@ class _Parser:
     def count(self, what: str, min_item_bytes: int) -> int:
         n = self.scalar(_U64)
         if n * min_item_bytes > self.size - self.off:
-            raise self.fail(f"absurd {what} {n}: {self.size - self.off} bytes remain in the file")
+            raise self.fail(f"truncated or corrupt file: {what} {n} needs at least {n * min_item_bytes} bytes "
+                            f"but only {self.size - self.off} remain")
         return n
 
     def string(self) -> str:
@@ -220,9 +221,9 @@ def _parse_header(p: _Parser) -> tuple[str, int, int, int]:
     # Counts that could not fit even in the whole file are corrupt; smaller ones that run past the end are
     # reported as truncation where the bytes run out, which names what was being read.
     if n_kv > p.size:
-        raise ModelFileError(f"{p.path}: absurd key/value count {n_kv} for a file of {p.size} bytes")
+        raise ModelFileError(f"{p.path}: corrupt header: key/value count {n_kv} for a file of {p.size} bytes")
     if n_tensors > p.size:
-        raise ModelFileError(f"{p.path}: absurd tensor count {n_tensors} for a file of {p.size} bytes")
+        raise ModelFileError(f"{p.path}: corrupt header: tensor count {n_tensors} for a file of {p.size} bytes")
     return magic, version, n_tensors, n_kv
 
 
