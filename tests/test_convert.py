@@ -302,6 +302,11 @@ def test_checkpoint_errors_name_the_file(tmp_path):
         convert(hf, out)
     with pytest.raises(ModelFileError, match=r"nowhere: not a folder"):
         convert(tmp_path / "nowhere", out)
+    taken = tmp_path / "taken.gguf"  # a missing input is named even when the output exists too
+    taken.write_bytes(b"keep")
+    with pytest.raises(ModelFileError, match=r"nowhere: not a folder"):
+        convert(tmp_path / "nowhere", taken)
+    assert taken.read_bytes() == b"keep"
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelFileError, match=r"empty/config.json: file not found"):
         convert(tmp_path / "empty", out)

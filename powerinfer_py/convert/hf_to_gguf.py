@@ -111,6 +111,8 @@ def convert(hf_dir: str | os.PathLike, out: str | os.PathLike, *, predictor: str
             progress: Callable[[str, int, int], None] | None = None) -> Path:
     """Convert the checkpoint folder `hf_dir` (with the predictor folder `predictor`: a PWRI file) to `out`."""
     out = Path(out)
+    if not Path(hf_dir).is_dir():  # the input's problem first, then the output's
+        raise ModelFileError(f"{hf_dir}: not a folder (expected a Hugging Face checkpoint folder)")
     check_target(out, force)  # before reading a large checkpoint
     ckpt = Checkpoint(hf_dir)
     plan = plan_conversion(ckpt, predictor, outtype)
