@@ -79,7 +79,7 @@ class NoQKNorms(CohereModel):
             L.q_norm = L.k_norm = None
 
 
-def test_config_follows_llama_cpp(synthetic_model, tmp_path):
+def test_config_follows_llama_cpp(synthetic_model):
     """LayerNorm eps, normal RoPE, the logit scale (optional for command-r), cohere2's default period 4 and an
     explicit per-layer pattern, NoPE exactly on the global layers."""
     c = ModelConfig.from_gguf(open_gguf(synthetic_model("cohere2", "f32", **COHERE2)))
