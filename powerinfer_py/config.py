@@ -35,6 +35,7 @@ from typing import Any
 
 from .errors import ModelFileError, UnsupportedError
 from .config_archs import GLM_ARCHS, GPTOSS_SWA_PERIOD, ArchKeys
+from .config_cohere import cohere2_swa, cohere_keys
 from .config_gemma3n import Gemma3nLayout, gemma3n_keys
 from .config_gemma4 import Gemma4Layout, gemma4_keys
 from .config_mamba2 import mamba2_keys, nemotron_moe_keys
@@ -46,7 +47,8 @@ SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "
                    "qwen35moe", "qwen3next",
                    "exaone4",
                    "nemotron_h", "mamba2", "granitehybrid", "nemotron_h_moe",
-                   "gemma3n")
+                   "gemma3n",
+                   "command-r", "cohere2")
 # always mixture-of-experts (llama files are when they carry expert_count; ernie4_5-moe, deepseek2 and glm4moe
 # have leading dense layers: ModelConfig.moe_layers)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "deepseek2", "glm4moe", "lfm2moe",
@@ -69,7 +71,7 @@ _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gem
 # their models take per-pair RoPE factors and a scale (models/base.py)
 _YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee", "deepseek2", "mistral3",
                "olmo2")
-_LAYERNORM_ARCHS = {"falcon", "opt"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
+_LAYERNORM_ARCHS = {"falcon", "opt", "command-r", "cohere2"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
 _DEFAULT_FREQ_BASE = {"qwen2": 1_000_000.0, "qwen2moe": 1_000_000.0}
 HIDDEN_ACTS = ("silu", "relu", "fatrelu", "gelu")
 GEMMA3_SWA_PERIOD = 6  # every 6th layer (il % 6 == 5) is global
@@ -136,6 +138,7 @@ class ModelConfig:
     no_rope_layers: tuple[bool, ...] = ()  # smollm3: per layer, True = no RoPE on q and k; () = RoPE everywhere
     residual_scale: float = 1.0  # granite: attention and FFN outputs are multiplied by it before the add (1: none)
     logit_scale: float = 1.0  # granite: logits are divided by it (1: none)
+    logit_mul: float = 1.0  # command-r, cohere2: logits are multiplied by it (1: none; config_cohere.py)
     moe_layers: tuple[bool, ...] = ()  # per layer True = experts, False = a dense FFN; () = all experts (n_expert)
     q_lora_rank: int = 0  # deepseek2: rank of the low-rank q (attn_q_a -> norm -> attn_q_b); 0 = a plain attn_q
     kv_lora_rank: int = 0  # deepseek2: width of the latent that attn_kv_a_mqa makes (the cache holds it)
@@ -302,6 +305,8 @@ class _Reader(ArchKeys):
             return self.smallthinker_swa(n_layer, rope_freq_base)
         if self.arch == "olmo2":  # OLMo 3: a window on 3 of every 4 layers (llama.cpp's default pattern), if any
             return self.olmo3_swa(n_layer, rope_freq_base)
+        if self.arch == "cohere2":  # config_cohere.py
+            return cohere2_swa(self, n_layer, rope_freq_base)
         if self.arch == "exaone4":  # windows on the 64-layer (32B) files only, as llama.cpp decides
             return self.exaone4_swa(n_layer, rope_freq_base)
         if self.arch not in ("gemma2", "gemma3"):
@@ -558,4 +563,5 @@ class _Reader(ArchKeys):
             **m3,
             **g4,
             **g3n,
+            **cohere_keys(self, n_layer),
         )
