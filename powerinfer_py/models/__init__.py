@@ -33,6 +33,7 @@ from . import smallthinker
 from . import qwen35, qwen3next
 from . import nemotron_h
 from . import granite_hybrid
+from . import afmoe, bailing
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -73,6 +74,8 @@ _FAMILIES = {
     "mamba2": (nemotron_h.NemotronHModel, nemotron_h.expected_tensors),  # the same with every layer a mixer
     "granitehybrid": (granite_hybrid.GraniteHybridModel, granite_hybrid.expected_tensors),  # mixers + attention, granite FFNs
     "gemma3n": (gemma3n.Gemma3nModel, gemma3n.expected_tensors),  # AltUp streams, LAuReL, top-k sparse FFNs
+    "bailingmoe2": (bailing.BailingMoe2Model, bailing.expected_tensors),  # Ling 2.0: fused QKV, grouped sigmoid experts
+    "afmoe": (afmoe.AfmoeModel, afmoe.expected_tensors),  # Trinity: gated attention, post-norms, SWA + NoPE, experts
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
