@@ -36,6 +36,7 @@ from typing import Any
 from .errors import ModelFileError, UnsupportedError
 from .config_archs import GLM_ARCHS, GPTOSS_SWA_PERIOD, ArchKeys
 from .config_cohere import cohere2_swa, cohere_keys
+from .config_bailing import afmoe_swa, ling_trinity_keys
 from .config_gemma3n import Gemma3nLayout, gemma3n_keys
 from .config_gemma4 import Gemma4Layout, gemma4_keys
 from .config_mamba2 import mamba2_keys, nemotron_moe_keys
@@ -48,17 +49,19 @@ SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "
                    "exaone4",
                    "nemotron_h", "mamba2", "granitehybrid", "nemotron_h_moe",
                    "gemma3n",
-                   "command-r", "cohere2")
+                   "command-r", "cohere2",
+                   "bailingmoe2", "afmoe")
 # always mixture-of-experts (llama files are when they carry expert_count; ernie4_5-moe, deepseek2 and glm4moe
 # have leading dense layers: ModelConfig.moe_layers)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "deepseek2", "glm4moe", "lfm2moe",
-             "smallthinker", "qwen35moe", "qwen3next", "nemotron_h_moe")
+             "smallthinker", "qwen35moe", "qwen3next", "nemotron_h_moe", "bailingmoe2", "afmoe")
 # whether the chosen experts' router weights are renormalized (as llama.cpp does per arch); gpt-oss's weights are a
 # softmax over the chosen logits (moe.py); deepseek2 and glm4moe read it from {arch}.expert_weights_norm
 _MOE_NORM_WEIGHTS = {"llama": True, "mistral3": True, "qwen3moe": True, "qwen2moe": False, "granitemoe": True, "granitehybrid": True, "gpt-oss": False,
                      "ernie4_5-moe": True, "deepseek2": False, "glm4moe": False,
                      "lfm2moe": True, "smallthinker": True, "qwen35moe": True,
-                     "qwen3next": True, "gemma4": True, "nemotron_h_moe": False}  # nemotron_h_moe: a key
+                     "qwen3next": True, "gemma4": True, "nemotron_h_moe": False,
+                     "bailingmoe2": False, "afmoe": False}  # nemotron_h_moe, bailingmoe2, afmoe: a key
 # vision-language models whose GGUF text model is an existing arch under its own name: with text-only input every
 # M-RoPE section rotates by the same position, which is that arch's RoPE when the sections cover the rotated
 # pairs (checked against llama.cpp: tests/test_vl_text.py). Keys are read under the file's name ({arch}).
@@ -67,7 +70,7 @@ GEMMA_ARCHS = ("gemma", "gemma2", "gemma3", "gemma4", "gemma3n")  # scaled embed
 # llama.cpp's NeoX rope type (pairs (i, i + n_rot/2)); the others rotate pairs (2i, 2i + 1)
 _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "falcon", "phi3", "olmo2",
                "gpt-oss", "glm4moe", "lfm2", "lfm2moe", "gemma4", "smallthinker", "exaone4", "gemma3n",
-               "qwen35", "qwen35moe", "qwen3next"}  # qwen35: text M-RoPE is NeoX RoPE (config_archs.qwen35)
+               "qwen35", "qwen35moe", "qwen3next", "bailingmoe2", "afmoe"}  # qwen35: text M-RoPE is NeoX RoPE (config_archs.qwen35)
 # their models take per-pair RoPE factors and a scale (models/base.py)
 _YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee", "deepseek2", "mistral3",
                "olmo2")
@@ -309,6 +312,8 @@ class _Reader(ArchKeys):
             return cohere2_swa(self, n_layer, rope_freq_base)
         if self.arch == "exaone4":  # windows on the 64-layer (32B) files only, as llama.cpp decides
             return self.exaone4_swa(n_layer, rope_freq_base)
+        if self.arch == "afmoe":  # Trinity: 3 windowed layers, then 1 global (config_bailing.py)
+            return afmoe_swa(self, n_layer, rope_freq_base)
         if self.arch not in ("gemma2", "gemma3"):
             return 0, (False,) * n_layer, rope_freq_base
         gemma2 = self.arch == "gemma2"
@@ -442,7 +447,7 @@ class _Reader(ArchKeys):
         n_embd = self.positive("{arch}.embedding_length")
         n_layer = self.positive("{arch}.block_count")
         n_layer, glm = self.glm4(n_layer) if self.arch in GLM_ARCHS else (n_layer, {})
-        if self.arch in ("qwen35", "qwen35moe", "qwen3next", "exaone4", "nemotron_h_moe"):  # trailing MTP blocks: not run
+        if self.arch in ("qwen35", "qwen35moe", "qwen3next", "exaone4", "nemotron_h_moe", "bailingmoe2"):  # trailing MTP blocks: not run
             n_nextn = self.nextn_blocks(n_layer)
             n_layer, glm = n_layer - n_nextn, {"n_nextn": n_nextn}
         g4 = gemma4_keys(self, n_layer) if self.arch == "gemma4" else {}  # per-layer shapes: config_gemma4.py
@@ -499,6 +504,8 @@ class _Reader(ArchKeys):
                                      f"unrotated dims of the {head_dim}-wide q/k heads")
         if self.arch == "nemotron_h_moe":  # sigmoid routing, its own keys (config_mamba2.py)
             moe.update(nemotron_moe_keys(self), moe_layers=mamba2["ffn_layers"])
+        if self.arch in ("bailingmoe2", "afmoe"):  # Ling / Trinity: routing, shared expert, afmoe's scale and NoPE
+            moe.update(ling_trinity_keys(self, n_layer, n_embd, n_head, head_dim))
         if glm.get("_n_shared") is not None:  # glm4moe: shared experts of the routed width
             moe.update(expert_weights_norm=glm.pop("_norm"), n_ff_shexp=moe["n_ff_exp"] * glm.pop("_n_shared"))
         # MoE files may leave out the dense width (unused there): the experts' width stands in for it
@@ -511,7 +518,7 @@ class _Reader(ArchKeys):
         m3 = self.mistral3(n_ctx_train, bool(rope_factors)) if self.arch == "mistral3" else {}
         rope_mscale = m3.pop("rope_mscale", rope_mscale)
         granite = self.granite_scales()
-        embd_scale = math.sqrt(n_embd) if self.arch in GEMMA_ARCHS else granite.pop("embd_scale", 1.0)
+        embd_scale = math.sqrt(n_embd) if self.arch in GEMMA_ARCHS else granite.pop("embd_scale", moe.pop("embd_scale", 1.0))
         if granite:
             attn_scale = granite.pop("attn_scale") or attn_scale
             n_rot = n_rot if granite.pop("rope") else 0

@@ -80,6 +80,7 @@ _OUTPUT_NORM_GAIN.update(lfm2=3.0, lfm2moe=3.0)
 ARCHS += ("qwen35", "qwen35moe", "qwen3next")  # Qwen3.5, Qwen3-Next: written whole by synth_qwen35.write_qwen35
 ARCHS += ("nemotron_h", "mamba2", "granitehybrid", "nemotron_h_moe")  # Nemotron-H, Mamba-2, Granite 4.0-H: synth_mamba2.write_nemotron_h
 ARCHS += ("command-r", "cohere2")  # Cohere: written whole by synth_cohere.write_cohere_model
+ARCHS += ("bailingmoe2", "afmoe")  # Ling 2.0, Trinity: written whole by synth_bailing.write_ling_trinity
 _CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()") + [SPACE]
 
 
@@ -587,7 +588,11 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
         raise ValueError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
     n_layer = n_layer if n_layer is not None else {"gemma3": 6, "smollm3": 4, "lfm2": 4, "lfm2moe": 4,
                                                    "qwen35": 6, "qwen35moe": 6, "qwen3next": 6, "nemotron_h": 6, "nemotron_h_moe": 6, "granitehybrid": 6,
-                                                   "mamba2": 4}.get(arch, 2)
+                                                   "mamba2": 4, "bailingmoe2": 4, "afmoe": 4}.get(arch, 2)
+    if arch in ("bailingmoe2", "afmoe"):  # dense lead + expert layers (synth_bailing lists the options)
+        from .synth_bailing import write_ling_trinity
+        return write_ling_trinity(path, arch, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
+                                  n_head_kv=n_head_kv, n_vocab=n_vocab, seed=seed, **overrides)
     if arch in ("qwen35", "qwen35moe", "qwen3next"):  # delta-net and gated attention layers (synth_qwen35 lists the options)
         from .synth_qwen35 import write_qwen35
         return write_qwen35(path, arch, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,

@@ -34,6 +34,7 @@ from . import qwen35, qwen3next
 from . import nemotron_h
 from . import granite_hybrid
 from . import cohere
+from . import afmoe, bailing
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -76,6 +77,8 @@ _FAMILIES = {
     "gemma3n": (gemma3n.Gemma3nModel, gemma3n.expected_tensors),  # AltUp streams, LAuReL, top-k sparse FFNs
     "command-r": (cohere.CohereModel, cohere.expected_tensors),  # LayerNorm, parallel attention + FFN, logit scale
     "cohere2": (cohere.CohereModel, cohere.expected_tensors),  # the same, windowed RoPE layers + NoPE global ones
+    "bailingmoe2": (bailing.BailingMoe2Model, bailing.expected_tensors),  # Ling 2.0: fused QKV, grouped sigmoid experts
+    "afmoe": (afmoe.AfmoeModel, afmoe.expected_tensors),  # Trinity: gated attention, post-norms, SWA + NoPE, experts
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
