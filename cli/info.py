@@ -103,8 +103,7 @@ def _table(f: dict) -> Table:
                       + (f", {c['n_expert_groups']} groups ({c['n_expert_group_used']} used)" if c["n_expert_groups"] else ""))
         if c["arch"] in ("glm4", "glm4moe"):
             t.add_row(c["arch"], ("post-attention and post-FFN norms; fused gate+up" if c["arch"] == "glm4" else
-                                  f"router {c['expert_gating']}, x{c['expert_weights_scale']:g}")
-                      + (f"; {c['n_nextn']} next-token-prediction block(s) not run" if c["n_nextn"] else ""))
+                                  f"router {c['expert_gating']}, x{c['expert_weights_scale']:g}"))
         if c.get("conv_layers"):  # lfm2: which layers are gated short convolutions
             conv = [il for il, is_conv in enumerate(c["conv_layers"]) if is_conv]
             t.add_row("conv layers", f"{', '.join(map(str, conv)) or 'none'} (gated short convolution over "
@@ -113,8 +112,7 @@ def _table(f: dict) -> Table:
             delta = [il for il, is_delta in enumerate(c["delta_layers"]) if is_delta]
             t.add_row("delta-net layers", f"{', '.join(map(str, delta)) or 'none'} ({c['ssm_n_k_heads']} key / "
                       f"{c['ssm_n_v_heads']} value heads of {c['ssm_d_state']}, conv over {c['conv_kernel']} tokens); "
-                      "gated attention on the others"
-                      + (f"; {c['n_nextn']} next-token-prediction block(s) not run" if c["n_nextn"] else ""))
+                      "gated attention on the others")
         if c.get("mamba_layers"):  # nemotron_h, mamba2: each layer a Mamba-2 mixer, attention or an FFN
             kinds = {"Mamba-2 mixers": [il for il, m in enumerate(c["mamba_layers"]) if m],
                      "attention": [il for il, (m, f) in enumerate(zip(c["mamba_layers"], c["ffn_layers"] or
@@ -139,6 +137,8 @@ def _table(f: dict) -> Table:
         if c.get("attn_temp_scale"):  # mistral3
             t.add_row("attention temperature", f"q x (1 + {c['attn_temp_scale']:g} ln(floor(pos / "
                       f"{c['attn_temp_floor']}) + 1)): from position {c['attn_temp_floor']} on")
+        if c.get("n_nextn"):  # glm4(moe), qwen35(moe), qwen3next, exaone4, nemotron_h_moe, bailingmoe2
+            t.add_row("MTP blocks", f"{c['n_nextn']} next-token-prediction block(s) in the file, not run")
         if c.get("attn_softcap") or c.get("final_softcap"):
             t.add_row("soft-capping", f"attention scores {c['attn_softcap']:g}, output logits {c['final_softcap']:g}")
         rs = f.get("rope_scaling")

@@ -155,7 +155,8 @@ def test_info_shows_the_glm_row(synthetic_model):
     text = info_text(synthetic_model(A, "f32", **MOE), width=200)
     assert "glm4moe" in text and "runnable             yes" in text
     assert "RoPE dims            16" in text
-    assert "glm4moe              router sigmoid, x2.5; 1 next-token-prediction block(s) not run" in text
+    assert "glm4moe              router sigmoid, x2.5" in text
+    assert "MTP blocks           1 next-token-prediction block(s) in the file, not run" in text
     text = info_text(synthetic_model("glm4", "f32"), width=200)
     assert "glm4                 post-attention and post-FFN norms; fused gate+up" in text
 
