@@ -33,6 +33,7 @@ from . import smallthinker
 from . import qwen35, qwen3next
 from . import nemotron_h
 from . import granite_hybrid
+from . import falcon_h1
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -72,6 +73,7 @@ _FAMILIES = {
     "nemotron_h_moe": (nemotron_h.NemotronHModel, nemotron_h.expected_tensors),  # the same, expert FFN layers
     "mamba2": (nemotron_h.NemotronHModel, nemotron_h.expected_tensors),  # the same with every layer a mixer
     "granitehybrid": (granite_hybrid.GraniteHybridModel, granite_hybrid.expected_tensors),  # mixers + attention, granite FFNs
+    "falcon-h1": (falcon_h1.FalconH1Model, falcon_h1.expected_tensors),  # attention + Mamba-2 mixer on every layer
     "gemma3n": (gemma3n.Gemma3nModel, gemma3n.expected_tensors),  # AltUp streams, LAuReL, top-k sparse FFNs
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
