@@ -17,8 +17,9 @@ conv kernel K, conv_dim = d_inner + 2 G N. Per layer, on the normed input h_t of
                                                                                  files may leave it out)
     out = W_out · y                                    (ssm_out)
 
-The recurrence runs token by token in numpy (a prefill too: the scan is cheap next to the projections, which
-go through the kernels' matmul, so quantized files work). The conv and SSM states live in the cache
+The recurrence runs token by token in numpy for a prefill (the scan is cheap next to the projections, which
+go through the kernels' matmul, so quantized files work); a one-token step on the CPU kernels runs the scan as
+one C call (csrc/ssm_scan.c). The conv and SSM states live in the cache
 (mamba2_cache.Mamba2KVCache) and continue across forward calls.
 
 Mamba2Mixer is a mixin for a Model subclass (it uses self.config and self.kernels); its small steps (_conv,
@@ -114,7 +115,12 @@ class Mamba2Mixer:
 
     def _scan(self, S: np.ndarray, x, dt, A, B, C) -> np.ndarray:
         """Run the scan over n tokens from state S [H, P, N] (updated in place): x [n, H, P], dt [n, H],
-        A [H], B and C [n, G, N]; returns y [n, H, P] (without the skip)."""
+        A [H], B and C [n, G, N]; returns y [n, H, P] (without the skip). One token on the CPU kernels: one C call
+        (kernels.ssm_scan_step, the same values to float rounding), which reads and writes the state once."""
+        step = getattr(self.kernels, "ssm_scan_step", None)
+        if x.shape[0] == 1 and step is not None:
+            c = np.ascontiguousarray
+            return step(S, c(x[0]), c(dt[0]), c(A, dtype=np.float32), c(B[0]), c(C[0]))[None]
         g = self._head_groups()
         Bh, Ch = B[:, g], C[:, g]  # [n, H, N]
         decay = np.exp(dt * A).astype(np.float32)  # [n, H]
