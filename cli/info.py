@@ -113,7 +113,12 @@ def _table(f: dict) -> Table:
             t.add_row("delta-net layers", f"{', '.join(map(str, delta)) or 'none'} ({c['ssm_n_k_heads']} key / "
                       f"{c['ssm_n_v_heads']} value heads of {c['ssm_d_state']}, conv over {c['conv_kernel']} tokens); "
                       "gated attention on the others")
-        if c.get("mamba_layers"):  # nemotron_h, mamba2: each layer a Mamba-2 mixer, attention or an FFN
+        if c["arch"] == "falcon-h1":  # every layer: attention and a mixer side by side, then an FFN
+            heads = c["ssm_n_v_heads"]
+            t.add_row("layer kinds", f"every layer: attention + Mamba-2 mixer in parallel, then SwiGLU FFN (mixers: "
+                      f"{heads} heads of {c['ssm_d_inner'] // heads}, {c['ssm_n_group']} group(s), state "
+                      f"{c['ssm_d_state']}, conv over {c['conv_kernel']} tokens)")
+        elif c.get("mamba_layers"):  # nemotron_h, mamba2: each layer a Mamba-2 mixer, attention or an FFN
             kinds = {"Mamba-2 mixers": [il for il, m in enumerate(c["mamba_layers"]) if m],
                      "attention": [il for il, (m, f) in enumerate(zip(c["mamba_layers"], c["ffn_layers"] or
                                                                       (False,) * len(c["mamba_layers"])))

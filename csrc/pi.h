@@ -281,4 +281,11 @@ void pi_delta_net_decode(pi_pool *pool, const pi_delta_net *p, const float *qkv,
                          const float *beta_raw, const float *alpha_raw, float *conv_state, float *S, float *work,
                          float *out);
 
+/* ---- one decode token of the Mamba-2 selective scan (ssm_scan.c) -----------------------------------------
+ * H heads of P values, G groups of B and C (head h reads group h / (H / G)), state width N. S f32 [H, P, N] is
+ * updated in place: S_h = exp(dt_h A_h) S_h + dt_h x_h B_g^T; y f32 [H, P] = S_h C_g. x f32 [H, P]; dt (already
+ * softplus'd) and A f32 [H]; B and C f32 [G, N]. The result is the same for every thread count. */
+void pi_ssm_scan_step(pi_pool *pool, int64_t H, int64_t P, int64_t N, int64_t G, float *S, const float *x,
+                      const float *dt, const float *A, const float *B, const float *C, float *y);
+
 #endif

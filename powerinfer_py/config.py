@@ -47,7 +47,7 @@ SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "
                    "glm4", "glm4moe", "smollm3", "olmo2", "lfm2", "lfm2moe", "mistral3", "gemma4", "smallthinker", "qwen35",
                    "qwen35moe", "qwen3next",
                    "exaone4",
-                   "nemotron_h", "mamba2", "granitehybrid", "nemotron_h_moe",
+                   "nemotron_h", "mamba2", "granitehybrid", "nemotron_h_moe", "falcon-h1",
                    "gemma3n",
                    "command-r", "cohere2",
                    "bailingmoe2", "afmoe")
@@ -70,7 +70,8 @@ GEMMA_ARCHS = ("gemma", "gemma2", "gemma3", "gemma4", "gemma3n")  # scaled embed
 # llama.cpp's NeoX rope type (pairs (i, i + n_rot/2)); the others rotate pairs (2i, 2i + 1)
 _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "falcon", "phi3", "olmo2",
                "gpt-oss", "glm4moe", "lfm2", "lfm2moe", "gemma4", "smallthinker", "exaone4", "gemma3n",
-               "qwen35", "qwen35moe", "qwen3next", "bailingmoe2", "afmoe"}  # qwen35: text M-RoPE is NeoX RoPE (config_archs.qwen35)
+               "qwen35", "qwen35moe", "qwen3next", "bailingmoe2", "afmoe",
+               "falcon-h1"}  # qwen35: text M-RoPE is NeoX RoPE (config_archs.qwen35)
 # their models take per-pair RoPE factors and a scale (models/base.py)
 _YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee", "deepseek2", "mistral3",
                "olmo2")
@@ -480,7 +481,7 @@ class _Reader(ArchKeys):
         if g3n:
             window, swa_layers, freq_base_swa = g3n.pop("sliding_window"), g3n.pop("swa_layers"), g3n.pop("base_swa")
         n_rot = self.get("{arch}.rope.dimension_count", 0 if self.arch == "opt" else head_dim)
-        if mamba2 and self.arch != "granitehybrid":  # nemotron_h's attention uses no RoPE (granitehybrid: a key)
+        if mamba2 and self.arch not in ("granitehybrid", "falcon-h1"):  # nemotron_h's attention: no RoPE
             n_rot = 0
             attn_scale_key = self.get("{arch}.attention.scale", 0.0, kind=float)
         if not 0 <= n_rot <= head_dim or n_rot % 2:
@@ -491,7 +492,7 @@ class _Reader(ArchKeys):
             attn_scale = 1.0 / math.sqrt(n_embd / n_head)
         if g4 or g3n:  # the per-head Q norm scales the scores
             attn_scale = 1.0
-        if mamba2 and self.arch != "granitehybrid" and attn_scale_key:
+        if mamba2 and self.arch not in ("granitehybrid", "falcon-h1") and attn_scale_key:
             attn_scale = attn_scale_key
         threshold = self.get("powerinfer.sparse_threshold", 0.0, kind=float) if self.f.is_sparse else 0.0
         hidden_act, hidden_act_param = self.hidden_act()

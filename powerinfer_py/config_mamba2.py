@@ -25,6 +25,10 @@
               attention layer, and EVERY layer then has an FFN (dense SwiGLU, or experts): feed_forward_length is
               the FFN (or expert) width, not a layer-kind marker. The same ssm.* keys; experts are allowed.
 
+  falcon-h1  (TII Falcon-H1, Falcon-H1R) EVERY layer runs attention and a Mamba-2 mixer side by side, then a SwiGLU
+              FFN: mamba_layers is all True and no layer is FFN-only; attention.head_count_kv (one value) and
+              feed_forward_length (the FFN width) are plain scalars. The same ssm.* keys.
+
 Scalars may also be stored as per-layer arrays of one value (config._Reader.get).
 """
 from __future__ import annotations
@@ -32,7 +36,7 @@ from __future__ import annotations
 
 from .errors import ModelFileError, UnsupportedError
 
-MAMBA2_ARCHS = ("nemotron_h", "mamba2", "granitehybrid", "nemotron_h_moe")
+MAMBA2_ARCHS = ("nemotron_h", "mamba2", "granitehybrid", "nemotron_h_moe", "falcon-h1")
 
 
 def _layer_array(r, suffix: str, n_layer: int) -> list[int]:
@@ -62,11 +66,13 @@ def mamba2_keys(r, n_layer: int, n_head: int) -> dict:
     if r.arch not in MAMBA2_ARCHS:
         return {}
     path = r.f.path
-    granite = r.arch == "granitehybrid"  # an FFN on every layer: no FFN-only layers
+    granite = r.arch in ("granitehybrid", "falcon-h1")  # an FFN on every layer: no FFN-only layers
     if r.get("{arch}.expert_count", 0) and r.arch in ("nemotron_h", "mamba2"):
         raise UnsupportedError(f"{path}: {r.arch} files with experts (Nemotron-H MoE) are not supported")
     plain = r.arch == "mamba2"  # every layer a mixer
-    kv = [0] * n_layer if plain else _layer_array(r, "{arch}.attention.head_count_kv", n_layer)
+    falcon = r.arch == "falcon-h1"  # every layer attends and mixes: the layer kinds are not in the keys
+    kv = ([0] * n_layer if plain else [r.positive("{arch}.attention.head_count_kv", n_head)] * n_layer if falcon
+          else _layer_array(r, "{arch}.attention.head_count_kv", n_layer))
     ff = [0] * n_layer if plain or granite else _layer_array(r, "{arch}.feed_forward_length", n_layer)
     n_kv = _one(r, "{arch}.attention.head_count_kv", kv, "attention layers")
     n_ff = r.positive("{arch}.feed_forward_length") if granite else _one(r, "{arch}.feed_forward_length", ff,
@@ -83,7 +89,7 @@ def mamba2_keys(r, n_layer: int, n_head: int) -> dict:
     if d_inner % n_ssm_head or n_ssm_head % n_group:
         raise ModelFileError(f"{path}: ssm.inner_size {d_inner} must be a multiple of ssm.time_step_rank "
                              f"{n_ssm_head} (heads), and the heads a multiple of ssm.group_count {n_group}")
-    mamba = tuple(k == 0 and f == 0 for k, f in zip(kv, ff))
+    mamba = (True,) * n_layer if falcon else tuple(k == 0 and f == 0 for k, f in zip(kv, ff))
     return {"mamba_layers": mamba, "ffn_layers": tuple(k == 0 and f > 0 for k, f in zip(kv, ff)),
             "conv_kernel": kernel, "ssm_d_inner": d_inner, "ssm_d_state": d_state, "ssm_n_v_heads": n_ssm_head,
             "ssm_n_group": n_group, "_n_head_kv": n_kv or n_head, "_n_ff": n_ff or 1}

@@ -1,5 +1,5 @@
 """Mamba2KVCache: the cache of a Mamba-2 hybrid (nemotron_h), whose layers attend, run a Mamba-2 mixer, or
-only run an FFN (and keep nothing).
+only run an FFN (and keep nothing); a falcon-h1 layer attends AND mixes, and keeps both.
 
 A mixer layer's whole memory of the past is two f32 arrays, as in llama.cpp's recurrent cache:
 
@@ -25,7 +25,8 @@ class Mamba2KVCache(ConvKVCache):
     def __init__(self, attn_layers: tuple[bool, ...], mamba_layers: tuple[bool, ...], n_head_kv: int, n_ctx: int,
                  head_dim: int, conv_dim: int, kernel: int, n_heads: int, ssm_head_dim: int, d_state: int):
         super().__init__(tuple(not a for a in attn_layers), n_head_kv, n_ctx, head_dim, conv_dim, kernel)
-        self.conv = [s if m else None for s, m in zip(self.conv, mamba_layers)]  # FFN-only layers keep nothing
+        # a conv state on every mixer layer (falcon-h1's layers also attend) and none elsewhere (FFN-only layers)
+        self.conv = [np.zeros((kernel - 1, conv_dim), dtype=np.float32) if m else None for m in mamba_layers]
         self.ssm = [np.zeros((n_heads, ssm_head_dim, d_state), dtype=np.float32) if m else None
                     for m in mamba_layers]
 

@@ -81,6 +81,7 @@ ARCHS += ("qwen35", "qwen35moe", "qwen3next")  # Qwen3.5, Qwen3-Next: written wh
 ARCHS += ("nemotron_h", "mamba2", "granitehybrid", "nemotron_h_moe")  # Nemotron-H, Mamba-2, Granite 4.0-H: synth_mamba2.write_nemotron_h
 ARCHS += ("command-r", "cohere2")  # Cohere: written whole by synth_cohere.write_cohere_model
 ARCHS += ("bailingmoe2", "afmoe")  # Ling 2.0, Trinity: written whole by synth_bailing.write_ling_trinity
+ARCHS += ("falcon-h1",)  # Falcon-H1: synth_falcon_h1.write_falcon_h1
 _CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()") + [SPACE]
 
 
@@ -597,6 +598,10 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
         from .synth_qwen35 import write_qwen35
         return write_qwen35(path, arch, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
                             n_head_kv=n_head_kv, n_vocab=n_vocab, seed=seed, **overrides)
+    if arch == "falcon-h1":  # attention and a Mamba-2 mixer on every layer (synth_falcon_h1 lists the options)
+        from .synth_falcon_h1 import write_falcon_h1
+        return write_falcon_h1(path, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
+                               n_head_kv=n_head_kv, n_vocab=n_vocab, seed=seed, **overrides)
     if arch in ("nemotron_h", "mamba2", "granitehybrid", "nemotron_h_moe"):  # Mamba-2, attention and FFN layers (synth_mamba2 lists the options)
         from .synth_mamba2 import write_nemotron_h
         return write_nemotron_h(path, arch, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,

@@ -40,6 +40,7 @@ def _f32(x, name: str = "x") -> np.ndarray:
 from ..errors import UnsupportedError  # noqa: E402
 from . import ref as _ref  # noqa: E402  (type checks and messages are shared with the spec)
 from . import delta_step as _delta_step  # noqa: E402
+from . import ssm_step as _ssm_step  # noqa: E402
 
 _QK = 32
 _OUT_DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.BF16: np.uint16}
@@ -525,6 +526,12 @@ class CpuKernels:
         """One token through a planned delta-net layer, states updated in place (delta_step.delta_net_decode)."""
         work, _ = self._step_work(plan.work_floats)
         return _delta_step.delta_net_decode(self._pool, work, plan, qkv, z, beta_raw, alpha_raw, conv_state, state)
+
+    def ssm_scan_step(self, S, x, dt, A, B, C) -> np.ndarray:
+        """One token of the Mamba-2 scan, S updated in place; returns y [H, P] (ssm_step.ssm_scan_step)."""
+        if self._pool is None:
+            raise ValueError("this CpuKernels has been closed")
+        return _ssm_step.ssm_scan_step(self._pool, S, x, dt, A, B, C)
 
     # ---- one decode step of a threshold-mode SwiGLU/GeGLU FFN (sparse_ffn.c) ------------------------------
 

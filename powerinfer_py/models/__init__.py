@@ -35,6 +35,7 @@ from . import nemotron_h
 from . import granite_hybrid
 from . import cohere
 from . import afmoe, bailing
+from . import falcon_h1
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -74,6 +75,7 @@ _FAMILIES = {
     "nemotron_h_moe": (nemotron_h.NemotronHModel, nemotron_h.expected_tensors),  # the same, expert FFN layers
     "mamba2": (nemotron_h.NemotronHModel, nemotron_h.expected_tensors),  # the same with every layer a mixer
     "granitehybrid": (granite_hybrid.GraniteHybridModel, granite_hybrid.expected_tensors),  # mixers + attention, granite FFNs
+    "falcon-h1": (falcon_h1.FalconH1Model, falcon_h1.expected_tensors),  # attention + Mamba-2 mixer on every layer
     "gemma3n": (gemma3n.Gemma3nModel, gemma3n.expected_tensors),  # AltUp streams, LAuReL, top-k sparse FFNs
     "command-r": (cohere.CohereModel, cohere.expected_tensors),  # LayerNorm, parallel attention + FFN, logit scale
     "cohere2": (cohere.CohereModel, cohere.expected_tensors),  # the same, windowed RoPE layers + NoPE global ones

@@ -13,11 +13,13 @@ conv kernel K, conv_dim = d_inner + 2 G N. Per layer, on the normed input h_t of
         S_h = exp(dt_h A_h) S_h + dt_h x_h B_g^T       (S_h [P, N]; A = ssm_a, stored already as -exp(A_log))
         y_h = S_h C_g + D_h x_h                        (D = ssm_d, the skip)
     y = y * silu(z)                                    (the gate first ...)
-    y = rmsnorm over each of the G groups of d_inner / G values, times ssm_norm   (... then the norm)
+    y = rmsnorm over each of the G groups of d_inner / G values, times ssm_norm   (... then the norm; falcon-h1
+                                                                                 files may leave it out)
     out = W_out · y                                    (ssm_out)
 
-The recurrence runs token by token in numpy (a prefill too: the scan is cheap next to the projections, which
-go through the kernels' matmul, so quantized files work). The conv and SSM states live in the cache
+The recurrence runs token by token in numpy for a prefill (the scan is cheap next to the projections, which
+go through the kernels' matmul, so quantized files work); a one-token step on the CPU kernels runs the scan as
+one C call (csrc/ssm_scan.c). The conv and SSM states live in the cache
 (mamba2_cache.Mamba2KVCache) and continue across forward calls.
 
 Mamba2Mixer is a mixin for a Model subclass (it uses self.config and self.kernels); its small steps (_conv,
@@ -43,18 +45,20 @@ def mamba2_dims(c) -> tuple[int, int, int, int, int]:
     return H, c.ssm_d_inner // H, G, N, c.ssm_d_inner + 2 * G * N
 
 
-def mamba2_expected(c, p: str) -> Expected:
-    """One mixer layer's tensors (prefix p = "blk.N."): name -> (numpy shape, required)."""
+def mamba2_expected(c, p: str, norm_required: bool = True) -> Expected:
+    """One mixer layer's tensors (prefix p = "blk.N."): name -> (numpy shape, required); the grouped norm
+    ssm_norm is optional where norm_required is False (falcon-h1: llama.cpp skips the norm without it)."""
     H, _, G, N, conv_dim = mamba2_dims(c)
     d = c.ssm_d_inner
     return {p + "ssm_in.weight": ((2 * d + 2 * G * N + H, c.n_embd), True),
             p + "ssm_conv1d.weight": ((conv_dim, c.conv_kernel), True), p + "ssm_conv1d.bias": ((conv_dim,), False),
             p + "ssm_dt.bias": ((H,), True), p + "ssm_a": ((H, 1), True), p + "ssm_d": ((H, 1), True),
-            p + "ssm_norm.weight": ((G, d // G), True), p + "ssm_out.weight": ((c.n_embd, d), True)}
+            p + "ssm_norm.weight": ((G, d // G), norm_required), p + "ssm_out.weight": ((c.n_embd, d), True)}
 
 
-def mamba2_tensors(c, tensors: Mapping[str, Tensor], il: int) -> SimpleNamespace:
-    """Layer il's mixer tensors: the projections as Tensors (matmul), the rest as f32 arrays."""
+def mamba2_tensors(c, tensors: Mapping[str, Tensor], il: int, norm_required: bool = True) -> SimpleNamespace:
+    """Layer il's mixer tensors: the projections as Tensors (matmul), the rest as f32 arrays (norm None when the
+    optional ssm_norm is absent)."""
     p = f"blk.{il}."
     _, _, _, _, conv_dim = mamba2_dims(c)
     conv = get_tensor(tensors, p + "ssm_conv1d.weight")
@@ -64,7 +68,7 @@ def mamba2_tensors(c, tensors: Mapping[str, Tensor], il: int) -> SimpleNamespace
         conv_b=norm_weight(get_tensor(tensors, p + "ssm_conv1d.bias", required=False)),
         dt_b=norm_weight(get_tensor(tensors, p + "ssm_dt.bias")),
         A=norm_weight(get_tensor(tensors, p + "ssm_a")), D=norm_weight(get_tensor(tensors, p + "ssm_d")),
-        norm=norm_weight(get_tensor(tensors, p + "ssm_norm.weight")))
+        norm=norm_weight(get_tensor(tensors, p + "ssm_norm.weight", required=norm_required)))
 
 
 def softplus(v: np.ndarray) -> np.ndarray:
@@ -111,7 +115,12 @@ class Mamba2Mixer:
 
     def _scan(self, S: np.ndarray, x, dt, A, B, C) -> np.ndarray:
         """Run the scan over n tokens from state S [H, P, N] (updated in place): x [n, H, P], dt [n, H],
-        A [H], B and C [n, G, N]; returns y [n, H, P] (without the skip)."""
+        A [H], B and C [n, G, N]; returns y [n, H, P] (without the skip). One token on the CPU kernels: one C call
+        (kernels.ssm_scan_step, the same values to float rounding), which reads and writes the state once."""
+        step = getattr(self.kernels, "ssm_scan_step", None)
+        if x.shape[0] == 1 and step is not None:
+            c = np.ascontiguousarray
+            return step(S, c(x[0]), c(dt[0]), c(A, dtype=np.float32), c(B[0]), c(C[0]))[None]
         g = self._head_groups()
         Bh, Ch = B[:, g], C[:, g]  # [n, H, N]
         decay = np.exp(dt * A).astype(np.float32)  # [n, H]
@@ -123,10 +132,13 @@ class Mamba2Mixer:
             y[t] = np.einsum("hpn,hn->hp", S, Ch[t])
         return y
 
-    def _gate_norm(self, y: np.ndarray, z: np.ndarray, w: np.ndarray) -> np.ndarray:
-        """y [n, d_inner] times silu(z), then an RMS norm over each group of d_inner / G values, times w."""
+    def _gate_norm(self, y: np.ndarray, z: np.ndarray, w: np.ndarray | None) -> np.ndarray:
+        """y [n, d_inner] times silu(z), then an RMS norm over each group of d_inner / G values, times w (no norm
+        when w is None: a falcon-h1 file without ssm_norm)."""
         c = self.config
         n, G = y.shape[0], c.ssm_n_group
+        if w is None:
+            return y * self.kernels.silu(np.ascontiguousarray(z))
         g = (y * self.kernels.silu(np.ascontiguousarray(z))).reshape(n, G, -1)
         g = g / np.sqrt(np.mean(g * g, axis=-1, keepdims=True) + np.float32(c.norm_eps))
         return g.reshape(n, -1) * w
