@@ -33,6 +33,7 @@ from . import smallthinker
 from . import qwen35, qwen3next
 from . import nemotron_h
 from . import granite_hybrid
+from . import minicpm, olmoe
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -73,6 +74,9 @@ _FAMILIES = {
     "mamba2": (nemotron_h.NemotronHModel, nemotron_h.expected_tensors),  # the same with every layer a mixer
     "granitehybrid": (granite_hybrid.GraniteHybridModel, granite_hybrid.expected_tensors),  # mixers + attention, granite FFNs
     "gemma3n": (gemma3n.Gemma3nModel, gemma3n.expected_tensors),  # AltUp streams, LAuReL, top-k sparse FFNs
+    "minicpm": (minicpm.MiniCPMModel, minicpm.expected_tensors),  # granite's scalars (MiniCPM defaults), LongRoPE
+    "minicpm3": (minicpm.MiniCPM3Model, minicpm.expected_tensors_3),  # deepseek2's MLA, dense FFN, fixed scalars
+    "olmoe": (olmoe.OlmoeModel, olmoe.expected_tensors),  # whole-width Q/K norms, softmax experts
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
