@@ -24,7 +24,11 @@ import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
 from model_checks import (
-    assert_fused_decode_equals_python, assert_matches_llama_cpp, batch_and_steps, info_text, load_model,
+    assert_fused_decode_equals_python,
+    assert_matches_llama_cpp,
+    batch_and_steps,
+    info_text,
+    load_model,
     rewrite_gguf,
 )
 
