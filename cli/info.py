@@ -97,6 +97,10 @@ def _table(f: dict) -> Table:
         if c["arch"].startswith("granite"):
             t.add_row("granite scales", f"embeddings x{c['embd_scale']:g}, residual branches x{c['residual_scale']:g}, "
                       f"attention scores x{c['attn_scale']:g}, logits / {c['logit_scale']:g}")
+        if c["arch"] in ("minicpm", "minicpm3"):
+            t.add_row("minicpm scales", f"embeddings x{c['embd_scale']:g}, residual branches x{c['residual_scale']:.4g}, "
+                      f"logits / {c['logit_scale']:g}" + (f"; latent attention (MLA): cache {c['kv_lora_rank']} + "
+                                                         f"{c['n_rot']} per token" if c["kv_lora_rank"] else ""))
         if c["arch"] == "deepseek2":
             t.add_row("deepseek2", f"latent attention (MLA): cache {c['kv_lora_rank']} + {c['n_rot']} per token; q rank "
                       f"{c['q_lora_rank'] or 'full'}; router {c['expert_gating']}, x{c['expert_weights_scale']:g}"

@@ -40,6 +40,7 @@ from .config_bailing import afmoe_swa, ling_trinity_keys
 from .config_gemma3n import Gemma3nLayout, gemma3n_keys
 from .config_gemma4 import Gemma4Layout, gemma4_keys
 from .config_mamba2 import mamba2_keys, nemotron_moe_keys
+from .config_minicpm import MINICPM_ARCHS, minicpm3_mla, minicpm_keys
 from .gguf.reader import GGUFFile
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "bamboo", "falcon",
@@ -50,18 +51,20 @@ SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "
                    "nemotron_h", "mamba2", "granitehybrid", "nemotron_h_moe", "falcon-h1",
                    "gemma3n",
                    "command-r", "cohere2",
-                   "bailingmoe2", "afmoe")
+                   "bailingmoe2", "afmoe",
+                   "minicpm", "minicpm3", "olmoe")
 # always mixture-of-experts (llama files are when they carry expert_count; ernie4_5-moe, deepseek2 and glm4moe
 # have leading dense layers: ModelConfig.moe_layers)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "deepseek2", "glm4moe", "lfm2moe",
-             "smallthinker", "qwen35moe", "qwen3next", "nemotron_h_moe", "bailingmoe2", "afmoe")
+             "smallthinker", "qwen35moe", "qwen3next", "nemotron_h_moe", "bailingmoe2", "afmoe", "olmoe")
 # whether the chosen experts' router weights are renormalized (as llama.cpp does per arch); gpt-oss's weights are a
 # softmax over the chosen logits (moe.py); deepseek2 and glm4moe read it from {arch}.expert_weights_norm
 _MOE_NORM_WEIGHTS = {"llama": True, "mistral3": True, "qwen3moe": True, "qwen2moe": False, "granitemoe": True, "granitehybrid": True, "gpt-oss": False,
                      "ernie4_5-moe": True, "deepseek2": False, "glm4moe": False,
                      "lfm2moe": True, "smallthinker": True, "qwen35moe": True,
                      "qwen3next": True, "gemma4": True, "nemotron_h_moe": False,
-                     "bailingmoe2": False, "afmoe": False}  # nemotron_h_moe, bailingmoe2, afmoe: a key
+                     "bailingmoe2": False, "afmoe": False,
+                     "minicpm": True, "olmoe": False}  # nemotron_h_moe, bailingmoe2, afmoe: a key
 # vision-language models whose GGUF text model is an existing arch under its own name: with text-only input every
 # M-RoPE section rotates by the same position, which is that arch's RoPE when the sections cover the rotated
 # pairs (checked against llama.cpp: tests/test_vl_text.py). Keys are read under the file's name ({arch}).
@@ -71,7 +74,7 @@ GEMMA_ARCHS = ("gemma", "gemma2", "gemma3", "gemma4", "gemma3n")  # scaled embed
 _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "falcon", "phi3", "olmo2",
                "gpt-oss", "glm4moe", "lfm2", "lfm2moe", "gemma4", "smallthinker", "exaone4", "gemma3n",
                "qwen35", "qwen35moe", "qwen3next", "bailingmoe2", "afmoe",
-               "falcon-h1"}  # qwen35: text M-RoPE is NeoX RoPE (config_archs.qwen35)
+               "falcon-h1", "minicpm3", "olmoe"}  # qwen35: text M-RoPE is NeoX RoPE (config_archs.qwen35)
 # their models take per-pair RoPE factors and a scale (models/base.py)
 _YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee", "deepseek2", "mistral3",
                "olmo2")
@@ -128,7 +131,7 @@ class ModelConfig:
     ffn_up_thresholds: tuple[float, ...] = ()  # KEY_FFN_UP_THRESHOLDS, per layer (two-stage files); () none
     rope_factors: tuple[float, ...] = ()  # YaRN: per-pair divisors of the RoPE frequencies [n_rot/2]; () none
     rope_mscale: float = 1.0  # YaRN: scale of the rotated dims of q and k (1: none)
-    rope_orig_ctx: int = 0  # phi3: rope.scaling.original_context_length (default n_ctx_train); 0 for others
+    rope_orig_ctx: int = 0  # phi3, minicpm(3) LongRoPE: rope.scaling.original_context_length (default n_ctx_train); 0 for others
     rope_attn_factor: float = 1.0  # phi3: rope.scaling.attn_factor, multiplies the rotated dims of q and k
     attn_softcap: float = 0.0  # gemma2: attention scores s -> cap * tanh(s / cap) before the softmax; 0 = off
     final_softcap: float = 0.0  # gemma2: output logits l -> cap * tanh(l / cap); 0 = off
@@ -278,6 +281,8 @@ class _Reader(ArchKeys):
         scaling = self.get("{arch}.rope.scaling.type", "none", kind=str)
         if scaling == "linear" or scaling == "yarn":
             factor = self.get("{arch}.rope.scaling.factor", kind=float)
+        elif scaling == "longrope" and self.arch in MINICPM_ARCHS:  # factors are tensors (config_minicpm.py)
+            factor = self.get("{arch}.rope.scaling.factor", 1.0, kind=float)
         elif scaling == "none":
             factor = self.get("{arch}.rope.scale_linear", 1.0, kind=float)  # older files
         else:
@@ -367,7 +372,8 @@ class _Reader(ArchKeys):
         if n_used > n_expert:
             raise ModelFileError(f"{self.f.path}: {self.key('{arch}.expert_used_count')} {n_used} exceeds "
                                  f"{self.key('{arch}.expert_count')} {n_expert}")
-        width_key = ("{arch}.feed_forward_length" if self.arch in ("llama", "mistral3", "granitemoe", "granitehybrid")
+        width_key = ("{arch}.feed_forward_length" if self.arch in ("llama", "mistral3", "granitemoe", "granitehybrid",
+                                                                   "minicpm", "olmoe")
                      else "{arch}.expert_feed_forward_length")
         shexp = (self.positive("{arch}.expert_shared_feed_forward_length") if self.arch in ("qwen2moe", "qwen35moe", "qwen3next") else
                  self.get("{arch}.expert_shared_feed_forward_length", 0)
@@ -467,7 +473,8 @@ class _Reader(ArchKeys):
             raise ModelFileError(f"{self.f.path}: head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
         head_dim = g4.pop("_head_dim") if g4 else self.positive("{arch}.attention.key_length", n_embd // n_head)
         value_dim = self.positive("{arch}.attention.value_length", head_dim)
-        mla = self.deepseek2(n_layer, n_head) if self.arch == "deepseek2" else {}
+        mla = (self.deepseek2(n_layer, n_head) if self.arch == "deepseek2" else
+               minicpm3_mla(self, n_embd, n_head) if self.arch == "minicpm3" else {})
         if mla:  # q/k heads of nope + rope dims; one latent "kv head" in the cache
             head_dim = value_dim = mla.pop("head_dim")  # (the value width is mla's v_head_dim)
             n_head_kv = 1
@@ -499,7 +506,8 @@ class _Reader(ArchKeys):
         calibrated, ffn_thresholds, ffn_quantiles = self.calibration(n_layer)
         moe = self.experts()
         if mla:  # deepseek2's renormalization and shared experts come from their own keys
-            moe.update(expert_weights_norm=mla.pop("_norm"), n_ff_shexp=moe["n_ff_exp"] * mla.pop("_n_shared"))
+            if self.arch == "deepseek2":
+                moe.update(expert_weights_norm=mla.pop("_norm"), n_ff_shexp=moe["n_ff_exp"] * mla.pop("_n_shared"))
             if not 0 < n_rot < head_dim:
                 raise ModelFileError(f"{self.f.path}: rope.dimension_count {n_rot} must leave 1..{head_dim - 1} "
                                      f"unrotated dims of the {head_dim}-wide q/k heads")
@@ -514,13 +522,14 @@ class _Reader(ArchKeys):
             "{arch}.feed_forward_length", moe.get("n_ff_exp") or None)
         n_ctx_train = self.positive("{arch}.context_length")
         rope_scale, rope_factors, rope_mscale = self.rope_scaling(n_rot, freq_base, n_ctx_train)
-        if mla:
+        if self.arch == "deepseek2":
             rope_mscale, attn_scale = self.deepseek2_yarn(head_dim, rope_scale, bool(rope_factors))
         m3 = self.mistral3(n_ctx_train, bool(rope_factors)) if self.arch == "mistral3" else {}
         rope_mscale = m3.pop("rope_mscale", rope_mscale)
-        granite = self.granite_scales()
+        granite = self.granite_scales() or minicpm_keys(self, n_embd, n_layer, n_ctx_train)
+        rope_mscale = granite.pop("rope_mscale", rope_mscale)
         embd_scale = math.sqrt(n_embd) if self.arch in GEMMA_ARCHS else granite.pop("embd_scale", moe.pop("embd_scale", 1.0))
-        if granite:
+        if granite and self.arch not in MINICPM_ARCHS:
             attn_scale = granite.pop("attn_scale") or attn_scale
             n_rot = n_rot if granite.pop("rope") else 0
         return ModelConfig(

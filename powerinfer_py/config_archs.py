@@ -115,6 +115,10 @@ Per architecture:
           block_count but not run (as glm4moe's).
   qwen3next  (Qwen3-Next) qwen35moe's keys, layer kinds and MTP blocks, plain NeoX RoPE over rope.dimension_count
           dims (no sections); always experts with a gated shared expert
+  minicpm, minicpm3  (MiniCPM 1/2/4, MiniCPM-MoE; MiniCPM3) granite's scalars with MiniCPM defaults, LongRoPE
+          factors, minicpm3's latent attention: config_minicpm.py
+  olmoe   (OLMoE) the llama block with NeoX RoPE, RMSNorms over the whole Q and K projections (as olmo2) and
+          experts in every layer (feed_forward_length wide, softmax router, weights not renormalized)
 """
 from __future__ import annotations
 

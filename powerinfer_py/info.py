@@ -91,7 +91,8 @@ def _rope_scaling(f, config) -> dict[str, Any] | None:
             if config.rope_factors else None)
     longrope = None  # phi3's long-context factors (rope_factors_long/short.weight, picked by n_ctx)
     if "rope_factors_long.weight" in f.tensors and config.rope_orig_ctx:
-        longrope = {"orig_ctx": config.rope_orig_ctx, "attn_factor": config.rope_attn_factor}
+        longrope = {"orig_ctx": config.rope_orig_ctx,  # minicpm(3) keep the attn_factor as rope_mscale
+                    "attn_factor": config.rope_attn_factor if config.arch == "phi3" else config.rope_mscale}
     if linear is None and factors is None and yarn is None and longrope is None:
         return None
     return {"linear": linear, "freq_factors": factors, "yarn": yarn, **({"longrope": longrope} if longrope else {})}

@@ -82,6 +82,7 @@ ARCHS += ("nemotron_h", "mamba2", "granitehybrid", "nemotron_h_moe")  # Nemotron
 ARCHS += ("command-r", "cohere2")  # Cohere: written whole by synth_cohere.write_cohere_model
 ARCHS += ("bailingmoe2", "afmoe")  # Ling 2.0, Trinity: written whole by synth_bailing.write_ling_trinity
 ARCHS += ("falcon-h1",)  # Falcon-H1: synth_falcon_h1.write_falcon_h1
+ARCHS += ("minicpm", "minicpm3", "olmoe")  # written whole by synth_minicpm.write_minicpm_model
 _CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()") + [SPACE]
 
 
@@ -610,6 +611,10 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
         from .synth_cohere import write_cohere_model
         return write_cohere_model(path, arch, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
                                   n_head_kv=n_head_kv, n_vocab=n_vocab, seed=seed, **overrides)
+    if arch in ("minicpm", "minicpm3", "olmoe"):  # synth_minicpm lists the options
+        from .synth_minicpm import write_minicpm_model
+        return write_minicpm_model(path, arch, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
+                                   n_head_kv=n_head_kv, n_vocab=n_vocab, seed=seed, **overrides)
     spec = _Spec(arch, n_layer, n_embd, n_ff, n_head, n_head_kv, n_vocab, overrides)
     metadata, types = spec.metadata(dtype)
     rng = np.random.default_rng(seed)

@@ -36,6 +36,7 @@ from . import granite_hybrid
 from . import cohere
 from . import afmoe, bailing
 from . import falcon_h1
+from . import minicpm, olmoe
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -81,6 +82,9 @@ _FAMILIES = {
     "cohere2": (cohere.CohereModel, cohere.expected_tensors),  # the same, windowed RoPE layers + NoPE global ones
     "bailingmoe2": (bailing.BailingMoe2Model, bailing.expected_tensors),  # Ling 2.0: fused QKV, grouped sigmoid experts
     "afmoe": (afmoe.AfmoeModel, afmoe.expected_tensors),  # Trinity: gated attention, post-norms, SWA + NoPE, experts
+    "minicpm": (minicpm.MiniCPMModel, minicpm.expected_tensors),  # granite's scalars (MiniCPM defaults), LongRoPE
+    "minicpm3": (minicpm.MiniCPM3Model, minicpm.expected_tensors_3),  # deepseek2's MLA, dense FFN, fixed scalars
+    "olmoe": (olmoe.OlmoeModel, olmoe.expected_tensors),  # whole-width Q/K norms, softmax experts
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)

@@ -1,0 +1,109 @@
+"""OpenBMB MiniCPM (GGUF arch "minicpm": MiniCPM 1B/2B, MiniCPM4/4.1, MiniCPM-MoE) and MiniCPM3 ("minicpm3").
+
+minicpm runs llama.cpp's granite graph (models/granite.py): the llama block with scaled embeddings, residual
+branches and logits; config_minicpm.py says where the three scalars come from (keys, or MiniCPM's defaults):
+    x = token_embd[ids] * embd_scale
+    per layer: h = x + residual_scale * Wo · attn(rope(q), rope(k), v)      (scores x 1/sqrt(head_dim))
+               x = h + residual_scale * ffn(rmsnorm(h) * ffn_norm)
+    logits = (output · (rmsnorm(x) * output_norm)) / logit_scale
+RoPE in the normal layout (pairs 2i, 2i+1). LongRoPE files (rope.scaling.type "longrope") divide the
+frequencies by rope_factors_long.weight when the context (the cache's n_ctx) exceeds
+rope.scaling.original_context_length and by rope_factors_short.weight otherwise, as llama.cpp picks them; the
+one-call decode plans are kept per choice. MiniCPM-MoE: granitemoe's experts (moe.MoEFFN: softmax router,
+top-k, weights renormalized), feed_forward_length wide, no shared expert (llama.cpp's minicpm reads none).
+
+minicpm3 is deepseek2's multi-head latent attention (models/deepseek2.py: the absorbed form and the latent
+cache) with a dense SwiGLU FFN, NeoX RoPE on the tail of each q/k head, the LongRoPE factors as above, and the
+same three scalars fixed at embeddings x12, residual branches x1.4/sqrt(n_layer), logits x256/n_embd:
+    x = 12 * token_embd[ids]
+    per layer: x = x + s * mla_attention(rmsnorm(x) * attn_norm)      s = 1.4 / sqrt(n_layer)
+               x = x + s * ffn(rmsnorm(x) * ffn_norm)
+    logits = output · (rmsnorm(x) * output_norm) * (256 / n_embd)
+Each scaled branch is rounded to f32 before its add, as llama.cpp's graph does.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..kv_cache import KVCache
+from . import deepseek2, granite
+from .phi3 import ROPE_FACTOR_TENSORS, rope_factor_table
+
+
+def expected_tensors(c: ModelConfig) -> dict:
+    """minicpm: granite's table plus the optional LongRoPE factors."""
+    e = granite.expected_tensors(c)
+    for name in ROPE_FACTOR_TENSORS[1:]:
+        e[name] = ((c.n_rot // 2,), False)
+    return e
+
+
+def expected_tensors_3(c: ModelConfig) -> dict:
+    """minicpm3: deepseek2's table (one attn_kv_b, no experts) plus the optional LongRoPE factors."""
+    e = deepseek2.expected_tensors(c)
+    for name in ROPE_FACTOR_TENSORS[1:]:
+        e[name] = ((c.n_rot // 2,), False)
+    return e
+
+
+class _LongRope:
+    """The LongRoPE choice for a model whose RoPE factors (self.rope_freqs) are fixed per forward pass."""
+
+    def _init_longrope(self, config: ModelConfig, tensors) -> None:
+        self._rope_table = rope_factor_table(config, tensors) if config.rope_orig_ctx else None
+        self._factor_key = ""
+        self._plans_by_factors: dict[str, list | None] = {}
+
+    def rope_factors_for(self, n_ctx: int) -> str:
+        """"long" beyond rope.scaling.original_context_length, else "short" ("" for files without LongRoPE)."""
+        if self._rope_table is None:
+            return ""
+        return "long" if n_ctx > self.config.rope_orig_ctx else "short"
+
+    def _pick_factors(self, cache: KVCache) -> None:
+        key = self.rope_factors_for(cache.n_ctx)
+        if key and key != self._factor_key:
+            self._plans_by_factors[self._factor_key] = self.__dict__.pop("_attn_plans", None)
+            self._factor_key = key
+            self.rope_freqs = self._rope_table[key]
+            plans = self._plans_by_factors.get(key)
+            if plans is not None:
+                self._attn_plans = plans
+
+
+class MiniCPMModel(_LongRope, granite.GraniteModel):
+    """GraniteModel with the LongRoPE choice of the module docstring."""
+
+    def __init__(self, config: ModelConfig, tensors, kernels, sparse=None):
+        super().__init__(config, tensors, kernels, sparse)
+        self._init_longrope(config, tensors)
+
+    def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
+        self._pick_factors(cache)
+        return super().forward(tokens, cache, all_logits)
+
+
+class MiniCPM3Model(_LongRope, deepseek2.DeepSeek2Model):
+    """DeepSeek2Model's attention with MiniCPM's scalars and LongRoPE (module docstring)."""
+
+    def __init__(self, config: ModelConfig, tensors, kernels, sparse=None):
+        super().__init__(config, tensors, kernels, sparse)
+        self._init_longrope(config, tensors)
+        self._embd_scale = np.float32(config.embd_scale)
+        self._res_scale = np.float32(config.residual_scale)
+        self._logit_mul = np.float32(1.0) / np.float32(config.logit_scale)
+
+    def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
+        c, k = self.config, self.kernels
+        self._pick_factors(cache)
+        ids, pos, p0 = self._begin(tokens, cache)
+        x = self._embed(ids, pos)
+        x *= self._embd_scale
+        for il, L in enumerate(self.layers):
+            x += self._attention(L, k.rmsnorm(x, L.attn_norm, c.norm_eps), pos, p0, cache, il) * self._res_scale
+            x += self.ffns[il](k.rmsnorm(x, L.ffn_norm, c.norm_eps), x) * self._res_scale
+        cache.n_past = p0 + ids.shape[0]
+        logits = self._head(x, all_logits)
+        logits *= self._logit_mul
+        return logits
