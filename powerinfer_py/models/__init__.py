@@ -33,6 +33,7 @@ from . import smallthinker
 from . import qwen35, qwen3next
 from . import nemotron_h
 from . import granite_hybrid
+from . import apertus, hunyuan, seed_oss
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -73,6 +74,9 @@ _FAMILIES = {
     "mamba2": (nemotron_h.NemotronHModel, nemotron_h.expected_tensors),  # the same with every layer a mixer
     "granitehybrid": (granite_hybrid.GraniteHybridModel, granite_hybrid.expected_tensors),  # mixers + attention, granite FFNs
     "gemma3n": (gemma3n.Gemma3nModel, gemma3n.expected_tensors),  # AltUp streams, LAuReL, top-k sparse FFNs
+    "hunyuan-dense": (hunyuan.HunyuanDenseModel, hunyuan.expected_tensors),  # Q/K norms after RoPE
+    "apertus": (apertus.ApertusModel, apertus.expected_tensors),  # Q/K norms, xIELU FFN (ungated)
+    "seed_oss": (seed_oss.SeedOssModel, seed_oss.expected_tensors),  # q/k/v biases, post_attention_norm as FFN norm
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
