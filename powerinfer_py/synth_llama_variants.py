@@ -33,7 +33,7 @@ def write_llama_variant(path: str | os.PathLike, arch: str, *, dtype: str = "f32
     default None: no key), rope_freqs (apertus: head_dim / 2 factors as rope_freqs.weight), out_bias (apertus:
     attn_output.bias, default False), qk_norm_bias (apertus: the unused attn_q/k_norm.bias, default False), xielu
     (apertus: per-layer (alpha_n, alpha_p, beta, eps), default default_xielu; or one tuple written as scalars),
-    qkv_bias (seed_oss: default True)."""
+    qkv_bias (q/k/v biases; default True for seed_oss, False otherwise)."""
     from gguf import GGUFValueType
 
     from .gguf import write_gguf

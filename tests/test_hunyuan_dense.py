@@ -1,6 +1,6 @@
 """Tencent Hunyuan dense (arch "hunyuan-dense"): the llama block with NeoX RoPE and per-head Q/K RMSNorms applied
 AFTER RoPE, and the NTK alpha RoPE base. Tiny synthetic files against llama.cpp on the same file, one batch against
-one token at a time, config and bad files.
+one token at a time, the one-call C decode step against the Python path, config and bad files.
 
 How far off the mistakes would be (max |logit difference| / std of llama.cpp's logits, f32 files; measured by
 test_mistakes_are_visible, on the file with the alpha key): the right model 0.0015 (without the key 0.0019; Q8_0
@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
-from model_checks import assert_matches_llama_cpp, info_text, load_model, rel_err, rewrite_gguf
+from model_checks import (assert_fused_decode_equals_python, assert_matches_llama_cpp, info_text, load_model,
+                          rel_err, rewrite_gguf)
 
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError, UnsupportedError
@@ -48,12 +49,21 @@ def test_config(synthetic_model):
     assert c.rope_freq_base == pytest.approx(10000.0 * ALPHA ** (32 / 30), rel=1e-6)
 
 
-@pytest.mark.parametrize("dtype,kw", [("f32", {}), ("q8_0", {}), ("f32", dict(rope_alpha=ALPHA))],
-                         ids=["f32", "q8_0", "alpha"])
+@pytest.mark.parametrize("dtype,kw", [("f32", {}), ("q8_0", {}), ("f32", dict(rope_alpha=ALPHA)),
+                                     ("f32", dict(rope_alpha=ALPHA, qkv_bias=True))],
+                         ids=["f32", "q8_0", "alpha", "alpha-biases"])
 def test_logits_match_llama_cpp(synthetic_model, dtype, kw):
-    """Batch and one token at a time against llama.cpp (measured 0.0019, 0.068, 0.0015 of the spread)."""
+    """Batch and one token at a time against llama.cpp (measured 0.0019, 0.068, 0.0015, 0.0007 of the spread); the
+    optional q/k/v biases are added as llama.cpp's loader takes them."""
     assert_matches_llama_cpp(synthetic_model("hunyuan-dense", dtype, **kw), TOKENS,
                              TOL if dtype == "f32" else QUANT_TOL, same_top1=dtype == "f32")
+
+
+@pytest.mark.parametrize("kw", [{}, dict(rope_alpha=ALPHA, qkv_bias=True)], ids=["plain", "alpha-biases"])
+def test_fused_decode_equals_python_path(synthetic_model, cpu_kernels, kw):
+    """The one-call C step with its norms after RoPE (qk_norm_post_rope) gives the Python path's bits."""
+    assert_fused_decode_equals_python(load_model(synthetic_model("hunyuan-dense", "f32", **kw), cpu_kernels),
+                                      np.array(TOKENS, np.int32))
 
 
 def test_mistakes_are_visible(synthetic_model, cpu_kernels):

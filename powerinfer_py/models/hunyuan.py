@@ -11,9 +11,9 @@ Logits: rmsnorm(x) * output_norm, then output.weight (or token_embd.weight when 
 
 The norm weights differ per dim, so the order matters (measured in tests/test_hunyuan_dense.py). The RoPE base
 may carry the NTK alpha (config_llama_variants.py). Optional q/k/v biases are added as llama.cpp's loader takes them.
-The one-call C decode step norms before RoPE, so this model runs its own forward pass (the Python kernels, one
-token or many); the FFN is ffn.FFN's SwiGLU (its one-call C step for single tokens, threshold mode after
-`powerinfer calibrate`).
+Its own forward pass moves the norms after RoPE (base.Model's come before it); one-token steps run each attention
+block as one C call with the norms after RoPE too (attn_block.c's qk_norm_post_rope), with the same bits. The FFN
+is ffn.FFN's SwiGLU (its one-call C step for single tokens, threshold mode after `powerinfer calibrate`).
 """
 from __future__ import annotations
 
@@ -47,14 +47,19 @@ class HunyuanDenseModel(LlamaModel):
         # llama.cpp's hunyuan-dense reads no rope_freqs.weight; only YaRN's factors (config) apply
         self.rope_freqs = np.array(config.rope_factors, dtype=np.float32) if config.rope_factors else None
 
-    def attn_plans(self) -> None:
-        return None  # the C step norms q and k before RoPE
+    def attn_plan_kwargs(self, il: int, layer) -> dict:
+        """The C step's extras: the per-head norms, applied after RoPE."""
+        return dict(super().attn_plan_kwargs(il, layer), q_norm=layer.q_norm, k_norm=layer.k_norm,
+                    qk_norm_post_rope=True)
 
     def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         c, k = self.config, self.kernels
         ids, pos, p0 = self._begin(tokens, cache)
         n, eps = ids.shape[0], c.norm_eps
         x = self._embed(ids, pos)
+        plans = self.attn_plans() if n == 1 else None
+        if plans is not None:  # one token: each attention block as one C call (same kernels, same order)
+            return self._fused_decode(plans, x, p0, cache, all_logits)
         rope = self.rope_args()
         for il, L in enumerate(self.layers):
             q, kk, v = self._qkv(L, k.rmsnorm(x, L.attn_norm, eps), n)  # projections (+ biases), no norms yet
