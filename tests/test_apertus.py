@@ -102,7 +102,7 @@ def test_sparse_modes_are_refused(synthetic_model, mode, match):
 
 
 def test_bad_files_are_named(synthetic_model, cpu_kernels, tmp_path):
-    """A missing or short xIELU key and a missing output head are named; `info` shows the arch."""
+    """A missing or short xIELU key and a missing output head are named; `info` shows the xIELU parameters."""
     path = synthetic_model("apertus", "f32")
     for edit, match in (({"xielu.beta": None}, "xielu.beta"), ({"xielu.eps": [-1e-6] * 3}, "xielu.eps")):
         bad = rewrite_gguf(path, tmp_path / "bad.gguf", edit=edit)
@@ -111,4 +111,5 @@ def test_bad_files_are_named(synthetic_model, cpu_kernels, tmp_path):
     bad = rewrite_gguf(path, tmp_path / "nohead.gguf", drop=["output.weight"])
     with pytest.raises(ModelFileError, match="output.weight"):
         load_model(bad, cpu_kernels)
-    assert "apertus" in info_text(path)
+    text = info_text(path)
+    assert "apertus" in text and "xIELU FFN" in text and "alpha_n 0.2..0.8" in text
