@@ -140,6 +140,10 @@ def _table(f: dict) -> Table:
                       if topk else "")
             t.add_row("gemma3n", f"{g['n_altup']} AltUp streams; LAuReL rank {g['laurel_rank']}; per-layer inputs of "
                       f"{g['n_embd_per_layer']}{sparse}; K/V shared on layers {_ranges(shared) or 'none'}")
+        if c.get("xielu"):  # apertus: the raw per-layer xIELU parameters (models/apertus.py)
+            an, ap, beta = (list(v) for v in list(zip(*c["xielu"]))[:3])
+            t.add_row("xIELU FFN", f"ungated, dense only; raw alpha_n {min(an):.3g}..{max(an):.3g}, alpha_p "
+                      f"{min(ap):.3g}..{max(ap):.3g}, beta {min(beta):.3g}..{max(beta):.3g} over the layers")
         if c["arch"] == "gpt-oss":
             t.add_row("gpt-oss", f"attention sinks; even layers see the last {c['sliding_window']} tokens; router "
                       "weights softmaxed after top-k; expert biases; swiglu_oai (clamp 7, alpha 1.702)")

@@ -33,10 +33,11 @@ void pi_attn_block_decode(pi_pool *pool, const pi_attn_block *b, float *x, int32
     else memcpy(h, x, (size_t)n_embd * sizeof(float));
     pi_matmul(pool, b->wq_type, b->wq, n_q, n_embd, h, 1, q);
     add_bias(q, b->bq, n_q);
-    if (b->q_norm) pi_rmsnorm(pool, q, b->q_norm, b->eps, q_rows, n_q / q_rows, q);
+    const int norm_first = !b->qk_norm_post_rope; /* hunyuan-dense norms q and k after RoPE */
+    if (b->q_norm && norm_first) pi_rmsnorm(pool, q, b->q_norm, b->eps, q_rows, n_q / q_rows, q);
     pi_matmul(pool, b->wk_type, b->wk, n_kv, n_embd, h, 1, k);
     add_bias(k, b->bk, n_kv);
-    if (b->k_norm) pi_rmsnorm(pool, k, b->k_norm, b->eps, kv_rows, n_kv / kv_rows, k);
+    if (b->k_norm && norm_first) pi_rmsnorm(pool, k, b->k_norm, b->eps, kv_rows, n_kv / kv_rows, k);
     pi_matmul(pool, b->wv_type, b->wv, n_kv, n_embd, h, 1, v);
     add_bias(v, b->bv, n_kv);
     if (b->n_rot) {
@@ -45,6 +46,8 @@ void pi_attn_block_decode(pi_pool *pool, const pi_attn_block *b, float *x, int32
         pi_rope(pool, k, &pos, 1, b->n_head_kv, b->head_dim, b->n_rot, b->rope_base, b->rope_scale, b->rope_neox,
                 b->rope_ff, b->rope_mscale);
     }
+    if (b->q_norm && !norm_first) pi_rmsnorm(pool, q, b->q_norm, b->eps, q_rows, n_q / q_rows, q);
+    if (b->k_norm && !norm_first) pi_rmsnorm(pool, k, b->k_norm, b->eps, kv_rows, n_kv / kv_rows, k);
     pi_store_kv(k, 1, b->n_head_kv, b->head_dim, k_cache, n_ctx, pos);
     pi_store_kv(v, 1, b->n_head_kv, b->head_dim, v_cache, n_ctx, pos);
     pi_attention(pool, q, k_cache, v_cache, 1, b->n_head, b->n_head_kv, b->head_dim, n_ctx, pos, b->window,

@@ -207,7 +207,8 @@ int64_t pi_sparse_ffn_decode(pi_pool *pool, const pi_sparse_ffn *f, const float 
  *   0..pos; x += Wo a; then, if ffn_in is not NULL, ffn_in = rmsnorm(x) * ffn_norm (the FFN's input).
  * Optional (NULL / 0 for LLaMA): per-head RMSNorms of q and k right after their mat-vecs, an RMSNorm of the
  * output before the residual add, a sliding window (gemma3); Q/K/V biases (qwen2); attention logit soft-capping
- * (gemma2: attn_softcap > 0, see pi_attention); a scale of the output before the add (granite: res_scale). The same kernels in the order the Python path
+ * (gemma2: attn_softcap > 0, see pi_attention); a scale of the output before the add (granite: res_scale); q/k norms
+ * after RoPE instead of before (hunyuan-dense: qk_norm_post_rope). The same kernels in the order the Python path
  * calls them: bit-identical to it. Blocks without biases. work: f32 [2 * n_embd + 2 * n_head * head_dim
  * + 2 * n_head_kv * head_dim]. olmo2: attn_norm NULL (no pre-norm: h = x), ffn_norm NULL (ffn_in = x), and
  * qk_norm_full = 1 (q_norm, k_norm are f32 [n_head * head_dim], [n_head_kv * head_dim]: one RMSNorm over the
@@ -221,6 +222,7 @@ typedef struct {
     const float *attn_norm, *ffn_norm;   /* f32 [n_embd] (ffn_norm used only when ffn_in is given), or NULL */
     const float *q_norm, *k_norm;        /* f32 [head_dim] per-head RMSNorms of q and k (gemma3), or NULL */
     int qk_norm_full;                    /* 1: q_norm, k_norm span the whole q and k (olmo2) */
+    int qk_norm_post_rope;               /* 1: q_norm, k_norm applied after RoPE, not before (hunyuan-dense) */
     const float *post_norm;              /* f32 [n_embd] RMSNorm of the block's output before the add, or NULL */
     int64_t window;                      /* sliding window (0: full attention) */
     const float *bq, *bk, *bv;           /* f32 biases added after the Q, K, V mat-vecs (qwen2), or NULL */

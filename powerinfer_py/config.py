@@ -41,6 +41,7 @@ from .config_gemma3n import Gemma3nLayout, gemma3n_keys
 from .config_gemma4 import Gemma4Layout, gemma4_keys
 from .config_mamba2 import mamba2_keys, nemotron_moe_keys
 from .config_minicpm import MINICPM_ARCHS, minicpm3_mla, minicpm_keys
+from .config_llama_variants import apertus_keys, hunyuan_rope_base
 from .gguf.reader import GGUFFile
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "bamboo", "falcon",
@@ -52,7 +53,8 @@ SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "
                    "gemma3n",
                    "command-r", "cohere2",
                    "bailingmoe2", "afmoe",
-                   "minicpm", "minicpm3", "olmoe")
+                   "minicpm", "minicpm3", "olmoe",
+                   "hunyuan-dense", "apertus", "seed_oss")  # config_llama_variants.py
 # always mixture-of-experts (llama files are when they carry expert_count; ernie4_5-moe, deepseek2 and glm4moe
 # have leading dense layers: ModelConfig.moe_layers)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "deepseek2", "glm4moe", "lfm2moe",
@@ -74,10 +76,11 @@ GEMMA_ARCHS = ("gemma", "gemma2", "gemma3", "gemma4", "gemma3n")  # scaled embed
 _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "falcon", "phi3", "olmo2",
                "gpt-oss", "glm4moe", "lfm2", "lfm2moe", "gemma4", "smallthinker", "exaone4", "gemma3n",
                "qwen35", "qwen35moe", "qwen3next", "bailingmoe2", "afmoe",
-               "falcon-h1", "minicpm3", "olmoe"}  # qwen35: text M-RoPE is NeoX RoPE (config_archs.qwen35)
+               "falcon-h1", "minicpm3", "olmoe",
+               "hunyuan-dense", "apertus", "seed_oss"}  # qwen35: text M-RoPE is NeoX RoPE (config_archs.qwen35)
 # their models take per-pair RoPE factors and a scale (models/base.py)
 _YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee", "deepseek2", "mistral3",
-               "olmo2")
+               "olmo2", "hunyuan-dense", "apertus", "seed_oss")
 _LAYERNORM_ARCHS = {"falcon", "opt", "command-r", "cohere2"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
 _DEFAULT_FREQ_BASE = {"qwen2": 1_000_000.0, "qwen2moe": 1_000_000.0}
 HIDDEN_ACTS = ("silu", "relu", "fatrelu", "gelu")
@@ -169,6 +172,7 @@ class ModelConfig:
     ssm_d_inner: int = 0  # Mamba-2: the mixer's inner width (heads x head width)
     ssm_n_group: int = 0  # Mamba-2: groups of B and C (each serves ssm_n_v_heads / ssm_n_group heads)
     gemma3n: Gemma3nLayout | None = None  # gemma3n: AltUp, K/V sharing, top-k sparsity (config_gemma3n.py)
+    xielu: tuple[tuple[float, float, float, float], ...] = ()  # apertus: per layer xIELU (alpha_n, alpha_p, beta, eps)
 
     def is_moe_layer(self, il: int) -> bool:
         """Whether layer il's FFN is a mixture of experts (ernie4_5-moe's leading layers are dense)."""
@@ -360,7 +364,7 @@ class _Reader(ArchKeys):
     def experts(self) -> dict:
         """The mixture-of-experts fields of ModelConfig (n_expert ...), or {} for a dense FFN."""
         n_expert = self.get("{arch}.expert_count", 0)
-        if self.arch not in MOE_ARCHS and n_expert == 0:
+        if self.arch not in MOE_ARCHS and (n_expert == 0 or self.arch == "hunyuan-dense" and n_expert <= 1):
             return {}
         if self.arch not in _MOE_NORM_WEIGHTS:
             raise UnsupportedError(f"{self.f.path}: mixture-of-experts {self.arch} files are not supported "
@@ -482,6 +486,7 @@ class _Reader(ArchKeys):
             raise UnsupportedError(f"{self.f.path}: value_length {value_dim} != key_length {head_dim}")
         eps_key = "layer_norm_epsilon" if self.arch in _LAYERNORM_ARCHS else "layer_norm_rms_epsilon"
         freq_base = self.get("{arch}.rope.freq_base", _DEFAULT_FREQ_BASE.get(self.arch, 10_000.0), kind=float)
+        freq_base = hunyuan_rope_base(self, freq_base, head_dim) if self.arch == "hunyuan-dense" else freq_base
         window, swa_layers, freq_base_swa = self.swa(n_layer, freq_base)
         if g4:
             window, swa_layers, freq_base_swa = g4.pop("sliding_window"), g4.pop("swa_layers"), g4.pop("base_swa")
@@ -581,4 +586,5 @@ class _Reader(ArchKeys):
             **g4,
             **g3n,
             **cohere_keys(self, n_layer),
+            **(apertus_keys(self, n_layer) if self.arch == "apertus" else {}),
         )

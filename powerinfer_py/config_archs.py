@@ -4,7 +4,7 @@ config._Reader inherits these methods (they use its typed access: get, positive,
 reads the keys every architecture shares. Keys follow llama.cpp's names ({arch} is general.architecture);
 defaults are llama.cpp's where it has one.
 
-Per architecture:
+Per architecture (hunyuan-dense, apertus and seed_oss: config_llama_variants.py):
   llama   (LLaMA-2/3, Mistral): normal (interleaved-pair) RoPE, attn_scale 1/sqrt(head_dim), rope base 10000
   qwen2   NeoX RoPE, rope base default 1e6, q/k/v biases (tensors, not config)
   qwen3   NeoX RoPE, no q/k/v biases, per-head RMSNorm of Q and K (tensors); head_dim is {arch}.attention.key_length

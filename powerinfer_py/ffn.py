@@ -86,6 +86,8 @@ def ffn_variant(config: ModelConfig) -> str:
         return "dreglu"
     if config.arch in ("arcee", "nemotron_h"):
         return "relu2"
+    if config.arch == "apertus":  # xIELU, ungated, not ReLU-family: dense only (models/apertus.py)
+        return "xielu"
     if config.arch == "smallthinker":  # its experts: relu(gate) * up (moe.py)
         return "reglu"
     if config.arch in GEMMA_ARCHS:

@@ -78,6 +78,7 @@ ARCHS += ("lfm2", "lfm2moe")
 _EMBD_STD.update(lfm2=0.1, lfm2moe=0.1)
 _OUTPUT_NORM_GAIN.update(lfm2=3.0, lfm2moe=3.0)
 ARCHS += ("qwen35", "qwen35moe", "qwen3next")  # Qwen3.5, Qwen3-Next: written whole by synth_qwen35.write_qwen35
+ARCHS += ("hunyuan-dense", "apertus", "seed_oss")  # llama variants: synth_llama_variants.write_llama_variant
 ARCHS += ("nemotron_h", "mamba2", "granitehybrid", "nemotron_h_moe")  # Nemotron-H, Mamba-2, Granite 4.0-H: synth_mamba2.write_nemotron_h
 ARCHS += ("command-r", "cohere2")  # Cohere: written whole by synth_cohere.write_cohere_model
 ARCHS += ("bailingmoe2", "afmoe")  # Ling 2.0, Trinity: written whole by synth_bailing.write_ling_trinity
@@ -614,6 +615,10 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
     if arch in ("minicpm", "minicpm3", "olmoe"):  # synth_minicpm lists the options
         from .synth_minicpm import write_minicpm_model
         return write_minicpm_model(path, arch, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
+                                   n_head_kv=n_head_kv, n_vocab=n_vocab, seed=seed, **overrides)
+    if arch in ("hunyuan-dense", "apertus", "seed_oss"):  # synth_llama_variants lists the options
+        from .synth_llama_variants import write_llama_variant
+        return write_llama_variant(path, arch, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
                                    n_head_kv=n_head_kv, n_vocab=n_vocab, seed=seed, **overrides)
     spec = _Spec(arch, n_layer, n_embd, n_ff, n_head, n_head_kv, n_vocab, overrides)
     metadata, types = spec.metadata(dtype)

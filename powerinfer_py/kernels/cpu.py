@@ -440,7 +440,7 @@ class CpuKernels:
                         k_norm=None, post_norm=None, window: int = 0, bq=None, bk=None, bv=None,
                         rope_freqs=None, rope_mscale: float = 1.0, attn_softcap: float = 0.0,
                         qk_norm_full: bool = False, residual_scale: float = 1.0, bo=None,
-                        sinks=None) -> "AttnBlockPlan":
+                        sinks=None, qk_norm_post_rope: bool = False) -> "AttnBlockPlan":
         """Checks one layer's attention weights once and describes them to C for attn_block_decode. q_norm,
         k_norm (f32 [head_dim]), post_norm (f32 [n_embd]) and a sliding window are gemma3's extras; bq, bk, bv
         (f32 [n_head * head_dim], [n_head_kv * head_dim] x 2) qwen2's; rope_freqs (f32 [n_rot/2], RoPE
@@ -448,7 +448,8 @@ class CpuKernels:
         logit soft-cap, 0 = off) gemma2's. olmo2: attn_norm and ffn_norm None (no pre-norms) and qk_norm_full
         (q_norm, k_norm f32 [n_head * head_dim], [n_head_kv * head_dim], each one RMSNorm over all of q, k).
         residual_scale (the block's output is multiplied by it before it is added to x, 1 = none): granite's.
-        bo (f32 [n_embd], the output projection's bias) and sinks (f32 [n_head], attention sink logits): gpt-oss's."""
+        bo (f32 [n_embd], the output projection's bias) and sinks (f32 [n_head], attention sink logits): gpt-oss's.
+        qk_norm_post_rope: q_norm, k_norm applied after RoPE instead of before (hunyuan-dense)."""
         n_q, n_kv = n_head * head_dim, n_head_kv * head_dim
         infos = {nm: self._weight(t) for nm, t in (("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo))}
         n_embd = infos["wq"][4]
@@ -481,6 +482,7 @@ class CpuKernels:
         desc.eps, desc.rope_base, desc.rope_scale, desc.attn_scale = eps, rope_base, rope_scale, attn_scale
         desc.rope_neox = 1 if rope_neox else 0
         desc.qk_norm_full = 1 if qk_norm_full else 0
+        desc.qk_norm_post_rope = 1 if qk_norm_post_rope else 0
         (desc.attn_norm, desc.ffn_norm, desc.q_norm, desc.k_norm, desc.post_norm, desc.bq, desc.bk, desc.bv,
          desc.rope_ff, desc.bo, desc.sinks) = norms
         desc.window = window

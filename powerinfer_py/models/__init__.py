@@ -37,6 +37,7 @@ from . import cohere
 from . import afmoe, bailing
 from . import falcon_h1
 from . import minicpm, olmoe
+from . import apertus, hunyuan, seed_oss
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -85,6 +86,9 @@ _FAMILIES = {
     "minicpm": (minicpm.MiniCPMModel, minicpm.expected_tensors),  # granite's scalars (MiniCPM defaults), LongRoPE
     "minicpm3": (minicpm.MiniCPM3Model, minicpm.expected_tensors_3),  # deepseek2's MLA, dense FFN, fixed scalars
     "olmoe": (olmoe.OlmoeModel, olmoe.expected_tensors),  # whole-width Q/K norms, softmax experts
+    "hunyuan-dense": (hunyuan.HunyuanDenseModel, hunyuan.expected_tensors),  # Q/K norms after RoPE
+    "apertus": (apertus.ApertusModel, apertus.expected_tensors),  # Q/K norms, xIELU FFN (ungated)
+    "seed_oss": (seed_oss.SeedOssModel, seed_oss.expected_tensors),  # q/k/v biases, post_attention_norm as FFN norm
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
