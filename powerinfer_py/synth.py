@@ -614,8 +614,10 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
                                   n_head_kv=n_head_kv, n_vocab=n_vocab, seed=seed, **overrides)
     if arch in ("minicpm", "minicpm3", "olmoe"):  # synth_minicpm lists the options
         from .synth_minicpm import write_minicpm_model
+        # olmoe: llama.cpp's k norm spans the whole K projection, so its files have as many K/V heads as heads
         return write_minicpm_model(path, arch, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
-                                   n_head_kv=n_head_kv, n_vocab=n_vocab, seed=seed, **overrides)
+                                   n_head_kv=n_head if arch == "olmoe" else n_head_kv, n_vocab=n_vocab, seed=seed,
+                                   **overrides)
     if arch in ("hunyuan-dense", "apertus", "seed_oss"):  # synth_llama_variants lists the options
         from .synth_llama_variants import write_llama_variant
         return write_llama_variant(path, arch, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
