@@ -10,8 +10,10 @@
  * interpreter's own data is cold each time it runs between two kernels, and a dozen numpy calls and wrapper
  * checks per layer cost far more than their warm microsecond each. llama, bamboo, qwen2 (Q/K/V biases),
  * gemma3 (Q/K norms, post-attention norm, sliding-window layers), gemma and gemma2 (attention soft-cap), smollm3
- * (n_rot 0 on its NoPE layers), gemma4 and gemma3n (V norm, layers without attn_v or sharing K/V), olmo2 (no pre-norm, whole-width Q/K norms, output norm), granite (the output
- * scaled before the residual add), gpt-oss (Q/K/V and output biases, attention sinks, sliding-window layers); other architectures and batches keep the Python path.
+ * (n_rot 0 on its NoPE layers), gemma4 and gemma3n (weightless V norm, layers without attn_v, layers sharing
+ * another's K/V), olmo2 (no pre-norm, whole-width Q/K norms, output norm), granite (the output scaled before the
+ * residual add), gpt-oss (Q/K/V and output biases, attention sinks, sliding-window layers); other architectures
+ * and batches keep the Python path.
  */
 #include <string.h>
 
