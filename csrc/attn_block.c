@@ -10,8 +10,10 @@
  * interpreter's own data is cold each time it runs between two kernels, and a dozen numpy calls and wrapper
  * checks per layer cost far more than their warm microsecond each. llama, bamboo, qwen2 (Q/K/V biases),
  * gemma3 (Q/K norms, post-attention norm, sliding-window layers), gemma and gemma2 (attention soft-cap), smollm3
- * (n_rot 0 on its NoPE layers), olmo2 (no pre-norm, whole-width Q/K norms, output norm), granite (the output
- * scaled before the residual add), gpt-oss (Q/K/V and output biases, attention sinks, sliding-window layers); other architectures and batches keep the Python path.
+ * (n_rot 0 on its NoPE layers), gemma4 and gemma3n (weightless V norm, layers without attn_v, layers sharing
+ * another's K/V), olmo2 (no pre-norm, whole-width Q/K norms, output norm), granite (the output scaled before the
+ * residual add), gpt-oss (Q/K/V and output biases, attention sinks, sliding-window layers); other architectures
+ * and batches keep the Python path.
  */
 #include <string.h>
 
@@ -35,21 +37,30 @@ void pi_attn_block_decode(pi_pool *pool, const pi_attn_block *b, float *x, int32
     add_bias(q, b->bq, n_q);
     const int norm_first = !b->qk_norm_post_rope; /* hunyuan-dense norms q and k after RoPE */
     if (b->q_norm && norm_first) pi_rmsnorm(pool, q, b->q_norm, b->eps, q_rows, n_q / q_rows, q);
-    pi_matmul(pool, b->wk_type, b->wk, n_kv, n_embd, h, 1, k);
-    add_bias(k, b->bk, n_kv);
-    if (b->k_norm && norm_first) pi_rmsnorm(pool, k, b->k_norm, b->eps, kv_rows, n_kv / kv_rows, k);
-    pi_matmul(pool, b->wv_type, b->wv, n_kv, n_embd, h, 1, v);
-    add_bias(v, b->bv, n_kv);
+    if (b->wk) { /* NULL: a layer sharing another's K/V (gemma4, gemma3n) computes and stores none */
+        pi_matmul(pool, b->wk_type, b->wk, n_kv, n_embd, h, 1, k);
+        add_bias(k, b->bk, n_kv);
+        if (!b->wv) memcpy(v, k, (size_t)n_kv * sizeof(float)); /* gemma4's layers without attn_v */
+        if (b->k_norm && norm_first) pi_rmsnorm(pool, k, b->k_norm, b->eps, kv_rows, n_kv / kv_rows, k);
+        if (b->wv) {
+            pi_matmul(pool, b->wv_type, b->wv, n_kv, n_embd, h, 1, v);
+            add_bias(v, b->bv, n_kv);
+        }
+        if (b->v_norm) pi_rmsnorm(pool, v, NULL, b->eps, b->n_head_kv, b->head_dim, v);
+    }
     if (b->n_rot) {
         pi_rope(pool, q, &pos, 1, b->n_head, b->head_dim, b->n_rot, b->rope_base, b->rope_scale, b->rope_neox,
                 b->rope_ff, b->rope_mscale);
-        pi_rope(pool, k, &pos, 1, b->n_head_kv, b->head_dim, b->n_rot, b->rope_base, b->rope_scale, b->rope_neox,
-                b->rope_ff, b->rope_mscale);
+        if (b->wk)
+            pi_rope(pool, k, &pos, 1, b->n_head_kv, b->head_dim, b->n_rot, b->rope_base, b->rope_scale,
+                    b->rope_neox, b->rope_ff, b->rope_mscale);
     }
     if (b->q_norm && !norm_first) pi_rmsnorm(pool, q, b->q_norm, b->eps, q_rows, n_q / q_rows, q);
-    if (b->k_norm && !norm_first) pi_rmsnorm(pool, k, b->k_norm, b->eps, kv_rows, n_kv / kv_rows, k);
-    pi_store_kv(k, 1, b->n_head_kv, b->head_dim, k_cache, n_ctx, pos);
-    pi_store_kv(v, 1, b->n_head_kv, b->head_dim, v_cache, n_ctx, pos);
+    if (b->wk) {
+        if (b->k_norm && !norm_first) pi_rmsnorm(pool, k, b->k_norm, b->eps, kv_rows, n_kv / kv_rows, k);
+        pi_store_kv(k, 1, b->n_head_kv, b->head_dim, k_cache, n_ctx, pos);
+        pi_store_kv(v, 1, b->n_head_kv, b->head_dim, v_cache, n_ctx, pos);
+    }
     pi_attention(pool, q, k_cache, v_cache, 1, b->n_head, b->n_head_kv, b->head_dim, n_ctx, pos, b->window,
                  b->attn_scale, b->attn_softcap, b->sinks, a);
     pi_matmul(pool, b->wo_type, b->wo, n_embd, n_q, a, 1, o);

@@ -212,7 +212,9 @@ int64_t pi_sparse_ffn_decode(pi_pool *pool, const pi_sparse_ffn *f, const float 
  * calls them: bit-identical to it. Blocks without biases. work: f32 [2 * n_embd + 2 * n_head * head_dim
  * + 2 * n_head_kv * head_dim]. olmo2: attn_norm NULL (no pre-norm: h = x), ffn_norm NULL (ffn_in = x), and
  * qk_norm_full = 1 (q_norm, k_norm are f32 [n_head * head_dim], [n_head_kv * head_dim]: one RMSNorm over the
- * whole q and the whole k instead of one per head). */
+ * whole q and the whole k instead of one per head). gemma4 / gemma3n: v_norm = 1 (a per-head RMSNorm of v without
+ * weight); wv NULL (v is Wk h, taken before k's norm); wk and wv NULL (a layer that shares another's K/V: it
+ * computes and stores none and attends over the cache planes it is given, which that layer filled at pos). */
 typedef struct {
     int64_t n_embd, n_head, n_head_kv, head_dim, n_rot;
     float eps, rope_base, rope_scale, attn_scale;
@@ -232,7 +234,8 @@ typedef struct {
     float rope_mscale;                   /* scale of the rotated dims (YaRN attention factor; 1 otherwise) */
     int wq_type, wk_type, wv_type, wo_type;
     const void *wq, *wk, *wv, *wo;       /* [n_head*head_dim, n_embd] x 1, [n_head_kv*head_dim, n_embd] x 2,
-                                            [n_embd, n_head*head_dim] */
+                                            [n_embd, n_head*head_dim]; wk, wv may be NULL (see above) */
+    int v_norm;                          /* 1: per-head RMSNorm of v without weight (gemma4, gemma3n) */
 } pi_attn_block;
 void pi_attn_block_decode(pi_pool *pool, const pi_attn_block *b, float *x, int32_t pos, uint16_t *k_cache,
                           uint16_t *v_cache, int64_t n_ctx, float *work, float *ffn_in);

@@ -440,7 +440,7 @@ class CpuKernels:
                         k_norm=None, post_norm=None, window: int = 0, bq=None, bk=None, bv=None,
                         rope_freqs=None, rope_mscale: float = 1.0, attn_softcap: float = 0.0,
                         qk_norm_full: bool = False, residual_scale: float = 1.0, bo=None,
-                        sinks=None, qk_norm_post_rope: bool = False) -> "AttnBlockPlan":
+                        sinks=None, qk_norm_post_rope: bool = False, v_norm: bool = False) -> "AttnBlockPlan":
         """Checks one layer's attention weights once and describes them to C for attn_block_decode. q_norm,
         k_norm (f32 [head_dim]), post_norm (f32 [n_embd]) and a sliding window are gemma3's extras; bq, bk, bv
         (f32 [n_head * head_dim], [n_head_kv * head_dim] x 2) qwen2's; rope_freqs (f32 [n_rot/2], RoPE
@@ -449,9 +449,15 @@ class CpuKernels:
         (q_norm, k_norm f32 [n_head * head_dim], [n_head_kv * head_dim], each one RMSNorm over all of q, k).
         residual_scale (the block's output is multiplied by it before it is added to x, 1 = none): granite's.
         bo (f32 [n_embd], the output projection's bias) and sinks (f32 [n_head], attention sink logits): gpt-oss's.
-        qk_norm_post_rope: q_norm, k_norm applied after RoPE instead of before (hunyuan-dense)."""
+        qk_norm_post_rope: q_norm, k_norm applied after RoPE instead of before (hunyuan-dense).
+        gemma4 / gemma3n: v_norm (a weightless per-head RMSNorm of v); wv None (v is Wk h before k's norm); wk and
+        wv None (the layer shares another's K/V: decode then takes that layer's cache planes and writes none)."""
         n_q, n_kv = n_head * head_dim, n_head_kv * head_dim
-        infos = {nm: self._weight(t) for nm, t in (("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo))}
+        if wk is None and (wv is not None or bk is not None or bv is not None or k_norm is not None):
+            raise ValueError("attn_block_plan: a layer without wk (sharing another's K/V) takes no wv, bk, bv, k_norm")
+        if wv is None and bv is not None:
+            raise ValueError("attn_block_plan: bv given without wv")
+        infos = {nm: self._weight(t) for nm, t in (("wq", wq), ("wk", wk), ("wv", wv), ("wo", wo)) if t is not None}
         n_embd = infos["wq"][4]
         want = {"wq": (n_q, n_embd), "wk": (n_kv, n_embd), "wv": (n_kv, n_embd), "wo": (n_embd, n_q)}
         for nm, (_, _, _, rows, cols) in infos.items():
@@ -491,6 +497,8 @@ class CpuKernels:
         if not (math.isfinite(residual_scale) and residual_scale != 0):
             raise ValueError(f"attn_block_plan: residual_scale must be finite and non-zero, got {residual_scale}")
         desc.res_scale = residual_scale
+        desc.v_norm = 1 if v_norm else 0
+        desc.wk = desc.wv = ffi.NULL
         for nm, (_, wp, ty, _, _) in infos.items():
             setattr(desc, nm, wp)
             setattr(desc, f"{nm}_type", ty)

@@ -25,7 +25,9 @@ on). With e = token_embd[ids] * sqrt(n_embd), rms(v) = ||v|| per token (no epsil
   logits = cap * tanh(token_embd · (rmsnorm(y) * output_norm) / cap)            (tied head, cap 30)
 GGUF norm weights already hold Gemma's "+1". `--sparse exact` computes the up rows of the top-k layers only for
 the neurons the top-k keeps (the gate stays dense; the down projection is the dense matmul of h with exact zeros),
-the same bits as `off`. Decode steps run this Python path (no one-call C attention step).
+the same bits as `off`. A decode step (one token, CPU kernels) runs each layer's attention block (from the
+normed p_0 to p_0 + rmsnorm(Wo·a) * post_attention_norm) as one C call, kernels.attn_block_decode, with the same
+bits as the Python path; AltUp, LAuReL, the FFN and the per-layer inputs stay in Python.
 """
 from __future__ import annotations
 
@@ -90,7 +92,6 @@ class Gemma3nModel(Model):
 
     LAYER_TENSORS = LAYER_TENSORS
     OPTIONAL_TENSORS = OPTIONAL
-    fused_attention = False
 
     def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
                  sparse: SparseSettings | None = None):
@@ -101,6 +102,8 @@ class Gemma3nModel(Model):
         for il, L in enumerate(self.layers):
             if g.has_kv(il) and (L.wk is None or L.wv is None or L.k_norm is None):
                 raise ModelFileError(f"layer {il} computes its own K/V but lacks attn_k / attn_v / attn_k_norm")
+            if not g.has_kv(il):  # K/V tensors a sharing layer's file may still hold are never used
+                L.wk = L.wv = L.k_norm = None
             L.correct_scale = norm_weight(L.correct_scale)
         self.exact = self.sparse.mode == "exact"
         self.sparsity = SparsityStats(config.n_layer, config.n_ff, self.sparse.mode, 0.0)
@@ -123,8 +126,13 @@ class Gemma3nModel(Model):
                                  head_dim=(c.head_dim,) * c.n_layer)
         return Gemma4Cache(layout, n_ctx or c.n_ctx_train)
 
-    def attn_plans(self) -> list | None:
-        return None
+    def attn_plan_kwargs(self, il: int, layer) -> dict:
+        """Layer il's RoPE and window, the weightless V norm, and its K/V source (base.attn_plans passes wk and wv:
+        None on the layers sharing K/V) for attn_block_plan."""
+        window, (n_rot, base, scale, neox) = self.layer_attn[il]
+        return dict(n_rot=n_rot, rope_base=base, rope_scale=scale, rope_neox=neox, rope_freqs=None, rope_mscale=1.0,
+                    attn_scale=1.0, attn_softcap=0.0, window=window, q_norm=layer.q_norm, k_norm=layer.k_norm,
+                    post_norm=layer.post_attn_norm, v_norm=True)
 
     # ---- pieces ------------------------------------------------------------------------------------------
     def _rescaled(self, ws: list[Tensor], xs: list[np.ndarray], target: np.ndarray) -> list[np.ndarray]:
@@ -187,6 +195,22 @@ class Gemma3nModel(Model):
         innov = y - pred[0]
         return [pred[b] + innov * cc[:, b:b + 1] for b in range(len(pred))]
 
+    def _attention(self, il: int, L, h: np.ndarray, pos: np.ndarray, p0: int, cache: KVCache, window: int,
+                   rope: tuple) -> np.ndarray:
+        """The attention block's output rmsnorm(Wo·a) * post_attention_norm for the normed input h f32 [N, n_embd]
+        (the Python path; it stores the layer's K/V, if it has its own, into cache)."""
+        c, k, g, eps, n = self.config, self.kernels, self.config.gemma3n, self.config.norm_eps, h.shape[0]
+        q = k.rmsnorm(k.matmul(L.wq, h).reshape(n, c.n_head, c.head_dim), L.q_norm, eps)
+        k.rope(q, pos, *rope)
+        if g.has_kv(il):
+            kk = k.rmsnorm(k.matmul(L.wk, h).reshape(n, c.n_head_kv, c.head_dim), L.k_norm, eps)
+            v = k.rmsnorm(k.matmul(L.wv, h).reshape(n, c.n_head_kv, c.head_dim), None, eps)
+            k.rope(kk, pos, *rope)
+            self._store_kv(cache, il, p0, kk, v)
+        src = g.kv_source[il]
+        a = k.attention(q, cache.k[src], cache.v[src], p0, window, 1.0)
+        return k.rmsnorm(k.matmul(L.wo, a.reshape(n, c.n_head * c.head_dim)), L.post_attn_norm, eps)
+
     # ---- forward -----------------------------------------------------------------------------------------
     def forward(self, tokens, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         c, k, g = self.config, self.kernels, self.config.gemma3n
@@ -198,6 +222,7 @@ class Gemma3nModel(Model):
         mag = np.sqrt(np.sum(np.square(e), axis=-1, keepdims=True))
         xs = [e] + self._rescaled(self.altup_proj, [e] * (A - 1), mag)
         inv2 = np.float32(1.0 / math.sqrt(2.0))
+        plans = self.attn_plans() if n == 1 else None
         for il, (L, (window, rope)) in enumerate(zip(self.layers, self.layer_attn)):
             # AltUp predict: p_b = x_b + sum_a C[b, a] x_a
             coef = k.matmul(L.predict_coef, self.router(L, xs[0])).reshape(n, A, A)
@@ -206,17 +231,13 @@ class Gemma3nModel(Model):
             act = np.ascontiguousarray(pred[0])
             h = k.rmsnorm(act, L.attn_norm, eps)
             laurel = self.laurel(L, h)
-            q = k.rmsnorm(k.matmul(L.wq, h).reshape(n, c.n_head, c.head_dim), L.q_norm, eps)
-            k.rope(q, pos, *rope)
-            if g.has_kv(il):
-                kk = k.rmsnorm(k.matmul(L.wk, h).reshape(n, c.n_head_kv, c.head_dim), L.k_norm, eps)
-                v = k.rmsnorm(k.matmul(L.wv, h).reshape(n, c.n_head_kv, c.head_dim), None, eps)
-                k.rope(kk, pos, *rope)
-                self._store_kv(cache, il, p0, kk, v)
             src = g.kv_source[il]
-            a = k.attention(q, cache.k[src], cache.v[src], p0, window, 1.0)
-            o = k.rmsnorm(k.matmul(L.wo, a.reshape(n, c.n_head * c.head_dim)), L.post_attn_norm, eps)
-            o += act
+            if plans is not None:  # one C call: o = act + rmsnorm(Wo·a) * post_attention_norm (act + o, same bits)
+                o = act.copy()  # act may be a view of pred, which altup_correct reads
+                k.attn_block_decode(plans[il], o[0], p0, cache.k[src], cache.v[src])
+            else:
+                o = self._attention(il, L, h, pos, p0, cache, window, rope)
+                o += act
             o += laurel
             o *= inv2
             y = k.rmsnorm(self.ffn(il, L, k.rmsnorm(o, L.ffn_norm, eps)), L.post_ffw_norm, eps)

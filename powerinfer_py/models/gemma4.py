@@ -27,7 +27,9 @@ factors stop the pairs past the rotated fraction). The per-layer inputs pl (one 
 layer and token) are, with P = n_embd_per_layer:
   pl = (rmsnorm_P(per_layer_model_proj · e / sqrt(n_embd)) * per_layer_proj_norm
         + per_layer_token_embd[ids] * sqrt(P)) / sqrt(2)
-GGUF norm weights already hold Gemma's "+1". Decode steps run the Python path (no one-call C attention step).
+GGUF norm weights already hold Gemma's "+1". A decode step (one token, CPU kernels) runs each layer's attention
+block as one C call (kernels.attn_block_decode: the layer's own shapes, V norm, K/V sharing), with the same bits
+as the Python path; the FFN, experts and per-layer embeddings stay in Python.
 """
 from __future__ import annotations
 
@@ -140,7 +142,6 @@ class Gemma4Model(GemmaModel):
 
     LAYER_TENSORS = LAYER_TENSORS
     OPTIONAL_TENSORS = OPTIONAL
-    fused_attention = False
 
     def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
                  sparse: SparseSettings | None = None):
@@ -152,6 +153,8 @@ class Gemma4Model(GemmaModel):
         for il, L in enumerate(self.layers):
             if g.has_kv(il) and (L.wk is None or L.k_norm is None):
                 raise ModelFileError(f"layer {il} computes its own K/V but has no attn_k / attn_k_norm tensor")
+            if not g.has_kv(il):  # K/V tensors a sharing layer's file may still hold are never used
+                L.wk = L.wv = L.k_norm = None
             L.out_scale = float(norm_weight(L.out_scale)[0]) if L.out_scale is not None else None
         freqs = get_tensor(tensors, "rope_freqs.weight", required=not all(c.swa_layers))
         self.full_freqs = norm_weight(freqs)
@@ -192,10 +195,12 @@ class Gemma4Model(GemmaModel):
         self.__dict__.setdefault("moe_side", {})[il] = SimpleNamespace(dense=dense, router_scale=router_scale, **side)
         return moe
 
-    def ffn_block(self, il: int, L, x: np.ndarray) -> np.ndarray:
-        """What the FFN part of layer il adds to the residual x (module docstring): dense, or dense and experts."""
+    def ffn_block(self, il: int, L, x: np.ndarray, m: np.ndarray | None = None) -> np.ndarray:
+        """What the FFN part of layer il adds to the residual x (module docstring): dense, or dense and experts.
+        m: the FFN's input rmsnorm(x) * ffn_norm when the caller has it (the one-call attention step returns it)."""
         k, eps = self.kernels, self.config.norm_eps
-        m = k.rmsnorm(x, L.ffn_norm, eps)
+        if m is None:
+            m = k.rmsnorm(x, L.ffn_norm, eps)
         side = self.moe_side.get(il)
         if side is None:
             return k.rmsnorm(self.ffns[il](m, x), L.post_ffw_norm, eps)
@@ -208,8 +213,15 @@ class Gemma4Model(GemmaModel):
     def new_cache(self, n_ctx: int | None = None) -> Gemma4Cache:
         return Gemma4Cache(self.config.gemma4, n_ctx or self.config.n_ctx_train)
 
-    def attn_plans(self) -> list | None:
-        return None  # no one-call C decode step for these layers (yet)
+    def attn_plan_kwargs(self, il: int, layer) -> dict:
+        """Layer il's own attention shape, RoPE and window for attn_block_plan (base.attn_plans passes its wk and
+        wv: None on the layers sharing K/V, wv None where v is Wk h)."""
+        g = self.config.gemma4
+        window, (n_rot, base, scale, neox, freqs) = self.layer_attn[il]
+        return dict(n_head=g.n_head[il], n_head_kv=g.n_head_kv[il], head_dim=g.head_dim[il], n_rot=n_rot,
+                    rope_base=base, rope_scale=scale, rope_neox=neox, rope_freqs=freqs, rope_mscale=1.0,
+                    attn_scale=1.0, attn_softcap=0.0, window=window, q_norm=layer.q_norm,
+                    k_norm=layer.k_norm if g.has_kv(il) else None, post_norm=layer.post_attn_norm, v_norm=True)
 
     def layer_attention(self) -> list[tuple[int, tuple]]:
         return self.layer_attn
@@ -224,6 +236,9 @@ class Gemma4Model(GemmaModel):
         n, eps = ids.shape[0], c.norm_eps
         x = self._embed(ids, pos)
         pl = self.per_layer_inputs(ids, x) if g.n_embd_per_layer else None
+        plans = self.attn_plans() if n == 1 else None
+        if plans is not None:
+            return self._decode_step(plans, x, pl, p0, cache, all_logits)
         for il, (L, (window, rope)) in enumerate(zip(self.layers, self.layer_attn)):
             hd, H, Hkv = g.head_dim[il], g.n_head[il], g.n_head_kv[il]
             h = k.rmsnorm(x, L.attn_norm, eps)
@@ -240,11 +255,28 @@ class Gemma4Model(GemmaModel):
             a = k.attention(q, cache.k[src], cache.v[src], p0, window, 1.0)
             x += k.rmsnorm(k.matmul(L.wo, a.reshape(n, H * hd)), L.post_attn_norm, eps)
             x += self.ffn_block(il, L, x)
-            if pl is not None:
-                gate = k.gelu(k.matmul(L.inp_gate, x))
-                gate *= pl[il]
-                x += k.rmsnorm(k.matmul(L.proj, gate), L.post_norm, eps)
-            if L.out_scale is not None:
-                x *= np.float32(L.out_scale)
+            self._layer_end(il, L, x, pl)
         cache.n_past = p0 + n
+        return self._head(x, all_logits)
+
+    def _layer_end(self, il: int, L, x: np.ndarray, pl: np.ndarray | None) -> None:
+        """The per-layer embedding's addition and the layer output scale, applied to x in place."""
+        k = self.kernels
+        if pl is not None:
+            gate = k.gelu(k.matmul(L.inp_gate, x))
+            gate *= pl[il]
+            x += k.rmsnorm(k.matmul(L.proj, gate), L.post_norm, self.config.norm_eps)
+        if L.out_scale is not None:
+            x *= np.float32(L.out_scale)
+
+    def _decode_step(self, plans: list, x: np.ndarray, pl: np.ndarray | None, p0: int, cache: KVCache,
+                     all_logits: bool) -> np.ndarray:
+        """One token x f32 [1, n_embd] at position p0 through every layer, each attention block one C call (a
+        layer sharing K/V reads its source layer's cache planes, which that layer filled earlier in this step)."""
+        k, src = self.kernels, self.config.gemma4.kv_source
+        for il, (L, plan) in enumerate(zip(self.layers, plans)):
+            m = k.attn_block_decode(plan, x[0], p0, cache.k[src[il]], cache.v[src[il]])
+            x += self.ffn_block(il, L, x, m[None, :])
+            self._layer_end(il, L, x, pl)
+        cache.n_past = p0 + 1
         return self._head(x, all_logits)
