@@ -101,15 +101,3 @@ class FalconH1Model(Mamba2Mixer, Model):
             x += self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x)
         cache.end(p0 + ids.shape[0])
         return self._head(x, all_logits)
-
-    def _attend(self, il: int, L, h: np.ndarray, pos: np.ndarray, cache: Mamba2KVCache, p0: int) -> np.ndarray:
-        """Wo · attention of the normed input h [N, n_embd], with NeoX RoPE; stores the layer's K/V."""
-        c, k = self.config, self.kernels
-        n = h.shape[0]
-        q, kk, v = self._qkv(L, h, n)
-        rope = self.rope_args()
-        k.rope(q, pos, *rope)
-        k.rope(kk, pos, *rope)
-        self._store_kv(cache, il, p0, kk, v)
-        a = k.attention(q, cache.k[il], cache.v[il], p0, 0, c.attn_scale)  # [N, H, hd]
-        return k.matmul(L.wo, a.reshape(n, c.n_head * c.head_dim))

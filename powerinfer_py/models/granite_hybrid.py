@@ -104,15 +104,3 @@ class GraniteHybridModel(Mamba2Mixer, GraniteModel):
             x += self._ffn_out(il, self.ffns[il](m, x))  # times residual_scale
         cache.end(p0 + n)
         return self._head(x, all_logits)  # divided by logit_scale
-
-    def _attend(self, il: int, L, h: np.ndarray, pos: np.ndarray, cache: Mamba2KVCache, p0: int) -> np.ndarray:
-        """Wo · attention of an attention layer on its normed input h [N, n_embd] (RoPE when n_rot > 0)."""
-        c, k = self.config, self.kernels
-        n = h.shape[0]
-        q, kk, v = self._qkv(L, h, n)
-        rope = self.rope_args()
-        k.rope(q, pos, *rope)
-        k.rope(kk, pos, *rope)
-        self._store_kv(cache, il, p0, kk, v)
-        a = k.attention(q, cache.k[il], cache.v[il], p0, 0, c.attn_scale)  # [N, H, hd]
-        return k.matmul(L.wo, a.reshape(n, c.n_head * c.head_dim))

@@ -78,6 +78,19 @@ def softplus(v: np.ndarray) -> np.ndarray:
 class Mamba2Mixer:
     """The mixer (module docstring) as methods of a Model: _mamba2(il, L, h, cache, p0) -> its output [N, n_embd]."""
 
+    def _attend(self, il: int, L, h: np.ndarray, pos: np.ndarray, cache, p0: int) -> np.ndarray:
+        """A hybrid's attention layer (granitehybrid, falcon-h1) on its normed input h [N, n_embd]: Wo · attention,
+        RoPE as rope_args says (none when n_rot is 0); stores the layer's K/V in the cache beside the mixer states."""
+        c, k = self.config, self.kernels
+        n = h.shape[0]
+        q, kk, v = self._qkv(L, h, n)
+        rope = self.rope_args()
+        k.rope(q, pos, *rope)
+        k.rope(kk, pos, *rope)
+        self._store_kv(cache, il, p0, kk, v)
+        a = k.attention(q, cache.k[il], cache.v[il], p0, 0, c.attn_scale)  # [N, H, hd]
+        return k.matmul(L.wo, a.reshape(n, c.n_head * c.head_dim))
+
     def _mamba2(self, il: int, L, h: np.ndarray, cache, p0: int) -> np.ndarray:
         c, k = self.config, self.kernels
         H, P, G, N, conv_dim = mamba2_dims(c)
