@@ -27,7 +27,7 @@ from typing import Mapping
 from ..config import ModelConfig
 from ..moe import MoEFFN
 from ..tensor import Tensor
-from .base import Expected, Model, get_tensor, head_expected, moe_expected, norm_weight
+from .base import Expected, Model, ffn_expected, get_tensor, head_expected, norm_weight
 from .glm4 import split_fused
 
 
@@ -45,12 +45,7 @@ def expected_tensors(c: ModelConfig) -> Expected:
         e[p + "attn_q_norm.weight"] = ((hd,), True)
         e[p + "attn_k_norm.weight"] = ((hd,), True)
         e[p + "ffn_norm.weight"] = ((E,), True)
-        if c.is_moe_layer(il):
-            e.update(moe_expected(c, p, shared_gate=False, select_bias=False))
-        else:
-            e[p + "ffn_gate.weight"] = ((c.n_ff, E), True)
-            e[p + "ffn_up.weight"] = ((c.n_ff, E), True)
-            e[p + "ffn_down.weight"] = ((E, c.n_ff), True)
+        e.update(ffn_expected(c, il, shared_gate=False, select_bias=False))
     return e
 
 

@@ -55,13 +55,18 @@ def llama_like_expected(c: ModelConfig, **moe) -> Expected:
         e[p + "attn_v.weight"] = ((kv_dim, c.n_embd), True)
         e[p + "attn_output.weight"] = ((c.n_embd, q_dim), True)
         e[p + "ffn_norm.weight"] = ((c.n_embd,), True)
-        if c.is_moe_layer(il):  # all layers of a MoE model, or those config.moe_layers marks (ernie4_5-moe)
-            e.update(moe_expected(c, p, **moe))
-            continue
-        e[p + "ffn_gate.weight"] = ((c.n_ff, c.n_embd), True)
-        e[p + "ffn_up.weight"] = ((c.n_ff, c.n_embd), True)
-        e[p + "ffn_down.weight"] = ((c.n_embd, c.n_ff), True)
+        e.update(ffn_expected(c, il, **moe))
     return e
+
+
+def ffn_expected(c: ModelConfig, il: int, **moe) -> Expected:
+    """Layer il's FFN tensors: the experts (moe_expected with the options moe) on a MoE layer (every layer of a MoE
+    model, or those config.moe_layers marks: leading dense layers), else a dense gated FFN."""
+    p = f"blk.{il}."
+    if c.is_moe_layer(il):
+        return moe_expected(c, p, **moe)
+    return {p + "ffn_gate.weight": ((c.n_ff, c.n_embd), True), p + "ffn_up.weight": ((c.n_ff, c.n_embd), True),
+            p + "ffn_down.weight": ((c.n_embd, c.n_ff), True)}
 
 
 def moe_expected(c: ModelConfig, p: str, *, shared_gate: bool = True, select_bias: bool | None = None) -> Expected:

@@ -40,7 +40,7 @@ from ..kernels.ref import dequantize
 from ..kv_cache import KVCache
 from ..moe import MoEFFN
 from ..tensor import GGMLType, Tensor
-from .base import Expected, Model, get_tensor, head_expected, moe_expected, norm_weight
+from .base import Expected, Model, ffn_expected, get_tensor, head_expected, norm_weight
 
 
 def expected_tensors(c: ModelConfig) -> Expected:
@@ -66,12 +66,7 @@ def expected_tensors(c: ModelConfig) -> Expected:
             e[p + "attn_kv_b.weight"] = ((H * (nope + dv), L), True)
         e[p + "attn_output.weight"] = ((E, H * dv), True)
         e[p + "ffn_norm.weight"] = ((E,), True)
-        if c.is_moe_layer(il):
-            e.update(moe_expected(c, p, shared_gate=False, select_bias=False))
-        else:
-            e[p + "ffn_gate.weight"] = ((c.n_ff, E), True)
-            e[p + "ffn_up.weight"] = ((c.n_ff, E), True)
-            e[p + "ffn_down.weight"] = ((E, c.n_ff), True)
+        e.update(ffn_expected(c, il, shared_gate=False, select_bias=False))
     return e
 
 

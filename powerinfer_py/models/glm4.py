@@ -44,7 +44,7 @@ from ..config import ModelConfig
 from ..errors import ModelFileError
 from ..moe import MoEFFN
 from ..tensor import GGMLType, Tensor
-from .base import Expected, Model, get_tensor, head_expected, moe_expected, norm_weight
+from .base import Expected, Model, ffn_expected, get_tensor, head_expected, norm_weight
 from .phi3 import row_views
 
 _QKV = ("attn_q", "attn_k", "attn_v")
@@ -74,12 +74,7 @@ def expected_tensors(c: ModelConfig) -> Expected:
             continue
         e[p + "attn_q_norm.weight"] = ((hd,), False)
         e[p + "attn_k_norm.weight"] = ((hd,), False)
-        if c.is_moe_layer(il):
-            e.update(moe_expected(c, p, shared_gate=False, select_bias=True))
-        else:
-            e[p + "ffn_gate.weight"] = ((c.n_ff, E), True)
-            e[p + "ffn_up.weight"] = ((c.n_ff, E), True)
-            e[p + "ffn_down.weight"] = ((E, c.n_ff), True)
+        e.update(ffn_expected(c, il, shared_gate=False, select_bias=True))
     return e
 
 

@@ -30,7 +30,7 @@ from ..config import ModelConfig
 from ..ffn import SparseSettings
 from ..mamba2_cache import Mamba2KVCache
 from ..tensor import Tensor
-from .base import Expected, head_expected, layer_tensors, moe_expected
+from .base import Expected, ffn_expected, head_expected, layer_tensors
 from .granite import GraniteModel
 from .mamba2_mixer import Mamba2Mixer, mamba2_dims, mamba2_expected, mamba2_tensors
 
@@ -52,11 +52,7 @@ def expected_tensors(c: ModelConfig) -> Expected:
         else:
             e.update({p + "attn_q.weight": ((q_dim, E), True), p + "attn_k.weight": ((kv_dim, E), True),
                       p + "attn_v.weight": ((kv_dim, E), True), p + "attn_output.weight": ((E, q_dim), True)})
-        if c.is_moe_layer(il):
-            e.update(moe_expected(c, p, shared_gate=False))
-        else:
-            e.update({p + "ffn_gate.weight": ((c.n_ff, E), True), p + "ffn_up.weight": ((c.n_ff, E), True),
-                      p + "ffn_down.weight": ((E, c.n_ff), True)})
+        e.update(ffn_expected(c, il, shared_gate=False))
     return e
 
 

@@ -37,9 +37,9 @@ from ..config import ModelConfig
 from ..conv_cache import ConvKVCache
 from ..ffn import SparseSettings
 from ..kernels.ref import dequantize
-from ..tensor import Tensor
 from ..moe import MoEFFN
-from .base import Expected, Model, get_tensor, layer_tensors, moe_expected, norm_weight, sparsify_expected
+from ..tensor import Tensor
+from .base import Expected, Model, ffn_expected, get_tensor, layer_tensors, norm_weight, sparsify_expected
 
 OUTPUT_NORM = "token_embd_norm.weight"  # llama.cpp's name for lfm2's final norm
 SHARED = {"attn_norm": "attn_norm.weight", "ffn_norm": "ffn_norm.weight"}
@@ -57,12 +57,7 @@ def expected_tensors(c: ModelConfig) -> Expected:
         p = f"blk.{il}."
         e[p + "attn_norm.weight"] = ((E,), True)
         e[p + "ffn_norm.weight"] = ((E,), True)
-        if c.is_moe_layer(il):  # lfm2moe past its leading dense layers
-            e.update(moe_expected(c, p, select_bias=True))
-        else:
-            e[p + "ffn_gate.weight"] = ((c.n_ff, E), True)
-            e[p + "ffn_up.weight"] = ((c.n_ff, E), True)
-            e[p + "ffn_down.weight"] = ((E, c.n_ff), True)
+        e.update(ffn_expected(c, il, select_bias=True))  # lfm2moe: experts past its leading dense layers
         if c.conv_layers[il]:
             e[p + "shortconv.conv.weight"] = ((E, c.conv_kernel), True)
             e[p + "shortconv.in_proj.weight"] = ((3 * E, E), True)

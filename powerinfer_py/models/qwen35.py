@@ -43,7 +43,7 @@ from ..delta_cache import DeltaKVCache
 from ..ffn import SparseSettings
 from ..kernels.ref import dequantize
 from ..tensor import Tensor
-from .base import Expected, Model, get_tensor, head_expected, layer_tensors, moe_expected, norm_weight
+from .base import Expected, Model, ffn_expected, get_tensor, head_expected, layer_tensors, norm_weight
 
 SHARED = {"attn_norm": "attn_norm.weight", "ffn_norm": "post_attention_norm.weight"}
 DELTA = {"wqkv": "attn_qkv.weight", "wz": "attn_gate.weight", "w_beta": "ssm_beta.weight",
@@ -78,11 +78,7 @@ def expected_tensors(c: ModelConfig) -> Expected:
                       p + "attn_v.weight": ((c.n_head_kv * hd, E), True),
                       p + "attn_output.weight": ((E, c.n_head * hd), True),
                       p + "attn_q_norm.weight": ((hd,), True), p + "attn_k_norm.weight": ((hd,), True)})
-        if c.is_moe_layer(il):
-            e.update(moe_expected(c, p))
-        else:
-            e.update({p + "ffn_gate.weight": ((c.n_ff, E), True), p + "ffn_up.weight": ((c.n_ff, E), True),
-                      p + "ffn_down.weight": ((E, c.n_ff), True)})
+        e.update(ffn_expected(c, il))
     return e
 
 
