@@ -147,6 +147,12 @@ def _table(f: dict) -> Table:
         if c["arch"] == "gpt-oss":
             t.add_row("gpt-oss", f"attention sinks; even layers see the last {c['sliding_window']} tokens; router "
                       "weights softmaxed after top-k; expert biases; swiglu_oai (clamp 7, alpha 1.702)")
+        if c.get("llama4"):  # chunked and NoPE attention layers (config_llama4.py)
+            lay = c["llama4"]
+            t.add_row("llama4", f"chunked attention ({lay['chunk']} positions) on layers "
+                      f"{_ranges([i for i, x in enumerate(lay['chunked']) if x]) or 'none'}; NoPE + q temperature on "
+                      f"{_ranges([i for i, x in enumerate(lay['rope']) if not x]) or 'none'}; q/k RMS norm after "
+                      f"RoPE: {'yes' if lay['kq_norm'] else 'no'}; sigmoid router weight on the expert input")
         if c.get("attn_temp_scale"):  # mistral3
             t.add_row("attention temperature", f"q x (1 + {c['attn_temp_scale']:g} ln(floor(pos / "
                       f"{c['attn_temp_floor']}) + 1)): from position {c['attn_temp_floor']} on")

@@ -42,6 +42,7 @@ from .config_gemma4 import Gemma4Layout, gemma4_keys
 from .config_mamba2 import mamba2_keys, nemotron_moe_keys
 from .config_minicpm import MINICPM_ARCHS, minicpm3_mla, minicpm_keys
 from .config_llama_variants import apertus_keys, hunyuan_rope_base
+from .config_llama4 import Llama4Layout, llama4_keys
 from .gguf.reader import GGUFFile
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "bamboo", "falcon",
@@ -54,11 +55,12 @@ SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "
                    "command-r", "cohere2",
                    "bailingmoe2", "afmoe",
                    "minicpm", "minicpm3", "olmoe",
-                   "hunyuan-dense", "apertus", "seed_oss")  # config_llama_variants.py
+                   "hunyuan-dense", "apertus", "seed_oss",  # config_llama_variants.py
+                   "llama4")
 # always mixture-of-experts (llama files are when they carry expert_count; ernie4_5-moe, deepseek2 and glm4moe
 # have leading dense layers: ModelConfig.moe_layers)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "deepseek2", "glm4moe", "lfm2moe",
-             "smallthinker", "qwen35moe", "qwen3next", "nemotron_h_moe", "bailingmoe2", "afmoe", "olmoe")
+             "smallthinker", "qwen35moe", "qwen3next", "nemotron_h_moe", "bailingmoe2", "afmoe", "olmoe", "llama4")
 # whether the chosen experts' router weights are renormalized (as llama.cpp does per arch); gpt-oss's weights are a
 # softmax over the chosen logits (moe.py); deepseek2 and glm4moe read it from {arch}.expert_weights_norm
 _MOE_NORM_WEIGHTS = {"llama": True, "mistral3": True, "qwen3moe": True, "qwen2moe": False, "granitemoe": True, "granitehybrid": True, "gpt-oss": False,
@@ -66,7 +68,7 @@ _MOE_NORM_WEIGHTS = {"llama": True, "mistral3": True, "qwen3moe": True, "qwen2mo
                      "lfm2moe": True, "smallthinker": True, "qwen35moe": True,
                      "qwen3next": True, "gemma4": True, "nemotron_h_moe": False,
                      "bailingmoe2": False, "afmoe": False,
-                     "minicpm": True, "olmoe": False}  # nemotron_h_moe, bailingmoe2, afmoe: a key
+                     "minicpm": True, "olmoe": False, "llama4": False}  # nemotron_h_moe, bailingmoe2, afmoe: a key
 # vision-language models whose GGUF text model is an existing arch under its own name: with text-only input every
 # M-RoPE section rotates by the same position, which is that arch's RoPE when the sections cover the rotated
 # pairs (checked against llama.cpp: tests/test_vl_text.py). Keys are read under the file's name ({arch}).
@@ -173,6 +175,7 @@ class ModelConfig:
     ssm_n_group: int = 0  # Mamba-2: groups of B and C (each serves ssm_n_v_heads / ssm_n_group heads)
     gemma3n: Gemma3nLayout | None = None  # gemma3n: AltUp, K/V sharing, top-k sparsity (config_gemma3n.py)
     xielu: tuple[tuple[float, float, float, float], ...] = ()  # apertus: per layer xIELU (alpha_n, alpha_p, beta, eps)
+    llama4: Llama4Layout | None = None  # llama4: chunked / NoPE layers, q/k norm, temperature (config_llama4.py)
 
     def is_moe_layer(self, il: int) -> bool:
         """Whether layer il's FFN is a mixture of experts (ernie4_5-moe's leading layers are dense)."""
@@ -518,6 +521,8 @@ class _Reader(ArchKeys):
                                      f"unrotated dims of the {head_dim}-wide q/k heads")
         if self.arch == "nemotron_h_moe":  # sigmoid routing, its own keys (config_mamba2.py)
             moe.update(nemotron_moe_keys(self), moe_layers=mamba2["ffn_layers"])
+        if self.arch == "llama4":  # interleaved dense / MoE layers, chunked + NoPE attention (config_llama4.py)
+            moe.update(llama4_keys(self, n_layer, moe["n_expert"], moe["n_ff_exp"]))
         if self.arch in ("bailingmoe2", "afmoe"):  # Ling / Trinity: routing, shared expert, afmoe's scale and NoPE
             moe.update(ling_trinity_keys(self, n_layer, n_embd, n_head, head_dim))
         if glm.get("_n_shared") is not None:  # glm4moe: shared experts of the routed width

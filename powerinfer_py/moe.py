@@ -46,6 +46,10 @@ the up rows take the gate rows' place (one gather / grouped call, no second one)
 rows are the only input projection and must all be computed to know which neurons fire, and the down matrix's
 quantization blocks run along n_ff (above), so skipping the zero neurons would read the same bytes.
 
+llama4 (weight_input, off for the others): probs = sigmoid(router · x), chosen = the n_used largest logits, and
+the weight scales the expert's input rather than its output:  y = sum_r down_e · (silu(gate_e · w_r x) * (up_e · w_r x)),
+computed as w_r (gate_e · x) and w_r (up_e · x) (the projections are linear), the output then added unweighted.
+
 Experts are where a MoE model is sparse: the other experts' weights are never read. Within a chosen ReLU expert
 most neurons are exactly 0 as well, which `exact` mode (exact=True, ReLU experts only; ffn.resolve_sparse refuses
 the other modes and SwiGLU experts) uses: the gate rows of the chosen experts are computed densely, then only the
@@ -125,7 +129,7 @@ class MoEFFN:
                  expert_biases: tuple | None = None, act: str = "swiglu", select_bias: np.ndarray | None = None,
                  gating: str = "softmax", weights_scale: float = 1.0, n_groups: int = 0, n_group_used: int = 0,
                  exact: bool = False, stats=None, gate_up: Tensor | None = None,
-                 expert_scales: np.ndarray | None = None):
+                 expert_scales: np.ndarray | None = None, weight_input: bool = False):
         self.k, self.layer, self.n_used, self.norm_weights = kernels, layer, n_used, norm_weights
         self.gate_up = gate_up  # gemma4's merged gate and up (gate, up are then None)
         self.ungated = False
@@ -160,6 +164,9 @@ class MoEFFN:
             raise ModelFileError(f"layer {layer}: per-expert output scales have shape {expert_scales.shape}, "
                                  f"expected {(self.n_expert,)}")
         self.expert_scales = expert_scales
+        if weight_input and (gate_up is not None or exact or expert_biases is not None or self.ungated):
+            raise ValueError("MoEFFN: weight_input takes separate gate and up tensors, no biases, no exact mode")
+        self.weight_input = weight_input  # llama4: the router weight scales the expert's input (module docstring)
         self.shared, self.shared_gate = shared, shared_gate
         self.counts = np.zeros(self.n_expert, dtype=np.int64)  # tokens routed to each expert so far
         self.router_bias, self.weights_after_topk = router_bias, weights_after_topk
@@ -224,6 +231,8 @@ class MoEFFN:
             probs = np.exp(logits, dtype=np.float32)
             probs /= probs.sum(axis=1, keepdims=True, dtype=np.float32)
         score = probs if self.select_bias is None else probs + self.select_bias  # ernie4_5-moe, V3 pick by biased probs
+        if self.weight_input:  # llama4 picks by logit (the same order as sigmoid's, without its ties near 1)
+            score = logits
         if self.n_groups:
             score = self._mask_groups(score)
         chosen = np.argsort(-score, axis=1, kind="stable")[:, :self.n_used]
@@ -252,7 +261,11 @@ class MoEFFN:
         chosen, w = self.route(x, router_logits)
         if self.expert_scales is not None:  # gemma4: expert e's output times expert_scales[e]
             w = w * self.expert_scales[chosen]
-        out = self._decode(x[0], chosen[0], w[0])[None, :] if x.shape[0] == 1 else self._batch(x, chosen, w)
+        w_in = None
+        if self.weight_input:  # llama4: the weights scale the experts' inputs; outputs are added as they are
+            w_in, w = w, np.ones_like(w)
+        out = (self._decode(x[0], chosen[0], w[0], None if w_in is None else w_in[0])[None, :] if x.shape[0] == 1
+               else self._batch(x, chosen, w, w_in))
         if self.shared is not None and self.shared_gate is None:  # granitemoe: added as it is
             out += self.shared(x)
         elif self.shared is not None:
@@ -260,7 +273,7 @@ class MoEFFN:
             out += (1.0 / (1.0 + np.exp(-g, dtype=np.float32)))[:, None] * self.shared(x)
         return out
 
-    def _decode(self, x: np.ndarray, chosen: np.ndarray, w: np.ndarray) -> np.ndarray:
+    def _decode(self, x: np.ndarray, chosen: np.ndarray, w: np.ndarray, w_in: np.ndarray | None = None) -> np.ndarray:
         k, F = self.k, self.n_ff
         order = np.argsort(chosen, kind="stable")  # the row gathers take ascending rows
         if self.gate_up is not None:  # one gather of each chosen expert's gate rows and up rows
@@ -279,6 +292,10 @@ class MoEFFN:
             self._count(1, len(live), h)
         else:
             u = None if self.ungated else k.matmul_rows(self.up_rows, rows, x)
+            if w_in is not None:  # llama4: w_r (gate_e · x), w_r (up_e · x) (module docstring)
+                scale = np.repeat(w_in[order], self.n_ff)
+                g *= scale
+                u *= scale
             if self.b_gate is not None:
                 g += self.b_gate[chosen[order]].reshape(-1)
                 u += self.b_up[chosen[order]].reshape(-1)
@@ -304,18 +321,18 @@ class MoEFFN:
             y += ow[r]
         return y
 
-    def _batch(self, x: np.ndarray, chosen: np.ndarray, w: np.ndarray) -> np.ndarray:
+    def _batch(self, x: np.ndarray, chosen: np.ndarray, w: np.ndarray, w_in: np.ndarray | None = None) -> np.ndarray:
         """Tokens in slices of BATCH_SLICE (a slice's inputs and outputs are held once per chosen expert:
         n_used x slice x n_embd floats each)."""
         if len(x) <= self.BATCH_SLICE:
-            return self._slice(x, chosen, w)
+            return self._slice(x, chosen, w, w_in)
         y = np.empty_like(x)
         for t0 in range(0, len(x), self.BATCH_SLICE):
             t1 = t0 + self.BATCH_SLICE
-            y[t0:t1] = self._slice(x[t0:t1], chosen[t0:t1], w[t0:t1])
+            y[t0:t1] = self._slice(x[t0:t1], chosen[t0:t1], w[t0:t1], None if w_in is None else w_in[t0:t1])
         return y
 
-    def _slice(self, x: np.ndarray, chosen: np.ndarray, w: np.ndarray) -> np.ndarray:
+    def _slice(self, x: np.ndarray, chosen: np.ndarray, w: np.ndarray, w_in: np.ndarray | None = None) -> np.ndarray:
         k = self.k
         n_tok, n_used = chosen.shape
         # the (token, slot) pairs grouped by expert: one grouped call each for gate, up and down
@@ -335,6 +352,10 @@ class MoEFFN:
             h = self._exact_up(xs, g, experts, tok_off)
         else:
             u = None if self.ungated else k.matmul_experts(self.up, experts, tok_off, xs)
+            if w_in is not None:  # llama4: each (token, expert) row times its router weight
+                scale = w_in[tok, slot][:, None]
+                g *= scale
+                u *= scale
             if self.b_gate is not None:
                 row_expert = chosen.reshape(-1)[order]
                 g += self.b_gate[row_expert]

@@ -84,6 +84,7 @@ ARCHS += ("command-r", "cohere2")  # Cohere: written whole by synth_cohere.write
 ARCHS += ("bailingmoe2", "afmoe")  # Ling 2.0, Trinity: written whole by synth_bailing.write_ling_trinity
 ARCHS += ("falcon-h1",)  # Falcon-H1: synth_falcon_h1.write_falcon_h1
 ARCHS += ("minicpm", "minicpm3", "olmoe")  # written whole by synth_minicpm.write_minicpm_model
+ARCHS += ("llama4",)  # Llama 4: written whole by synth_llama4.write_llama4_model
 _CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()") + [SPACE]
 
 
@@ -592,6 +593,11 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
     n_layer = n_layer if n_layer is not None else {"gemma3": 6, "smollm3": 4, "lfm2": 4, "lfm2moe": 4,
                                                    "qwen35": 6, "qwen35moe": 6, "qwen3next": 6, "nemotron_h": 6, "nemotron_h_moe": 6, "granitehybrid": 6,
                                                    "mamba2": 4, "bailingmoe2": 4, "afmoe": 4}.get(arch, 2)
+    if arch == "llama4":  # interleaved dense / expert layers, chunked + NoPE attention (4 layers by default)
+        from .synth_llama4 import write_llama4_model
+        return write_llama4_model(path, dtype=dtype, n_layer=n_layer if n_layer is not None else 4, n_embd=n_embd,
+                                  n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv, n_vocab=n_vocab, seed=seed,
+                                  **overrides)
     if arch in ("bailingmoe2", "afmoe"):  # dense lead + expert layers (synth_bailing lists the options)
         from .synth_bailing import write_ling_trinity
         return write_ling_trinity(path, arch, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
