@@ -56,7 +56,8 @@ SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "
                    "bailingmoe2", "afmoe",
                    "minicpm", "minicpm3", "olmoe",
                    "hunyuan-dense", "apertus", "seed_oss",  # config_llama_variants.py
-                   "llama4")
+                   "llama4",
+                   "exaone", "internlm2")  # exaone, internlm2: llama blocks under their own names
 # always mixture-of-experts (llama files are when they carry expert_count; ernie4_5-moe, deepseek2 and glm4moe
 # have leading dense layers: ModelConfig.moe_layers)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "deepseek2", "glm4moe", "lfm2moe",
@@ -79,10 +80,10 @@ _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gem
                "gpt-oss", "glm4moe", "lfm2", "lfm2moe", "gemma4", "smallthinker", "exaone4", "gemma3n",
                "qwen35", "qwen35moe", "qwen3next", "bailingmoe2", "afmoe",
                "falcon-h1", "minicpm3", "olmoe",
-               "hunyuan-dense", "apertus", "seed_oss"}  # qwen35: text M-RoPE is NeoX RoPE (config_archs.qwen35)
+               "hunyuan-dense", "apertus", "seed_oss", "exaone"}  # qwen35: text M-RoPE is NeoX RoPE (config_archs.qwen35)
 # their models take per-pair RoPE factors and a scale (models/base.py)
 _YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee", "deepseek2", "mistral3",
-               "olmo2", "hunyuan-dense", "apertus", "seed_oss")
+               "olmo2", "hunyuan-dense", "apertus", "seed_oss", "exaone", "internlm2")
 _LAYERNORM_ARCHS = {"falcon", "opt", "command-r", "cohere2"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
 _DEFAULT_FREQ_BASE = {"qwen2": 1_000_000.0, "qwen2moe": 1_000_000.0}
 HIDDEN_ACTS = ("silu", "relu", "fatrelu", "gelu")

@@ -85,6 +85,10 @@ ARCHS += ("bailingmoe2", "afmoe")  # Ling 2.0, Trinity: written whole by synth_b
 ARCHS += ("falcon-h1",)  # Falcon-H1: synth_falcon_h1.write_falcon_h1
 ARCHS += ("minicpm", "minicpm3", "olmoe")  # written whole by synth_minicpm.write_minicpm_model
 ARCHS += ("llama4",)  # Llama 4: written whole by synth_llama4.write_llama4_model
+# EXAONE 3.x (untied by default as 7.8B / 32B; tied=True as 2.4B) and InternLM2 (always untied): llama's layers
+ARCHS += ("exaone", "internlm2")
+_EMBD_STD.update(exaone=0.1, internlm2=1.0)
+_OUTPUT_NORM_GAIN.update(exaone=3.0, internlm2=1.0)
 _CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()") + [SPACE]
 
 
@@ -157,7 +161,7 @@ class _Spec:
         self.sliding_window = o.pop("sliding_window", 4 if arch in ("gemma2", "gemma3", "phi3", "gpt-oss") else 0)
         # gemma2's soft-caps ({arch}.attn_logit_softcapping, final_logit_softcapping; None: key left out)
         self.softcaps = (o.pop("attn_softcap", 50.0), o.pop("final_softcap", 30.0)) if arch == "gemma2" else ()
-        self.tied = o.pop("tied", arch not in ("llama", "phi3", "qwen2moe", "olmo2", "gpt-oss", "arcee", "deepseek2", "glm4", "glm4moe"))  # llama.cpp's qwen2moe, olmo2 need output
+        self.tied = o.pop("tied", arch not in ("llama", "phi3", "qwen2moe", "olmo2", "gpt-oss", "arcee", "deepseek2", "glm4", "glm4moe", "exaone", "internlm2"))  # llama.cpp's qwen2moe, olmo2 need output
         self.phi3 = _phi3_options(arch, self.head_dim, o)
         self.granite = _granite_options(arch, o)
         self.bias_std = o.pop("bias_std", 0.5)
@@ -167,7 +171,7 @@ class _Spec:
         self.rope_freqs = o.pop("rope_freqs", None)  # RoPE frequency factors [head_dim/2] (llama: rope_freqs.weight)
         if self.rope_freqs is not None:
             self.rope_freqs = np.asarray(self.rope_freqs, dtype=np.float32).reshape(-1)
-            if arch not in ("llama", "arcee", "exaone4") or self.rope_freqs.shape != (self.head_dim // 2,):
+            if arch not in ("llama", "arcee", "exaone4", "exaone") or self.rope_freqs.shape != (self.head_dim // 2,):
                 raise ValueError(f"rope_freqs: a llama model takes {self.head_dim // 2} factors "
                                  f"(head_dim / 2); got {self.rope_freqs.shape[0]} for {arch}")
         # mixture of experts: (n_expert, n_expert_used, expert width, shared expert width) or () for a dense FFN

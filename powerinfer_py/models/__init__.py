@@ -39,6 +39,7 @@ from . import falcon_h1
 from . import minicpm, olmoe
 from . import apertus, hunyuan, seed_oss
 from . import llama4
+from . import exaone, internlm2
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -91,6 +92,8 @@ _FAMILIES = {
     "apertus": (apertus.ApertusModel, apertus.expected_tensors),  # Q/K norms, xIELU FFN (ungated)
     "seed_oss": (seed_oss.SeedOssModel, seed_oss.expected_tensors),  # q/k/v biases, post_attention_norm as FFN norm
     "llama4": (llama4.Llama4Model, llama4.expected_tensors),  # chunked + NoPE attention, interleaved MoE layers
+    "exaone": (exaone.ExaoneModel, exaone.expected_tensors),  # llama block, NeoX RoPE, optional rope_freqs
+    "internlm2": (internlm2.InternLM2Model, internlm2.expected_tensors),  # llama block, untied head
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
