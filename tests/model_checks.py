@@ -86,6 +86,18 @@ def rewrite_gguf(src, dst, edit=None, drop=(), extra=(), types=None):
                       types={**kept_types, **(types or {})})
 
 
+def with_qkv_biases(src, dst, seed=0):
+    """src with random attn_q/k/v biases on every layer at dst (for archs whose llama.cpp loader takes them)."""
+    from powerinfer_py.gguf.reader import open_gguf
+    from powerinfer_py.tensor import GGMLType, Tensor
+
+    f, rng = open_gguf(src), np.random.default_rng(seed)
+    extra = [Tensor(f"blk.{il}.attn_{x}.bias", GGMLType.F32, (n,), rng.normal(0, 0.5, n).astype(np.float32))
+             for il in range(f.metadata[f"{f.metadata['general.architecture']}.block_count"])
+             for x in "qkv" for n in [f.tensors[f"blk.{il}.attn_{x}.weight"].shape[0]]]
+    return rewrite_gguf(src, dst, extra=extra)
+
+
 def relabel_gguf(src, dst, arch, extra=None, extra_types=None):
     """The GGUF file src under another general.architecture at dst: every key of the old arch renamed (with its
     value type) and the keys in extra added (extra_types: their value types where the default would not do)."""

@@ -14,12 +14,11 @@ import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
 from model_checks import (assert_fused_decode_equals_python, assert_matches_llama_cpp, info_text, load_model,
-                          rel_err, rewrite_gguf)
+                          rel_err, rewrite_gguf, with_qkv_biases)
 
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.tensor import GGMLType, Tensor
 
 TOKENS = [1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322]
 TOL, QUANT_TOL = 0.01, 0.25
@@ -28,15 +27,6 @@ FREQS = (1.0, 1.0, 2.0, 4.0, 6.0, 8.0, 8.0, 8.0)  # LLaMA-3 style divisors for h
 
 def all_logits(model) -> np.ndarray:
     return model.forward(np.array(TOKENS, np.int32), model.new_cache(32), all_logits=True)
-
-
-def with_qkv_biases(src, dst, seed=0):
-    """src with random attn_q/k/v biases on every layer (llama.cpp's loader takes them for this arch)."""
-    f, rng = open_gguf(src), np.random.default_rng(seed)
-    extra = [Tensor(f"blk.{il}.attn_{x}.bias", GGMLType.F32, (n,), rng.normal(0, 0.5, n).astype(np.float32))
-             for il in range(f.metadata[f"{f.metadata['general.architecture']}.block_count"])
-             for x in "qkv" for n in [f.tensors[f"blk.{il}.attn_{x}.weight"].shape[0]]]
-    return rewrite_gguf(src, dst, extra=extra)
 
 
 def test_config(synthetic_model):

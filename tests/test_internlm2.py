@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
 from model_checks import (assert_fused_decode_equals_python, assert_matches_llama_cpp, info_text, load_model,
-                          rel_err, rewrite_gguf)
-from test_exaone import with_qkv_biases
+                          rel_err, rewrite_gguf, with_qkv_biases)
 
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError
