@@ -38,6 +38,7 @@ from . import afmoe, bailing
 from . import falcon_h1
 from . import minicpm, olmoe
 from . import apertus, hunyuan, seed_oss
+from . import ln_decoder
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -89,6 +90,9 @@ _FAMILIES = {
     "hunyuan-dense": (hunyuan.HunyuanDenseModel, hunyuan.expected_tensors),  # Q/K norms after RoPE
     "apertus": (apertus.ApertusModel, apertus.expected_tensors),  # Q/K norms, xIELU FFN (ungated)
     "seed_oss": (seed_oss.SeedOssModel, seed_oss.expected_tensors),  # q/k/v biases, post_attention_norm as FFN norm
+    "phi2": (ln_decoder.LnDecoderModel, ln_decoder.expected_tensors),  # LayerNorm + biases, parallel, partial RoPE
+    "stablelm": (ln_decoder.LnDecoderModel, ln_decoder.expected_tensors),  # LayerNorm, SwiGLU, optional Q/K norms
+    "starcoder2": (ln_decoder.LnDecoderModel, ln_decoder.expected_tensors),  # LayerNorm + biases, GELU, sequential
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
