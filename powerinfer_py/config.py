@@ -55,7 +55,7 @@ SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "
                    "bailingmoe2", "afmoe",
                    "minicpm", "minicpm3", "olmoe",
                    "hunyuan-dense", "apertus", "seed_oss",  # config_llama_variants.py
-                   "phi2", "stablelm", "starcoder2")  # models/ln_decoder.py
+                   "phi2", "stablelm", "starcoder2", "gpt2")  # models/ln_decoder.py
 # always mixture-of-experts (llama files are when they carry expert_count; ernie4_5-moe, deepseek2 and glm4moe
 # have leading dense layers: ModelConfig.moe_layers)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "deepseek2", "glm4moe", "lfm2moe",
@@ -82,7 +82,7 @@ _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gem
 # their models take per-pair RoPE factors and a scale (models/base.py)
 _YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee", "deepseek2", "mistral3",
                "olmo2", "hunyuan-dense", "apertus", "seed_oss")
-_LAYERNORM_ARCHS = {"falcon", "opt", "command-r", "cohere2", "phi2", "stablelm", "starcoder2"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
+_LAYERNORM_ARCHS = {"falcon", "opt", "command-r", "cohere2", "phi2", "stablelm", "starcoder2", "gpt2"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
 _DEFAULT_FREQ_BASE = {"qwen2": 1_000_000.0, "qwen2moe": 1_000_000.0}
 HIDDEN_ACTS = ("silu", "relu", "fatrelu", "gelu")
 GEMMA3_SWA_PERIOD = 6  # every 6th layer (il % 6 == 5) is global
@@ -405,7 +405,7 @@ class _Reader(ArchKeys):
     def hidden_act(self) -> tuple[str, float]:
         """(activation, fatrelu parameter) of the FFN, with the per-arch defaults of the module docstring."""
         defaults = {"llama": "relu" if self.f.is_sparse else "silu", "falcon": "relu" if self.f.is_sparse else "gelu",
-                    "bamboo": "relu", "opt": "relu", "arcee": "relu", "phi2": "gelu", "starcoder2": "gelu"}
+                    "bamboo": "relu", "opt": "relu", "arcee": "relu", "phi2": "gelu", "starcoder2": "gelu", "gpt2": "gelu"}
         default = defaults.get(self.arch, "silu")
         act = self.get("powerinfer.hidden_act", default, kind=str)
         if act not in HIDDEN_ACTS:
@@ -493,7 +493,7 @@ class _Reader(ArchKeys):
             window, swa_layers, freq_base_swa = g4.pop("sliding_window"), g4.pop("swa_layers"), g4.pop("base_swa")
         if g3n:
             window, swa_layers, freq_base_swa = g3n.pop("sliding_window"), g3n.pop("swa_layers"), g3n.pop("base_swa")
-        n_rot = self.get("{arch}.rope.dimension_count", 0 if self.arch == "opt" else head_dim)
+        n_rot = self.get("{arch}.rope.dimension_count", 0 if self.arch in ("opt", "gpt2") else head_dim)
         if mamba2 and self.arch not in ("granitehybrid", "falcon-h1"):  # nemotron_h's attention: no RoPE
             n_rot = 0
             attn_scale_key = self.get("{arch}.attention.scale", 0.0, kind=float)

@@ -13,14 +13,20 @@ at a time gave the batch's logits bit for bit.
 from __future__ import annotations
 
 import pytest
-from ln_decoder_checks import TOL, Sequential, check_against_llama_cpp, distances, without
+from ln_decoder_checks import (
+    TOL,
+    Sequential,
+    check_against_llama_cpp,
+    distances,
+    without,
+)
 from model_checks import info_text, load_model, rewrite_gguf
 
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
 
-PHI2 = dict(n_head_kv=4)  # no GQA, as Phi-2
+PHI2 = {"n_head_kv": 4}  # no GQA, as Phi-2
 
 
 def test_config_follows_llama_cpp(synthetic_model):

@@ -15,7 +15,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ln_decoder_checks import TOL, Parallel, Sequential, check_against_llama_cpp, distances, without
+from ln_decoder_checks import (
+    TOL,
+    Parallel,
+    Sequential,
+    check_against_llama_cpp,
+    distances,
+    without,
+)
 from model_checks import info_text, load_model, rewrite_gguf
 
 from powerinfer_py.config import ModelConfig
@@ -23,7 +30,7 @@ from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.tensor import GGMLType, Tensor
 
-TWELVE_B = dict(parallel=True, qk_norm=True)
+TWELVE_B = {"parallel": True, "qk_norm": True}
 
 
 def test_config_follows_llama_cpp(synthetic_model):
@@ -32,7 +39,7 @@ def test_config_follows_llama_cpp(synthetic_model):
 
 
 @pytest.mark.parametrize("dtype,shape", [("f32", {}), ("q8_0", {}), ("f32", TWELVE_B), ("q8_0", TWELVE_B),
-                                         ("f32", dict(qkv_bias=False))],
+                                         ("f32", {"qkv_bias": False})],
                          ids=["f32", "q8_0", "12b-f32", "12b-q8_0", "3b-f32"])
 def test_logits_match_llama_cpp(synthetic_model, dtype, shape):
     check_against_llama_cpp(synthetic_model("stablelm", dtype, **shape), dtype)

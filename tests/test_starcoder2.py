@@ -26,8 +26,8 @@ def test_config_follows_llama_cpp(synthetic_model):
     assert c.rope_neox and c.n_rot == c.head_dim == 16 and c.hidden_act == "gelu" and c.n_head_kv == 2
 
 
-@pytest.mark.parametrize("dtype,shape", [("f32", {}), ("q8_0", {}), ("f32", dict(tied=True)),
-                                         ("q8_0", dict(tied=True))], ids=["f32", "q8_0", "tied-f32", "tied-q8_0"])
+@pytest.mark.parametrize("dtype,shape", [("f32", {}), ("q8_0", {}), ("f32", {"tied": True}),
+                                         ("q8_0", {"tied": True})], ids=["f32", "q8_0", "tied-f32", "tied-q8_0"])
 def test_logits_match_llama_cpp(synthetic_model, dtype, shape):
     check_against_llama_cpp(synthetic_model("starcoder2", dtype, **shape), dtype)
 

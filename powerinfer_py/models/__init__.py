@@ -93,6 +93,7 @@ _FAMILIES = {
     "phi2": (ln_decoder.LnDecoderModel, ln_decoder.expected_tensors),  # LayerNorm + biases, parallel, partial RoPE
     "stablelm": (ln_decoder.LnDecoderModel, ln_decoder.expected_tensors),  # LayerNorm, SwiGLU, optional Q/K norms
     "starcoder2": (ln_decoder.LnDecoderModel, ln_decoder.expected_tensors),  # LayerNorm + biases, GELU, sequential
+    "gpt2": (ln_decoder.LnDecoderModel, ln_decoder.expected_tensors),  # starcoder2's block, learned positions, no RoPE
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)

@@ -1,20 +1,22 @@
-"""LayerNorm decoders with biases: Phi-2 (GGUF arch "phi2"), StableLM 2 / 3B / Zephyr ("stablelm") and
-StarCoder2 ("starcoder2"), as llama.cpp's phi2.cpp, stablelm.cpp and starcoder2.cpp compute them.
+"""LayerNorm decoders with biases: Phi-2 (GGUF arch "phi2"), StableLM 2 / 3B / Zephyr ("stablelm"), StarCoder2
+("starcoder2") and GPT-2 ("gpt2"), as llama.cpp's phi2.cpp, stablelm.cpp, starcoder2.cpp and gpt2.cpp compute them.
 
+x = token_embd[ids] (+ position_embd[pos]: gpt2's learned positions, row p for position p; gpt2 has no RoPE)
 Per layer, with x the layer input:
     h = layernorm(x) * attn_norm + attn_norm_b
     q, k, v = Wq·h (+bq), Wk·h (+bk), Wv·h (+bv)     or one fused attn_qkv (rows [q | k | v]) with its bias
     [stablelm with attn_q_norm / attn_k_norm (StableLM 2 12B): each head LayerNormed (no bias) and multiplied by
      that head's own weight row, f32 [n_head, head_dim] / [n_head_kv, head_dim], before RoPE]
     q, k = rope_neox(q), rope_neox(k)                 over the first n_rot dims of each head (phi2: 32 of 80,
-                                                      StableLM 2: 25%); starcoder2 rotates whole heads
+                                                      StableLM 2: 25%); starcoder2 rotates whole heads;
+                                                      gpt2 none (n_rot 0)
     a = Wo · attention(q, k, v) (+ bo)                1/sqrt(head_dim), grouped-query
-  sequential (starcoder2; stablelm with ffn_norm):  x = x + a;  x = x + ffn(layernorm(x) * ffn_norm + ffn_norm_b)
+  sequential (starcoder2, gpt2; stablelm with ffn_norm):  x = x + a;  x = x + ffn(layernorm(x) * ffn_norm + ffn_norm_b)
   parallel (phi2; stablelm without ffn_norm):       x = x + a + ffn(h)      the FFN reads the attention's input
-    ffn: phi2, starcoder2  Wdown · gelu(Wup · m + b_up) + b_down    (ggml's tanh GELU, ffn.FFN variant "gelu")
+    ffn: phi2, starcoder2, gpt2  Wdown · gelu(Wup · m + b_up) + b_down    (ggml's tanh GELU, ffn.FFN variant "gelu")
          stablelm          Wdown · (silu(Wgate · m) * (Wup · m))     no biases (SwiGLU)
 Logits: output · (layernorm(x) * output_norm + output_norm_b) (+ output.bias: phi2), output tied to token_embd
-when the file has no output.weight (starcoder2 only; llama.cpp requires it for phi2 and stablelm).
+when the file has no output.weight (starcoder2 and gpt2; llama.cpp requires it for phi2 and stablelm).
 
 Decode steps take the Python path (the one-call C attention block starts with an RMSNorm).
 """
@@ -25,7 +27,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..config import ModelConfig
-from ..errors import ModelFileError
+from ..errors import ContextFullError, ModelFileError
 from ..kv_cache import KVCache
 from ..tensor import Tensor
 from .base import Expected, Model, get_tensor, head_expected, norm_weight
@@ -43,22 +45,26 @@ _REQUIRED = {
     "phi2": ("attn_output.bias",),
     "stablelm": (),
     "starcoder2": ("attn_output.bias", "ffn_norm.weight", "ffn_norm.bias"),
+    "gpt2": ("attn_qkv.weight", "attn_qkv.bias", "attn_output.bias", "ffn_norm.weight", "ffn_norm.bias"),
 }
 _OPTIONAL = {  # tensors llama.cpp reads when present (beyond the q/k/v forms every arch may have)
     "phi2": (),
     "stablelm": ("attn_q_norm.weight", "attn_k_norm.weight", "ffn_norm.weight", "ffn_norm.bias"),
     "starcoder2": (),
+    "gpt2": (),
 }
-FFN_BIAS_ARCHS = ("phi2", "starcoder2")  # gelu(Wup·m + b_up), + b_down; stablelm's SwiGLU has no biases
+FFN_BIAS_ARCHS = ("phi2", "starcoder2", "gpt2")  # gelu(Wup·m + b_up), + b_down; stablelm's SwiGLU has no biases
 
 
 def expected_tensors(c: ModelConfig) -> Expected:
     q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
     e = head_expected(c, layer_norm=True)
-    if c.arch != "starcoder2":
+    if c.arch not in ("starcoder2", "gpt2"):
         e["output.weight"] = ((c.n_vocab, c.n_embd), True)
     if c.arch == "phi2":
         e["output.bias"] = ((c.n_vocab,), True)
+    if c.arch == "gpt2":
+        e["position_embd.weight"] = ((c.n_ctx_train, c.n_embd), True)
     shapes = {"attn_q.weight": (q_dim, c.n_embd), "attn_k.weight": (kv_dim, c.n_embd),
               "attn_v.weight": (kv_dim, c.n_embd), "attn_qkv.weight": (q_dim + 2 * kv_dim, c.n_embd),
               "attn_q.bias": (q_dim,), "attn_k.bias": (kv_dim,), "attn_v.bias": (kv_dim,),
@@ -76,7 +82,7 @@ def expected_tensors(c: ModelConfig) -> Expected:
         for s in always + _REQUIRED[c.arch]:
             e[p + s] = (shapes[s], True)
         for s in optional + _OPTIONAL[c.arch]:
-            e[p + s] = (shapes[s], False)
+            e.setdefault(p + s, (shapes[s], False))
         if c.arch == "stablelm":
             e[p + "ffn_gate.weight"] = ((c.n_ff, c.n_embd), True)
         e[p + "ffn_up.weight"] = ((c.n_ff, c.n_embd), True)
@@ -110,7 +116,7 @@ def split_qkv(c: ModelConfig, tensors: Mapping[str, Tensor]) -> dict[str, Tensor
 
 
 class LnDecoderModel(Model):
-    """phi2, stablelm and starcoder2: the block of the module docstring. A layer without ffn_norm is parallel."""
+    """phi2, stablelm, starcoder2, gpt2: the block of the module docstring. A layer without ffn_norm is parallel."""
 
     LAYER_TENSORS = LAYER_TENSORS
     OPTIONAL_TENSORS = ("bq", "bk", "bv", "bo", "q_norm", "k_norm", "ffn_norm", "ffn_norm_b")
@@ -121,11 +127,28 @@ class LnDecoderModel(Model):
         tensors = split_qkv(config, tensors)
         super().__init__(config, tensors, kernels, sparse)
         self.output_b = norm_weight(get_tensor(tensors, "output.bias", required=False))
+        self.position_embd = get_tensor(tensors, "position_embd.weight") if config.arch == "gpt2" else None
         for L in self.layers:  # per-head weight rows of stablelm's Q/K LayerNorms
             if L.q_norm is not None:
                 L.q_norm = L.q_norm.reshape(config.n_head, config.head_dim)
             if L.k_norm is not None:
                 L.k_norm = L.k_norm.reshape(config.n_head_kv, config.head_dim)
+
+    def new_cache(self, n_ctx: int | None = None) -> KVCache:
+        """gpt2's context is bounded by its learned positions (position_embd rows)."""
+        if self.position_embd is not None:
+            n_pos = self.position_embd.shape[0]
+            n_ctx = n_ctx or n_pos
+            if n_ctx > n_pos:
+                raise ContextFullError(f"{self.config.arch} has learned positions for {n_pos} tokens; a context of "
+                                       f"{n_ctx} does not fit: use at most {n_pos}")
+        return super().new_cache(n_ctx)
+
+    def _embed(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        x = self.kernels.get_rows(self.token_embd, ids)  # [N, n_embd], a fresh array
+        if self.position_embd is not None:
+            x += self.kernels.get_rows(self.position_embd, pos)
+        return x
 
     def _head_norm(self, t: np.ndarray, w: np.ndarray | None) -> np.ndarray:
         """t f32 [N, H, D] LayerNormed over each head (no bias) times that head's weight row; t when w is None."""
