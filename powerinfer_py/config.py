@@ -57,7 +57,8 @@ SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "
                    "minicpm", "minicpm3", "olmoe",
                    "hunyuan-dense", "apertus", "seed_oss",  # config_llama_variants.py
                    "llama4",
-                   "exaone", "internlm2")  # exaone, internlm2: llama blocks under their own names
+                   "exaone", "internlm2",  # exaone, internlm2: llama blocks under their own names
+                   "phi2", "stablelm", "starcoder2", "gpt2")  # models/ln_decoder.py
 # always mixture-of-experts (llama files are when they carry expert_count; ernie4_5-moe, deepseek2 and glm4moe
 # have leading dense layers: ModelConfig.moe_layers)
 MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "deepseek2", "glm4moe", "lfm2moe",
@@ -80,11 +81,13 @@ _NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gem
                "gpt-oss", "glm4moe", "lfm2", "lfm2moe", "gemma4", "smallthinker", "exaone4", "gemma3n",
                "qwen35", "qwen35moe", "qwen3next", "bailingmoe2", "afmoe",
                "falcon-h1", "minicpm3", "olmoe",
-               "hunyuan-dense", "apertus", "seed_oss", "exaone"}  # qwen35: text M-RoPE is NeoX RoPE (config_archs.qwen35)
+               "hunyuan-dense", "apertus", "seed_oss", "exaone",
+               "phi2", "stablelm", "starcoder2"}  # qwen35: text M-RoPE is NeoX RoPE (config_archs.qwen35)
 # their models take per-pair RoPE factors and a scale (models/base.py)
 _YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee", "deepseek2", "mistral3",
                "olmo2", "hunyuan-dense", "apertus", "seed_oss", "exaone", "internlm2")
-_LAYERNORM_ARCHS = {"falcon", "opt", "command-r", "cohere2"}  # layer_norm_epsilon instead of layer_norm_rms_epsilon
+# layer_norm_epsilon instead of layer_norm_rms_epsilon
+_LAYERNORM_ARCHS = {"falcon", "opt", "command-r", "cohere2", "phi2", "stablelm", "starcoder2", "gpt2"}
 _DEFAULT_FREQ_BASE = {"qwen2": 1_000_000.0, "qwen2moe": 1_000_000.0}
 HIDDEN_ACTS = ("silu", "relu", "fatrelu", "gelu")
 GEMMA3_SWA_PERIOD = 6  # every 6th layer (il % 6 == 5) is global
@@ -408,7 +411,7 @@ class _Reader(ArchKeys):
     def hidden_act(self) -> tuple[str, float]:
         """(activation, fatrelu parameter) of the FFN, with the per-arch defaults of the module docstring."""
         defaults = {"llama": "relu" if self.f.is_sparse else "silu", "falcon": "relu" if self.f.is_sparse else "gelu",
-                    "bamboo": "relu", "opt": "relu", "arcee": "relu"}
+                    "bamboo": "relu", "opt": "relu", "arcee": "relu", "phi2": "gelu", "starcoder2": "gelu", "gpt2": "gelu"}
         default = defaults.get(self.arch, "silu")
         act = self.get("powerinfer.hidden_act", default, kind=str)
         if act not in HIDDEN_ACTS:
@@ -496,7 +499,7 @@ class _Reader(ArchKeys):
             window, swa_layers, freq_base_swa = g4.pop("sliding_window"), g4.pop("swa_layers"), g4.pop("base_swa")
         if g3n:
             window, swa_layers, freq_base_swa = g3n.pop("sliding_window"), g3n.pop("swa_layers"), g3n.pop("base_swa")
-        n_rot = self.get("{arch}.rope.dimension_count", 0 if self.arch == "opt" else head_dim)
+        n_rot = self.get("{arch}.rope.dimension_count", 0 if self.arch in ("opt", "gpt2") else head_dim)
         if mamba2 and self.arch not in ("granitehybrid", "falcon-h1"):  # nemotron_h's attention: no RoPE
             n_rot = 0
             attn_scale_key = self.get("{arch}.attention.scale", 0.0, kind=float)

@@ -23,6 +23,9 @@ Per architecture (hunyuan-dense, apertus and seed_oss: config_llama_variants.py)
   bamboo  the llama block (Mistral shape, GQA, normal RoPE) with a dReLU FFN
   falcon  LayerNorm with biases, fused attn_qkv, NeoX RoPE, parallel attention + MLP, no ffn_norm
   opt     LayerNorm with biases, biases on every projection, learned positions (no RoPE), ReLU FFN
+  phi2, stablelm, starcoder2, gpt2  LayerNorm with biases (layer_norm_epsilon), NeoX RoPE over
+          rope.dimension_count dims (gpt2: learned positions, no RoPE); phi2, starcoder2 and gpt2 default to a GELU
+          FFN with biases, stablelm to SwiGLU (models/ln_decoder.py)
   qwen3moe, qwen2moe  qwen3 / qwen2 with a mixture-of-experts FFN (below); qwen2moe adds a shared expert
   mistral3 (Ministral 3, Mistral Small 3.x files of that arch) the llama block (normal RoPE; experts as llama's,
           their width feed_forward_length) plus two things: {arch}.attention.temperature_scale b (optional) scales q

@@ -92,7 +92,7 @@ def ffn_variant(config: ModelConfig) -> str:
         return "reglu"
     if config.arch in GEMMA_ARCHS:
         return "geglu"
-    if config.arch in ("falcon", "opt"):
+    if config.arch in ("falcon", "opt", "phi2", "starcoder2", "gpt2"):  # ungated
         if act in ("relu", "gelu"):
             return act
         raise UnsupportedError(f"{config.arch}: hidden_act {act!r} is not supported for this architecture "

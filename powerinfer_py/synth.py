@@ -83,6 +83,7 @@ ARCHS += ("nemotron_h", "mamba2", "granitehybrid", "nemotron_h_moe")  # Nemotron
 ARCHS += ("command-r", "cohere2")  # Cohere: written whole by synth_cohere.write_cohere_model
 ARCHS += ("bailingmoe2", "afmoe")  # Ling 2.0, Trinity: written whole by synth_bailing.write_ling_trinity
 ARCHS += ("falcon-h1",)  # Falcon-H1: synth_falcon_h1.write_falcon_h1
+ARCHS += ("phi2", "stablelm", "starcoder2", "gpt2")  # LayerNorm decoders: synth_ln_decoder.write_ln_decoder_model
 ARCHS += ("minicpm", "minicpm3", "olmoe")  # written whole by synth_minicpm.write_minicpm_model
 ARCHS += ("llama4",)  # Llama 4: written whole by synth_llama4.write_llama4_model
 # EXAONE 3.x (untied by default as 7.8B / 32B; tied=True as 2.4B) and InternLM2 (always untied): llama's layers
@@ -628,6 +629,10 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
         return write_minicpm_model(path, arch, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
                                    n_head_kv=n_head if arch == "olmoe" else n_head_kv, n_vocab=n_vocab, seed=seed,
                                    **overrides)
+    if arch in ("phi2", "stablelm", "starcoder2", "gpt2"):  # LayerNorm decoders with biases (synth_ln_decoder lists the options)
+        from .synth_ln_decoder import write_ln_decoder_model
+        return write_ln_decoder_model(path, arch, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
+                                      n_head_kv=n_head_kv, n_vocab=n_vocab, seed=seed, **overrides)
     if arch in ("hunyuan-dense", "apertus", "seed_oss"):  # synth_llama_variants lists the options
         from .synth_llama_variants import write_llama_variant
         return write_llama_variant(path, arch, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,

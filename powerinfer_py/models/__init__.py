@@ -40,6 +40,7 @@ from . import minicpm, olmoe
 from . import apertus, hunyuan, seed_oss
 from . import llama4
 from . import exaone, internlm2
+from . import ln_decoder
 from .base import Expected, Model
 
 _FAMILIES = {
@@ -94,6 +95,10 @@ _FAMILIES = {
     "llama4": (llama4.Llama4Model, llama4.expected_tensors),  # chunked + NoPE attention, interleaved MoE layers
     "exaone": (exaone.ExaoneModel, exaone.expected_tensors),  # llama block, NeoX RoPE, optional rope_freqs
     "internlm2": (internlm2.InternLM2Model, internlm2.expected_tensors),  # llama block, untied head
+    "phi2": (ln_decoder.LnDecoderModel, ln_decoder.expected_tensors),  # LayerNorm + biases, parallel, partial RoPE
+    "stablelm": (ln_decoder.LnDecoderModel, ln_decoder.expected_tensors),  # LayerNorm, SwiGLU, optional Q/K norms
+    "starcoder2": (ln_decoder.LnDecoderModel, ln_decoder.expected_tensors),  # LayerNorm + biases, GELU, sequential
+    "gpt2": (ln_decoder.LnDecoderModel, ln_decoder.expected_tensors),  # starcoder2's block, learned positions, no RoPE
 }
 # families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
 # `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
