@@ -86,6 +86,23 @@ def rewrite_gguf(src, dst, edit=None, drop=(), extra=(), types=None):
                       types={**kept_types, **(types or {})})
 
 
+def assert_threshold_after_calibration(path, out, tokens) -> None:
+    """A SwiGLU/GeGLU file calibrated at 50% (written to out): threshold mode at sparsity 0 gives the dense logits
+    of `tokens`, and the calibrated file runs in threshold mode by default at about its sparsity."""
+    from powerinfer_py.calibrate import calibrate
+
+    calibrate(path, out, 0.5, text="once upon a time the cat sat on the mat and the dog ran", n_tokens=40, ctx=32,
+              threads=1)
+    ids = np.asarray(tokens, np.int32)
+    with load(path, threads=1) as llm:
+        dense = llm.model.forward(ids, llm.model.new_cache(32), all_logits=True)
+    with load(out, threads=1, sparse="threshold", sparsity=0.0) as llm:
+        zero = llm.model.forward(ids, llm.model.new_cache(32), all_logits=True)
+        np.testing.assert_allclose(zero, dense, rtol=0, atol=1e-4 * dense.std())
+    with load(out, threads=1) as llm:
+        assert llm.sparse.mode == "threshold" and 0.3 < llm.sparse.sparsity < 0.7
+
+
 def with_qkv_biases(src, dst, seed=0):
     """src with random attn_q/k/v biases on every layer at dst (for archs whose llama.cpp loader takes them)."""
     from powerinfer_py.gguf.reader import open_gguf

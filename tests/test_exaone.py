@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from llama_ref import llama_cpp_logits
-from model_checks import (assert_fused_decode_equals_python, assert_matches_llama_cpp, info_text, load_model,
+from model_checks import (assert_fused_decode_equals_python, assert_matches_llama_cpp,
+                          assert_threshold_after_calibration, info_text, load_model,
                           rel_err, rewrite_gguf, with_qkv_biases)
 
 from powerinfer_py.config import ModelConfig
@@ -74,19 +75,7 @@ def test_mistakes_are_visible(synthetic_model, cpu_kernels, tmp_path):
 
 def test_threshold_mode_runs_after_calibration(synthetic_model, tmp_path):
     """A SwiGLU FFN: `powerinfer calibrate` then threshold mode; sparsity 0 is the dense result."""
-    from powerinfer_py import load
-    from powerinfer_py.calibrate import calibrate
-
-    path = synthetic_model("exaone", "f32")
-    out = tmp_path / "cal.gguf"
-    calibrate(path, out, 0.5, text="once upon a time the cat sat on the mat and the dog ran", n_tokens=40, ctx=32,
-              threads=1)
-    with load(path, threads=1) as llm:
-        dense = all_logits(llm.model)
-    with load(out, threads=1, sparse="threshold", sparsity=0.0) as llm:
-        np.testing.assert_allclose(all_logits(llm.model), dense, rtol=0, atol=1e-4 * dense.std())
-    with load(out, threads=1) as llm:
-        assert llm.sparse.mode == "threshold" and 0.3 < llm.sparse.sparsity < 0.7
+    assert_threshold_after_calibration(synthetic_model("exaone", "f32"), tmp_path / "cal.gguf", TOKENS)
 
 
 def test_bad_files_are_named(synthetic_model, cpu_kernels, tmp_path):
