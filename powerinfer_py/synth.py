@@ -93,6 +93,19 @@ _OUTPUT_NORM_GAIN.update(exaone=3.0, internlm2=1.0)
 _CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()") + [SPACE]
 
 
+def tokenizer_metadata(n_vocab: int) -> tuple[dict, dict]:
+    """(metadata, value types) of synthetic_vocab(n_vocab) as a llama (SentencePiece) tokenizer with BOS added:
+    the tokenizer keys every synthetic writer puts in its files, and the GGUF types its arrays need."""
+    tokens, scores, token_types = synthetic_vocab(n_vocab)
+    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
+            "tokenizer.ggml.token_type": token_types, "tokenizer.ggml.unknown_token_id": UNK_ID,
+            "tokenizer.ggml.bos_token_id": BOS_ID, "tokenizer.ggml.eos_token_id": EOS_ID,
+            "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False}
+    types = {"tokenizer.ggml.token_type": (GGUFValueType.ARRAY, GGUFValueType.INT32),
+             "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32)}
+    return meta, types
+
+
 def synthetic_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     """(tokens, scores, token types) of a SentencePiece-style vocabulary of exactly n_vocab entries.
 
@@ -264,26 +277,13 @@ class _Spec:
         for key, value in self.granite.items():
             if value is not None:
                 meta[f"{a}.{key.replace('attention_scale', 'attention.scale')}"] = value
-        tokens, scores, token_types = synthetic_vocab(self.n_vocab)
-        meta.update({
-            "tokenizer.ggml.model": "llama",
-            "tokenizer.ggml.tokens": tokens,
-            "tokenizer.ggml.scores": scores,
-            "tokenizer.ggml.token_type": token_types,
-            "tokenizer.ggml.unknown_token_id": UNK_ID,
-            "tokenizer.ggml.bos_token_id": BOS_ID,
-            "tokenizer.ggml.eos_token_id": EOS_ID,
-            "tokenizer.ggml.add_bos_token": True,
-            "tokenizer.ggml.add_eos_token": False,
-        })
+        tok_meta, tok_types = tokenizer_metadata(self.n_vocab)
+        meta.update(tok_meta)
         if self.chat_template is not None:
             meta["tokenizer.chat_template"] = self.chat_template
         lfm2_meta, types = lfm2_metadata(a, self.n_layer, self.n_head_kv, self.lfm2) if self.lfm2 else ({}, {})
         meta.update(lfm2_meta)
-        types |= {
-            "tokenizer.ggml.token_type": (GGUFValueType.ARRAY, GGUFValueType.INT32),
-            "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32),
-        }
+        types |= tok_types
         return meta, types
 
     def weights(self, rng: np.random.Generator) -> list[tuple[str, np.ndarray]]:

@@ -3,7 +3,7 @@
 The tensors and keys are those llama.cpp's loaders read (models/bailing.py and models/afmoe.py have the math):
 leading_dense_block_count dense SwiGLU layers, then layers with a router (F32, as real files), a selection bias
 exp_probs_b.bias, the 3-D expert stacks and a shared expert. Every matrix is ~ N(0, 1/K) for K inputs so the
-activations stay O(1); the vocabulary is synth.synthetic_vocab's.
+activations stay O(1); the vocabulary is synth.tokenizer_metadata's.
 
 bailingmoe2 as Ling mini 2.0 (scaled down): a fused attn_qkv, per-head Q/K norms, NeoX RoPE over half of each
 head, sigmoid routing within groups (4 groups of 2 experts, 2 groups used), weights renormalized and scaled by 2.5;
@@ -19,10 +19,9 @@ import os
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFValueType
 
 from .gguf import write_gguf
-from .synth import BOS_ID, DTYPES, EOS_ID, UNK_ID, _encode, synthetic_vocab
+from .synth import DTYPES, _encode, tokenizer_metadata
 from .tensor import GGMLType
 
 _FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}
@@ -96,7 +95,7 @@ def write_ling_trinity(path: str | os.PathLike, arch: str, *, dtype: str = "f32"
     if not tied:
         weights.append(("output.weight", linear(n_vocab, E)))
 
-    tokens, scores, types = synthetic_vocab(n_vocab)
+    tok_meta, tok_types = tokenizer_metadata(n_vocab)
     meta = {
         "general.architecture": a, "general.name": f"synthetic-{a}-{dtype}", "general.file_type": _FILE_TYPE[dtype],
         f"{a}.context_length": 4096, f"{a}.embedding_length": E, f"{a}.block_count": n_layer + nextn,
@@ -106,10 +105,7 @@ def write_ling_trinity(path: str | os.PathLike, arch: str, *, dtype: str = "f32"
         f"{a}.expert_count": n_expert, f"{a}.expert_used_count": n_expert_used,
         f"{a}.expert_feed_forward_length": n_ff_exp, f"{a}.expert_shared_count": n_shared,
         f"{a}.leading_dense_block_count": dense_lead, f"{a}.expert_weights_norm": bool(weights_norm),
-        "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
-        "tokenizer.ggml.token_type": types, "tokenizer.ggml.unknown_token_id": UNK_ID,
-        "tokenizer.ggml.bos_token_id": BOS_ID, "tokenizer.ggml.eos_token_id": EOS_ID,
-        "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False,
+        **tok_meta,
     }
     if gating is not None or ling:
         meta[f"{a}.expert_gating_func"] = GATING[gating or "sigmoid"]
@@ -125,8 +121,7 @@ def write_ling_trinity(path: str | os.PathLike, arch: str, *, dtype: str = "f32"
     elif sliding_window:
         meta[f"{a}.attention.sliding_window"] = sliding_window
     meta.update(extra_meta or {})
-    kinds = {"tokenizer.ggml.token_type": (GGUFValueType.ARRAY, GGUFValueType.INT32),
-             "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32)}
+    kinds = {**tok_types}
     tensors = [_encode(name, x, DTYPES[dtype] if x.ndim >= 2 and "gate_inp" not in name else GGMLType.F32)
                for name, x in weights]
     return write_gguf(path, meta, tensors, types=kinds)

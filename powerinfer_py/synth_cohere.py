@@ -6,7 +6,7 @@ and ffn_gate/up/down; no biases, no ffn_norm. command-r files of 64 or more laye
 attn_q_norm / attn_k_norm (f32 [n_head, head_dim] / [n_head_kv, head_dim]), which llama.cpp requires at that
 depth (Command R+). Matrices ~ N(0, 1/K) for K inputs, norms ~ 1 + N(0, 0.1^2); the embeddings are small
 (std 0.1, the head is tied) and the output norm's gain is 3 / logit_scale, so the scaled logits have a spread of
-about 2 whatever the scale. The vocabulary is synth.synthetic_vocab's.
+about 2 whatever the scale. The vocabulary is synth.tokenizer_metadata's.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import numpy as np
 from gguf import GGUFValueType
 
 from .gguf import write_gguf
-from .synth import BOS_ID, DTYPES, EOS_ID, UNK_ID, _encode, synthetic_vocab
+from .synth import DTYPES, _encode, tokenizer_metadata
 from .tensor import GGMLType
 
 _FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}
@@ -61,20 +61,16 @@ def write_cohere_model(path: str | os.PathLike, arch: str = "command-r", *, dtyp
                     (p + "ffn_down.weight", linear(E, F))]
     weights.append(("output_norm.weight", norm(E) * np.float32(3.0 / (logit_scale or 1.0))))
 
-    tokens, scores, types = synthetic_vocab(n_vocab)
+    tok_meta, tok_types = tokenizer_metadata(n_vocab)
     meta = {
         "general.architecture": a, "general.name": f"synthetic-{a}-{dtype}", "general.file_type": _FILE_TYPE[dtype],
         f"{a}.context_length": n_ctx_train, f"{a}.embedding_length": E, f"{a}.block_count": n_layer,
         f"{a}.feed_forward_length": F, f"{a}.attention.head_count": n_head,
         f"{a}.attention.head_count_kv": n_head_kv, f"{a}.attention.layer_norm_epsilon": float(norm_eps),
         f"{a}.rope.freq_base": float(rope_freq_base), f"{a}.rope.dimension_count": hd if n_rot is None else n_rot,
-        "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
-        "tokenizer.ggml.token_type": types, "tokenizer.ggml.unknown_token_id": UNK_ID,
-        "tokenizer.ggml.bos_token_id": BOS_ID, "tokenizer.ggml.eos_token_id": EOS_ID,
-        "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False,
+        **tok_meta,
     }
-    kinds = {"tokenizer.ggml.token_type": (GGUFValueType.ARRAY, GGUFValueType.INT32),
-             "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32)}
+    kinds = {**tok_types}
     if logit_scale is not None:
         meta[f"{a}.logit_scale"] = float(logit_scale)
     if arch == "cohere2":

@@ -17,7 +17,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFValueType
 
 ARCH = "falcon-h1"
 
@@ -39,7 +38,7 @@ def write_falcon_h1(path: str | os.PathLike, *, dtype: str, n_layer: int, n_embd
                     n_head_kv: int, n_vocab: int, seed: int, **overrides) -> Path:
     """Write a tiny random falcon-h1 model (module docstring lists the overrides)."""
     from .gguf import write_gguf
-    from .synth import _FILE_TYPE, DTYPES, _encode, synthetic_vocab
+    from .synth import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
     from .tensor import GGMLType
 
     o = _options(dict(overrides))
@@ -57,13 +56,9 @@ def write_falcon_h1(path: str | os.PathLike, *, dtype: str, n_layer: int, n_embd
         f"{a}.ssm.conv_kernel": K, f"{a}.ssm.state_size": N, f"{a}.ssm.group_count": G,
         f"{a}.ssm.time_step_rank": H, f"{a}.ssm.inner_size": d_inner,
     }
-    tokens, scores, token_types = synthetic_vocab(n_vocab)
-    meta.update({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
-                 "tokenizer.ggml.token_type": token_types, "tokenizer.ggml.unknown_token_id": 0,
-                 "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
-                 "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False})
-    types = {"tokenizer.ggml.token_type": (GGUFValueType.ARRAY, GGUFValueType.INT32),
-             "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32)}
+    tok_meta, tok_types = tokenizer_metadata(n_vocab)
+    meta.update(tok_meta)
+    types = {**tok_types}
     rng = np.random.default_rng(seed)
 
     def linear(m, k):

@@ -20,7 +20,7 @@ from gguf import GGUFValueType
 
 from .config_gemma3n import N_EMBD_PER_LAYER, SPARSITY_STD_MUL
 from .gguf import write_gguf
-from .synth import DTYPES, _FILE_TYPE, BOS_ID, EOS_ID, UNK_ID, _encode, synthetic_vocab
+from .synth import DTYPES, _FILE_TYPE, _encode, tokenizer_metadata
 
 A = "gemma3n"
 QK_NORM_GAIN = 0.3  # attention scale 1: keep scores O(1) (see synth_gemma4.py)
@@ -50,13 +50,9 @@ def write_gemma3n_model(path: str | os.PathLike, *, dtype: str = "f32", n_layer:
         f"{A}.embedding_length_per_layer_input": per_layer,
         f"{A}.final_logit_softcapping": float(final_softcap),
     }
-    tokens, scores, token_types = synthetic_vocab(n_vocab)
-    meta.update({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
-                 "tokenizer.ggml.token_type": token_types, "tokenizer.ggml.unknown_token_id": UNK_ID,
-                 "tokenizer.ggml.bos_token_id": BOS_ID, "tokenizer.ggml.eos_token_id": EOS_ID,
-                 "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False})
-    types = {"tokenizer.ggml.token_type": (GGUFValueType.ARRAY, GGUFValueType.INT32),
-             "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32),
+    tok_meta, tok_types = tokenizer_metadata(n_vocab)
+    meta.update(tok_meta)
+    types = {**tok_types,
              f"{A}.activation_sparsity_scale": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32)}
 
     rng = np.random.default_rng(seed)

@@ -28,7 +28,7 @@ import numpy as np
 from gguf import GGUFValueType
 
 from .gguf import write_gguf
-from .synth import DTYPES, _FILE_TYPE, BOS_ID, EOS_ID, UNK_ID, _encode, synthetic_vocab
+from .synth import DTYPES, _FILE_TYPE, _encode, tokenizer_metadata
 
 A = "gemma4"
 SWA_PATTERN = (True, False, True, False, True, False)  # layer 2 (sliding) and 3 (full) feed the shared layers
@@ -76,13 +76,9 @@ def write_gemma4_model(path: str | os.PathLike, *, dtype: str = "f32", n_embd: i
     if n_expert:
         meta.update({f"{A}.expert_count": n_expert, f"{A}.expert_used_count": n_expert_used,
                      f"{A}.expert_feed_forward_length": n_ff_exp})
-    tokens, scores, token_types = synthetic_vocab(n_vocab)
-    meta.update({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
-                 "tokenizer.ggml.token_type": token_types, "tokenizer.ggml.unknown_token_id": UNK_ID,
-                 "tokenizer.ggml.bos_token_id": BOS_ID, "tokenizer.ggml.eos_token_id": EOS_ID,
-                 "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False})
-    types = {"tokenizer.ggml.token_type": (GGUFValueType.ARRAY, GGUFValueType.INT32),
-             "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32),
+    tok_meta, tok_types = tokenizer_metadata(n_vocab)
+    meta.update(tok_meta)
+    types = {**tok_types,
              f"{A}.feed_forward_length": (GGUFValueType.ARRAY, GGUFValueType.UINT32),
              f"{A}.attention.head_count_kv": (GGUFValueType.ARRAY, GGUFValueType.UINT32)}
 

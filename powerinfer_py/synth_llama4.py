@@ -6,7 +6,7 @@ layers ((il + 1) % moe_step == 0) the router ffn_gate_inp (F32, as real files), 
 ffn_gate/up/down_exps and the shared expert ffn_gate/up/down_shexp (the experts' width), on the others a dense
 ffn_gate/up/down. No attention.sliding_window key: llama.cpp's chunked layout (chunks of 8192 positions on layers
 il % 4 < 3, NoPE + temperature on (il + 1) % 4 == 0) applies, as in the real Scout / Maverick files. Every matrix
-is ~ N(0, 1/K) for K inputs, so activations stay O(1); the vocabulary is synth.synthetic_vocab's.
+is ~ N(0, 1/K) for K inputs, so activations stay O(1); the vocabulary is synth.tokenizer_metadata's.
 """
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ import os
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFValueType
 
 from .gguf import write_gguf
-from .synth import BOS_ID, DTYPES, EOS_ID, UNK_ID, _encode, synthetic_vocab
+from .synth import DTYPES, _encode, tokenizer_metadata
 from .tensor import GGMLType
 
 _FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}
@@ -72,7 +71,7 @@ def write_llama4_model(path: str | os.PathLike, *, dtype: str = "f32", n_layer: 
     if not tied:
         weights.append(("output.weight", linear(n_vocab, E)))
 
-    tokens, scores, types = synthetic_vocab(n_vocab)
+    tok_meta, tok_types = tokenizer_metadata(n_vocab)
     meta = {
         "general.architecture": a, "general.name": f"synthetic-llama4-{dtype}",
         "general.file_type": _FILE_TYPE[dtype],
@@ -82,14 +81,10 @@ def write_llama4_model(path: str | os.PathLike, *, dtype: str = "f32", n_layer: 
         f"{a}.rope.freq_base": 500_000.0, f"{a}.rope.dimension_count": hd,
         f"{a}.expert_count": n_expert, f"{a}.expert_used_count": n_expert_used,
         f"{a}.expert_feed_forward_length": n_ff_exp, f"{a}.interleave_moe_layer_step": moe_step,
-        "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
-        "tokenizer.ggml.token_type": types, "tokenizer.ggml.unknown_token_id": UNK_ID,
-        "tokenizer.ggml.bos_token_id": BOS_ID, "tokenizer.ggml.eos_token_id": EOS_ID,
-        "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False,
+        **tok_meta,
     }
     meta.update(extra_meta or {})
-    kinds = {"tokenizer.ggml.token_type": (GGUFValueType.ARRAY, GGUFValueType.INT32),
-             "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32)}
+    kinds = {**tok_types}
     tensors = [_encode(name, x, DTYPES[dtype] if x.ndim >= 2 and "gate_inp" not in name else GGMLType.F32)
                for name, x in weights]
     return write_gguf(path, meta, tensors, types=kinds)

@@ -37,7 +37,7 @@ def write_llama_variant(path: str | os.PathLike, arch: str, *, dtype: str = "f32
     from gguf import GGUFValueType
 
     from .gguf import write_gguf
-    from .synth import _FILE_TYPE, DTYPES, _encode, synthetic_vocab
+    from .synth import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
     from .tensor import GGMLType
 
     if arch not in LLAMA_VARIANT_ARCHS:
@@ -76,13 +76,9 @@ def write_llama_variant(path: str | os.PathLike, arch: str, *, dtype: str = "f32
             else:
                 meta[key] = float(xielu[j])
                 types[key] = (GGUFValueType.FLOAT32, None)
-    tokens, scores, token_types = synthetic_vocab(n_vocab)
-    meta.update({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
-                 "tokenizer.ggml.token_type": token_types, "tokenizer.ggml.unknown_token_id": 0,
-                 "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
-                 "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False})
-    types |= {"tokenizer.ggml.token_type": (GGUFValueType.ARRAY, GGUFValueType.INT32),
-              "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32)}
+    tok_meta, tok_types = tokenizer_metadata(n_vocab)
+    meta.update(tok_meta)
+    types |= {**tok_types}
 
     rng = np.random.default_rng(seed)
 

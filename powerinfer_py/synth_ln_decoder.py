@@ -13,7 +13,7 @@ defaults taken from the real files:
 gpt2 also gets position_embd (n_ctx_train rows, ~ N(0, 0.5^2)), no rope.dimension_count and no head_count_kv
 key (its converter writes neither: no RoPE, no GQA).
 Matrices ~ N(0, 1/K) for K inputs, norm weights ~ 1 + N(0, 0.1^2), biases ~ N(0, 0.1^2) (0.3 for the output
-bias), embeddings ~ N(0, 1) (0.1 when tied). The vocabulary is synth.synthetic_vocab's.
+bias), embeddings ~ N(0, 1) (0.1 when tied). The vocabulary is synth.tokenizer_metadata's.
 """
 from __future__ import annotations
 
@@ -21,10 +21,9 @@ import os
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFValueType
 
 from .gguf import write_gguf
-from .synth import BOS_ID, DTYPES, EOS_ID, UNK_ID, _encode, synthetic_vocab
+from .synth import DTYPES, _encode, tokenizer_metadata
 from .tensor import GGMLType
 
 LN_DECODER_ARCHS = ("phi2", "stablelm", "starcoder2", "gpt2")
@@ -97,25 +96,21 @@ def write_ln_decoder_model(path: str | os.PathLike, arch: str = "phi2", *, dtype
     if arch == "phi2":
         weights.append(("output.bias", bias(n_vocab, 0.3)))
 
-    tokens, scores, types = synthetic_vocab(n_vocab)
+    tok_meta, tok_types = tokenizer_metadata(n_vocab)
     meta = {
         "general.architecture": a, "general.name": f"synthetic-{a}-{dtype}", "general.file_type": _FILE_TYPE[dtype],
         f"{a}.context_length": n_ctx_train, f"{a}.embedding_length": E, f"{a}.block_count": n_layer,
         f"{a}.feed_forward_length": F, f"{a}.attention.head_count": n_head,
         f"{a}.attention.head_count_kv": n_head_kv, f"{a}.attention.layer_norm_epsilon": float(norm_eps),
         f"{a}.rope.freq_base": float(rope_freq_base), f"{a}.rope.dimension_count": n_rot,
-        "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
-        "tokenizer.ggml.token_type": types, "tokenizer.ggml.unknown_token_id": UNK_ID,
-        "tokenizer.ggml.bos_token_id": BOS_ID, "tokenizer.ggml.eos_token_id": EOS_ID,
-        "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False,
+        **tok_meta,
     }
     if arch == "stablelm":
         meta[f"{a}.use_parallel_residual"] = bool(parallel)
     if arch == "gpt2":  # its converter writes no RoPE or GQA keys
         for key in ("attention.head_count_kv", "rope.freq_base", "rope.dimension_count"):
             del meta[f"{a}.{key}"]
-    kinds = {"tokenizer.ggml.token_type": (GGUFValueType.ARRAY, GGUFValueType.INT32),
-             "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32)}
+    kinds = {**tok_types}
     tensors = [_encode(name, x, DTYPES[dtype] if x.ndim >= 2 and "norm" not in name else GGMLType.F32)
                for name, x in weights]
     return write_gguf(path, meta, tensors, types=kinds)

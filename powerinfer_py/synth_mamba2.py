@@ -69,7 +69,7 @@ def write_nemotron_h(path: str | os.PathLike, arch: str, *, dtype: str, n_layer:
     d_state (16), n_group (2), n_ssm_head (8), ssm_head_dim (16), conv_kernel (4), n_ctx_train, norm_eps,
     tied (default False), conv_bias (default True)."""
     from .gguf import write_gguf
-    from .synth import _FILE_TYPE, DTYPES, _encode, synthetic_vocab
+    from .synth import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
     from .tensor import GGMLType
 
     o = _options(dict(overrides), n_layer, arch)
@@ -106,14 +106,10 @@ def write_nemotron_h(path: str | os.PathLike, arch: str, *, dtype: str, n_layer:
         for key in ("feed_forward_length", "attention.head_count_kv", "attention.key_length", "attention.value_length"):
             del meta[f"{a}.{key}"]
         meta.update({f"{a}.feed_forward_length": 0, f"{a}.attention.head_count": 0})
-    tokens, scores, token_types = synthetic_vocab(n_vocab)
-    meta.update({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
-                 "tokenizer.ggml.token_type": token_types, "tokenizer.ggml.unknown_token_id": 0,
-                 "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
-                 "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False})
+    tok_meta, tok_types = tokenizer_metadata(n_vocab)
+    meta.update(tok_meta)
     int32s = (GGUFValueType.ARRAY, GGUFValueType.INT32)
-    types = {"tokenizer.ggml.token_type": int32s,
-             "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32)}
+    types = {**tok_types}
 
     if a != "mamba2":  # the per-layer arrays that tell the layer kinds apart
         types.update({f"{a}.attention.head_count_kv": int32s})

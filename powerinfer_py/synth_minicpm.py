@@ -24,10 +24,9 @@ import os
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFValueType
 
 from .gguf import write_gguf
-from .synth import _FILE_TYPE, BOS_ID, DTYPES, EOS_ID, UNK_ID, _encode, synthetic_vocab
+from .synth import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
 from .tensor import GGMLType
 
 ARCHS = ("minicpm", "minicpm3", "olmoe")
@@ -134,14 +133,9 @@ def write_minicpm_model(path: str | os.PathLike, arch: str, *, dtype: str = "f32
     if not tied:
         weights.append(("output.weight", 2.0 * linear(n_vocab, E)))
 
-    tokens, scores, types = synthetic_vocab(n_vocab)
+    tok_meta, tok_types = tokenizer_metadata(n_vocab)
     meta = {"general.architecture": a, "general.name": f"synthetic-{a}-{dtype}", "general.file_type": _FILE_TYPE[dtype],
-            **meta, "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
-            "tokenizer.ggml.token_type": types, "tokenizer.ggml.unknown_token_id": UNK_ID,
-            "tokenizer.ggml.bos_token_id": BOS_ID, "tokenizer.ggml.eos_token_id": EOS_ID,
-            "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False}
-    kinds = {"tokenizer.ggml.token_type": (GGUFValueType.ARRAY, GGUFValueType.INT32),
-             "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32)}
+            **meta, **tok_meta}
     tensors = [_encode(name, x, DTYPES[dtype] if x.ndim >= 2 and "gate_inp" not in name else GGMLType.F32)
                for name, x in weights]
-    return write_gguf(path, meta, tensors, types=kinds)
+    return write_gguf(path, meta, tensors, types=tok_types)

@@ -75,7 +75,7 @@ def write_qwen35(path: str | os.PathLike, arch: str, *, dtype: str, n_layer: int
     multi-token-prediction blocks as llama.cpp's converter writes them by default (block_count counts them; each is
     a full-attention block plus nextn.* tensors, flagged not recurrent; never run for the main output)."""
     from .gguf import write_gguf
-    from .synth import _FILE_TYPE, DTYPES, _encode, synthetic_vocab
+    from .synth import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
     from .tensor import GGMLType
 
     o = _options(dict(overrides), n_embd, n_head)
@@ -107,14 +107,9 @@ def write_qwen35(path: str | os.PathLike, arch: str, *, dtype: str, n_layer: int
     if moe:
         meta.update({f"{a}.expert_count": o["n_expert"], f"{a}.expert_used_count": o["n_expert_used"],
                      f"{a}.expert_feed_forward_length": F_exp, f"{a}.expert_shared_feed_forward_length": F_sh})
-    tokens, scores, token_types = synthetic_vocab(n_vocab)
-    meta.update({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
-                 "tokenizer.ggml.token_type": token_types, "tokenizer.ggml.unknown_token_id": 0,
-                 "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
-                 "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False})
-    types = {f"{a}.rope.dimension_sections": (GGUFValueType.ARRAY, GGUFValueType.INT32),
-             "tokenizer.ggml.token_type": (GGUFValueType.ARRAY, GGUFValueType.INT32),
-             "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32),
+    tok_meta, tok_types = tokenizer_metadata(n_vocab)
+    meta.update(tok_meta)
+    types = {f"{a}.rope.dimension_sections": (GGUFValueType.ARRAY, GGUFValueType.INT32), **tok_types,
              f"{a}.attention.recurrent_layers": (GGUFValueType.ARRAY, GGUFValueType.BOOL)}
 
     rng = np.random.default_rng(seed)

@@ -19,10 +19,9 @@ import os
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFValueType
 
 from .gguf import write_gguf
-from .synth import BOS_ID, DTYPES, EOS_ID, UNK_ID, _encode, synthetic_vocab
+from .synth import DTYPES, _encode, tokenizer_metadata
 from .tensor import GGMLType
 
 _FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}
@@ -76,7 +75,7 @@ def write_smallthinker_model(path: str | os.PathLike, *, dtype: str = "f32", n_l
     if not tied:
         weights.append(("output.weight", linear(n_vocab, E)))
 
-    tokens, scores, types = synthetic_vocab(n_vocab)
+    tok_meta, tok_types = tokenizer_metadata(n_vocab)
     meta = {
         "general.architecture": a, "general.name": f"synthetic-smallthinker-{dtype}",
         "general.file_type": _FILE_TYPE[dtype],
@@ -86,18 +85,14 @@ def write_smallthinker_model(path: str | os.PathLike, *, dtype: str = "f32", n_l
         f"{a}.rope.freq_base": 1_000_000.0, f"{a}.rope.dimension_count": hd,
         f"{a}.expert_count": n_expert, f"{a}.expert_used_count": n_expert_used,
         f"{a}.expert_feed_forward_length": F, f"{a}.expert_gating_func": GATING[gating],
-        "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
-        "tokenizer.ggml.token_type": types, "tokenizer.ggml.unknown_token_id": UNK_ID,
-        "tokenizer.ggml.bos_token_id": BOS_ID, "tokenizer.ggml.eos_token_id": EOS_ID,
-        "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False,
+        **tok_meta,
     }
     if sliding_window is not None:
         meta[f"{a}.attention.sliding_window"] = sliding_window
     if weights_scale is not None:
         meta[f"{a}.expert_weights_scale"] = float(weights_scale)
     meta.update(extra_meta or {})
-    kinds = {"tokenizer.ggml.token_type": (GGUFValueType.ARRAY, GGUFValueType.INT32),
-             "tokenizer.ggml.scores": (GGUFValueType.ARRAY, GGUFValueType.FLOAT32)}
+    kinds = tok_types
     tensors = [_encode(name, x, DTYPES[dtype] if x.ndim >= 2 and "gate_inp" not in name else GGMLType.F32)
                for name, x in weights]
     return write_gguf(path, meta, tensors, types=kinds)
