@@ -87,7 +87,7 @@ def metadata_hash(f: GGUFFile) -> str:
     h = hashlib.sha256()
     for key, value in f.metadata.items():
         vtype, sub = f.metadata_types.get(key, (None, None))
-        h.update(f"{key}\0{vtype}\0{sub}\0".encode())
+        h.update(f"{key}\0{vtype}\0{sub}\0".encode("utf-8", "surrogateescape"))
         if isinstance(value, (list, tuple)) and value and isinstance(value[0], str):
             h.update("\0".join(value).encode("utf-8", "surrogateescape"))
         elif isinstance(value, (list, tuple, np.ndarray)):

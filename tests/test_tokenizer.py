@@ -168,3 +168,18 @@ def test_unwritable_cache_is_a_clear_error(synthetic_model, tmp_path):
     with pytest.raises(ModelFileError, match="vocab-only copy"):
         Tokenizer(pwri, cache_dir=blocker / "sub")
     assert os.path.exists(blocker)
+
+
+def test_a_metadata_key_that_is_not_utf8_does_not_stop_the_tokenizer(synthetic_model, tmp_path):
+    """A corrupt byte in a key the tokenizer does not need (found by fuzzing: the cache-name hash used to raise
+    UnicodeEncodeError on it); both the plain GGUF and the PWRI copy path still tokenize as the original."""
+    src = synthetic_model("llama")
+    data = Path(src).read_bytes()
+    assert data.count(b"general.name") == 1
+    bad = tmp_path / "odd-key.gguf"
+    bad.write_bytes(data.replace(b"general.name", b"general.n\x80me"))
+    assert "general.n\udc80me" in open_gguf(bad).metadata
+    orig = Tokenizer(src)
+    for path in (bad, _pwri_copy(bad, tmp_path / "odd-key.powerinfer.gguf")):
+        tok = Tokenizer(path, cache_dir=tmp_path / "cache")
+        assert tok.encode("héllo world") == orig.encode("héllo world")
