@@ -23,6 +23,10 @@ TOP_K = typer.Option(40, "--top-k", min=0, help="Keep the k most likely tokens (
 TOP_P = typer.Option(0.95, "--top-p", min=0.0, max=1.0, help="Nucleus mass to keep (1 = off).")
 MIN_P = typer.Option(0.05, "--min-p", min=0.0, max=1.0, help="Drop tokens below min_p x the top probability (0 = off).")
 REPEAT_PENALTY = typer.Option(1.0, "--repeat-penalty", min=0.0, help="Penalty for recently seen tokens (1 = off).")
+FREQUENCY_PENALTY = typer.Option(0.0, "--frequency-penalty", help="Subtract this times a token's count among the "
+                                 "recent tokens from its logit (0 = off; OpenAI's frequency_penalty).")
+PRESENCE_PENALTY = typer.Option(0.0, "--presence-penalty", help="Subtract this from the logit of every token among "
+                                "the recent tokens (0 = off; OpenAI's presence_penalty).")
 SEED = typer.Option(None, "--seed", help="Random seed: the same seed, the same text.")
 THREADS = typer.Option(None, "-t", "--threads", min=1, help="CPU threads (default: all cores).")
 CTX_SIZE = typer.Option(None, "-c", "--ctx-size", min=1, help="Context window in tokens (default: the runtime's).")

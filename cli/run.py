@@ -35,6 +35,8 @@ def run(
     top_p: float = O.TOP_P,
     min_p: float = O.MIN_P,
     repeat_penalty: float = O.REPEAT_PENALTY,
+    frequency_penalty: float = O.FREQUENCY_PENALTY,
+    presence_penalty: float = O.PRESENCE_PENALTY,
     seed: Optional[int] = O.SEED,
     threads: Optional[int] = O.THREADS,
     ctx_size: Optional[int] = O.CTX_SIZE,
@@ -52,7 +54,7 @@ def run(
         try:
             code = _run(prompt, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, threads,
                         ctx_size, as_json, verbose, sparse, sparse_threshold, sparsity, backend,
-                        vram_budget)
+                        vram_budget, frequency_penalty, presence_penalty)
         except KeyboardInterrupt:  # Ctrl-C while loading: nothing generated yet
             code = EXIT_INTERRUPTED
     if code == EXIT_INTERRUPTED:
@@ -61,7 +63,8 @@ def run(
 
 
 def _run(prompt, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, threads, ctx_size,
-         as_json, verbose, sparse=None, sparse_threshold=None, sparsity=None, backend="cpu", vram_budget=None) -> int:
+         as_json, verbose, sparse=None, sparse_threshold=None, sparsity=None, backend="cpu", vram_budget=None,
+         frequency_penalty=0.0, presence_penalty=0.0) -> int:
     """Load, generate, print. Returns 0, or EXIT_INTERRUPTED when Ctrl-C stopped the generation."""
     from powerinfer_py import load
 
@@ -76,7 +79,8 @@ def _run(prompt, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, se
     if llm.backend is not None and (verbose or llm.backend.warn):
         stderr.print(llm.backend.lines()[0], style="dim" if not llm.backend.warn else "yellow")
     gen = llm.generate_tokens(text, max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p,
-                              min_p=min_p, repeat_penalty=repeat_penalty, seed=seed)
+                              min_p=min_p, repeat_penalty=repeat_penalty, seed=seed,
+                              frequency_penalty=frequency_penalty, presence_penalty=presence_penalty)
     decoder = llm.tokenizer.stream()  # holds back bytes of a UTF-8 character split over tokens
     tokens, pieces, interrupted = [], [], False
     try:

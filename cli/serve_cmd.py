@@ -35,6 +35,8 @@ def serve(
     top_p: float = O.TOP_P,
     min_p: float = O.MIN_P,
     repeat_penalty: float = O.REPEAT_PENALTY,
+    frequency_penalty: float = O.FREQUENCY_PENALTY,
+    presence_penalty: float = O.PRESENCE_PENALTY,
     sparse: Optional[str] = O.SPARSE,
     sparse_threshold: Optional[float] = O.SPARSE_THRESHOLD,
     sparsity: Optional[float] = O.SPARSITY,
@@ -60,7 +62,8 @@ def serve(
             if llm.backend is not None and llm.backend.warn:
                 stderr.print(llm.backend.lines()[0], style="yellow")
             defaults = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                                      repeat_penalty=repeat_penalty)
+                                      repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                      presence_penalty=presence_penalty)
             server = make_server(llm, host, port, template=chat_template, defaults=defaults,
                                  log=None if quiet else log_to_stderr)
             e = server.engine

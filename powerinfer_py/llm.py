@@ -107,7 +107,8 @@ class LLM:
     def generate_tokens(self, prompt: str | Sequence[int], max_tokens: int = 128, temperature: float = 0.8,
                         top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
                         repeat_last_n: int = 64, seed: int | None = None, add_bos: bool = True,
-                        prefill_batch: int = 256) -> Generation:
+                        prefill_batch: int = 256, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                        logit_bias: dict[int, float] | None = None) -> Generation:
         """Generated token ids for a prompt (text, or token ids used as they are). temperature <= 0 is
         greedy; max_tokens < 0 runs until an end-of-generation token or a full context. The returned
         Generation's .stats (also self.last_stats) fill in as it runs. Raises ContextFullError if the
@@ -115,8 +116,13 @@ class LLM:
         if self._closed:
             raise ValueError(f"this LLM ({self.path}) has been closed")
         ids = self.tokenize(prompt, add_bos=add_bos) if isinstance(prompt, str) else [int(t) for t in prompt]
+        bias = tuple(sorted((int(t), float(b)) for t, b in (logit_bias or {}).items()))
+        wrong = [t for t, _ in bias if not 0 <= t < self.tokenizer.n_vocab]
+        if wrong:
+            raise ValueError(f"logit_bias: token id {wrong[0]} is outside the vocabulary (0 to {self.tokenizer.n_vocab - 1})")
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed)
+                                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed,
+                                frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, logit_bias=bias)
         if self._active is not None:  # one cache, one generation: end the previous one before reusing it
             self._active.close()
         self.reset()
@@ -130,13 +136,15 @@ class LLM:
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, temperature: float = 0.8,
                  top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
                  repeat_last_n: int = 64, seed: int | None = None, add_bos: bool = True,
-                 prefill_batch: int = 256) -> Iterator[str]:
+                 prefill_batch: int = 256, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                 logit_bias: dict[int, float] | None = None) -> Iterator[str]:
         """Generated text, streamed in pieces that never split a UTF-8 character (arguments as in
         generate_tokens). The prompt is checked, and a ContextFullError raised, at the call, not lazily."""
         gen = self.generate_tokens(prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                                    top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                                    repeat_last_n=repeat_last_n, seed=seed, add_bos=add_bos,
-                                   prefill_batch=prefill_batch)
+                                   prefill_batch=prefill_batch, frequency_penalty=frequency_penalty,
+                                   presence_penalty=presence_penalty, logit_bias=logit_bias)
         return self._stream_text(gen)
 
     def _stream_text(self, gen: Generation) -> Iterator[str]:

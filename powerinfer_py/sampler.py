@@ -2,7 +2,7 @@
 
 The chain runs in llama.cpp's default order, so the same settings mean the same thing in both tools:
 
-    repetition penalty -> top-k -> top-p -> min-p -> temperature -> draw
+    logit bias -> penalties (repetition, frequency, presence) -> top-k -> top-p -> min-p -> temperature -> draw
 
 Top-k, top-p and min-p therefore look at the untempered distribution; temperature only reshapes what is
 left. After top-k the work is on k candidates instead of the whole vocabulary (262144 for Gemma 3), which
@@ -43,6 +43,31 @@ def apply_repetition_penalty(logits: np.ndarray, history: Sequence[int], penalty
     vals = out[seen]
     out[seen] = np.where(vals > 0, vals / penalty, vals * penalty)
     return out
+
+
+def apply_logit_bias(logits: np.ndarray, bias: Sequence[tuple[int, float]]) -> np.ndarray:
+    """logits + bias for the listed (token id, bias) pairs, as OpenAI's logit_bias; -inf bans a token.
+    Returns `logits` itself when there is nothing to add, else a new array."""
+    if not bias:
+        return logits
+    out = np.array(logits, dtype=np.float32, copy=True)
+    for token, b in bias:
+        out[token] += np.float32(b)
+    return out
+
+
+def apply_frequency_presence(logits: np.ndarray, history: Sequence[int], frequency: float, presence: float,
+                             last_n: int) -> np.ndarray:
+    """OpenAI's (and llama.cpp's) frequency and presence penalties over the last `last_n` tokens of `history`
+    (-1: all of it, 0: off): a token seen c times there loses c * frequency + presence from its logit.
+    Modifies and returns `logits` (the caller passes its own copy)."""
+    if (frequency == 0.0 and presence == 0.0) or last_n == 0 or len(history) == 0:
+        return logits
+    recent = np.asarray(history if last_n < 0 else history[-last_n:], dtype=np.int64)
+    recent = recent[(recent >= 0) & (recent < logits.shape[0])]
+    seen, counts = np.unique(recent, return_counts=True)
+    logits[seen] -= counts.astype(np.float32) * np.float32(frequency) + np.float32(presence)  # f32, as llama.cpp
+    return logits
 
 
 def _sort_desc(ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -128,7 +153,9 @@ def _head_for_min_p(logits: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarra
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling settings; a value that disables a step: top_k 0, top_p 1.0, min_p 0.0, repeat_penalty 1.0.
+    """Sampling settings; a value that disables a step: top_k 0, top_p 1.0, min_p 0.0, repeat_penalty 1.0,
+    frequency_penalty and presence_penalty 0.0 (both look at the same last repeat_last_n tokens as the
+    repetition penalty), logit_bias () (pairs of token id and the bias added to its logit).
 
     temperature <= 0 means greedy decoding (argmax after the repetition penalty).
     seed None draws a fresh random seed; an int makes the token stream reproducible.
@@ -140,6 +167,9 @@ class SamplingParams:
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     seed: int | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
         if not 0.0 <= self.min_p <= 1.0:
@@ -150,6 +180,12 @@ class SamplingParams:
             raise ValueError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
         if self.repeat_last_n < -1:
             raise ValueError(f"repeat_last_n must be -1 (all), 0 (off) or a count, got {self.repeat_last_n}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not np.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
+        for token, b in self.logit_bias:
+            if token < 0 or np.isnan(b):
+                raise ValueError(f"logit_bias: token ids are >= 0 and biases numbers, got {token}: {b}")
 
 
 class Sampler:
@@ -162,7 +198,9 @@ class Sampler:
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """One token id. `history` holds the tokens so far (prompt and generated), for the penalty."""
         p = self.params
+        logits = apply_logit_bias(logits, p.logit_bias)
         logits = apply_repetition_penalty(logits, history, p.repeat_penalty, p.repeat_last_n)
+        logits = apply_frequency_presence(logits, history, p.frequency_penalty, p.presence_penalty, p.repeat_last_n)
         if p.temperature <= 0:
             return greedy(logits)
         if 0 < p.top_k < logits.shape[0]:

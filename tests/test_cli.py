@@ -99,6 +99,32 @@ def test_run_greedy_matches_llama_cpp(llama_f32):
     assert out["tokens"] == expected
 
 
+def test_run_greedy_with_penalties_matches_llama_cpp(llama_f32):
+    """--frequency-penalty / --presence-penalty (with --repeat-penalty) at --temp 0: llama.cpp's logits after
+    llama.cpp's own penalties sampler, fed the prompt and each token as its command line does."""
+    from llama_ref import llama_cpp_penalties
+
+    n, prompt = 16, "the the the quick quick brown"
+    out = run_json(llama_f32, prompt, "-n", str(n), "--temp", "0", "--repeat-penalty", "1.25",
+                   "--frequency-penalty", "0.75", "--presence-penalty", "0.5")
+    plain = run_json(llama_f32, prompt, "-n", str(n), "--temp", "0")
+    ref = LlamaCppRef(llama_f32, n_ctx=64, threads=1)
+    try:
+        history = ref.tokenize(prompt)
+        logits, expected = ref.decode(history), []
+        for _ in range(n):
+            tok = int(np.argmax(llama_cpp_penalties(logits, history, 64, 1.25, 0.75, 0.5)))
+            if ref.is_eog(tok):
+                break
+            expected.append(tok)
+            history.append(tok)
+            logits = ref.decode([tok])
+    finally:
+        ref.close()
+    assert out["tokens"] == expected
+    assert out["tokens"] != plain["tokens"]  # the penalties changed the text: the check above can fail
+
+
 def test_run_respects_n_predict(llama_f32):
     for n in (0, 1, 5):
         out = run_json(llama_f32, "hello", "-n", str(n), "--temp", "1", "--seed", "3")

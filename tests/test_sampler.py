@@ -4,8 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powerinfer_py.sampler import (Sampler, SamplingParams, apply_repetition_penalty, greedy, min_p, softmax,
-                                   temperature, top_k, top_p)
+from llama_ref import llama_cpp_penalties
+from powerinfer_py.sampler import (Sampler, SamplingParams, apply_frequency_presence, apply_logit_bias,
+                                   apply_repetition_penalty, greedy, min_p, softmax, temperature, top_k, top_p)
 
 
 def test_softmax_matches_definition():
@@ -90,6 +91,48 @@ def test_greedy_applies_the_repetition_penalty():
     assert s.sample(logits, history=[0]) == 1  # 3 / 2 = 1.5 < 2
 
 
+def test_frequency_and_presence_penalties_count_the_recent_tokens():
+    logits = np.array([1.0, 1.0, 1.0, 1.0], dtype=np.float32)
+    out = apply_frequency_presence(logits.copy(), [0, 1, 1, 3, 1], frequency=0.5, presence=0.25, last_n=4)
+    # the last 4 tokens: 1, 1, 3, 1 -> token 1 seen 3 times, token 3 once, token 0 fell out of the window
+    np.testing.assert_array_equal(out, [1.0, 1.0 - 1.5 - 0.25, 1.0, 1.0 - 0.5 - 0.25])
+    whole = apply_frequency_presence(logits.copy(), [0, 1, 1, 3, 1], 0.5, 0.25, last_n=-1)
+    assert whole[0] == 1.0 - 0.75
+    for off in (dict(frequency=0.0, presence=0.0, last_n=64), dict(frequency=1.0, presence=1.0, last_n=0)):
+        np.testing.assert_array_equal(apply_frequency_presence(logits.copy(), [0, 1], **off), logits)
+    # negative penalties make repeats more likely, as OpenAI's do
+    assert apply_frequency_presence(logits.copy(), [2], -1.0, 0.0, 64)[2] == 2.0
+
+
+def test_logit_bias_adds_to_the_listed_tokens_only():
+    logits = np.array([0.0, 1.0, 2.0], dtype=np.float32)
+    np.testing.assert_array_equal(apply_logit_bias(logits, [(0, 5.0), (2, -100.0)]), [5.0, 1.0, -98.0])
+    np.testing.assert_array_equal(logits, [0.0, 1.0, 2.0])  # input untouched
+    assert apply_logit_bias(logits, ()) is logits
+    s = Sampler(SamplingParams(temperature=0, logit_bias=((0, 5.0),)))
+    assert s.sample(logits) == 0
+    s = Sampler(SamplingParams(temperature=1.0, seed=1, logit_bias=((2, -float("inf")), (1, -float("inf")))))
+    assert {s.sample(logits) for _ in range(20)} == {0}  # banned tokens are never drawn
+
+
+def test_penalties_and_bias_equal_llama_cpp_samplers_bit_for_bit():
+    """Our logit bias, then repetition, frequency and presence penalties, against llama.cpp's own samplers
+    (the same chain order as its defaults) on random logits, histories, windows and settings."""
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        n = 64
+        history = [int(t) for t in rng.integers(0, n, size=int(rng.integers(0, 50)))]
+        last_n = int(rng.integers(1, 40))
+        rep, freq, pres = (float(np.float32(v)) for v in (rng.uniform(0.5, 2), rng.uniform(-2, 2), rng.uniform(-2, 2)))
+        bias = {int(t): float(np.float32(rng.uniform(-100, 100))) for t in rng.integers(0, n, size=3)}
+        logits = (rng.standard_normal(n) * 3).astype(np.float32)
+        want = llama_cpp_penalties(logits, history, last_n, rep, freq, pres, bias)
+        got = apply_logit_bias(logits, sorted(bias.items()))
+        got = apply_repetition_penalty(got, history, rep, last_n)
+        got = apply_frequency_presence(got, history, freq, pres, last_n)
+        np.testing.assert_array_equal(got, want)
+
+
 def test_seed_reproducibility():
     logits = np.random.default_rng(1).standard_normal(1000).astype(np.float32)
     p = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=42)
@@ -147,6 +190,10 @@ def test_params_validation():
         SamplingParams(min_p=1.5)
     with pytest.raises(ValueError):
         SamplingParams(repeat_penalty=0.0)
+    with pytest.raises(ValueError, match="frequency_penalty"):
+        SamplingParams(frequency_penalty=float("nan"))
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias=((-1, 1.0),))
 
 
 def _reference_sample(logits, p: SamplingParams, u: float) -> int:

@@ -145,6 +145,28 @@ def test_completion_at_temperature_0_is_generate(server, ref):
     assert body2["choices"][0]["text"] == want and body2["usage"]["prompt_tokens"] == len(ids)
 
 
+def test_penalties_and_logit_bias_reach_the_sampler(server, ref):
+    """frequency_penalty / presence_penalty give generate()'s tokens with the same settings (and differ from
+    none), logit_bias +100 on a token makes greedy decoding repeat it, on both endpoints; an empty tools list
+    and response_format text are accepted."""
+    pen = dict(frequency_penalty=1.5, presence_penalty=0.5)
+    want = "".join(ref.generate(PROMPT, max_tokens=10, temperature=0, **pen))
+    assert want != "".join(ref.generate(PROMPT, max_tokens=10, temperature=0))
+    got = request(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 10, "temperature": 0, **pen})[1]
+    assert got["choices"][0]["text"] == want
+    forced = ref.tokenize("x", add_bos=False)[-1]
+    body = {"prompt": PROMPT, "max_tokens": 4, "temperature": 0, "logit_bias": {str(forced): 100}}
+    assert list(ref.generate_tokens(PROMPT, max_tokens=4, temperature=0, logit_bias={forced: 100})) == [forced] * 4
+    status, out = request(server, "/v1/completions", body)
+    assert status == 200
+    assert out["choices"][0]["text"] == "".join(ref.generate(PROMPT, max_tokens=4, temperature=0,
+                                                            logit_bias={forced: 100}))
+    status, out = request(server, "/v1/chat/completions", {"messages": CONV[1:2], "max_tokens": 3, "temperature": 0,
+                                                           "logit_bias": {str(forced): 100}, "tools": [],
+                                                           "response_format": {"type": "text"}})
+    assert status == 200 and out["choices"][0]["message"]["content"] == ref.detokenize([forced] * 3).strip()
+
+
 def test_streamed_completion_equals_the_plain_one(server):
     body = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0}
     plain = request(server, "/v1/completions", body)[1]["choices"][0]["text"]
@@ -247,6 +269,17 @@ BAD = [
     ("POST", "/v1/completions", {"prompt": "hi", "n": 2}, 400, ['"n" must be 1', "got 2"]),
     ("POST", "/v1/completions", {"prompt": "hi", "echo": True}, 400, ['"echo"']),
     ("POST", "/v1/completions", {"prompt": LONG}, 400, ["202 tokens", str(N_CTX)]),
+    ("POST", "/v1/completions", {"prompt": "hi", "frequency_penalty": 2.5}, 400, ['"frequency_penalty"', "2.5"]),
+    ("POST", "/v1/completions", {"prompt": "hi", "presence_penalty": "x"}, 400, ['"presence_penalty" must be a num']),
+    ("POST", "/v1/completions", {"prompt": "hi", "logit_bias": [1]}, 400, ['"logit_bias" must be an object']),
+    ("POST", "/v1/completions", {"prompt": "hi", "logit_bias": {"a": 1}}, 400, ['"logit_bias": keys', "'a'"]),
+    ("POST", "/v1/completions", {"prompt": "hi", "logit_bias": {"1": 101}}, 400, ['"logit_bias.1" must be in']),
+    ("POST", "/v1/completions", {"prompt": "hi", "logit_bias": {"99999": 1}}, 400, ["token id 99999", "vocabulary"]),
+    ("POST", "/v1/chat/completions", {"messages": CONV[1:2], "logit_bias": {"99999": 1}}, 400, ["token id 99999"]),
+    ("POST", "/v1/chat/completions", {"messages": CONV[1:2], "tools": [{"type": "function"}]}, 400,
+     ['"tools" (function calling) is not supported']),
+    ("POST", "/v1/chat/completions", {"messages": CONV[1:2], "response_format": {"type": "json_object"}}, 400,
+     ['"response_format" json_object is not supported']),
     ("POST", "/v1/chat/completions", {"max_tokens": 4}, 400, ['"messages" is required']),
     ("POST", "/v1/chat/completions", {"messages": []}, 400, ['"messages" must be a non-empty array']),
     ("POST", "/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, 400, ["unknown role 'tool'"]),

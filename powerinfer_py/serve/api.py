@@ -5,8 +5,10 @@ and the OpenAI-style error body {"error": {"message", "type", "code"}}; the mess
 was wrong with it, because the person reading it is debugging a client.
 
 Supported fields (both endpoints): max_tokens (chat: max_completion_tokens too), temperature, top_p, top_k,
-min_p, repeat_penalty, seed, stop (a string or a list of strings), stream, stream_options.include_usage, n (1
-only), logprobs (off only). /v1/completions: prompt (a string, a list of token ids, or a one-element list of
+min_p, repeat_penalty, frequency_penalty and presence_penalty (-2 to 2), logit_bias (token id -> -100 to 100),
+seed, stop (a string or a list of strings), stream, stream_options.include_usage, n (1 only), logprobs (off
+only). Fields that would change what the reply must look like are refused rather than ignored: tools and
+functions (non-empty), response_format other than text. /v1/completions: prompt (a string, a list of token ids, or a one-element list of
 either) and echo (false only). /v1/chat/completions: messages with roles system (or developer), user and
 assistant and string content (or a list of text parts). Unknown fields are ignored, as OpenAI clients send
 many optional ones (user, presence_penalty: 0, ...).
@@ -144,6 +146,38 @@ def _stops(value: Any) -> list[str]:
     raise bad(f'"stop" must be a string or an array of strings, got {_kind(value)}')
 
 
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id": bias} object as sorted pairs (ids checked against the vocabulary by the engine)."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise bad(f'"logit_bias" must be an object mapping token ids to numbers, got {_kind(value)}')
+    pairs = []
+    for key, b in value.items():
+        try:
+            token = int(key)
+        except ValueError:
+            token = -1
+        if token < 0 or str(token) != key.strip():
+            raise bad(f'"logit_bias": keys are token ids (non-negative integers), got {key!r}')
+        pairs.append((token, _number({f"logit_bias.{key}": b}, f"logit_bias.{key}", 0.0, lo=-100.0, hi=100.0)))
+    return tuple(sorted(pairs))
+
+
+def _refuse_output_formats(body: dict) -> None:
+    """Fields a client sends when it relies on the reply's form: silently ignoring them would hand it text it
+    cannot parse."""
+    for name in ("tools", "functions"):
+        if body.get(name) not in (None, []):
+            raise bad(f'"{name}" (function calling) is not supported by this server', "unsupported")
+    fmt = body.get("response_format")
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind != "text":
+            raise bad(f'"response_format" {kind or _kind(fmt)!s} is not supported by this server (only "text")',
+                      "unsupported")
+
+
 def parse_common(body: dict, defaults: SamplingParams, max_tokens_names: Sequence[str] = ("max_tokens",)) -> Common:
     """Sampling fields (the server's defaults where a field is absent or null), limits, stops, streaming."""
     n = _integer(body, "n", 1)
@@ -151,6 +185,7 @@ def parse_common(body: dict, defaults: SamplingParams, max_tokens_names: Sequenc
         raise bad(f'"n" must be 1: this server returns one choice per request, got {n}', "unsupported")
     if body.get("logprobs") not in (None, False, 0):
         raise bad('"logprobs" is not supported by this server', "unsupported")
+    _refuse_output_formats(body)
     max_tokens = None
     for name in max_tokens_names:
         max_tokens = _integer(body, name, max_tokens, lo=1)
@@ -162,7 +197,10 @@ def parse_common(body: dict, defaults: SamplingParams, max_tokens_names: Sequenc
         min_p=_number(body, "min_p", defaults.min_p, lo=0.0, hi=1.0),
         repeat_penalty=_number(body, "repeat_penalty", defaults.repeat_penalty, lo=0.0, lo_open=True),
         repeat_last_n=defaults.repeat_last_n,
-        seed=seed)
+        seed=seed,
+        frequency_penalty=_number(body, "frequency_penalty", defaults.frequency_penalty, lo=-2.0, hi=2.0),
+        presence_penalty=_number(body, "presence_penalty", defaults.presence_penalty, lo=-2.0, hi=2.0),
+        logit_bias=_logit_bias(body.get("logit_bias")) or defaults.logit_bias)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad(f'"stream_options" must be an object, got {_kind(options)}')

@@ -77,13 +77,16 @@ class Engine:
             wrong = [t for t in req.prompt if not 0 <= t < n_vocab]
             if wrong:
                 raise bad(f'"prompt": token id {wrong[0]} is outside the vocabulary (0 to {n_vocab - 1})')
+        self._check_bias(c.sampling)
         self._session = None  # generate_tokens resets the cache the chat session relied on
         s = c.sampling
         max_tokens = c.max_tokens if c.max_tokens is not None else COMPLETION_MAX_TOKENS
         try:
             gen = llm.generate_tokens(req.prompt, max_tokens=max_tokens, temperature=s.temperature, top_k=s.top_k,
                                       top_p=s.top_p, min_p=s.min_p, repeat_penalty=s.repeat_penalty,
-                                      repeat_last_n=s.repeat_last_n, seed=s.seed)
+                                      repeat_last_n=s.repeat_last_n, seed=s.seed,
+                                      frequency_penalty=s.frequency_penalty, presence_penalty=s.presence_penalty,
+                                      logit_bias=dict(s.logit_bias))
         except ContextFullError as e:
             raise self._too_long(str(e)) from None
         except PowerInferError as e:
@@ -116,6 +119,7 @@ class Engine:
     def chat(self, req: ChatRequest) -> Run:
         """Start a chat reply (hold self.lock). Raises ApiError for a conversation the model cannot take."""
         c = req.common
+        self._check_bias(c.sampling)
         # The session is kept only once its reply has run to its end (or been closed) and the session knows
         # again which ids the cache holds; a run dropped before its first piece leaves it unset.
         session, self._session = self._session, None
@@ -157,6 +161,12 @@ class Engine:
         run.finish_reason = "stop" if matcher.stopped else _finish(reply.stats.stop_reason)
 
     # -- shared --------------------------------------------------------------------------------------------
+
+    def _check_bias(self, sampling: SamplingParams) -> None:
+        n_vocab = self.llm.tokenizer.n_vocab
+        wrong = [t for t, _ in sampling.logit_bias if t >= n_vocab]
+        if wrong:
+            raise bad(f'"logit_bias": token id {wrong[0]} is outside the vocabulary (0 to {n_vocab - 1})')
 
     def _check_stopping(self) -> None:
         if self.stopping.is_set():
