@@ -332,6 +332,44 @@ def test_architecture_and_layer_errors(tmp_path):
     assert not out.exists()
 
 
+CONFIG_DAMAGE = [  # found by feeding damaged checkpoints to `powerinfer convert`; each was a traceback before
+    ({"max_position_embeddings": "x"}, r"max_position_embeddings must be a positive number, got 'x'"),
+    ({"hidden_size": -64}, r"hidden_size must be a positive number, got -64"),
+    ({"rms_norm_eps": [1, 2]}, r"rms_norm_eps must be a positive number"),
+    ({"num_attention_heads": True}, r"num_attention_heads must be a positive number, got True"),
+    ({"hidden_size": 64.5}, r"n_embd must be a whole number, got 64.5"),
+    ({"num_attention_heads": 10 ** 12}, r"inconsistent attention sizes"),
+    ({"num_key_value_heads": 8}, r"inconsistent attention sizes: 4 heads \(8 for K/V\)"),
+    ({"architectures": 5}, r"architectures must be a list of class names, got 5"),
+]
+
+
+@pytest.mark.parametrize("change,words", CONFIG_DAMAGE, ids=[next(iter(c)) + "=" + repr(c[next(iter(c))])[:12]
+                                                            for c, _ in CONFIG_DAMAGE])
+def test_a_damaged_config_is_named(tmp_path, change, words):
+    hf = tmp_path / "hf"
+    cfg, _ = _checkpoint(hf)
+    out = tmp_path / "o.gguf"
+    (hf / "config.json").write_text(json.dumps({**cfg, **change}))
+    with pytest.raises(ModelFileError, match=r"config.json: " + words):
+        convert(hf, out)
+    assert not out.exists()
+    (hf / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 64.0}))  # integral floats pass
+    convert(hf, out)
+
+
+@pytest.mark.parametrize("text,words", [("[]", "expected a JSON object, got list"),
+                                        ('{"chat_template": 5}', "chat_template must be a string or a list"),
+                                        ('{"chat_template": [5]}', "chat_template entries must be objects")])
+def test_a_damaged_tokenizer_config_is_named(tmp_path, text, words):
+    hf = tmp_path / "hf"
+    _checkpoint(hf)
+    (hf / "tokenizer_config.json").write_text(text)
+    with pytest.raises(ModelFileError, match=words):
+        convert(hf, tmp_path / "o.gguf")
+    assert not (tmp_path / "o.gguf").exists()
+
+
 def test_predictor_errors(tmp_path):
     hf = tmp_path / "hf"
     _checkpoint(hf, act="relu")

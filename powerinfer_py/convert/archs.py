@@ -30,6 +30,18 @@ class Dims:
     head_dim: int
     n_vocab: int
 
+    def check(self, ckpt: Checkpoint) -> "Dims":
+        """Sizes and counts are whole numbers (config.json may write them as 4096.0); anything else is named."""
+        for name, value in vars(self).items():
+            if isinstance(value, float) and value.is_integer():
+                object.__setattr__(self, name, int(value))
+            elif not isinstance(value, int):
+                raise ModelFileError(f"{ckpt.folder / 'config.json'}: {name} must be a whole number, got {value!r}")
+        if not (self.head_dim >= 1 and 1 <= self.n_head_kv <= self.n_head and self.n_head * self.head_dim <= 64 * self.n_embd):
+            raise ModelFileError(f"{ckpt.folder / 'config.json'}: inconsistent attention sizes: {self.n_head} heads "
+                                 f"({self.n_head_kv} for K/V) of {self.head_dim} dimensions for hidden_size {self.n_embd}")
+        return self
+
     @classmethod
     def from_config(cls, ckpt: Checkpoint) -> "Dims":
         """The usual config.json names (hidden_size, num_hidden_layers, intermediate_size, heads, head_dim)."""
@@ -38,7 +50,8 @@ class Dims:
         return cls(n_layer=cfg_value(ckpt, "num_hidden_layers"), n_embd=n_embd,
                    n_ff=cfg_value(ckpt, "intermediate_size"), n_head=n_head,
                    n_head_kv=cfg_value(ckpt, "num_key_value_heads", default=n_head),
-                   head_dim=cfg_value(ckpt, "head_dim", default=n_embd // n_head), n_vocab=cfg_value(ckpt, "vocab_size"))
+                   head_dim=cfg_value(ckpt, "head_dim", default=n_embd // n_head),
+                   n_vocab=cfg_value(ckpt, "vocab_size")).check(ckpt)
 
 
 LayerHook = Callable[[int], None]  # called after each layer's tensors (adds the predictor's fc1/fc2)
@@ -327,7 +340,7 @@ def falcon_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
         n_kv = 1 if cfg.get("multi_query", True) else n_head
     d = Dims(n_layer=cfg_value(ckpt, "num_hidden_layers", "n_layer"), n_embd=n_embd,
              n_ff=cfg_value(ckpt, "ffn_hidden_size", default=4 * n_embd), n_head=n_head, n_head_kv=n_kv,
-             head_dim=n_embd // n_head, n_vocab=cfg_value(ckpt, "vocab_size"))
+             head_dim=n_embd // n_head, n_vocab=cfg_value(ckpt, "vocab_size")).check(ckpt)
     meta = _common_meta(arch, d, cfg_value(ckpt, "max_position_embeddings", default=2048),
                         "layer_norm_epsilon", cfg_value(ckpt, "layer_norm_epsilon", default=1e-5))
     if cfg.get("hidden_act", "gelu") != "gelu":  # ReluFalcon; plain Falcon's GELU is llama.cpp's default
@@ -384,7 +397,8 @@ def opt_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
                                f"{cfg.get('activation_function')!r} is not supported (relu)")
     n_head = cfg_value(ckpt, "num_attention_heads")
     d = Dims(n_layer=cfg_value(ckpt, "num_hidden_layers"), n_embd=n_embd, n_ff=cfg_value(ckpt, "ffn_dim"),
-             n_head=n_head, n_head_kv=n_head, head_dim=n_embd // n_head, n_vocab=cfg_value(ckpt, "vocab_size"))
+             n_head=n_head, n_head_kv=n_head, head_dim=n_embd // n_head,
+             n_vocab=cfg_value(ckpt, "vocab_size")).check(ckpt)
     meta = _common_meta(arch, d, cfg_value(ckpt, "max_position_embeddings"), "layer_norm_epsilon", 1e-5)
     return d, meta
 

@@ -20,13 +20,18 @@ from .source import SourceTensor
 from .torch_pt import read_state_dict
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: Path) -> dict:
+    """A JSON file that holds one object (config.json, tokenizer files, index files): the object, else a
+    ModelFileError naming the file."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ModelFileError(f"{path}: file not found") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ModelFileError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ModelFileError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 class Checkpoint:
@@ -76,7 +81,10 @@ class Checkpoint:
     @property
     def architecture(self) -> str:
         archs = self.config.get("architectures") or [self.config.get("model_type", "")]
-        return str(archs[0])
+        if not isinstance(archs, list) or not isinstance(archs[0], str):
+            raise ModelFileError(f"{self.folder / 'config.json'}: architectures must be a list of class names, got "
+                                 f"{archs!r}")
+        return archs[0]
 
     def get(self, name: str) -> SourceTensor:
         t = self.tensors.get(name)

@@ -3,6 +3,8 @@ Builder that turns HF tensors into TensorPlans with their output type, checking 
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -158,10 +160,14 @@ class Builder:
 
 
 def cfg_value(ckpt: Checkpoint, *keys: str, default: Any = None) -> Any:
-    """The first of `keys` present in config.json; `default` if none is (None: required)."""
+    """The first of `keys` present in config.json; `default` if none is (None: required). Every value read this
+    way is a size, count, scale or epsilon: a positive finite number, else a ModelFileError naming the key."""
     for k in keys:
-        if ckpt.config.get(k) is not None:
-            return ckpt.config[k]
+        value = ckpt.config.get(k)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ModelFileError(f"{ckpt.folder / 'config.json'}: {k} must be a positive number, got {value!r}")
+            return value
     if default is None:
         raise ModelFileError(f"{ckpt.folder / 'config.json'}: missing {' / '.join(keys)}")
     return default

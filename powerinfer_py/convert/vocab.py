@@ -272,8 +272,14 @@ def chat_templates(folder: Path, tok_config: dict) -> dict[str, str]:
         template = read_json(folder / "chat_template.json").get("chat_template")
     if isinstance(template, str):
         return {"tokenizer.chat_template": template}
+    if template is not None and not isinstance(template, list):
+        raise ModelFileError(f"{folder}: chat_template must be a string or a list of named templates, got "
+                             f"{type(template).__name__}")
     out = {}
     for entry in template or []:
+        if not isinstance(entry, dict):
+            raise ModelFileError(f"{folder}: chat_template entries must be objects with name and template, got "
+                                 f"{type(entry).__name__}")
         name, text = entry.get("name"), entry.get("template")
         if isinstance(name, str) and isinstance(text, str):
             out["tokenizer.chat_template" if name == "default" else f"tokenizer.chat_template.{name}"] = text
