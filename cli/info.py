@@ -43,13 +43,30 @@ def info(
         raise typer.BadParameter("give the model once: `powerinfer info MODEL` or `powerinfer info -m MODEL`")
     with user_errors(verbose):
         path = model_path(model if model is not None else model_opt)
-        facts = model_info(path)
+        facts = _printable(model_info(path))
         if verbose and facts["runnable"]:
             facts["activity"] = measure_activity(path, threads=threads)
     if as_json:
         print(json.dumps(facts, indent=2))
         return
     Console(highlight=False).print(_table(facts))
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7f]}
+_CONTROL_CHARS = frozenset(map(chr, _CONTROL))
+
+
+def _printable(value):
+    """Strings of a damaged file can hold bytes that are not UTF-8 (kept as surrogates by the reader) or control
+    characters: shown as \\xNN escapes rather than written to the terminal raw."""
+    if isinstance(value, str):
+        text = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        return text.translate(_CONTROL) if any(c in _CONTROL_CHARS for c in text) else text
+    if isinstance(value, dict):
+        return {_printable(k): _printable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_printable(v) for v in value)
+    return value
 
 
 def _size(n_bytes: int) -> str:

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -178,6 +179,18 @@ def test_run_overlong_prompt_is_a_clear_error(llama_f32):
 
 
 # ---- info --------------------------------------------------------------------------------------------------
+
+def test_info_escapes_bytes_a_damaged_file_has_in_its_strings(llama_f32, tmp_path):
+    """Fuzzing found `info` writing a corrupt architecture string to the terminal raw (invalid UTF-8, NULs)."""
+    data = Path(llama_f32).read_bytes()
+    bad = tmp_path / "odd.gguf"
+    bad.write_bytes(data.replace(b"synthetic-llama", b"synthetic\x80\x00lama", 1))
+    res = invoke("info", bad)
+    assert res.exit_code == 0, res.stderr
+    assert "synthetic\\x80\\x00lama" in res.stdout and "\x00" not in res.stdout and "\udc80" not in res.stdout
+    out = json.loads(invoke("info", bad, "--json").stdout)
+    assert out["name"].startswith("synthetic\\x80\\x00lama")
+
 
 def test_info_json(llama_f32):
     res = invoke("info", llama_f32, "--json")
