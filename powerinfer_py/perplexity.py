@@ -17,6 +17,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .errors import PowerInferError
+from .generate import check_logits
 
 DEFAULT_CTX = 512
 DEFAULT_BATCH = 64
@@ -70,6 +71,7 @@ def window_nll(model, cache, ids: Sequence[int], batch: int = DEFAULT_BATCH) -> 
         chunk = ids[s:s + batch]
         logits = model.forward(chunk, cache, all_logits=True).reshape(len(chunk), -1)
         targets = ids[s + 1:s + 1 + len(chunk)]
+        check_logits(logits, s + len(chunk) - 1, s)  # NaN or +Inf anywhere in the chunk: a named error, not "nan"
         out.append(token_nll(logits[:len(targets)], targets))
     return np.concatenate(out) if out else np.zeros(0)
 

@@ -105,6 +105,25 @@ def test_prefill_runs_in_batches():
     assert [model.seen[p] for p in range(12)] == list(range(12))
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_logits_stop_generation_with_a_named_error(bad):
+    """A damaged file (NaN weights) used to sample garbage that looked like text; -inf (a masked token) is fine."""
+    class Poisoned(CountingModel):
+        def forward(self, tokens, cache, all_logits=False):
+            logits = super().forward(tokens, cache, all_logits)
+            logits[(int(np.asarray(tokens)[-1]) + 5) % self.n_vocab] = -np.inf
+            if cache.n_past == 5:
+                logits[7] = bad
+            return logits
+
+    gen = generate(Poisoned(), _cache(16), [1, 2], Sampler(GREEDY), 10, never)
+    got = []
+    with pytest.raises(PowerInferError, match=r"logits at position 4 are not finite \((nan|inf)\)"):
+        for t in gen:
+            got.append(t)
+    assert got == [3, 4, 5]  # the tokens before the bad step came out as usual
+
+
 def test_breaking_out_early_leaves_no_stop_reason():
     gen = generate(CountingModel(), _cache(64), [0], Sampler(GREEDY), max_tokens=100, is_eog=never)
     assert next(gen) == 1 and next(gen) == 2

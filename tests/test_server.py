@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from contextlib import contextmanager
 
+import numpy as np
 import pytest
 
 from powerinfer_py import load
@@ -322,6 +323,36 @@ def test_a_bug_is_a_500_without_traceback_and_the_server_goes_on(server, monkeyp
     assert any("RuntimeError: a bug" in line and "Traceback" in line for line in server.logs)
     monkeypatch.undo()
     assert request(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2})[0] == 200
+
+
+def test_a_model_that_fails_mid_generation_is_a_named_500_and_the_server_goes_on(server):
+    """Non-finite logits (a damaged file) after two tokens: a plain request gets a 500 naming the problem, a
+    stream that has sent its 200 ends with an error event; the next request is served normally."""
+    model = server.engine.llm.model
+    forward = model.forward
+    n_calls = []
+
+    def poisoned(tokens, cache, *args, **kw):
+        logits = forward(tokens, cache, *args, **kw)
+        n_calls.append(1)
+        return logits * np.float32("nan") if len(n_calls) % 3 == 0 else logits
+
+    model.forward = poisoned
+    try:
+        status, out = request(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 8, "temperature": 0})
+        assert status == 500 and out["error"]["code"] == "model_error" and out["error"]["type"] == "server_error"
+        assert "logits at position" in out["error"]["message"] and "not finite (nan)" in out["error"]["message"]
+        n_calls.clear()
+        status, text = request(server, "/v1/chat/completions", {"messages": CONV[1:2], "max_tokens": 8,
+                                                                 "temperature": 0, "stream": True})
+        evs = events(text)
+        assert status == 200 and "[DONE]" not in evs
+        assert evs[-1]["error"]["code"] == "model_error" and "not finite" in evs[-1]["error"]["message"]
+        assert [e["choices"][0]["delta"] for e in evs[:-1]][0] == {"role": "assistant", "content": ""}
+    finally:
+        with server.engine.lock:
+            del model.forward
+    assert request(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3, "temperature": 0})[0] == 200
 
 
 def test_the_long_prompt_error_names_its_real_length(server, ref):

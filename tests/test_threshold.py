@@ -182,6 +182,24 @@ def _numpy_nll(logits, ids):
     return lse[:-1] - lg[np.arange(len(ids) - 1), ids[1:]]
 
 
+def test_perplexity_of_a_model_with_nan_logits_is_a_named_error(synthetic_model, monkeypatch):
+    """It used to print "perplexity nan"; now the chunk whose logits are not finite is named."""
+    with load(synthetic_model("llama", "f32"), threads=1) as llm:
+        forward = llm.model.forward
+
+        def poisoned(tokens, cache, *args, **kw):
+            start = cache.n_past
+            logits = forward(tokens, cache, *args, **kw)
+            if start >= 7:
+                logits[..., 3] = np.nan
+            return logits
+
+        monkeypatch.setattr(llm.model, "forward", poisoned)
+        ids = llm.tokenize(TEXT, add_bos=False, special=False)[:30]
+        with pytest.raises(PowerInferError, match=r"logits at positions 7-13 are not finite \(nan\)"):
+            perplexity(llm, ids, ctx=32, batch=7)
+
+
 def test_perplexity_matches_numpy(synthetic_model):
     with load(synthetic_model("llama", "f32"), threads=1) as llm:
         bos = llm.tokenizer.bos_id

@@ -23,6 +23,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
+from ..errors import PowerInferError
 from . import api
 from .engine import Engine, Run, Stopping
 
@@ -90,6 +91,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         self._t0 = time.perf_counter()
+        self._headers_sent = False  # per request: a kept-alive connection brings several
         try:
             path, methods = self._route()
             if methods is None:
@@ -255,6 +257,18 @@ class Handler(BaseHTTPRequestHandler):
             self.server.log(f"{self.command} {self.path}: the client went away after {run.completion_tokens} "
                             "tokens; generation stopped")
             self.close_connection = True
+        except api.ApiError:
+            raise
+        except PowerInferError as e:  # the model failed mid-generation (non-finite logits, ...): say what
+            self.server.log(f"{self.command} {self.path}: {e}")
+            err = api.ApiError(500, str(e), "model_error")
+            if not getattr(self, "_headers_sent", False):
+                raise err from None
+            self.close_connection = True
+            try:  # a stream has sent its 200 already: an error event ends it, as OpenAI's streams do
+                self._event(err.body())
+            except GONE:
+                pass
         finally:
             run.close()
 
