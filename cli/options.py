@@ -23,9 +23,15 @@ TOP_K = typer.Option(40, "--top-k", min=0, help="Keep the k most likely tokens (
 TOP_P = typer.Option(0.95, "--top-p", min=0.0, max=1.0, help="Nucleus mass to keep (1 = off).")
 MIN_P = typer.Option(0.05, "--min-p", min=0.0, max=1.0, help="Drop tokens below min_p x the top probability (0 = off).")
 REPEAT_PENALTY = typer.Option(1.0, "--repeat-penalty", min=0.0, help="Penalty for recently seen tokens (1 = off).")
-FREQUENCY_PENALTY = typer.Option(0.0, "--frequency-penalty", help="Subtract this times a token's count among the "
+def _finite(value: float) -> float:
+    if value != value or value in (float("inf"), float("-inf")):
+        raise typer.BadParameter(f"must be a finite number, got {value}")
+    return value
+
+
+FREQUENCY_PENALTY = typer.Option(0.0, "--frequency-penalty", callback=_finite, help="Subtract this times a token's count among the "
                                  "recent tokens from its logit (0 = off; OpenAI's frequency_penalty).")
-PRESENCE_PENALTY = typer.Option(0.0, "--presence-penalty", help="Subtract this from the logit of every token among "
+PRESENCE_PENALTY = typer.Option(0.0, "--presence-penalty", callback=_finite, help="Subtract this from the logit of every token among "
                                 "the recent tokens (0 = off; OpenAI's presence_penalty).")
 SEED = typer.Option(None, "--seed", help="Random seed: the same seed, the same text.")
 THREADS = typer.Option(None, "-t", "--threads", min=1, help="CPU threads (default: all cores).")

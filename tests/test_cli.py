@@ -126,6 +126,12 @@ def test_run_greedy_with_penalties_matches_llama_cpp(llama_f32):
     assert out["tokens"] != plain["tokens"]  # the penalties changed the text: the check above can fail
 
 
+@pytest.mark.parametrize("opt", ["--frequency-penalty", "--presence-penalty"])
+def test_run_refuses_a_penalty_that_is_not_finite(llama_f32, opt):
+    res = invoke("run", "-m", llama_f32, "hi", "-n", "2", opt, "nan")
+    assert res.exit_code == 2 and "must be a finite number" in res.stderr and "Traceback" not in res.stderr
+
+
 def test_run_respects_n_predict(llama_f32):
     for n in (0, 1, 5):
         out = run_json(llama_f32, "hello", "-n", str(n), "--temp", "1", "--seed", "3")
