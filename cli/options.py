@@ -23,6 +23,8 @@ TOP_K = typer.Option(40, "--top-k", min=0, help="Keep the k most likely tokens (
 TOP_P = typer.Option(0.95, "--top-p", min=0.0, max=1.0, help="Nucleus mass to keep (1 = off).")
 MIN_P = typer.Option(0.05, "--min-p", min=0.0, max=1.0, help="Drop tokens below min_p x the top probability (0 = off).")
 REPEAT_PENALTY = typer.Option(1.0, "--repeat-penalty", min=0.0, help="Penalty for recently seen tokens (1 = off).")
+
+
 def _finite(value: float) -> float:
     if value != value or value in (float("inf"), float("-inf")):
         raise typer.BadParameter(f"must be a finite number, got {value}")

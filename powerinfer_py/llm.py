@@ -117,12 +117,10 @@ class LLM:
             raise ValueError(f"this LLM ({self.path}) has been closed")
         ids = self.tokenize(prompt, add_bos=add_bos) if isinstance(prompt, str) else [int(t) for t in prompt]
         bias = tuple(sorted((int(t), float(b)) for t, b in (logit_bias or {}).items()))
-        wrong = [t for t, _ in bias if not 0 <= t < self.tokenizer.n_vocab]
-        if wrong:
-            raise ValueError(f"logit_bias: token id {wrong[0]} is outside the vocabulary (0 to {self.tokenizer.n_vocab - 1})")
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed,
                                 frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, logit_bias=bias)
+        params.check_vocab(self.tokenizer.n_vocab)
         if self._active is not None:  # one cache, one generation: end the previous one before reusing it
             self._active.close()
         self.reset()

@@ -187,6 +187,12 @@ class SamplingParams:
             if token < 0 or np.isnan(b):
                 raise ValueError(f"logit_bias: token ids are >= 0 and biases numbers, got {token}: {b}")
 
+    def check_vocab(self, n_vocab: int) -> None:
+        """ValueError naming the first logit_bias token id that is not in a vocabulary of n_vocab tokens."""
+        wrong = [t for t, _ in self.logit_bias if t >= n_vocab]
+        if wrong:
+            raise ValueError(f"logit_bias: token id {wrong[0]} is outside the vocabulary (0 to {n_vocab - 1})")
+
 
 class Sampler:
     """Picks the next token from logits [n_vocab]; owns its random generator (reproducible for a seed)."""

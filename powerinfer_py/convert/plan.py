@@ -4,7 +4,6 @@ Builder that turns HF tensors into TensorPlans with their output type, checking 
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 

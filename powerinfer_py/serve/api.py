@@ -8,10 +8,10 @@ Supported fields (both endpoints): max_tokens (chat: max_completion_tokens too),
 min_p, repeat_penalty, frequency_penalty and presence_penalty (-2 to 2), logit_bias (token id -> -100 to 100),
 seed, stop (a string or a list of strings), stream, stream_options.include_usage, n (1 only), logprobs (off
 only). Fields that would change what the reply must look like are refused rather than ignored: tools and
-functions (non-empty), response_format other than text. /v1/completions: prompt (a string, a list of token ids, or a one-element list of
-either) and echo (false only). /v1/chat/completions: messages with roles system (or developer), user and
-assistant and string content (or a list of text parts). Unknown fields are ignored, as OpenAI clients send
-many optional ones (user, presence_penalty: 0, ...).
+functions (non-empty), response_format other than text.
+/v1/completions: prompt (a string, a list of token ids, or a one-element list of either) and echo (false only).
+/v1/chat/completions: messages with roles system (or developer), user and assistant and string content (or a
+list of text parts). Unknown fields are ignored, as OpenAI clients send many optional ones (user, ...).
 """
 from __future__ import annotations
 

@@ -163,10 +163,10 @@ class Engine:
     # -- shared --------------------------------------------------------------------------------------------
 
     def _check_bias(self, sampling: SamplingParams) -> None:
-        n_vocab = self.llm.tokenizer.n_vocab
-        wrong = [t for t, _ in sampling.logit_bias if t >= n_vocab]
-        if wrong:
-            raise bad(f'"logit_bias": token id {wrong[0]} is outside the vocabulary (0 to {n_vocab - 1})')
+        try:
+            sampling.check_vocab(self.llm.tokenizer.n_vocab)
+        except ValueError as e:
+            raise bad(str(e)) from None
 
     def _check_stopping(self) -> None:
         if self.stopping.is_set():
