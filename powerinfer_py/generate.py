@@ -16,6 +16,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .errors import ContextFullError, PowerInferError
+from .logprobs import LogprobRecorder
 from .sampler import Sampler
 
 StopReason = str  # "eos" | "length" | "context"
@@ -50,12 +51,22 @@ def check_logits(logits: np.ndarray, position: int, first: int | None = None) ->
     return logits
 
 
-def prefill(model, cache, prompt_ids: Sequence[int], batch: int) -> np.ndarray:
-    """Run the prompt through the model in batches of `batch` tokens; logits f32 [n_vocab] of the last."""
+def prefill(model, cache, prompt_ids: Sequence[int], batch: int,
+            on_rows: Callable[[np.ndarray, int], None] | None = None) -> np.ndarray:
+    """Run the prompt through the model in batches of `batch` tokens; logits f32 [n_vocab] of the last.
+    With on_rows, the logits of every position are computed too and handed over a batch at a time:
+    on_rows(rows [n, n_vocab], start), rows[i] being the logits after prompt token start + i."""
     ids = np.asarray(prompt_ids, dtype=np.int32)
     logits = None
     for start in range(0, ids.shape[0], batch):
-        logits = model.forward(ids[start:start + batch], cache)
+        chunk = ids[start:start + batch]
+        if on_rows is None:
+            logits = model.forward(chunk, cache)
+            continue
+        rows = model.forward(chunk, cache, all_logits=True).reshape(chunk.shape[0], -1)
+        check_logits(rows, cache.n_past - 1, cache.n_past - chunk.shape[0])
+        on_rows(rows, start)
+        logits = rows[-1]
     return logits
 
 
@@ -63,14 +74,15 @@ class Generation:
     """An iterator of generated token ids with live statistics in `.stats`.
 
     Validation happens here, when generate() is called, not at the first next(): a prompt that cannot fit
-    raises ContextFullError right away. Stop rules, checked after each sampled token:
+    raises ContextFullError right away. With a LogprobRecorder (`logprobs`), every yielded token's
+    log-probability is recorded before it is yielded (and the prompt's, when the recorder echoes). Stop rules, checked after each sampled token:
       "eos"     the token is an end-of-generation token (it is not yielded);
       "length"  max_tokens tokens were yielded (max_tokens < 0: no limit);
       "context" the cache is full, so the next token would have nowhere to go.
     """
 
     def __init__(self, model, cache, prompt_ids: Sequence[int], sampler: Sampler, max_tokens: int,
-                 is_eog: Callable[[int], bool], prefill_batch: int = 256):
+                 is_eog: Callable[[int], bool], prefill_batch: int = 256, logprobs: LogprobRecorder | None = None):
         prompt_ids = [int(t) for t in prompt_ids]
         if not prompt_ids:
             raise PowerInferError("empty prompt: generation needs at least one token (a BOS at least)")
@@ -82,6 +94,7 @@ class Generation:
                 f"the prompt has {len(prompt_ids)} tokens but the context holds {cache.n_ctx} "
                 f"({cache.n_past} already used): shorten the prompt or raise the context size (-c)")
         self.stats = GenerationStats(n_prompt=len(prompt_ids))
+        self.logprobs = logprobs
         self._it = self._run(model, cache, prompt_ids, sampler, max_tokens, is_eog, prefill_batch)
 
     def __iter__(self) -> "Generation":
@@ -98,7 +111,12 @@ class Generation:
         st = self.stats
         history = list(prompt_ids)  # the repetition penalty sees the prompt too, as in llama.cpp
         t0 = time.perf_counter()
-        logits = prefill(model, cache, prompt_ids, prefill_batch)
+        rec = self.logprobs
+        on_rows = None
+        if rec is not None and rec.echo:
+            def on_rows(rows, start):
+                rec.on_prompt_rows(prompt_ids, rows, start)
+        logits = prefill(model, cache, prompt_ids, prefill_batch, on_rows)
         t1 = time.perf_counter()
         st.prompt_s = t1 - t0
         if max_tokens == 0:
@@ -110,6 +128,8 @@ class Generation:
             if is_eog(token):
                 st.stop_reason = "eos"
                 return
+            if rec is not None:
+                rec.on_token(logits, token)
             history.append(token)
             st.n_gen += 1
             yield token
@@ -127,10 +147,11 @@ class Generation:
 
 
 def generate(model, cache, prompt_ids: Sequence[int], sampler: Sampler, max_tokens: int,
-             is_eog: Callable[[int], bool], prefill_batch: int = 256) -> Generation:
+             is_eog: Callable[[int], bool], prefill_batch: int = 256,
+             logprobs: LogprobRecorder | None = None) -> Generation:
     """Generate tokens after prompt_ids (written into `cache` from cache.n_past on).
 
     max_tokens < 0 generates until an end-of-generation token or a full context. Returns a Generation:
     iterate it for token ids; its .stats fill in as it runs (stop_reason once it has finished).
     """
-    return Generation(model, cache, prompt_ids, sampler, max_tokens, is_eog, prefill_batch)
+    return Generation(model, cache, prompt_ids, sampler, max_tokens, is_eog, prefill_batch, logprobs)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from .generate import Generation, GenerationStats, generate
+from .logprobs import LogprobRecorder
 from .sampler import Sampler, SamplingParams
 
 DEFAULT_MAX_CTX = 4096  # default context: min(n_ctx_train, this), keeps the KV cache small by default
@@ -108,11 +109,16 @@ class LLM:
                         top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
                         repeat_last_n: int = 64, seed: int | None = None, add_bos: bool = True,
                         prefill_batch: int = 256, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-                        logit_bias: dict[int, float] | None = None) -> Generation:
+                        logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
+                        echo: bool = False) -> Generation:
         """Generated token ids for a prompt (text, or token ids used as they are). temperature <= 0 is
         greedy; max_tokens < 0 runs until an end-of-generation token or a full context. The returned
         Generation's .stats (also self.last_stats) fill in as it runs. Raises ContextFullError if the
-        prompt does not fit."""
+        prompt does not fit.
+
+        logprobs N (0-20) records each generated token's log-probability and the N most likely tokens at its
+        position in the Generation's .logprobs (a LogprobRecorder); echo records them for the prompt's tokens
+        too (all but the first), at the cost of the logits of every prompt position."""
         if self._closed:
             raise ValueError(f"this LLM ({self.path}) has been closed")
         ids = self.tokenize(prompt, add_bos=add_bos) if isinstance(prompt, str) else [int(t) for t in prompt]
@@ -126,8 +132,11 @@ class LLM:
         self.reset()
         if self.model.sparsity is not None:
             self.model.sparsity.reset()
+        recorder = None
+        if logprobs is not None or echo:
+            recorder = LogprobRecorder(top_n=logprobs or 0, echo=echo)
         gen = self._active = generate(self.model, self.cache, ids, Sampler(params), max_tokens, self.tokenizer.is_eog,
-                       prefill_batch=prefill_batch)
+                                      prefill_batch=prefill_batch, logprobs=recorder)
         self.last_stats = gen.stats
         return gen
 

@@ -32,6 +32,7 @@ from typing import Iterator, Sequence
 
 from ..errors import ContextFullError, PowerInferError
 from ..generate import Generation
+from ..logprobs import LogprobRecorder
 from ..outfile import atomic_output
 from ..sampler import Sampler, SamplingParams
 from .templates import ChatTemplate, TemplateError, split_system
@@ -110,6 +111,7 @@ class ChatSession:
         self.max_tokens = max_tokens
         self.sampler = Sampler(sampling or SamplingParams())
         self.prefill_batch = prefill_batch
+        self.logprobs: int | None = None  # N: each reply records its tokens' logprobs (reply.gen.logprobs)
         self.cache = llm.cache
         self.cache.clear()
         self.tokens: list[int] = []  # the ids whose K/V the cache holds, in order (len == cache.n_past)
@@ -238,8 +240,9 @@ class ChatSession:
             self.llm.model.sparsity.reset()
         stats = TurnStats(n_prompt=len(ids), n_reused=reuse, n_prefilled=len(ids) - reuse, dropped_turns=dropped)
         tok = self.llm.tokenizer
+        recorder = None if self.logprobs is None else LogprobRecorder(top_n=self.logprobs)
         gen = Generation(self.llm.model, self.cache, ids[reuse:], self.sampler, self.max_tokens,
-                         lambda t: tok.is_eog(t) or t in self._stop_ids, self.prefill_batch)
+                         lambda t: tok.is_eog(t) or t in self._stop_ids, self.prefill_batch, recorder)
         self.last = stats
         return Reply(self, gen, full, ids, stats, t0)
 

@@ -6,12 +6,17 @@ was wrong with it, because the person reading it is debugging a client.
 
 Supported fields (both endpoints): max_tokens (chat: max_completion_tokens too), temperature, top_p, top_k,
 min_p, repeat_penalty, frequency_penalty and presence_penalty (-2 to 2), logit_bias (token id -> -100 to 100),
-seed, stop (a string or a list of strings), stream, stream_options.include_usage, n (1 only), logprobs (off
-only). Fields that would change what the reply must look like are refused rather than ignored: tools and
-functions (non-empty), response_format other than text.
-/v1/completions: prompt (a string, a list of token ids, or a one-element list of either) and echo (false only).
+seed, stop (a string or a list of strings), stream, stream_options.include_usage, n (1 only). Fields that would
+change what the reply must look like are refused rather than ignored: tools and functions (non-empty),
+response_format other than text.
+/v1/completions: prompt (a string, a list of token ids, or a one-element list of either), logprobs (0-20: each
+token's log-probability and that many alternatives, in OpenAI's legacy shape: tokens, token_logprobs,
+top_logprobs, text_offset) and echo (the prompt comes back before the completion, with its tokens' logprobs when
+logprobs is set; max_tokens 0 is allowed then, to score a text without generating).
 /v1/chat/completions: messages with roles system (or developer), user and assistant and string content (or a
-list of text parts). Unknown fields are ignored, as OpenAI clients send many optional ones (user, ...).
+list of text parts); logprobs (true / false) and top_logprobs (0-20). Unknown fields are ignored, as OpenAI
+clients send many optional ones (user, ...).
+Logprobs are the model's own (a log-softmax of its logits, before penalties, bias and temperature).
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..errors import PowerInferError
+from ..logprobs import MAX_TOP, TokenLogprob
 from ..sampler import SamplingParams
 
 MAX_BODY_BYTES = 32 << 20  # a request body larger than this is refused (413) before it is read
@@ -51,12 +57,14 @@ class Common:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False     # stream_options.include_usage: a last chunk with the usage
+    logprobs: int | None = None     # N: report each token's logprob and the N most likely tokens; None: off
 
 
 @dataclass
 class CompletionRequest:
     prompt: str | list[int]
     common: Common
+    echo: bool = False
 
 
 @dataclass
@@ -178,17 +186,16 @@ def _refuse_output_formats(body: dict) -> None:
                       "unsupported")
 
 
-def parse_common(body: dict, defaults: SamplingParams, max_tokens_names: Sequence[str] = ("max_tokens",)) -> Common:
+def parse_common(body: dict, defaults: SamplingParams, max_tokens_names: Sequence[str] = ("max_tokens",),
+                 min_tokens: int = 1) -> Common:
     """Sampling fields (the server's defaults where a field is absent or null), limits, stops, streaming."""
     n = _integer(body, "n", 1)
     if n != 1:
         raise bad(f'"n" must be 1: this server returns one choice per request, got {n}', "unsupported")
-    if body.get("logprobs") not in (None, False, 0):
-        raise bad('"logprobs" is not supported by this server', "unsupported")
     _refuse_output_formats(body)
     max_tokens = None
     for name in max_tokens_names:
-        max_tokens = _integer(body, name, max_tokens, lo=1)
+        max_tokens = _integer(body, name, max_tokens, lo=min_tokens)
     seed = _integer(body, "seed", None, lo=0)
     sampling = SamplingParams(
         temperature=_number(body, "temperature", defaults.temperature, lo=0.0),
@@ -223,11 +230,18 @@ def parse_completion(body: dict, defaults: SamplingParams) -> CompletionRequest:
         prompt = prompt[0]
     if not isinstance(prompt, str) and not _is_ids(prompt):
         raise bad(f'"prompt" must be a string or an array of token ids (integers), got {_kind(prompt)}')
-    if _boolean(body, "echo"):
-        raise bad('"echo": true is not supported by this server (only false)', "unsupported")
+    echo = _boolean(body, "echo")
     if body.get("suffix") not in (None, ""):
         raise bad('"suffix" is not supported by this server', "unsupported")
-    return CompletionRequest(prompt, parse_common(body, defaults))
+    common = parse_common(body, defaults, min_tokens=0 if echo else 1)
+    value = body.get("logprobs")
+    if value is not None and value is not False:
+        if isinstance(value, bool):
+            raise bad(f'"logprobs" for /v1/completions is a count of alternatives (0 to {MAX_TOP}), got true')
+        common.logprobs = _integer(body, "logprobs", None, lo=0)
+        if common.logprobs > MAX_TOP:
+            raise bad(f'"logprobs" must be at most {MAX_TOP}, got {common.logprobs}')
+    return CompletionRequest(prompt, common, echo)
 
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -277,6 +291,13 @@ def parse_chat(body: dict, defaults: SamplingParams) -> ChatRequest:
     if not turns or turns[-1]["role"] != "user":
         raise bad("the last message must be a user message")
     common = parse_common(body, defaults, ("max_tokens", "max_completion_tokens"))
+    top = _integer(body, "top_logprobs", None, lo=0)
+    if top is not None and top > MAX_TOP:
+        raise bad(f'"top_logprobs" must be at most {MAX_TOP}, got {top}')
+    if _boolean(body, "logprobs"):
+        common.logprobs = top or 0
+    elif top:
+        raise bad('"top_logprobs" needs "logprobs": true')
     return ChatRequest(system, turns[:-1], turns[-1]["content"], common)
 
 
@@ -292,26 +313,27 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def completion(rid: str, created: int, model: str, text: str, finish: str | None, use: dict | None,
-               chunk: bool = False) -> dict:
+               chunk: bool = False, logprobs: dict | None = None) -> dict:
     """A /v1/completions response (chunk=True: one streamed piece, without usage unless given)."""
     out = {"id": rid, "object": "text_completion", "created": created, "model": model,
-           "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+           "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
     if use is not None or not chunk:
         out["usage"] = use
     return out
 
 
-def chat_completion(rid: str, created: int, model: str, text: str, finish: str, use: dict) -> dict:
+def chat_completion(rid: str, created: int, model: str, text: str, finish: str, use: dict,
+                    logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                          "finish_reason": finish}],
             "usage": use}
 
 
 def chat_chunk(rid: str, created: int, model: str, delta: dict | None, finish: str | None,
-               use: dict | None = None) -> dict:
+               use: dict | None = None, logprobs: dict | None = None) -> dict:
     """One streamed chat piece: choices[0].delta; delta None makes the usage-only chunk (choices empty)."""
-    choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
     out = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices}
     if use is not None:
         out["usage"] = use
@@ -320,3 +342,40 @@ def chat_chunk(rid: str, created: int, model: str, delta: dict | None, finish: s
 
 def model_card(model_id: str, created: int) -> dict:
     return {"id": model_id, "object": "model", "created": created, "owned_by": "powerinfer"}
+
+
+# ---- logprobs ------------------------------------------------------------------------------------------------
+
+def token_text(piece: bytes) -> str:
+    """A token's text for a logprobs entry: the text when its bytes are whole UTF-8, else OpenAI's
+    "bytes:\\xNN..." form (a token that holds part of a character)."""
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in piece)
+
+
+def completion_logprobs(entries: Sequence[TokenLogprob], piece, plain, offset: int) -> tuple[dict, int]:
+    """OpenAI's legacy logprobs object for /v1/completions, and the offset after it. piece(id) -> the token's
+    bytes as shown in the entries (special tokens by name), plain(id) -> the characters it completes in the
+    response text (a stateful decoder: a token holding part of a character adds nothing, the one that
+    completes it adds the character);
+    offset: where the first entry's text starts in the response text (text_offset counts characters; a negative
+    start stands for characters of the first pieces that the text leaves out, such as a leading space)."""
+    tokens, values, tops, offsets = [], [], [], []
+    for e in entries:
+        tokens.append(token_text(piece(e.token)))
+        values.append(e.logprob)
+        tops.append(None if e.logprob is None else {token_text(piece(t)): lp for t, lp in e.top})
+        offsets.append(max(offset, 0))
+        offset += len(plain(e.token))
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}, offset
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob], piece) -> dict:
+    """OpenAI's chat logprobs object: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+    def one(token: int, lp: float) -> dict:
+        b = piece(token)
+        return {"token": token_text(b), "logprob": lp, "bytes": list(b)}
+    return {"content": [dict(one(e.token, e.logprob), top_logprobs=[one(t, lp) for t, lp in e.top])
+                        for e in entries]}

@@ -22,6 +22,7 @@ from typing import Iterator
 from ..chat import ChatSession, StopMatcher, template_for
 from ..errors import ContextFullError, PowerInferError
 from ..sampler import Sampler, SamplingParams
+from . import api
 from .api import ApiError, ChatRequest, CompletionRequest, bad
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat replies run to the end of the turn
@@ -34,12 +35,18 @@ class Stopping(Exception):
 class Run:
     """Text pieces of one response, with its finish reason and usage once exhausted."""
 
-    def __init__(self, prompt_tokens: int, pieces):
-        """pieces(run) -> the generator of text pieces, which fills in the run's usage and finish reason."""
+    def __init__(self, prompt_tokens: int, pieces, logprobs=None):
+        """pieces(run) -> the generator of text pieces, which fills in the run's usage and finish reason;
+        logprobs() -> the logprobs object of the tokens generated since its last call (None: not asked for)."""
         self._pieces = pieces(self)
+        self._logprobs = logprobs
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = 0
         self.finish_reason: str | None = None
+
+    def take_logprobs(self) -> dict | None:
+        """The logprobs of the tokens not reported yet, in the endpoint's shape; None when not asked for."""
+        return None if self._logprobs is None else self._logprobs()
 
     def __iter__(self) -> Iterator[str]:
         return self._pieces
@@ -86,17 +93,38 @@ class Engine:
                                       top_p=s.top_p, min_p=s.min_p, repeat_penalty=s.repeat_penalty,
                                       repeat_last_n=s.repeat_last_n, seed=s.seed,
                                       frequency_penalty=s.frequency_penalty, presence_penalty=s.presence_penalty,
-                                      logit_bias=dict(s.logit_bias))
+                                      logit_bias=dict(s.logit_bias), logprobs=c.logprobs,
+                                      echo=req.echo and c.logprobs is not None)
         except ContextFullError as e:
             raise self._too_long(str(e)) from None
         except PowerInferError as e:
             raise bad(str(e)) from None
-        return Run(gen.stats.n_prompt, lambda run: self._completion_pieces(run, gen, c.stop))
+        prompt_text = req.prompt if isinstance(req.prompt, str) else llm.tokenizer.decode(req.prompt)
+        echo = prompt_text if req.echo else None
+        logprobs = None
+        if gen.logprobs is not None:
+            tok = llm.tokenizer
+            # text_offset counts characters from the prompt's start. The echoed prompt is its pieces joined,
+            # less the space a SentencePiece vocabulary puts before the first word: start that far below 0.
+            offset = [len(prompt_text)]
+            if req.echo:
+                ids = llm.tokenize(req.prompt) if isinstance(req.prompt, str) else req.prompt
+                offset[0] -= len(b"".join(tok.piece(t) for t in ids).decode("utf-8", errors="replace"))
 
-    def _completion_pieces(self, run: Run, gen, stops: list[str]) -> Iterator[str]:
+            plain = tok.stream()
+
+            def logprobs():
+                body, offset[0] = api.completion_logprobs(gen.logprobs.take(), lambda t: tok.piece(t, special=True),
+                                                          plain.feed, offset[0])
+                return body
+        return Run(gen.stats.n_prompt, lambda run: self._completion_pieces(run, gen, c.stop, echo), logprobs)
+
+    def _completion_pieces(self, run: Run, gen, stops: list[str], echo: str | None) -> Iterator[str]:
         decoder = self.llm.tokenizer.stream()
         matcher = StopMatcher(stops)
         try:
+            if echo:  # the prompt comes back first; in a stream its logprobs come with the next chunk (the
+                yield echo  # prefill that makes them runs after this piece is sent)
             for token in gen:
                 self._check_stopping()
                 run.completion_tokens += 1
@@ -129,6 +157,7 @@ class Engine:
         session.messages = [dict(m) for m in req.history]
         session.max_tokens = c.max_tokens if c.max_tokens is not None else -1
         session.sampler = Sampler(c.sampling)
+        session.logprobs = c.logprobs
         try:
             reply = session.send(req.user)
         except ContextFullError as e:  # send() changed nothing: the session still matches the cache
@@ -137,7 +166,13 @@ class Engine:
         except PowerInferError as e:  # a template that refuses the conversation
             self._session = session
             raise bad(str(e)) from None
-        return Run(reply.stats.n_prompt, lambda run: self._chat_pieces(run, session, reply, c.stop))
+        logprobs = None
+        if reply.gen.logprobs is not None:
+            tok = self.llm.tokenizer
+
+            def logprobs():
+                return api.chat_logprobs(reply.gen.logprobs.take(), lambda t: tok.piece(t, special=True))
+        return Run(reply.stats.n_prompt, lambda run: self._chat_pieces(run, session, reply, c.stop), logprobs)
 
     def _chat_pieces(self, run: Run, session: ChatSession, reply, stops: list[str]) -> Iterator[str]:
         matcher = StopMatcher(stops)  # the request's stops; the template's own are the session's business

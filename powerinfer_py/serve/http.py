@@ -234,18 +234,21 @@ class Handler(BaseHTTPRequestHandler):
                         raise ConnectionResetError("the client closed the connection")
                 text = "".join(pieces)
                 use = api.usage(run.prompt_tokens, run.completion_tokens)
-                body = (api.chat_completion(rid, created, model, text, run.finish_reason, use) if chat else
-                        api.completion(rid, created, model, text, run.finish_reason, use))
+                lp = run.take_logprobs()
+                body = (api.chat_completion(rid, created, model, text, run.finish_reason, use, lp) if chat else
+                        api.completion(rid, created, model, text, run.finish_reason, use, logprobs=lp))
                 self._send_json(200, body)
                 return
             self._start(200, "text/event-stream")
             if chat:
                 self._event(api.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}, None))
-            for piece in run:
-                self._event(api.chat_chunk(rid, created, model, {"content": piece}, None) if chat else
-                            api.completion(rid, created, model, piece, None, None, chunk=True))
-            self._event(api.chat_chunk(rid, created, model, {}, run.finish_reason) if chat else
-                        api.completion(rid, created, model, "", run.finish_reason, None, chunk=True))
+            for piece in run:  # each chunk carries the logprobs of the tokens generated since the last one
+                lp = run.take_logprobs()
+                self._event(api.chat_chunk(rid, created, model, {"content": piece}, None, logprobs=lp) if chat else
+                            api.completion(rid, created, model, piece, None, None, chunk=True, logprobs=lp))
+            lp = run.take_logprobs()  # tokens whose text was held back (a stop string) or not shown
+            self._event(api.chat_chunk(rid, created, model, {}, run.finish_reason, logprobs=lp) if chat else
+                        api.completion(rid, created, model, "", run.finish_reason, None, chunk=True, logprobs=lp))
             if common.include_usage:
                 use = api.usage(run.prompt_tokens, run.completion_tokens)
                 self._event(api.chat_chunk(rid, created, model, None, None, use) if chat else
