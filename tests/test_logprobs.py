@@ -115,7 +115,7 @@ def test_server_completion_logprobs_stream_and_whole_agree(server):  # noqa: F81
         assert max(top.values()) == value  # greedy
     status, text = request(server, "/v1/completions", dict(body, stream=True))
     chunks = [e for e in events(text) if e != "[DONE]"]
-    merged = {k: sum((c["choices"][0]["logprobs"][k] for c in chunks), []) for k in lp}
+    merged = {k: sum(((c["choices"][0]["logprobs"] or {k: []})[k] for c in chunks), []) for k in lp}
     assert merged == lp
     status, other = request(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
     assert other["choices"][0]["logprobs"] is None
@@ -134,5 +134,7 @@ def test_server_chat_logprobs(server):  # noqa: F811
     chunks = [e for e in events(text) if e != "[DONE]" and e["choices"]]
     streamed = sum(((c["choices"][0]["logprobs"] or {"content": []})["content"] for c in chunks), [])
     assert streamed == content
+    assert chunks[0]["choices"][0]["logprobs"] is None  # the role chunk
+    assert all(c["choices"][0]["logprobs"] is None or c["choices"][0]["logprobs"]["content"] for c in chunks)
     status, off = request(server, "/v1/chat/completions", dict(body, logprobs=False, top_logprobs=None))
     assert off["choices"][0]["logprobs"] is None

@@ -233,7 +233,9 @@ def parse_completion(body: dict, defaults: SamplingParams) -> CompletionRequest:
     echo = _boolean(body, "echo")
     if body.get("suffix") not in (None, ""):
         raise bad('"suffix" is not supported by this server', "unsupported")
-    common = parse_common(body, defaults, min_tokens=0 if echo else 1)
+    common = parse_common(body, defaults, min_tokens=0)
+    if common.max_tokens == 0 and not echo:
+        raise bad('"max_tokens": 0 generates nothing; it is allowed only with "echo": true (to score the prompt)')
     value = body.get("logprobs")
     if value is not None and value is not False:
         if isinstance(value, bool):

@@ -44,9 +44,13 @@ class Run:
         self.completion_tokens = 0
         self.finish_reason: str | None = None
 
-    def take_logprobs(self) -> dict | None:
-        """The logprobs of the tokens not reported yet, in the endpoint's shape; None when not asked for."""
-        return None if self._logprobs is None else self._logprobs()
+    def take_logprobs(self, stream: bool = False) -> dict | None:
+        """The logprobs of the tokens not reported yet, in the endpoint's shape; None when not asked for, or
+        in a stream when there are none (a chunk without new tokens)."""
+        if self._logprobs is None:
+            return None
+        body, n = self._logprobs()
+        return None if stream and n == 0 else body
 
     def __iter__(self) -> Iterator[str]:
         return self._pieces
@@ -114,9 +118,10 @@ class Engine:
             plain = tok.stream()
 
             def logprobs():
-                body, offset[0] = api.completion_logprobs(gen.logprobs.take(), lambda t: tok.piece(t, special=True),
+                entries = gen.logprobs.take()
+                body, offset[0] = api.completion_logprobs(entries, lambda t: tok.piece(t, special=True),
                                                           plain.feed, offset[0])
-                return body
+                return body, len(entries)
         return Run(gen.stats.n_prompt, lambda run: self._completion_pieces(run, gen, c.stop, echo), logprobs)
 
     def _completion_pieces(self, run: Run, gen, stops: list[str], echo: str | None) -> Iterator[str]:
@@ -171,7 +176,8 @@ class Engine:
             tok = self.llm.tokenizer
 
             def logprobs():
-                return api.chat_logprobs(reply.gen.logprobs.take(), lambda t: tok.piece(t, special=True))
+                entries = reply.gen.logprobs.take()
+                return api.chat_logprobs(entries, lambda t: tok.piece(t, special=True)), len(entries)
         return Run(reply.stats.n_prompt, lambda run: self._chat_pieces(run, session, reply, c.stop), logprobs)
 
     def _chat_pieces(self, run: Run, session: ChatSession, reply, stops: list[str]) -> Iterator[str]:

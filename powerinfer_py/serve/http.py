@@ -243,10 +243,10 @@ class Handler(BaseHTTPRequestHandler):
             if chat:
                 self._event(api.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}, None))
             for piece in run:  # each chunk carries the logprobs of the tokens generated since the last one
-                lp = run.take_logprobs()
+                lp = run.take_logprobs(stream=True)
                 self._event(api.chat_chunk(rid, created, model, {"content": piece}, None, logprobs=lp) if chat else
                             api.completion(rid, created, model, piece, None, None, chunk=True, logprobs=lp))
-            lp = run.take_logprobs()  # tokens whose text was held back (a stop string) or not shown
+            lp = run.take_logprobs(stream=True)  # tokens whose text was held back (a stop string) or not shown
             self._event(api.chat_chunk(rid, created, model, {}, run.finish_reason, logprobs=lp) if chat else
                         api.completion(rid, created, model, "", run.finish_reason, None, chunk=True, logprobs=lp))
             if common.include_usage:
