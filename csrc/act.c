@@ -2,7 +2,8 @@
  *
  * Variants:
  *   - AVX-512: 16 lanes, tails with masked loads/stores, exp by a degree-6 polynomial and scalef.
- *   - AVX2+FMA: 8 lanes, tails with maskload/maskstore, exp by the same polynomial and an exponent add.
+ *   - AVX2+FMA: 8 lanes, tails with maskload/maskstore, exp by the same polynomial and an exponent add; gelu's
+ *     table read by a 32-bit gather as on AVX-512 (it was a lane-by-lane scalar lookup before).
  *   - scalar (#else, PI_NATIVE=0): libm expf.
  * Formulas: silu(x) = x / (1 + e^-x). gelu is the tanh approximation g(x) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi)
  * (x + 0.044715 x^3), evaluated the way llama.cpp's CPU backend evaluates it, because GGUF models are tuned and
@@ -93,11 +94,15 @@ static inline __attribute__((always_inline)) vf gelu_vec(vf x) {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-10.0f), _CMP_LE_OQ), y, _mm512_setzero_ps());
 }
 #elif defined(VW)
-static inline __attribute__((always_inline)) vf gelu_vec(vf x) { /* AVX2: the scalar lookup, lane by lane */
-    float v[VW];
-    _mm256_storeu_ps(v, x);
-    for (int i = 0; i < VW; i++) v[i] = gelu1(v[i]);
-    return _mm256_loadu_ps(v);
+/* AVX2: the same table lookup, 8 lanes: f16 bits of x as the index of a 32-bit gather (entry i's f16 in the
+ * low half; the table's two spare entries keep the read of entry 65535 inside it), then the range blends */
+static inline __attribute__((always_inline)) vf gelu_vec(vf x) {
+    __m256i idx = _mm256_cvtepu16_epi32(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    __m256i g = _mm256_i32gather_epi32((const int *)gelu_f16, idx, 2);
+    g = _mm256_packus_epi32(_mm256_and_si256(g, _mm256_set1_epi32(0xffff)), _mm256_setzero_si256());
+    vf y = _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(g, 0x08)));
+    y = _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, _mm256_set1_ps(10.0f), _CMP_GE_OQ));
+    return _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(-10.0f), _CMP_LE_OQ));
 }
 #endif
 
