@@ -30,7 +30,7 @@
  *
  * Variants: AVX-512 (F + BW + VL): 16 lanes, 64-column tiles, masked column tails for float types;
  * AVX2 + FMA + F16C: 8 lanes, 32-column tiles, scalar (fmaf) column tails; scalar: everything else.
- * AVX2 Q4_0 decode widens the two 8-byte halves of a block to int32 once and takes both nibbles from each
+ * AVX2 Q4_0 (decode and batches) widens the two 8-byte halves of a block to int32 once and takes both nibbles from each
  * (the same values, so the same bits, as four separate 8-nibble loads): on an AVX2-only EPYC, rows in L1
  * (`bench_sparse.py --compute --types Q4_0 --kernels axpy --threads 1`, two alternating runs) 8.4-8.5 ->
  * 11.8-12.3 G weights/s per thread; it remains bound by its arithmetic there (~40% of one thread's read probe).
@@ -192,6 +192,22 @@ INLINE int64_t tile_bytes(const int T) {
 #define NS(T) ((T) == PI_Q8_0 || (T) == PI_Q4_0 ? TILE / QK : 1)
 #define SIDX(T, v) ((T) == PI_Q8_0 || (T) == PI_Q4_0 ? (v) * VL / QK : 0)
 
+#if defined(SP_AVX2)
+/* Q4_0, AVX2: the 32 values (nibble - 8) of the block at pt, as the tile's NV = 4 vectors in column order. Each
+ * 8-byte half of the block is widened to int32 once and gives two vectors (low nibbles: columns 0-7 / 8-15,
+ * high nibbles: 16-23 / 24-31); vq's four narrow loads give the same values, so the same bits. */
+INLINE void q4_tile_avx2(const uint8_t *pt, vf *q) {
+    const uint8_t *qs = ((const block_q4_0 *)pt)->qs;
+    const __m256i w0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qs));
+    const __m256i w1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8)));
+    const __m256i m = _mm256_set1_epi32(15), e = _mm256_set1_epi32(8);
+    q[0] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(w0, m), e));
+    q[1] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(w1, m), e));
+    q[2] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(w0, 4), e));
+    q[3] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(w1, 4), e));
+}
+#endif
+
 /* The hardware prefetcher cannot guess the next active row: fetch the next group's tile a group ahead, one
  * prefetch per 64 bytes from the tile's start. Successive prefetch addresses along a row are never more than
  * 64 bytes apart (the next tile starts tile_bytes on), so every line of the row slice is requested. */
@@ -229,15 +245,11 @@ INLINE void decode_group(const int T, const int G, const uint8_t *const *p, cons
             }
 #endif
 #if defined(SP_AVX2)
-            if (T == PI_Q4_0) { /* the tile is one block: both halves of its 16 bytes widened to int32 once */
+            if (T == PI_Q4_0) {
+                vf q[NV];
+                q4_tile_avx2(pt, q);
                 const vf s = V_SET1(hs[r] * blk_scale(T, pt, 0));
-                const __m256i w0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)((const block_q4_0 *)pt)->qs));
-                const __m256i w1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(((const block_q4_0 *)pt)->qs + 8)));
-                const __m256i m = _mm256_set1_epi32(15), e = _mm256_set1_epi32(8);
-                acc[0] = V_FMA(s, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(w0, m), e)), acc[0]);
-                acc[1] = V_FMA(s, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(w1, m), e)), acc[1]);
-                acc[2] = V_FMA(s, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(w0, 4), e)), acc[2]);
-                acc[3] = V_FMA(s, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(w1, 4), e)), acc[3]);
+                for (int v = 0; v < NV; v++) acc[v] = V_FMA(s, q[v], acc[v]);
                 continue;
             }
 #endif
@@ -278,6 +290,10 @@ INLINE void batch_group(const int T, const int G, const axpy_job *j, const uint8
         vf q[GB][NV]; /* G <= GB: fixed sizes, not variable-length arrays */
         float d[GB][TILE / QK];
         for (int r = 0; r < G; r++) {
+#if defined(SP_AVX2)
+            if (T == PI_Q4_0) q4_tile_avx2(p[r] + off, q[r]);
+            else
+#endif
             for (int v = 0; v < NV; v++) q[r][v] = vq(T, p[r] + off, v * VL);
             for (int b = 0; b < NS(T); b++) d[r][b] = blk_scale(T, p[r] + off, b * QK);
         }
