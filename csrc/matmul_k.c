@@ -65,6 +65,8 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
 #define MK_AVX512 1
 #include <immintrin.h>
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define MK_AVX2 1 /* Q4_K, Q5_K, Q6_K: matmul_k_avx2.h; the other types scalar */
 #endif
 
 #define ROW_BLOCK 16 /* rows per chunk granule */
@@ -592,7 +594,18 @@ static float kacc_sum(int type, const kacc *a, int t) {
 #include "matmul_iq_tile.h" /* mk_rows_iq: I-quant prefill, each super-block unpacked once per IQ_GROUP tiles */
 
 #else
+#if defined(MK_AVX2)
+#include "matmul_k_avx2.h"
+#endif
 static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
+#if defined(MK_AVX2)
+    switch (type) {
+    case PI_Q4_K: return k2_dot(PI_Q4_K, row, x, n_sb);
+    case PI_Q5_K: return k2_dot(PI_Q5_K, row, x, n_sb);
+    case PI_Q6_K: return k2_dot(PI_Q6_K, row, x, n_sb);
+    default: break;
+    }
+#endif
     const int64_t size = pi_row_size(type, QK_K);
     float acc = 0.0f;
     for (int64_t i = 0; i < n_sb; i++, x++) {
@@ -776,8 +789,48 @@ static size_t iq_work_bytes(const pi_pool *pool, int type, int64_t n_tok) {
     return 0;
 }
 
+#if defined(MK_AVX2)
+/* Q4_K / Q5_K / Q6_K rows r_beg .. r_end - 1, the type a constant: one token each row whole (k2_dot), more
+ * tokens TOK_BLOCK at a time per row, in tiles of K2_TILE (the leftover tile smaller); a tile gives each
+ * (row, token) the operations of k2_dot, so the same bits */
+#define K2_ROWS_FN(name, TYPE)                                                                                 \
+    static void name(const mk_job *j, int64_t r_beg, int64_t r_end) {                                         \
+        if (j->n_tok == 1) {                                                                                  \
+            for (int64_t o = r_beg; o < r_end; o++) {                                                         \
+                if (j->sel && o + PF_ROWS < r_end) prefetch_row(j, j->sel[o + PF_ROWS]);                      \
+                j->y[o] = k2_dot(TYPE, j->w + (j->sel ? j->sel[o] : o) * j->row_bytes, j->xq, j->n_sb);        \
+            }                                                                                                 \
+            return;                                                                                           \
+        }                                                                                                     \
+        for (int64_t tb = 0; tb < j->n_tok; tb += TOK_BLOCK) {                                                \
+            const int64_t te = tb + TOK_BLOCK < j->n_tok ? tb + TOK_BLOCK : j->n_tok;                         \
+            for (int64_t o = r_beg; o < r_end; o++) {                                                         \
+                if (j->sel && o + PF_ROWS < r_end) prefetch_row(j, j->sel[o + PF_ROWS]);                      \
+                const uint8_t *row = j->w + (j->sel ? j->sel[o] : o) * j->row_bytes;                          \
+                int64_t t = tb;                                                                               \
+                for (; t + K2_TILE <= te; t += K2_TILE)                                                       \
+                    k2_tile(TYPE, row, j->xq + t * j->n_sb, j->n_sb, j->y + t * j->n_out + o, j->n_out, K2_TILE); \
+                if (t < te)                                                                                   \
+                    k2_tile(TYPE, row, j->xq + t * j->n_sb, j->n_sb, j->y + t * j->n_out + o, j->n_out,         \
+                            (int)(te - t));                                                                   \
+            }                                                                                                 \
+        }                                                                                                     \
+    }
+K2_ROWS_FN(rows2_q4k, PI_Q4_K)
+K2_ROWS_FN(rows2_q5k, PI_Q5_K)
+K2_ROWS_FN(rows2_q6k, PI_Q6_K)
+#endif
+
 static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end, int thread_id) {
     (void)thread_id;
+#if defined(MK_AVX2)
+    switch (j->type) {
+    case PI_Q4_K: rows2_q4k(j, r_beg, r_end); return;
+    case PI_Q5_K: rows2_q5k(j, r_beg, r_end); return;
+    case PI_Q6_K: rows2_q6k(j, r_beg, r_end); return;
+    default: break;
+    }
+#endif
     for (int64_t tb = 0; tb < j->n_tok; tb += TOK_BLOCK) {
         const int64_t te = tb + TOK_BLOCK < j->n_tok ? tb + TOK_BLOCK : j->n_tok;
         for (int64_t r = r_beg; r < r_end; r++) {

@@ -1,0 +1,169 @@
+/* matmul_k_avx2.h: the AVX2 (+ FMA + F16C) dots of Q4_K, Q5_K and Q6_K rows with Q8_K activations, included by
+ * matmul_k.c where AVX-512 is missing (see the variants list at the top of matmul_k.c).
+ *
+ * A super-block is first unpacked into a k2sb (eight ymm of 32 unsigned weights, each in the order of the 32
+ * activation bytes it multiplies, and eight ymm of scale words), then each token runs k2_token on it:
+ *   isum  = sum_k madd(maddubs(z_k, q_x[32k..32k+31]), sw_k)       (8 int32 lanes; Q6_K starts from -32 * sum sc * bsums)
+ *   acc  += cvt(isum) * (d_x * d)                                   (one FMA)
+ *   accm += cvt(madd(bsums, mins)) * (d_x * dmin)                   (Q4_K / Q5_K)
+ * and at the end y = hsum(acc) - hsum(accm). Decode (k2_dot) and a prefill tile (k2_tile) call the same
+ * k2_unpack and k2_token, so every (row, token) gets the same float operations in the same order: the same
+ * bits whichever path, token count or thread computes it. maddubs cannot saturate (q_w <= 63, |q_x| <= 127:
+ * pair sums <= 16002), and the integer sums are exact, so only the f32 FMAs fix the result. */
+#include <immintrin.h>
+
+#define K2_INLINE static inline __attribute__((always_inline))
+#define K2_TILE 4 /* prefill: tokens per tile (a super-block is unpacked once per K2_TILE tokens) */
+
+typedef struct {
+    __m256i z[8];  /* weights of activation bytes 32k .. 32k + 31, unsigned */
+    __m256i sw[8]; /* the scale of each int16 pair sum of maddubs(z[k], q_x), one per word */
+    __m256i m16;   /* Q4_K/Q5_K: word j pairs with bsum j: min of sub-block j / 2; Q6_K: the 16 signed scales */
+    float d, dmin;
+} k2sb;
+
+K2_INLINE int k2_type(const int type) { return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q6_K; }
+
+/* Q4_K / Q5_K (q5 = 1): sub-block 2c is the low nibbles of qs[32c .. 32c + 31], 2c + 1 their high nibbles */
+K2_INLINE void k2_unpack_q45k(const uint8_t *blk, k2sb *s, const int q5) {
+    const uint8_t *qs = q5 ? ((const block_q5_K *)blk)->qs : ((const block_q4_K *)blk)->qs;
+    /* bytes 0..15: d, dmin (f16), the 12 scale bytes s[0..11]. The 6-bit scales and mins:
+     * sc j < 4: s[j] & 63,  sc j >= 4: (s[j + 4] & 15) | (s[j - 4] >> 6) << 4,
+     * m  j < 4: s[j + 4] & 63, m j >= 4: (s[j + 4] >> 4) | (s[j] >> 6) << 4.
+     * `lo` gathers the byte holding each value's low bits, `hi` the byte holding its top two bits (if any) */
+    const __m128i v = _mm_loadu_si128((const __m128i *)blk);
+    const __m128i lo = _mm_shuffle_epi8(v, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m128i hi = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
+    const __m128i scm = _mm_or_si128( /* bytes 0..7 the scales, 8..15 the mins */
+        _mm_and_si128(_mm_srlv_epi32(lo, _mm_setr_epi32(0, 0, 0, 4)),
+                      _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15)),
+        _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30)));
+    const __m128 dm = _mm_cvtph_ps(v);
+    const __m256i scm2 = _mm256_broadcastsi128_si256(scm);
+    __m256i qh = _mm256_setzero_si256();
+    if (q5) qh = _mm256_loadu_si256((const __m256i *)((const block_q5_K *)blk)->qh);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        __m256i z0 = _mm256_and_si256(q, m4), z1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if (q5) { /* bit j of qh[l]: the fifth bit of element 32j + l, moved to bit 4 (never across a byte) */
+            const int j0 = 2 * c, j1 = 2 * c + 1;
+            const __m256i b0 = _mm256_and_si256(qh, _mm256_set1_epi8((char)(1 << j0)));
+            const __m256i b1 = _mm256_and_si256(qh, _mm256_set1_epi8((char)(1 << j1)));
+            z0 = _mm256_or_si256(z0, j0 <= 4 ? _mm256_slli_epi16(b0, 4 - j0) : _mm256_srli_epi16(b0, j0 - 4));
+            z1 = _mm256_or_si256(z1, j1 <= 4 ? _mm256_slli_epi16(b1, 4 - j1) : _mm256_srli_epi16(b1, j1 - 4));
+        }
+        s->z[2 * c] = z0;
+        s->z[2 * c + 1] = z1;
+        /* every word: scale byte j zero-extended (a shuffle index with the top bit set gives 0) */
+        s->sw[2 * c] = _mm256_shuffle_epi8(scm2, _mm256_set1_epi16((short)(0x8000 | (2 * c))));
+        s->sw[2 * c + 1] = _mm256_shuffle_epi8(scm2, _mm256_set1_epi16((short)(0x8000 | (2 * c + 1))));
+    }
+    const __m128i mn = _mm_srli_si128(scm, 8);
+    s->m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn));
+    s->d = _mm_cvtss_f32(dm);
+    s->dmin = _mm_cvtss_f32(_mm_movehdup_ps(dm));
+}
+
+/* Q6_K: chunk k = 4h + i (elements 128h + 32i + l, l < 32): ql[64h + 32(i & 1) + l] low (i < 2) or high
+ * nibble, plus bits 2i, 2i + 1 of qh[32h + l] as bits 4, 5; its 16 + 16 elements are groups 2k and 2k + 1, so
+ * the scale words are sc[2k] in the low 128-bit lane and sc[2k + 1] in the high one */
+K2_INLINE void k2_unpack_q6k(const uint8_t *blk, k2sb *s) {
+    const block_q6_K *b = (const block_q6_K *)blk;
+    const __m128i sc8 = _mm_loadu_si128((const __m128i *)b->scales);
+    const __m256i s_lo = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8));                  /* sc 0..7 */
+    const __m256i s_hi = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc8, 8))); /* sc 8..15 */
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h));
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
+        const __m256i sv = h ? s_hi : s_lo;
+        /* bits 2i..2i+1 -> bits 4..5: shifts within words, the spill into the neighbour byte masked off */
+        s->z[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+        s->z[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+        s->z[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30));
+        s->z[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                          _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) /* low lane: word 2i of sv, high lane: word 2i + 1 */
+            s->sw[4 * h + i] = _mm256_shuffle_epi8(
+                sv, _mm256_setr_epi8(4 * i, 4 * i + 1, 4 * i, 4 * i + 1, 4 * i, 4 * i + 1, 4 * i, 4 * i + 1, 4 * i,
+                                     4 * i + 1, 4 * i, 4 * i + 1, 4 * i, 4 * i + 1, 4 * i, 4 * i + 1, 4 * i + 2,
+                                     4 * i + 3, 4 * i + 2, 4 * i + 3, 4 * i + 2, 4 * i + 3, 4 * i + 2, 4 * i + 3,
+                                     4 * i + 2, 4 * i + 3, 4 * i + 2, 4 * i + 3, 4 * i + 2, 4 * i + 3, 4 * i + 2,
+                                     4 * i + 3));
+    }
+    s->m16 = _mm256_cvtepi8_epi16(sc8);
+    s->d = pi_h2f(b->d);
+    s->dmin = 0.0f;
+}
+
+K2_INLINE void k2_unpack(const int type, const uint8_t *blk, k2sb *s) {
+    if (type == PI_Q6_K) k2_unpack_q6k(blk, s);
+    else k2_unpack_q45k(blk, s, type == PI_Q5_K);
+}
+
+/* One token against one unpacked super-block: acc += isum * (d_x * d); accm += imin * (d_x * dmin) */
+K2_INLINE void k2_token(const int type, const k2sb *s, const block_q8_K *x, __m256 *acc, __m256 *accm) {
+    const __m256i bs = _mm256_load_si256((const __m256i *)x->bsums);
+    __m256i i0 = _mm256_setzero_si256(), i1 = _mm256_setzero_si256(); /* two chains (integer sums: exact) */
+    if (type == PI_Q6_K) i0 = _mm256_sub_epi32(i0, _mm256_slli_epi32(_mm256_madd_epi16(bs, s->m16), 5));
+#pragma GCC unroll 4
+    for (int k = 0; k < 8; k += 2) {
+        const __m256i p0 = _mm256_maddubs_epi16(s->z[k], _mm256_load_si256((const __m256i *)(x->qs + 32 * k)));
+        const __m256i p1 = _mm256_maddubs_epi16(s->z[k + 1], _mm256_load_si256((const __m256i *)(x->qs + 32 * k + 32)));
+        i0 = _mm256_add_epi32(i0, _mm256_madd_epi16(p0, s->sw[k]));
+        i1 = _mm256_add_epi32(i1, _mm256_madd_epi16(p1, s->sw[k + 1]));
+    }
+    const float dx = x->d;
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i0, i1)), _mm256_set1_ps(dx * s->d), *acc);
+    if (type != PI_Q6_K)
+        *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(bs, s->m16)), _mm256_set1_ps(dx * s->dmin), *accm);
+}
+
+K2_INLINE float k2_hsum(__m256 v) {
+    __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+K2_INLINE float k2_result(const int type, __m256 acc, __m256 accm) {
+    return type == PI_Q6_K ? k2_hsum(acc) : k2_hsum(acc) - k2_hsum(accm);
+}
+
+K2_INLINE size_t k2_block_size(const int type) {
+    return type == PI_Q4_K ? sizeof(block_q4_K) : type == PI_Q5_K ? sizeof(block_q5_K) : sizeof(block_q6_K);
+}
+
+/* One row against one token (decode, gathers, tokens left over by the tiles) */
+K2_INLINE float k2_dot(const int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
+    const size_t size = k2_block_size(type);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n_sb; i++) {
+        k2sb s;
+        k2_unpack(type, row + i * size, &s);
+        k2_token(type, &s, x + i, &acc, &accm);
+    }
+    return k2_result(type, acc, accm);
+}
+
+/* One row against nt <= K2_TILE tokens (x: token 0's super-blocks, each next token n_sb later), each
+ * super-block unpacked once; y[t * y_stride] gets token t's sum */
+K2_INLINE void k2_tile(const int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb, float *y,
+                       int64_t y_stride, const int nt) {
+    const size_t size = k2_block_size(type);
+    __m256 acc[K2_TILE], accm[K2_TILE];
+    for (int t = 0; t < K2_TILE; t++) acc[t] = accm[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n_sb; i++) {
+        k2sb s;
+        k2_unpack(type, row + i * size, &s);
+#pragma GCC unroll 4
+        for (int t = 0; t < K2_TILE; t++)
+            if (t < nt) k2_token(type, &s, x + t * n_sb + i, &acc[t], &accm[t]);
+    }
+    for (int t = 0; t < nt; t++) y[t * y_stride] = k2_result(type, acc[t], accm[t]);
+}
