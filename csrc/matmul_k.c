@@ -603,6 +603,9 @@ static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t 
     case PI_Q4_K: return k2_dot(PI_Q4_K, row, x, n_sb);
     case PI_Q5_K: return k2_dot(PI_Q5_K, row, x, n_sb);
     case PI_Q6_K: return k2_dot(PI_Q6_K, row, x, n_sb);
+    case PI_Q2_K: return k2_dot(PI_Q2_K, row, x, n_sb);
+    case PI_Q3_K: return k2_dot(PI_Q3_K, row, x, n_sb);
+    case PI_IQ4_XS: return k2_dot(PI_IQ4_XS, row, x, n_sb);
     default: break;
     }
 #endif
@@ -819,6 +822,9 @@ static size_t iq_work_bytes(const pi_pool *pool, int type, int64_t n_tok) {
 K2_ROWS_FN(rows2_q4k, PI_Q4_K)
 K2_ROWS_FN(rows2_q5k, PI_Q5_K)
 K2_ROWS_FN(rows2_q6k, PI_Q6_K)
+K2_ROWS_FN(rows2_q2k, PI_Q2_K)
+K2_ROWS_FN(rows2_q3k, PI_Q3_K)
+K2_ROWS_FN(rows2_iq4xs, PI_IQ4_XS)
 #endif
 
 static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end, int thread_id) {
@@ -828,6 +834,9 @@ static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end, int thread_id
     case PI_Q4_K: rows2_q4k(j, r_beg, r_end); return;
     case PI_Q5_K: rows2_q5k(j, r_beg, r_end); return;
     case PI_Q6_K: rows2_q6k(j, r_beg, r_end); return;
+    case PI_Q2_K: rows2_q2k(j, r_beg, r_end); return;
+    case PI_Q3_K: rows2_q3k(j, r_beg, r_end); return;
+    case PI_IQ4_XS: rows2_iq4xs(j, r_beg, r_end); return;
     default: break;
     }
 #endif

@@ -13,16 +13,43 @@
 #include <immintrin.h>
 
 #define K2_INLINE static inline __attribute__((always_inline))
+#ifndef K2_TILE
 #define K2_TILE 4 /* prefill: tokens per tile (a super-block is unpacked once per K2_TILE tokens) */
+#endif
 
 typedef struct {
     __m256i z[8];  /* weights of activation bytes 32k .. 32k + 31, unsigned */
     __m256i sw[8]; /* the scale of each int16 pair sum of maddubs(z[k], q_x), one per word */
-    __m256i m16;   /* Q4_K/Q5_K: word j pairs with bsum j: min of sub-block j / 2; Q6_K: the 16 signed scales */
+    __m256i m16;   /* the words paired with the 16 bsums: Q4_K/Q5_K the min of sub-block j / 2 for word j; Q2_K the
+                      16 mins; Q6_K/Q3_K the 16 signed scales (for the -32 / -4 offset term) */
+    __m256i sg[8]; /* IQ4_XS: the signed levels (z holds their magnitudes; each token's q_x takes their signs) */
     float d, dmin;
 } k2sb;
 
-K2_INLINE int k2_type(const int type) { return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q6_K; }
+K2_INLINE int k2_type(const int type) {
+    return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q6_K || type == PI_Q2_K || type == PI_Q3_K ||
+           type == PI_IQ4_XS;
+}
+K2_INLINE int k2_has_min(const int type) { return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q2_K; }
+K2_INLINE int k2_has_offset(const int type) { return type == PI_Q6_K || type == PI_Q3_K; }
+
+/* Groups of 16 (Q6_K, Q2_K, Q3_K): chunk k of 32 weights holds groups 2k (low 128-bit lane of the maddubs
+ * words) and 2k + 1 (high lane), so sw[k] is scale 2k in the low lane's words and 2k + 1 in the high lane's;
+ * sc16: the 16 scales as words */
+K2_INLINE void k2_scales16(__m256i sc16, k2sb *s) {
+    const __m256i s_lo = _mm256_permute2x128_si256(sc16, sc16, 0x00); /* words 0..7 in both lanes */
+    const __m256i s_hi = _mm256_permute2x128_si256(sc16, sc16, 0x11); /* words 8..15 */
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        const int i = k % 4;
+        s->sw[k] = _mm256_shuffle_epi8(
+            k < 4 ? s_lo : s_hi,
+            _mm256_setr_epi8(4 * i, 4 * i + 1, 4 * i, 4 * i + 1, 4 * i, 4 * i + 1, 4 * i, 4 * i + 1, 4 * i, 4 * i + 1,
+                             4 * i, 4 * i + 1, 4 * i, 4 * i + 1, 4 * i, 4 * i + 1, 4 * i + 2, 4 * i + 3, 4 * i + 2,
+                             4 * i + 3, 4 * i + 2, 4 * i + 3, 4 * i + 2, 4 * i + 3, 4 * i + 2, 4 * i + 3, 4 * i + 2,
+                             4 * i + 3, 4 * i + 2, 4 * i + 3, 4 * i + 2, 4 * i + 3));
+    }
+}
 
 /* Q4_K / Q5_K (q5 = 1): sub-block 2c is the low nibbles of qs[32c .. 32c + 31], 2c + 1 their high nibbles */
 K2_INLINE void k2_unpack_q45k(const uint8_t *blk, k2sb *s, const int q5) {
@@ -72,37 +99,112 @@ K2_INLINE void k2_unpack_q45k(const uint8_t *blk, k2sb *s, const int q5) {
 K2_INLINE void k2_unpack_q6k(const uint8_t *blk, k2sb *s) {
     const block_q6_K *b = (const block_q6_K *)blk;
     const __m128i sc8 = _mm_loadu_si128((const __m128i *)b->scales);
-    const __m256i s_lo = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8));                  /* sc 0..7 */
-    const __m256i s_hi = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc8, 8))); /* sc 8..15 */
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
         const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h));
         const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));
         const __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
-        const __m256i sv = h ? s_hi : s_lo;
         /* bits 2i..2i+1 -> bits 4..5: shifts within words, the spill into the neighbour byte masked off */
         s->z[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
         s->z[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
         s->z[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30));
         s->z[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) /* low lane: word 2i of sv, high lane: word 2i + 1 */
-            s->sw[4 * h + i] = _mm256_shuffle_epi8(
-                sv, _mm256_setr_epi8(4 * i, 4 * i + 1, 4 * i, 4 * i + 1, 4 * i, 4 * i + 1, 4 * i, 4 * i + 1, 4 * i,
-                                     4 * i + 1, 4 * i, 4 * i + 1, 4 * i, 4 * i + 1, 4 * i, 4 * i + 1, 4 * i + 2,
-                                     4 * i + 3, 4 * i + 2, 4 * i + 3, 4 * i + 2, 4 * i + 3, 4 * i + 2, 4 * i + 3,
-                                     4 * i + 2, 4 * i + 3, 4 * i + 2, 4 * i + 3, 4 * i + 2, 4 * i + 3, 4 * i + 2,
-                                     4 * i + 3));
     }
     s->m16 = _mm256_cvtepi8_epi16(sc8);
+    k2_scales16(s->m16, s);
+    s->d = pi_h2f(b->d);
+    s->dmin = 0.0f;
+}
+
+/* Q2_K / Q3_K: the 2 low bits of element 128n + 32j + l are bits 2j of qs[32n + l] (chunk k = 4n + j); Q3_K
+ * adds 4 where bit k of hmask[l] is set; the scales are per group of 16 (k2_scales16) */
+K2_INLINE void k2_planes2(const uint8_t *qs, k2sb *s) {
+    const __m256i m3 = _mm256_set1_epi8(3);
+#pragma GCC unroll 2
+    for (int n = 0; n < 2; n++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * n));
+        s->z[4 * n + 0] = _mm256_and_si256(q, m3);
+        s->z[4 * n + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 2), m3);
+        s->z[4 * n + 2] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m3);
+        s->z[4 * n + 3] = _mm256_and_si256(_mm256_srli_epi16(q, 6), m3);
+    }
+}
+
+K2_INLINE void k2_unpack_q2k(const uint8_t *blk, k2sb *s) {
+    const block_q2_K *b = (const block_q2_K *)blk;
+    const __m128i sm = _mm_loadu_si128((const __m128i *)b->scales); /* low nibble scale, high nibble min */
+    k2_planes2(b->qs, s);
+    k2_scales16(_mm256_cvtepu8_epi16(_mm_and_si128(sm, _mm_set1_epi8(15))), s);
+    s->m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(15)));
+    s->d = pi_h2f(b->d);
+    s->dmin = pi_h2f(b->dmin);
+}
+
+K2_INLINE void k2_unpack_q3k(const uint8_t *blk, k2sb *s) {
+    const block_q3_K *b = (const block_q3_K *)blk;
+    /* scale g (6 bits, minus 32): low nibble of byte g (g < 8) or high nibble of byte g - 8, its top two bits
+     * bits 2 (g / 4) of byte 8 + g % 4; the 16 bytes loaded end at the block's last scale byte, then shifted */
+    const __m128i raw = _mm_srli_si128(_mm_loadu_si128((const __m128i *)(b->scales - 4)), 4);
+    const __m128i nib = _mm_unpacklo_epi64(_mm_and_si128(raw, _mm_set1_epi8(15)),
+                                           _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
+    const __m128i top = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(raw, 0xaa), _mm_setr_epi32(0, 2, 4, 6)),
+                                      _mm_set1_epi8(3));
+    const __m256i sc = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_or_si128(nib, _mm_slli_epi16(top, 4))),
+                                        _mm256_set1_epi16(32));
+    const __m256i hm = _mm256_loadu_si256((const __m256i *)b->hmask);
+    k2_planes2(b->qs, s);
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) { /* bit k -> 4: shifts within a byte */
+        const __m256i bit = _mm256_and_si256(hm, _mm256_set1_epi8((char)(1 << k)));
+        s->z[k] = _mm256_or_si256(s->z[k], k <= 2 ? _mm256_slli_epi16(bit, 2 - k) : _mm256_srli_epi16(bit, k - 2));
+    }
+    k2_scales16(sc, s);
+    s->m16 = sc;
+    s->d = pi_h2f(b->d);
+    s->dmin = 0.0f;
+}
+
+/* IQ4_XS: sub-block j is the low nibbles of qs[16j .. 16j + 15] then their high nibbles; its levels (signed,
+ * up to 127 in magnitude) enter maddubs as |t_w| against q_x with t_w's sign: pair sums <= 2 * 127 * 127 */
+K2_INLINE void k2_unpack_iq4xs(const uint8_t *blk, k2sb *s) {
+    const block_iq4_xs *b = (const block_iq4_xs *)blk;
+    uint32_t sl;
+    memcpy(&sl, b->scales_l, 4);
+    const __m128i v = _mm_cvtsi32_si128((int)sl);
+    const __m128i lo = _mm_unpacklo_epi8(_mm_and_si128(v, _mm_set1_epi8(15)),
+                                         _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15))); /* byte j: low 4 bits */
+    const __m256i h32 = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b->scales_h),
+                                                           _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                         _mm256_set1_epi32(3));
+    const __m128i hi = _mm_packus_epi32(_mm256_castsi256_si128(h32), _mm256_extracti128_si256(h32, 1));
+    const __m128i sc = _mm_sub_epi16(_mm_or_si128(_mm_cvtepu8_epi16(lo), _mm_slli_epi16(hi, 4)), _mm_set1_epi16(32));
+    const __m256i sc2 = _mm256_broadcastsi128_si256(sc); /* words 0..7: ls - 32 */
+    const __m256i vals = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)pi_iq4nl_values));
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) { /* sub-blocks 2c (bytes 0..15 of the load) and 2c + 1 (16..31) */
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * c));
+        const __m256i ql = _mm256_and_si256(q, m4), qh = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        const __m256i t0 = _mm256_shuffle_epi8(vals, _mm256_permute2x128_si256(ql, qh, 0x20));
+        const __m256i t1 = _mm256_shuffle_epi8(vals, _mm256_permute2x128_si256(ql, qh, 0x31));
+        s->sg[2 * c] = t0;
+        s->sg[2 * c + 1] = t1;
+        s->z[2 * c] = _mm256_abs_epi8(t0);
+        s->z[2 * c + 1] = _mm256_abs_epi8(t1);
+        s->sw[2 * c] = _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)((4 * c + 1) << 8 | 4 * c)));
+        s->sw[2 * c + 1] = _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)((4 * c + 3) << 8 | (4 * c + 2))));
+    }
     s->d = pi_h2f(b->d);
     s->dmin = 0.0f;
 }
 
 K2_INLINE void k2_unpack(const int type, const uint8_t *blk, k2sb *s) {
     if (type == PI_Q6_K) k2_unpack_q6k(blk, s);
+    else if (type == PI_Q2_K) k2_unpack_q2k(blk, s);
+    else if (type == PI_Q3_K) k2_unpack_q3k(blk, s);
+    else if (type == PI_IQ4_XS) k2_unpack_iq4xs(blk, s);
     else k2_unpack_q45k(blk, s, type == PI_Q5_K);
 }
 
@@ -110,17 +212,21 @@ K2_INLINE void k2_unpack(const int type, const uint8_t *blk, k2sb *s) {
 K2_INLINE void k2_token(const int type, const k2sb *s, const block_q8_K *x, __m256 *acc, __m256 *accm) {
     const __m256i bs = _mm256_load_si256((const __m256i *)x->bsums);
     __m256i i0 = _mm256_setzero_si256(), i1 = _mm256_setzero_si256(); /* two chains (integer sums: exact) */
-    if (type == PI_Q6_K) i0 = _mm256_sub_epi32(i0, _mm256_slli_epi32(_mm256_madd_epi16(bs, s->m16), 5));
+    if (k2_has_offset(type))
+        i0 = _mm256_sub_epi32(i0, _mm256_slli_epi32(_mm256_madd_epi16(bs, s->m16), type == PI_Q6_K ? 5 : 2));
 #pragma GCC unroll 4
     for (int k = 0; k < 8; k += 2) {
-        const __m256i p0 = _mm256_maddubs_epi16(s->z[k], _mm256_load_si256((const __m256i *)(x->qs + 32 * k)));
-        const __m256i p1 = _mm256_maddubs_epi16(s->z[k + 1], _mm256_load_si256((const __m256i *)(x->qs + 32 * k + 32)));
+        __m256i x0 = _mm256_load_si256((const __m256i *)(x->qs + 32 * k));
+        __m256i x1 = _mm256_load_si256((const __m256i *)(x->qs + 32 * k + 32));
+        if (type == PI_IQ4_XS) x0 = _mm256_sign_epi8(x0, s->sg[k]), x1 = _mm256_sign_epi8(x1, s->sg[k + 1]);
+        const __m256i p0 = _mm256_maddubs_epi16(s->z[k], x0);
+        const __m256i p1 = _mm256_maddubs_epi16(s->z[k + 1], x1);
         i0 = _mm256_add_epi32(i0, _mm256_madd_epi16(p0, s->sw[k]));
         i1 = _mm256_add_epi32(i1, _mm256_madd_epi16(p1, s->sw[k + 1]));
     }
     const float dx = x->d;
     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i0, i1)), _mm256_set1_ps(dx * s->d), *acc);
-    if (type != PI_Q6_K)
+    if (k2_has_min(type))
         *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(bs, s->m16)), _mm256_set1_ps(dx * s->dmin), *accm);
 }
 
@@ -132,11 +238,13 @@ K2_INLINE float k2_hsum(__m256 v) {
 }
 
 K2_INLINE float k2_result(const int type, __m256 acc, __m256 accm) {
-    return type == PI_Q6_K ? k2_hsum(acc) : k2_hsum(acc) - k2_hsum(accm);
+    return k2_has_min(type) ? k2_hsum(acc) - k2_hsum(accm) : k2_hsum(acc);
 }
 
 K2_INLINE size_t k2_block_size(const int type) {
-    return type == PI_Q4_K ? sizeof(block_q4_K) : type == PI_Q5_K ? sizeof(block_q5_K) : sizeof(block_q6_K);
+    return type == PI_Q4_K ? sizeof(block_q4_K) : type == PI_Q5_K ? sizeof(block_q5_K)
+         : type == PI_Q6_K ? sizeof(block_q6_K) : type == PI_Q2_K ? sizeof(block_q2_K)
+         : type == PI_Q3_K ? sizeof(block_q3_K) : sizeof(block_iq4_xs);
 }
 
 /* One row against one token (decode, gathers, tokens left over by the tiles) */
