@@ -1,15 +1,31 @@
-/* matmul_k_avx2.h: the AVX2 (+ FMA + F16C) dots of Q4_K, Q5_K and Q6_K rows with Q8_K activations, included by
- * matmul_k.c where AVX-512 is missing (see the variants list at the top of matmul_k.c).
+/* matmul_k_avx2.h: AVX2 (+ FMA + F16C) dots of Q4_K, Q5_K, Q6_K, Q2_K, Q3_K and IQ4_XS rows with Q8_K
+ * activations, included by matmul_k.c where AVX-512 is missing (see the variants list at the top of matmul_k.c).
  *
- * A super-block is first unpacked into a k2sb (eight ymm of 32 unsigned weights, each in the order of the 32
- * activation bytes it multiplies, and eight ymm of scale words), then each token runs k2_token on it:
- *   isum  = sum_k madd(maddubs(z_k, q_x[32k..32k+31]), sw_k)       (8 int32 lanes; Q6_K starts from -32 * sum sc * bsums)
- *   acc  += cvt(isum) * (d_x * d)                                   (one FMA)
- *   accm += cvt(madd(bsums, mins)) * (d_x * dmin)                   (Q4_K / Q5_K)
- * and at the end y = hsum(acc) - hsum(accm). Decode (k2_dot) and a prefill tile (k2_tile) call the same
- * k2_unpack and k2_token, so every (row, token) gets the same float operations in the same order: the same
- * bits whichever path, token count or thread computes it. maddubs cannot saturate (q_w <= 63, |q_x| <= 127:
- * pair sums <= 16002), and the integer sums are exact, so only the f32 FMAs fix the result. */
+ * A super-block is first unpacked into a k2sb: eight ymm of 32 weights z_k, each byte in the position of the
+ * activation byte q_x[32k + l] it multiplies, and eight ymm of scale words sw_k (the scale of each int16 pair
+ * sum of maddubs(z_k, q_x)). Then each token runs k2_token on it:
+ *   isum  = sum_k madd(maddubs(z_k, x_k), sw_k)                     8 int32 lanes, lane i: bytes 4i..4i+3 of
+ *                                                                   every chunk k; x_k = q_x[32k .. 32k + 31]
+ *   acc  += cvt(isum) * (d_x * d)                                   one FMA per super-block
+ *   accm += cvt(imin) * (d_x * dmin)                                Q4_K, Q5_K, Q2_K: the mins
+ *   y     = hsum(acc) - hsum(accm)
+ * Per type:
+ *   Q4_K/Q5_K: z unsigned 0..31; imin = madd(bsums, mins) (word j with the min of sub-block j / 2), its 8
+ *              lanes (lane j: sub-block j) pairwise added into 4 (lane i: sub-blocks 2i, 2i + 1), the upper 4 zero;
+ *   Q6_K:      the weights minus 32 kept signed (sg) with z = |q - 32| <= 32; each token's x_k takes sg's signs
+ *              (psignb; a zero weight gives 0), so the -32 offset sits in the same lanes as the products;
+ *   Q2_K:      z 0..3, imin = madd(bsums, mins) over the 16 groups (8 lanes);
+ *   Q3_K:      z 0..7, isum starts from -4 * madd(bsums, scales) (lanes by group pairs);
+ *   IQ4_XS:    z = |level| <= 127, x_k with the level's sign (pair sums <= 2 * 127 * 127: no saturation).
+ * The lane layouts of the Q4_K/Q5_K mins and of Q6_K's offset (products and offset in one int16 pair sum) were
+ * chosen to round like llama.cpp's AVX2 kernels as far as we know them: the integers are exact either way, but
+ * Gemma 3 270M's logits moved by ~0.1 between layouts and tests/test_real_model.py's "Water boils at a
+ * temperature of" sits on a three-way near-tie of llama.cpp (19.574 / 19.538 / 19.524): with the mins in 8
+ * lanes and the offset via bsums we picked its third token.
+ * Decode (k2_dot) and a prefill tile (k2_tile) call the same k2_unpack and k2_token, so every (row, token)
+ * gets the same float operations in the same order: the same bits whichever path, token count or thread
+ * computes it. maddubs cannot saturate (|z| <= 32 except IQ4_XS's <= 127, and |q_x| <= 127: pair sums
+ * <= 2 * 127 * 127), and the integer sums are exact, so only the f32 FMAs and the final sums fix the result. */
 #include <immintrin.h>
 
 #define K2_INLINE static inline __attribute__((always_inline))
@@ -21,8 +37,8 @@ typedef struct {
     __m256i z[8];  /* weights of activation bytes 32k .. 32k + 31, unsigned */
     __m256i sw[8]; /* the scale of each int16 pair sum of maddubs(z[k], q_x), one per word */
     __m256i m16;   /* the words paired with the 16 bsums: Q4_K/Q5_K the min of sub-block j / 2 for word j; Q2_K the
-                      16 mins; Q6_K/Q3_K the 16 signed scales (for the -32 / -4 offset term) */
-    __m256i sg[8]; /* IQ4_XS: the signed levels (z holds their magnitudes; each token's q_x takes their signs) */
+                      16 mins; Q3_K the 16 signed scales (for the -4 offset term) */
+    __m256i sg[8]; /* IQ4_XS, Q6_K: the signed weights (z holds their magnitudes; each token's q_x takes their signs) */
     float d, dmin;
 } k2sb;
 
@@ -31,7 +47,8 @@ K2_INLINE int k2_type(const int type) {
            type == PI_IQ4_XS;
 }
 K2_INLINE int k2_has_min(const int type) { return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q2_K; }
-K2_INLINE int k2_has_offset(const int type) { return type == PI_Q6_K || type == PI_Q3_K; }
+K2_INLINE int k2_signed(const int type) { return type == PI_IQ4_XS || type == PI_Q6_K; }
+K2_INLINE int k2_has_offset(const int type) { return type == PI_Q3_K; }
 
 /* Groups of 16 (Q6_K, Q2_K, Q3_K): chunk k of 32 weights holds groups 2k (low 128-bit lane of the maddubs
  * words) and 2k + 1 (high lane), so sw[k] is scale 2k in the low lane's words and 2k + 1 in the high lane's;
@@ -112,8 +129,13 @@ K2_INLINE void k2_unpack_q6k(const uint8_t *blk, k2sb *s) {
         s->z[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
     }
-    s->m16 = _mm256_cvtepi8_epi16(sc8);
-    k2_scales16(s->m16, s);
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) { /* q - 32 signed, z its magnitude */
+        s->sg[k] = _mm256_sub_epi8(s->z[k], _mm256_set1_epi8(32));
+        s->z[k] = _mm256_abs_epi8(s->sg[k]);
+    }
+    k2_scales16(_mm256_cvtepi8_epi16(sc8), s);
+    s->m16 = _mm256_setzero_si256();
     s->d = pi_h2f(b->d);
     s->dmin = 0.0f;
 }
@@ -213,12 +235,12 @@ K2_INLINE void k2_token(const int type, const k2sb *s, const block_q8_K *x, __m2
     const __m256i bs = _mm256_load_si256((const __m256i *)x->bsums);
     __m256i i0 = _mm256_setzero_si256(), i1 = _mm256_setzero_si256(); /* two chains (integer sums: exact) */
     if (k2_has_offset(type))
-        i0 = _mm256_sub_epi32(i0, _mm256_slli_epi32(_mm256_madd_epi16(bs, s->m16), type == PI_Q6_K ? 5 : 2));
+        i0 = _mm256_sub_epi32(i0, _mm256_slli_epi32(_mm256_madd_epi16(bs, s->m16), 2));
 #pragma GCC unroll 4
     for (int k = 0; k < 8; k += 2) {
         __m256i x0 = _mm256_load_si256((const __m256i *)(x->qs + 32 * k));
         __m256i x1 = _mm256_load_si256((const __m256i *)(x->qs + 32 * k + 32));
-        if (type == PI_IQ4_XS) x0 = _mm256_sign_epi8(x0, s->sg[k]), x1 = _mm256_sign_epi8(x1, s->sg[k + 1]);
+        if (k2_signed(type)) x0 = _mm256_sign_epi8(x0, s->sg[k]), x1 = _mm256_sign_epi8(x1, s->sg[k + 1]);
         const __m256i p0 = _mm256_maddubs_epi16(s->z[k], x0);
         const __m256i p1 = _mm256_maddubs_epi16(s->z[k + 1], x1);
         i0 = _mm256_add_epi32(i0, _mm256_madd_epi16(p0, s->sw[k]));
@@ -226,8 +248,13 @@ K2_INLINE void k2_token(const int type, const k2sb *s, const block_q8_K *x, __m2
     }
     const float dx = x->d;
     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i0, i1)), _mm256_set1_ps(dx * s->d), *acc);
-    if (k2_has_min(type))
-        *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(bs, s->m16)), _mm256_set1_ps(dx * s->dmin), *accm);
+    if (k2_has_min(type)) {
+        __m256i imin = _mm256_madd_epi16(bs, s->m16);
+        if (type != PI_Q2_K) /* lanes 2i, 2i + 1 added: lane i */
+            imin = _mm256_inserti128_si256(_mm256_setzero_si256(), _mm_hadd_epi32(_mm256_castsi256_si128(imin),
+                                                                               _mm256_extracti128_si256(imin, 1)), 0);
+        *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_set1_ps(dx * s->dmin), *accm);
+    }
 }
 
 K2_INLINE float k2_hsum(__m256 v) {
