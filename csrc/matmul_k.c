@@ -54,7 +54,28 @@
  *     sharing each activation load (8 tokens: register spills,
  *     0.87-0.95x with the sums in registers, 1.00x with them in memory); 12 or 16 tokens per tile (0.85x, 0.97x); d_x * d as a broadcast multiply from memory
  *     instead of the permute (0.96-1.01x).
- *   - scalar: everything else (AVX2-only machines included).
+ *   - AVX2 (+ FMA + F16C, no AVX-512; matmul_k_avx2.h), Q4_K, Q5_K, Q6_K, Q2_K, Q3_K and IQ4_XS: the same
+ *     integers with 32 weights per ymm: each super-block is unpacked once into 8 ymm of weights (unsigned, in
+ *     the activations' order) and 8 ymm of scale words, then per token 8 maddubs, 8 madd with the scale words,
+ *     one convert and one FMA into 8 f32 lanes, the mins (Q4_K/Q5_K/Q2_K) one madd of the bsums, one convert
+ *     and one FMA; Q6_K and IQ4_XS keep signed weights and move their signs onto the activations (psignb), so
+ *     Q6_K's -32 needs no bsums term; Q3_K's -4 is one bsums madd. Decode (k2_dot) runs one row whole; prefill
+ *     (n_tok > 1) takes each row against tiles of K2_TILE = 4 tokens, TOK_BLOCK tokens per pass over the row,
+ *     each super-block unpacked once per tile (1.2-1.9x calling the decode dot per token; tiles of 2 or 8
+ *     tokens were slower, and spans of 8 super-blocks over blocks of 16 rows, as AVX-512 does, 0.7-1.1x).
+ *     This 2-core AMD EPYC (AVX2, no AVX-512), another job sharing the cores, medians:
+ *       bench_matvec_hot (1 thread, weights in cache): Q4_K 2.1 -> 16.1-16.7 GB/s, Q5_K 2.1 -> 15.0,
+ *         Q6_K 2.4 -> 15.6 (19.4 with the -32 via bsums, see matmul_k_avx2.h for why not), Q2_K 0.6 -> 8-9.5,
+ *         Q3_K 0.7 -> 7-8.7, IQ4_XS 0.6 -> 10.2;
+ *       bench_kernels --threads 2 (4096 x 11008 / 11008 x 4096): mat-vec Q4_K 17-19 GB/s, Q5_K 17-19,
+ *         Q6_K 14-16 (60-73% of a 26.5 GB/s read probe; Q8_0 in the same run 87-92%; scalar before: 2.8-3.7
+ *         GB/s), prefill 64 tokens 97-136 GFLOP/s (scalar before: 6-12; Q8_0 78-88 in the same run);
+ *       bench_prefill_ab 4096 x 11008, 64 tokens, CPU-time GMAC/s per thread count 1 / 2: Q4_K 2.7 -> 30 /
+ *         5.2 -> 45, Q5_K 2.5 -> 29 / 5.3 -> 70, Q6_K 1.9 -> 29 / 4.2 -> 49;
+ *       powerinfer_cli bench -m demo -t 2 (Gemma 3 270M Q4_K_M): prompt 102 -> 250-284 tok/s, decode
+ *         39 -> 49-52 tok/s (llama.cpp in the same runs 308-319 / 46-51).
+ *     The other K-quant-family types (the IQ2 / IQ3 / IQ1 I-quants) stay scalar on AVX2.
+ *   - scalar: everything else.
  * Each (row, token) sum sees the same instructions in the same order whether it is computed alone (decode,
  * k_dot), in a tile, or in several spans (the running sums go to memory between spans and come back
  * unchanged), by whichever thread, so results are bit-identical across runs, thread counts, decode/prefill
@@ -66,11 +87,11 @@
 #define MK_AVX512 1
 #include <immintrin.h>
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define MK_AVX2 1 /* Q4_K, Q5_K, Q6_K: matmul_k_avx2.h; the other types scalar */
+#define MK_AVX2 1 /* Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS: matmul_k_avx2.h; the I-quants scalar */
 #endif
 
 #define ROW_BLOCK 16 /* rows per chunk granule */
-#define TOK_BLOCK 16 /* scalar: tokens per pass over a row (its super-blocks stay in L1) */
+#define TOK_BLOCK 16 /* scalar and AVX2: tokens per pass over a row (its super-blocks stay in L1) */
 #ifndef KT
 #define KT 8
 #endif
@@ -793,7 +814,7 @@ static size_t iq_work_bytes(const pi_pool *pool, int type, int64_t n_tok) {
 }
 
 #if defined(MK_AVX2)
-/* Q4_K / Q5_K / Q6_K rows r_beg .. r_end - 1, the type a constant: one token each row whole (k2_dot), more
+/* Rows r_beg .. r_end - 1 of an AVX2 type (k2_type), the type a constant: one token each row whole (k2_dot), more
  * tokens TOK_BLOCK at a time per row, in tiles of K2_TILE (the leftover tile smaller); a tile gives each
  * (row, token) the operations of k2_dot, so the same bits */
 #define K2_ROWS_FN(name, TYPE)                                                                                 \
