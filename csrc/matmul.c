@@ -781,7 +781,7 @@ static void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
  * The row decoders below walk their rows one after another and prefetch `dist` bytes ahead in the sequence of
  * those rows laid end to end: for a dense matrix that is plain address + dist; for gathered rows (matmul_rows)
  * it crosses into the next selected rows, so scattered rows are requested before they are reached as well. */
-#if defined(MM_AVX512)
+#if defined(MM_AVX512) || defined(MM_AVX2)
 typedef struct { int64_t r, off; } pf_stream;
 INLINE pf_stream pf_start(const mm_job *j, int64_t r, int64_t dist) {
     pf_stream a = {r + dist / j->row_bytes, dist % j->row_bytes};
@@ -793,6 +793,210 @@ INLINE void pf_step(const mm_job *j, pf_stream *a, int64_t r1, int64_t step) {
     if (a->off >= j->row_bytes) {
         a->off -= j->row_bytes;
         a->r++;
+    }
+}
+#endif
+
+/* ==== AVX2: groups of 8 blocks =================================================================================
+ * Without AVX-512 the per-block work of the generic tiles (a scalar f16 conversion and broadcast of the weight
+ * scale, a convert and an FMA for every block) made decode compute-bound at ~6-7 GB/s per thread for Q4_0/Q5_0.
+ * Here the unit of work is a group of GB = 8 consecutive blocks of a row:
+ *   - the 8 f16 scales d (and Q4_1/Q5_1's m) come out of 8 overlapping 16-byte loads, the k-th taken at
+ *     k * (size - 2) bytes so that block k's field is its word k, merged by 7 word blends: one conversion;
+ *   - the nibbles go in pairs of blocks (i, i + 4) per ymm, lane 0 block i, lane 1 block i + 4: `lo` holds their
+ *     elements 0-15, `hi` 16-31 (Q5_*: plus 16 where the qh bit is set; MXFP4: its doubled levels + MXFP4_OFF,
+ *     0..24), and the activations are stored in that order (quantize_token);
+ *   - maddubs(lo, x) + maddubs(hi, x) per pair (int16, 4 products per lane), then horizontal adds fold the 4
+ *     pairs into one int32 vector whose lane k is block k's whole dot: exact, since the int16 partial sums stay
+ *     small (nibbles <= 15: up to 16 products per int16 lane, |sum| <= 16 * 15 * 127; nibbles <= 31 (Q5_*,
+ *     MXFP4): 8 products, then madd to int32);
+ *   - + the blocks' correction -off * sum(x) (int32, from xc), one convert, and one FMA by d_w * d_x (8 lanes),
+ *     then Q4_1/Q5_1's + m_w * s_x (one more FMA), per group, into one 8-lane accumulator per (row, token),
+ *     reduced once at the end (hsum8).
+ * A row whose block count is not a multiple of 8 ends with a group copied into a zeroed buffer (zero weights and
+ * scales against the zero activations the padding holds: it adds exact zeros). Decode (g8_rows) streams its
+ * rows one after another with software prefetch; prefill (g8_tile) unpacks a row's group once for up to G8_TP
+ * tokens. Both call g8_acc for every (row, token, group) in the same order, so decode, prefill, gathers and any
+ * thread count give the same bits. Q8_0 and IQ4_NL (signed 8-bit levels) keep the generic tiles. */
+#if defined(MM_AVX2)
+#define GB 8
+#define G8_TP 4          /* prefill tokens per tile (one row: its 8 unpacked pairs + the accumulators fill the ymm) */
+#define G8_PF_DIST 4096  /* decode: bytes ahead in the row stream */
+#define G8_AHEAD 4       /* scattered gathers: the row this many places later is prefetched at this row's offset */
+#ifndef MXFP4_OFF
+#define MXFP4_OFF 12
+#endif
+INLINE int kind_g8(int kind) { return kind != K_Q8 && kind != K_IQ4NL; }
+INLINE int kind_g8_16(int kind) { return kind == K_Q4 || kind == K_Q41; } /* nibbles <= 15: 16-product int16 sums */
+INLINE int kind_corr(int kind) { return kind == K_Q4 || kind == K_Q5 || kind == K_MXFP4; }
+
+typedef struct { __m256i lo[4], hi[4]; __m256 d, m; } wg8;
+
+/* word k of the 16 bytes at p + k * step, k = 0..7: the f16 field of block k when step = size - 2 */
+INLINE __m128i g8_words(const uint8_t *p, const int64_t step) {
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
+    v = _mm_blend_epi16(v, _mm_loadu_si128((const __m128i *)(p + 1 * step)), 0x02);
+    v = _mm_blend_epi16(v, _mm_loadu_si128((const __m128i *)(p + 2 * step)), 0x04);
+    v = _mm_blend_epi16(v, _mm_loadu_si128((const __m128i *)(p + 3 * step)), 0x08);
+    v = _mm_blend_epi16(v, _mm_loadu_si128((const __m128i *)(p + 4 * step)), 0x10);
+    v = _mm_blend_epi16(v, _mm_loadu_si128((const __m128i *)(p + 5 * step)), 0x20);
+    v = _mm_blend_epi16(v, _mm_loadu_si128((const __m128i *)(p + 6 * step)), 0x40);
+    return _mm_blend_epi16(v, _mm_loadu_si128((const __m128i *)(p + 7 * step)), 0x80);
+}
+/* MXFP4: the 8 E8M0 bytes (block k's at 17k) as pi_e8m0_half, bit for bit */
+INLINE __m256 g8_e8m0(const uint8_t *p) {
+    uint64_t u = 0;
+    for (int k = 0; k < GB; k++) u |= (uint64_t)p[17 * k] << (8 * k);
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)u));
+    const __m256i norm = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e); /* e = 0, 1: subnormal */
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(norm, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+}
+
+/* unpack the group of 8 blocks at p */
+INLINE void g8_load(wg8 *w, const uint8_t *p, const int kind) {
+    const int64_t S = kind_size(kind);
+    const int qo = kind_qs(kind), ho = kind_qh(kind);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        const __m256i v = _mm256_loadu2_m128i((const __m128i *)(p + (i + 4) * S + qo), (const __m128i *)(p + i * S + qo));
+        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        if (ho >= 0) {
+            /* byte e of lo gets qh bit e (qh byte e / 8), of hi bit 16 + e; lane 0 from block i, lane 1 from i + 4 */
+            const __m256i h = _mm256_loadu2_m128i((const __m128i *)(p + (i + 4) * S + ho), (const __m128i *)(p + i * S + ho));
+            const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL), b16 = _mm256_set1_epi8(16);
+            __m256i hl = _mm256_shuffle_epi8(h, _mm256_setr_epi64x(0, 0x0101010101010101LL, 0, 0x0101010101010101LL));
+            __m256i hh = _mm256_shuffle_epi8(h, _mm256_setr_epi64x(0x0202020202020202LL, 0x0303030303030303LL,
+                                                                   0x0202020202020202LL, 0x0303030303030303LL));
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hl, bit), bit), b16));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hh, bit), bit), b16));
+        }
+        if (kind == K_MXFP4) {
+            const __m256i tab = _mm256_add_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)pi_mxfp4_values)),
+                                                _mm256_set1_epi8(MXFP4_OFF));
+            lo = _mm256_shuffle_epi8(tab, lo);
+            hi = _mm256_shuffle_epi8(tab, hi);
+        }
+        w->lo[i] = lo;
+        w->hi[i] = hi;
+    }
+    w->d = kind == K_MXFP4 ? g8_e8m0(p) : _mm256_cvtph_ps(g8_words(p, S - 2));
+    w->m = kind_min(kind) ? _mm256_cvtph_ps(g8_words(p + 2, S - 2)) : _mm256_setzero_ps();
+}
+
+/* int32 lane k = block k's dot with the activations x (the group's 256 bytes, pair order) */
+INLINE __m256i g8_dot(const wg8 *w, const int8_t *x, const int kind) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i P[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        P[i] = _mm256_add_epi16(_mm256_maddubs_epi16(w->lo[i], _mm256_loadu_si256((const __m256i *)(x + 64 * i))),
+                                _mm256_maddubs_epi16(w->hi[i], _mm256_loadu_si256((const __m256i *)(x + 64 * i + 32))));
+    /* hadd(P0, P1): lane 0 [block 0 x 4, block 1 x 4], lane 1 [4 x 4, 5 x 4]; hadd(P2, P3) the same for 2, 3, 6, 7 */
+    const __m256i A = _mm256_hadd_epi16(P[0], P[1]), B = _mm256_hadd_epi16(P[2], P[3]);
+    if (kind_g8_16(kind)) return _mm256_madd_epi16(_mm256_hadd_epi16(A, B), ones);
+    return _mm256_hadd_epi32(_mm256_madd_epi16(A, ones), _mm256_madd_epi16(B, ones));
+}
+
+/* acc + the group (blocks b..b+7 of the token at xq/xd/xc/xs offset o = t * nbp + b): the one operation order */
+INLINE __m256 g8_acc(const mm_job *j, const wg8 *w, int64_t o, __m256 acc, const int kind) {
+    __m256i d = g8_dot(w, j->xq + o * QK, kind);
+    if (kind_corr(kind)) d = _mm256_add_epi32(d, _mm256_loadu_si256((const __m256i *)(j->xc + o)));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(w->d, _mm256_loadu_ps(j->xd + o)), acc);
+    if (kind_min(kind)) acc = _mm256_fmadd_ps(w->m, _mm256_loadu_ps(j->xs + o), acc);
+    return acc;
+}
+
+/* the last 1-7 blocks of a row as a zero-padded group in buf */
+INLINE const uint8_t *g8_tail(uint8_t *buf, const uint8_t *row, int64_t ng, int64_t nb, const int kind) {
+    const int64_t S = kind_size(kind);
+    memset(buf, 0, (size_t)(GB * S));
+    memcpy(buf, row + ng * S, (size_t)((nb - ng) * S));
+    return buf;
+}
+
+/* decode: rows r0..r1 one after another, one token */
+INLINE void g8_rows(const mm_job *j, int64_t r0, int64_t r1, const int kind) {
+    const int64_t S = kind_size(kind), nb = j->n_cols / QK, ng = nb / GB * GB;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = mm_row(j, r);
+        /* scattered gathers: the row G8_AHEAD places on at this row's offset; else the stream, G8_PF_DIST ahead */
+        const uint8_t *ahead = !j->stream && r + G8_AHEAD < r1 ? mm_row(j, r + G8_AHEAD) : NULL;
+        pf_stream pf = pf_start(j, r, G8_PF_DIST);
+        int64_t issued = 0; /* bytes the prefetch stream has advanced: one line at a time, as the rows are read */
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < ng; b += GB) {
+            if (ahead)
+                for (int64_t o = 0; o < GB * S; o += 64) _mm_prefetch((const char *)ahead + b * S + o, _MM_HINT_T0);
+            else if (j->stream)
+                for (; issued < (b + GB) * S; issued += 64) pf_step(j, &pf, r1, 64);
+            wg8 w;
+            g8_load(&w, row + b * S, kind);
+            acc = g8_acc(j, &w, b, acc, kind);
+        }
+        if (ng < nb) {
+            uint8_t buf[GB * 24];
+            wg8 w;
+            g8_load(&w, g8_tail(buf, row, ng, nb, kind), kind);
+            acc = g8_acc(j, &w, ng, acc, kind);
+        }
+        j->y[r] = hsum8(acc);
+    }
+}
+
+/* prefill: row r against tokens t0..t0+T-1 */
+INLINE void g8_tile(const mm_job *j, int64_t r, int64_t t0, const int T, const int kind) {
+    const int64_t S = kind_size(kind), nb = j->n_cols / QK, ng = nb / GB * GB;
+    const uint8_t *row = mm_row(j, r);
+    __m256 acc[G8_TP];
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < ng; b += GB) {
+        wg8 w;
+        g8_load(&w, row + b * S, kind);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) acc[t] = g8_acc(j, &w, (t0 + t) * j->nbp + b, acc[t], kind);
+    }
+    if (ng < nb) {
+        uint8_t buf[GB * 24];
+        wg8 w;
+        g8_load(&w, g8_tail(buf, row, ng, nb, kind), kind);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) acc[t] = g8_acc(j, &w, (t0 + t) * j->nbp + ng, acc[t], kind);
+    }
+    for (int t = 0; t < T; t++) j->y[(t0 + t) * j->n_rows + r] = hsum8(acc[t]);
+}
+
+INLINE void g8_chunk_kind(const mm_job *j, int64_t r_beg, int64_t r_end, const int kind) {
+    if (j->n_tok == 1) {
+        g8_rows(j, r_beg, r_end, kind);
+        return;
+    }
+    for (int64_t tb = 0; tb < j->n_tok; tb += TOK_BLOCK) {
+        const int64_t te = tb + TOK_BLOCK < j->n_tok ? tb + TOK_BLOCK : j->n_tok;
+        for (int64_t rb = r_beg; rb < r_end; rb += ROW_BLOCK) {
+            const int64_t re = rb + ROW_BLOCK < r_end ? rb + ROW_BLOCK : r_end;
+            int64_t t = tb;
+            for (; t + G8_TP <= te; t += G8_TP)
+                for (int64_t r = rb; r < re; r++) g8_tile(j, r, t, G8_TP, kind);
+            switch (te - t) {
+            case 3: for (int64_t r = rb; r < re; r++) g8_tile(j, r, t, 3, kind); break;
+            case 2: for (int64_t r = rb; r < re; r++) g8_tile(j, r, t, 2, kind); break;
+            case 1: for (int64_t r = rb; r < re; r++) g8_tile(j, r, t, 1, kind); break;
+            default: break;
+            }
+        }
+    }
+}
+/* the rows r_beg..r_end of a chunk for the group kinds; 0 if j's type is not one */
+static int g8_chunk(const mm_job *j, int64_t r_beg, int64_t r_end) {
+    switch (j->type) {
+    case PI_Q4_0: g8_chunk_kind(j, r_beg, r_end, K_Q4); return 1;
+    case PI_Q5_0: g8_chunk_kind(j, r_beg, r_end, K_Q5); return 1;
+    case PI_Q4_1: g8_chunk_kind(j, r_beg, r_end, K_Q41); return 1;
+    case PI_Q5_1: g8_chunk_kind(j, r_beg, r_end, K_Q51); return 1;
+    case PI_MXFP4: g8_chunk_kind(j, r_beg, r_end, K_MXFP4); return 1;
+    default: return 0;
     }
 }
 #endif
@@ -990,6 +1194,9 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
     const mm_job *j = ctx;
     const int64_t r_beg = chunk * j->rows_per_chunk;
     const int64_t r_end = r_beg + j->rows_per_chunk < j->n_rows ? r_beg + j->rows_per_chunk : j->n_rows;
+#if defined(MM_AVX2)
+    if (g8_chunk(j, r_beg, r_end)) return;
+#endif
     if (j->n_tok == 1) {
         int64_t r = r_beg;
 #if defined(Q4_ROW_DECODE)
@@ -1091,6 +1298,41 @@ static float quantize_block(const float *x, int8_t *q, int32_t *sum, float *draw
     _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(qb));
     return f16_round(d);
 }
+#elif defined(MM_AVX2)
+INLINE __m256i round_away8(__m256 v) { /* as round_away: trunc, then +-1 where |frac| >= 0.5 */
+    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC), f = _mm256_sub_ps(v, t);
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 up = _mm256_and_ps(_mm256_cmp_ps(f, _mm256_set1_ps(0.5f), _CMP_GE_OQ), one);
+    const __m256 dn = _mm256_and_ps(_mm256_cmp_ps(f, _mm256_set1_ps(-0.5f), _CMP_LE_OQ), one);
+    return _mm256_cvttps_epi32(_mm256_sub_ps(_mm256_add_ps(t, up), dn));
+}
+
+static float quantize_block(const float *x, int8_t *q, int32_t *sum, float *draw) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v[4], m;
+    for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(x + 8 * i);
+    m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                      _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    *draw = d;
+    const __m256 vid = _mm256_set1_ps(id);
+    __m256i qi[4];
+    for (int i = 0; i < 4; i++) qi[i] = round_away8(_mm256_mul_ps(v[i], vid));
+    /* |q| <= 127: the packs do not saturate; packs work per 128-bit lane, the permute restores element order */
+    const __m256i s01 = _mm256_packs_epi32(qi[0], qi[1]), s23 = _mm256_packs_epi32(qi[2], qi[3]);
+    const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(s01, s23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, b);
+    __m256i s = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    *sum = _mm_cvtsi128_si32(s4);
+    return f16_round(d);
+}
 #else
 static float quantize_block(const float *x, int8_t *q, int32_t *sum, float *draw) {
     float amax = 0.0f;
@@ -1117,8 +1359,8 @@ static void quantize_token(void *ctx, int64_t t, int thread_id) {
     int32_t *xc = (int32_t *)j->xc + t * j->nbp;
     float *xs = (float *)j->xs + t * j->nbp;
     const int kind = type_kind(j->type);
-#if defined(MM_AVX512)
-    const int32_t corr_mx = MXFP4_OFF; /* the quads' unsigned MXFP4 levels */
+#if defined(MM_AVX512) || defined(MM_AVX2)
+    const int32_t corr_mx = MXFP4_OFF; /* the quads' (AVX2: the groups') unsigned MXFP4 levels */
 #else
     const int32_t corr_mx = Q8_CORR; /* signed levels as Q8_0's */
 #endif
@@ -1139,6 +1381,13 @@ static void quantize_token(void *ctx, int64_t t, int thread_id) {
             memcpy(xq + (b & ~1) * QK + 32 + 16 * (b & 1), q + 16, 16);
         } else
             memcpy(xq + b * QK, q, QK);
+#elif defined(MM_AVX2)
+        if (kind_g8(kind)) { /* group order: pair i (blocks i, i + 4) at 64 i: [b_i 0..15 | b_i+4 0..15 | b_i 16..31 | b_i+4 16..31] */
+            const int64_t k = b & 7, at = (b & ~7) * QK + 64 * (k & 3) + 16 * (k >> 2);
+            memcpy(xq + at, q, 16);
+            memcpy(xq + at + 32, q + 16, 16);
+        } else
+            memcpy(xq + b * QK, q, QK);
 #else
         memcpy(xq + b * QK, q, QK);
 #endif
@@ -1153,6 +1402,8 @@ static void mm_quantize(pi_pool *pool, mm_job *j) {
     int64_t per = BPV; /* blocks per vector step */
 #if defined(MM_AVX512)
     if (kind_quad(type_kind(j->type))) per = QB;
+#elif defined(MM_AVX2)
+    if (kind_g8(type_kind(j->type))) per = GB;
 #endif
     j->nbp = (nb + per - 1) / per * per;
     const size_t nq = (size_t)(j->n_tok * j->nbp);
