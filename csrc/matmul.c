@@ -832,8 +832,10 @@ INLINE int kind_corr(int kind) { return kind == K_Q4 || kind == K_Q5 || kind == 
 
 typedef struct { __m256i lo[4], hi[4]; __m256 d, m; } wg8;
 
-/* word k of the 16 bytes at p + k * step, k = 0..7: the f16 field of block k when step = size - 2 */
-INLINE __m128i g8_words(const uint8_t *p, const int64_t step) {
+/* the f16 fields at p + k * S, k = 0..7, as 8 words: the k-th of 8 overlapping 16-byte loads, taken at
+ * k * (S - 2), holds block k's field as its word k; 7 word blends merge them */
+INLINE __m128i g8_words(const uint8_t *p, const int64_t S) {
+    const int64_t step = S - 2;
     __m128i v = _mm_loadu_si128((const __m128i *)p);
     v = _mm_blend_epi16(v, _mm_loadu_si128((const __m128i *)(p + 1 * step)), 0x02);
     v = _mm_blend_epi16(v, _mm_loadu_si128((const __m128i *)(p + 2 * step)), 0x04);
@@ -853,59 +855,83 @@ INLINE __m256 g8_e8m0(const uint8_t *p) {
     return _mm256_castsi256_ps(_mm256_blendv_epi8(norm, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
 }
 
-/* unpack the group of 8 blocks at p */
-INLINE void g8_load(wg8 *w, const uint8_t *p, const int kind) {
+/* pair i (blocks i, i + 4) of the group at p: lo = elements 0-15, hi = 16-31 as unsigned bytes */
+INLINE void g8_pair(__m256i *lo_out, __m256i *hi_out, const uint8_t *p, const int i, const int kind) {
     const int64_t S = kind_size(kind);
     const int qo = kind_qs(kind), ho = kind_qh(kind);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        const __m256i v = _mm256_loadu2_m128i((const __m128i *)(p + (i + 4) * S + qo), (const __m128i *)(p + i * S + qo));
-        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        if (ho >= 0) {
-            /* byte e of lo gets qh bit e (qh byte e / 8), of hi bit 16 + e; lane 0 from block i, lane 1 from i + 4 */
-            const __m256i h = _mm256_loadu2_m128i((const __m128i *)(p + (i + 4) * S + ho), (const __m128i *)(p + i * S + ho));
-            const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL), b16 = _mm256_set1_epi8(16);
-            __m256i hl = _mm256_shuffle_epi8(h, _mm256_setr_epi64x(0, 0x0101010101010101LL, 0, 0x0101010101010101LL));
-            __m256i hh = _mm256_shuffle_epi8(h, _mm256_setr_epi64x(0x0202020202020202LL, 0x0303030303030303LL,
-                                                                   0x0202020202020202LL, 0x0303030303030303LL));
-            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hl, bit), bit), b16));
-            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hh, bit), bit), b16));
-        }
-        if (kind == K_MXFP4) {
-            const __m256i tab = _mm256_add_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)pi_mxfp4_values)),
-                                                _mm256_set1_epi8(MXFP4_OFF));
-            lo = _mm256_shuffle_epi8(tab, lo);
-            hi = _mm256_shuffle_epi8(tab, hi);
-        }
-        w->lo[i] = lo;
-        w->hi[i] = hi;
+    const __m256i v = _mm256_loadu2_m128i((const __m128i *)(p + (i + 4) * S + qo), (const __m128i *)(p + i * S + qo));
+    __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    if (ho >= 0) {
+        /* byte e of lo gets qh bit e (qh byte e / 8), of hi bit 16 + e; lane 0 from block i, lane 1 from i + 4 */
+        const __m256i h = _mm256_loadu2_m128i((const __m128i *)(p + (i + 4) * S + ho), (const __m128i *)(p + i * S + ho));
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL), b16 = _mm256_set1_epi8(16);
+        __m256i hl = _mm256_shuffle_epi8(h, _mm256_setr_epi64x(0, 0x0101010101010101LL, 0, 0x0101010101010101LL));
+        __m256i hh = _mm256_shuffle_epi8(h, _mm256_setr_epi64x(0x0202020202020202LL, 0x0303030303030303LL,
+                                                               0x0202020202020202LL, 0x0303030303030303LL));
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hl, bit), bit), b16));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hh, bit), bit), b16));
     }
-    w->d = kind == K_MXFP4 ? g8_e8m0(p) : _mm256_cvtph_ps(g8_words(p, S - 2));
-    w->m = kind_min(kind) ? _mm256_cvtph_ps(g8_words(p + 2, S - 2)) : _mm256_setzero_ps();
+    if (kind == K_MXFP4) {
+        const __m256i tab = _mm256_add_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)pi_mxfp4_values)),
+                                            _mm256_set1_epi8(MXFP4_OFF));
+        lo = _mm256_shuffle_epi8(tab, lo);
+        hi = _mm256_shuffle_epi8(tab, hi);
+    }
+    *lo_out = lo;
+    *hi_out = hi;
 }
-
-/* int32 lane k = block k's dot with the activations x (the group's 256 bytes, pair order) */
-INLINE __m256i g8_dot(const wg8 *w, const int8_t *x, const int kind) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i P[4];
+/* the group's 8 weight scales d (and Q4_1/Q5_1's m) as f32 */
+INLINE void g8_scales(wg8 *w, const uint8_t *p, const int kind) {
+    const int64_t S = kind_size(kind);
+    w->d = kind == K_MXFP4 ? g8_e8m0(p) : _mm256_cvtph_ps(g8_words(p, S));
+    w->m = kind_min(kind) ? _mm256_cvtph_ps(g8_words(p + 2, S)) : _mm256_setzero_ps();
+}
+/* unpack the group of 8 blocks at p */
+INLINE void g8_load(wg8 *w, const uint8_t *p, const int kind) {
 #pragma GCC unroll 4
-    for (int i = 0; i < 4; i++)
-        P[i] = _mm256_add_epi16(_mm256_maddubs_epi16(w->lo[i], _mm256_loadu_si256((const __m256i *)(x + 64 * i))),
-                                _mm256_maddubs_epi16(w->hi[i], _mm256_loadu_si256((const __m256i *)(x + 64 * i + 32))));
-    /* hadd(P0, P1): lane 0 [block 0 x 4, block 1 x 4], lane 1 [4 x 4, 5 x 4]; hadd(P2, P3) the same for 2, 3, 6, 7 */
-    const __m256i A = _mm256_hadd_epi16(P[0], P[1]), B = _mm256_hadd_epi16(P[2], P[3]);
-    if (kind_g8_16(kind)) return _mm256_madd_epi16(_mm256_hadd_epi16(A, B), ones);
-    return _mm256_hadd_epi32(_mm256_madd_epi16(A, ones), _mm256_madd_epi16(B, ones));
+    for (int i = 0; i < 4; i++) g8_pair(&w->lo[i], &w->hi[i], p, i, kind);
+    g8_scales(w, p, kind);
 }
-
-/* acc + the group (blocks b..b+7 of the token at xq/xd/xc/xs offset o = t * nbp + b): the one operation order */
-INLINE __m256 g8_acc(const mm_job *j, const wg8 *w, int64_t o, __m256 acc, const int kind) {
-    __m256i d = g8_dot(w, j->xq + o * QK, kind);
+/* one pair's products with the activations x of the group (pair order): int16, 4 products per lane */
+INLINE __m256i g8_pdot(__m256i lo, __m256i hi, const int8_t *x, const int i) {
+    return _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(x + 64 * i))),
+                            _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 64 * i + 32))));
+}
+/* the 4 pairs' int16 products -> int32 lane k = block k's dot, plus the correction (kinds with one).
+ * Nibbles <= 15 (Q4_0, Q4_1): horizontal adds, exact in int16 up to 16 products (hadd(P0, P1): lane 0 [block 0
+ * x 4, block 1 x 4], lane 1 [4 x 4, 5 x 4]; hadd(P2, P3) the same for 2, 3, 6, 7; one more hadd, then madd).
+ * Nibbles <= 31 (Q5_0, Q5_1, MXFP4): one madd per pair to int32 first, then a 4 x 4 transpose-add (unpacks and
+ * adds, measured a little faster here than the hadd tree with a madd in its middle). */
+INLINE __m256i g8_tree(const __m256i *P, const mm_job *j, int64_t o, const int kind) {
+    if (kind_g8_16(kind)) { /* Q4_0, Q4_1: int16 to 16 products (|sum| <= 16 * 15 * 127), then madd */
+        const __m256i A = _mm256_hadd_epi16(P[0], P[1]), B = _mm256_hadd_epi16(P[2], P[3]);
+        __m256i d = _mm256_madd_epi16(_mm256_hadd_epi16(A, B), _mm256_set1_epi16(1));
+        if (kind_corr(kind)) d = _mm256_add_epi32(d, _mm256_loadu_si256((const __m256i *)(j->xc + o)));
+        return d;
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i M0 = _mm256_madd_epi16(P[0], ones), M1 = _mm256_madd_epi16(P[1], ones);
+    const __m256i M2 = _mm256_madd_epi16(P[2], ones), M3 = _mm256_madd_epi16(P[3], ones);
+    const __m256i s01 = _mm256_add_epi32(_mm256_unpacklo_epi32(M0, M1), _mm256_unpackhi_epi32(M0, M1));
+    const __m256i s23 = _mm256_add_epi32(_mm256_unpacklo_epi32(M2, M3), _mm256_unpackhi_epi32(M2, M3));
+    __m256i d = _mm256_add_epi32(_mm256_unpacklo_epi64(s01, s23), _mm256_unpackhi_epi64(s01, s23));
     if (kind_corr(kind)) d = _mm256_add_epi32(d, _mm256_loadu_si256((const __m256i *)(j->xc + o)));
+    return d;
+}
+/* acc + the group's block dots d (token offset o = t * nbp + b): the one float operation order */
+INLINE __m256 g8_fin(const mm_job *j, const wg8 *w, __m256i d, int64_t o, __m256 acc, const int kind) {
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(w->d, _mm256_loadu_ps(j->xd + o)), acc);
     if (kind_min(kind)) acc = _mm256_fmadd_ps(w->m, _mm256_loadu_ps(j->xs + o), acc);
     return acc;
+}
+
+/* acc + the group (blocks b..b+7 of the token at offset o = t * nbp + b) */
+INLINE __m256 g8_acc(const mm_job *j, const wg8 *w, int64_t o, __m256 acc, const int kind) {
+    __m256i P[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) P[i] = g8_pdot(w->lo[i], w->hi[i], j->xq + o * QK, i);
+    return g8_fin(j, w, g8_tree(P, j, o, kind), o, acc, kind);
 }
 
 /* the last 1-7 blocks of a row as a zero-padded group in buf */
@@ -916,21 +942,68 @@ INLINE const uint8_t *g8_tail(uint8_t *buf, const uint8_t *row, int64_t ng, int6
     return buf;
 }
 
-/* decode: rows r0..r1 one after another, one token */
+/* decode: rows r0..r1, one token, two rows at a time (they share the activation loads; each row's arithmetic is
+ * g8_acc's). Prefetch: dense or neighbouring rows (j->stream) G8_PF_DIST / 2 bytes ahead in both rows, past the
+ * rows' end into the next two; scattered gathers the rows G8_AHEAD places on, at the current offset. */
 INLINE void g8_rows(const mm_job *j, int64_t r0, int64_t r1, const int kind) {
-    const int64_t S = kind_size(kind), nb = j->n_cols / QK, ng = nb / GB * GB;
-    for (int64_t r = r0; r < r1; r++) {
+    const int64_t S = kind_size(kind), nb = j->n_cols / QK, ng = nb / GB * GB, rb = j->row_bytes;
+    int64_t r = r0;
+    for (; r + 2 <= r1; r += 2) {
+        const uint8_t *row0 = mm_row(j, r), *row1 = mm_row(j, r + 1);
+        const int gather = !j->stream && r + G8_AHEAD + 1 < r1;
+        const uint8_t *ahead0 = gather ? mm_row(j, r + G8_AHEAD) : NULL, *ahead1 = gather ? mm_row(j, r + G8_AHEAD + 1) : NULL;
+        int64_t pr = r + (G8_PF_DIST / 2) / rb * 2, po = (G8_PF_DIST / 2) % rb, issued = 0;
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+        for (int64_t b = 0; b < ng; b += GB) {
+            if (gather) {
+                for (int64_t o = 0; o < GB * S; o += 64) {
+                    _mm_prefetch((const char *)ahead0 + b * S + o, _MM_HINT_T0);
+                    _mm_prefetch((const char *)ahead1 + b * S + o, _MM_HINT_T0);
+                }
+            } else if (j->stream) {
+                for (; issued < (b + GB) * S; issued += 64) {
+                    if (pr + 1 < r1) {
+                        _mm_prefetch((const char *)mm_row(j, pr) + po, _MM_HINT_T0);
+                        _mm_prefetch((const char *)mm_row(j, pr + 1) + po, _MM_HINT_T0);
+                    }
+                    po += 64;
+                    if (po >= rb) {
+                        po -= rb;
+                        pr += 2;
+                    }
+                }
+            }
+            const int8_t *x = j->xq + b * QK;
+            __m256i P0[4], P1[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                __m256i lo, hi;
+                g8_pair(&lo, &hi, row0 + b * S, i, kind);
+                P0[i] = g8_pdot(lo, hi, x, i);
+                g8_pair(&lo, &hi, row1 + b * S, i, kind);
+                P1[i] = g8_pdot(lo, hi, x, i);
+            }
+            wg8 w0, w1;
+            g8_scales(&w0, row0 + b * S, kind);
+            g8_scales(&w1, row1 + b * S, kind);
+            acc0 = g8_fin(j, &w0, g8_tree(P0, j, b, kind), b, acc0, kind);
+            acc1 = g8_fin(j, &w1, g8_tree(P1, j, b, kind), b, acc1, kind);
+        }
+        if (ng < nb) {
+            uint8_t buf[GB * 24];
+            wg8 w;
+            g8_load(&w, g8_tail(buf, row0, ng, nb, kind), kind);
+            acc0 = g8_acc(j, &w, ng, acc0, kind);
+            g8_load(&w, g8_tail(buf, row1, ng, nb, kind), kind);
+            acc1 = g8_acc(j, &w, ng, acc1, kind);
+        }
+        j->y[r] = hsum8(acc0);
+        j->y[r + 1] = hsum8(acc1);
+    }
+    for (; r < r1; r++) { /* a last odd row */
         const uint8_t *row = mm_row(j, r);
-        /* scattered gathers: the row G8_AHEAD places on at this row's offset; else the stream, G8_PF_DIST ahead */
-        const uint8_t *ahead = !j->stream && r + G8_AHEAD < r1 ? mm_row(j, r + G8_AHEAD) : NULL;
-        pf_stream pf = pf_start(j, r, G8_PF_DIST);
-        int64_t issued = 0; /* bytes the prefetch stream has advanced: one line at a time, as the rows are read */
         __m256 acc = _mm256_setzero_ps();
         for (int64_t b = 0; b < ng; b += GB) {
-            if (ahead)
-                for (int64_t o = 0; o < GB * S; o += 64) _mm_prefetch((const char *)ahead + b * S + o, _MM_HINT_T0);
-            else if (j->stream)
-                for (; issued < (b + GB) * S; issued += 64) pf_step(j, &pf, r1, 64);
             wg8 w;
             g8_load(&w, row + b * S, kind);
             acc = g8_acc(j, &w, b, acc, kind);
