@@ -826,7 +826,8 @@ INLINE void pf_step(const mm_job *j, pf_stream *a, int64_t r1, int64_t step) {
 #ifndef MXFP4_OFF
 #define MXFP4_OFF 12
 #endif
-INLINE int kind_g8(int kind) { return kind != K_Q8 && kind != K_IQ4NL; }
+INLINE int kind_g8(int kind) { (void)kind; return 1; }
+INLINE int kind_signed(int kind) { return kind == K_Q8 || kind == K_IQ4NL; } /* signed 8-bit levels, natural order */
 INLINE int kind_g8_16(int kind) { return kind == K_Q4 || kind == K_Q41; } /* nibbles <= 15: 16-product int16 sums */
 /* prefill tokens per tile: one row's group is unpacked once per tile. Q5_0/Q5_1/MXFP4 (dearer to unpack) take 8
  * (measured +14% over 4, Q5_0 4096 x 4096, one thread); Q4_0/Q4_1 4 (8 measured -18%: register spills) */
@@ -890,10 +891,46 @@ INLINE void g8_scales(wg8 *w, const uint8_t *p, const int kind) {
     w->d = kind == K_MXFP4 ? g8_e8m0(p) : _mm256_cvtph_ps(g8_words(p, S));
     w->m = kind_min(kind) ? _mm256_cvtph_ps(g8_words(p + 2, S)) : _mm256_setzero_ps();
 }
-/* unpack the group of 8 blocks at p */
+/* Q8_0 / IQ4_NL: block k's 32 signed levels (IQ4_NL: its nibbles through the table), elements in order */
+INLINE __m256i g8_sload(const uint8_t *p, const int k, const int kind) {
+    if (kind == K_Q8) return _mm256_loadu_si256((const __m256i *)(p + k * (int64_t)sizeof(block_q8_0) + 2));
+    const __m128i q = _mm_loadu_si128((const __m128i *)(p + k * (int64_t)sizeof(block_iq4_nl) + 2));
+    const __m256i z = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)pi_iq4nl_values)), z);
+}
+/* one signed block against its 32 activations: maddubs(|z|, x * sign(z)) (pairs <= 2 * 128 * 127), madd: int32 x 8 */
+INLINE __m256i g8_sblock(__m256i z, const int8_t *x) {
+    const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(z, z), _mm256_sign_epi8(xv, z)), _mm256_set1_epi16(1));
+}
+/* 8 blocks' int32 x 8 -> lane k = block k's dot: 4 x 4 transpose-adds per 128-bit lane (lane 0 elements 0-15,
+ * lane 1 16-31), then the two lanes added across */
+INLINE __m256i g8_stree(const __m256i *E) {
+    __m256i s[4], F[2];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        s[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(E[2 * i], E[2 * i + 1]), _mm256_unpackhi_epi32(E[2 * i], E[2 * i + 1]));
+    F[0] = _mm256_add_epi32(_mm256_unpacklo_epi64(s[0], s[1]), _mm256_unpackhi_epi64(s[0], s[1]));
+    F[1] = _mm256_add_epi32(_mm256_unpacklo_epi64(s[2], s[3]), _mm256_unpackhi_epi64(s[2], s[3]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(F[0], F[1], 0x20), _mm256_permute2x128_si256(F[0], F[1], 0x31));
+}
+/* a signed group's dot straight from the row bytes (decode) */
+INLINE __m256i g8_sdot(const uint8_t *p, const int8_t *x, const int kind) {
+    __m256i E[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) E[k] = g8_sblock(g8_sload(p, k, kind), x + 32 * k);
+    return g8_stree(E);
+}
+/* unpack the group of 8 blocks at p (signed kinds: block k's levels in lo[k], k < 4, and hi[k - 4]) */
 INLINE void g8_load(wg8 *w, const uint8_t *p, const int kind) {
 #pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) g8_pair(&w->lo[i], &w->hi[i], p, i, kind);
+    for (int i = 0; i < 4; i++) {
+        if (kind_signed(kind)) {
+            w->lo[i] = g8_sload(p, i, kind);
+            w->hi[i] = g8_sload(p, i + 4, kind);
+        } else
+            g8_pair(&w->lo[i], &w->hi[i], p, i, kind);
+    }
     g8_scales(w, p, kind);
 }
 /* one pair's products with the activations x of the group (pair order): int16, 4 products per lane */
@@ -931,6 +968,15 @@ INLINE __m256 g8_fin(const mm_job *j, const wg8 *w, __m256i d, int64_t o, __m256
 
 /* acc + the group (blocks b..b+7 of the token at offset o = t * nbp + b) */
 INLINE __m256 g8_acc(const mm_job *j, const wg8 *w, int64_t o, __m256 acc, const int kind) {
+    if (kind_signed(kind)) {
+        __m256i E[8];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            E[i] = g8_sblock(w->lo[i], j->xq + o * QK + 32 * i);
+            E[i + 4] = g8_sblock(w->hi[i], j->xq + o * QK + 32 * (i + 4));
+        }
+        return g8_fin(j, w, g8_stree(E), o, acc, kind);
+    }
     __m256i P[4];
 #pragma GCC unroll 4
     for (int i = 0; i < 4; i++) P[i] = g8_pdot(w->lo[i], w->hi[i], j->xq + o * QK, i);
@@ -977,23 +1023,31 @@ INLINE void g8_rows(const mm_job *j, int64_t r0, int64_t r1, const int kind) {
                 }
             }
             const int8_t *x = j->xq + b * QK;
-            __m256i P0[4], P1[4];
+            __m256i D0, D1;
+            if (kind_signed(kind)) {
+                D0 = g8_sdot(row0 + b * S, x, kind);
+                D1 = g8_sdot(row1 + b * S, x, kind);
+            } else {
+                __m256i P0[4], P1[4];
 #pragma GCC unroll 4
-            for (int i = 0; i < 4; i++) {
-                __m256i lo, hi;
-                g8_pair(&lo, &hi, row0 + b * S, i, kind);
-                P0[i] = g8_pdot(lo, hi, x, i);
-                g8_pair(&lo, &hi, row1 + b * S, i, kind);
-                P1[i] = g8_pdot(lo, hi, x, i);
+                for (int i = 0; i < 4; i++) {
+                    __m256i lo, hi;
+                    g8_pair(&lo, &hi, row0 + b * S, i, kind);
+                    P0[i] = g8_pdot(lo, hi, x, i);
+                    g8_pair(&lo, &hi, row1 + b * S, i, kind);
+                    P1[i] = g8_pdot(lo, hi, x, i);
+                }
+                D0 = g8_tree(P0, j, b, kind);
+                D1 = g8_tree(P1, j, b, kind);
             }
             wg8 w0, w1;
             g8_scales(&w0, row0 + b * S, kind);
             g8_scales(&w1, row1 + b * S, kind);
-            acc0 = g8_fin(j, &w0, g8_tree(P0, j, b, kind), b, acc0, kind);
-            acc1 = g8_fin(j, &w1, g8_tree(P1, j, b, kind), b, acc1, kind);
+            acc0 = g8_fin(j, &w0, D0, b, acc0, kind);
+            acc1 = g8_fin(j, &w1, D1, b, acc1, kind);
         }
         if (ng < nb) {
-            uint8_t buf[GB * 24];
+            uint8_t buf[GB * 34];
             wg8 w;
             g8_load(&w, g8_tail(buf, row0, ng, nb, kind), kind);
             acc0 = g8_acc(j, &w, ng, acc0, kind);
@@ -1012,7 +1066,7 @@ INLINE void g8_rows(const mm_job *j, int64_t r0, int64_t r1, const int kind) {
             acc = g8_acc(j, &w, b, acc, kind);
         }
         if (ng < nb) {
-            uint8_t buf[GB * 24];
+            uint8_t buf[GB * 34];
             wg8 w;
             g8_load(&w, g8_tail(buf, row, ng, nb, kind), kind);
             acc = g8_acc(j, &w, ng, acc, kind);
@@ -1034,7 +1088,7 @@ INLINE void g8_tile(const mm_job *j, int64_t r, int64_t t0, const int T, const i
         for (int t = 0; t < T; t++) acc[t] = g8_acc(j, &w, (t0 + t) * j->nbp + b, acc[t], kind);
     }
     if (ng < nb) {
-        uint8_t buf[GB * 24];
+        uint8_t buf[GB * 34];
         wg8 w;
         g8_load(&w, g8_tail(buf, row, ng, nb, kind), kind);
 #pragma GCC unroll 8
@@ -1075,6 +1129,8 @@ static int g8_chunk(const mm_job *j, int64_t r_beg, int64_t r_end) {
     case PI_Q4_1: g8_chunk_kind(j, r_beg, r_end, K_Q41); return 1;
     case PI_Q5_1: g8_chunk_kind(j, r_beg, r_end, K_Q51); return 1;
     case PI_MXFP4: g8_chunk_kind(j, r_beg, r_end, K_MXFP4); return 1;
+    case PI_Q8_0: g8_chunk_kind(j, r_beg, r_end, K_Q8); return 1;
+    case PI_IQ4_NL: g8_chunk_kind(j, r_beg, r_end, K_IQ4NL); return 1;
     default: return 0;
     }
 }
@@ -1461,7 +1517,7 @@ static void quantize_token(void *ctx, int64_t t, int thread_id) {
         } else
             memcpy(xq + b * QK, q, QK);
 #elif defined(MM_AVX2)
-        if (kind_g8(kind)) { /* group order: pair i (blocks i, i + 4) at 64 i: [b_i 0..15 | b_i+4 0..15 | b_i 16..31 | b_i+4 16..31] */
+        if (kind_g8(kind) && !kind_signed(kind)) { /* group order: pair i (blocks i, i + 4) at 64 i: [b_i 0..15 | b_i+4 0..15 | b_i 16..31 | b_i+4 16..31] */
             const int64_t k = b & 7, at = (b & ~7) * QK + 64 * (k & 3) + 16 * (k >> 2);
             memcpy(xq + at, q, 16);
             memcpy(xq + at + 32, q + 16, 16);
