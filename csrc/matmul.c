@@ -8,7 +8,18 @@
  *     nibble pairs, its fifth bits made a byte mask with one shuffle + one test. Q4_0: quads of four blocks
  *     (tile_quad): 64 nibbles of 4 blocks per zmm, 4 int32 lanes per block after two dpbusd, so one convert
  *     and one FMA per 4 blocks; Q4_1, Q5_1, MXFP4 and (VNNI) IQ4_NL use the same quads (see kind_quad).
- *   - AVX2 + FMA + F16C: 8 float lanes, scalar column tail; one block per ymm.
+ *   - AVX2 + FMA + F16C: 8 float lanes, scalar column tail. Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL and MXFP4 go in groups
+ *     of 8 blocks (g8_* below): the 8 f16 scales by overlapping loads + word blends and one conversion,
+ *     maddubs on block pairs, integer horizontal folds to one exact int32 dot per block, then per group one
+ *     convert and one FMA by d_w * d_x (8 lanes) per (row, token); decode two rows at a time with software
+ *     prefetch, prefill one row against 4 (Q4_0/Q4_1) or 8 tokens. Q8_0 keeps the generic tiles (one block
+ *     per ymm, RD = 4 rows for decode, RP = 2 x TP = 4 for prefill): their f32 order is llama.cpp's AVX2 one
+ *     and the real-model agreement test pins it. Measured on a 2-core AMD EPYC (Zen 3 class, AVX2, no AVX-512
+ *     or VNNI, ~1.6-1.8 GHz, read probe 24-32 GB/s, another job sharing the cores, so noisy): one thread in
+ *     L2 (bench_matvec_hot) Q4_0 10.5 -> 18.3 GB/s, Q5_0 9.5 -> 13.6, Q4_1 11.0 -> 15.5, Q5_1 9.7 -> 13.1,
+ *     IQ4_NL 8.7 -> 10.4, MXFP4 8.5 -> 14.5 (the first numbers are the generic tiles with a scalar activation
+ *     quantization); prefill (bench_prefill_ab, 1 thread) 1.3-2.5x, e.g. Q4_0 25 -> 55 GMAC/s, Q5_0 26 -> 43.
+ *     The Q8_0 activation quantization is vectorized (quantize_block, same arithmetic as the scalar one).
  *   - scalar: everything else (PI_NATIVE=0).
  * Block types: the activations are quantized once per call to Q8_0 (d = f16(amax / 127)) in the pool's
  * scratch, with an integer correction term per block, then each (row, token, block) is an integer dot:
@@ -806,18 +817,20 @@ INLINE void pf_step(const mm_job *j, pf_stream *a, int64_t r1, int64_t step) {
  *   - the nibbles go in pairs of blocks (i, i + 4) per ymm, lane 0 block i, lane 1 block i + 4: `lo` holds their
  *     elements 0-15, `hi` 16-31 (Q5_*: plus 16 where the qh bit is set; MXFP4: its doubled levels + MXFP4_OFF,
  *     0..24), and the activations are stored in that order (quantize_token);
- *   - maddubs(lo, x) + maddubs(hi, x) per pair (int16, 4 products per lane), then horizontal adds fold the 4
- *     pairs into one int32 vector whose lane k is block k's whole dot: exact, since the int16 partial sums stay
- *     small (nibbles <= 15: up to 16 products per int16 lane, |sum| <= 16 * 15 * 127; nibbles <= 31 (Q5_*,
- *     MXFP4): 8 products, then madd to int32);
+ *   - maddubs(lo, x) + maddubs(hi, x) per pair (int16, 4 products per lane), then integer folds (g8_tree) make
+ *     one int32 vector whose lane k is block k's whole dot: exact, since the int16 partial sums stay small
+ *     (nibbles <= 15: horizontal adds up to 16 products per int16 lane, |sum| <= 16 * 15 * 127; nibbles <= 31
+ *     (Q5_*, MXFP4): madd to int32 at 4 products, then a transpose-add);
  *   - + the blocks' correction -off * sum(x) (int32, from xc), one convert, and one FMA by d_w * d_x (8 lanes),
  *     then Q4_1/Q5_1's + m_w * s_x (one more FMA), per group, into one 8-lane accumulator per (row, token),
  *     reduced once at the end (hsum8).
  * A row whose block count is not a multiple of 8 ends with a group copied into a zeroed buffer (zero weights and
- * scales against the zero activations the padding holds: it adds exact zeros). Decode (g8_rows) streams its
- * rows one after another with software prefetch; prefill (g8_tile) unpacks a row's group once for up to G8_TP
+ * scales against the zero activations the padding holds: it adds exact zeros). Decode (g8_rows) walks its
+ * rows two at a time (sharing the activation loads) with software prefetch; prefill (g8_tile) unpacks a row's group once for up to G8_TP
  * tokens. Both call g8_acc for every (row, token, group) in the same order, so decode, prefill, gathers and any
- * thread count give the same bits. Q8_0 and IQ4_NL (signed 8-bit levels) keep the generic tiles. */
+ * thread count give the same bits. IQ4_NL (signed 8-bit levels) takes the groups with one block per ymm
+ * (maddubs(|w|, x * sign(w)), madd, an 8 x 8 transpose-add: g8_s*); Q8_0 could too (prefill measured +25%,
+ * decode the same) but keeps the generic tiles for the llama.cpp agreement, see kind_g8. */
 #if defined(MM_AVX2)
 #define GB 8
 #define G8_TP 8          /* prefill tokens per tile, at most (see g8_tp) */
