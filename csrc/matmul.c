@@ -8,7 +8,18 @@
  *     nibble pairs, its fifth bits made a byte mask with one shuffle + one test. Q4_0: quads of four blocks
  *     (tile_quad): 64 nibbles of 4 blocks per zmm, 4 int32 lanes per block after two dpbusd, so one convert
  *     and one FMA per 4 blocks; Q4_1, Q5_1, MXFP4 and (VNNI) IQ4_NL use the same quads (see kind_quad).
- *   - AVX2 + FMA + F16C: 8 float lanes, scalar column tail; one block per ymm.
+ *   - AVX2 + FMA + F16C: 8 float lanes, scalar column tail. Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL and MXFP4 go in groups
+ *     of 8 blocks (g8_* below): the 8 f16 scales by overlapping loads + word blends and one conversion,
+ *     maddubs on block pairs, integer horizontal folds to one exact int32 dot per block, then per group one
+ *     convert and one FMA by d_w * d_x (8 lanes) per (row, token); decode two rows at a time with software
+ *     prefetch, prefill one row against 4 (Q4_0/Q4_1) or 8 tokens. Q8_0 keeps the generic tiles (one block
+ *     per ymm, RD = 4 rows for decode, RP = 2 x TP = 4 for prefill): their f32 order is llama.cpp's AVX2 one
+ *     and the real-model agreement test pins it. Measured on a 2-core AMD EPYC (Zen 3 class, AVX2, no AVX-512
+ *     or VNNI, ~1.6-1.8 GHz, read probe 24-32 GB/s, another job sharing the cores, so noisy): one thread in
+ *     L2 (bench_matvec_hot) Q4_0 10.5 -> 18.3 GB/s, Q5_0 9.5 -> 13.6, Q4_1 11.0 -> 15.5, Q5_1 9.7 -> 13.1,
+ *     IQ4_NL 8.7 -> 10.4, MXFP4 8.5 -> 14.5 (the first numbers are the generic tiles with a scalar activation
+ *     quantization); prefill (bench_prefill_ab, 1 thread) 1.3-2.5x, e.g. Q4_0 25 -> 55 GMAC/s, Q5_0 26 -> 43.
+ *     The Q8_0 activation quantization is vectorized (quantize_block, same arithmetic as the scalar one).
  *   - scalar: everything else (PI_NATIVE=0).
  * Block types: the activations are quantized once per call to Q8_0 (d = f16(amax / 127)) in the pool's
  * scratch, with an integer correction term per block, then each (row, token, block) is an integer dot:
@@ -781,7 +792,7 @@ static void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
  * The row decoders below walk their rows one after another and prefetch `dist` bytes ahead in the sequence of
  * those rows laid end to end: for a dense matrix that is plain address + dist; for gathered rows (matmul_rows)
  * it crosses into the next selected rows, so scattered rows are requested before they are reached as well. */
-#if defined(MM_AVX512)
+#if defined(MM_AVX512) || defined(MM_AVX2)
 typedef struct { int64_t r, off; } pf_stream;
 INLINE pf_stream pf_start(const mm_job *j, int64_t r, int64_t dist) {
     pf_stream a = {r + dist / j->row_bytes, dist % j->row_bytes};
@@ -793,6 +804,349 @@ INLINE void pf_step(const mm_job *j, pf_stream *a, int64_t r1, int64_t step) {
     if (a->off >= j->row_bytes) {
         a->off -= j->row_bytes;
         a->r++;
+    }
+}
+#endif
+
+/* ==== AVX2: groups of 8 blocks =================================================================================
+ * Without AVX-512 the per-block work of the generic tiles (a scalar f16 conversion and broadcast of the weight
+ * scale, a convert and an FMA for every block) made decode compute-bound at ~6-7 GB/s per thread for Q4_0/Q5_0.
+ * Here the unit of work is a group of GB = 8 consecutive blocks of a row:
+ *   - the 8 f16 scales d (and Q4_1/Q5_1's m) come out of 8 overlapping 16-byte loads, the k-th taken at
+ *     k * (size - 2) bytes so that block k's field is its word k, merged by 7 word blends: one conversion;
+ *   - the nibbles go in pairs of blocks (i, i + 4) per ymm, lane 0 block i, lane 1 block i + 4: `lo` holds their
+ *     elements 0-15, `hi` 16-31 (Q5_*: plus 16 where the qh bit is set; MXFP4: its doubled levels + MXFP4_OFF,
+ *     0..24), and the activations are stored in that order (quantize_token);
+ *   - maddubs(lo, x) + maddubs(hi, x) per pair (int16, 4 products per lane), then integer folds (g8_tree) make
+ *     one int32 vector whose lane k is block k's whole dot: exact, since the int16 partial sums stay small
+ *     (nibbles <= 15: horizontal adds up to 16 products per int16 lane, |sum| <= 16 * 15 * 127; nibbles <= 31
+ *     (Q5_*, MXFP4): madd to int32 at 4 products, then a transpose-add);
+ *   - + the blocks' correction -off * sum(x) (int32, from xc), one convert, and one FMA by d_w * d_x (8 lanes),
+ *     then Q4_1/Q5_1's + m_w * s_x (one more FMA), per group, into one 8-lane accumulator per (row, token),
+ *     reduced once at the end (hsum8).
+ * A row whose block count is not a multiple of 8 ends with a group copied into a zeroed buffer (zero weights and
+ * scales against the zero activations the padding holds: it adds exact zeros). Decode (g8_rows) walks its
+ * rows two at a time (sharing the activation loads) with software prefetch; prefill (g8_tile) unpacks a row's group once for up to G8_TP
+ * tokens. Both call g8_acc for every (row, token, group) in the same order, so decode, prefill, gathers and any
+ * thread count give the same bits. IQ4_NL (signed 8-bit levels) takes the groups with one block per ymm
+ * (maddubs(|w|, x * sign(w)), madd, an 8 x 8 transpose-add: g8_s*); Q8_0 could too (prefill measured +25%,
+ * decode the same) but keeps the generic tiles for the llama.cpp agreement, see kind_g8. */
+#if defined(MM_AVX2)
+#define GB 8
+#define G8_TP 8          /* prefill tokens per tile, at most (see g8_tp) */
+#define G8_PF_DIST 4096  /* decode: bytes ahead in the row stream */
+#define G8_AHEAD 4       /* scattered gathers: the row this many places later is prefetched at this row's offset */
+#ifndef MXFP4_OFF
+#define MXFP4_OFF 12
+#endif
+/* Q8_0 keeps the generic tiles: their f32 order (8 lanes of partial block dots times the scale, one reduction at
+ * the end) is llama.cpp's AVX2 one, and the top-1 agreement with llama.cpp on the real model
+ * (tests/test_real_model.py) fell below its bound with the groups' whole-block order (92.6% against 93.5%) */
+INLINE int kind_g8(int kind) { return kind != K_Q8; }
+INLINE int kind_signed(int kind) { return kind == K_Q8 || kind == K_IQ4NL; } /* signed 8-bit levels, natural order */
+INLINE int kind_g8_16(int kind) { return kind == K_Q4 || kind == K_Q41; } /* nibbles <= 15: 16-product int16 sums */
+/* prefill tokens per tile: one row's group is unpacked once per tile. Q5_0/Q5_1/MXFP4 (dearer to unpack) take 8
+ * (measured +14% over 4, Q5_0 4096 x 4096, one thread); Q4_0/Q4_1 4 (8 measured -18%: register spills) */
+INLINE int g8_tp(int kind) { return kind_g8_16(kind) ? 4 : 8; }
+INLINE int kind_corr(int kind) { return kind == K_Q4 || kind == K_Q5 || kind == K_MXFP4; }
+
+typedef struct { __m256i lo[4], hi[4]; __m256 d, m; } wg8;
+
+/* the f16 fields at p + k * S, k = 0..7, as 8 words: the k-th of 8 overlapping 16-byte loads, taken at
+ * k * (S - 2), holds block k's field as its word k; 7 word blends merge them */
+INLINE __m128i g8_words(const uint8_t *p, const int64_t S) {
+    const int64_t step = S - 2;
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
+    v = _mm_blend_epi16(v, _mm_loadu_si128((const __m128i *)(p + 1 * step)), 0x02);
+    v = _mm_blend_epi16(v, _mm_loadu_si128((const __m128i *)(p + 2 * step)), 0x04);
+    v = _mm_blend_epi16(v, _mm_loadu_si128((const __m128i *)(p + 3 * step)), 0x08);
+    v = _mm_blend_epi16(v, _mm_loadu_si128((const __m128i *)(p + 4 * step)), 0x10);
+    v = _mm_blend_epi16(v, _mm_loadu_si128((const __m128i *)(p + 5 * step)), 0x20);
+    v = _mm_blend_epi16(v, _mm_loadu_si128((const __m128i *)(p + 6 * step)), 0x40);
+    return _mm_blend_epi16(v, _mm_loadu_si128((const __m128i *)(p + 7 * step)), 0x80);
+}
+/* MXFP4: the 8 E8M0 bytes (block k's at 17k) as pi_e8m0_half, bit for bit */
+INLINE __m256 g8_e8m0(const uint8_t *p) {
+    uint64_t u = 0;
+    for (int k = 0; k < GB; k++) u |= (uint64_t)p[17 * k] << (8 * k);
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)u));
+    const __m256i norm = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e); /* e = 0, 1: subnormal */
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(norm, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+}
+
+/* pair i (blocks i, i + 4) of the group at p: lo = elements 0-15, hi = 16-31 as unsigned bytes */
+INLINE void g8_pair(__m256i *lo_out, __m256i *hi_out, const uint8_t *p, const int i, const int kind) {
+    const int64_t S = kind_size(kind);
+    const int qo = kind_qs(kind), ho = kind_qh(kind);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i v = _mm256_loadu2_m128i((const __m128i *)(p + (i + 4) * S + qo), (const __m128i *)(p + i * S + qo));
+    __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    if (ho >= 0) {
+        /* byte e of lo gets qh bit e (qh byte e / 8), of hi bit 16 + e; lane 0 from block i, lane 1 from i + 4 */
+        const __m256i h = _mm256_loadu2_m128i((const __m128i *)(p + (i + 4) * S + ho), (const __m128i *)(p + i * S + ho));
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL), b16 = _mm256_set1_epi8(16);
+        __m256i hl = _mm256_shuffle_epi8(h, _mm256_setr_epi64x(0, 0x0101010101010101LL, 0, 0x0101010101010101LL));
+        __m256i hh = _mm256_shuffle_epi8(h, _mm256_setr_epi64x(0x0202020202020202LL, 0x0303030303030303LL,
+                                                               0x0202020202020202LL, 0x0303030303030303LL));
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hl, bit), bit), b16));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hh, bit), bit), b16));
+    }
+    if (kind == K_MXFP4) {
+        const __m256i tab = _mm256_add_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)pi_mxfp4_values)),
+                                            _mm256_set1_epi8(MXFP4_OFF));
+        lo = _mm256_shuffle_epi8(tab, lo);
+        hi = _mm256_shuffle_epi8(tab, hi);
+    }
+    *lo_out = lo;
+    *hi_out = hi;
+}
+/* the group's 8 weight scales d (and Q4_1/Q5_1's m) as f32 */
+INLINE void g8_scales(wg8 *w, const uint8_t *p, const int kind) {
+    const int64_t S = kind_size(kind);
+    w->d = kind == K_MXFP4 ? g8_e8m0(p) : _mm256_cvtph_ps(g8_words(p, S));
+    w->m = kind_min(kind) ? _mm256_cvtph_ps(g8_words(p + 2, S)) : _mm256_setzero_ps();
+}
+/* Q8_0 / IQ4_NL: block k's 32 signed levels (IQ4_NL: its nibbles through the table), elements in order */
+INLINE __m256i g8_sload(const uint8_t *p, const int k, const int kind) {
+    if (kind == K_Q8) return _mm256_loadu_si256((const __m256i *)(p + k * (int64_t)sizeof(block_q8_0) + 2));
+    const __m128i q = _mm_loadu_si128((const __m128i *)(p + k * (int64_t)sizeof(block_iq4_nl) + 2));
+    const __m256i z = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)pi_iq4nl_values)), z);
+}
+/* one signed block against its 32 activations: maddubs(|z|, x * sign(z)) (pairs <= 2 * 128 * 127), madd: int32 x 8 */
+INLINE __m256i g8_sblock(__m256i z, const int8_t *x) {
+    const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(z, z), _mm256_sign_epi8(xv, z)), _mm256_set1_epi16(1));
+}
+/* 8 blocks' int32 x 8 -> lane k = block k's dot: 4 x 4 transpose-adds per 128-bit lane (lane 0 elements 0-15,
+ * lane 1 16-31), then the two lanes added across */
+INLINE __m256i g8_stree(const __m256i *E) {
+    __m256i s[4], F[2];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        s[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(E[2 * i], E[2 * i + 1]), _mm256_unpackhi_epi32(E[2 * i], E[2 * i + 1]));
+    F[0] = _mm256_add_epi32(_mm256_unpacklo_epi64(s[0], s[1]), _mm256_unpackhi_epi64(s[0], s[1]));
+    F[1] = _mm256_add_epi32(_mm256_unpacklo_epi64(s[2], s[3]), _mm256_unpackhi_epi64(s[2], s[3]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(F[0], F[1], 0x20), _mm256_permute2x128_si256(F[0], F[1], 0x31));
+}
+/* a signed group's dot straight from the row bytes (decode) */
+INLINE __m256i g8_sdot(const uint8_t *p, const int8_t *x, const int kind) {
+    __m256i E[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) E[k] = g8_sblock(g8_sload(p, k, kind), x + 32 * k);
+    return g8_stree(E);
+}
+/* unpack the group of 8 blocks at p (signed kinds: block k's levels in lo[k], k < 4, and hi[k - 4]) */
+INLINE void g8_load(wg8 *w, const uint8_t *p, const int kind) {
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        if (kind_signed(kind)) {
+            w->lo[i] = g8_sload(p, i, kind);
+            w->hi[i] = g8_sload(p, i + 4, kind);
+        } else
+            g8_pair(&w->lo[i], &w->hi[i], p, i, kind);
+    }
+    g8_scales(w, p, kind);
+}
+/* one pair's products with the activations x of the group (pair order): int16, 4 products per lane */
+INLINE __m256i g8_pdot(__m256i lo, __m256i hi, const int8_t *x, const int i) {
+    return _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(x + 64 * i))),
+                            _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 64 * i + 32))));
+}
+/* the 4 pairs' int16 products -> int32 lane k = block k's dot, plus the correction (kinds with one).
+ * Nibbles <= 15 (Q4_0, Q4_1): horizontal adds, exact in int16 up to 16 products (hadd(P0, P1): lane 0 [block 0
+ * x 4, block 1 x 4], lane 1 [4 x 4, 5 x 4]; hadd(P2, P3) the same for 2, 3, 6, 7; one more hadd, then madd).
+ * Nibbles <= 31 (Q5_0, Q5_1, MXFP4): one madd per pair to int32 first, then a 4 x 4 transpose-add (unpacks and
+ * adds, measured a little faster here than the hadd tree with a madd in its middle). */
+INLINE __m256i g8_tree(const __m256i *P, const mm_job *j, int64_t o, const int kind) {
+    if (kind_g8_16(kind)) { /* Q4_0, Q4_1: int16 to 16 products (|sum| <= 16 * 15 * 127), then madd */
+        const __m256i A = _mm256_hadd_epi16(P[0], P[1]), B = _mm256_hadd_epi16(P[2], P[3]);
+        __m256i d = _mm256_madd_epi16(_mm256_hadd_epi16(A, B), _mm256_set1_epi16(1));
+        if (kind_corr(kind)) d = _mm256_add_epi32(d, _mm256_loadu_si256((const __m256i *)(j->xc + o)));
+        return d;
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i M0 = _mm256_madd_epi16(P[0], ones), M1 = _mm256_madd_epi16(P[1], ones);
+    const __m256i M2 = _mm256_madd_epi16(P[2], ones), M3 = _mm256_madd_epi16(P[3], ones);
+    const __m256i s01 = _mm256_add_epi32(_mm256_unpacklo_epi32(M0, M1), _mm256_unpackhi_epi32(M0, M1));
+    const __m256i s23 = _mm256_add_epi32(_mm256_unpacklo_epi32(M2, M3), _mm256_unpackhi_epi32(M2, M3));
+    __m256i d = _mm256_add_epi32(_mm256_unpacklo_epi64(s01, s23), _mm256_unpackhi_epi64(s01, s23));
+    if (kind_corr(kind)) d = _mm256_add_epi32(d, _mm256_loadu_si256((const __m256i *)(j->xc + o)));
+    return d;
+}
+/* acc + the group's block dots d (token offset o = t * nbp + b): the one float operation order */
+INLINE __m256 g8_fin(const mm_job *j, const wg8 *w, __m256i d, int64_t o, __m256 acc, const int kind) {
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(w->d, _mm256_loadu_ps(j->xd + o)), acc);
+    if (kind_min(kind)) acc = _mm256_fmadd_ps(w->m, _mm256_loadu_ps(j->xs + o), acc);
+    return acc;
+}
+
+/* acc + the group (blocks b..b+7 of the token at offset o = t * nbp + b) */
+INLINE __m256 g8_acc(const mm_job *j, const wg8 *w, int64_t o, __m256 acc, const int kind) {
+    if (kind_signed(kind)) {
+        __m256i E[8];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            E[i] = g8_sblock(w->lo[i], j->xq + o * QK + 32 * i);
+            E[i + 4] = g8_sblock(w->hi[i], j->xq + o * QK + 32 * (i + 4));
+        }
+        return g8_fin(j, w, g8_stree(E), o, acc, kind);
+    }
+    __m256i P[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) P[i] = g8_pdot(w->lo[i], w->hi[i], j->xq + o * QK, i);
+    return g8_fin(j, w, g8_tree(P, j, o, kind), o, acc, kind);
+}
+
+/* the last 1-7 blocks of a row as a zero-padded group in buf */
+INLINE const uint8_t *g8_tail(uint8_t *buf, const uint8_t *row, int64_t ng, int64_t nb, const int kind) {
+    const int64_t S = kind_size(kind);
+    memset(buf, 0, (size_t)(GB * S));
+    memcpy(buf, row + ng * S, (size_t)((nb - ng) * S));
+    return buf;
+}
+
+/* decode: rows r0..r1, one token, two rows at a time (they share the activation loads; each row's arithmetic is
+ * g8_acc's). Prefetch: dense or neighbouring rows (j->stream) G8_PF_DIST / 2 bytes ahead in both rows, past the
+ * rows' end into the next two; scattered gathers the rows G8_AHEAD places on, at the current offset. */
+INLINE void g8_rows(const mm_job *j, int64_t r0, int64_t r1, const int kind) {
+    const int64_t S = kind_size(kind), nb = j->n_cols / QK, ng = nb / GB * GB, rb = j->row_bytes;
+    int64_t r = r0;
+    for (; r + 2 <= r1; r += 2) {
+        const uint8_t *row0 = mm_row(j, r), *row1 = mm_row(j, r + 1);
+        const int gather = !j->stream && r + G8_AHEAD + 1 < r1;
+        const uint8_t *ahead0 = gather ? mm_row(j, r + G8_AHEAD) : NULL, *ahead1 = gather ? mm_row(j, r + G8_AHEAD + 1) : NULL;
+        int64_t pr = r + (G8_PF_DIST / 2) / rb * 2, po = (G8_PF_DIST / 2) % rb, issued = 0;
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+        for (int64_t b = 0; b < ng; b += GB) {
+            if (gather) {
+                for (int64_t o = 0; o < GB * S; o += 64) {
+                    _mm_prefetch((const char *)ahead0 + b * S + o, _MM_HINT_T0);
+                    _mm_prefetch((const char *)ahead1 + b * S + o, _MM_HINT_T0);
+                }
+            } else if (j->stream) {
+                for (; issued < (b + GB) * S; issued += 64) {
+                    if (pr + 1 < r1) {
+                        _mm_prefetch((const char *)mm_row(j, pr) + po, _MM_HINT_T0);
+                        _mm_prefetch((const char *)mm_row(j, pr + 1) + po, _MM_HINT_T0);
+                    }
+                    po += 64;
+                    if (po >= rb) {
+                        po -= rb;
+                        pr += 2;
+                    }
+                }
+            }
+            const int8_t *x = j->xq + b * QK;
+            __m256i D0, D1;
+            if (kind_signed(kind)) {
+                D0 = g8_sdot(row0 + b * S, x, kind);
+                D1 = g8_sdot(row1 + b * S, x, kind);
+            } else {
+                __m256i P0[4], P1[4];
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) {
+                    __m256i lo, hi;
+                    g8_pair(&lo, &hi, row0 + b * S, i, kind);
+                    P0[i] = g8_pdot(lo, hi, x, i);
+                    g8_pair(&lo, &hi, row1 + b * S, i, kind);
+                    P1[i] = g8_pdot(lo, hi, x, i);
+                }
+                D0 = g8_tree(P0, j, b, kind);
+                D1 = g8_tree(P1, j, b, kind);
+            }
+            wg8 w0, w1;
+            g8_scales(&w0, row0 + b * S, kind);
+            g8_scales(&w1, row1 + b * S, kind);
+            acc0 = g8_fin(j, &w0, D0, b, acc0, kind);
+            acc1 = g8_fin(j, &w1, D1, b, acc1, kind);
+        }
+        if (ng < nb) {
+            uint8_t buf[GB * 34];
+            wg8 w;
+            g8_load(&w, g8_tail(buf, row0, ng, nb, kind), kind);
+            acc0 = g8_acc(j, &w, ng, acc0, kind);
+            g8_load(&w, g8_tail(buf, row1, ng, nb, kind), kind);
+            acc1 = g8_acc(j, &w, ng, acc1, kind);
+        }
+        j->y[r] = hsum8(acc0);
+        j->y[r + 1] = hsum8(acc1);
+    }
+    for (; r < r1; r++) { /* a last odd row */
+        const uint8_t *row = mm_row(j, r);
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < ng; b += GB) {
+            wg8 w;
+            g8_load(&w, row + b * S, kind);
+            acc = g8_acc(j, &w, b, acc, kind);
+        }
+        if (ng < nb) {
+            uint8_t buf[GB * 34];
+            wg8 w;
+            g8_load(&w, g8_tail(buf, row, ng, nb, kind), kind);
+            acc = g8_acc(j, &w, ng, acc, kind);
+        }
+        j->y[r] = hsum8(acc);
+    }
+}
+
+/* prefill: row r against tokens t0..t0+T-1 */
+INLINE void g8_tile(const mm_job *j, int64_t r, int64_t t0, const int T, const int kind) {
+    const int64_t S = kind_size(kind), nb = j->n_cols / QK, ng = nb / GB * GB;
+    const uint8_t *row = mm_row(j, r);
+    __m256 acc[G8_TP];
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < ng; b += GB) {
+        wg8 w;
+        g8_load(&w, row + b * S, kind);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) acc[t] = g8_acc(j, &w, (t0 + t) * j->nbp + b, acc[t], kind);
+    }
+    if (ng < nb) {
+        uint8_t buf[GB * 34];
+        wg8 w;
+        g8_load(&w, g8_tail(buf, row, ng, nb, kind), kind);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) acc[t] = g8_acc(j, &w, (t0 + t) * j->nbp + ng, acc[t], kind);
+    }
+    for (int t = 0; t < T; t++) j->y[(t0 + t) * j->n_rows + r] = hsum8(acc[t]);
+}
+
+INLINE void g8_chunk_kind(const mm_job *j, int64_t r_beg, int64_t r_end, const int kind) {
+    if (j->n_tok == 1) {
+        g8_rows(j, r_beg, r_end, kind);
+        return;
+    }
+    for (int64_t tb = 0; tb < j->n_tok; tb += TOK_BLOCK) {
+        const int64_t te = tb + TOK_BLOCK < j->n_tok ? tb + TOK_BLOCK : j->n_tok;
+        for (int64_t rb = r_beg; rb < r_end; rb += ROW_BLOCK) {
+            const int64_t re = rb + ROW_BLOCK < r_end ? rb + ROW_BLOCK : r_end;
+            int64_t t = tb;
+            if (g8_tp(kind) == 8)
+                for (; t + 8 <= te; t += 8)
+                    for (int64_t r = rb; r < re; r++) g8_tile(j, r, t, 8, kind);
+            for (; t + 4 <= te; t += 4)
+                for (int64_t r = rb; r < re; r++) g8_tile(j, r, t, 4, kind);
+            switch (te - t) {
+            case 3: for (int64_t r = rb; r < re; r++) g8_tile(j, r, t, 3, kind); break;
+            case 2: for (int64_t r = rb; r < re; r++) g8_tile(j, r, t, 2, kind); break;
+            case 1: for (int64_t r = rb; r < re; r++) g8_tile(j, r, t, 1, kind); break;
+            default: break;
+            }
+        }
+    }
+}
+/* the rows r_beg..r_end of a chunk for the group kinds; 0 if j's type is not one */
+static int g8_chunk(const mm_job *j, int64_t r_beg, int64_t r_end) {
+    switch (j->type) {
+    case PI_Q4_0: g8_chunk_kind(j, r_beg, r_end, K_Q4); return 1;
+    case PI_Q5_0: g8_chunk_kind(j, r_beg, r_end, K_Q5); return 1;
+    case PI_Q4_1: g8_chunk_kind(j, r_beg, r_end, K_Q41); return 1;
+    case PI_Q5_1: g8_chunk_kind(j, r_beg, r_end, K_Q51); return 1;
+    case PI_MXFP4: g8_chunk_kind(j, r_beg, r_end, K_MXFP4); return 1;
+    case PI_IQ4_NL: g8_chunk_kind(j, r_beg, r_end, K_IQ4NL); return 1;
+    default: return 0;
     }
 }
 #endif
@@ -990,6 +1344,9 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
     const mm_job *j = ctx;
     const int64_t r_beg = chunk * j->rows_per_chunk;
     const int64_t r_end = r_beg + j->rows_per_chunk < j->n_rows ? r_beg + j->rows_per_chunk : j->n_rows;
+#if defined(MM_AVX2)
+    if (g8_chunk(j, r_beg, r_end)) return;
+#endif
     if (j->n_tok == 1) {
         int64_t r = r_beg;
 #if defined(Q4_ROW_DECODE)
@@ -1091,6 +1448,41 @@ static float quantize_block(const float *x, int8_t *q, int32_t *sum, float *draw
     _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(qb));
     return f16_round(d);
 }
+#elif defined(MM_AVX2)
+INLINE __m256i round_away8(__m256 v) { /* as round_away: trunc, then +-1 where |frac| >= 0.5 */
+    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC), f = _mm256_sub_ps(v, t);
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 up = _mm256_and_ps(_mm256_cmp_ps(f, _mm256_set1_ps(0.5f), _CMP_GE_OQ), one);
+    const __m256 dn = _mm256_and_ps(_mm256_cmp_ps(f, _mm256_set1_ps(-0.5f), _CMP_LE_OQ), one);
+    return _mm256_cvttps_epi32(_mm256_sub_ps(_mm256_add_ps(t, up), dn));
+}
+
+static float quantize_block(const float *x, int8_t *q, int32_t *sum, float *draw) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v[4], m;
+    for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(x + 8 * i);
+    m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                      _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    *draw = d;
+    const __m256 vid = _mm256_set1_ps(id);
+    __m256i qi[4];
+    for (int i = 0; i < 4; i++) qi[i] = round_away8(_mm256_mul_ps(v[i], vid));
+    /* |q| <= 127: the packs do not saturate; packs work per 128-bit lane, the permute restores element order */
+    const __m256i s01 = _mm256_packs_epi32(qi[0], qi[1]), s23 = _mm256_packs_epi32(qi[2], qi[3]);
+    const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(s01, s23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, b);
+    __m256i s = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    *sum = _mm_cvtsi128_si32(s4);
+    return f16_round(d);
+}
 #else
 static float quantize_block(const float *x, int8_t *q, int32_t *sum, float *draw) {
     float amax = 0.0f;
@@ -1117,8 +1509,8 @@ static void quantize_token(void *ctx, int64_t t, int thread_id) {
     int32_t *xc = (int32_t *)j->xc + t * j->nbp;
     float *xs = (float *)j->xs + t * j->nbp;
     const int kind = type_kind(j->type);
-#if defined(MM_AVX512)
-    const int32_t corr_mx = MXFP4_OFF; /* the quads' unsigned MXFP4 levels */
+#if defined(MM_AVX512) || defined(MM_AVX2)
+    const int32_t corr_mx = MXFP4_OFF; /* the quads' (AVX2: the groups') unsigned MXFP4 levels */
 #else
     const int32_t corr_mx = Q8_CORR; /* signed levels as Q8_0's */
 #endif
@@ -1139,6 +1531,13 @@ static void quantize_token(void *ctx, int64_t t, int thread_id) {
             memcpy(xq + (b & ~1) * QK + 32 + 16 * (b & 1), q + 16, 16);
         } else
             memcpy(xq + b * QK, q, QK);
+#elif defined(MM_AVX2)
+        if (kind_g8(kind) && !kind_signed(kind)) { /* group order: pair i (blocks i, i + 4) at 64 i: [b_i 0..15 | b_i+4 0..15 | b_i 16..31 | b_i+4 16..31] */
+            const int64_t k = b & 7, at = (b & ~7) * QK + 64 * (k & 3) + 16 * (k >> 2);
+            memcpy(xq + at, q, 16);
+            memcpy(xq + at + 32, q + 16, 16);
+        } else
+            memcpy(xq + b * QK, q, QK);
 #else
         memcpy(xq + b * QK, q, QK);
 #endif
@@ -1153,6 +1552,8 @@ static void mm_quantize(pi_pool *pool, mm_job *j) {
     int64_t per = BPV; /* blocks per vector step */
 #if defined(MM_AVX512)
     if (kind_quad(type_kind(j->type))) per = QB;
+#elif defined(MM_AVX2)
+    if (kind_g8(type_kind(j->type))) per = GB;
 #endif
     j->nbp = (nb + per - 1) / per * per;
     const size_t nq = (size_t)(j->n_tok * j->nbp);

@@ -54,7 +54,28 @@
  *     sharing each activation load (8 tokens: register spills,
  *     0.87-0.95x with the sums in registers, 1.00x with them in memory); 12 or 16 tokens per tile (0.85x, 0.97x); d_x * d as a broadcast multiply from memory
  *     instead of the permute (0.96-1.01x).
- *   - scalar: everything else (AVX2-only machines included).
+ *   - AVX2 (+ FMA + F16C, no AVX-512; matmul_k_avx2.h), Q4_K, Q5_K, Q6_K, Q2_K, Q3_K and IQ4_XS: the same
+ *     integers with 32 weights per ymm: each super-block is unpacked once into 8 ymm of weights (unsigned, in
+ *     the activations' order) and 8 ymm of scale words, then per token 8 maddubs, 8 madd with the scale words,
+ *     one convert and one FMA into 8 f32 lanes, the mins (Q4_K/Q5_K/Q2_K) one madd of the bsums, one convert
+ *     and one FMA; Q6_K and IQ4_XS keep signed weights and move their signs onto the activations (psignb), so
+ *     Q6_K's -32 needs no bsums term; Q3_K's -4 is one bsums madd. Decode (k2_dot) runs one row whole; prefill
+ *     (n_tok > 1) takes each row against tiles of K2_TILE = 4 tokens, TOK_BLOCK tokens per pass over the row,
+ *     each super-block unpacked once per tile (1.2-1.9x calling the decode dot per token; tiles of 2 or 8
+ *     tokens were slower, and spans of 8 super-blocks over blocks of 16 rows, as AVX-512 does, 0.7-1.1x).
+ *     This 2-core AMD EPYC (AVX2, no AVX-512), another job sharing the cores, medians:
+ *       bench_matvec_hot (1 thread, weights in cache): Q4_K 2.1 -> 16.1-16.7 GB/s, Q5_K 2.1 -> 15.0,
+ *         Q6_K 2.4 -> 15.6 (19.4 with the -32 via bsums, see matmul_k_avx2.h for why not), Q2_K 0.6 -> 8-9.5,
+ *         Q3_K 0.7 -> 7-8.7, IQ4_XS 0.6 -> 10.2;
+ *       bench_kernels --threads 2 (4096 x 11008 / 11008 x 4096): mat-vec Q4_K 17-19 GB/s, Q5_K 17-19,
+ *         Q6_K 14-16 (60-73% of a 26.5 GB/s read probe; Q8_0 in the same run 87-92%; scalar before: 2.8-3.7
+ *         GB/s), prefill 64 tokens 97-136 GFLOP/s (scalar before: 6-12; Q8_0 78-88 in the same run);
+ *       bench_prefill_ab 4096 x 11008, 64 tokens, CPU-time GMAC/s per thread count 1 / 2: Q4_K 2.7 -> 30 /
+ *         5.2 -> 45, Q5_K 2.5 -> 29 / 5.3 -> 70, Q6_K 1.9 -> 29 / 4.2 -> 49;
+ *       powerinfer_cli bench -m demo -t 2 (Gemma 3 270M Q4_K_M): prompt 102 -> 250-284 tok/s, decode
+ *         39 -> 49-52 tok/s (llama.cpp in the same runs 308-319 / 46-51).
+ *     The other K-quant-family types (the IQ2 / IQ3 / IQ1 I-quants) stay scalar on AVX2.
+ *   - scalar: everything else.
  * Each (row, token) sum sees the same instructions in the same order whether it is computed alone (decode,
  * k_dot), in a tile, or in several spans (the running sums go to memory between spans and come back
  * unchanged), by whichever thread, so results are bit-identical across runs, thread counts, decode/prefill
@@ -65,10 +86,12 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
 #define MK_AVX512 1
 #include <immintrin.h>
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define MK_AVX2 1 /* Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS: matmul_k_avx2.h; the I-quants scalar */
 #endif
 
 #define ROW_BLOCK 16 /* rows per chunk granule */
-#define TOK_BLOCK 16 /* scalar: tokens per pass over a row (its super-blocks stay in L1) */
+#define TOK_BLOCK 16 /* scalar and AVX2: tokens per pass over a row (its super-blocks stay in L1) */
 #ifndef KT
 #define KT 8
 #endif
@@ -592,7 +615,21 @@ static float kacc_sum(int type, const kacc *a, int t) {
 #include "matmul_iq_tile.h" /* mk_rows_iq: I-quant prefill, each super-block unpacked once per IQ_GROUP tiles */
 
 #else
+#if defined(MK_AVX2)
+#include "matmul_k_avx2.h"
+#endif
 static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
+#if defined(MK_AVX2)
+    switch (type) {
+    case PI_Q4_K: return k2_dot(PI_Q4_K, row, x, n_sb);
+    case PI_Q5_K: return k2_dot(PI_Q5_K, row, x, n_sb);
+    case PI_Q6_K: return k2_dot(PI_Q6_K, row, x, n_sb);
+    case PI_Q2_K: return k2_dot(PI_Q2_K, row, x, n_sb);
+    case PI_Q3_K: return k2_dot(PI_Q3_K, row, x, n_sb);
+    case PI_IQ4_XS: return k2_dot(PI_IQ4_XS, row, x, n_sb);
+    default: break;
+    }
+#endif
     const int64_t size = pi_row_size(type, QK_K);
     float acc = 0.0f;
     for (int64_t i = 0; i < n_sb; i++, x++) {
@@ -776,8 +813,54 @@ static size_t iq_work_bytes(const pi_pool *pool, int type, int64_t n_tok) {
     return 0;
 }
 
+#if defined(MK_AVX2)
+/* Rows r_beg .. r_end - 1 of an AVX2 type (k2_type), the type a constant: one token each row whole (k2_dot), more
+ * tokens TOK_BLOCK at a time per row, in tiles of K2_TILE (the leftover tile smaller); a tile gives each
+ * (row, token) the operations of k2_dot, so the same bits */
+#define K2_ROWS_FN(name, TYPE)                                                                                 \
+    static void name(const mk_job *j, int64_t r_beg, int64_t r_end) {                                         \
+        if (j->n_tok == 1) {                                                                                  \
+            for (int64_t o = r_beg; o < r_end; o++) {                                                         \
+                if (j->sel && o + PF_ROWS < r_end) prefetch_row(j, j->sel[o + PF_ROWS]);                      \
+                j->y[o] = k2_dot(TYPE, j->w + (j->sel ? j->sel[o] : o) * j->row_bytes, j->xq, j->n_sb);        \
+            }                                                                                                 \
+            return;                                                                                           \
+        }                                                                                                     \
+        for (int64_t tb = 0; tb < j->n_tok; tb += TOK_BLOCK) {                                                \
+            const int64_t te = tb + TOK_BLOCK < j->n_tok ? tb + TOK_BLOCK : j->n_tok;                         \
+            for (int64_t o = r_beg; o < r_end; o++) {                                                         \
+                if (j->sel && o + PF_ROWS < r_end) prefetch_row(j, j->sel[o + PF_ROWS]);                      \
+                const uint8_t *row = j->w + (j->sel ? j->sel[o] : o) * j->row_bytes;                          \
+                int64_t t = tb;                                                                               \
+                for (; t + K2_TILE <= te; t += K2_TILE)                                                       \
+                    k2_tile(TYPE, row, j->xq + t * j->n_sb, j->n_sb, j->y + t * j->n_out + o, j->n_out, K2_TILE); \
+                if (t < te)                                                                                   \
+                    k2_tile(TYPE, row, j->xq + t * j->n_sb, j->n_sb, j->y + t * j->n_out + o, j->n_out,         \
+                            (int)(te - t));                                                                   \
+            }                                                                                                 \
+        }                                                                                                     \
+    }
+K2_ROWS_FN(rows2_q4k, PI_Q4_K)
+K2_ROWS_FN(rows2_q5k, PI_Q5_K)
+K2_ROWS_FN(rows2_q6k, PI_Q6_K)
+K2_ROWS_FN(rows2_q2k, PI_Q2_K)
+K2_ROWS_FN(rows2_q3k, PI_Q3_K)
+K2_ROWS_FN(rows2_iq4xs, PI_IQ4_XS)
+#endif
+
 static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end, int thread_id) {
     (void)thread_id;
+#if defined(MK_AVX2)
+    switch (j->type) {
+    case PI_Q4_K: rows2_q4k(j, r_beg, r_end); return;
+    case PI_Q5_K: rows2_q5k(j, r_beg, r_end); return;
+    case PI_Q6_K: rows2_q6k(j, r_beg, r_end); return;
+    case PI_Q2_K: rows2_q2k(j, r_beg, r_end); return;
+    case PI_Q3_K: rows2_q3k(j, r_beg, r_end); return;
+    case PI_IQ4_XS: rows2_iq4xs(j, r_beg, r_end); return;
+    default: break;
+    }
+#endif
     for (int64_t tb = 0; tb < j->n_tok; tb += TOK_BLOCK) {
         const int64_t te = tb + TOK_BLOCK < j->n_tok ? tb + TOK_BLOCK : j->n_tok;
         for (int64_t r = r_beg; r < r_end; r++) {

@@ -1,0 +1,304 @@
+/* matmul_k_avx2.h: AVX2 (+ FMA + F16C) dots of Q4_K, Q5_K, Q6_K, Q2_K, Q3_K and IQ4_XS rows with Q8_K
+ * activations, included by matmul_k.c where AVX-512 is missing (see the variants list at the top of matmul_k.c).
+ *
+ * A super-block is first unpacked into a k2sb: eight ymm of 32 weights z_k, each byte in the position of the
+ * activation byte q_x[32k + l] it multiplies, and eight ymm of scale words sw_k (the scale of each int16 pair
+ * sum of maddubs(z_k, q_x)). Then each token runs k2_token on it:
+ *   isum  = sum_k madd(maddubs(z_k, x_k), sw_k)                     8 int32 lanes, lane i: bytes 4i..4i+3 of
+ *                                                                   every chunk k; x_k = q_x[32k .. 32k + 31]
+ *   acc  += cvt(isum) * (d_x * d)                                   one FMA per super-block
+ *   accm += cvt(imin) * (d_x * dmin)                                Q4_K, Q5_K, Q2_K: the mins
+ *   y     = hsum(acc) - hsum(accm)
+ * Per type:
+ *   Q4_K/Q5_K: z unsigned 0..31; imin = madd(bsums, mins) (word j with the min of sub-block j / 2), its 8
+ *              lanes (lane j: sub-block j) pairwise added into 4 (lane i: sub-blocks 2i, 2i + 1), the upper 4 zero;
+ *   Q6_K:      the weights minus 32 kept signed (sg) with z = |q - 32| <= 32; each token's x_k takes sg's signs
+ *              (psignb; a zero weight gives 0), so the -32 offset sits in the same lanes as the products;
+ *   Q2_K:      z 0..3, imin = madd(bsums, mins) over the 16 groups (8 lanes);
+ *   Q3_K:      z 0..7, isum starts from -4 * madd(bsums, scales) (lanes by group pairs);
+ *   IQ4_XS:    z = |level| <= 127, x_k with the level's sign (pair sums <= 2 * 127 * 127: no saturation).
+ * The lane layouts of the Q4_K/Q5_K mins and of Q6_K's offset (products and offset in one int16 pair sum) were
+ * chosen to round like llama.cpp's AVX2 kernels as far as we know them: the integers are exact either way, but
+ * Gemma 3 270M's logits moved by ~0.1 between layouts and tests/test_real_model.py's "Water boils at a
+ * temperature of" sits on a three-way near-tie of llama.cpp (19.574 / 19.538 / 19.524): with the mins in 8
+ * lanes and the offset via bsums we picked its third token.
+ * Decode (k2_dot) and a prefill tile (k2_tile) call the same k2_unpack and k2_token, so every (row, token)
+ * gets the same float operations in the same order: the same bits whichever path, token count or thread
+ * computes it. maddubs cannot saturate (|z| <= 32 except IQ4_XS's <= 127, and |q_x| <= 127: pair sums
+ * <= 2 * 127 * 127), and the integer sums are exact, so only the f32 FMAs and the final sums fix the result. */
+#include <immintrin.h>
+
+#define K2_INLINE static inline __attribute__((always_inline))
+#ifndef K2_TILE
+#define K2_TILE 4 /* prefill: tokens per tile (a super-block is unpacked once per K2_TILE tokens) */
+#endif
+
+typedef struct {
+    __m256i z[8];  /* weights of activation bytes 32k .. 32k + 31, unsigned */
+    __m256i sw[8]; /* the scale of each int16 pair sum of maddubs(z[k], q_x), one per word */
+    __m256i m16;   /* the words paired with the 16 bsums: Q4_K/Q5_K the min of sub-block j / 2 for word j; Q2_K the
+                      16 mins; Q3_K the 16 signed scales (for the -4 offset term) */
+    __m256i sg[8]; /* IQ4_XS, Q6_K: the signed weights (z holds their magnitudes; each token's q_x takes their signs) */
+    float d, dmin;
+} k2sb;
+
+K2_INLINE int k2_type(const int type) {
+    return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q6_K || type == PI_Q2_K || type == PI_Q3_K ||
+           type == PI_IQ4_XS;
+}
+K2_INLINE int k2_has_min(const int type) { return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q2_K; }
+K2_INLINE int k2_signed(const int type) { return type == PI_IQ4_XS || type == PI_Q6_K; }
+K2_INLINE int k2_has_offset(const int type) { return type == PI_Q3_K; }
+
+/* Groups of 16 (Q6_K, Q2_K, Q3_K): chunk k of 32 weights holds groups 2k (low 128-bit lane of the maddubs
+ * words) and 2k + 1 (high lane), so sw[k] is scale 2k in the low lane's words and 2k + 1 in the high lane's;
+ * sc16: the 16 scales as words */
+K2_INLINE void k2_scales16(__m256i sc16, k2sb *s) {
+    const __m256i s_lo = _mm256_permute2x128_si256(sc16, sc16, 0x00); /* words 0..7 in both lanes */
+    const __m256i s_hi = _mm256_permute2x128_si256(sc16, sc16, 0x11); /* words 8..15 */
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        const int i = k % 4;
+        s->sw[k] = _mm256_shuffle_epi8(
+            k < 4 ? s_lo : s_hi,
+            _mm256_setr_epi8(4 * i, 4 * i + 1, 4 * i, 4 * i + 1, 4 * i, 4 * i + 1, 4 * i, 4 * i + 1, 4 * i, 4 * i + 1,
+                             4 * i, 4 * i + 1, 4 * i, 4 * i + 1, 4 * i, 4 * i + 1, 4 * i + 2, 4 * i + 3, 4 * i + 2,
+                             4 * i + 3, 4 * i + 2, 4 * i + 3, 4 * i + 2, 4 * i + 3, 4 * i + 2, 4 * i + 3, 4 * i + 2,
+                             4 * i + 3, 4 * i + 2, 4 * i + 3, 4 * i + 2, 4 * i + 3));
+    }
+}
+
+/* Q4_K / Q5_K (q5 = 1): sub-block 2c is the low nibbles of qs[32c .. 32c + 31], 2c + 1 their high nibbles */
+K2_INLINE void k2_unpack_q45k(const uint8_t *blk, k2sb *s, const int q5) {
+    const uint8_t *qs = q5 ? ((const block_q5_K *)blk)->qs : ((const block_q4_K *)blk)->qs;
+    /* bytes 0..15: d, dmin (f16), the 12 scale bytes s[0..11]. The 6-bit scales and mins:
+     * sc j < 4: s[j] & 63,  sc j >= 4: (s[j + 4] & 15) | (s[j - 4] >> 6) << 4,
+     * m  j < 4: s[j + 4] & 63, m j >= 4: (s[j + 4] >> 4) | (s[j] >> 6) << 4.
+     * `lo` gathers the byte holding each value's low bits, `hi` the byte holding its top two bits (if any) */
+    const __m128i v = _mm_loadu_si128((const __m128i *)blk);
+    const __m128i lo = _mm_shuffle_epi8(v, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m128i hi = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
+    const __m128i scm = _mm_or_si128( /* bytes 0..7 the scales, 8..15 the mins */
+        _mm_and_si128(_mm_srlv_epi32(lo, _mm_setr_epi32(0, 0, 0, 4)),
+                      _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15)),
+        _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30)));
+    const __m128 dm = _mm_cvtph_ps(v);
+    const __m256i scm2 = _mm256_broadcastsi128_si256(scm);
+    __m256i qh = _mm256_setzero_si256();
+    if (q5) qh = _mm256_loadu_si256((const __m256i *)((const block_q5_K *)blk)->qh);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        __m256i z0 = _mm256_and_si256(q, m4), z1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if (q5) { /* bit j of qh[l]: the fifth bit of element 32j + l, moved to bit 4 (never across a byte) */
+            const int j0 = 2 * c, j1 = 2 * c + 1;
+            const __m256i b0 = _mm256_and_si256(qh, _mm256_set1_epi8((char)(1 << j0)));
+            const __m256i b1 = _mm256_and_si256(qh, _mm256_set1_epi8((char)(1 << j1)));
+            z0 = _mm256_or_si256(z0, j0 <= 4 ? _mm256_slli_epi16(b0, 4 - j0) : _mm256_srli_epi16(b0, j0 - 4));
+            z1 = _mm256_or_si256(z1, j1 <= 4 ? _mm256_slli_epi16(b1, 4 - j1) : _mm256_srli_epi16(b1, j1 - 4));
+        }
+        s->z[2 * c] = z0;
+        s->z[2 * c + 1] = z1;
+        /* every word: scale byte j zero-extended (a shuffle index with the top bit set gives 0) */
+        s->sw[2 * c] = _mm256_shuffle_epi8(scm2, _mm256_set1_epi16((short)(0x8000 | (2 * c))));
+        s->sw[2 * c + 1] = _mm256_shuffle_epi8(scm2, _mm256_set1_epi16((short)(0x8000 | (2 * c + 1))));
+    }
+    const __m128i mn = _mm_srli_si128(scm, 8);
+    s->m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn));
+    s->d = _mm_cvtss_f32(dm);
+    s->dmin = _mm_cvtss_f32(_mm_movehdup_ps(dm));
+}
+
+/* Q6_K: chunk k = 4h + i (elements 128h + 32i + l, l < 32): ql[64h + 32(i & 1) + l] low (i < 2) or high
+ * nibble, plus bits 2i, 2i + 1 of qh[32h + l] as bits 4, 5; its 16 + 16 elements are groups 2k and 2k + 1, so
+ * the scale words are sc[2k] in the low 128-bit lane and sc[2k + 1] in the high one */
+K2_INLINE void k2_unpack_q6k(const uint8_t *blk, k2sb *s) {
+    const block_q6_K *b = (const block_q6_K *)blk;
+    const __m128i sc8 = _mm_loadu_si128((const __m128i *)b->scales);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h));
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
+        /* bits 2i..2i+1 -> bits 4..5: shifts within words, the spill into the neighbour byte masked off */
+        s->z[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+        s->z[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+        s->z[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30));
+        s->z[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                          _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) { /* q - 32 signed, z its magnitude */
+        s->sg[k] = _mm256_sub_epi8(s->z[k], _mm256_set1_epi8(32));
+        s->z[k] = _mm256_abs_epi8(s->sg[k]);
+    }
+    k2_scales16(_mm256_cvtepi8_epi16(sc8), s);
+    s->m16 = _mm256_setzero_si256();
+    s->d = pi_h2f(b->d);
+    s->dmin = 0.0f;
+}
+
+/* Q2_K / Q3_K: the 2 low bits of element 128n + 32j + l are bits 2j of qs[32n + l] (chunk k = 4n + j); Q3_K
+ * adds 4 where bit k of hmask[l] is set; the scales are per group of 16 (k2_scales16) */
+K2_INLINE void k2_planes2(const uint8_t *qs, k2sb *s) {
+    const __m256i m3 = _mm256_set1_epi8(3);
+#pragma GCC unroll 2
+    for (int n = 0; n < 2; n++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * n));
+        s->z[4 * n + 0] = _mm256_and_si256(q, m3);
+        s->z[4 * n + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 2), m3);
+        s->z[4 * n + 2] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m3);
+        s->z[4 * n + 3] = _mm256_and_si256(_mm256_srli_epi16(q, 6), m3);
+    }
+}
+
+K2_INLINE void k2_unpack_q2k(const uint8_t *blk, k2sb *s) {
+    const block_q2_K *b = (const block_q2_K *)blk;
+    const __m128i sm = _mm_loadu_si128((const __m128i *)b->scales); /* low nibble scale, high nibble min */
+    k2_planes2(b->qs, s);
+    k2_scales16(_mm256_cvtepu8_epi16(_mm_and_si128(sm, _mm_set1_epi8(15))), s);
+    s->m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(15)));
+    s->d = pi_h2f(b->d);
+    s->dmin = pi_h2f(b->dmin);
+}
+
+K2_INLINE void k2_unpack_q3k(const uint8_t *blk, k2sb *s) {
+    const block_q3_K *b = (const block_q3_K *)blk;
+    /* scale g (6 bits, minus 32): low nibble of byte g (g < 8) or high nibble of byte g - 8, its top two bits
+     * bits 2 (g / 4) of byte 8 + g % 4; the 16 bytes loaded end at the block's last scale byte, then shifted */
+    const __m128i raw = _mm_srli_si128(_mm_loadu_si128((const __m128i *)(b->scales - 4)), 4);
+    const __m128i nib = _mm_unpacklo_epi64(_mm_and_si128(raw, _mm_set1_epi8(15)),
+                                           _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
+    const __m128i top = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(raw, 0xaa), _mm_setr_epi32(0, 2, 4, 6)),
+                                      _mm_set1_epi8(3));
+    const __m256i sc = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_or_si128(nib, _mm_slli_epi16(top, 4))),
+                                        _mm256_set1_epi16(32));
+    const __m256i hm = _mm256_loadu_si256((const __m256i *)b->hmask);
+    k2_planes2(b->qs, s);
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) { /* bit k -> 4: shifts within a byte */
+        const __m256i bit = _mm256_and_si256(hm, _mm256_set1_epi8((char)(1 << k)));
+        s->z[k] = _mm256_or_si256(s->z[k], k <= 2 ? _mm256_slli_epi16(bit, 2 - k) : _mm256_srli_epi16(bit, k - 2));
+    }
+    k2_scales16(sc, s);
+    s->m16 = sc;
+    s->d = pi_h2f(b->d);
+    s->dmin = 0.0f;
+}
+
+/* IQ4_XS: sub-block j is the low nibbles of qs[16j .. 16j + 15] then their high nibbles; its levels (signed,
+ * up to 127 in magnitude) enter maddubs as |t_w| against q_x with t_w's sign: pair sums <= 2 * 127 * 127 */
+K2_INLINE void k2_unpack_iq4xs(const uint8_t *blk, k2sb *s) {
+    const block_iq4_xs *b = (const block_iq4_xs *)blk;
+    uint32_t sl;
+    memcpy(&sl, b->scales_l, 4);
+    const __m128i v = _mm_cvtsi32_si128((int)sl);
+    const __m128i lo = _mm_unpacklo_epi8(_mm_and_si128(v, _mm_set1_epi8(15)),
+                                         _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15))); /* byte j: low 4 bits */
+    const __m256i h32 = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b->scales_h),
+                                                           _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                         _mm256_set1_epi32(3));
+    const __m128i hi = _mm_packus_epi32(_mm256_castsi256_si128(h32), _mm256_extracti128_si256(h32, 1));
+    const __m128i sc = _mm_sub_epi16(_mm_or_si128(_mm_cvtepu8_epi16(lo), _mm_slli_epi16(hi, 4)), _mm_set1_epi16(32));
+    const __m256i sc2 = _mm256_broadcastsi128_si256(sc); /* words 0..7: ls - 32 */
+    const __m256i vals = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)pi_iq4nl_values));
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) { /* sub-blocks 2c (bytes 0..15 of the load) and 2c + 1 (16..31) */
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * c));
+        const __m256i ql = _mm256_and_si256(q, m4), qh = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        const __m256i t0 = _mm256_shuffle_epi8(vals, _mm256_permute2x128_si256(ql, qh, 0x20));
+        const __m256i t1 = _mm256_shuffle_epi8(vals, _mm256_permute2x128_si256(ql, qh, 0x31));
+        s->sg[2 * c] = t0;
+        s->sg[2 * c + 1] = t1;
+        s->z[2 * c] = _mm256_abs_epi8(t0);
+        s->z[2 * c + 1] = _mm256_abs_epi8(t1);
+        s->sw[2 * c] = _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)((4 * c + 1) << 8 | 4 * c)));
+        s->sw[2 * c + 1] = _mm256_shuffle_epi8(sc2, _mm256_set1_epi16((short)((4 * c + 3) << 8 | (4 * c + 2))));
+    }
+    s->d = pi_h2f(b->d);
+    s->dmin = 0.0f;
+}
+
+K2_INLINE void k2_unpack(const int type, const uint8_t *blk, k2sb *s) {
+    if (type == PI_Q6_K) k2_unpack_q6k(blk, s);
+    else if (type == PI_Q2_K) k2_unpack_q2k(blk, s);
+    else if (type == PI_Q3_K) k2_unpack_q3k(blk, s);
+    else if (type == PI_IQ4_XS) k2_unpack_iq4xs(blk, s);
+    else k2_unpack_q45k(blk, s, type == PI_Q5_K);
+}
+
+/* One token against one unpacked super-block: acc += isum * (d_x * d); accm += imin * (d_x * dmin) */
+K2_INLINE void k2_token(const int type, const k2sb *s, const block_q8_K *x, __m256 *acc, __m256 *accm) {
+    const __m256i bs = _mm256_load_si256((const __m256i *)x->bsums);
+    __m256i i0 = _mm256_setzero_si256(), i1 = _mm256_setzero_si256(); /* two chains (integer sums: exact) */
+    if (k2_has_offset(type))
+        i0 = _mm256_sub_epi32(i0, _mm256_slli_epi32(_mm256_madd_epi16(bs, s->m16), 2));
+#pragma GCC unroll 4
+    for (int k = 0; k < 8; k += 2) {
+        __m256i x0 = _mm256_load_si256((const __m256i *)(x->qs + 32 * k));
+        __m256i x1 = _mm256_load_si256((const __m256i *)(x->qs + 32 * k + 32));
+        if (k2_signed(type)) x0 = _mm256_sign_epi8(x0, s->sg[k]), x1 = _mm256_sign_epi8(x1, s->sg[k + 1]);
+        const __m256i p0 = _mm256_maddubs_epi16(s->z[k], x0);
+        const __m256i p1 = _mm256_maddubs_epi16(s->z[k + 1], x1);
+        i0 = _mm256_add_epi32(i0, _mm256_madd_epi16(p0, s->sw[k]));
+        i1 = _mm256_add_epi32(i1, _mm256_madd_epi16(p1, s->sw[k + 1]));
+    }
+    const float dx = x->d;
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i0, i1)), _mm256_set1_ps(dx * s->d), *acc);
+    if (k2_has_min(type)) {
+        __m256i imin = _mm256_madd_epi16(bs, s->m16);
+        if (type != PI_Q2_K) /* lanes 2i, 2i + 1 added: lane i */
+            imin = _mm256_inserti128_si256(_mm256_setzero_si256(), _mm_hadd_epi32(_mm256_castsi256_si128(imin),
+                                                                               _mm256_extracti128_si256(imin, 1)), 0);
+        *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_set1_ps(dx * s->dmin), *accm);
+    }
+}
+
+K2_INLINE float k2_hsum(__m256 v) {
+    __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+K2_INLINE float k2_result(const int type, __m256 acc, __m256 accm) {
+    return k2_has_min(type) ? k2_hsum(acc) - k2_hsum(accm) : k2_hsum(acc);
+}
+
+K2_INLINE size_t k2_block_size(const int type) {
+    return type == PI_Q4_K ? sizeof(block_q4_K) : type == PI_Q5_K ? sizeof(block_q5_K)
+         : type == PI_Q6_K ? sizeof(block_q6_K) : type == PI_Q2_K ? sizeof(block_q2_K)
+         : type == PI_Q3_K ? sizeof(block_q3_K) : sizeof(block_iq4_xs);
+}
+
+/* One row against one token (decode, gathers, tokens left over by the tiles) */
+K2_INLINE float k2_dot(const int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
+    const size_t size = k2_block_size(type);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n_sb; i++) {
+        k2sb s;
+        k2_unpack(type, row + i * size, &s);
+        k2_token(type, &s, x + i, &acc, &accm);
+    }
+    return k2_result(type, acc, accm);
+}
+
+/* One row against nt <= K2_TILE tokens (x: token 0's super-blocks, each next token n_sb later), each
+ * super-block unpacked once; y[t * y_stride] gets token t's sum */
+K2_INLINE void k2_tile(const int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb, float *y,
+                       int64_t y_stride, const int nt) {
+    const size_t size = k2_block_size(type);
+    __m256 acc[K2_TILE], accm[K2_TILE];
+    for (int t = 0; t < K2_TILE; t++) acc[t] = accm[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n_sb; i++) {
+        k2sb s;
+        k2_unpack(type, row + i * size, &s);
+#pragma GCC unroll 4
+        for (int t = 0; t < K2_TILE; t++)
+            if (t < nt) k2_token(type, &s, x + t * n_sb + i, &acc[t], &accm[t]);
+    }
+    for (int t = 0; t < nt; t++) y[t * y_stride] = k2_result(type, acc[t], accm[t]);
+}
