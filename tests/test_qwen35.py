@@ -20,6 +20,7 @@ import pytest
 from llama_ref import llama_cpp_logits
 from model_checks import (
     assert_chat_reuse_matches_fresh_prefill,
+    F16_ROUNDING,
     assert_steps_and_split_match_prefill,
     info_text,
     load_model,
@@ -193,8 +194,9 @@ def test_mistakes_are_visible(f32_file, cpu_kernels):
 
 def test_steps_and_split_prefill_equal_one_prefill(f32_file, cpu_kernels):
     """One token at a time, and a prefill in two parts (6 + 10), continue each delta-net layer's conv and delta
-    states: their logits are the single prefill's (the same arithmetic up to the order of sums)."""
-    assert_steps_and_split_match_prefill(load_model(f32_file, cpu_kernels), TOKENS, 6)
+    states: their logits are the single prefill's (up to the f16 K/V cache's rounding: a prefill runs the delta rule
+    in closed-form chunks, a step token by token; model_checks.F16_ROUNDING)."""
+    assert_steps_and_split_match_prefill(load_model(f32_file, cpu_kernels), TOKENS, 6, rel_tol=F16_ROUNDING)
 
 
 def test_chunked_delta_rule_equals_the_recurrence():

@@ -19,6 +19,7 @@ import pytest
 from llama_ref import llama_cpp_logits
 from model_checks import (
     assert_chat_reuse_matches_fresh_prefill,
+    F16_ROUNDING,
     assert_steps_and_split_match_prefill,
     info_text,
     load_model,
@@ -204,7 +205,7 @@ def test_mistakes_are_visible(f32_file, cpu_kernels):
 # ---- the recurrent state across calls --------------------------------------------------------------------------------
 
 def test_steps_and_split_prefill_equal_one_prefill(f32_file, cpu_kernels):
-    assert_steps_and_split_match_prefill(load_model(f32_file, cpu_kernels), TOKENS, 7)
+    assert_steps_and_split_match_prefill(load_model(f32_file, cpu_kernels), TOKENS, 7, rel_tol=F16_ROUNDING)
 
 
 def test_chat_reuse_and_divergence_match_a_fresh_prefill(f32_file):

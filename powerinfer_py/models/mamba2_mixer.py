@@ -17,9 +17,9 @@ conv kernel K, conv_dim = d_inner + 2 G N. Per layer, on the normed input h_t of
                                                                                  files may leave it out)
     out = W_out · y                                    (ssm_out)
 
-The recurrence runs token by token in numpy for a prefill (the scan is cheap next to the projections, which
-go through the kernels' matmul, so quantized files work); a one-token step on the CPU kernels runs the scan as
-one C call (csrc/ssm_scan.c). The conv and SSM states live in the cache
+The recurrence runs token by token, each token one C call on the CPU kernels (csrc/ssm_scan.c), a prefill's
+as a decode step's (the scan is cheap next to the projections, which go through the kernels' matmul, so
+quantized files work); kernels without that call run it in numpy. The conv and SSM states live in the cache
 (mamba2_cache.Mamba2KVCache) and continue across forward calls.
 
 Mamba2Mixer is a mixin for a Model subclass (it uses self.config and self.kernels); its small steps (_conv,
@@ -128,12 +128,17 @@ class Mamba2Mixer:
 
     def _scan(self, S: np.ndarray, x, dt, A, B, C) -> np.ndarray:
         """Run the scan over n tokens from state S [H, P, N] (updated in place): x [n, H, P], dt [n, H],
-        A [H], B and C [n, G, N]; returns y [n, H, P] (without the skip). One token on the CPU kernels: one C call
-        (kernels.ssm_scan_step, the same values to float rounding), which reads and writes the state once."""
+        A [H], B and C [n, G, N]; returns y [n, H, P] (without the skip). On the CPU kernels each token is one C
+        call (kernels.ssm_scan_step: one pass over the state), for a prefill as for a decode step, so a prompt fed
+        in one call or one token at a time goes through the same arithmetic: the K/V cache is f16, and a
+        difference in the last bit of an f32 value upstream can round a K/V value to the next f16 step, 4.9e-4
+        of it, far above the f32 rounding the two orders would otherwise differ by. Kernels without the call
+        (the numpy reference, a device backend): the loop below."""
         step = getattr(self.kernels, "ssm_scan_step", None)
-        if x.shape[0] == 1 and step is not None:
+        if step is not None:  # token by token in C, a prefill too: its arithmetic is then a decode step's
             c = np.ascontiguousarray
-            return step(S, c(x[0]), c(dt[0]), c(A, dtype=np.float32), c(B[0]), c(C[0]))[None]
+            x, dt, A, B, C = c(x), c(dt), c(A, dtype=np.float32), c(B), c(C)
+            return np.stack([step(S, x[t], dt[t], A, B[t], C[t]) for t in range(x.shape[0])])
         g = self._head_groups()
         Bh, Ch = B[:, g], C[:, g]  # [n, H, N]
         decay = np.exp(dt * A).astype(np.float32)  # [n, H]
