@@ -80,7 +80,8 @@ def error_bound(w: Tensor, x: np.ndarray) -> np.ndarray:
 
 
 SHAPES_FLOAT = [(r, c) for r in (1, 7, 33, 4095) for c in (1, 7, 33)] + [(65, 1000)]
-SHAPES_BLOCK = [(r, c) for r in (1, 7, 33, 4095) for c in (32, 96, 4096) if r * c <= 4095 * 96 or r < 100]
+SHAPES_BLOCK = [(r, c) for r in (1, 7, 33, 4095) for c in (32, 96, 4096) if r * c <= 4095 * 96 or r < 100] + [
+    (33, 640)]  # 20 blocks: two groups of 8 and a tail of 4 (AVX2), Gemma 3 270M's n_embd
 SHAPES_K = [(r, c) for r in (1, 7, 33) for c in (256, 512, 2048)] + [(300, 1024)]
 SHAPES = {**{t: SHAPES_FLOAT for t in FLOAT_TYPES}, **{t: SHAPES_BLOCK for t in BLOCK_TYPES},
           **{t: SHAPES_K for t in K_TYPES}}
@@ -163,6 +164,32 @@ def test_q1_iq4nl_matmul_is_exact_integer_arithmetic(kernels, ggml_type):
     np.testing.assert_array_equal(ref.matmul(w, x), want)
     np.testing.assert_array_equal(kernels.matmul_rows(w, np.array([0, 4, 8], np.int32), x), want[:, [0, 4, 8]])
 
+
+
+@pytest.mark.parametrize("ggml_type", BLOCK_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_cols", [32, 96, 640])
+def test_row_tail_ignores_the_bytes_after_it(kernels, ggml_type, n_cols):
+    """A row whose block count is not a multiple of 8 ends in a part group; the AVX2 decode reads it in place,
+    bytes of the next row included, where they lie inside the weights. Whatever those bytes hold (here: the next
+    row's scales all infinite, so a lane that let them in would turn the row's result into NaN or inf), each
+    row's result is the one with that next row zeroed, bit for bit, and the batched path's."""
+    rng = np.random.default_rng(n_cols)
+    n_rows = 12
+    w = make_weight(ggml_type, n_rows, n_cols, seed=n_cols)
+    x = rng.standard_normal((2, n_cols), dtype=np.float32)
+    block, size = GGML_QUANT_SIZES[ggml_type]
+    for r in range(0, n_rows - 1, 2):  # poison every odd row; compare the even rows before them
+        poisoned = w.data.copy().reshape(n_rows, -1, size)
+        zeroed = poisoned.copy()
+        if ggml_type == GGMLType.MXFP4:
+            poisoned[r + 1, :, 0] = 255  # E8M0 255: NaN
+        else:
+            poisoned[r + 1, :, :2] = np.array([np.inf], np.float16).view(np.uint8)
+        zeroed[r + 1] = 0
+        got = kernels.matmul(Tensor("w", ggml_type, w.shape, poisoned.reshape(w.data.shape)), x[0])
+        want = kernels.matmul(Tensor("w", ggml_type, w.shape, zeroed.reshape(w.data.shape)), x)
+        assert np.isfinite(got[r]), f"{ggml_type.name} row {r}: {got[r]}"
+        np.testing.assert_array_equal(got[r], want[0, r])
 
 @pytest.mark.parametrize("ggml_type", BLOCK_TYPES, ids=lambda t: t.name)
 def test_matmul_rows_longer_than_the_row_decoder_takes(kernels, ggml_type):
