@@ -627,6 +627,13 @@ static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t 
     case PI_Q2_K: return k2_dot(PI_Q2_K, row, x, n_sb);
     case PI_Q3_K: return k2_dot(PI_Q3_K, row, x, n_sb);
     case PI_IQ4_XS: return k2_dot(PI_IQ4_XS, row, x, n_sb);
+    case PI_IQ2_XXS: return k2_dot(PI_IQ2_XXS, row, x, n_sb);
+    case PI_IQ2_XS: return k2_dot(PI_IQ2_XS, row, x, n_sb);
+    case PI_IQ2_S: return k2_dot(PI_IQ2_S, row, x, n_sb);
+    case PI_IQ3_XXS: return k2_dot(PI_IQ3_XXS, row, x, n_sb);
+    case PI_IQ3_S: return k2_dot(PI_IQ3_S, row, x, n_sb);
+    case PI_IQ1_S: return k2_dot(PI_IQ1_S, row, x, n_sb);
+    case PI_IQ1_M: return k2_dot(PI_IQ1_M, row, x, n_sb);
     default: break;
     }
 #endif
@@ -846,6 +853,13 @@ K2_ROWS_FN(rows2_q6k, PI_Q6_K)
 K2_ROWS_FN(rows2_q2k, PI_Q2_K)
 K2_ROWS_FN(rows2_q3k, PI_Q3_K)
 K2_ROWS_FN(rows2_iq4xs, PI_IQ4_XS)
+K2_ROWS_FN(rows2_iq2xxs, PI_IQ2_XXS)
+K2_ROWS_FN(rows2_iq2xs, PI_IQ2_XS)
+K2_ROWS_FN(rows2_iq2s, PI_IQ2_S)
+K2_ROWS_FN(rows2_iq3xxs, PI_IQ3_XXS)
+K2_ROWS_FN(rows2_iq3s, PI_IQ3_S)
+K2_ROWS_FN(rows2_iq1s, PI_IQ1_S)
+K2_ROWS_FN(rows2_iq1m, PI_IQ1_M)
 #endif
 
 static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end, int thread_id) {
@@ -858,6 +872,13 @@ static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end, int thread_id
     case PI_Q2_K: rows2_q2k(j, r_beg, r_end); return;
     case PI_Q3_K: rows2_q3k(j, r_beg, r_end); return;
     case PI_IQ4_XS: rows2_iq4xs(j, r_beg, r_end); return;
+    case PI_IQ2_XXS: rows2_iq2xxs(j, r_beg, r_end); return;
+    case PI_IQ2_XS: rows2_iq2xs(j, r_beg, r_end); return;
+    case PI_IQ2_S: rows2_iq2s(j, r_beg, r_end); return;
+    case PI_IQ3_XXS: rows2_iq3xxs(j, r_beg, r_end); return;
+    case PI_IQ3_S: rows2_iq3s(j, r_beg, r_end); return;
+    case PI_IQ1_S: rows2_iq1s(j, r_beg, r_end); return;
+    case PI_IQ1_M: rows2_iq1m(j, r_beg, r_end); return;
     default: break;
     }
 #endif

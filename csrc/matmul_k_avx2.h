@@ -1,4 +1,4 @@
-/* matmul_k_avx2.h: AVX2 (+ FMA + F16C) dots of Q4_K, Q5_K, Q6_K, Q2_K, Q3_K and IQ4_XS rows with Q8_K
+/* matmul_k_avx2.h: AVX2 (+ FMA + F16C) dots of Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS and the I-quant rows with Q8_K
  * activations, included by matmul_k.c where AVX-512 is missing (see the variants list at the top of matmul_k.c).
  *
  * A super-block is first unpacked into a k2sb: eight ymm of 32 weights z_k, each byte in the position of the
@@ -16,7 +16,13 @@
  *              (psignb; a zero weight gives 0), so the -32 offset sits in the same lanes as the products;
  *   Q2_K:      z 0..3, imin = madd(bsums, mins) over the 16 groups (8 lanes);
  *   Q3_K:      z 0..7, isum starts from -4 * madd(bsums, scales) (lanes by group pairs);
- *   IQ4_XS:    z = |level| <= 127, x_k with the level's sign (pair sums <= 2 * 127 * 127: no saturation).
+ *   IQ4_XS:    z = |level| <= 127, x_k with the level's sign (pair sums <= 2 * 127 * 127: no saturation);
+ *   I-quants:  (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M; matmul_iq.c gives their formula) the same
+ *              signed form: z = the unsigned grid value (IQ2 8..43, IQ3 4..62; never 0), sg = +-1 by its sign
+ *              bit, sw = 2 ls + 1 per group of 32 or 16, d = d * f. The grid entries (8 bytes for IQ2, 4 for IQ3)
+ *              are loaded one by one and composed into vectors, and each sign byte (bit j: value j negative) is
+ *              spread over its 8 weights by one byte shuffle, an and and a compare. IQ1_S / IQ1_M (a 2048-entry
+ *              grid plus deltas, rare files) are unpacked by the portable pi_iq_unpack and then loaded.
  * The lane layouts of the Q4_K/Q5_K mins and of Q6_K's offset (products and offset in one int16 pair sum) were
  * chosen to round like llama.cpp's AVX2 kernels as far as we know them: the integers are exact either way, but
  * Gemma 3 270M's logits moved by ~0.1 between layouts and tests/test_real_model.py's "Water boils at a
@@ -44,10 +50,10 @@ typedef struct {
 
 K2_INLINE int k2_type(const int type) {
     return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q6_K || type == PI_Q2_K || type == PI_Q3_K ||
-           type == PI_IQ4_XS;
+           type == PI_IQ4_XS || pi_is_iq_type(type);
 }
 K2_INLINE int k2_has_min(const int type) { return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q2_K; }
-K2_INLINE int k2_signed(const int type) { return type == PI_IQ4_XS || type == PI_Q6_K; }
+K2_INLINE int k2_signed(const int type) { return type == PI_IQ4_XS || type == PI_Q6_K || pi_is_iq_type(type); }
 K2_INLINE int k2_has_offset(const int type) { return type == PI_Q3_K; }
 
 /* Groups of 16 (Q6_K, Q2_K, Q3_K): chunk k of 32 weights holds groups 2k (low 128-bit lane of the maddubs
@@ -222,11 +228,133 @@ K2_INLINE void k2_unpack_iq4xs(const uint8_t *blk, k2sb *s) {
     s->dmin = 0.0f;
 }
 
+/* ---- I-quants ---- */
+/* 4 sign bytes (byte b: the 8 weights 8b .. 8b + 7 of a chunk, bit j: weight 8b + j negative) -> the chunk's
+ * 32 sign sources, -1 or +1 per weight */
+K2_INLINE __m256i k2_iq_signs(uint32_t signs) {
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)signs),
+                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(1));
+}
+K2_INLINE __m256i k2_grid8(const uint64_t *grid, uint32_t i0, uint32_t i1, uint32_t i2, uint32_t i3) {
+    return _mm256_setr_epi64x((long long)grid[i0], (long long)grid[i1], (long long)grid[i2], (long long)grid[i3]);
+}
+/* chunk k of an IQ3 super-block: the 8 four-value entries idx[0..7] */
+K2_INLINE __m256i k2_grid4(const uint32_t *grid, const uint32_t *idx) {
+    return _mm256_setr_epi32((int)grid[idx[0]], (int)grid[idx[1]], (int)grid[idx[2]], (int)grid[idx[3]],
+                             (int)grid[idx[4]], (int)grid[idx[5]], (int)grid[idx[6]], (int)grid[idx[7]]);
+}
+/* 16 four-bit scales (nibble g % 2 of byte g / 2 at p) -> words 2 ls + 1 for groups of 16 */
+K2_INLINE void k2_iq_scales16(const uint8_t *p, k2sb *s) {
+    const __m128i v = _mm_loadl_epi64((const __m128i *)p);
+    const __m128i n = _mm_unpacklo_epi8(_mm_and_si128(v, _mm_set1_epi8(15)), _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15)));
+    const __m256i w = _mm256_cvtepu8_epi16(n);
+    k2_scales16(_mm256_add_epi16(_mm256_add_epi16(w, w), _mm256_set1_epi16(1)), s);
+}
+K2_INLINE void k2_iq_finish(k2sb *s, float d) {
+    s->m16 = _mm256_setzero_si256();
+    s->d = d;
+    s->dmin = 0.0f;
+}
+
+K2_INLINE void k2_unpack_iq2xxs(const uint8_t *blk, k2sb *s) {
+    const block_iq2_xxs *b = (const block_iq2_xxs *)blk;
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        uint32_t a[2]; /* a[0]: 4 grid indices, a[1]: 4 seven-bit sign indices and ls */
+        memcpy(a, b->qs + 4 * k, 8);
+        s->z[k] = k2_grid8(pi_iq2xxs_grid, a[0] & 255, (a[0] >> 8) & 255, (a[0] >> 16) & 255, a[0] >> 24);
+        s->sg[k] = k2_iq_signs(pi_iq_signs4(a[1]));
+        s->sw[k] = _mm256_set1_epi16((short)(2 * (a[1] >> 28) + 1));
+    }
+    k2_iq_finish(s, pi_h2f(b->d) * 0.125f);
+}
+
+K2_INLINE void k2_unpack_iq2xs(const uint8_t *blk, k2sb *s) {
+    const block_iq2_xs *b = (const block_iq2_xs *)blk;
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) { /* 9-bit grid index, 7-bit sign index per 8 weights */
+        const uint16_t *q = b->qs + 4 * k;
+        s->z[k] = k2_grid8(pi_iq2xs_grid, q[0] & 511, q[1] & 511, q[2] & 511, q[3] & 511);
+        s->sg[k] = k2_iq_signs(pi_iq_signs4((uint32_t)(q[0] >> 9) | (uint32_t)(q[1] >> 9) << 7 |
+                                            (uint32_t)(q[2] >> 9) << 14 | (uint32_t)(q[3] >> 9) << 21));
+    }
+    k2_iq_scales16(b->scales, s);
+    k2_iq_finish(s, pi_h2f(b->d) * 0.125f);
+}
+
+K2_INLINE void k2_unpack_iq2s(const uint8_t *blk, k2sb *s) {
+    const block_iq2_s *b = (const block_iq2_s *)blk;
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) { /* index: qs byte plus two bits of qh[k]; the sign bytes as they are */
+        const uint32_t h = b->qh[k];
+        s->z[k] = k2_grid8(pi_iq2s_grid, b->qs[4 * k] | (h & 3) << 8, b->qs[4 * k + 1] | (h >> 2 & 3) << 8,
+                           b->qs[4 * k + 2] | (h >> 4 & 3) << 8, b->qs[4 * k + 3] | (h >> 6 & 3) << 8);
+        uint32_t sb;
+        memcpy(&sb, b->signs + 4 * k, 4);
+        s->sg[k] = k2_iq_signs(sb);
+    }
+    k2_iq_scales16(b->scales, s);
+    k2_iq_finish(s, pi_h2f(b->d) * 0.125f);
+}
+
+K2_INLINE void k2_unpack_iq3xxs(const uint8_t *blk, k2sb *s) {
+    const block_iq3_xxs *b = (const block_iq3_xxs *)blk;
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        uint32_t a, idx[8];
+        memcpy(&a, b->sas + 4 * k, 4);
+        for (int i = 0; i < 8; i++) idx[i] = b->qs[8 * k + i];
+        s->z[k] = k2_grid4(pi_iq3xxs_grid, idx);
+        s->sg[k] = k2_iq_signs(pi_iq_signs4(a));
+        s->sw[k] = _mm256_set1_epi16((short)(2 * (a >> 28) + 1));
+    }
+    k2_iq_finish(s, pi_h2f(b->d) * 0.25f);
+}
+
+K2_INLINE void k2_unpack_iq3s(const uint8_t *blk, k2sb *s) {
+    const block_iq3_s *b = (const block_iq3_s *)blk;
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) { /* index: qs byte plus bit i of qh[k]; the sign bytes as they are */
+        uint32_t idx[8], sb;
+        for (int i = 0; i < 8; i++) idx[i] = b->qs[8 * k + i] | ((uint32_t)(b->qh[k] >> i) & 1) << 8;
+        s->z[k] = k2_grid4(pi_iq3s_grid, idx);
+        memcpy(&sb, b->signs + 4 * k, 4);
+        s->sg[k] = k2_iq_signs(sb);
+        s->sw[k] = _mm256_set1_epi16((short)(2 * ((b->scales[k / 2] >> 4 * (k % 2)) & 15) + 1));
+    }
+    k2_iq_finish(s, pi_h2f(b->d));
+}
+
+/* IQ1_S / IQ1_M: the portable unpack (q = 8 grid + 8 delta, |q| 1, 7 or 9), then its values loaded */
+K2_INLINE void k2_unpack_iq1(const int type, const uint8_t *blk, k2sb *s) {
+    int8_t q[QK_K] __attribute__((aligned(32)));
+    uint8_t sc[16];
+    float d;
+    const int g = pi_iq_unpack(type, blk, q, sc, &d);
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        s->sg[k] = _mm256_load_si256((const __m256i *)(q + 32 * k));
+        s->z[k] = _mm256_abs_epi8(s->sg[k]);
+        if (g == 32) s->sw[k] = _mm256_set1_epi16((short)sc[k]);
+    }
+    if (g != 32) k2_scales16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sc)), s);
+    k2_iq_finish(s, d);
+}
+
 K2_INLINE void k2_unpack(const int type, const uint8_t *blk, k2sb *s) {
     if (type == PI_Q6_K) k2_unpack_q6k(blk, s);
     else if (type == PI_Q2_K) k2_unpack_q2k(blk, s);
     else if (type == PI_Q3_K) k2_unpack_q3k(blk, s);
     else if (type == PI_IQ4_XS) k2_unpack_iq4xs(blk, s);
+    else if (type == PI_IQ2_XXS) k2_unpack_iq2xxs(blk, s);
+    else if (type == PI_IQ2_XS) k2_unpack_iq2xs(blk, s);
+    else if (type == PI_IQ2_S) k2_unpack_iq2s(blk, s);
+    else if (type == PI_IQ3_XXS) k2_unpack_iq3xxs(blk, s);
+    else if (type == PI_IQ3_S) k2_unpack_iq3s(blk, s);
+    else if (type == PI_IQ1_S || type == PI_IQ1_M) k2_unpack_iq1(type, blk, s);
     else k2_unpack_q45k(blk, s, type == PI_Q5_K);
 }
 
@@ -271,7 +399,10 @@ K2_INLINE float k2_result(const int type, __m256 acc, __m256 accm) {
 K2_INLINE size_t k2_block_size(const int type) {
     return type == PI_Q4_K ? sizeof(block_q4_K) : type == PI_Q5_K ? sizeof(block_q5_K)
          : type == PI_Q6_K ? sizeof(block_q6_K) : type == PI_Q2_K ? sizeof(block_q2_K)
-         : type == PI_Q3_K ? sizeof(block_q3_K) : sizeof(block_iq4_xs);
+         : type == PI_Q3_K ? sizeof(block_q3_K) : type == PI_IQ4_XS ? sizeof(block_iq4_xs)
+         : type == PI_IQ2_XXS ? sizeof(block_iq2_xxs) : type == PI_IQ2_XS ? sizeof(block_iq2_xs)
+         : type == PI_IQ2_S ? sizeof(block_iq2_s) : type == PI_IQ3_XXS ? sizeof(block_iq3_xxs)
+         : type == PI_IQ3_S ? sizeof(block_iq3_s) : type == PI_IQ1_S ? sizeof(block_iq1_s) : sizeof(block_iq1_m);
 }
 
 /* One row against one token (decode, gathers, tokens left over by the tiles) */
