@@ -53,7 +53,7 @@
 
 #include "pool.h"
 
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -176,6 +176,19 @@ static inline uint32_t pi_iq_signs4(uint32_t a) { /* 4 indices (bits 0..27 of a)
     p ^= p >> 1;
     return b | (p & 0x01010101u) << 7;
 }
+#if defined(__AVX2__)
+/* pi_iq_signs4 in each of 8 dwords (the AVX2 and the AVX-512 builds without VBMI) */
+static inline __m256i pi_iq_signs32(__m256i a) {
+    __m256i b = _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi32(0x7f)),
+                                _mm256_and_si256(_mm256_slli_epi32(a, 1), _mm256_set1_epi32(0x7f00)));
+    b = _mm256_or_si256(b, _mm256_and_si256(_mm256_slli_epi32(a, 2), _mm256_set1_epi32(0x7f0000)));
+    b = _mm256_or_si256(b, _mm256_and_si256(_mm256_slli_epi32(a, 3), _mm256_set1_epi32(0x7f000000)));
+    __m256i p = _mm256_xor_si256(b, _mm256_srli_epi32(b, 4));
+    p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 2));
+    p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 1));
+    return _mm256_or_si256(b, _mm256_slli_epi32(_mm256_and_si256(p, _mm256_set1_epi32(0x01010101)), 7));
+}
+#endif
 
 static inline int pi_is_k_type(int type) {
     return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q6_K

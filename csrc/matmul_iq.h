@@ -45,14 +45,7 @@ INLINE __m256i iq_signs32(__m256i a) {
     return _mm512_castsi512_si256(_mm512_permutex2var_epi8(_mm512_loadu_si512(pi_iq_ksigns), _mm512_castsi256_si512(k),
                                                            _mm512_loadu_si512(pi_iq_ksigns + 64)));
 #else
-    __m256i b = _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi32(0x7f)),
-                                _mm256_and_si256(_mm256_slli_epi32(a, 1), _mm256_set1_epi32(0x7f00)));
-    b = _mm256_or_si256(b, _mm256_and_si256(_mm256_slli_epi32(a, 2), _mm256_set1_epi32(0x7f0000)));
-    b = _mm256_or_si256(b, _mm256_and_si256(_mm256_slli_epi32(a, 3), _mm256_set1_epi32(0x7f000000)));
-    __m256i p = _mm256_xor_si256(b, _mm256_srli_epi32(b, 4));
-    p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 2));
-    p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 1));
-    return _mm256_or_si256(b, _mm256_slli_epi32(_mm256_and_si256(p, _mm256_set1_epi32(0x01010101)), 7));
+    return pi_iq_signs32(a);
 #endif
 }
 

@@ -238,6 +238,20 @@ K2_INLINE __m256i k2_iq_signs(uint32_t signs) {
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
     return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(1));
 }
+/* the same from dword k of 8 sign dwords (pi_iq_signs32's output) */
+K2_INLINE __m256i k2_iq_signs_at(__m256i signs8, const int k) {
+    const __m256i dw = _mm256_permutevar8x32_epi32(signs8, _mm256_set1_epi32(k));
+    const __m256i spread = _mm256_shuffle_epi8(dw, _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                                    2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(1));
+}
+/* the odd dwords of the 16 at p, in order (IQ2_XXS: each chunk's sign indices and ls) */
+K2_INLINE __m256i k2_odd_dwords(const void *p) {
+    const __m256 a = _mm256_loadu_ps((const float *)p), b = _mm256_loadu_ps((const float *)p + 8);
+    const __m256 o = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)); /* a1 a3 b1 b3 | a5 a7 b5 b7 */
+    return _mm256_permute4x64_epi64(_mm256_castps_si256(o), _MM_SHUFFLE(3, 1, 2, 0));
+}
 K2_INLINE __m256i k2_grid8(const uint64_t *grid, uint32_t i0, uint32_t i1, uint32_t i2, uint32_t i3) {
     return _mm256_setr_epi64x((long long)grid[i0], (long long)grid[i1], (long long)grid[i2], (long long)grid[i3]);
 }
@@ -261,12 +275,13 @@ K2_INLINE void k2_iq_finish(k2sb *s, float d) {
 
 K2_INLINE void k2_unpack_iq2xxs(const uint8_t *blk, k2sb *s) {
     const block_iq2_xxs *b = (const block_iq2_xxs *)blk;
+    const __m256i signs8 = pi_iq_signs32(k2_odd_dwords(b->qs)); /* all 8 chunks' sign bytes at once */
 #pragma GCC unroll 8
     for (int k = 0; k < 8; k++) {
         uint32_t a[2]; /* a[0]: 4 grid indices, a[1]: 4 seven-bit sign indices and ls */
         memcpy(a, b->qs + 4 * k, 8);
         s->z[k] = k2_grid8(pi_iq2xxs_grid, a[0] & 255, (a[0] >> 8) & 255, (a[0] >> 16) & 255, a[0] >> 24);
-        s->sg[k] = k2_iq_signs(pi_iq_signs4(a[1]));
+        s->sg[k] = k2_iq_signs_at(signs8, k);
         s->sw[k] = _mm256_set1_epi16((short)(2 * (a[1] >> 28) + 1));
     }
     k2_iq_finish(s, pi_h2f(b->d) * 0.125f);
@@ -274,12 +289,26 @@ K2_INLINE void k2_unpack_iq2xxs(const uint8_t *blk, k2sb *s) {
 
 K2_INLINE void k2_unpack_iq2xs(const uint8_t *blk, k2sb *s) {
     const block_iq2_xs *b = (const block_iq2_xs *)blk;
+    /* the 32 sign bytes at once: each word's 7-bit index (bits 9..15) moved to bits 0..6 of its byte of a
+     * dword of four (word 2i + 1 to bits 7..13 first, pi_iq_signs32's packing), words 4k .. 4k + 3 as dword k */
+    const __m256i w0 = _mm256_loadu_si256((const __m256i *)b->qs), w1 = _mm256_loadu_si256((const __m256i *)b->qs + 1);
+    const __m256i i0 = _mm256_srli_epi16(w0, 9), i1 = _mm256_srli_epi16(w1, 9);          /* words: indices */
+    const __m256i p0 = _mm256_madd_epi16(i0, _mm256_set1_epi32(0x00800001));             /* dword: i_lo + 128 i_hi */
+    const __m256i p1 = _mm256_madd_epi16(i1, _mm256_set1_epi32(0x00800001));
+    /* dwords of 14 bits (two indices) -> pairs of them into one dword of four indices: lo | hi << 14 */
+    const __m256i q0 = _mm256_or_si256(_mm256_and_si256(p0, _mm256_set1_epi64x(0x3fff)),
+                                       _mm256_srli_epi64(p0, 32 - 14));
+    const __m256i q1 = _mm256_or_si256(_mm256_and_si256(p1, _mm256_set1_epi64x(0x3fff)),
+                                       _mm256_srli_epi64(p1, 32 - 14));
+    /* q0: qwords 0..3 = dwords (chunk 0, -, 1, -, 2, -, 3, -) in their low halves; q1 chunks 4..7 */
+    const __m256i packed = _mm256_permutevar8x32_epi32(
+        _mm256_blend_epi32(q0, _mm256_slli_epi64(q1, 32), 0xaa), _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+    const __m256i signs8 = pi_iq_signs32(_mm256_and_si256(packed, _mm256_set1_epi32(0x0fffffff)));
 #pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) { /* 9-bit grid index, 7-bit sign index per 8 weights */
+    for (int k = 0; k < 8; k++) { /* 9-bit grid index per 8 weights */
         const uint16_t *q = b->qs + 4 * k;
         s->z[k] = k2_grid8(pi_iq2xs_grid, q[0] & 511, q[1] & 511, q[2] & 511, q[3] & 511);
-        s->sg[k] = k2_iq_signs(pi_iq_signs4((uint32_t)(q[0] >> 9) | (uint32_t)(q[1] >> 9) << 7 |
-                                            (uint32_t)(q[2] >> 9) << 14 | (uint32_t)(q[3] >> 9) << 21));
+        s->sg[k] = k2_iq_signs_at(signs8, k);
     }
     k2_iq_scales16(b->scales, s);
     k2_iq_finish(s, pi_h2f(b->d) * 0.125f);
@@ -302,14 +331,17 @@ K2_INLINE void k2_unpack_iq2s(const uint8_t *blk, k2sb *s) {
 
 K2_INLINE void k2_unpack_iq3xxs(const uint8_t *blk, k2sb *s) {
     const block_iq3_xxs *b = (const block_iq3_xxs *)blk;
+    const __m256i sas = _mm256_loadu_si256((const __m256i *)b->sas), signs8 = pi_iq_signs32(sas);
+    uint32_t scale[8]; /* 2 ls + 1, ls the top 4 bits of each chunk's dword */
+    _mm256_storeu_si256((__m256i *)scale,
+                        _mm256_add_epi32(_mm256_slli_epi32(_mm256_srli_epi32(sas, 28), 1), _mm256_set1_epi32(1)));
 #pragma GCC unroll 8
     for (int k = 0; k < 8; k++) {
-        uint32_t a, idx[8];
-        memcpy(&a, b->sas + 4 * k, 4);
+        uint32_t idx[8];
         for (int i = 0; i < 8; i++) idx[i] = b->qs[8 * k + i];
         s->z[k] = k2_grid4(pi_iq3xxs_grid, idx);
-        s->sg[k] = k2_iq_signs(pi_iq_signs4(a));
-        s->sw[k] = _mm256_set1_epi16((short)(2 * (a >> 28) + 1));
+        s->sg[k] = k2_iq_signs_at(signs8, k);
+        s->sw[k] = _mm256_set1_epi16((short)scale[k]);
     }
     k2_iq_finish(s, pi_h2f(b->d) * 0.25f);
 }
