@@ -188,6 +188,25 @@ static inline __m256i pi_iq_signs32(__m256i a) {
     p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 1));
     return _mm256_or_si256(b, _mm256_slli_epi32(_mm256_and_si256(p, _mm256_set1_epi32(0x01010101)), 7));
 }
+/* IQ2_XS / IQ2_S: 16 four-bit scales, nibble g % 2 of byte g / 2 of the 8 bytes at p -> words 2 ls + 1 */
+static inline __m256i pi_iq_scales16(const uint8_t *p) {
+    const __m128i v = _mm_loadl_epi64((const __m128i *)p);
+    const __m128i n = _mm_unpacklo_epi8(_mm_and_si128(v, _mm_set1_epi8(15)),
+                                        _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15)));
+    const __m256i w = _mm256_cvtepu8_epi16(n);
+    return _mm256_add_epi16(_mm256_add_epi16(w, w), _mm256_set1_epi16(1));
+}
+/* Q3_K: its 16 six-bit scales minus 32 as words (p: the block's 12 scale bytes). Group g: the low nibble of byte
+ * g (g < 8) or the high nibble of byte g - 8, its top two bits bits 2 (g / 4) of byte 8 + g % 4. The 16 bytes
+ * loaded end at the last scale byte (p - 4 is still inside the block), then shift down */
+static inline __m256i pi_q3k_scales16(const uint8_t *p) {
+    const __m128i raw = _mm_srli_si128(_mm_loadu_si128((const __m128i *)(p - 4)), 4);
+    const __m128i nib = _mm_unpacklo_epi64(_mm_and_si128(raw, _mm_set1_epi8(15)),
+                                           _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
+    const __m128i top = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(raw, 0xaa), _mm_setr_epi32(0, 2, 4, 6)),
+                                      _mm_set1_epi8(3));
+    return _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_or_si128(nib, _mm_slli_epi16(top, 4))), _mm256_set1_epi16(32));
+}
 #endif
 
 static inline int pi_is_k_type(int type) {

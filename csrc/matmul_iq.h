@@ -49,15 +49,6 @@ INLINE __m256i iq_signs32(__m256i a) {
 #endif
 }
 
-/* 16 four-bit scales, nibble g % 2 of byte g / 2 of the 8 bytes at p -> words 2 ls + 1 */
-INLINE __m256i iq_scales16(const uint8_t *p) {
-    const __m128i v = _mm_loadl_epi64((const __m128i *)p);
-    const __m128i n = _mm_unpacklo_epi8(_mm_and_si128(v, _mm_set1_epi8(15)),
-                                        _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15)));
-    const __m256i w = _mm256_cvtepu8_epi16(n);
-    return _mm256_add_epi16(_mm256_add_epi16(w, w), _mm256_set1_epi16(1));
-}
-
 INLINE void iq_masks(ksb *s, const void *signs) { /* 32 sign bytes, 8 per chunk */
     uint64_t m[4];
     memcpy(m, signs, 32);
@@ -302,7 +293,7 @@ INLINE void unpack_iq2xs(const uint8_t *blk, ksb *s) {
     _mm256_storeu_si256((__m256i *)sg, _mm512_cvtepi16_epi8(sb));
     iq_masks(s, sg);
     iq2_values(s, _mm512_and_si512(w, _mm512_set1_epi16(511)), pi_iq2xs_grid_code, pi_iq2xs_grid_levels, 8);
-    const __m512i s16 = _mm512_zextsi256_si512(iq_scales16(b->scales));
+    const __m512i s16 = _mm512_zextsi256_si512(pi_iq_scales16(b->scales));
 #pragma GCC unroll 4
     for (int c = 0; c < 4; c++) s->sw[c] = scale_words(s16, 4 * c, 1);
     s->d = pi_h2f(b->d) * 0.125f;
@@ -321,7 +312,7 @@ INLINE void unpack_iq2s(const uint8_t *blk, ksb *s) {
     const __m512i idx = _mm512_ternarylogic_epi32(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)b->qs)),
                                                   _mm512_slli_epi16(hi, 8), _mm512_set1_epi16(0x300), 0xf8);
     iq2_values(s, idx, pi_iq2s_grid_code, pi_iq2s_grid_levels, 16);
-    const __m512i s16 = _mm512_zextsi256_si512(iq_scales16(b->scales));
+    const __m512i s16 = _mm512_zextsi256_si512(pi_iq_scales16(b->scales));
 #pragma GCC unroll 4
     for (int c = 0; c < 4; c++) s->sw[c] = scale_words(s16, 4 * c, 1);
     s->d = pi_h2f(b->d) * 0.125f;

@@ -329,16 +329,7 @@ INLINE void unpack_q23k(const uint8_t *blk, ksb *s, const int q3) {
         return;
     }
     const block_q3_K *b = (const block_q3_K *)blk;
-    /* the 16 scales: low nibbles from bytes 0..7 (group g < 8: low, else high nibble of byte g % 8), two
-     * high bits from bytes 8..11 (bits 2(g / 4) of byte 8 + g % 4); 16 bytes loaded ending at the block's
-     * last scale byte (never past the block), then shifted down */
-    const __m128i raw = _mm_srli_si128(_mm_loadu_si128((const __m128i *)(b->scales - 4)), 4);
-    const __m128i nib = _mm_unpacklo_epi64(_mm_and_si128(raw, _mm_set1_epi8(15)),
-                                           _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
-    const __m128i top = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(raw, 0xaa), _mm_setr_epi32(0, 2, 4, 6)),
-                                      _mm_set1_epi8(3));
-    const __m256i sc = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_or_si128(nib, _mm_slli_epi16(top, 4))),
-                                        _mm256_set1_epi16(32));
+    const __m256i sc = pi_q3k_scales16(b->scales); /* the 16 scales minus 32 */
     const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b->hmask));
     q2_planes(b->qs, &s->z[0], &s->z[1]);
     q2_planes(b->qs + 32, &s->z[2], &s->z[3]);

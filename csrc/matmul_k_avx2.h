@@ -172,15 +172,7 @@ K2_INLINE void k2_unpack_q2k(const uint8_t *blk, k2sb *s) {
 
 K2_INLINE void k2_unpack_q3k(const uint8_t *blk, k2sb *s) {
     const block_q3_K *b = (const block_q3_K *)blk;
-    /* scale g (6 bits, minus 32): low nibble of byte g (g < 8) or high nibble of byte g - 8, its top two bits
-     * bits 2 (g / 4) of byte 8 + g % 4; the 16 bytes loaded end at the block's last scale byte, then shifted */
-    const __m128i raw = _mm_srli_si128(_mm_loadu_si128((const __m128i *)(b->scales - 4)), 4);
-    const __m128i nib = _mm_unpacklo_epi64(_mm_and_si128(raw, _mm_set1_epi8(15)),
-                                           _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15)));
-    const __m128i top = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(raw, 0xaa), _mm_setr_epi32(0, 2, 4, 6)),
-                                      _mm_set1_epi8(3));
-    const __m256i sc = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_or_si128(nib, _mm_slli_epi16(top, 4))),
-                                        _mm256_set1_epi16(32));
+    const __m256i sc = pi_q3k_scales16(b->scales);
     const __m256i hm = _mm256_loadu_si256((const __m256i *)b->hmask);
     k2_planes2(b->qs, s);
 #pragma GCC unroll 8
@@ -260,13 +252,6 @@ K2_INLINE __m256i k2_grid4(const uint32_t *grid, const uint32_t *idx) {
     return _mm256_setr_epi32((int)grid[idx[0]], (int)grid[idx[1]], (int)grid[idx[2]], (int)grid[idx[3]],
                              (int)grid[idx[4]], (int)grid[idx[5]], (int)grid[idx[6]], (int)grid[idx[7]]);
 }
-/* 16 four-bit scales (nibble g % 2 of byte g / 2 at p) -> words 2 ls + 1 for groups of 16 */
-K2_INLINE void k2_iq_scales16(const uint8_t *p, k2sb *s) {
-    const __m128i v = _mm_loadl_epi64((const __m128i *)p);
-    const __m128i n = _mm_unpacklo_epi8(_mm_and_si128(v, _mm_set1_epi8(15)), _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15)));
-    const __m256i w = _mm256_cvtepu8_epi16(n);
-    k2_scales16(_mm256_add_epi16(_mm256_add_epi16(w, w), _mm256_set1_epi16(1)), s);
-}
 K2_INLINE void k2_iq_finish(k2sb *s, float d) {
     s->m16 = _mm256_setzero_si256();
     s->d = d;
@@ -310,7 +295,7 @@ K2_INLINE void k2_unpack_iq2xs(const uint8_t *blk, k2sb *s) {
         s->z[k] = k2_grid8(pi_iq2xs_grid, q[0] & 511, q[1] & 511, q[2] & 511, q[3] & 511);
         s->sg[k] = k2_iq_signs_at(signs8, k);
     }
-    k2_iq_scales16(b->scales, s);
+    k2_scales16(pi_iq_scales16(b->scales), s);
     k2_iq_finish(s, pi_h2f(b->d) * 0.125f);
 }
 
@@ -325,7 +310,7 @@ K2_INLINE void k2_unpack_iq2s(const uint8_t *blk, k2sb *s) {
         memcpy(&sb, b->signs + 4 * k, 4);
         s->sg[k] = k2_iq_signs(sb);
     }
-    k2_iq_scales16(b->scales, s);
+    k2_scales16(pi_iq_scales16(b->scales), s);
     k2_iq_finish(s, pi_h2f(b->d) * 0.125f);
 }
 
