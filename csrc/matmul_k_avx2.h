@@ -21,8 +21,8 @@
  *              signed form: z = the unsigned grid value (IQ2 8..43, IQ3 4..62; never 0), sg = +-1 by its sign
  *              bit, sw = 2 ls + 1 per group of 32 or 16, d = d * f. The grid entries (8 bytes for IQ2, 4 for IQ3)
  *              are loaded one by one and composed into vectors, and each sign byte (bit j: value j negative) is
- *              spread over its 8 weights by one byte shuffle, an and and a compare. IQ1_S / IQ1_M (a 2048-entry
- *              grid plus deltas, rare files) are unpacked by the portable pi_iq_unpack and then loaded.
+ *              spread over its 8 weights by one byte shuffle, an and and a compare. IQ1_S / IQ1_M: q = 8 grid
+ *              + 8 delta (|q| 1, 7 or 9) with d / 8, their grid codes spread to bytes by shifts (k2_iq1_chunk).
  * The lane layouts of the Q4_K/Q5_K mins and of Q6_K's offset (products and offset in one int16 pair sum) were
  * chosen to round like llama.cpp's AVX2 kernels as far as we know them: the integers are exact either way, but
  * Gemma 3 270M's logits moved by ~0.1 between layouts and tests/test_real_model.py's "Water boils at a
@@ -345,20 +345,62 @@ K2_INLINE void k2_unpack_iq3s(const uint8_t *blk, k2sb *s) {
     k2_iq_finish(s, pi_h2f(b->d));
 }
 
-/* IQ1_S / IQ1_M: the portable unpack (q = 8 grid + 8 delta, |q| 1, 7 or 9), then its values loaded */
-K2_INLINE void k2_unpack_iq1(const int type, const uint8_t *blk, k2sb *s) {
-    int8_t q[QK_K] __attribute__((aligned(32)));
-    uint8_t sc[16];
-    float d;
-    const int g = pi_iq_unpack(type, blk, q, sc, &d);
+/* IQ1_S / IQ1_M: chunk k's 4 groups of 8 weights, group l with 11-bit grid index idx[l] and delta neg[l] (1:
+ * -1/8). Each grid code (16 bits, 2 per weight: level 0, 1, 2 = -1, 0, +1) goes as two bytes into two dwords,
+ * whose 4 two-bit fields x | x << 6 | x << 12 | x << 18 spread one per byte; a byte shuffle maps them to 8 grid
+ * (-8, 0, 8), and + 8 delta (+-1) gives q = 8 grid + 8 delta, |q| = 1, 7 or 9 as the portable unpack's */
+K2_INLINE __m256i k2_iq1_chunk(const uint32_t *idx, const int *neg) {
+    uint32_t c[4];
+    for (int l = 0; l < 4; l++) c[l] = pi_iq1s_grid_code[idx[l]];
+    const __m256i x = _mm256_setr_epi32((int)(c[0] & 255), (int)(c[0] >> 8), (int)(c[1] & 255), (int)(c[1] >> 8),
+                                        (int)(c[2] & 255), (int)(c[2] >> 8), (int)(c[3] & 255), (int)(c[3] >> 8));
+    __m256i f = _mm256_or_si256(x, _mm256_slli_epi32(x, 6));
+    f = _mm256_or_si256(f, _mm256_or_si256(_mm256_slli_epi32(x, 12), _mm256_slli_epi32(x, 18)));
+    f = _mm256_and_si256(f, _mm256_set1_epi8(3));
+    const __m256i grid = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)pi_iq1s_grid_levels8)), f);
+    const __m256i delta = _mm256_setr_epi64x(neg[0] ? -1 : 0x0101010101010101LL, neg[1] ? -1 : 0x0101010101010101LL,
+                                             neg[2] ? -1 : 0x0101010101010101LL, neg[3] ? -1 : 0x0101010101010101LL);
+    return _mm256_add_epi8(grid, delta);
+}
+K2_INLINE void k2_iq1_set(k2sb *s, const int k, __m256i q) {
+    s->sg[k] = q;
+    s->z[k] = _mm256_abs_epi8(q);
+}
+
+K2_INLINE void k2_unpack_iq1s(const uint8_t *blk, k2sb *s) {
+    const block_iq1_s *b = (const block_iq1_s *)blk;
 #pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) {
-        s->sg[k] = _mm256_load_si256((const __m256i *)(q + 32 * k));
-        s->z[k] = _mm256_abs_epi8(s->sg[k]);
-        if (g == 32) s->sw[k] = _mm256_set1_epi16((short)sc[k]);
+    for (int k = 0; k < 8; k++) { /* qh[k]: 3 index bits per group, ls (bits 12..14), the delta's sign (15) */
+        const uint32_t h = b->qh[k];
+        uint32_t idx[4];
+        int neg[4];
+        for (int l = 0; l < 4; l++) {
+            idx[l] = b->qs[4 * k + l] | ((h >> 3 * l) & 7) << 8;
+            neg[l] = (int)(h >> 15);
+        }
+        k2_iq1_set(s, k, k2_iq1_chunk(idx, neg));
+        s->sw[k] = _mm256_set1_epi16((short)(2 * ((h >> 12) & 7) + 1));
     }
-    if (g != 32) k2_scales16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sc)), s);
-    k2_iq_finish(s, d);
+    k2_iq_finish(s, pi_h2f(b->d) * 0.125f);
+}
+
+K2_INLINE void k2_unpack_iq1m(const uint8_t *blk, k2sb *s) {
+    const block_iq1_m *b = (const block_iq1_m *)blk;
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) { /* group i's nibble of qh: 3 index bits, then the delta's sign */
+        uint32_t idx[4];
+        int neg[4];
+        for (int l = 0; l < 4; l++) {
+            const int i = 4 * k + l, nib = (b->qh[i / 2] >> 4 * (i % 2)) & 15;
+            idx[l] = b->qs[i] | (uint32_t)(nib & 7) << 8;
+            neg[l] = nib >> 3;
+        }
+        k2_iq1_set(s, k, k2_iq1_chunk(idx, neg));
+    }
+    uint16_t sc[16]; /* 16 groups of 16: three bits each, four per scale word */
+    for (int g = 0; g < 16; g++) sc[g] = (uint16_t)(2 * ((b->scales[g / 4] >> 3 * (g % 4)) & 7) + 1);
+    k2_scales16(_mm256_loadu_si256((const __m256i *)sc), s);
+    k2_iq_finish(s, pi_h2f(pi_iq1m_d(b)) * 0.125f);
 }
 
 K2_INLINE void k2_unpack(const int type, const uint8_t *blk, k2sb *s) {
@@ -371,7 +413,8 @@ K2_INLINE void k2_unpack(const int type, const uint8_t *blk, k2sb *s) {
     else if (type == PI_IQ2_S) k2_unpack_iq2s(blk, s);
     else if (type == PI_IQ3_XXS) k2_unpack_iq3xxs(blk, s);
     else if (type == PI_IQ3_S) k2_unpack_iq3s(blk, s);
-    else if (type == PI_IQ1_S || type == PI_IQ1_M) k2_unpack_iq1(type, blk, s);
+    else if (type == PI_IQ1_S) k2_unpack_iq1s(blk, s);
+    else if (type == PI_IQ1_M) k2_unpack_iq1m(blk, s);
     else k2_unpack_q45k(blk, s, type == PI_Q5_K);
 }
 
