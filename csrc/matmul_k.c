@@ -60,9 +60,12 @@
  *     one convert and one FMA into 8 f32 lanes, the mins (Q4_K/Q5_K/Q2_K) one madd of the bsums, one convert
  *     and one FMA; Q6_K and IQ4_XS keep signed weights and move their signs onto the activations (psignb), so
  *     Q6_K's -32 needs no bsums term; Q3_K's -4 is one bsums madd. Decode (k2_dot) runs one row whole; prefill
- *     (n_tok > 1) takes each row against tiles of K2_TILE = 4 tokens, TOK_BLOCK tokens per pass over the row,
- *     each super-block unpacked once per tile (1.2-1.9x calling the decode dot per token; tiles of 2 or 8
- *     tokens were slower, and spans of 8 super-blocks over blocks of 16 rows, as AVX-512 does, 0.7-1.1x).
+ *     (n_tok > 1) takes each row against tiles of K2_TILE = 8 tokens, TOK_BLOCK tokens per pass over the row,
+ *     each super-block unpacked once per tile (at 4 tokens: 1.2-1.9x calling the decode dot per token; spans
+ *     of 8 super-blocks over blocks of 16 rows, as AVX-512 does, 0.7-1.1x). 8 against 4 tokens, measured
+ *     later with the I-quants on this path (`bench_prefill_ab.py OLD NEW --shapes 4096x11008 --threads 2
+ *     --rounds 3`, same bits): Q4_K 1.00x, Q6_K 1.21-1.30x, IQ2_XXS 1.29-1.30x, IQ3_S 1.28-1.33x (a first
+ *     measurement, on a host shared with another job, had found 8 slower).
  *     This 2-core AMD EPYC (AVX2, no AVX-512), another job sharing the cores, medians:
  *       bench_matvec_hot (1 thread, weights in cache): Q4_K 2.1 -> 16.1-16.7 GB/s, Q5_K 2.1 -> 15.0,
  *         Q6_K 2.4 -> 15.6 (19.4 with the -32 via bsums, see matmul_k_avx2.h for why not), Q2_K 0.6 -> 8-9.5,

@@ -36,7 +36,7 @@
 
 #define K2_INLINE static inline __attribute__((always_inline))
 #ifndef K2_TILE
-#define K2_TILE 4 /* prefill: tokens per tile (a super-block is unpacked once per K2_TILE tokens) */
+#define K2_TILE 8 /* prefill: tokens per tile (a super-block is unpacked once per K2_TILE tokens) */
 #endif
 
 typedef struct {
