@@ -221,16 +221,9 @@ K2_INLINE void k2_unpack_iq4xs(const uint8_t *blk, k2sb *s) {
 }
 
 /* ---- I-quants ---- */
-/* 4 sign bytes (byte b: the 8 weights 8b .. 8b + 7 of a chunk, bit j: weight 8b + j negative) -> the chunk's
- * 32 sign sources, -1 or +1 per weight */
-K2_INLINE __m256i k2_iq_signs(uint32_t signs) {
-    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)signs),
-                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(1));
-}
-/* the same from dword k of 8 sign dwords (pi_iq_signs32's output) */
+/* Dword k of 8 dwords of sign bytes (byte b of dword k: the 8 weights 8b .. 8b + 7 of chunk k, bit j: weight
+ * 8b + j negative; pi_iq_signs32's output, or IQ2_S / IQ3_S's 32 sign bytes as they are) -> chunk k's 32 sign
+ * sources, -1 or +1 per weight */
 K2_INLINE __m256i k2_iq_signs_at(__m256i signs8, const int k) {
     const __m256i dw = _mm256_permutevar8x32_epi32(signs8, _mm256_set1_epi32(k));
     const __m256i spread = _mm256_shuffle_epi8(dw, _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
@@ -301,14 +294,13 @@ K2_INLINE void k2_unpack_iq2xs(const uint8_t *blk, k2sb *s) {
 
 K2_INLINE void k2_unpack_iq2s(const uint8_t *blk, k2sb *s) {
     const block_iq2_s *b = (const block_iq2_s *)blk;
+    const __m256i signs8 = _mm256_loadu_si256((const __m256i *)b->signs);
 #pragma GCC unroll 8
     for (int k = 0; k < 8; k++) { /* index: qs byte plus two bits of qh[k]; the sign bytes as they are */
         const uint32_t h = b->qh[k];
         s->z[k] = k2_grid8(pi_iq2s_grid, b->qs[4 * k] | (h & 3) << 8, b->qs[4 * k + 1] | (h >> 2 & 3) << 8,
                            b->qs[4 * k + 2] | (h >> 4 & 3) << 8, b->qs[4 * k + 3] | (h >> 6 & 3) << 8);
-        uint32_t sb;
-        memcpy(&sb, b->signs + 4 * k, 4);
-        s->sg[k] = k2_iq_signs(sb);
+        s->sg[k] = k2_iq_signs_at(signs8, k);
     }
     k2_scales16(pi_iq_scales16(b->scales), s);
     k2_iq_finish(s, pi_h2f(b->d) * 0.125f);
@@ -333,13 +325,13 @@ K2_INLINE void k2_unpack_iq3xxs(const uint8_t *blk, k2sb *s) {
 
 K2_INLINE void k2_unpack_iq3s(const uint8_t *blk, k2sb *s) {
     const block_iq3_s *b = (const block_iq3_s *)blk;
+    const __m256i signs8 = _mm256_loadu_si256((const __m256i *)b->signs);
 #pragma GCC unroll 8
     for (int k = 0; k < 8; k++) { /* index: qs byte plus bit i of qh[k]; the sign bytes as they are */
-        uint32_t idx[8], sb;
+        uint32_t idx[8];
         for (int i = 0; i < 8; i++) idx[i] = b->qs[8 * k + i] | ((uint32_t)(b->qh[k] >> i) & 1) << 8;
         s->z[k] = k2_grid4(pi_iq3s_grid, idx);
-        memcpy(&sb, b->signs + 4 * k, 4);
-        s->sg[k] = k2_iq_signs(sb);
+        s->sg[k] = k2_iq_signs_at(signs8, k);
         s->sw[k] = _mm256_set1_epi16((short)(2 * ((b->scales[k / 2] >> 4 * (k % 2)) & 15) + 1));
     }
     k2_iq_finish(s, pi_h2f(b->d));

@@ -165,7 +165,6 @@ def test_q1_iq4nl_matmul_is_exact_integer_arithmetic(kernels, ggml_type):
     np.testing.assert_array_equal(kernels.matmul_rows(w, np.array([0, 4, 8], np.int32), x), want[:, [0, 4, 8]])
 
 
-
 @pytest.mark.parametrize("ggml_type", BLOCK_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("n_cols", [32, 96, 640])
 def test_row_tail_ignores_the_bytes_after_it(kernels, ggml_type, n_cols):
@@ -177,7 +176,7 @@ def test_row_tail_ignores_the_bytes_after_it(kernels, ggml_type, n_cols):
     n_rows = 12
     w = make_weight(ggml_type, n_rows, n_cols, seed=n_cols)
     x = rng.standard_normal((2, n_cols), dtype=np.float32)
-    block, size = GGML_QUANT_SIZES[ggml_type]
+    size = GGML_QUANT_SIZES[ggml_type][1]
     for r in range(0, n_rows - 1, 2):  # poison every odd row; compare the even rows before them
         poisoned = w.data.copy().reshape(n_rows, -1, size)
         zeroed = poisoned.copy()
@@ -190,6 +189,7 @@ def test_row_tail_ignores_the_bytes_after_it(kernels, ggml_type, n_cols):
         want = kernels.matmul(Tensor("w", ggml_type, w.shape, zeroed.reshape(w.data.shape)), x)
         assert np.isfinite(got[r]), f"{ggml_type.name} row {r}: {got[r]}"
         np.testing.assert_array_equal(got[r], want[0, r])
+
 
 @pytest.mark.parametrize("ggml_type", BLOCK_TYPES, ids=lambda t: t.name)
 def test_matmul_rows_longer_than_the_row_decoder_takes(kernels, ggml_type):
