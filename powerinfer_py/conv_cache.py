@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import PowerInferError
-from .kv_cache import KVCache
+from .kv_cache import KVCache, lazy_zeros
 
 
 class ConvKVCache(KVCache):
@@ -35,8 +35,8 @@ class ConvKVCache(KVCache):
             raise ValueError(f"a convolution cache needs a kernel of at least 2 tokens, got {kernel}")
         empty = np.zeros((n_head_kv, 0, head_dim), dtype=np.float16)
         shape = (n_head_kv, self.n_ctx, head_dim)
-        self.k = [empty if conv else np.zeros(shape, dtype=np.float16) for conv in conv_layers]
-        self.v = [empty if conv else np.zeros(shape, dtype=np.float16) for conv in conv_layers]
+        self.k = [empty if conv else lazy_zeros(shape) for conv in conv_layers]
+        self.v = [empty if conv else lazy_zeros(shape) for conv in conv_layers]
         # per conv layer f32 [kernel - 1, n_embd]: the conv inputs at positions state_pos - kernel + 1 .. state_pos - 1
         self.conv = [np.zeros((kernel - 1, n_embd), dtype=np.float32) if conv else None for conv in conv_layers]
         self.state_pos = 0

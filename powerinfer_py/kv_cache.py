@@ -2,14 +2,36 @@
 
 Layout per layer: k[layer], v[layer] f16 [n_head_kv, n_ctx, head_dim], the layout the attention kernel reads
 (one contiguous [n_ctx, head_dim] plane per KV head). Positions 0..n_past-1 are valid; the model writes the
-K/V of new tokens at n_past.. and then advances n_past. The arrays are allocated zeroed (calloc), so pages of
-a large context that are never reached cost no memory.
+K/V of new tokens at n_past.. and then advances n_past.
+
+The planes are allocated by `lazy_zeros`: anonymous memory in ordinary 4 KB pages, zero-filled by the kernel
+when first written, so pages of a large context that are never reached cost no memory and no time. Plain
+np.zeros asks for transparent huge pages on arrays of 4 MB and more; with one plane per head, the first token
+then writes into every 2 MB page of the cache, and the kernel zeroes the whole cache inside the first prompt
+(measured on a 7B-layer-shape model, 8 layers, n_ctx 2048, 268 MB of cache: an 8-token prompt took 0.86-1.28 s
+against 0.24-0.29 s with 4 KB pages; decode at 1500 positions was 41-46 ms per token either way).
 """
 from __future__ import annotations
+
+import mmap
 
 import numpy as np
 
 from .errors import ContextFullError
+
+
+def lazy_zeros(shape, dtype=np.float16) -> np.ndarray:
+    """A writable zero array of `shape` whose memory is committed page by page as it is first written (4 KB
+    pages: no transparent huge pages, see the module docstring). The array keeps its mapping alive."""
+    shape = tuple(int(s) for s in shape)
+    count = int(np.prod(shape, dtype=np.int64))
+    nbytes = count * np.dtype(dtype).itemsize
+    if nbytes == 0:
+        return np.zeros(shape, dtype=dtype)
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(m, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
+        m.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(m, dtype=dtype, count=count).reshape(shape)
 
 
 class KVCache:
@@ -19,8 +41,8 @@ class KVCache:
         self.n_ctx = int(n_ctx)
         self.n_past = 0
         shape = (n_head_kv, self.n_ctx, head_dim)
-        self.k = [np.zeros(shape, dtype=np.float16) for _ in range(n_layer)]
-        self.v = [np.zeros(shape, dtype=np.float16) for _ in range(n_layer)]
+        self.k = [lazy_zeros(shape) for _ in range(n_layer)]
+        self.v = [lazy_zeros(shape) for _ in range(n_layer)]
 
     def check_room(self, n_new: int) -> None:
         """Raise ContextFullError if n_new more positions do not fit after the n_past already held."""

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..kernels.ref import dequantize
-from ..kv_cache import KVCache
+from ..kv_cache import KVCache, lazy_zeros
 from ..moe import MoEFFN
 from ..tensor import GGMLType, Tensor
 from .base import Expected, Model, ffn_expected, get_tensor, head_expected, norm_weight
@@ -76,7 +76,7 @@ class LatentCache(KVCache):
 
     def __init__(self, n_layer: int, n_ctx: int, width: int):
         super().__init__(0, 1, n_ctx, width)
-        self.k = [np.zeros((1, self.n_ctx, width), dtype=np.float16) for _ in range(n_layer)]
+        self.k = [lazy_zeros((1, self.n_ctx, width)) for _ in range(n_layer)]
         self.v = self.k
 
     @property

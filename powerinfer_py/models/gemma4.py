@@ -42,7 +42,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import ModelFileError
 from ..ffn import FFN, FFNWeights, SparseSettings, ffn_variant
-from ..kv_cache import KVCache
+from ..kv_cache import KVCache, lazy_zeros
 from ..moe import MoEFFN
 from ..tensor import Tensor
 from .base import Expected, get_tensor, head_expected, norm_weight
@@ -109,8 +109,8 @@ class Gemma4Cache(KVCache):
         for il, src in enumerate(layout.kv_source):
             if src == il:
                 shape = (layout.n_head_kv[il], self.n_ctx, layout.head_dim[il])
-                self.k.append(np.zeros(shape, dtype=np.float16))
-                self.v.append(np.zeros(shape, dtype=np.float16))
+                self.k.append(lazy_zeros(shape))
+                self.v.append(lazy_zeros(shape))
             else:
                 self.k.append(self.k[src])
                 self.v.append(self.v[src])
