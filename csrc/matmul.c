@@ -1426,17 +1426,14 @@ TILE_FN(tile_11, 1, 1)
  * padded x copy in mm_run, 128 tokens, 2 threads on the AVX2 EPYC, three alternating runs: F16 11008 x 4096
  * 60-82 -> 112-127 GFLOP/s, 4096 x 11008 104-122 -> 114-130; F32 11008 x 4096 73-78 -> 83-121. */
 #define TPF 6
-static void tile_fw(const mm_job *j, int64_t r0, int64_t t0) {
-    if (j->type == PI_F16) tile_f(j, r0, t0, RP, TPF, PI_F16);
-    else if (j->type == PI_BF16) tile_f(j, r0, t0, RP, TPF, PI_BF16);
-    else tile_f(j, r0, t0, RP, TPF, PI_F32);
+INLINE void tile_f_any(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T) {
+    if (j->type == PI_F16) tile_f(j, r0, t0, R, T, PI_F16);
+    else if (j->type == PI_BF16) tile_f(j, r0, t0, R, T, PI_BF16);
+    else tile_f(j, r0, t0, R, T, PI_F32);
 }
+static void tile_fw(const mm_job *j, int64_t r0, int64_t t0) { tile_f_any(j, r0, t0, RP, TPF); }
 /* one row, the TPF - TP tokens after a TP-token tile_1t */
-static void tile_1t2(const mm_job *j, int64_t r0, int64_t t0) {
-    if (j->type == PI_F16) tile_f(j, r0, t0, 1, TPF - TP, PI_F16);
-    else if (j->type == PI_BF16) tile_f(j, r0, t0, 1, TPF - TP, PI_BF16);
-    else tile_f(j, r0, t0, 1, TPF - TP, PI_F32);
-}
+static void tile_1t2(const mm_job *j, int64_t r0, int64_t t0) { tile_f_any(j, r0, t0, 1, TPF - TP); }
 #endif
 
 static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
