@@ -2,12 +2,19 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from powerinfer_py.demo import demo_model_path
 from powerinfer_py.synth import write_synthetic_model
+
+# A shell without job control starts a background job (`pytest ... &`) with SIGINT ignored, and every process it
+# execs inherits that: the Ctrl-C tests' children would never see their SIGINT. Python's own handler here makes
+# exec'd children start with the default action again, however the suite was launched.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
