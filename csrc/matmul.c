@@ -720,6 +720,16 @@ INLINE fv wf_load(const int type, const void *row, int64_t k, const int tail, la
 INLINE fv xf_load(const float *p, const int tail, lanemask m) { (void)tail; (void)m; return _mm256_loadu_ps(p); }
 INLINE fv fv_fma(fv a, fv b, fv c) { return _mm256_fmadd_ps(a, b, c); }
 #endif
+/* An x vector that several rows' fmas share, held in a register: left to itself gcc folds the load into each of
+ * those fmas as a memory operand, so a 2 x 6 tile issued 12 x loads + 2 weight loads per step where 6 + 2 do
+ * (Zen 3 issues two 256-bit loads a cycle: 7 cycles of loads against 6 of fmas). */
+INLINE fv xf_shared(const float *p, const int tail, lanemask m) {
+    fv v = xf_load(p, tail, m);
+#if defined(MM_AVX2)
+    __asm__("" : "+x"(v));
+#endif
+    return v;
+}
 
 static inline float wf_scalar(int type, const void *row, int64_t k) {
     if (type == PI_F32) return ((const float *)row)[k];
@@ -735,10 +745,28 @@ INLINE void tile_f_step(const mm_job *j, const uint8_t **rows, int64_t t0, int64
     for (int r = 0; r < R; r++) wv[r] = wf_load(type, rows[r], k, tail, m);
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) {
-        fv xv = xf_load(j->x + (t0 + t) * (j->xstride ? j->xstride : j->n_cols) + k, tail, m);
+        const float *xp = j->x + (t0 + t) * (j->xstride ? j->xstride : j->n_cols) + k;
+        fv xv = R > 1 ? xf_shared(xp, tail, m) : xf_load(xp, tail, m);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) acc[r][t] = fv_fma(wv[r], xv, acc[r][t]);
     }
+}
+
+/* y for a tile's R rows x T tokens: each accumulator's lanes summed, then (AVX2) the columns past the last full
+ * vector, as scalars */
+INLINE void tile_f_store(const mm_job *j, const uint8_t *const *rows, int64_t r0, int64_t t0, fv acc[][8],
+                         const int R, const int T, const int type) {
+    const int64_t K = j->n_cols, kfull = K / FL * FL;
+    (void)rows; (void)type; (void)kfull;
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            float s = fv_sum(acc[r][t]);
+#if defined(MM_AVX2)
+            const float *x = j->x + (t0 + t) * (j->xstride ? j->xstride : K);
+            for (int64_t k = kfull; k < K; k++) s += wf_scalar(type, rows[r], k) * x[k];
+#endif
+            j->y[(t0 + t) * j->n_rows + r0 + r] = s;
+        }
 }
 
 INLINE void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T, const int type) {
@@ -765,15 +793,7 @@ INLINE void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
 #if defined(MM_AVX512)
     if (kfull < K) tile_f_step(j, rows, t0, kfull, acc, R, T, type, 1, (lanemask)((1u << (K - kfull)) - 1));
 #endif
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) {
-            float s = fv_sum(acc[r][t]);
-#if defined(MM_AVX2)
-            const float *x = j->x + (t0 + t) * (j->xstride ? j->xstride : K);
-            for (int64_t k = kfull; k < K; k++) s += wf_scalar(type, rows[r], k) * x[k];
-#endif
-            j->y[(t0 + t) * j->n_rows + r0 + r] = s;
-        }
+    tile_f_store(j, rows, r0, t0, acc, R, T, type);
 }
 #else
 static void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T, const int type) {
@@ -1431,7 +1451,47 @@ INLINE void tile_f_any(const mm_job *j, int64_t r0, int64_t t0, const int R, con
     else if (j->type == PI_BF16) tile_f(j, r0, t0, R, T, PI_BF16);
     else tile_f(j, r0, t0, R, T, PI_F32);
 }
-static void tile_fw(const mm_job *j, int64_t r0, int64_t t0) { tile_f_any(j, r0, t0, RP, TPF); }
+/* The RP x TPF tiles of rows [rb, re) (at most ROW_BLOCK) against tokens t0.., in column blocks of FKB: one
+ * block of the TPF tokens' x (12 KB of f32) stays in L1 while every row pair of the block passes it, and the
+ * pairs' accumulators wait in a 3 KB buffer between blocks. Tiles over whole rows read 6 x vectors of 32 bytes
+ * per 2 x 16 bytes of F16 weights, and at K = 4096 the tokens' 96 KB of x come from L2, whose 32 bytes a cycle
+ * to L1 are what the tile then runs at; at K = 11008 they are 264 KB and come from L3. Every lane sees the same
+ * fmas in the same order: the same bits. `bench_prefill_ab.py OLD NEW --types F16 --n-tok 128 --threads 2` on the
+ * AVX2 EPYC, three runs: 4096 x 11008 1.08-1.25x, 11008 x 4096 0.98-1.06x (FKB 256 and 1024 no better).
+ * Returns the rows done (whole pairs). */
+#define FKB 512
+INLINE int64_t rows_f_kblocked(const mm_job *j, int64_t rb, int64_t re, int64_t t0, const int type) {
+    fv buf[ROW_BLOCK / RP][RP][8];
+    const int64_t npair = (re - rb) / RP, kfull = j->n_cols / FL * FL;
+    for (int64_t p = 0; p < npair; p++)
+        for (int r = 0; r < RP; r++)
+            for (int t = 0; t < TPF; t++) buf[p][r][t] = fv_zero();
+    for (int64_t kb = 0; kb < kfull; kb += FKB) {
+        const int64_t ke = kb + FKB < kfull ? kb + FKB : kfull;
+        for (int64_t p = 0; p < npair; p++) {
+            const uint8_t *rows[RP];
+            fv acc[RP][8];
+            for (int r = 0; r < RP; r++) {
+                rows[r] = mm_row(j, rb + p * RP + r);
+                for (int t = 0; t < TPF; t++) acc[r][t] = buf[p][r][t];
+            }
+            for (int64_t k = kb; k < ke; k += FL) tile_f_step(j, rows, t0, k, acc, RP, TPF, type, 0, 0);
+            for (int r = 0; r < RP; r++)
+                for (int t = 0; t < TPF; t++) buf[p][r][t] = acc[r][t];
+        }
+    }
+    for (int64_t p = 0; p < npair; p++) {
+        const uint8_t *rows[RP];
+        for (int r = 0; r < RP; r++) rows[r] = mm_row(j, rb + p * RP + r);
+        tile_f_store(j, rows, rb + p * RP, t0, buf[p], RP, TPF, type);
+    }
+    return npair * RP;
+}
+static int64_t rows_fw(const mm_job *j, int64_t rb, int64_t re, int64_t t0) {
+    if (j->type == PI_F16) return rows_f_kblocked(j, rb, re, t0, PI_F16);
+    if (j->type == PI_BF16) return rows_f_kblocked(j, rb, re, t0, PI_BF16);
+    return rows_f_kblocked(j, rb, re, t0, PI_F32);
+}
 /* one row, the TPF - TP tokens after a TP-token tile_1t */
 static void tile_1t2(const mm_job *j, int64_t r0, int64_t t0) { tile_f_any(j, r0, t0, 1, TPF - TP); }
 #endif
@@ -1494,10 +1554,9 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
             const int64_t re = rb + ROW_BLOCK < r_end ? rb + ROW_BLOCK : r_end;
             int64_t t = tb, r;
 #if defined(MM_AVX2)
-            if (j->type == PI_F16 || j->type == PI_BF16 || j->type == PI_F32) /* TPF tokens: see tile_fw */
+            if (j->type == PI_F16 || j->type == PI_BF16 || j->type == PI_F32) /* TPF tokens: see rows_f_kblocked */
                 for (; t + TPF <= te; t += TPF) {
-                    for (r = rb; r + RP <= re; r += RP) tile_fw(j, r, t);
-                    for (; r < re; r++) tile_1t(j, r, t), tile_1t2(j, r, t + TP);
+                    for (r = rb + rows_fw(j, rb, re, t); r < re; r++) tile_1t(j, r, t), tile_1t2(j, r, t + TP);
                 }
 #endif
             for (; t + TP <= te; t += TP) {

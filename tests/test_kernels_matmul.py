@@ -257,6 +257,25 @@ def test_k_quant_prefill_tiles_give_decode_bits(kernels, ggml_type):
     np.testing.assert_array_equal(kernels.matmul_rows(w, rows, x), want[:, rows])
 
 
+@pytest.mark.parametrize("ggml_type", FLOAT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_cols", [1029, 2048])
+def test_float_prefill_blocks_give_decode_bits(kernels, ggml_type, n_cols):
+    """Float prefill (AVX2) runs row pairs against 6 tokens in column blocks of 512, the running sums kept
+    between blocks (matmul.c rows_f_kblocked); rows a multiple of 4 KB get their tokens' x copied to padded
+    rows. Partial row blocks, several column blocks with a short last one and a scalar tail (1029), the padded
+    copy (2048) and tokens left over after the 6-token tiles (6 + 6 + 4 + 1) must give every (row, token) the
+    bits of the one-token call, dense and gathered."""
+    n_rows, n_tok = 37, 17
+    w = make_weight(ggml_type, n_rows, n_cols, seed=5)
+    x = np.random.default_rng(6).standard_normal((n_tok, n_cols), dtype=np.float32)
+    y = kernels.matmul(w, x)
+    want = np.stack([kernels.matmul(w, x[t]) for t in range(n_tok)])
+    np.testing.assert_array_equal(y, want)
+    assert (np.abs(y.astype(np.float64) - ref.matmul(w, x)) <= error_bound(w, x)).all()
+    rows = np.array([0, 3, 4, 17, 18, 19, 20, 33, 36], np.int32)
+    np.testing.assert_array_equal(kernels.matmul_rows(w, rows, x), want[:, rows])
+
+
 def test_q8_K_activation_quantization():
     """llama.cpp's Q8_K: iscale = -127 / (first element of largest magnitude, sign kept), q = min(127,
     round-half-even(iscale * x)), d = 1 / iscale, bsums = sums of 16; an all-zero block has d = 0."""
