@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from . import options as O
-from .shell import EXIT_INTERRUPTED, fail, model_path, stderr, user_errors
+from .shell import EXIT_INTERRUPTED, fail, model_path, print_load_notes, stderr, user_errors
 
 EPILOG = """\
 [bold]Examples[/]
@@ -93,8 +93,7 @@ def _open(model, system, template, n_predict, threads, ctx_size, load_options, s
     from powerinfer_py.chat import ChatSession, template_for
 
     llm = load(model_path(model), threads=threads, n_ctx=ctx_size, **load_options)
-    if llm.backend is not None and llm.backend.warn:
-        stderr.print(llm.backend.lines()[0], style="yellow")
+    print_load_notes(llm)
     try:
         return ChatSession(llm, template_for(llm, template), system, max_tokens=n_predict, sampling=sampling)
     except BaseException:

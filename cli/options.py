@@ -35,7 +35,8 @@ FREQUENCY_PENALTY = typer.Option(0.0, "--frequency-penalty", callback=_finite, h
                                  "recent tokens from its logit (0 = off; OpenAI's frequency_penalty).")
 PRESENCE_PENALTY = typer.Option(0.0, "--presence-penalty", callback=_finite, help="Subtract this from the logit of every token among "
                                 "the recent tokens (0 = off; OpenAI's presence_penalty).")
-SEED = typer.Option(None, "--seed", help="Random seed: the same seed, the same text.")
+SEED = typer.Option(None, "--seed", min=-1,
+                    help="Random seed: the same seed, the same text (-1: a random one, as without --seed).")
 THREADS = typer.Option(None, "-t", "--threads", min=1, help="CPU threads (default: all cores).")
 CTX_SIZE = typer.Option(None, "-c", "--ctx-size", min=1, help="Context window in tokens (default: the runtime's).")
 SPARSE = typer.Option(None, "--sparse", metavar=SPARSE_METAVAR, help=SPARSE_HELP)

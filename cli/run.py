@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from . import options as O
-from .shell import EXIT_INTERRUPTED, model_path, stderr, user_errors
+from .shell import EXIT_INTERRUPTED, model_path, print_load_notes, stderr, user_errors
 
 EPILOG = """\
 [bold]Examples[/]
@@ -76,8 +76,7 @@ def _run(prompt, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, se
     load_s = time.perf_counter() - t0
     if verbose:
         _print_load(llm, path, load_s)
-    if llm.backend is not None and (verbose or llm.backend.warn):
-        stderr.print(llm.backend.lines()[0], style="dim" if not llm.backend.warn else "yellow")
+    print_load_notes(llm, verbose)
     gen = llm.generate_tokens(text, max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p,
                               min_p=min_p, repeat_penalty=repeat_penalty, seed=seed,
                               frequency_penalty=frequency_penalty, presence_penalty=presence_penalty)

@@ -6,7 +6,7 @@ from typing import Optional
 import typer
 
 from . import options as O
-from .shell import EXIT_INTERRUPTED, model_path, stderr, user_errors
+from .shell import EXIT_INTERRUPTED, model_path, print_load_notes, stderr, user_errors
 
 EPILOG = """\
 [bold]Examples[/]
@@ -59,8 +59,7 @@ def serve(
             raise typer.Exit(EXIT_INTERRUPTED)
         idle = True
         try:
-            if llm.backend is not None and llm.backend.warn:
-                stderr.print(llm.backend.lines()[0], style="yellow")
+            print_load_notes(llm)
             defaults = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                                       repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                                       presence_penalty=presence_penalty)

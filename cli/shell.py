@@ -60,3 +60,12 @@ def model_path(name: str) -> Path:
     from powerinfer_py.hub import resolve_model
 
     return resolve_model(name)
+
+
+def print_load_notes(llm, verbose: bool = False) -> None:
+    """After loading: where the model runs when it is not where it was asked to (always; with verbose, in any
+    case), and a context longer than the model was trained for."""
+    if llm.backend is not None and (verbose or llm.backend.warn):
+        stderr.print(llm.backend.lines()[0], style="dim" if not llm.backend.warn else "yellow")
+    if llm.context_note:
+        stderr.print(f"warning: {llm.context_note}", style="yellow")

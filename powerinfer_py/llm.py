@@ -77,6 +77,14 @@ class LLM:
         self._active: Generation | None = None  # the generation that owns the cache right now
         self.last_stats: GenerationStats | None = None
 
+    @property
+    def context_note(self) -> str | None:
+        """A warning when the context is longer than the model was trained for (llama.cpp warns too), else None."""
+        if self.n_ctx <= self.config.n_ctx_train:
+            return None
+        return (f"the context ({self.n_ctx} tokens) is longer than the {self.config.n_ctx_train} the model was "
+                "trained on: text past that point may come out garbled")
+
     # -- tokens ------------------------------------------------------------------------------------------
 
     def tokenize(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:

@@ -158,7 +158,8 @@ class SamplingParams:
     repetition penalty), logit_bias () (pairs of token id and the bias added to its logit).
 
     temperature <= 0 means greedy decoding (argmax after the repetition penalty).
-    seed None draws a fresh random seed; an int makes the token stream reproducible.
+    seed None (or -1, llama.cpp's spelling) draws a fresh random seed; a seed >= 0 makes the token stream
+    reproducible.
     """
     temperature: float = 0.8
     top_k: int = 40
@@ -172,6 +173,10 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
+        if self.seed is not None and self.seed < 0:
+            if self.seed != -1:
+                raise ValueError(f"seed must be >= 0, or -1 for a random one, got {self.seed}")
+            object.__setattr__(self, "seed", None)
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if not 0.0 < self.top_p <= 1.0:

@@ -148,6 +148,21 @@ def test_run_same_seed_same_output(llama_f32):
     assert a["tokens"] == b["tokens"] and a["text"] == b["text"]
     others = [run_json(llama_f32, "hello", *args, "--seed", str(s))["tokens"] for s in (8, 9, 10)]
     assert any(o != a["tokens"] for o in others), "the seed has no effect on sampling"
+    assert len(run_json(llama_f32, "hello", *args, "--seed", "-1")["tokens"]) > 0  # -1: a random seed
+    res = invoke("run", "-m", llama_f32, "hello", *args, "--seed", "-5")
+    assert res.exit_code == 2 and "--seed" in res.stderr and "Traceback" not in res.stderr + res.stdout
+
+
+def test_run_warns_when_the_context_outgrows_training(llama_f32):
+    from powerinfer_py.config import ModelConfig
+
+    with open_gguf(llama_f32) as f:
+        n_train = ModelConfig.from_gguf(f).n_ctx_train
+    res = invoke("run", "-m", llama_f32, "hello", "-n", "2", "--temp", "0", "-t", "1", "-c", str(n_train + 1))
+    assert res.exit_code == 0, res.stderr
+    assert f"warning: the context ({n_train + 1} tokens) is longer than the {n_train}" in res.stderr
+    res = invoke("run", "-m", llama_f32, "hello", "-n", "2", "--temp", "0", "-t", "1", "-c", str(n_train))
+    assert res.exit_code == 0 and "warning" not in res.stderr
 
 
 def test_run_streams_the_same_text_as_json(llama_f32):

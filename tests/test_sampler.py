@@ -194,6 +194,9 @@ def test_params_validation():
         SamplingParams(frequency_penalty=float("nan"))
     with pytest.raises(ValueError, match="logit_bias"):
         SamplingParams(logit_bias=((-1, 1.0),))
+    with pytest.raises(ValueError, match="seed must be >= 0, or -1"):
+        SamplingParams(seed=-2)
+    assert SamplingParams(seed=-1).seed is None  # llama.cpp's "random seed"
 
 
 def _reference_sample(logits, p: SamplingParams, u: float) -> int:
