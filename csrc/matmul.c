@@ -1547,9 +1547,15 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
         return;
     }
     /* TOK_BLOCK tokens' activations stay in L2 while the chunk's rows pass by in blocks of ROW_BLOCK rows,
-     * which stay in L1/L2 for all of those tokens */
-    for (int64_t tb = 0; tb < j->n_tok; tb += TOK_BLOCK) {
-        const int64_t te = tb + TOK_BLOCK < j->n_tok ? tb + TOK_BLOCK : j->n_tok;
+     * which stay in L1/L2 for all of those tokens. AVX2 float types take 66 (11 x TPF): only the last block
+     * can then leave tokens to the smaller tiles, where 64 left 4 in every block. */
+#if defined(MM_AVX2)
+    const int64_t tok_block = type_kind(j->type) < 0 ? 11 * TPF : TOK_BLOCK;
+#else
+    const int64_t tok_block = TOK_BLOCK;
+#endif
+    for (int64_t tb = 0; tb < j->n_tok; tb += tok_block) {
+        const int64_t te = tb + tok_block < j->n_tok ? tb + tok_block : j->n_tok;
         for (int64_t rb = r_beg; rb < r_end; rb += ROW_BLOCK) {
             const int64_t re = rb + ROW_BLOCK < r_end ? rb + ROW_BLOCK : r_end;
             int64_t t = tb, r;
