@@ -475,9 +475,13 @@ def transposed_predictor(fc2: Tensor | None) -> Tensor | None:
     (a quantized fc2 would need re-quantizing along the other axis: other values, other predictions)."""
     if fc2 is None or fc2.type.name not in FC2_T_TYPES:
         return None
+    try:  # the C transpose when built: ~10x numpy's strided copy (0.1 s per 7B layer at F16)
+        from .kernels.cpu import transpose
+    except ImportError:  # pragma: no cover - only without a built extension
+        def transpose(a):
+            return np.ascontiguousarray(a.T)
     data = np.asarray(fc2.data).reshape(fc2.shape)
-    return Tensor(fc2.name.replace("fc2", "fc2_t"), fc2.type, (fc2.shape[1], fc2.shape[0]),
-                  np.ascontiguousarray(data.T))
+    return Tensor(fc2.name.replace("fc2", "fc2_t"), fc2.type, (fc2.shape[1], fc2.shape[0]), transpose(data))
 
 
 # the hidden layer's non-zero share up to which the AXPY over fc2_t beats the dense mat-vec of fc2 (F16,

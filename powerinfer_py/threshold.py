@@ -120,13 +120,16 @@ def use_transposed(down: Tensor, sparsity: float, choice: str = "auto") -> bool:
 
 def transposed_copy(down: Tensor) -> Tensor:
     """down (n_embd, n_ff) -> down_t (n_ff, n_embd) in transposed_type(down): dequantize, transpose, encode."""
-    try:  # the C codecs when built (fast); the numpy ones otherwise (same values)
-        from .kernels.cpu import dequantize, quantize
+    try:  # the C codecs and transpose when built (fast); the numpy ones otherwise (same values)
+        from .kernels.cpu import dequantize, quantize, transpose
     except ImportError:  # pragma: no cover - only without a built extension
         from .kernels.ref import dequantize, quantize
 
+        def transpose(a):
+            return np.ascontiguousarray(a.T)
+
     ty = transposed_type(down)
-    t = np.ascontiguousarray(np.asarray(dequantize(down), dtype=np.float32).reshape(down.shape).T)
+    t = transpose(np.asarray(dequantize(down), dtype=np.float32).reshape(down.shape))
     name = down.name.replace("ffn_down", "ffn_down_t")
     if ty == GGMLType.F32:
         return Tensor(name, ty, t.shape, t)

@@ -403,3 +403,23 @@ def test_store_kv_rejects_bad_arguments(kern):
         kern.store_kv(plane, 0, np.zeros((1, 3, 4), np.float32))
     with pytest.raises(ValueError, match="float16"):
         kern.store_kv(plane.astype(np.float32), 0, np.zeros((1, 2, 4), np.float32))
+
+
+# ---- transpose (the copies of fc2 and ffn_down made at load) -----------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float16, np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+def test_transpose_matches_numpy(dtype):
+    from powerinfer_py.kernels.cpu import transpose
+
+    rng = np.random.default_rng(3)
+    # 8 x 8 blocks with and without leftover rows and columns, one row or column, rows 2 KB apart (F16 x 1024)
+    for shape in [(1, 1), (1, 13), (13, 1), (8, 8), (16, 24), (19, 37), (40, 1024), (1029, 9)]:
+        a = rng.integers(0, 255, shape).astype(dtype) if dtype == np.uint8 else \
+            rng.standard_normal(shape).astype(dtype)
+        t = transpose(a)
+        assert t.shape == shape[::-1] and t.dtype == a.dtype and t.flags.c_contiguous
+        np.testing.assert_array_equal(t.view(np.uint8), np.ascontiguousarray(a.T).view(np.uint8))
+    assert transpose(np.zeros((0, 5), dtype)).shape == (5, 0)
+    np.testing.assert_array_equal(transpose(a[::2, 1:]), np.ascontiguousarray(a[::2, 1:].T))  # non-contiguous input
+    with pytest.raises(ValueError, match="2-D"):
+        transpose(np.zeros(4, dtype))

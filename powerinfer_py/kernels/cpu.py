@@ -81,6 +81,18 @@ def dequantize(t: Tensor) -> np.ndarray:
     return out
 
 
+def transpose(a: np.ndarray) -> np.ndarray:
+    """A contiguous copy of a 2-D array's transpose (elements of 1, 2, 4 or 8 bytes): np.ascontiguousarray(a.T),
+    done in cache-sized tiles."""
+    a = np.ascontiguousarray(a)
+    if a.ndim != 2 or a.itemsize not in (1, 2, 4, 8):
+        raise ValueError(f"transpose: a 2-D array of 1-, 2-, 4- or 8-byte elements, got {a.dtype} {a.shape}")
+    out = np.empty((a.shape[1], a.shape[0]), dtype=a.dtype)
+    if out.size:
+        lib.pi_transpose(ffi.from_buffer(a), a.shape[0], a.shape[1], a.itemsize, ffi.from_buffer(out))
+    return out
+
+
 def _weight_info(w: Tensor) -> tuple:
     """Checks a weight once: (data, C pointer, type id, n_rows, n_cols). Cached by CpuKernels per tensor."""
     ty = _ref.check_kernel_type(w.type, w.name)
