@@ -723,6 +723,7 @@ INLINE fv fv_fma(fv a, fv b, fv c) { return _mm256_fmadd_ps(a, b, c); }
 /* An x vector that several rows' fmas share, held in a register: left to itself gcc folds the load into each of
  * those fmas as a memory operand, so a 2 x 6 tile issued 12 x loads + 2 weight loads per step where 6 + 2 do
  * (Zen 3 issues two 256-bit loads a cycle: 7 cycles of loads against 6 of fmas). */
+#if defined(MM_AVX512) || defined(MM_AVX2)
 INLINE fv xf_shared(const float *p, const int tail, lanemask m) {
     fv v = xf_load(p, tail, m);
 #if defined(MM_AVX2)
@@ -730,6 +731,7 @@ INLINE fv xf_shared(const float *p, const int tail, lanemask m) {
 #endif
     return v;
 }
+#endif
 
 static inline float wf_scalar(int type, const void *row, int64_t k) {
     if (type == PI_F32) return ((const float *)row)[k];
