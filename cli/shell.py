@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -69,3 +70,16 @@ def print_load_notes(llm, verbose: bool = False) -> None:
         stderr.print(llm.backend.lines()[0], style="dim" if not llm.backend.warn else "yellow")
     if llm.context_note:
         stderr.print(f"warning: {llm.context_note}", style="yellow")
+    n_cpu, n_threads = usable_cpus(), getattr(llm.kernels, "n_threads", 1)
+    if n_threads > n_cpu:
+        cpus = "1 CPU" if n_cpu == 1 else f"{n_cpu} CPUs"
+        stderr.print(f"warning: {n_threads} threads on {cpus}: the threads wait for each other; "
+                     f"-t {n_cpu} or fewer runs faster", style="yellow")
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - macOS, Windows
+        return os.cpu_count() or 1

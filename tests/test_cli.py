@@ -165,6 +165,17 @@ def test_run_warns_when_the_context_outgrows_training(llama_f32):
     assert res.exit_code == 0 and "warning" not in res.stderr
 
 
+def test_run_warns_about_more_threads_than_cpus(llama_f32, monkeypatch):
+    import powerinfer_cli.shell as shell
+
+    monkeypatch.setattr(shell, "usable_cpus", lambda: 1)
+    res = invoke("run", "-m", llama_f32, "hello", "-n", "2", "--temp", "0", "-t", "2")
+    assert res.exit_code == 0, res.stderr
+    assert "warning: 2 threads on 1 CPU:" in res.stderr and "-t 1 or fewer" in res.stderr
+    res = invoke("run", "-m", llama_f32, "hello", "-n", "2", "--temp", "0", "-t", "1")
+    assert res.exit_code == 0 and "warning" not in res.stderr
+
+
 def test_run_streams_the_same_text_as_json(llama_f32):
     out = run_json(llama_f32, "hello", "-n", "8", "--temp", "0")
     res = invoke("run", "-m", llama_f32, "hello", "-n", "8", "--temp", "0", "-t", "1")
