@@ -122,6 +122,8 @@ def _piped(session, single: bool) -> int:
             return EXIT_INTERRUPTED
         sys.stdout.write("\n")
         sys.stdout.flush()
+        if reply.stats.stop_reason == "context":
+            stderr.print(f"context full ({session.n_ctx} tokens): the reply was cut; raise the context size (-c)")
     return 0
 
 

@@ -242,6 +242,7 @@ def test_pipe_mode_prints_one_reply_per_line(synthetic_model, tmp_path):
             r = s.send(msg)
             list(r)
             want.append(r.text)
+        n_prompt = len(s.llm.tokenize(s.template.render([{"role": "user", "content": "hello world"}])))
     finally:
         s.llm.close()
     env = dict(os.environ, POWERINFER_CACHE=str(tmp_path))
@@ -255,3 +256,10 @@ def test_pipe_mode_prints_one_reply_per_line(synthetic_model, tmp_path):
                              "plain", "--temp", "0", "-n", "6", "-t", "1", "--single"],
                             input="hello world\n", capture_output=True, text=True, env=env, timeout=120)
     assert single.returncode == 0 and single.stdout == want[0] + "\n"
+    # a reply cut by a full context says so on stderr (interactive mode says it too)
+    cut = subprocess.run([sys.executable, "-m", "powerinfer_cli", "chat", "-m", str(path), "--template", "plain",
+                          "--temp", "0", "-n", "6", "-t", "1", "-c", str(n_prompt + 2)],
+                         input="hello world\n", capture_output=True, text=True, env=env, timeout=120)
+    assert cut.returncode == 0, cut.stderr
+    assert cut.stdout == want[0][:len(cut.stdout) - 1] + "\n" and len(cut.stdout) < len(want[0]) + 1
+    assert f"context full ({n_prompt + 2} tokens): the reply was cut" in cut.stderr
