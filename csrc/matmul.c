@@ -721,8 +721,8 @@ INLINE fv xf_load(const float *p, const int tail, lanemask m) { (void)tail; (voi
 INLINE fv fv_fma(fv a, fv b, fv c) { return _mm256_fmadd_ps(a, b, c); }
 #endif
 /* An x vector that several rows' fmas share, held in a register: left to itself gcc folds the load into each of
- * those fmas as a memory operand, so a 2 x 6 tile issued 12 x loads + 2 weight loads per step where 6 + 2 do
- * (Zen 3 issues two 256-bit loads a cycle: 7 cycles of loads against 6 of fmas). */
+ * those fmas as a memory operand, so a 2 x 6 tile issued 12 x loads + 2 weight loads per step where 6 + 2 do.
+ * (On the AVX2 EPYC the change alone measured within the noise, 11008 x 4096 F16 114-117 GFLOP/s either way.) */
 #if defined(MM_AVX512) || defined(MM_AVX2)
 INLINE fv xf_shared(const float *p, const int tail, lanemask m) {
     fv v = xf_load(p, tail, m);
@@ -1455,12 +1455,11 @@ INLINE void tile_f_any(const mm_job *j, int64_t r0, int64_t t0, const int R, con
 }
 /* The RP x TPF tiles of rows [rb, re) (at most ROW_BLOCK) against tokens t0.., in column blocks of FKB: one
  * block of the TPF tokens' x (12 KB of f32) stays in L1 while every row pair of the block passes it, and the
- * pairs' accumulators wait in a 3 KB buffer between blocks. Tiles over whole rows read 6 x vectors of 32 bytes
- * per 2 x 16 bytes of F16 weights, and at K = 4096 the tokens' 96 KB of x come from L2, whose 32 bytes a cycle
- * to L1 are what the tile then runs at; at K = 11008 they are 264 KB and come from L3. Every lane sees the same
- * fmas in the same order: the same bits. `bench_prefill_ab.py OLD NEW --types F16 --n-tok 128 --threads 2` on the
- * AVX2 EPYC, three runs: 4096 x 11008 1.08-1.25x, 11008 x 4096 0.98-1.06x (FKB 256 and 1024 no better).
- * Returns the rows done (whole pairs). */
+ * pairs' accumulators wait in a 3 KB buffer between blocks. Over whole rows the 6 tokens' x is 96 KB at
+ * K = 4096 (from L2) and 264 KB at K = 11008, more than this EPYC's 512 KB L2 holds beside the rows: that is
+ * where the blocks pay. Every lane sees the same fmas in the same order: the same bits.
+ * `bench_prefill_ab.py OLD NEW --types F16 --n-tok 128 --threads 2` on the AVX2 EPYC, three runs: 4096 x 11008
+ * 1.08-1.25x, 11008 x 4096 0.98-1.06x (FKB 256 and 1024 no better). Returns the rows done (whole pairs). */
 #define FKB 512
 INLINE int64_t rows_f_kblocked(const mm_job *j, int64_t rb, int64_t re, int64_t t0, const int type) {
     fv buf[ROW_BLOCK / RP][RP][8];
