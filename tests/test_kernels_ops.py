@@ -210,14 +210,19 @@ def test_attention_vs_loop(kern, n_head, n_head_kv, head_dim, window):
     close(got, attention_loop(q, k, v, 4, window, 0.3), 1e-5, 2e-6)
 
 
-def test_attention_batch_equals_decode_steps(kern):
-    """A prefill of N tokens gives, bit for bit, what N single-token decode calls give (gemma-like shape)."""
+@pytest.mark.parametrize("n_head,n_head_kv,head_dim", [(4, 1, 256), (4, 4, 64), (5, 5, 128), (6, 3, 64),
+                                                       (2, 1, 33)])
+def test_attention_batch_equals_decode_steps(kern, n_head, n_head_kv, head_dim):
+    """A prefill of N tokens gives, bit for bit, what N single-token decode calls give: without a window, a
+    prefill item holds up to 4 query rows of several tokens (attention.c attn_rows), 9 tokens leave a short last
+    item, and the rows' visible lengths differ within an item."""
     rng = np.random.default_rng(3)
-    q, k, v = make_qkv(rng, 9, 4, 1, 256, 64)
-    for window in (0, 4):
-        batch = kern.attention(q, k, v, 20, window, 0.0625)
+    q, k, v = make_qkv(rng, 9, n_head, n_head_kv, head_dim, 64)
+    for pos0, window in ((20, 0), (0, 0), (20, 4)):
+        batch = kern.attention(q, k, v, pos0, window, 0.0625)
         for t in range(9):
-            np.testing.assert_array_equal(kern.attention(q[t:t + 1].copy(), k, v, 20 + t, window, 0.0625)[0], batch[t])
+            one = kern.attention(q[t:t + 1].copy(), k, v, pos0 + t, window, 0.0625)[0]
+            np.testing.assert_array_equal(one, batch[t])
 
 
 def test_attention_long_context(kern):
