@@ -10,9 +10,9 @@
  * so the weights sum to less than 1. Without sinks the softmax runs exactly as before (same bits).
  * The soft-cap is a separate pass over a head's scores (vectorised tanh from vexp, see softcap_row);
  * softcap == 0 skips it, so uncapped models get the same bits as without it.
- * A work item is a group of query heads that share a kv head, of one token or (prefill without a sliding window,
- * groups under 4 heads) of up to 4 / group consecutive tokens, so each cached row is converted from f16 once for
- * up to 4 query rows. The group shrinks (to a divisor of n_head / n_head_kv) until there are enough items for
+ * A work item is a group of query heads that share a kv head, of one token or (prefill where no token's window
+ * cuts its past, groups under 4 heads) of up to 4 / group consecutive tokens, so each cached row is converted
+ * from f16 once for up to 4 query rows. The group shrinks (to a divisor of n_head / n_head_kv) until there are enough items for
  * every thread; each row's arithmetic is the same whatever the item, so results do not depend on the thread
  * count or on the batch (a prefill gives each token the bits of its one-token call). Scores live in the pool's
  * scratch, one slice per thread. Rows of several tokens per item, measured on the AVX2 EPYC (32 heads, no GQA,
@@ -332,14 +332,15 @@ static inline __attribute__((always_inline)) void attn_rows(const float *const *
 }
 #endif
 
-/* An item is tq consecutive tokens (tq > 1 only without a sliding window, so all of them see the cache from
- * row 0) times a group of query heads that share a kv head: up to tq * group rows, taken 4 at a time. */
+/* An item is tq consecutive tokens (tq > 1 only where the window, if any, still covers every token's whole
+ * past, so all of them see the cache from row 0) times a group of query heads that share a kv head: up to
+ * tq * group rows, taken 4 at a time. */
 static void attn_item(const attn_job *j, int64_t item, float *sc) {
     const int64_t n_groups = j->n_head / j->group, hd = j->head_dim;
     const int64_t t0 = item / n_groups * j->tq, h0 = item % n_groups * j->group;
     const int64_t t1 = t0 + j->tq < j->n_tok ? t0 + j->tq : j->n_tok, n_rows = (t1 - t0) * j->group;
     int64_t j0 = 0;
-    if (j->window > 0 && j->pos0 + t0 - j->window + 1 > 0) j0 = j->pos0 + t0 - j->window + 1; /* tq == 1 here */
+    if (j->window > 0 && j->pos0 + t0 - j->window + 1 > 0) j0 = j->pos0 + t0 - j->window + 1; /* then tq == 1 */
     const int64_t kvh = h0 / (j->n_head / j->n_head_kv);
     const uint16_t *k = j->k + (kvh * j->n_ctx + j0) * hd, *v = j->v + (kvh * j->n_ctx + j0) * hd;
     for (int64_t r0 = 0; r0 < n_rows; r0 += 4) {
@@ -397,7 +398,7 @@ void pi_attention(pi_pool *pool, const float *q, const uint16_t *k, const uint16
     /* prefill without a window: up to 4 query rows per item share each converted k / v row (same bits: see
      * attn_rows), as long as every thread still gets items */
     j.tq = 1;
-    if (window <= 0 && j.group < 4)
+    if ((window <= 0 || pos0 + n_tok <= window) && j.group < 4) /* every token sees the cache from row 0 */
         for (int64_t tq = 4 / j.group; tq > 1; tq--)
             if ((n_tok + tq - 1) / tq * (n_head / j.group) >= n_threads) {
                 j.tq = tq;

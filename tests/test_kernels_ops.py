@@ -218,7 +218,7 @@ def test_attention_batch_equals_decode_steps(kern, n_head, n_head_kv, head_dim):
     item, and the rows' visible lengths differ within an item."""
     rng = np.random.default_rng(3)
     q, k, v = make_qkv(rng, 9, n_head, n_head_kv, head_dim, 64)
-    for pos0, window in ((20, 0), (0, 0), (20, 4)):
+    for pos0, window in ((20, 0), (0, 0), (20, 4), (20, 29), (20, 28)):  # windows: cutting no past / one token's
         batch = kern.attention(q, k, v, pos0, window, 0.0625)
         for t in range(9):
             one = kern.attention(q[t:t + 1].copy(), k, v, pos0 + t, window, 0.0625)[0]
