@@ -12,8 +12,8 @@
  * softcap == 0 skips it, so uncapped models get the same bits as without it.
  * A work item is a group of query heads that share a kv head, of one token or (prefill where no token's window
  * cuts its past, groups under 4 heads) of up to 4 / group consecutive tokens, so each cached row is converted
- * from f16 once for up to 4 query rows. The group shrinks (to a divisor of n_head / n_head_kv) until there are enough items for
- * every thread; each row's arithmetic is the same whatever the item, so results do not depend on the thread
+ * from f16 once for up to 4 query rows. The group shrinks (to a divisor of n_head / n_head_kv) until there are
+ * enough items for every thread; each row's arithmetic is the same whatever the item, so results do not depend on the thread
  * count or on the batch (a prefill gives each token the bits of its one-token call). Scores live in the pool's
  * scratch, one slice per thread. Rows of several tokens per item, measured on the AVX2 EPYC (32 heads, no GQA,
  * head_dim 128, 2 threads, from position 0): 512 tokens 53-54 -> 23-26 ms, 1024 tokens 277-378 -> 131-174 ms;
