@@ -30,7 +30,7 @@ def bench(
     n_predict: int = typer.Option(128, "-n", "--n-predict", min=1, help="Tokens to decode per run."),
     n_prompt: int = typer.Option(128, "-p", "--n-prompt", min=4, help="Prompt tokens per run."),
     threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1, help="Threads for both engines "
-                                          "(default: all cores)."),
+                                          "(default: every CPU this process may use)."),
     reps: int = typer.Option(3, "-r", "--reps", min=1, help="Repetitions per engine."),
     as_json: bool = typer.Option(False, "--json", help="Print the report (every run and the medians) as JSON."),
     sparse: Optional[str] = typer.Option(None, "--sparse", metavar=SPARSE_METAVAR,

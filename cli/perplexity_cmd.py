@@ -27,7 +27,7 @@ def perplexity(
     ctx_size: int = typer.Option(512, "-c", "--ctx-size", min=2, help="Window size in tokens."),
     max_tokens: Optional[int] = typer.Option(None, "--tokens", min=1, help="Score at most this many tokens."),
     batch: int = typer.Option(64, "-b", "--batch", min=1, help="Tokens per forward pass."),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1, help="CPU threads (default: all cores)."),
+    threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1, help="CPU threads (default: every CPU this process may use)."),
     sparse: Optional[str] = typer.Option(None, "--sparse", metavar=SPARSE_METAVAR, help=SPARSE_HELP),
     sparsity: Optional[float] = typer.Option(None, "--sparsity", help=SPARSITY_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import os
 import sys
 import traceback
 from pathlib import Path
@@ -15,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from powerinfer_py.cpus import usable_cpus
 from powerinfer_py.errors import PowerInferError
 
 EXIT_ERROR = 1
@@ -65,7 +65,7 @@ def model_path(name: str) -> Path:
 
 def print_load_notes(llm, verbose: bool = False) -> None:
     """After loading: where the model runs when it is not where it was asked to (always; with verbose, in any
-    case), and a context longer than the model was trained for."""
+    case), a context longer than the model was trained for, and more threads than CPUs."""
     if llm.backend is not None and (verbose or llm.backend.warn):
         stderr.print(llm.backend.lines()[0], style="dim" if not llm.backend.warn else "yellow")
     if llm.context_note:
@@ -76,10 +76,3 @@ def print_load_notes(llm, verbose: bool = False) -> None:
         stderr.print(f"warning: {n_threads} threads on {cpus}: the threads wait for each other; "
                      f"-t {n_cpu} or fewer runs faster", style="yellow")
 
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - macOS, Windows
-        return os.cpu_count() or 1

@@ -36,6 +36,7 @@ from typing import Callable
 
 import numpy as np
 
+from .cpus import usable_cpus
 from .errors import PowerInferError
 from .ffn import MODES as SPARSE_MODES
 
@@ -366,7 +367,7 @@ def run_bench(model: str | os.PathLike, n_gen: int = 128, n_prompt: int = 128, t
                         "llama.cpp model to compare; only our engine was measured")
     if n_prompt < 4 or n_gen < 1 or reps < 1:
         raise PowerInferError("bench needs at least 4 prompt tokens, 1 generated token and 1 repetition")
-    threads = threads or os.cpu_count() or 1
+    threads = threads or usable_cpus()
     report = BenchReport(str(path), threads, n_prompt, n_gen, warnings=warnings)
     for rep in range(reps):
         order = engines if rep % 2 == 0 else tuple(reversed(engines))
@@ -393,7 +394,7 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("-p", "--n-prompt", type=int, default=128)
     ap.add_argument("-n", "--n-gen", type=int, default=128)
-    ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("-t", "--threads", type=int, default=usable_cpus())
     ap.add_argument("--sparse", choices=SPARSE_MODES, default=None)
     ap.add_argument("--sparse-threshold", type=float, default=None)
     ap.add_argument("--sparsity", type=float, default=None)

@@ -428,3 +428,19 @@ def test_transpose_matches_numpy(dtype):
     np.testing.assert_array_equal(transpose(a[::2, 1:]), np.ascontiguousarray(a[::2, 1:].T))  # non-contiguous input
     with pytest.raises(ValueError, match="2-D"):
         transpose(np.zeros(4, dtype))
+
+
+def test_default_threads_follow_the_cpu_affinity():
+    """A container or `taskset` may allow fewer CPUs than the machine has: the default pool uses those."""
+    import os
+    import subprocess
+    import sys
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this OS")
+    cpu0 = min(os.sched_getaffinity(0))
+    code = "from powerinfer_py.kernels.cpu import CpuKernels; print(CpuKernels().n_threads)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         preexec_fn=lambda: os.sched_setaffinity(0, {cpu0})).stdout
+    assert out.strip() == "1"
+    assert CpuKernels().n_threads == len(os.sched_getaffinity(0))

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 from gguf import quants as gguf_quants
 
+from ..cpus import usable_cpus
 from ..errors import PowerInferError
 from ..gguf.writer import (
     _resolve_alignment,
@@ -162,7 +163,7 @@ def write_streamed(path: str | os.PathLike, metadata: Mapping[str, Any], plans: 
     header = build_header(magic, metadata, types or {}, infos, alignment)
     total = len(header) + (offsets[-1] + sizes[-1] if plans else 0)
     check_free_space(path, total)
-    n_threads = n_threads or min(4, os.cpu_count() or 1)
+    n_threads = n_threads or min(4, usable_cpus())
 
     with atomic_output(path) as tmp, open(tmp, "wb") as fh:
         fh.write(header)

@@ -7,11 +7,11 @@ cffi releases the GIL during every call.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..cpus import usable_cpus
 from ..tensor import GGMLType, Tensor
 
 try:
@@ -134,7 +134,7 @@ class CpuKernels:
     """The C kernels with their thread pool. One per model; close() (or garbage collection) frees the pool."""
 
     def __init__(self, n_threads: int | None = None):
-        n = n_threads if n_threads is not None else (os.cpu_count() or 1)
+        n = n_threads if n_threads is not None else usable_cpus()
         if n < 1:
             raise ValueError(f"threads must be at least 1, got {n}")
         self.n_threads = int(n)
