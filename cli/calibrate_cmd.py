@@ -35,7 +35,8 @@ def calibrate(
                                         "sampled from the model itself."),
     tokens: int = typer.Option(1024, "--tokens", min=1, help="Calibration tokens at most."),
     ctx_size: int = typer.Option(256, "-c", "--ctx-size", min=2, help="Window size in tokens."),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1, help="CPU threads (default: every CPU this process may use)."),
+    threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1,
+                                          help="CPU threads (default: every CPU this process may use)."),
     plain: bool = typer.Option(False, "--plain", help="Cut-offs on |act(gate)| alone, without per-neuron scales "
                                "(the mean |up·x| of each neuron; with them the perplexity cost is lower)."),
     up_sparsity: Optional[float] = typer.Option(None, "--up-sparsity", help="Two stages: skip this fraction of "

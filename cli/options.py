@@ -37,7 +37,8 @@ PRESENCE_PENALTY = typer.Option(0.0, "--presence-penalty", callback=_finite, hel
                                 "the recent tokens (0 = off; OpenAI's presence_penalty).")
 SEED = typer.Option(None, "--seed", min=-1,
                     help="Random seed: the same seed, the same text (-1: a random one, as without --seed).")
-THREADS = typer.Option(None, "-t", "--threads", min=1, help="CPU threads (default: every CPU this process may use).")
+THREADS = typer.Option(None, "-t", "--threads", min=1,
+                       help="CPU threads (default: every CPU this process may use).")
 CTX_SIZE = typer.Option(None, "-c", "--ctx-size", min=1, help="Context window in tokens (default: the runtime's).")
 SPARSE = typer.Option(None, "--sparse", metavar=SPARSE_METAVAR, help=SPARSE_HELP)
 SPARSITY = typer.Option(None, "--sparsity", help=SPARSITY_HELP)

@@ -75,4 +75,3 @@ def print_load_notes(llm, verbose: bool = False) -> None:
         cpus = "1 CPU" if n_cpu == 1 else f"{n_cpu} CPUs"
         stderr.print(f"warning: {n_threads} threads on {cpus}: the threads wait for each other; "
                      f"-t {n_cpu} or fewer runs faster", style="yellow")
-

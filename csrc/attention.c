@@ -13,9 +13,9 @@
  * A work item is a group of query heads that share a kv head, of one token or (prefill where no token's window
  * cuts its past, groups under 4 heads) of up to 4 / group consecutive tokens, so each cached row is converted
  * from f16 once for up to 4 query rows. The group shrinks (to a divisor of n_head / n_head_kv) until there are
- * enough items for every thread; each row's arithmetic is the same whatever the item, so results do not depend on the thread
- * count or on the batch (a prefill gives each token the bits of its one-token call). Scores live in the pool's
- * scratch, one slice per thread. Rows of several tokens per item, measured on the AVX2 EPYC (32 heads, no GQA,
+ * enough items for every thread; each row's arithmetic is the same whatever the item, so results do not
+ * depend on the thread count or on the batch (a prefill gives each token the bits of its one-token call).
+ * Scores live in the pool's scratch, one slice per thread. Rows of several tokens per item, measured on the AVX2 EPYC (32 heads, no GQA,
  * head_dim 128, 2 threads, from position 0): 512 tokens 53-54 -> 23-26 ms, 1024 tokens 277-378 -> 131-174 ms;
  * in a 1421-token prompt on the 8-layer 7B-shape Q4_0 PWRI file, attention went from 16% to 6% of the `perf`
  * samples (the prompt's tok/s, 34-40 either way in two alternating pairs, is within this host's noise).

@@ -66,8 +66,8 @@ void pi_dequantize(int type, const void *src, float *dst, int64_t n_rows, int64_
  * p0 .. p0 + n_tok - 1 (round to nearest even, as numpy's astype(float16)). The caller checks the bounds. */
 void pi_store_kv(const float *x, int64_t n_tok, int64_t n_head_kv, int64_t head_dim, uint16_t *cache,
                  int64_t n_ctx, int64_t p0);
-/* Transpose: dst [cols, rows] = src [rows, cols] for elements of esize bytes (1, 2, 4 or 8), in tiles that
- * stay in L1 (the copies of fc2 and ffn_down made at load). */
+/* Transpose: dst [cols, rows] = src [rows, cols] for elements of esize bytes (1, 2, 4 or 8), in strips of 8
+ * source rows (the copies of fc2 and ffn_down made at load). */
 void pi_transpose(const void *src, int64_t rows, int64_t cols, int64_t esize, void *dst);
 /* Embedding lookup: out[i, :] = dequantized row ids[i] of w (n_cols per row). */
 void pi_get_rows(int type, const void *w, int64_t n_cols, const int32_t *ids, int64_t n_ids, float *out);

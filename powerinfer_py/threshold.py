@@ -123,10 +123,7 @@ def transposed_copy(down: Tensor) -> Tensor:
     try:  # the C codecs and transpose when built (fast); the numpy ones otherwise (same values)
         from .kernels.cpu import dequantize, quantize, transpose
     except ImportError:  # pragma: no cover - only without a built extension
-        from .kernels.ref import dequantize, quantize
-
-        def transpose(a):
-            return np.ascontiguousarray(a.T)
+        from .kernels.ref import dequantize, quantize, transpose
 
     ty = transposed_type(down)
     t = transpose(np.asarray(dequantize(down), dtype=np.float32).reshape(down.shape))

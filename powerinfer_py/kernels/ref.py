@@ -253,6 +253,11 @@ def _k_blocks(t: Tensor) -> dict:
     return {"q": q.astype(np.int8), "sc": sc, "mn": mn, "d": _f16(b[..., :2]), "dmin": _f16(b[..., 2:4])}
 
 
+def transpose(a: np.ndarray) -> np.ndarray:
+    """A contiguous copy of a 2-D array's transpose (the C kernels' transpose gives the same bytes, faster)."""
+    return np.ascontiguousarray(np.asarray(a).T)
+
+
 def dequantize(t: Tensor) -> np.ndarray:
     """Tensor -> f32 array of t.shape."""
     ty = check_kernel_type(t.type, t.name)
