@@ -5,9 +5,12 @@ import json
 import sys
 import time
 from collections import Counter
-from typing import Optional
+from pathlib import Path
+from typing import List, Optional
 
 import typer
+
+from powerinfer_py.errors import PowerInferError
 
 from . import options as O
 from .shell import EXIT_INTERRUPTED, model_path, print_load_notes, stderr, user_errors
@@ -16,6 +19,8 @@ EPILOG = """\
 [bold]Examples[/]
 
   powerinfer run -m demo "The capital of France is" -n 32
+  powerinfer run -m demo -p "The capital of France is" -n 32 --stop "\\n"
+  powerinfer run -m model.gguf -f prompt.txt -n 256
   powerinfer run -m model.gguf "Once upon a time" --temp 0.8 --top-p 0.95 --seed 42
   echo "Write a haiku about the sea." | powerinfer run -m model.gguf - -n 64
   powerinfer run -m model.gguf "2 + 2 =" -n 8 --json
@@ -26,8 +31,20 @@ EPILOG = """\
 
 
 def run(
-    prompt: str = typer.Argument(..., metavar="PROMPT", help='The prompt text; "-" reads it from standard input.'),
+    prompt: Optional[str] = typer.Argument(None, metavar="PROMPT", show_default=False,
+                                           help='The prompt text; "-" reads it from standard input. Or give it '
+                                                'with -p or -f.'),
     model: str = O.MODEL,
+    prompt_opt: Optional[str] = typer.Option(None, "-p", "--prompt", show_default=False, metavar="TEXT",
+                                             help="The prompt text (instead of PROMPT, as llama.cpp takes it)."),
+    prompt_file: Optional[str] = typer.Option(None, "-f", "--file", show_default=False, metavar="FILE",
+                                              help='Read the prompt from this UTF-8 text file ("-": standard '
+                                                   "input); one final line break is dropped (as llama.cpp's -f "
+                                                   "drops a final newline)."),
+    stop: Optional[List[str]] = typer.Option(None, "--stop", show_default=False, metavar="TEXT",
+                                             help="End the text where this string appears (not printed); may be "
+                                                  "given several times. \\n, \\t and \\\\ stand for a newline, "
+                                                  "a tab and a backslash."),
     n_predict: int = typer.Option(128, "-n", "--n-predict", min=-1,
                                   help="Tokens to generate at most; -1 = until end of text or a full context."),
     temp: float = O.TEMP,
@@ -50,11 +67,21 @@ def run(
                                  help="Show loading details, per-layer active neurons and tracebacks."),
 ) -> None:
     """Generate text from PROMPT and stream it to stdout; timings go to stderr."""
+    sources = [given for given in (prompt, prompt_opt, prompt_file) if given is not None]
+    if len(sources) != 1:
+        raise typer.BadParameter("give the prompt once: as PROMPT, with -p/--prompt TEXT or with -f/--file FILE"
+                                 if sources else "no prompt: give PROMPT, -p/--prompt TEXT or -f/--file FILE "
+                                 '("-" reads standard input)', param_hint="PROMPT")
+    stops = [unescape_stop(s) for s in stop or ()]
+    if any(not s for s in stops):
+        raise typer.BadParameter("a stop string cannot be empty", param_hint="--stop")
     with user_errors(verbose):
         try:
-            code = _run(prompt, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, threads,
+            text = read_prompt_file(prompt_file) if prompt_file is not None else (
+                sys.stdin.read() if sources[0] == "-" else sources[0])
+            code = _run(text, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, threads,
                         ctx_size, as_json, verbose, sparse, sparse_threshold, sparsity, backend,
-                        vram_budget, frequency_penalty, presence_penalty)
+                        vram_budget, frequency_penalty, presence_penalty, stops)
         except KeyboardInterrupt:  # Ctrl-C while loading: nothing generated yet
             code = EXIT_INTERRUPTED
     if code == EXIT_INTERRUPTED:
@@ -62,13 +89,48 @@ def run(
         raise typer.Exit(code)
 
 
-def _run(prompt, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, threads, ctx_size,
-         as_json, verbose, sparse=None, sparse_threshold=None, sparsity=None, backend="cpu", vram_budget=None,
-         frequency_penalty=0.0, presence_penalty=0.0) -> int:
-    """Load, generate, print. Returns 0, or EXIT_INTERRUPTED when Ctrl-C stopped the generation."""
-    from powerinfer_py import load
+def unescape_stop(value: str) -> str:
+    """--stop's text with \\n, \\t and \\\\ turned into a newline, a tab and a backslash (a shell passes
+    "\\n" as two characters); any other backslash stays as it is."""
+    out, i = [], 0
+    while i < len(value):
+        pair = value[i:i + 2]
+        if pair in ("\\n", "\\t", "\\\\"):
+            out.append({"\\n": "\n", "\\t": "\t", "\\\\": "\\"}[pair])
+            i += 2
+        else:
+            out.append(value[i])
+            i += 1
+    return "".join(out)
 
-    text = sys.stdin.read() if prompt == "-" else prompt
+
+def read_prompt_file(name: str) -> str:
+    """The prompt in file `name` ("-": standard input), without one final newline (an editor's)."""
+    if name == "-":
+        text = sys.stdin.read()
+    else:
+        path = Path(name)
+        if path.is_dir():
+            raise PowerInferError(f"prompt file {name} is a directory")
+        data = path.read_bytes()  # FileNotFoundError / PermissionError: a one-line error (user_errors)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise PowerInferError(f"prompt file {name} is not UTF-8 text (byte {e.start}: "
+                                  f"0x{data[e.start]:02x})") from None
+    if text.endswith("\r\n"):
+        return text[:-2]
+    return text[:-1] if text.endswith("\n") else text
+
+
+def _run(text, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, threads, ctx_size,
+         as_json, verbose, sparse=None, sparse_threshold=None, sparsity=None, backend="cpu", vram_budget=None,
+         frequency_penalty=0.0, presence_penalty=0.0, stops=()) -> int:
+    """Load, generate from the prompt text, print. Returns 0, or EXIT_INTERRUPTED when Ctrl-C stopped the
+    generation. stops: strings that end the text where they first appear (the stop string is not printed)."""
+    from powerinfer_py import load
+    from powerinfer_py.chat import StopMatcher
+
     path = model_path(model)
     t0 = time.perf_counter()
     llm = load(path, threads=threads, n_ctx=ctx_size, sparse=sparse, sparse_threshold=sparse_threshold,
@@ -81,20 +143,25 @@ def _run(prompt, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, se
                               min_p=min_p, repeat_penalty=repeat_penalty, seed=seed,
                               frequency_penalty=frequency_penalty, presence_penalty=presence_penalty)
     decoder = llm.tokenizer.stream()  # holds back bytes of a UTF-8 character split over tokens
+    matcher = StopMatcher(stops)  # holds back text that may be the start of a stop string
     tokens, pieces, interrupted = [], [], False
     try:
         for tok in gen:
             tokens.append(tok)
-            pieces.append(decoder.feed(tok))
+            pieces.append(matcher.feed(decoder.feed(tok)))
             if not as_json:
                 sys.stdout.write(pieces[-1])
                 sys.stdout.flush()
+            if matcher.stopped:
+                break
     except KeyboardInterrupt:
         interrupted = True
-        gen.close()
-    pieces.append(decoder.flush())
+    gen.close()
+    if not matcher.stopped:
+        tail = matcher.feed(decoder.flush())
+        pieces.append(tail if matcher.stopped else tail + matcher.flush())
     stats = gen.stats
-    reason = "interrupted" if interrupted else stats.stop_reason
+    reason = "interrupted" if interrupted else "stop string" if matcher.stopped else stats.stop_reason
     if as_json:
         result = _json_result("".join(pieces), tokens, stats, reason, load_s)
         result["sparse"] = _sparsity_json(llm)

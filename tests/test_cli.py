@@ -193,6 +193,78 @@ def test_run_reads_prompt_from_stdin(llama_f32):
     assert piped["n_prompt_tokens"] == direct["n_prompt_tokens"]
 
 
+def test_run_prompt_option_and_file_give_the_positional_prompt(llama_f32, tmp_path):
+    """-p TEXT (llama.cpp's spelling) and -f FILE (one final line break dropped; "-": stdin) are the same
+    prompt as the positional argument."""
+    direct = run_json(llama_f32, "hello world", "-n", "4", "--temp", "0")
+    as_option = json.loads(invoke("run", "-m", llama_f32, "-p", "hello world", "--json", "-n", "4", "--temp", "0",
+                                  "-t", "1").stdout)
+    assert as_option["tokens"] == direct["tokens"] and as_option["n_prompt_tokens"] == direct["n_prompt_tokens"]
+    for body in ("hello world\n", "hello world\r\n", "hello world"):
+        f = tmp_path / "prompt.txt"
+        f.write_bytes(body.encode())
+        res = invoke("run", "-m", llama_f32, "-f", f, "--json", "-n", "4", "--temp", "0", "-t", "1")
+        assert res.exit_code == 0, res.stderr
+        from_file = json.loads(res.stdout)
+        assert (from_file["tokens"], from_file["n_prompt_tokens"]) == (direct["tokens"], direct["n_prompt_tokens"])
+    res = invoke("run", "-m", llama_f32, "-f", "-", "--json", "-n", "4", "--temp", "0", "-t", "1",
+                 input="hello world\n")
+    assert json.loads(res.stdout)["n_prompt_tokens"] == direct["n_prompt_tokens"]
+    # only one final line break goes: a blank last line stays part of the prompt
+    (tmp_path / "two.txt").write_text("hello world\n\n")
+    two = json.loads(invoke("run", "-m", llama_f32, "-f", tmp_path / "two.txt", "--json", "-n", "1", "--temp",
+                            "0", "-t", "1").stdout)
+    assert two["n_prompt_tokens"] > direct["n_prompt_tokens"]
+
+
+def test_run_needs_exactly_one_prompt(llama_f32, tmp_path):
+    res = invoke("run", "-m", llama_f32, "-n", "2")
+    assert res.exit_code == 2 and "no prompt" in res.stderr and "-p/--prompt" in res.stderr
+    (tmp_path / "p.txt").write_text("hi")
+    for extra in (("hi", "-p", "hi"), ("-p", "hi", "-f", tmp_path / "p.txt"), ("hi", "-f", tmp_path / "p.txt")):
+        res = invoke("run", "-m", llama_f32, "-n", "2", *extra)
+        assert res.exit_code == 2 and "give the prompt once" in res.stderr, (extra, res.stderr)
+
+
+def test_run_prompt_file_errors_name_the_file(llama_f32, tmp_path):
+    assert_user_error(invoke("run", "-m", llama_f32, "-f", tmp_path / "missing.txt"), "missing.txt")
+    assert_user_error(invoke("run", "-m", llama_f32, "-f", tmp_path), "is a directory")
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\xe9".encode("latin-1"))
+    assert_user_error(invoke("run", "-m", llama_f32, "-f", bad), "latin1.txt", "not UTF-8", "byte 3")
+
+
+def test_run_stop_string_ends_the_text_before_it(llama_f32):
+    full = run_json(llama_f32, "hello", "-n", "24", "--temp", "0")
+    words = full["text"].split()
+    assert len(words) >= 6, full["text"]
+    stop = words[3]
+    cut = full["text"].index(stop)
+    assert cut > 0
+    out = run_json(llama_f32, "hello", "-n", "24", "--temp", "0", "--stop", stop, "--stop", "no such text")
+    assert out["text"] == full["text"][:cut]
+    assert out["stop_reason"] == "stop string"
+    assert out["tokens"] == full["tokens"][:len(out["tokens"])] and len(out["tokens"]) < len(full["tokens"])
+    streamed = invoke("run", "-m", llama_f32, "hello", "-n", "24", "--temp", "0", "-t", "1", "--stop", stop)
+    assert streamed.exit_code == 0, streamed.stderr
+    assert streamed.stdout == full["text"][:cut] + "\n"
+    assert "stop: stop string" in streamed.stderr
+    # a stop string that never appears changes nothing; an empty one is refused
+    assert run_json(llama_f32, "hello", "-n", "24", "--temp", "0", "--stop", "zzz-not-there")["text"] == full["text"]
+    res = invoke("run", "-m", llama_f32, "hello", "--stop", "")
+    assert res.exit_code == 2 and "cannot be empty" in res.stderr
+
+
+def test_stop_strings_take_backslash_escapes():
+    from powerinfer_cli.run import unescape_stop
+
+    assert unescape_stop("\\n") == "\n"
+    assert unescape_stop("a\\tb") == "a\tb"
+    assert unescape_stop("\\\\n") == "\\n"  # an escaped backslash, then a plain n
+    assert unescape_stop("C:\\x") == "C:\\x"  # other backslashes stay
+    assert unescape_stop("end\\") == "end\\"
+
+
 def test_run_stops_at_the_context_limit(llama_f32):
     out = invoke("run", "-m", llama_f32, "hello", "-n", "100", "-c", "8", "--temp", "0", "-t", "1")
     res_json = run_json(llama_f32, "hello", "-n", "100", "-c", "8", "--temp", "0")
