@@ -68,6 +68,8 @@ def main() -> None:
     ap.add_argument("--row-sizes", default="", help="instead of the kernels: the load-only probe over n_ff rows "
                     "of each of these byte sizes (comma-separated, e.g. 2304,6912: a Q4_0 row of ffn_down_t, and "
                     "a neuron's gate, up and down rows side by side), to see what a longer-row layout would allow")
+    ap.add_argument("--ahead", default="", help="with --row-sizes: one column per prefetch distance (rows ahead, "
+                    "comma-separated, 0 = the hardware prefetcher alone) instead of the best of 0 and 4")
     ap.add_argument("--compute", action="store_true", help="instead of the table: each kernel's arithmetic rate "
                     "(G weights/s per thread) over 8 rows that stay in L1, read 256 times each, to tell "
                     "compute-bound kernels from memory-bound ones")
@@ -185,7 +187,9 @@ def compute_rate(args) -> None:
 
 def row_size_study(args, sizes: list[int]) -> None:
     """The load-only probe (pi_read_rows_probe, best of prefetching 4 rows ahead and none) over the same active
-    sets on matrices of n_ff rows of each size, round-robin with the read probe: % of the probe per sparsity."""
+    sets on matrices of n_ff rows of each size, round-robin with the read probe: % of the probe per sparsity.
+    With --ahead: one figure per prefetch distance instead of the best of two."""
+    aheads = [int(v) for v in args.ahead.split(",")] if args.ahead else [0, 4]
     k = cpu.CpuKernels(args.threads)
     rng = np.random.default_rng(0)
     probe = np.ones(256 << 20, dtype=np.uint8)
@@ -196,7 +200,7 @@ def row_size_study(args, sizes: list[int]) -> None:
     fns = {"probe": lambda p=ffi.from_buffer(probe): lib.pi_timed_read_probe(k._pool, p, probe.nbytes)}
     for rb, buf in bufs.items():
         for s, rows in sets.items():
-            for ahead in (0, 4):  # timed in C, like the main table (the Python wrapper checks the rows too)
+            for ahead in aheads:  # timed in C, like the main table (the Python wrapper checks the rows too)
                 fns[(rb, s, ahead)] = (lambda p=ffi.from_buffer(buf), rb=rb, r=ffi.from_buffer("int32_t[]", rows),
                                        n=len(rows), ahead=ahead: lib.pi_timed_read_rows_probe(k._pool, p, rb, r, n, ahead))
     med = {name: statistics.median(t)
@@ -204,10 +208,17 @@ def row_size_study(args, sizes: list[int]) -> None:
     probe_gbs = probe.nbytes / med["probe"] / 1e9
     print(f"threads {k.n_threads}, {args.n_ff} rows, median of {args.repeat} interleaved rounds; read probe "
           f"{probe_gbs:.1f} GB/s; load only, % of the probe:")
-    print(f"{'row bytes':>9} " + " ".join(f"{s:>6.0%}" for s in sets))
+    if not args.ahead:
+        print(f"{'row bytes':>9} " + " ".join(f"{s:>6.0%}" for s in sets))
+        for rb in bufs:
+            pct = [len(rows) * rb / min(med[(rb, s, a)] for a in aheads) / 1e9 / probe_gbs for s, rows in sets.items()]
+            print(f"{rb:9d} " + " ".join(f"{p:6.0%}" for p in pct))
+        return
+    print(f"{'row bytes':>9} {'ahead':>5} " + " ".join(f"{s:>6.0%}" for s in sets))
     for rb in bufs:
-        pct = [len(rows) * rb / min(med[(rb, s, 0)], med[(rb, s, 4)]) / 1e9 / probe_gbs for s, rows in sets.items()]
-        print(f"{rb:9d} " + " ".join(f"{p:6.0%}" for p in pct))
+        for a in aheads:
+            pct = [len(rows) * rb / med[(rb, s, a)] / 1e9 / probe_gbs for s, rows in sets.items()]
+            print(f"{rb:9d} {a:5d} " + " ".join(f"{p:6.0%}" for p in pct))
 
 
 if __name__ == "__main__":
