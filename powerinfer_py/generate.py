@@ -19,7 +19,7 @@ from .errors import ContextFullError, PowerInferError
 from .logprobs import LogprobRecorder
 from .sampler import Sampler
 
-StopReason = str  # "eos" | "length" | "context"
+StopReason = str  # "eos" | "length" | "context"; LLM.generate's stop strings: "stop string"
 
 
 @dataclass

@@ -152,24 +152,37 @@ class LLM:
                  top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
                  repeat_last_n: int = 64, seed: int | None = None, add_bos: bool = True,
                  prefill_batch: int = 256, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-                 logit_bias: dict[int, float] | None = None) -> Iterator[str]:
+                 logit_bias: dict[int, float] | None = None, stop: str | Sequence[str] | None = None) -> Iterator[str]:
         """Generated text, streamed in pieces that never split a UTF-8 character (arguments as in
-        generate_tokens). The prompt is checked, and a ContextFullError raised, at the call, not lazily."""
+        generate_tokens). stop: a string or strings that end the text where one first appears (it is not
+        yielded; text that could still become one is held back until decided; last_stats.stop_reason is then
+        "stop string"). The prompt is checked, and a ContextFullError raised, at the call, not lazily."""
+        stops = [stop] if isinstance(stop, str) else list(stop or ())
+        if any(not isinstance(s, str) or not s for s in stops):
+            raise ValueError(f"stop strings must be non-empty strings, got {stops!r}")
         gen = self.generate_tokens(prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                                    top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                                    repeat_last_n=repeat_last_n, seed=seed, add_bos=add_bos,
                                    prefill_batch=prefill_batch, frequency_penalty=frequency_penalty,
                                    presence_penalty=presence_penalty, logit_bias=logit_bias)
-        return self._stream_text(gen)
+        return self._stream_text(gen, stops)
 
-    def _stream_text(self, gen: Generation) -> Iterator[str]:
-        decoder = self.tokenizer.stream()
+    def _stream_text(self, gen: Generation, stops: Sequence[str] = ()) -> Iterator[str]:
+        from .chat import StopMatcher
+
+        decoder, matcher = self.tokenizer.stream(), StopMatcher(stops)
         try:
             for token in gen:
-                piece = decoder.feed(token)
+                piece = matcher.feed(decoder.feed(token))
                 if piece:
                     yield piece
-            tail = decoder.flush()
+                if matcher.stopped:
+                    gen.stats.stop_reason = "stop string"
+                    return
+            tail = matcher.feed(decoder.flush())
+            tail += "" if matcher.stopped else matcher.flush()
+            if matcher.stopped:
+                gen.stats.stop_reason = "stop string"
             if tail:
                 yield tail
         finally:

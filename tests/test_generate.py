@@ -193,6 +193,26 @@ def test_llm_text_stream_matches_the_token_stream(llm):
     assert (len(ids) == 16) == (llm.last_stats.stop_reason == "length")
 
 
+def test_llm_stop_strings_end_the_text_before_them(llm):
+    full = "".join(llm.generate(PROMPT, max_tokens=24, temperature=0))
+    n_full = llm.last_stats.n_gen
+    assert len(full) >= 6, full
+    stop = full[len(full) // 2:len(full) // 2 + 2]  # text of this random model: any two characters of it
+    cut = full.index(stop)
+    assert cut > 0
+    for stops in (stop, [stop], ["never there", stop]):
+        pieces = list(llm.generate(PROMPT, max_tokens=24, temperature=0, stop=stops))
+        assert "".join(pieces) == full[:cut]
+        assert all(stop not in p for p in pieces)
+        assert llm.last_stats.stop_reason == "stop string" and llm.last_stats.n_gen < n_full
+    # a stop that never appears changes nothing; empty or non-string stops are refused at the call
+    assert "".join(llm.generate(PROMPT, max_tokens=24, temperature=0, stop="zzz not there")) == full
+    assert llm.last_stats.stop_reason in ("eos", "length", "context")  # this fixture's context is 48
+    for bad in ("", [""], [3]):
+        with pytest.raises(ValueError, match="stop strings"):
+            llm.generate(PROMPT, max_tokens=4, stop=bad)
+
+
 def test_llm_context_limit(llm):
     long_prompt = " ".join(["fox"] * 60)
     with pytest.raises(ContextFullError, match=r"context holds 48"):
