@@ -158,8 +158,7 @@ def _run(text, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed
         interrupted = True
     gen.close()
     if not matcher.stopped:
-        tail = matcher.feed(decoder.flush())
-        pieces.append(tail if matcher.stopped else tail + matcher.flush())
+        pieces.append(matcher.finish(decoder.flush()))
     stats = gen.stats
     reason = "interrupted" if interrupted else "stop string" if matcher.stopped else stats.stop_reason
     if as_json:

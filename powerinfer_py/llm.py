@@ -179,8 +179,7 @@ class LLM:
                 if matcher.stopped:
                     gen.stats.stop_reason = "stop string"
                     return
-            tail = matcher.feed(decoder.flush())
-            tail += "" if matcher.stopped else matcher.flush()
+            tail = matcher.finish(decoder.flush())
             if matcher.stopped:
                 gen.stats.stop_reason = "stop string"
             if tail:

@@ -111,6 +111,12 @@ def test_stop_matcher_holds_back_partial_stops():
     assert m.stopped and m.feed("more") == ""
     m2 = StopMatcher(["<end>"])
     assert m2.feed("a<e") == "a" and m2.flush() == "<e"
+    # finish(): the stream's last piece, then what was held back; nothing once a stop has appeared
+    m3 = StopMatcher(["<end>"])
+    assert m3.feed("b<en") == "b" and m3.finish("x") == "<enx"
+    m4 = StopMatcher(["<end>"])
+    assert m4.feed("c<en") == "c" and m4.finish("d> tail") == "" and m4.stopped
+    assert StopMatcher([]).finish("all") == "all"
 
 
 # ---- sessions on tiny synthetic models ----------------------------------------------------------------------

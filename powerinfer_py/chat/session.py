@@ -91,6 +91,12 @@ class StopMatcher:
         out, self.pending = self.pending, ""
         return out
 
+    def finish(self, tail: str = "") -> str:
+        """The text left to show when the stream ends: `tail` (e.g. a detokenizer's last bytes) fed in, then
+        what was held back, unless a stop text has appeared (then nothing after it)."""
+        out = self.feed(tail)
+        return out if self.stopped else out + self.flush()
+
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
@@ -316,7 +322,7 @@ class Reply:
                     break
             tail = decoder.flush()
             raw.append(tail)
-            shown = self._show(matcher.feed(tail) + ("" if matcher.stopped else matcher.flush()))
+            shown = self._show(matcher.finish(tail))
             if shown:
                 yield shown
         finally:

@@ -139,8 +139,7 @@ class Engine:
                 if matcher.stopped:
                     break
             if not matcher.stopped:
-                tail = matcher.feed(decoder.flush())
-                tail += "" if matcher.stopped else matcher.flush()
+                tail = matcher.finish(decoder.flush())
                 if tail:
                     yield tail
             run.finish_reason = "stop" if matcher.stopped else _finish(gen.stats.stop_reason)
@@ -192,7 +191,7 @@ class Engine:
                 if matcher.stopped:
                     break
             if not matcher.stopped:
-                tail = matcher.flush()
+                tail = matcher.finish()
                 if tail:
                     yield tail
         finally:
