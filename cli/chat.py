@@ -54,6 +54,7 @@ def chat(
     top_p: float = O.TOP_P,
     min_p: float = O.MIN_P,
     repeat_penalty: float = O.REPEAT_PENALTY,
+    repeat_last_n: int = O.REPEAT_LAST_N,
     frequency_penalty: float = O.FREQUENCY_PENALTY,
     presence_penalty: float = O.PRESENCE_PENALTY,
     seed: Optional[int] = O.SEED,
@@ -77,7 +78,7 @@ def chat(
                             dict(sparse=sparse, sparse_threshold=sparse_threshold, sparsity=sparsity, backend=backend,
                                  vram_budget=vram_budget),
                             SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                                           repeat_penalty=repeat_penalty, seed=seed,
+                                           repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed,
                                            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty))
         except KeyboardInterrupt:
             raise typer.Exit(EXIT_INTERRUPTED)

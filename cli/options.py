@@ -23,6 +23,8 @@ TOP_K = typer.Option(40, "--top-k", min=0, help="Keep the k most likely tokens (
 TOP_P = typer.Option(0.95, "--top-p", min=0.0, max=1.0, help="Nucleus mass to keep (1 = off).")
 MIN_P = typer.Option(0.05, "--min-p", min=0.0, max=1.0, help="Drop tokens below min_p x the top probability (0 = off).")
 REPEAT_PENALTY = typer.Option(1.0, "--repeat-penalty", min=0.0, help="Penalty for recently seen tokens (1 = off).")
+REPEAT_LAST_N = typer.Option(64, "--repeat-last-n", min=-1, help="How many recent tokens the repeat, frequency and "
+                             "presence penalties look at (0 = none, -1 = all, as llama.cpp).")
 
 
 def _finite(value: float) -> float:
@@ -35,7 +37,7 @@ FREQUENCY_PENALTY = typer.Option(0.0, "--frequency-penalty", callback=_finite, h
                                  "recent tokens from its logit (0 = off; OpenAI's frequency_penalty).")
 PRESENCE_PENALTY = typer.Option(0.0, "--presence-penalty", callback=_finite, help="Subtract this from the logit of every token among "
                                 "the recent tokens (0 = off; OpenAI's presence_penalty).")
-SEED = typer.Option(None, "--seed", min=-1,
+SEED = typer.Option(None, "-s", "--seed", min=-1,
                     help="Random seed: the same seed, the same text (-1: a random one, as without --seed).")
 THREADS = typer.Option(None, "-t", "--threads", min=1,
                        help="CPU threads (default: every CPU this process may use).")

@@ -52,6 +52,7 @@ def run(
     top_p: float = O.TOP_P,
     min_p: float = O.MIN_P,
     repeat_penalty: float = O.REPEAT_PENALTY,
+    repeat_last_n: int = O.REPEAT_LAST_N,
     frequency_penalty: float = O.FREQUENCY_PENALTY,
     presence_penalty: float = O.PRESENCE_PENALTY,
     seed: Optional[int] = O.SEED,
@@ -81,7 +82,7 @@ def run(
                 sys.stdin.read() if sources[0] == "-" else sources[0])
             code = _run(text, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, threads,
                         ctx_size, as_json, verbose, sparse, sparse_threshold, sparsity, backend,
-                        vram_budget, frequency_penalty, presence_penalty, stops)
+                        vram_budget, frequency_penalty, presence_penalty, stops, repeat_last_n)
         except KeyboardInterrupt:  # Ctrl-C while loading: nothing generated yet
             code = EXIT_INTERRUPTED
     if code == EXIT_INTERRUPTED:
@@ -125,7 +126,7 @@ def read_prompt_file(name: str) -> str:
 
 def _run(text, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, threads, ctx_size,
          as_json, verbose, sparse=None, sparse_threshold=None, sparsity=None, backend="cpu", vram_budget=None,
-         frequency_penalty=0.0, presence_penalty=0.0, stops=()) -> int:
+         frequency_penalty=0.0, presence_penalty=0.0, stops=(), repeat_last_n=64) -> int:
     """Load, generate from the prompt text, print. Returns 0, or EXIT_INTERRUPTED when Ctrl-C stopped the
     generation. stops: strings that end the text where they first appear (the stop string is not printed)."""
     from powerinfer_py import load
@@ -140,7 +141,7 @@ def _run(text, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed
         _print_load(llm, path, load_s)
     print_load_notes(llm, verbose)
     gen = llm.generate_tokens(text, max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p,
-                              min_p=min_p, repeat_penalty=repeat_penalty, seed=seed,
+                              min_p=min_p, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed,
                               frequency_penalty=frequency_penalty, presence_penalty=presence_penalty)
     decoder = llm.tokenizer.stream()  # holds back bytes of a UTF-8 character split over tokens
     matcher = StopMatcher(stops)  # holds back text that may be the start of a stop string

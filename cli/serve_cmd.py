@@ -35,6 +35,7 @@ def serve(
     top_p: float = O.TOP_P,
     min_p: float = O.MIN_P,
     repeat_penalty: float = O.REPEAT_PENALTY,
+    repeat_last_n: int = O.REPEAT_LAST_N,
     frequency_penalty: float = O.FREQUENCY_PENALTY,
     presence_penalty: float = O.PRESENCE_PENALTY,
     sparse: Optional[str] = O.SPARSE,
@@ -61,7 +62,8 @@ def serve(
         try:
             print_load_notes(llm)
             defaults = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                                      repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                      repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                      frequency_penalty=frequency_penalty,
                                       presence_penalty=presence_penalty)
             server = make_server(llm, host, port, template=chat_template, defaults=defaults,
                                  log=None if quiet else log_to_stderr)

@@ -100,21 +100,25 @@ def test_run_greedy_matches_llama_cpp(llama_f32):
     assert out["tokens"] == expected
 
 
-def test_run_greedy_with_penalties_matches_llama_cpp(llama_f32):
-    """--frequency-penalty / --presence-penalty (with --repeat-penalty) at --temp 0: llama.cpp's logits after
-    llama.cpp's own penalties sampler, fed the prompt and each token as its command line does."""
+@pytest.mark.parametrize("last_n", [None, 3, 0, -1])
+def test_run_greedy_with_penalties_matches_llama_cpp(llama_f32, last_n):
+    """--frequency-penalty / --presence-penalty (with --repeat-penalty) at --temp 0, over the default 64 recent
+    tokens or --repeat-last-n N (0: none, -1: all): llama.cpp's logits after llama.cpp's own penalties sampler,
+    fed the prompt and each token as its command line does (its -1 means the context size, 64 here)."""
     from llama_ref import llama_cpp_penalties
 
     n, prompt = 16, "the the the quick quick brown"
+    window = ("--repeat-last-n", str(last_n)) if last_n is not None else ()
     out = run_json(llama_f32, prompt, "-n", str(n), "--temp", "0", "--repeat-penalty", "1.25",
-                   "--frequency-penalty", "0.75", "--presence-penalty", "0.5")
+                   "--frequency-penalty", "0.75", "--presence-penalty", "0.5", *window)
     plain = run_json(llama_f32, prompt, "-n", str(n), "--temp", "0")
+    ref_last_n = 64 if last_n in (None, -1) else last_n
     ref = LlamaCppRef(llama_f32, n_ctx=64, threads=1)
     try:
         history = ref.tokenize(prompt)
         logits, expected = ref.decode(history), []
         for _ in range(n):
-            tok = int(np.argmax(llama_cpp_penalties(logits, history, 64, 1.25, 0.75, 0.5)))
+            tok = int(np.argmax(llama_cpp_penalties(logits, history, ref_last_n, 1.25, 0.75, 0.5)))
             if ref.is_eog(tok):
                 break
             expected.append(tok)
@@ -123,7 +127,16 @@ def test_run_greedy_with_penalties_matches_llama_cpp(llama_f32):
     finally:
         ref.close()
     assert out["tokens"] == expected
-    assert out["tokens"] != plain["tokens"]  # the penalties changed the text: the check above can fail
+    # the checks above can fail: the penalties change the text, and a 3-token window changes it from the default
+    default = run_json(llama_f32, prompt, "-n", str(n), "--temp", "0", "--repeat-penalty", "1.25",
+                       "--frequency-penalty", "0.75", "--presence-penalty", "0.5")
+    assert default["tokens"] != plain["tokens"]
+    if last_n == 0:  # no recent tokens: no penalty at all
+        assert out["tokens"] == plain["tokens"]
+    elif last_n == 3:
+        assert out["tokens"] != default["tokens"]
+    else:  # -1 (every token) covers what the default 64 does in this short run
+        assert out["tokens"] == default["tokens"]
 
 
 @pytest.mark.parametrize("opt", ["--frequency-penalty", "--presence-penalty"])
@@ -144,7 +157,7 @@ def test_run_respects_n_predict(llama_f32):
 def test_run_same_seed_same_output(llama_f32):
     args = ("-n", "16", "--temp", "1.0", "--top-k", "0", "--top-p", "1", "--min-p", "0")
     a = run_json(llama_f32, "hello", *args, "--seed", "7")
-    b = run_json(llama_f32, "hello", *args, "--seed", "7")
+    b = run_json(llama_f32, "hello", *args, "-s", "7")  # llama.cpp's short spelling
     assert a["tokens"] == b["tokens"] and a["text"] == b["text"]
     others = [run_json(llama_f32, "hello", *args, "--seed", str(s))["tokens"] for s in (8, 9, 10)]
     assert any(o != a["tokens"] for o in others), "the seed has no effect on sampling"
