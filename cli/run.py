@@ -80,14 +80,21 @@ def run(
         try:
             text = read_prompt_file(prompt_file) if prompt_file is not None else (
                 sys.stdin.read() if sources[0] == "-" else sources[0])
-            code = _run(text, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, threads,
-                        ctx_size, as_json, verbose, sparse, sparse_threshold, sparsity, backend,
-                        vram_budget, frequency_penalty, presence_penalty, stops, repeat_last_n)
+            code = _run(text, model, n_predict, as_json, verbose, stops,
+                        load_opts=dict(threads=threads, n_ctx=ctx_size, sparse=sparse,
+                                       sparse_threshold=sparse_threshold, sparsity=sparsity, backend=backend,
+                                       vram_budget=vram_budget),
+                        sampling=dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                                      repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed,
+                                      frequency_penalty=frequency_penalty, presence_penalty=presence_penalty))
         except KeyboardInterrupt:  # Ctrl-C while loading: nothing generated yet
             code = EXIT_INTERRUPTED
     if code == EXIT_INTERRUPTED:
         stderr.print("interrupted")
         raise typer.Exit(code)
+
+
+STOP_ESCAPES = {"\\n": "\n", "\\t": "\t", "\\\\": "\\"}
 
 
 def unescape_stop(value: str) -> str:
@@ -96,8 +103,8 @@ def unescape_stop(value: str) -> str:
     out, i = [], 0
     while i < len(value):
         pair = value[i:i + 2]
-        if pair in ("\\n", "\\t", "\\\\"):
-            out.append({"\\n": "\n", "\\t": "\t", "\\\\": "\\"}[pair])
+        if pair in STOP_ESCAPES:
+            out.append(STOP_ESCAPES[pair])
             i += 2
         else:
             out.append(value[i])
@@ -124,25 +131,22 @@ def read_prompt_file(name: str) -> str:
     return text[:-1] if text.endswith("\n") else text
 
 
-def _run(text, model, n_predict, temp, top_k, top_p, min_p, repeat_penalty, seed, threads, ctx_size,
-         as_json, verbose, sparse=None, sparse_threshold=None, sparsity=None, backend="cpu", vram_budget=None,
-         frequency_penalty=0.0, presence_penalty=0.0, stops=(), repeat_last_n=64) -> int:
-    """Load, generate from the prompt text, print. Returns 0, or EXIT_INTERRUPTED when Ctrl-C stopped the
-    generation. stops: strings that end the text where they first appear (the stop string is not printed)."""
+def _run(text: str, model: str, n_predict: int, as_json: bool, verbose: bool, stops: list[str], *,
+         load_opts: dict, sampling: dict) -> int:
+    """Load (load_opts: powerinfer_py.load's keywords), generate from the prompt text (sampling:
+    generate_tokens' keywords), print. Returns 0, or EXIT_INTERRUPTED when Ctrl-C stopped the generation.
+    stops: strings that end the text where they first appear (the stop string is not printed)."""
     from powerinfer_py import load
     from powerinfer_py.chat import StopMatcher
 
     path = model_path(model)
     t0 = time.perf_counter()
-    llm = load(path, threads=threads, n_ctx=ctx_size, sparse=sparse, sparse_threshold=sparse_threshold,
-               sparsity=sparsity, backend=backend, vram_budget=vram_budget)
+    llm = load(path, **load_opts)
     load_s = time.perf_counter() - t0
     if verbose:
         _print_load(llm, path, load_s)
     print_load_notes(llm, verbose)
-    gen = llm.generate_tokens(text, max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p,
-                              min_p=min_p, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed,
-                              frequency_penalty=frequency_penalty, presence_penalty=presence_penalty)
+    gen = llm.generate_tokens(text, max_tokens=n_predict, **sampling)
     decoder = llm.tokenizer.stream()  # holds back bytes of a UTF-8 character split over tokens
     matcher = StopMatcher(stops)  # holds back text that may be the start of a stop string
     tokens, pieces, interrupted = [], [], False
