@@ -135,7 +135,7 @@ class _Ours:
     def __init__(self, path: Path, mode: str, ids: list[int], a: argparse.Namespace, n_ctx: int):
         from powerinfer_py import load
 
-        self.llm = load(path, threads=a.threads, n_ctx=n_ctx, sparse=mode)
+        self.llm = load(path, threads=a.threads, n_ctx=n_ctx, sparse=mode, use_mmap=not a.no_mmap)
         self.net = self.llm.model
         self.cache = self.net.new_cache(n_ctx)
         self.logits = self.net.forward(np.asarray(ids, dtype=np.int32), self.cache)  # the prompt, untimed
@@ -267,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--regen", action="store_true", help="rewrite the models even if cached")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--no-mmap", action="store_true", help="our modes read the model into memory instead of "
+                    "mapping it (powerinfer's --no-mmap; llama.cpp keeps its default)")
     a = ap.parse_args(argv)
     a.modes = [m for m in a.modes.split(",") if m]
     a.rank = a.rank or synth_sparse.SHAPES[a.shape]["rank"]

@@ -65,6 +65,7 @@ def chat(
     sparsity: Optional[float] = O.SPARSITY,
     backend: str = O.BACKEND,
     vram_budget: Optional[float] = O.VRAM_BUDGET,
+    no_mmap: bool = O.NO_MMAP,
     single: bool = typer.Option(False, "--single", help="Piped input: the whole input is one message."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show loading details and tracebacks."),
 ) -> None:
@@ -76,7 +77,7 @@ def chat(
         try:
             session = _open(model, system, template, n_predict, threads, ctx_size,
                             dict(sparse=sparse, sparse_threshold=sparse_threshold, sparsity=sparsity, backend=backend,
-                                 vram_budget=vram_budget),
+                                 vram_budget=vram_budget, use_mmap=not no_mmap),
                             SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                                            repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed,
                                            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty))

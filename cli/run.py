@@ -64,6 +64,7 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
     backend: str = O.BACKEND,
     vram_budget: Optional[float] = O.VRAM_BUDGET,
+    no_mmap: bool = O.NO_MMAP,
     verbose: bool = typer.Option(False, "--verbose", "-v",
                                  help="Show loading details, per-layer active neurons and tracebacks."),
 ) -> None:
@@ -83,7 +84,7 @@ def run(
             code = _run(text, model, n_predict, as_json, verbose, stops,
                         load_opts=dict(threads=threads, n_ctx=ctx_size, sparse=sparse,
                                        sparse_threshold=sparse_threshold, sparsity=sparsity, backend=backend,
-                                       vram_budget=vram_budget),
+                                       vram_budget=vram_budget, use_mmap=not no_mmap),
                         sampling=dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                                       repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed,
                                       frequency_penalty=frequency_penalty, presence_penalty=presence_penalty))

@@ -43,6 +43,7 @@ def serve(
     sparsity: Optional[float] = O.SPARSITY,
     backend: str = O.BACKEND,
     vram_budget: Optional[float] = O.VRAM_BUDGET,
+    no_mmap: bool = O.NO_MMAP,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not log one line per request on stderr."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks of errors at start-up."),
 ) -> None:
@@ -55,7 +56,7 @@ def serve(
         try:
             llm = load(model_path(model), threads=threads, n_ctx=ctx_size, sparse=sparse,
                        sparse_threshold=sparse_threshold, sparsity=sparsity, backend=backend,
-                       vram_budget=vram_budget)
+                       vram_budget=vram_budget, use_mmap=not no_mmap)
         except KeyboardInterrupt:
             raise typer.Exit(EXIT_INTERRUPTED)
         idle = True

@@ -44,7 +44,7 @@ class LLM:
                  backend: str = "cpu", cache_dir: str | os.PathLike | None = None, sparse: str | None = None,
                  sparse_threshold: float | None = None, sparsity: float | None = None,
                  vram_budget: float | None = None,
-                 placement: str | os.PathLike | None = None):
+                 placement: str | os.PathLike | None = None, use_mmap: bool = True):
         from . import models
         from .ffn import runtime_sparse
         from .gguf import open_gguf
@@ -52,7 +52,7 @@ class LLM:
         from .tokenizer import Tokenizer
 
         self.path = Path(path)
-        self.file = open_gguf(self.path)
+        self.file = open_gguf(self.path, use_mmap=use_mmap)
         try:
             weights = load_weights(self.file, expected=models.expected_tensors)
             self.config = weights.config
@@ -213,7 +213,7 @@ def load(path: str | os.PathLike, threads: int | None = None, n_ctx: int | None 
          backend: str = "cpu", cache_dir: str | os.PathLike | None = None, sparse: str | None = None,
          sparse_threshold: float | None = None, sparsity: float | None = None,
          vram_budget: float | None = None,
-         placement: str | os.PathLike | None = None) -> LLM:
+         placement: str | os.PathLike | None = None, use_mmap: bool = True) -> LLM:
     """Open a GGUF or PWRI model file and get it ready to generate.
 
     threads: CPU threads for the kernels (default: all cores). n_ctx: context size in tokens (default:
@@ -229,6 +229,8 @@ def load(path: str | os.PathLike, threads: int | None = None, n_ctx: int | None 
     sparse="threshold" (SwiGLU/GeGLU models with `powerinfer calibrate` metadata, and their default) skips the
     neurons whose |act(gate)| is below the per-layer cut-off; sparsity: the fraction to skip (default: the
     calibrated one).
+    use_mmap=False reads the file into memory instead of mapping it (llama.cpp's --no-mmap; see open_gguf).
     """
     return LLM(path, threads=threads, n_ctx=n_ctx, backend=backend, cache_dir=cache_dir, sparse=sparse,
-               sparse_threshold=sparse_threshold, sparsity=sparsity, vram_budget=vram_budget, placement=placement)
+               sparse_threshold=sparse_threshold, sparsity=sparsity, vram_budget=vram_budget, placement=placement,
+               use_mmap=use_mmap)

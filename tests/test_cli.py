@@ -230,6 +230,12 @@ def test_run_prompt_option_and_file_give_the_positional_prompt(llama_f32, tmp_pa
     assert two["n_prompt_tokens"] > direct["n_prompt_tokens"]
 
 
+def test_run_no_mmap_gives_the_same_tokens(llama_f32):
+    mapped = run_json(llama_f32, "hello world", "-n", "6", "--temp", "0")
+    read = run_json(llama_f32, "hello world", "-n", "6", "--temp", "0", "--no-mmap")
+    assert read["tokens"] == mapped["tokens"] and read["text"] == mapped["text"]
+
+
 def test_run_needs_exactly_one_prompt(llama_f32, tmp_path):
     res = invoke("run", "-m", llama_f32, "-n", "2")
     assert res.exit_code == 2 and "no prompt" in res.stderr and "-p/--prompt" in res.stderr

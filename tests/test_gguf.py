@@ -73,9 +73,9 @@ def _key_type_at(raw: bytearray, key: str) -> int:
     return raw.find(needle) + len(needle)
 
 
-def _expect_error(path: Path, *fragments: str) -> str:
+def _expect_error(path: Path, *fragments: str, use_mmap: bool = True) -> str:
     with pytest.raises(ModelFileError) as exc:
-        open_gguf(path)
+        open_gguf(path, use_mmap=use_mmap)
     msg = str(exc.value)
     assert str(path) in msg
     for fragment in fragments:
@@ -214,6 +214,44 @@ def test_views_are_zero_copy_and_read_only(tmp_path):
         assert not t.data.flags.writeable
     t = f.tensors["blk.0.q8.weight"]
     assert t.data.ctypes.data == f._map.ctypes.data + f.tensor_offsets[t.name]
+
+
+def test_read_into_memory_instead_of_mapping(tmp_path, monkeypatch):
+    """use_mmap=False (--no-mmap): the same metadata and tensor bytes, read-only, in memory of our own (no map to
+    release pages of); the same errors for missing, tiny and truncated files; a file that ends early while it
+    is read is a named error."""
+    path, tensors = _write_valid(tmp_path / "r.gguf")
+    mapped, read = open_gguf(path), open_gguf(path, use_mmap=False)
+    assert read._mmap is None and mapped._mmap is not None
+    assert read.metadata == mapped.metadata and read.tensor_offsets == mapped.tensor_offsets
+    for t in tensors:
+        got = read.tensors[t.name]
+        assert got.type == t.type and got.shape == t.shape and got.data.tobytes() == t.data.tobytes()
+        assert not got.data.flags.writeable and np.shares_memory(got.data, read._map)
+    read.release_pages(tensors[0].name)  # nothing to release: the bytes stay
+    assert read.tensors[tensors[0].name].data.tobytes() == tensors[0].data.tobytes()
+    _expect_error(tmp_path / "nope.gguf", "no such file", use_mmap=False)
+    size = path.stat().st_size
+    (tmp_path / "short.gguf").write_bytes(path.read_bytes()[:size - 100])
+    _expect_error(tmp_path / "short.gguf", "past the end of the file", use_mmap=False)
+
+    class Shrinking:  # a reader that hits the end of the file halfway
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def readinto(self, view):
+            return self.fh.readinto(view[:min(len(view), size // 2 - self.fh.tell())]) if self.fh.tell() < size // 2 else 0
+
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda p, mode="r", *a, **k: Shrinking(real_open(p, mode, *a, **k))
+                        if str(p) == str(path) and mode == "rb" else real_open(p, mode, *a, **k))
+    _expect_error(path, "ended at byte", "changed meanwhile", use_mmap=False)
 
 
 def test_metadata_only(tmp_path):

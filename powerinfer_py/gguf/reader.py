@@ -190,7 +190,8 @@ class _Parser:
         return out
 
 
-def _open_map(path: Path) -> tuple[mmap.mmap, int]:
+def _checked_size(path: Path) -> int:
+    """The size of a regular file big enough for a GGUF header, or a ModelFileError saying what it is not."""
     try:
         size = path.stat().st_size
         if not path.is_file():
@@ -201,6 +202,11 @@ def _open_map(path: Path) -> tuple[mmap.mmap, int]:
         raise ModelFileError(f"{path}: cannot read: {e.strerror or e}") from None
     if size < _HEADER.size:
         raise ModelFileError(f"{path}: not a GGUF file: only {size} bytes, a GGUF header needs {_HEADER.size}")
+    return size
+
+
+def _open_map(path: Path) -> tuple[mmap.mmap, int]:
+    size = _checked_size(path)
     try:
         with open(path, "rb") as fh:
             mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
@@ -313,10 +319,32 @@ def _check_layout(path: Path, infos: list[tuple], data_offset: int, size: int) -
                                  f"({name_b!r} starts at {start_b}, {name_a!r} ends at {end_a})")
 
 
-def _parse(path: Path, with_tensors: bool, allow_empty: bool = False) -> GGUFFile:
-    mm, size = _open_map(path)
-    # A read-only uint8 array over the whole file; tensor views are slices of it and keep the map alive.
-    arr = np.frombuffer(mm, dtype=np.uint8)
+def _read_whole(path: Path) -> tuple[np.ndarray, int]:
+    """The file's bytes in anonymous memory (open_gguf with use_mmap=False), read in chunks."""
+    size = _checked_size(path)  # the same checks and messages as a mapped open (missing, not a file, tiny)
+    arr = np.empty(size, dtype=np.uint8)
+    view, done = memoryview(arr), 0
+    try:
+        with open(path, "rb") as fh:
+            while done < size:
+                n = fh.readinto(view[done:done + (64 << 20)])
+                if not n:
+                    raise ModelFileError(f"{path}: the file ended at byte {done} while reading it ({size} bytes "
+                                         "when it was opened): was it changed meanwhile?")
+                done += n
+    except OSError as e:
+        raise ModelFileError(f"{path}: cannot read the file: {e.strerror or e}") from None
+    arr.flags.writeable = False  # as the read-only map: kernels never write into the weights
+    return arr, size
+
+
+def _parse(path: Path, with_tensors: bool, allow_empty: bool = False, use_mmap: bool = True) -> GGUFFile:
+    if use_mmap or not with_tensors:
+        mm, size = _open_map(path)
+        # A read-only uint8 array over the whole file; tensor views are slices of it and keep the map alive.
+        arr = np.frombuffer(mm, dtype=np.uint8)
+    else:
+        (arr, size), mm = _read_whole(path), None
     p = _Parser(memoryview(arr), path, size)
     magic, version, n_tensors, n_kv = _parse_header(p)
     metadata, types = _parse_metadata(p, n_kv)
@@ -338,10 +366,13 @@ def _parse(path: Path, with_tensors: bool, allow_empty: bool = False) -> GGUFFil
     return f
 
 
-def open_gguf(path: str | os.PathLike, *, allow_empty: bool = False) -> GGUFFile:
+def open_gguf(path: str | os.PathLike, *, allow_empty: bool = False, use_mmap: bool = True) -> GGUFFile:
     """Open a GGUF or PWRI file: parse and validate the header, map the tensors without copying.
-    allow_empty: accept tensors with a zero-length dimension (placement sidecars)."""
-    return _parse(Path(path), with_tensors=True, allow_empty=allow_empty)
+    allow_empty: accept tensors with a zero-length dimension (placement sidecars). use_mmap=False reads the
+    whole file into anonymous memory instead (llama.cpp's --no-mmap): RAM for all of it and a slower start,
+    but on some machines the kernels read such memory faster than mapped page-cache pages
+    (benchmarks/bench_mmap_vs_anon.py); release_pages does nothing then."""
+    return _parse(Path(path), with_tensors=True, allow_empty=allow_empty, use_mmap=use_mmap)
 
 
 def read_metadata_only(path: str | os.PathLike) -> GGUFFile:
