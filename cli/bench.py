@@ -45,6 +45,8 @@ def bench(
                                 help="Our backend (see `powerinfer run --help`)."),
     vram_budget: Optional[float] = typer.Option(None, "--vram-budget", min=0.0,
                                                 help="GiB of GPU memory for our hybrid backend."),
+    no_mmap: bool = typer.Option(False, "--no-mmap", help="Our engine reads the model into memory instead of "
+                                 "mapping it (see `powerinfer run --help`); llama.cpp keeps its default."),
 ) -> None:
     """Prompt and decode speed of powerinfer and llama.cpp on the same file, with their ratio and our peak RSS."""
     from powerinfer_py.bench import run_bench
@@ -58,7 +60,7 @@ def bench(
         report = run_bench(model_path(model), n_gen=n_predict, n_prompt=n_prompt, threads=threads, reps=reps,
                            on_run=progress, sparse=sparse, sparse_threshold=sparse_threshold, sparsity=sparsity,
                            llamacpp_model=model_path(llamacpp_model) if llamacpp_model else None,
-                           backend=backend, vram_budget=vram_budget)
+                           backend=backend, vram_budget=vram_budget, use_mmap=not no_mmap)
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
         return

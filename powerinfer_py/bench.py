@@ -116,12 +116,12 @@ def _peak_rss_bytes() -> int:
 def _child_ours(model: Path, n_prompt: int, n_gen: int, threads: int, sparse: str | None = None,
                 sparse_threshold: float | None = None, sparsity: float | None = None,
                 backend: str = "cpu",
-                vram_budget: float | None = None) -> EngineRun:
+                vram_budget: float | None = None, use_mmap: bool = True) -> EngineRun:
     from . import load
 
     t0 = time.perf_counter()
     llm = load(model, threads=threads, n_ctx=n_prompt + n_gen, sparse=sparse, sparse_threshold=sparse_threshold,
-               backend=backend, vram_budget=vram_budget)
+               sparsity=sparsity, backend=backend, vram_budget=vram_budget, use_mmap=use_mmap)
     load_s = time.perf_counter() - t0
     net, tok = llm.model, llm.tokenizer
     ids = _fit_tokens(tok.encode(BENCH_TEXT, add_bos=False), n_prompt, tok.bos_id)
@@ -320,7 +320,7 @@ class BenchReport:
 
 def run_child(engine: str, model: Path, n_prompt: int, n_gen: int, threads: int, sparse: str | None = None,
               sparse_threshold: float | None = None, sparsity: float | None = None, backend: str = "cpu",
-              vram_budget: float | None = None) -> EngineRun:
+              vram_budget: float | None = None, use_mmap: bool = True) -> EngineRun:
     """Run one measurement in a fresh interpreter and parse its JSON line."""
     cmd = [sys.executable, "-m", "powerinfer_py.bench", "--engine", engine, "--model", str(model),
            "-p", str(n_prompt), "-n", str(n_gen), "-t", str(threads)]
@@ -332,6 +332,7 @@ def run_child(engine: str, model: Path, n_prompt: int, n_gen: int, threads: int,
         cmd += ["--sparsity", repr(float(sparsity))]
     if engine == "ours":
         cmd += ["--backend", backend] + (["--vram-budget", repr(float(vram_budget))] if vram_budget is not None else [])
+        cmd += [] if use_mmap else ["--no-mmap"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -349,9 +350,10 @@ def run_bench(model: str | os.PathLike, n_gen: int = 128, n_prompt: int = 128, t
               sparse_threshold: float | None = None,
               llamacpp_model: str | os.PathLike | None = None, sparsity: float | None = None,
               backend: str = "cpu",
-              vram_budget: float | None = None) -> BenchReport:
+              vram_budget: float | None = None, use_mmap: bool = True) -> BenchReport:
     """Alternate the engines `reps` times (order swapped every rep), each run in its own process.
-    sparse / sparse_threshold go to our engine; llama.cpp runs llamacpp_model (default: the same file)."""
+    sparse / sparse_threshold / sparsity / use_mmap go to our engine; llama.cpp runs llamacpp_model (default: the
+    same file) with its defaults."""
     path = Path(model)
     if not path.is_file():
         raise PowerInferError(f"model file not found: {path}")
@@ -374,7 +376,7 @@ def run_bench(model: str | os.PathLike, n_gen: int = 128, n_prompt: int = 128, t
         for engine in order:
             run = run_child(engine, path if engine == "ours" else ref_path, n_prompt, n_gen, threads,
                             sparse=sparse, sparse_threshold=sparse_threshold, sparsity=sparsity, backend=backend,
-                            vram_budget=vram_budget)
+                            vram_budget=vram_budget, use_mmap=use_mmap)
             report.runs.append(run)
             if on_run is not None:
                 on_run(run)
@@ -400,10 +402,11 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sparsity", type=float, default=None)
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--vram-budget", type=float, default=None)
+    ap.add_argument("--no-mmap", action="store_true")
     a = ap.parse_args(argv)
     if a.engine == "ours":
         run = _child_ours(a.model, a.n_prompt, a.n_gen, a.threads, a.sparse, a.sparse_threshold, a.sparsity,
-                          a.backend, a.vram_budget)
+                          a.backend, a.vram_budget, use_mmap=not a.no_mmap)
     else:
         run = _child_llamacpp(a.model, a.n_prompt, a.n_gen, a.threads)
     print(json.dumps(asdict(run)), flush=True)

@@ -52,6 +52,18 @@ def test_sparsity_zero_equals_dense(calibrated, arch):
         assert sp.sparsity_stats.skipped_fraction == 0.0
 
 
+def test_bench_child_takes_the_sparsity_asked_for(calibrated):
+    """`powerinfer bench --sparse threshold --sparsity S` measured the file's calibrated sparsity whatever S was
+    (the child dropped it): at 0 every neuron is computed, at the file's 0.5 about half."""
+    from powerinfer_py.bench import run_child
+
+    _, path, _ = calibrated["qwen2"]
+    dense = run_child("ours", path, 8, 4, 1, sparse="threshold", sparsity=0.0, backend="cpu")
+    half = run_child("ours", path, 8, 4, 1, sparse="threshold", backend="cpu", use_mmap=False)
+    assert dense.active_fraction == 1.0
+    assert 0.3 < half.active_fraction < 0.7, half.active_fraction
+
+
 def test_sparsity_zero_needs_no_calibration(synthetic_model):
     with load(synthetic_model("gemma3", "f32"), threads=1, sparse="threshold", sparsity=0.0) as llm:
         assert llm.sparse.mode == "threshold"
