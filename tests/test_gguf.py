@@ -248,6 +248,10 @@ def test_read_into_memory_instead_of_mapping(tmp_path, monkeypatch):
         def readinto(self, view):
             return self.fh.readinto(view[:min(len(view), size // 2 - self.fh.tell())]) if self.fh.tell() < size // 2 else 0
 
+    monkeypatch.setattr("powerinfer_py.gguf.reader._mem_available", lambda: size - 1)  # too big to read in
+    _expect_error(path, "--no-mmap", "GiB available", "map it instead", use_mmap=False)
+    assert open_gguf(path).tensors  # mapping it is still fine
+    monkeypatch.undo()
     real_open = open
     monkeypatch.setattr("builtins.open", lambda p, mode="r", *a, **k: Shrinking(real_open(p, mode, *a, **k))
                         if str(p) == str(path) and mode == "rb" else real_open(p, mode, *a, **k))

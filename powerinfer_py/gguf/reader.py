@@ -319,9 +319,26 @@ def _check_layout(path: Path, infos: list[tuple], data_offset: int, size: int) -
                                  f"({name_b!r} starts at {start_b}, {name_a!r} ends at {end_a})")
 
 
+def _mem_available() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes; None where the system does not say."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def _read_whole(path: Path) -> tuple[np.ndarray, int]:
-    """The file's bytes in anonymous memory (open_gguf with use_mmap=False), read in chunks."""
+    """The file's bytes in anonymous memory (open_gguf with use_mmap=False), read in chunks. A file larger than
+    the memory the system has available is refused up front (a map would page it in and out instead)."""
     size = _checked_size(path)  # the same checks and messages as a mapped open (missing, not a file, tiny)
+    avail = _mem_available()
+    if avail is not None and size > avail:
+        raise ModelFileError(f"{path}: reading it into memory (--no-mmap) needs {size / 2**30:.1f} GiB and the "
+                             f"system has {avail / 2**30:.1f} GiB available: map it instead (without --no-mmap)")
     arr = np.empty(size, dtype=np.uint8)
     view, done = memoryview(arr), 0
     try:
