@@ -139,6 +139,7 @@ def _run(text: str, model: str, n_predict: int, as_json: bool, verbose: bool, st
     stops: strings that end the text where they first appear (the stop string is not printed)."""
     from powerinfer_py import load
     from powerinfer_py.chat import StopMatcher
+    from powerinfer_py.generate import STOP_STRING
 
     path = model_path(model)
     t0 = time.perf_counter()
@@ -166,7 +167,9 @@ def _run(text: str, model: str, n_predict: int, as_json: bool, verbose: bool, st
     if not matcher.stopped:
         pieces.append(matcher.finish(decoder.flush()))
     stats = gen.stats
-    reason = "interrupted" if interrupted else "stop string" if matcher.stopped else stats.stop_reason
+    if matcher.stopped:
+        stats.stop_reason = STOP_STRING
+    reason = "interrupted" if interrupted else stats.stop_reason
     if as_json:
         result = _json_result("".join(pieces), tokens, stats, reason, load_s)
         result["sparse"] = _sparsity_json(llm)

@@ -19,7 +19,8 @@ from .errors import ContextFullError, PowerInferError
 from .logprobs import LogprobRecorder
 from .sampler import Sampler
 
-StopReason = str  # "eos" | "length" | "context"; LLM.generate's stop strings: "stop string"
+StopReason = str  # "eos" | "length" | "context", or STOP_STRING
+STOP_STRING = "stop string"  # the text ended at a stop string the caller gave (LLM.generate, `run --stop`)
 
 
 @dataclass

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .generate import Generation, GenerationStats, generate
+from .generate import STOP_STRING, Generation, GenerationStats, generate
 from .logprobs import LogprobRecorder
 from .sampler import Sampler, SamplingParams
 
@@ -177,14 +177,14 @@ class LLM:
                 if piece:
                     yield piece
                 if matcher.stopped:
-                    gen.stats.stop_reason = "stop string"
-                    return
-            tail = matcher.finish(decoder.flush())
-            if matcher.stopped:
-                gen.stats.stop_reason = "stop string"
-            if tail:
-                yield tail
+                    break
+            else:
+                tail = matcher.finish(decoder.flush())
+                if tail:
+                    yield tail
         finally:
+            if matcher.stopped:
+                gen.stats.stop_reason = STOP_STRING
             gen.close()
 
     # -- lifetime ----------------------------------------------------------------------------------------
