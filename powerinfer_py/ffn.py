@@ -38,8 +38,10 @@ Modes (FORMATS.md section 2), chosen per model by resolve_sparse():
              Gated ReLU variants gather up rows only where the gate activation is non-zero (h = 0 elsewhere).
              The predictor's hidden layer relu(fc1 · p) is itself sparse (about half its units are 0): for one
              token with a float fc2 (F32/F16/BF16), fc2 · r is the AXPY over the non-zero r_k of a transposed
-             copy fc2_t made at load (same values, another summation order), which reads only their rows
-             (fc2_t_logits; the C step makes the same choice and calls, so the same bits).
+             copy fc2_t made at load (same values, another summation order), which reads only their rows; a
+             Q4_0 fc2 gets a Q4T copy instead (the same codes and scales moved so that each hidden unit is one
+             row: csrc/fc2_q4t.c) read the same way (fc2_t_logits; the C step makes the same choice and calls,
+             so the same bits).
 Batches (prefill, N > 1 tokens) compute the union of the tokens' active sets once for all tokens and then
 zero h[t, i] for the neurons token t did not select, so every token gets exactly its own per-token result;
 when the union exceeds DENSE_FALLBACK of the neurons, the gated rows come from the dense matmul instead of the
@@ -257,7 +259,7 @@ class FFN:
         if self.mode == "predictor" and (w.fc1 is None or w.fc2 is None):
             raise ValueError(f"layer {layer}: predictor mode without fc1/fc2")
         # fc2 transposed (rank, n_ff), for the one-token AXPY over the predictor's non-zero hidden units
-        self.fc2_t = transposed_predictor(w.fc2) if self.mode == "predictor" else None
+        self.fc2_t = transposed_predictor(w.fc2, kernels) if self.mode == "predictor" else None
         self.all_rows = np.arange(self.n_ff, dtype=np.int32)
         self.threshold_path = None
         if self.mode == "threshold":
@@ -470,10 +472,16 @@ class FFN:
         return y
 
 
-def transposed_predictor(fc2: Tensor | None) -> Tensor | None:
-    """fc2 (n_ff, R) transposed to (R, n_ff) with the same values, for float types (FC2_T_TYPES); else None
-    (a quantized fc2 would need re-quantizing along the other axis: other values, other predictions)."""
-    if fc2 is None or fc2.type.name not in FC2_T_TYPES:
+def transposed_predictor(fc2: Tensor | None, kernels=None):
+    """fc2 (n_ff, R) transposed to (R, n_ff) with the same values, for float types (FC2_T_TYPES); a Q4_0 fc2's
+    Q4T copy (kernels.q4t_pack: the same codes and scales, one row per hidden unit) when the kernels offer it;
+    else None (other quantized types would need re-quantizing along the other axis: other values)."""
+    if fc2 is None:
+        return None
+    if fc2.type.name == "Q4_0" and len(fc2.shape) == 2 and fc2.shape[1] % 32 == 0:
+        pack = getattr(kernels, "q4t_pack", None)
+        return pack(fc2) if pack is not None else None
+    if fc2.type.name not in FC2_T_TYPES:
         return None
     try:  # the C transpose when built: 5-7x numpy's strided copy (F16 7B fc2: 7-10 ms against 48-60)
         from .kernels.cpu import transpose
@@ -483,18 +491,22 @@ def transposed_predictor(fc2: Tensor | None) -> Tensor | None:
     return Tensor(fc2.name.replace("fc2", "fc2_t"), fc2.type, (fc2.shape[1], fc2.shape[0]), transpose(data))
 
 
-# the hidden layer's non-zero share up to which the AXPY over fc2_t beats the dense mat-vec of fc2 (F16,
-# 7B shape, cold: 368 us at 50% against 616 us dense: the same bound as PI_FC2_AXPY_MAX_PERCENT in csrc/pi.h)
+# the hidden layer's non-zero share up to which reading fc2_t's rows beats the dense mat-vec of fc2 (F16, 7B
+# shape, cold: 368 us at 50% against 616 us dense; Q4_0's Q4T copy, 2 threads: ~200 against ~350 us at 50%,
+# even at ~85%, 0.85x at 100%): the same bound as PI_FC2_AXPY_MAX_PERCENT in csrc/pi.h
 FC2_AXPY_MAX_PERCENT = 80
 
 
-def fc2_t_logits(k, fc2_t: Tensor, r: np.ndarray) -> np.ndarray | None:
-    """One token's predictor logits f32 [1, n_ff] = fc2 · r as the AXPY over the non-zero r_k of fc2_t, or
-    None when too many r_k are non-zero for that to pay (then the caller runs the dense mat-vec)."""
+def fc2_t_logits(k, fc2_t, r: np.ndarray) -> np.ndarray | None:
+    """One token's predictor logits f32 [1, n_ff] = fc2 · r as the AXPY over the non-zero r_k of fc2_t (or from
+    a Q4T copy: k.q4t_logits), or None when too many r_k are non-zero for that to pay (then the caller runs the
+    dense mat-vec). The C step (sparse_ffn.c) makes the same choice and calls."""
     rank = r.shape[1]
     nz = k.select_nonzero(r[0])
     if len(nz) * 100 > rank * FC2_AXPY_MAX_PERCENT:
         return None
+    if not isinstance(fc2_t, Tensor):  # a Q4T copy of a Q4_0 fc2
+        return k.q4t_logits(fc2_t, np.ascontiguousarray(r[0]))[None]
     if len(nz) == 0:
         return np.zeros((1, fc2_t.shape[1]), dtype=np.float32)
     return k.axpy_rows(fc2_t, nz, np.ascontiguousarray(r[:, nz]))

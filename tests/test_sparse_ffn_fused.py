@@ -45,6 +45,8 @@ def predictor_logits(k, w: FFNWeights, p, fc2_t=None):
     r = np.maximum(k.matmul(w.fc1, p), 0)
     nz = k.select_nonzero(r)
     if fc2_t is not None and len(nz) * 100 <= RANK * cpu.lib.PI_FC2_AXPY_MAX_PERCENT:
+        if isinstance(fc2_t, ref.Q4T):  # a Q4_0 fc2's copy by hidden unit
+            return k.q4t_logits(fc2_t, r)
         return k.axpy_rows(fc2_t, nz, r[nz]) if len(nz) else np.zeros(N_FF, np.float32)
     return k.matmul(w.fc2, r)
 
@@ -103,13 +105,21 @@ def test_fused_equals_separate_kernels(pools, ggml_type, variant):
                 assert np.abs(y - y_ref).max() <= 0.05 * np.abs(y_ref).max()
 
 
-def test_transposed_predictor_types():
-    """The transposed fc2 copy exists for float types only, with the same values (quantized blocks would need
-    re-quantizing along the other axis: other values, other predictions)."""
+def test_transposed_predictor_types(pools):
+    """The transposed fc2 copy exists for float types, with the same values, and for Q4_0 as a Q4T copy (the
+    same codes and scales) when the kernels can make one; other quantized blocks would need re-quantizing
+    along the other axis: other values, other predictions."""
     assert ffn_module.FC2_AXPY_MAX_PERCENT == cpu.lib.PI_FC2_AXPY_MAX_PERCENT  # Python and C choose alike
     for ty in TYPES:
         w = layer(ty)
-        t = transposed_predictor(w.fc2)
+        t = transposed_predictor(w.fc2, pools[2])
+        if ty == GGMLType.Q4_0:
+            assert isinstance(t, ref.Q4T) and (t.n_ff, t.rank) == (N_FF, RANK)
+            assert transposed_predictor(w.fc2) is None  # no kernels to pack it
+            codes, d = ref.q4t_unpack(t)
+            dw, qw = ref._blocks(w.fc2)
+            assert np.array_equal(d, dw) and np.array_equal(codes.astype(np.int8) - 8, qw.reshape(N_FF, RANK))
+            continue
         if ty not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
             assert t is None
             continue
@@ -118,16 +128,18 @@ def test_transposed_predictor_types():
     assert transposed_predictor(None) is None
 
 
-@pytest.mark.parametrize("ggml_type", (GGMLType.F32, GGMLType.F16, GGMLType.BF16), ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0),
+                         ids=lambda t: t.name)
 def test_fused_with_transposed_fc2(pools, ggml_type):
-    """With fc2_t the step takes the AXPY over the non-zero hidden units when they are few enough (random
-    weights: about half), else the dense fc2 mat-vec; either way the bits of the separate kernels, and logits
-    close to the dense ones."""
+    """With fc2_t the step takes the AXPY over the non-zero hidden units (Q4_0: q4t_logits over its Q4T copy)
+    when they are few enough (random weights: about half), else the dense fc2 mat-vec; either way the bits of
+    the separate kernels, and logits close to the dense ones."""
     w = layer(ggml_type, seed=11)
-    fc2_t = transposed_predictor(w.fc2)
     rng = np.random.default_rng(2)
     paths = set()
     for n_threads, k in pools.items():
+        fc2_t = transposed_predictor(w.fc2, k)
+        assert fc2_t is not None
         for trial in range(4):
             p = rng.standard_normal(N_EMBD).astype(np.float32)
             if trial == 3:  # every hidden unit positive: a large shared component along a vector all rows like
@@ -178,16 +190,16 @@ def test_fused_bad_input(pools):
         k.sparse_ffn_decode(plan, np.ones(N_EMBD, np.float32), np.ones(N_EMBD, np.float64))
 
 
-@pytest.mark.parametrize("ggml_type", (GGMLType.Q8_0, GGMLType.F16), ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", (GGMLType.Q8_0, GGMLType.F16, GGMLType.Q4_0), ids=lambda t: t.name)
 @pytest.mark.parametrize("variant", ["reglu", "dreglu"])
 def test_ffn_one_token_uses_the_fused_step(pools, variant, ggml_type):
     """FFN's one-token predictor path goes through C and gives what its Python path gives (F16: both with the
-    transposed fc2 and its AXPY over the non-zero hidden units)."""
+    transposed fc2 and its AXPY over the non-zero hidden units; Q4_0: both with its Q4T copy)."""
     w = layer(ggml_type, seed=5)
     k = pools[2]
     ffn = FFN(k, w, variant, SparseSettings("predictor", 0.5))
     assert ffn.fused is not None
-    assert (ffn.fc2_t is not None) == (ggml_type == GGMLType.F16)
+    assert (ffn.fc2_t is not None) == (ggml_type in (GGMLType.F16, GGMLType.Q4_0))
     rng = np.random.default_rng(7)
     x = rng.standard_normal((1, N_EMBD)).astype(np.float32)
     p = rng.standard_normal((1, N_EMBD)).astype(np.float32)

@@ -406,6 +406,31 @@ class CpuKernels:
                              ffi.from_buffer("float[]", h2), n_sel, n_tok, ffi.from_buffer("float[]", y))
         return y[0] if h.ndim == 1 else y
 
+    def q4t_pack(self, fc2: Tensor) -> "_ref.Q4T":
+        """The Q4T copy of a Q4_0 predictor fc2 [n_ff, rank] (csrc/fc2_q4t.c): the same codes and scales, one
+        row per hidden unit, for q4t_logits. The buffer is 64-byte aligned (rows are whole cache lines)."""
+        n_ff, rank = _ref.check_q4t_source(fc2)
+        _, wp, _, _, _ = self._weight(fc2)
+        if self._pool is None:
+            raise ValueError("this CpuKernels has been closed")
+        nbytes = lib.pi_q4t_bytes(n_ff, rank)
+        raw = np.empty(nbytes + 64, np.uint8)
+        at = -raw.ctypes.data % 64
+        data = raw[at:at + nbytes]
+        lib.pi_q4t_pack(self._pool, wp, n_ff, rank, ffi.from_buffer(data))
+        return _ref.Q4T(fc2.name.replace("fc2", "fc2_t"), n_ff, rank, data)
+
+    def q4t_logits(self, q: "_ref.Q4T", r) -> np.ndarray:
+        """logits f32 [n_ff] = fc2 . r from fc2's Q4T copy, reading only the rows of the units whose Q8_0 code
+        is non-zero (r f32 [rank]); the Q4_0 mat-vec's block dots summed in another order."""
+        r = _ref.check_q4t(q, r)
+        if self._pool is None:
+            raise ValueError("this CpuKernels has been closed")
+        y = np.empty(q.n_ff, dtype=np.float32)
+        if lib.pi_q4t_logits(self._pool, ffi.from_buffer(q.data), q.n_ff, q.rank, _fb(_FA, r), _fb(_FA, y)):
+            raise MemoryError("q4t_logits: no memory for the kernel's scratch")
+        return y
+
     def select_active(self, logits, threshold) -> np.ndarray:
         """Ascending int32 indices i with logits[i] >= threshold (logits f32 [n_ff]; NaN is inactive)."""
         logits = _ref.check_sparse_vector("select_active", "logits", logits)
@@ -629,7 +654,7 @@ class CpuKernels:
             if fc1 is None or fc2 is None:
                 raise ValueError("sparse_ffn_plan: predictor mode needs fc1 and fc2")
             named = (("fc1", fc1), ("fc2", fc2)) + named
-            if fc2_t is not None:
+            if fc2_t is not None and not isinstance(fc2_t, _ref.Q4T):
                 named += (("fc2_t", fc2_t),)
         infos = {nm: self._weight(t) for nm, t in named}
         n_ff, n_embd = infos["gate"][3], infos["gate"][4]
@@ -649,8 +674,17 @@ class CpuKernels:
         for nm, (_, wp, ty, _, _) in infos.items():
             setattr(desc, nm, wp)
             setattr(desc, "down_type" if nm == "down_t" else f"{nm}_type", ty)
-        # the cdata pointers in infos keep the weight buffers alive as long as the plan
-        return SparseFFNPlan(desc, tuple(info[1] for info in infos.values()), n_embd, n_ff, rank)
+        keep = tuple(info[1] for info in infos.values())
+        if not exact and isinstance(fc2_t, _ref.Q4T):  # a Q4_0 fc2's Q4T copy (q4t_pack)
+            if (fc2_t.n_ff, fc2_t.rank) != (n_ff, rank):
+                raise ValueError(f"sparse_ffn_plan: fc2_t is a Q4T copy of a {fc2_t.n_ff} x {fc2_t.rank} fc2, "
+                                 f"expected {n_ff} x {rank}")
+            _ref.check_q4t(fc2_t, np.zeros(rank, np.float32))
+            buf = ffi.from_buffer(fc2_t.data)
+            desc.fc2_t, desc.fc2_t_type = buf, lib.PI_FC2_Q4T
+            keep += (buf,)
+        # the cdata pointers kept keep the weight buffers alive as long as the plan
+        return SparseFFNPlan(desc, keep, n_embd, n_ff, rank)
 
     def sparse_ffn_decode(self, plan: "SparseFFNPlan", x, p) -> tuple[np.ndarray, int, int]:
         """One token through a planned FFN: (y f32 [n_embd], predicted-active count, non-zero h count) for x

@@ -5,6 +5,8 @@ to Q8_0 blocks (Q8_K super-blocks for K-quants) and each block's integer dot pro
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..tensor import GGMLType, Tensor
@@ -640,3 +642,95 @@ def select_active(logits, threshold) -> np.ndarray:
 def select_nonzero(x) -> np.ndarray:
     """Ascending int32 indices i with x[i] != 0 (exact mode, after ReLU; NaN counts as nonzero)."""
     return np.flatnonzero(check_sparse_vector("select_nonzero", "x", x)).astype(np.int32)
+
+
+# ==== a Q4_0 predictor fc2 repacked by hidden unit (csrc/fc2_q4t.c) ======================================
+# The predictor's hidden layer r = relu(fc1 . p) is about half zeros, so fc2 . r needs only the fc2 columns of
+# the non-zero r_k. Q4T moves a Q4_0 fc2's codes and scales (unchanged) so that each column is one contiguous
+# row: nib uint8 [rank][np / 2] (np = n_ff rounded up to 64; in tile t of 32 bytes, byte j holds output 64 t + j
+# in its low nibble and 64 t + 32 + j in its high one), then the f16 scales [rank / 32][np] (0 in padding).
+Q4T_TILE = 64
+
+
+@dataclass(frozen=True)
+class Q4T:
+    """A Q4_0 fc2 [n_ff, rank] repacked by hidden unit (q4t_pack): data uint8 [q4t_bytes(n_ff, rank)]."""
+    name: str
+    n_ff: int
+    rank: int
+    data: np.ndarray
+
+
+def q4t_padded(n_ff: int) -> int:
+    return -(-n_ff // Q4T_TILE) * Q4T_TILE
+
+
+def q4t_bytes(n_ff: int, rank: int) -> int:
+    np_ = q4t_padded(n_ff)
+    return rank * (np_ // 2) + rank // QK * np_ * 2
+
+
+def check_q4t_source(fc2: Tensor) -> tuple[int, int]:
+    """(n_ff, rank) of a tensor q4t_pack accepts: Q4_0, 2-D, the rank a multiple of 32."""
+    if fc2.type != GGMLType.Q4_0 or len(fc2.shape) != 2:
+        raise ValueError(f"q4t_pack: {fc2.name} must be a 2-D Q4_0 tensor, got {fc2.type.name} {fc2.shape}")
+    n_ff, rank = fc2.shape
+    if n_ff < 1 or rank < QK or rank % QK:
+        raise ValueError(f"q4t_pack: {fc2.name} has shape {fc2.shape}; its rows need a multiple of {QK} values")
+    return n_ff, rank
+
+
+def check_q4t(q, r) -> np.ndarray:
+    """r as a C-contiguous f32 [q.rank] for q4t_logits, after checking q's buffer."""
+    if not isinstance(q, Q4T):
+        raise ValueError(f"q4t_logits: expected a Q4T (q4t_pack), got {type(q).__name__}")
+    d = q.data
+    if (not isinstance(d, np.ndarray) or d.dtype != np.uint8 or not d.flags.c_contiguous
+            or q.rank % QK or q.rank < QK or q.n_ff < 1 or d.size != q4t_bytes(q.n_ff, q.rank)):
+        raise ValueError(f"q4t_logits: {q.name} does not hold a Q4T copy of a {q.n_ff} x {q.rank} fc2")
+    if not isinstance(r, np.ndarray) or r.dtype != np.float32 or r.shape != (q.rank,):
+        raise ValueError(f"q4t_logits: r must be a float32 array of shape ({q.rank},), got "
+                         f"{getattr(r, 'dtype', type(r).__name__)} {np.shape(r)}")
+    return np.ascontiguousarray(r)
+
+
+def q4t_pack(fc2: Tensor) -> Q4T:
+    """The Q4T copy of a Q4_0 fc2 [n_ff, rank]: the same codes and scales, row k = hidden unit k."""
+    n_ff, rank = check_q4t_source(fc2)
+    np_, nb = q4t_padded(n_ff), rank // QK
+    b = _raw_blocks(fc2)  # [n_ff, nb, 18]
+    codes = np.zeros((np_, rank), np.uint8)
+    qs = b[..., 2:]
+    codes[:n_ff] = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n_ff, rank)
+    t = codes.reshape(np_ // Q4T_TILE, 2, Q4T_TILE // 2, rank)  # [tile, half, byte, k]
+    nib = (t[:, 0] | (t[:, 1] << 4)).transpose(2, 0, 1).reshape(rank, np_ // 2)
+    d = np.zeros((nb, np_), np.uint16)
+    d[:, :n_ff] = np.ascontiguousarray(b[..., :2]).view(np.uint16)[..., 0].T
+    data = np.concatenate([nib.ravel(), d.view(np.uint8).ravel()])
+    return Q4T(fc2.name.replace("fc2", "fc2_t"), n_ff, rank, data)
+
+
+def q4t_unpack(q: Q4T) -> tuple[np.ndarray, np.ndarray]:
+    """(codes uint8 [n_ff, rank] 0..15, scales f32 [n_ff, rank / 32]) of a Q4T copy: fc2 = d * (codes - 8)."""
+    np_, rank = q4t_padded(q.n_ff), q.rank
+    nib = q.data[:rank * (np_ // 2)].reshape(rank, np_ // Q4T_TILE, Q4T_TILE // 2)
+    codes = np.stack([nib & 0x0F, nib >> 4], axis=2).reshape(rank, np_)  # [k, tile, half, byte] -> [k, i]
+    d = _f16(q.data[rank * (np_ // 2):].reshape(rank // QK, np_, 2))
+    return np.ascontiguousarray(codes[:, :q.n_ff].T), np.ascontiguousarray(d[:, :q.n_ff].T)
+
+
+def q4t_logits(q: Q4T, r) -> np.ndarray:
+    """logits f32 [n_ff] = fc2 . r from a Q4T copy, by its arithmetic (csrc/fc2_q4t.c) on one thread: r as Q8_0
+    blocks (codes qr, scales dr); per block b with some qr != 0, in order, logits = fma(f32(d * dr), isum, logits)
+    with isum the exact integer sum over the block of (code - 8) * qr (fma emulated in f64: the product is exact)."""
+    r = check_q4t(q, r)
+    codes, d = q4t_unpack(q)
+    dr, qr = quantize_q8_0_blocks(r.reshape(-1, QK))
+    nb = q.rank // QK
+    qw = codes.reshape(q.n_ff, nb, QK).astype(np.int64) - 8
+    isum = np.einsum("ibk,bk->ib", qw, qr.astype(np.int64))  # exact integers
+    out = np.zeros(q.n_ff, np.float32)
+    for b in np.flatnonzero((qr != 0).any(axis=1)):
+        dd = (d[:, b] * np.float32(dr[b])).astype(np.float32)
+        out = (dd.astype(np.float64) * isum[:, b] + out).astype(np.float32)
+    return out
