@@ -11,17 +11,10 @@ from powerinfer_py.kernels import ref
 from powerinfer_py.tensor import GGMLType, Tensor
 
 cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not built", exc_type=ImportError)
+from test_kernels_sparse import pools  # noqa: E402, F401 (fixture: CpuKernels on 1, 2 and 3 threads)
 
 # n_ff: below, at and past one 64-output tile, not a multiple of 64, the 7B shape / 8; rank: 1 to 32 blocks
 SHAPES = [(1, 32), (63, 32), (64, 64), (65, 96), (230, 64), (1376, 1024)]
-
-
-@pytest.fixture(scope="module")
-def pools():
-    ks = {n: cpu.CpuKernels(n) for n in (1, 2, 3)}
-    yield ks
-    for k in ks.values():
-        k.close()
 
 
 def fc2_tensor(n_ff, rank, seed=0) -> Tensor:
