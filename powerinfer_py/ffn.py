@@ -258,7 +258,8 @@ class FFN:
             raise ValueError(f"layer {layer}: the FFN needs exactly one of ffn_down and ffn_down_t")
         if self.mode == "predictor" and (w.fc1 is None or w.fc2 is None):
             raise ValueError(f"layer {layer}: predictor mode without fc1/fc2")
-        # fc2 transposed (rank, n_ff), for the one-token AXPY over the predictor's non-zero hidden units
+        # fc2 transposed (rank, n_ff) or a Q4_0 fc2's Q4T copy: one token's fc2 · r reads only the rows of the
+        # predictor's non-zero hidden units
         self.fc2_t = transposed_predictor(w.fc2, kernels) if self.mode == "predictor" else None
         self.all_rows = np.arange(self.n_ff, dtype=np.int32)
         self.threshold_path = None
