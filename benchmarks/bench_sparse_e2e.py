@@ -20,7 +20,10 @@ bandwidth ceiling for that fraction: dense bytes per token / sparse bytes per to
 everything outside the FFN + the FFN's share for the active fraction (+ the predictor's fc1/fc2), printed
 with and without the predictor's bytes (all of them: one-token decodes of F16 and Q4_0 predictors read only the
 fc2 rows of their non-zero hidden units, about half here, so predictor mode can pass the first) (exact mode reads all of ffn_gate, then ffn_up and ffn_down_t rows
-of the active neurons). Targets (issue 3): predictor >= 1.8x llama.cpp (stretch 2.2x), exact >= 1.4x.
+of the active neurons). Targets (issue 3): predictor >= 1.8x llama.cpp (stretch 2.2x), exact >= 1.4x, and the
+predictor <= 10% of a token: in interleaved runs its share of the timed decode is printed, from the timers of
+the one-token C step (pi_sparse_ffn.timing: fc1, fc2 and the selection, every layer), with the measured
+non-zero share of its hidden units.
 llama.cpp computes SiLU on the twin where the model means ReLU: the twin is a speed reference only.
 """
 from __future__ import annotations
@@ -152,6 +155,13 @@ class _Ours:
         s = self.net.sparsity
         return float(s.mean_fraction) if s is not None else float("nan")
 
+    def timing(self) -> np.ndarray | None:
+        """The one-token C steps' sums over the layers (FFN.step_timing: calls, predictor s, step s, summed
+        non-zero hidden share), or None when the layers have no such step."""
+        parts = [f.step_timing() for f in getattr(self.net, "ffns", ()) if hasattr(f, "step_timing")]
+        parts = [t for t in parts if t is not None]
+        return np.sum(parts, axis=0) if parts else None
+
     def close(self) -> None:
         self.llm.close()
 
@@ -168,6 +178,9 @@ class _LlamaCpp:
 
     def active(self) -> float:
         return float("nan")
+
+    def timing(self) -> None:
+        return None
 
     def close(self) -> None:
         self.ref.close()
@@ -192,15 +205,20 @@ def bench_dtype_interleaved(dtype: str, a: argparse.Namespace) -> dict:
         engines[mode] = _Ours(pwri, mode, ids, a, n_ctx)
     names = list(engines)
     rates: dict[str, list[float]] = {n: [] for n in names}  # tok/s per turn
+    timed = {n: np.zeros(5) for n in names}  # C step sums over the timed turns (+ their wall seconds)
     for turn in range(n_turns):
         k = turn % len(names)
         for name in names[k:] + names[:k]:
             e = engines[name]
             e.step()  # untimed: the previous engine's pool may still be spinning
+            before = e.timing()
             t0 = time.perf_counter()
             for _ in range(a.interleave):
                 e.step()
-            rates[name].append(a.interleave / (time.perf_counter() - t0))
+            wall = time.perf_counter() - t0
+            rates[name].append(a.interleave / wall)
+            if before is not None:
+                timed[name] += np.append(e.timing() - before, wall)
         if (turn + 1) % len(names) == 0:
             print(f"  turn {turn + 1}/{n_turns}: " + "  ".join(f"{n} {rates[n][-1]:.2f}" for n in names), flush=True)
     rows = []
@@ -211,10 +229,13 @@ def bench_dtype_interleaved(dtype: str, a: argparse.Namespace) -> dict:
         active = engines[name].active()
         with_pred, without = ceilings(budget, name, active) if name != "llama.cpp" else (1.0, 1.0)
         ref_total = len(ref_rates) * a.interleave / sum(a.interleave / x for x in ref_rates)
+        calls, pred_s, _, hidden, wall = timed[name]
         rows.append(dict(config=name, decode_tok_s=total, decode_min=min(r), decode_max=max(r),
                          prompt_tok_s=float("nan"), ratio=total / ref_total,
                          paired_ratio=statistics.median(x / y for x, y in zip(r, ref_rates)),
-                         active=active, ceiling=with_pred, ceiling_no_pred=without))
+                         active=active, ceiling=with_pred, ceiling_no_pred=without,
+                         predictor_share=pred_s / wall if pred_s else float("nan"),
+                         hidden_nonzero=hidden / calls if pred_s else float("nan")))
     for e in engines.values():
         e.close()
     return dict(dtype=dtype, pwri=str(pwri), dense=str(dense), calibration=info, bytes=budget, rows=rows)
@@ -244,6 +265,11 @@ def print_table(res: dict, a: argparse.Namespace) -> None:
               f"{'-' if math.isnan(r['prompt_tok_s']) else format(r['prompt_tok_s'], '.1f'):>13} "
               f"{r['ratio']:12.2f}x {r['paired_ratio']:6.2f}x {act:>7} {r['ceiling']:7.2f}x "
               f"{r['ceiling_no_pred']:8.2f}x")
+    for r in res["rows"]:
+        share = r.get("predictor_share", float("nan"))
+        if share == share:
+            print(f"  {r['config']}: the predictor (fc1, fc2, selection; timed in its C step) took {share:.1%} of "
+                  f"the decode time; its hidden units were {r['hidden_nonzero']:.1%} non-zero")
 
 
 def main(argv: list[str] | None = None) -> int:

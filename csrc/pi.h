@@ -209,6 +209,9 @@ typedef struct {
     int64_t n_embd, n_ff, rank;
     int fc1_type, fc2_type, gate_type, up_type, down_type, fc2_t_type;
     const void *fc1, *fc2, *gate, *up, *down_t, *fc2_t;
+    double *timing;       /* optional (NULL: none), 4 sums each call adds to: [0] 1 (calls), [1] seconds in the
+                             predictor (fc1, fc2, the selection), [2] seconds in the whole step, [3] the share of
+                             the predictor's hidden units that were non-zero (so [3] / [0] is its mean) */
 } pi_sparse_ffn;
 /* x: normed FFN input f32 [n_embd]; p: predictor input f32 [n_embd]; fwork: f32 [2 * rank + 3 * n_ff];
  * iwork: int32 [rank + 2 * n_ff]; y: f32 [n_embd], overwritten. Returns the number of predicted-active neurons and

@@ -21,9 +21,17 @@
  *   h_j    = a_j * (up[rows[j]] . x)            dReLU: a_j * relu(up . x)        for j in live
  *   y      = sum_{j in live, h_j != 0} h_j * down_t[rows[j], :]
  */
+#define _POSIX_C_SOURCE 199309L /* clock_gettime */
 #include <string.h>
+#include <time.h>
 
 #include "pi.h"
+
+static double seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 static inline float relu_keep_nan(float v) { return v < 0.0f ? 0.0f : v; } /* -0 and NaN pass, as np.maximum */
 /* the gating activation: relu; FATReLU a if a > act_param else 0 (NaN -> 0) */
@@ -31,25 +39,27 @@ static inline float gate_act(const pi_sparse_ffn *f, float v) {
     return f->variant == PI_FFN_FATREGLU ? (v > f->act_param ? v : 0.0f) : relu_keep_nan(v);
 }
 
-/* logits f32 [n_ff] = fc2 . relu(fc1 . p); r: f32 [2 * rank] scratch, ridx: int32 [rank] scratch */
-static void predictor_logits(pi_pool *pool, const pi_sparse_ffn *f, const float *p, float *r, int32_t *ridx,
-                             float *logits) {
+/* logits f32 [n_ff] = fc2 . relu(fc1 . p); r: f32 [2 * rank] scratch, ridx: int32 [rank] scratch. Returns the
+ * number of non-zero hidden units. */
+static int64_t predictor_logits(pi_pool *pool, const pi_sparse_ffn *f, const float *p, float *r, int32_t *ridx,
+                                float *logits) {
     const int64_t rank = f->rank;
     pi_matmul(pool, f->fc1_type, f->fc1, rank, f->n_embd, p, 1, r);
     for (int64_t i = 0; i < rank; i++) r[i] = relu_keep_nan(r[i]);
+    const int64_t n = pi_select_nonzero(r, rank, ridx);
     if (f->fc2_t) {
-        const int64_t n = pi_select_nonzero(r, rank, ridx);
         if (n * 100 <= rank * PI_FC2_AXPY_MAX_PERCENT && f->fc2_t_type == PI_FC2_Q4T) {
-            if (pi_q4t_logits(pool, f->fc2_t, f->n_ff, rank, r, logits) == 0) return;
+            if (pi_q4t_logits(pool, f->fc2_t, f->n_ff, rank, r, logits) == 0) return n;
         } else if (n * 100 <= rank * PI_FC2_AXPY_MAX_PERCENT) {
             float *rv = r + rank;
             for (int64_t k = 0; k < n; k++) rv[k] = r[ridx[k]];
             if (n > 0) pi_axpy_rows(pool, f->fc2_t_type, f->fc2_t, f->n_ff, ridx, rv, n, 1, logits);
             else memset(logits, 0, (size_t)f->n_ff * sizeof(float));
-            return;
+            return n;
         }
     }
     pi_matmul(pool, f->fc2_type, f->fc2, f->n_ff, rank, r, 1, logits);
+    return n;
 }
 
 int64_t pi_sparse_ffn_decode(pi_pool *pool, const pi_sparse_ffn *f, const float *x, const float *p,
@@ -59,14 +69,19 @@ int64_t pi_sparse_ffn_decode(pi_pool *pool, const pi_sparse_ffn *f, const float 
     int32_t *rows = iwork, *live = iwork + n_ff, *ridx = iwork + 2 * n_ff;
 
     int64_t n_active, n_live = 0;
+    const double t0 = f->timing ? seconds() : 0.0;
     if (f->exact) { /* exact mode: the gate for every neuron (ffn.py's dense matmul), its non-zero ones live */
         pi_matmul(pool, f->gate_type, f->gate, n_ff, n_embd, x, 1, logits);
         for (int64_t i = 0; i < n_ff; i++) logits[i] = gate_act(f, logits[i]);
         n_active = n_live = pi_select_nonzero(logits, n_ff, rows);
         for (int64_t k = 0; k < n_live; k++) a[k] = logits[rows[k]];
     } else {
-        predictor_logits(pool, f, p, r, ridx, logits);
+        const int64_t n_hidden = predictor_logits(pool, f, p, r, ridx, logits);
         n_active = pi_select_active(logits, n_ff, f->threshold, rows);
+        if (f->timing) {
+            f->timing[1] += seconds() - t0;
+            f->timing[3] += (double)n_hidden / (double)f->rank;
+        }
     }
     if (!f->exact && n_active > 0) {
         pi_matmul_rows(pool, f->gate_type, f->gate, n_embd, rows, n_active, x, 1, a);
@@ -91,6 +106,10 @@ int64_t pi_sparse_ffn_decode(pi_pool *pool, const pi_sparse_ffn *f, const float 
         memset(y, 0, (size_t)n_embd * sizeof(float));
     }
     *n_nonzero = nz;
+    if (f->timing) {
+        f->timing[0] += 1.0;
+        f->timing[2] += seconds() - t0;
+    }
     return n_active;
 }
 

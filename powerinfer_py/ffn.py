@@ -284,6 +284,12 @@ class FFN:
                                                  float(self.threshold), float(self.act_param),
                                                  exact=self.mode == "exact", fc2_t=self.fc2_t)
 
+    def step_timing(self) -> np.ndarray | None:
+        """The one-token C step's running sums in predictor / exact mode (kernels.SparseFFNPlan.timing: calls,
+        predictor seconds, step seconds, summed non-zero share of the predictor's hidden units), a live view;
+        None when this FFN has no such step (Python path, other modes, kernels without it)."""
+        return getattr(self.fused, "timing", None) if self.fused is not None else None
+
     def __call__(self, x: np.ndarray, p: np.ndarray | None = None) -> np.ndarray:
         if self.observer is not None:
             return self._observed(x, p)

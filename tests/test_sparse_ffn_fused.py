@@ -280,3 +280,28 @@ def test_exact_step_equals_python_path_and_off(pools, ggml_type, variant):
         y_off = FFN(k, w, variant, SparseSettings("off", 0.0), act_param=act_param)(x)
         assert np.array_equal(y_fused.view(np.uint32), y_python.view(np.uint32))
         assert np.array_equal(y_fused.view(np.uint32), y_off.view(np.uint32)) and np.abs(y_off).max() > 0
+
+
+def test_step_timing_sums(pools):
+    """The step's timing sums (pi_sparse_ffn.timing, for benchmarks): one call each, predictor time within the
+    step's, the hidden layer's non-zero share as counted here; exact mode runs no predictor."""
+    w = layer(GGMLType.Q4_0, seed=9)
+    k = pools[2]
+    ffn = FFN(k, w, "reglu", SparseSettings("predictor", 0.5))
+    assert ffn.step_timing() is ffn.fused.timing and not ffn.step_timing().any()
+    rng = np.random.default_rng(4)
+    shares = []
+    for _ in range(3):
+        x = rng.standard_normal((1, N_EMBD)).astype(np.float32)
+        p = rng.standard_normal((1, N_EMBD)).astype(np.float32)
+        ffn(x, p)
+        shares.append(np.count_nonzero(np.maximum(k.matmul(w.fc1, p[0]), 0)) / RANK)
+    calls, pred_s, step_s, hidden = ffn.step_timing()
+    assert calls == 3 and 0 < pred_s < step_s < 10
+    assert hidden == pytest.approx(sum(shares)) and 0 < hidden < 3
+    exact = FFN(k, w, "reglu", SparseSettings("exact", 0.0))
+    exact(x, p)
+    calls, pred_s, step_s, hidden = exact.step_timing()
+    assert (calls, pred_s, hidden) == (1, 0, 0) and step_s > 0
+    ffn.fused = None  # the Python path keeps no timing
+    assert ffn.step_timing() is None

@@ -111,12 +111,15 @@ def _weight_info(w: Tensor) -> tuple:
 @dataclass(frozen=True)
 class SparseFFNPlan:
     """One FFN layer described to C (CpuKernels.sparse_ffn_plan): the pi_sparse_ffn struct and the weight
-    buffers it points into, kept alive with it."""
+    buffers it points into, kept alive with it. timing (predictor plans): the step's running sums, f64 [4] =
+    calls, seconds in the predictor (fc1, fc2, selection), seconds in the whole step, and the sum over calls of
+    the share of the predictor's hidden units that were non-zero (pi_sparse_ffn.timing); None for others."""
     desc: object  # cdata pi_sparse_ffn *
     buffers: tuple
     n_embd: int
     n_ff: int
     rank: int
+    timing: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -675,6 +678,8 @@ class CpuKernels:
             setattr(desc, nm, wp)
             setattr(desc, "down_type" if nm == "down_t" else f"{nm}_type", ty)
         keep = tuple(info[1] for info in infos.values())
+        timing = np.zeros(4, np.float64)
+        desc.timing = ffi.from_buffer("double[]", timing)
         if not exact and isinstance(fc2_t, _ref.Q4T):  # a Q4_0 fc2's Q4T copy (q4t_pack)
             if (fc2_t.n_ff, fc2_t.rank) != (n_ff, rank):
                 raise ValueError(f"sparse_ffn_plan: fc2_t is a Q4T copy of a {fc2_t.n_ff} x {fc2_t.rank} fc2, "
@@ -684,7 +689,7 @@ class CpuKernels:
             desc.fc2_t, desc.fc2_t_type = buf, lib.PI_FC2_Q4T
             keep += (buf,)
         # the cdata pointers kept keep the weight buffers alive as long as the plan
-        return SparseFFNPlan(desc, keep, n_embd, n_ff, rank)
+        return SparseFFNPlan(desc, keep, n_embd, n_ff, rank, timing)
 
     def sparse_ffn_decode(self, plan: "SparseFFNPlan", x, p) -> tuple[np.ndarray, int, int]:
         """One token through a planned FFN: (y f32 [n_embd], predicted-active count, non-zero h count) for x
