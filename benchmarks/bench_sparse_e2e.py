@@ -18,9 +18,9 @@ Printed per dtype: decode (and prompt) tok/s, decode ratio against llama.cpp, th
 measured while decoding (predictor mode: neurons computed; exact: neurons with a non-zero ReLU), and the
 bandwidth ceiling for that fraction: dense bytes per token / sparse bytes per token, where sparse bytes =
 everything outside the FFN + the FFN's share for the active fraction (+ the predictor's fc1/fc2), printed
-with and without the predictor's bytes (all of them: one-token decodes of F16 and Q4_0 predictors read only the
-fc2 rows of their non-zero hidden units, about half here, so predictor mode can pass the first) (exact mode reads all of ffn_gate, then ffn_up and ffn_down_t rows
-of the active neurons). Targets (issue 3): predictor >= 1.8x llama.cpp (stretch 2.2x), exact >= 1.4x, and the
+with and without the predictor's bytes (exact mode reads all of ffn_gate, then ffn_up and ffn_down_t rows of
+the active neurons). The first counts all of the predictor: one-token decodes of float, Q4_0 and Q8_0
+predictors read only the fc2 rows of their non-zero hidden units (about half here), so predictor mode can pass it. Targets (issue 3): predictor >= 1.8x llama.cpp (stretch 2.2x), exact >= 1.4x, and the
 predictor <= 10% of a token: in interleaved runs its share of the timed decode is printed, from the timers of
 the one-token C step (pi_sparse_ffn.timing: fc1, fc2 and the selection, every layer), with the measured
 non-zero share of its hidden units.

@@ -175,17 +175,18 @@ int64_t pi_select_active(const float *logits, int64_t n, float threshold, int32_
 /* Ascending i < n with x[i] != 0 (NaN selected, -0 not) into out (room for n); returns the count. */
 int64_t pi_select_nonzero(const float *x, int64_t n, int32_t *out);
 
-/* ---- a Q4_0 predictor fc2 repacked by hidden unit (fc2_q4t.c) -------------------------------------------
- * fc2 Q4_0 [n_ff, rank] (rank a multiple of 32) copied into a layout whose row k holds hidden unit k's 4-bit
- * codes for every output (and the f16 scales apart), the same codes and scales as the file, so that
- * logits = fc2 . r reads only the rows of the units whose Q8_0 code is non-zero (r = relu(fc1 . p) is about
- * half zeros). Layout and arithmetic: fc2_q4t.c. pi_q4t_bytes: the copy's size (-1: bad shape); pi_q4t_pack:
- * fc2 -> out (pi_q4t_bytes bytes); pi_q4t_logits: r f32 [rank] -> logits f32 [n_ff] (overwritten). The
- * logits are the Q4_0 mat-vec's block dots summed in another order; bit-identical from run to run for a
- * thread count. Both return 0 (-1: bad shape, -2: out of memory). */
-int64_t pi_q4t_bytes(int64_t n_ff, int64_t rank);
-int pi_q4t_pack(pi_pool *pool, const void *fc2, int64_t n_ff, int64_t rank, void *out);
-int pi_q4t_logits(pi_pool *pool, const void *q4t, int64_t n_ff, int64_t rank, const float *r, float *logits);
+/* ---- a Q4_0 / Q8_0 predictor fc2 repacked by hidden unit (fc2_qt.c) ---------------------------------------
+ * fc2 [n_ff, rank] of `type` PI_Q4_0 or PI_Q8_0 (rank a multiple of 32) copied into a layout whose row k holds
+ * hidden unit k's codes for every output (the f16 scales apart), the same codes and scales as the file, so
+ * that logits = fc2 . r reads only the rows of the units whose Q8_0 code is non-zero (r = relu(fc1 . p) is
+ * about half zeros). Layout and arithmetic: fc2_qt.c. pi_fc2t_bytes: the copy's size (-1: bad type or shape);
+ * pi_fc2t_pack: fc2 -> out (pi_fc2t_bytes bytes); pi_fc2t_logits: r f32 [rank] -> logits f32 [n_ff]
+ * (overwritten). The logits are the mat-vec's exact block dots summed in another order; bit-identical from
+ * run to run for a thread count. Both return 0 (-1: bad type or shape, -2: out of memory). */
+int64_t pi_fc2t_bytes(int type, int64_t n_ff, int64_t rank);
+int pi_fc2t_pack(pi_pool *pool, int type, const void *fc2, int64_t n_ff, int64_t rank, void *out);
+int pi_fc2t_logits(pi_pool *pool, int type, const void *copy, int64_t n_ff, int64_t rank, const float *r,
+                   float *logits);
 
 /* ---- one decode step of a predictor-driven FFN layer (sparse_ffn.c) ------------------------------------
  * The composition ffn.py runs for one token in predictor mode, in one call (no Python between kernels):
@@ -193,12 +194,13 @@ int pi_q4t_logits(pi_pool *pool, const void *q4t, int64_t n_ff, int64_t rank, co
  * live = rows with a != 0; h = a * (up[live] . x) (dReLU: a * relu(up . x)); y = AXPY of h over down_t[live].
  * Gated ReLU-family variants without biases only. Weights: fc1 [rank, n_embd], fc2 [n_ff, rank],
  * gate/up [n_ff, n_embd], down_t [n_ff, n_embd], each of its own type.
- * fc2_t (optional, NULL if none): fc2 transposed [rank, n_ff], the same values (float types), or for a Q4_0
- * fc2 its Q4T copy (pi_q4t_pack; fc2_t_type PI_FC2_Q4T). The predictor's hidden layer relu(fc1 . p) is sparse
- * (about half its units are 0), so fc2 . r then reads only the rows of the non-zero r_k (the AXPY over them,
- * or pi_q4t_logits), when they are at most PI_FC2_AXPY_MAX_PERCENT of the rank (past that the dense mat-vec
- * reads as fast); same values, another summation order than the mat-vec. */
-enum { PI_FC2_AXPY_MAX_PERCENT = 80, PI_FC2_Q4T = 1000 };
+ * fc2_t (optional, NULL if none): fc2 transposed [rank, n_ff], the same values (float types), or for a Q4_0 /
+ * Q8_0 fc2 its copy by hidden unit (pi_fc2t_pack; fc2_t_type PI_FC2T + the type). The predictor's hidden layer
+ * relu(fc1 . p) is sparse (about half its units are 0), so fc2 . r then reads only the rows of the non-zero
+ * r_k (the AXPY over them, or pi_fc2t_logits), when they are at most PI_FC2_AXPY_MAX_PERCENT of the rank
+ * (PI_FC2T_Q8_0_MAX_PERCENT for a Q8_0 copy; past that the dense mat-vec reads as fast); same values, another
+ * summation order than the mat-vec. */
+enum { PI_FC2_AXPY_MAX_PERCENT = 80, PI_FC2T_Q8_0_MAX_PERCENT = 65, PI_FC2T = 1000 };
 enum pi_ffn_variant { PI_FFN_REGLU = 0, PI_FFN_FATREGLU = 1, PI_FFN_DREGLU = 2 };
 typedef struct {
     int variant;          /* enum pi_ffn_variant */

@@ -13,8 +13,8 @@
  * Per token, with p the predictor input and x the normed FFN input:
  *   r      = relu(fc1 . p)                      f32 [rank]   (NaN stays NaN, as numpy's maximum)
  *   logits = fc2 . r                            mat-vec; or, with fc2_t and few enough non-zero r_k, the AXPY
- *                                               sum_{r_k != 0} r_k * fc2_t[k, :] (float fc2) or pi_q4t_logits
- *                                               (Q4_0 fc2: its Q4T copy) (predictor_logits)
+ *                                               sum_{r_k != 0} r_k * fc2_t[k, :] (float fc2) or pi_fc2t_logits
+ *                                               (Q4_0 / Q8_0 fc2: its copy by hidden unit) (predictor_logits)
  *   rows   = ascending i with logits[i] >= threshold
  *   a_j    = act(gate[rows[j]] . x)             relu; fatrelu: a if a > act_param else 0
  *   live   = the j with a_j != 0                (a zero activation makes h zero whatever up is: skip its up row)
@@ -48,9 +48,11 @@ static int64_t predictor_logits(pi_pool *pool, const pi_sparse_ffn *f, const flo
     for (int64_t i = 0; i < rank; i++) r[i] = relu_keep_nan(r[i]);
     const int64_t n = pi_select_nonzero(r, rank, ridx);
     if (f->fc2_t) {
-        if (n * 100 <= rank * PI_FC2_AXPY_MAX_PERCENT && f->fc2_t_type == PI_FC2_Q4T) {
-            if (pi_q4t_logits(pool, f->fc2_t, f->n_ff, rank, r, logits) == 0) return n;
-        } else if (n * 100 <= rank * PI_FC2_AXPY_MAX_PERCENT) {
+        const int64_t max_percent =
+            f->fc2_t_type == PI_FC2T + PI_Q8_0 ? PI_FC2T_Q8_0_MAX_PERCENT : PI_FC2_AXPY_MAX_PERCENT;
+        if (n * 100 <= rank * max_percent && f->fc2_t_type >= PI_FC2T) {
+            if (pi_fc2t_logits(pool, f->fc2_t_type - PI_FC2T, f->fc2_t, f->n_ff, rank, r, logits) == 0) return n;
+        } else if (n * 100 <= rank * max_percent) {
             float *rv = r + rank;
             for (int64_t k = 0; k < n; k++) rv[k] = r[ridx[k]];
             if (n > 0) pi_axpy_rows(pool, f->fc2_t_type, f->fc2_t, f->n_ff, ridx, rv, n, 1, logits);

@@ -39,9 +39,9 @@ Modes (FORMATS.md section 2), chosen per model by resolve_sparse():
              The predictor's hidden layer relu(fc1 · p) is itself sparse (about half its units are 0): for one
              token with a float fc2 (F32/F16/BF16), fc2 · r is the AXPY over the non-zero r_k of a transposed
              copy fc2_t made at load (same values, another summation order), which reads only their rows; a
-             Q4_0 fc2 gets a Q4T copy instead (the same codes and scales moved so that each hidden unit is one
-             row: csrc/fc2_q4t.c) read the same way (fc2_t_logits; the C step makes the same choice and calls,
-             so the same bits).
+             Q4_0 / Q8_0 fc2 gets a copy by hidden unit instead (the same codes and scales moved so that each
+             unit is one row: csrc/fc2_qt.c) read the same way (fc2_t_logits; the C step makes the same choice
+             and calls, so the same bits).
 Batches (prefill, N > 1 tokens) compute the union of the tokens' active sets once for all tokens and then
 zero h[t, i] for the neurons token t did not select, so every token gets exactly its own per-token result;
 when the union exceeds DENSE_FALLBACK of the neurons, the gated rows come from the dense matmul instead of the
@@ -258,8 +258,8 @@ class FFN:
             raise ValueError(f"layer {layer}: the FFN needs exactly one of ffn_down and ffn_down_t")
         if self.mode == "predictor" and (w.fc1 is None or w.fc2 is None):
             raise ValueError(f"layer {layer}: predictor mode without fc1/fc2")
-        # fc2 transposed (rank, n_ff) or a Q4_0 fc2's Q4T copy: one token's fc2 · r reads only the rows of the
-        # predictor's non-zero hidden units
+        # fc2 transposed (rank, n_ff) or a Q4_0 / Q8_0 fc2's copy by hidden unit: one token's fc2 · r reads only
+        # the rows of the predictor's non-zero hidden units
         self.fc2_t = transposed_predictor(w.fc2, kernels) if self.mode == "predictor" else None
         self.all_rows = np.arange(self.n_ff, dtype=np.int32)
         self.threshold_path = None
@@ -480,13 +480,13 @@ class FFN:
 
 
 def transposed_predictor(fc2: Tensor | None, kernels=None):
-    """fc2 (n_ff, R) transposed to (R, n_ff) with the same values, for float types (FC2_T_TYPES); a Q4_0 fc2's
-    Q4T copy (kernels.q4t_pack: the same codes and scales, one row per hidden unit) when the kernels offer it;
-    else None (other quantized types would need re-quantizing along the other axis: other values)."""
+    """fc2 (n_ff, R) transposed to (R, n_ff) with the same values, for float types (FC2_T_TYPES); a Q4_0 / Q8_0
+    fc2's copy by hidden unit (kernels.fc2t_pack: the same codes and scales, one row per unit) when the kernels
+    offer it; else None (other quantized types would need re-quantizing along the other axis: other values)."""
     if fc2 is None:
         return None
-    if fc2.type.name == "Q4_0" and len(fc2.shape) == 2 and fc2.shape[1] % 32 == 0:
-        pack = getattr(kernels, "q4t_pack", None)
+    if fc2.type.name in ("Q4_0", "Q8_0") and len(fc2.shape) == 2 and fc2.shape[1] % 32 == 0:
+        pack = getattr(kernels, "fc2t_pack", None)
         return pack(fc2) if pack is not None else None
     if fc2.type.name not in FC2_T_TYPES:
         return None
@@ -499,21 +499,24 @@ def transposed_predictor(fc2: Tensor | None, kernels=None):
 
 
 # the hidden layer's non-zero share up to which reading fc2_t's rows beats the dense mat-vec of fc2 (F16, 7B
-# shape, cold: 368 us at 50% against 616 us dense; Q4_0's Q4T copy, 2 threads: ~200 against ~350 us at 50%,
-# even at ~85%, 0.85x at 100%): the same bound as PI_FC2_AXPY_MAX_PERCENT in csrc/pi.h
+# shape, cold: 368 us at 50% against 616 us dense; the Q4_0 copy by hidden unit, 2 threads: ~220 against ~400 us
+# at 50%, 1.17x at 80%, 0.94x at 100%; the Q8_0 copy: 1.5-1.8x at 50%, 1.1x at 65%, 0.9x at 70-75%, so it stops
+# earlier): PI_FC2_AXPY_MAX_PERCENT and PI_FC2T_Q8_0_MAX_PERCENT in csrc/pi.h, which the C step uses alike
 FC2_AXPY_MAX_PERCENT = 80
+FC2T_Q8_0_MAX_PERCENT = 65
 
 
 def fc2_t_logits(k, fc2_t, r: np.ndarray) -> np.ndarray | None:
     """One token's predictor logits f32 [1, n_ff] = fc2 · r as the AXPY over the non-zero r_k of fc2_t (or from
-    a Q4T copy: k.q4t_logits), or None when too many r_k are non-zero for that to pay (then the caller runs the
-    dense mat-vec). The C step (sparse_ffn.c) makes the same choice and calls."""
+    a quantized fc2's copy by hidden unit: k.fc2t_logits), or None when too many r_k are non-zero for that to pay
+    (then the caller runs the dense mat-vec). The C step (sparse_ffn.c) makes the same choice and calls."""
     rank = r.shape[1]
     nz = k.select_nonzero(r[0])
-    if len(nz) * 100 > rank * FC2_AXPY_MAX_PERCENT:
+    q8 = not isinstance(fc2_t, Tensor) and fc2_t.type.name == "Q8_0"
+    if len(nz) * 100 > rank * (FC2T_Q8_0_MAX_PERCENT if q8 else FC2_AXPY_MAX_PERCENT):
         return None
-    if not isinstance(fc2_t, Tensor):  # a Q4T copy of a Q4_0 fc2
-        return k.q4t_logits(fc2_t, np.ascontiguousarray(r[0]))[None]
+    if not isinstance(fc2_t, Tensor):  # a Q4_0 / Q8_0 fc2's copy by hidden unit
+        return k.fc2t_logits(fc2_t, np.ascontiguousarray(r[0]))[None]
     if len(nz) == 0:
         return np.zeros((1, fc2_t.shape[1]), dtype=np.float32)
     return k.axpy_rows(fc2_t, nz, np.ascontiguousarray(r[:, nz]))

@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL_TESTS = ("tests/test_kernels_matmul.py", "tests/test_kernels_sparse.py", "tests/test_kernels_ops.py",
                 "tests/test_kernels_iq.py", "tests/test_kernels_iq_tile.py", "tests/test_kernels_delta.py",
-                "tests/test_kernels_ssm_scan.py", "tests/test_sparse_ffn_fused.py", "tests/test_fc2_q4t.py")
+                "tests/test_kernels_ssm_scan.py", "tests/test_sparse_ffn_fused.py", "tests/test_fc2_qt.py")
 AVX2_FLAGS = {"avx2", "fma", "f16c", "bmi2", "movbe", "popcnt"}  # what gcc's -march=haswell assumes
 AVX512_FLAGS = {"avx512f", "avx512bw", "avx512vl"}                 # what the kernels' AVX-512 paths need
 

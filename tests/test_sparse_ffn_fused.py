@@ -39,14 +39,20 @@ def layer(ggml_type, seed=0) -> FFNWeights:
                       fc2=weight("fc2", ggml_type, N_FF, RANK, rng, 0.3))
 
 
+def max_percent(fc2_t) -> int:
+    """The non-zero share (percent of the rank) up to which the step reads fc2_t instead of fc2."""
+    q8 = isinstance(fc2_t, ref.FC2T) and fc2_t.type == GGMLType.Q8_0
+    return cpu.lib.PI_FC2T_Q8_0_MAX_PERCENT if q8 else cpu.lib.PI_FC2_AXPY_MAX_PERCENT
+
+
 def predictor_logits(k, w: FFNWeights, p, fc2_t=None):
     """fc2 · relu(fc1 · p) by the kernels: the dense mat-vec, or with fc2_t the AXPY over the non-zero hidden
-    units when they are at most PI_FC2_AXPY_MAX_PERCENT of the rank."""
+    units when they are at most max_percent(fc2_t) of the rank."""
     r = np.maximum(k.matmul(w.fc1, p), 0)
     nz = k.select_nonzero(r)
-    if fc2_t is not None and len(nz) * 100 <= RANK * cpu.lib.PI_FC2_AXPY_MAX_PERCENT:
-        if isinstance(fc2_t, ref.Q4T):  # a Q4_0 fc2's copy by hidden unit
-            return k.q4t_logits(fc2_t, r)
+    if fc2_t is not None and len(nz) * 100 <= RANK * max_percent(fc2_t):
+        if isinstance(fc2_t, ref.FC2T):  # a Q4_0 / Q8_0 fc2's copy by hidden unit
+            return k.fc2t_logits(fc2_t, r)
         return k.axpy_rows(fc2_t, nz, r[nz]) if len(nz) else np.zeros(N_FF, np.float32)
     return k.matmul(w.fc2, r)
 
@@ -106,19 +112,20 @@ def test_fused_equals_separate_kernels(pools, ggml_type, variant):
 
 
 def test_transposed_predictor_types(pools):
-    """The transposed fc2 copy exists for float types, with the same values, and for Q4_0 as a Q4T copy (the
-    same codes and scales) when the kernels can make one; other quantized blocks would need re-quantizing
-    along the other axis: other values, other predictions."""
+    """The transposed fc2 copy exists for float types, with the same values, and for Q4_0 / Q8_0 as a copy by
+    hidden unit (the same codes and scales) when the kernels can make one; other quantized blocks would need
+    re-quantizing along the other axis: other values, other predictions."""
     assert ffn_module.FC2_AXPY_MAX_PERCENT == cpu.lib.PI_FC2_AXPY_MAX_PERCENT  # Python and C choose alike
+    assert ffn_module.FC2T_Q8_0_MAX_PERCENT == cpu.lib.PI_FC2T_Q8_0_MAX_PERCENT
     for ty in TYPES:
         w = layer(ty)
         t = transposed_predictor(w.fc2, pools[2])
-        if ty == GGMLType.Q4_0:
-            assert isinstance(t, ref.Q4T) and (t.n_ff, t.rank) == (N_FF, RANK)
+        if ty in (GGMLType.Q4_0, GGMLType.Q8_0):
+            assert isinstance(t, ref.FC2T) and (t.type, t.n_ff, t.rank) == (ty, N_FF, RANK)
             assert transposed_predictor(w.fc2) is None  # no kernels to pack it
-            codes, d = ref.q4t_unpack(t)
+            codes, d = ref.fc2t_unpack(t)
             dw, qw = ref._blocks(w.fc2)
-            assert np.array_equal(d, dw) and np.array_equal(codes.astype(np.int8) - 8, qw.reshape(N_FF, RANK))
+            assert np.array_equal(d, dw) and np.array_equal(codes, qw.reshape(N_FF, RANK))
             continue
         if ty not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
             assert t is None
@@ -128,10 +135,10 @@ def test_transposed_predictor_types(pools):
     assert transposed_predictor(None) is None
 
 
-@pytest.mark.parametrize("ggml_type", (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0),
+@pytest.mark.parametrize("ggml_type", (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q8_0),
                          ids=lambda t: t.name)
 def test_fused_with_transposed_fc2(pools, ggml_type):
-    """With fc2_t the step takes the AXPY over the non-zero hidden units (Q4_0: q4t_logits over its Q4T copy)
+    """With fc2_t the step takes the AXPY over the non-zero hidden units (Q4_0 / Q8_0: fc2t_logits on the copy)
     when they are few enough (random weights: about half), else the dense fc2 mat-vec; either way the bits of
     the separate kernels, and logits close to the dense ones."""
     w = layer(ggml_type, seed=11)
@@ -147,7 +154,7 @@ def test_fused_with_transposed_fc2(pools, ggml_type):
                 p = (p * 0.01 + bias / np.linalg.norm(bias) * 50).astype(np.float32)
             x = rng.standard_normal(N_EMBD).astype(np.float32)
             r = np.maximum(k.matmul(w.fc1, p), 0)
-            axpy = np.count_nonzero(r) * 100 <= RANK * cpu.lib.PI_FC2_AXPY_MAX_PERCENT
+            axpy = np.count_nonzero(r) * 100 <= RANK * max_percent(fc2_t)
             paths.add(axpy)
             logits = predictor_logits(k, w, p, fc2_t)
             dense = k.matmul(w.fc2, r)
@@ -194,12 +201,12 @@ def test_fused_bad_input(pools):
 @pytest.mark.parametrize("variant", ["reglu", "dreglu"])
 def test_ffn_one_token_uses_the_fused_step(pools, variant, ggml_type):
     """FFN's one-token predictor path goes through C and gives what its Python path gives (F16: both with the
-    transposed fc2 and its AXPY over the non-zero hidden units; Q4_0: both with its Q4T copy)."""
+    transposed fc2 and its AXPY over the non-zero hidden units; Q4_0 / Q8_0: both with its copy by hidden unit)."""
     w = layer(ggml_type, seed=5)
     k = pools[2]
     ffn = FFN(k, w, variant, SparseSettings("predictor", 0.5))
     assert ffn.fused is not None
-    assert (ffn.fc2_t is not None) == (ggml_type in (GGMLType.F16, GGMLType.Q4_0))
+    assert ffn.fc2_t is not None
     rng = np.random.default_rng(7)
     x = rng.standard_normal((1, N_EMBD)).astype(np.float32)
     p = rng.standard_normal((1, N_EMBD)).astype(np.float32)
@@ -305,3 +312,19 @@ def test_step_timing_sums(pools):
     assert (calls, pred_s, hidden) == (1, 0, 0) and step_s > 0
     ffn.fused = None  # the Python path keeps no timing
     assert ffn.step_timing() is None
+
+
+def test_copy_bounds_by_type(pools):
+    """At 70% non-zero hidden units the Q4_0 copy is still read and the Q8_0 copy is not (the dense mat-vec
+    is as fast there: ffn.FC2T_Q8_0_MAX_PERCENT); at 50% both are."""
+    k = pools[2]
+    rng = np.random.default_rng(6)
+    for share, q4_used, q8_used in ((0.5, True, True), (0.7, True, False), (0.9, False, False)):
+        r = np.abs(rng.standard_normal((1, RANK))).astype(np.float32) + np.float32(0.1)
+        r[0, rng.permutation(RANK)[:round(RANK * (1 - share))]] = 0
+        for ty, used in ((GGMLType.Q4_0, q4_used), (GGMLType.Q8_0, q8_used)):
+            fc2_t = transposed_predictor(layer(ty).fc2, k)
+            got = ffn_module.fc2_t_logits(k, fc2_t, r)
+            assert (got is not None) == used, (share, ty.name)
+            if used:
+                assert np.array_equal(got[0], k.fc2t_logits(fc2_t, r[0]))

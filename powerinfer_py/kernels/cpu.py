@@ -409,29 +409,30 @@ class CpuKernels:
                              ffi.from_buffer("float[]", h2), n_sel, n_tok, ffi.from_buffer("float[]", y))
         return y[0] if h.ndim == 1 else y
 
-    def q4t_pack(self, fc2: Tensor) -> "_ref.Q4T":
-        """The Q4T copy of a Q4_0 predictor fc2 [n_ff, rank] (csrc/fc2_q4t.c): the same codes and scales, one
-        row per hidden unit, for q4t_logits. The buffer is 64-byte aligned (rows are whole cache lines)."""
-        n_ff, rank = _ref.check_q4t_source(fc2)
-        _, wp, _, _, _ = self._weight(fc2)
+    def fc2t_pack(self, fc2: Tensor) -> "_ref.FC2T":
+        """The copy by hidden unit of a Q4_0 / Q8_0 predictor fc2 [n_ff, rank] (csrc/fc2_qt.c): the same codes and
+        scales, one row per hidden unit, for fc2t_logits. The buffer is 64-byte aligned (rows are whole lines)."""
+        n_ff, rank = _ref.check_fc2t_source(fc2)
+        _, wp, ty, _, _ = self._weight(fc2)
         if self._pool is None:
             raise ValueError("this CpuKernels has been closed")
-        nbytes = lib.pi_q4t_bytes(n_ff, rank)
+        nbytes = lib.pi_fc2t_bytes(ty, n_ff, rank)
         raw = np.empty(nbytes + 64, np.uint8)
         at = -raw.ctypes.data % 64
         data = raw[at:at + nbytes]
-        lib.pi_q4t_pack(self._pool, wp, n_ff, rank, ffi.from_buffer(data))
-        return _ref.Q4T(fc2.name.replace("fc2", "fc2_t"), n_ff, rank, data)
+        lib.pi_fc2t_pack(self._pool, ty, wp, n_ff, rank, ffi.from_buffer(data))
+        return _ref.FC2T(fc2.name.replace("fc2", "fc2_t"), fc2.type, n_ff, rank, data)
 
-    def q4t_logits(self, q: "_ref.Q4T", r) -> np.ndarray:
-        """logits f32 [n_ff] = fc2 . r from fc2's Q4T copy, reading only the rows of the units whose Q8_0 code
-        is non-zero (r f32 [rank]); the Q4_0 mat-vec's block dots summed in another order."""
-        r = _ref.check_q4t(q, r)
+    def fc2t_logits(self, q: "_ref.FC2T", r) -> np.ndarray:
+        """logits f32 [n_ff] = fc2 . r from fc2's copy by hidden unit, reading only the rows of the units whose
+        Q8_0 code is non-zero (r f32 [rank]); the mat-vec's exact block dots summed in another order."""
+        r = _ref.check_fc2t(q, r)
         if self._pool is None:
             raise ValueError("this CpuKernels has been closed")
         y = np.empty(q.n_ff, dtype=np.float32)
-        if lib.pi_q4t_logits(self._pool, ffi.from_buffer(q.data), q.n_ff, q.rank, _fb(_FA, r), _fb(_FA, y)):
-            raise MemoryError("q4t_logits: no memory for the kernel's scratch")
+        if lib.pi_fc2t_logits(self._pool, int(q.type), ffi.from_buffer(q.data), q.n_ff, q.rank, _fb(_FA, r),
+                              _fb(_FA, y)):
+            raise MemoryError("fc2t_logits: no memory for the kernel's scratch")
         return y
 
     def select_active(self, logits, threshold) -> np.ndarray:
@@ -657,7 +658,7 @@ class CpuKernels:
             if fc1 is None or fc2 is None:
                 raise ValueError("sparse_ffn_plan: predictor mode needs fc1 and fc2")
             named = (("fc1", fc1), ("fc2", fc2)) + named
-            if fc2_t is not None and not isinstance(fc2_t, _ref.Q4T):
+            if fc2_t is not None and not isinstance(fc2_t, _ref.FC2T):
                 named += (("fc2_t", fc2_t),)
         infos = {nm: self._weight(t) for nm, t in named}
         n_ff, n_embd = infos["gate"][3], infos["gate"][4]
@@ -680,13 +681,13 @@ class CpuKernels:
         keep = tuple(info[1] for info in infos.values())
         timing = np.zeros(4, np.float64)
         desc.timing = ffi.from_buffer("double[]", timing)
-        if not exact and isinstance(fc2_t, _ref.Q4T):  # a Q4_0 fc2's Q4T copy (q4t_pack)
+        if not exact and isinstance(fc2_t, _ref.FC2T):  # a quantized fc2's copy by hidden unit (fc2t_pack)
             if (fc2_t.n_ff, fc2_t.rank) != (n_ff, rank):
-                raise ValueError(f"sparse_ffn_plan: fc2_t is a Q4T copy of a {fc2_t.n_ff} x {fc2_t.rank} fc2, "
+                raise ValueError(f"sparse_ffn_plan: fc2_t is a copy of a {fc2_t.n_ff} x {fc2_t.rank} fc2, "
                                  f"expected {n_ff} x {rank}")
-            _ref.check_q4t(fc2_t, np.zeros(rank, np.float32))
+            _ref.check_fc2t(fc2_t, np.zeros(rank, np.float32))
             buf = ffi.from_buffer(fc2_t.data)
-            desc.fc2_t, desc.fc2_t_type = buf, lib.PI_FC2_Q4T
+            desc.fc2_t, desc.fc2_t_type = buf, lib.PI_FC2T + int(fc2_t.type)
             keep += (buf,)
         # the cdata pointers kept keep the weight buffers alive as long as the plan
         return SparseFFNPlan(desc, keep, n_embd, n_ff, rank, timing)

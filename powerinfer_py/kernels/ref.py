@@ -644,91 +644,109 @@ def select_nonzero(x) -> np.ndarray:
     return np.flatnonzero(check_sparse_vector("select_nonzero", "x", x)).astype(np.int32)
 
 
-# ==== a Q4_0 predictor fc2 repacked by hidden unit (csrc/fc2_q4t.c) ======================================
+# ==== a Q4_0 / Q8_0 predictor fc2 repacked by hidden unit (csrc/fc2_qt.c) ================================
 # The predictor's hidden layer r = relu(fc1 . p) is about half zeros, so fc2 . r needs only the fc2 columns of
-# the non-zero r_k. Q4T moves a Q4_0 fc2's codes and scales (unchanged) so that each column is one contiguous
-# row: nib uint8 [rank][np / 2] (np = n_ff rounded up to 64; in tile t of 32 bytes, byte j holds output 64 t + j
-# in its low nibble and 64 t + 32 + j in its high one), then the f16 scales [rank / 32][np] (0 in padding).
-Q4T_TILE = 64
+# the non-zero r_k. The copy moves a quantized fc2's codes and scales (unchanged) so that each column is one
+# contiguous row, outputs in tiles of 64: Q4_0 uint8 [rank][np / 2] (in tile t's 32 bytes, byte j holds output
+# 64 t + j in its low nibble and 64 t + 32 + j in its high one), Q8_0 int8 [rank][np]; then the f16 scales
+# [rank / 32][np] (0 in padding); np = n_ff rounded up to 64.
+FC2T_TILE = 64
+FC2T_TYPES = (GGMLType.Q4_0, GGMLType.Q8_0)
 
 
 @dataclass(frozen=True)
-class Q4T:
-    """A Q4_0 fc2 [n_ff, rank] repacked by hidden unit (q4t_pack): data uint8 [q4t_bytes(n_ff, rank)]."""
+class FC2T:
+    """A Q4_0 / Q8_0 fc2 [n_ff, rank] repacked by hidden unit (fc2t_pack): data uint8 [fc2t_bytes(...)]."""
     name: str
+    type: GGMLType
     n_ff: int
     rank: int
     data: np.ndarray
 
 
-def q4t_padded(n_ff: int) -> int:
-    return -(-n_ff // Q4T_TILE) * Q4T_TILE
+def fc2t_padded(n_ff: int) -> int:
+    return -(-n_ff // FC2T_TILE) * FC2T_TILE
 
 
-def q4t_bytes(n_ff: int, rank: int) -> int:
-    np_ = q4t_padded(n_ff)
-    return rank * (np_ // 2) + rank // QK * np_ * 2
+def _fc2t_row_bytes(ggml_type, n_ff: int) -> int:
+    np_ = fc2t_padded(n_ff)
+    return np_ // 2 if ggml_type == GGMLType.Q4_0 else np_
 
 
-def check_q4t_source(fc2: Tensor) -> tuple[int, int]:
-    """(n_ff, rank) of a tensor q4t_pack accepts: Q4_0, 2-D, the rank a multiple of 32."""
-    if fc2.type != GGMLType.Q4_0 or len(fc2.shape) != 2:
-        raise ValueError(f"q4t_pack: {fc2.name} must be a 2-D Q4_0 tensor, got {fc2.type.name} {fc2.shape}")
+def fc2t_bytes(ggml_type, n_ff: int, rank: int) -> int:
+    return rank * _fc2t_row_bytes(ggml_type, n_ff) + rank // QK * fc2t_padded(n_ff) * 2
+
+
+def check_fc2t_source(fc2: Tensor) -> tuple[int, int]:
+    """(n_ff, rank) of a tensor fc2t_pack accepts: Q4_0 or Q8_0, 2-D, the rank a multiple of 32."""
+    if fc2.type not in FC2T_TYPES or len(fc2.shape) != 2:
+        raise ValueError(f"fc2t_pack: {fc2.name} must be a 2-D Q4_0 or Q8_0 tensor, got {fc2.type.name} {fc2.shape}")
     n_ff, rank = fc2.shape
     if n_ff < 1 or rank < QK or rank % QK:
-        raise ValueError(f"q4t_pack: {fc2.name} has shape {fc2.shape}; its rows need a multiple of {QK} values")
+        raise ValueError(f"fc2t_pack: {fc2.name} has shape {fc2.shape}; its rows need a multiple of {QK} values")
     return n_ff, rank
 
 
-def check_q4t(q, r) -> np.ndarray:
-    """r as a C-contiguous f32 [q.rank] for q4t_logits, after checking q's buffer."""
-    if not isinstance(q, Q4T):
-        raise ValueError(f"q4t_logits: expected a Q4T (q4t_pack), got {type(q).__name__}")
+def check_fc2t(q, r) -> np.ndarray:
+    """r as a C-contiguous f32 [q.rank] for fc2t_logits, after checking q's buffer."""
+    if not isinstance(q, FC2T):
+        raise ValueError(f"fc2t_logits: expected an FC2T (fc2t_pack), got {type(q).__name__}")
     d = q.data
-    if (not isinstance(d, np.ndarray) or d.dtype != np.uint8 or not d.flags.c_contiguous
-            or q.rank % QK or q.rank < QK or q.n_ff < 1 or d.size != q4t_bytes(q.n_ff, q.rank)):
-        raise ValueError(f"q4t_logits: {q.name} does not hold a Q4T copy of a {q.n_ff} x {q.rank} fc2")
+    if (q.type not in FC2T_TYPES or not isinstance(d, np.ndarray) or d.dtype != np.uint8 or not d.flags.c_contiguous
+            or q.rank % QK or q.rank < QK or q.n_ff < 1 or d.size != fc2t_bytes(q.type, q.n_ff, q.rank)):
+        raise ValueError(f"fc2t_logits: {q.name} does not hold a copy of a {q.n_ff} x {q.rank} "
+                         f"{getattr(q.type, 'name', q.type)} fc2")
     if not isinstance(r, np.ndarray) or r.dtype != np.float32 or r.shape != (q.rank,):
-        raise ValueError(f"q4t_logits: r must be a float32 array of shape ({q.rank},), got "
+        raise ValueError(f"fc2t_logits: r must be a float32 array of shape ({q.rank},), got "
                          f"{getattr(r, 'dtype', type(r).__name__)} {np.shape(r)}")
     return np.ascontiguousarray(r)
 
 
-def q4t_pack(fc2: Tensor) -> Q4T:
-    """The Q4T copy of a Q4_0 fc2 [n_ff, rank]: the same codes and scales, row k = hidden unit k."""
-    n_ff, rank = check_q4t_source(fc2)
-    np_, nb = q4t_padded(n_ff), rank // QK
-    b = _raw_blocks(fc2)  # [n_ff, nb, 18]
-    codes = np.zeros((np_, rank), np.uint8)
-    qs = b[..., 2:]
-    codes[:n_ff] = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n_ff, rank)
-    t = codes.reshape(np_ // Q4T_TILE, 2, Q4T_TILE // 2, rank)  # [tile, half, byte, k]
-    nib = (t[:, 0] | (t[:, 1] << 4)).transpose(2, 0, 1).reshape(rank, np_ // 2)
+def fc2t_pack(fc2: Tensor) -> FC2T:
+    """The copy by hidden unit of a Q4_0 / Q8_0 fc2 [n_ff, rank]: the same codes and scales, row k = unit k."""
+    n_ff, rank = check_fc2t_source(fc2)
+    np_, nb = fc2t_padded(n_ff), rank // QK
+    b = _raw_blocks(fc2)  # [n_ff, nb, block bytes]
+    if fc2.type == GGMLType.Q8_0:
+        codes = np.zeros((rank, np_), np.uint8)
+        codes[:, :n_ff] = b[..., 2:].reshape(n_ff, rank).T
+    else:
+        full = np.zeros((np_, rank), np.uint8)
+        qs = b[..., 2:]
+        full[:n_ff] = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n_ff, rank)
+        t = full.reshape(np_ // FC2T_TILE, 2, FC2T_TILE // 2, rank)  # [tile, half, byte, k]
+        codes = (t[:, 0] | (t[:, 1] << 4)).transpose(2, 0, 1).reshape(rank, np_ // 2)
     d = np.zeros((nb, np_), np.uint16)
     d[:, :n_ff] = np.ascontiguousarray(b[..., :2]).view(np.uint16)[..., 0].T
-    data = np.concatenate([nib.ravel(), d.view(np.uint8).ravel()])
-    return Q4T(fc2.name.replace("fc2", "fc2_t"), n_ff, rank, data)
+    data = np.concatenate([codes.ravel(), d.view(np.uint8).ravel()])
+    return FC2T(fc2.name.replace("fc2", "fc2_t"), fc2.type, n_ff, rank, data)
 
 
-def q4t_unpack(q: Q4T) -> tuple[np.ndarray, np.ndarray]:
-    """(codes uint8 [n_ff, rank] 0..15, scales f32 [n_ff, rank / 32]) of a Q4T copy: fc2 = d * (codes - 8)."""
-    np_, rank = q4t_padded(q.n_ff), q.rank
-    nib = q.data[:rank * (np_ // 2)].reshape(rank, np_ // Q4T_TILE, Q4T_TILE // 2)
-    codes = np.stack([nib & 0x0F, nib >> 4], axis=2).reshape(rank, np_)  # [k, tile, half, byte] -> [k, i]
-    d = _f16(q.data[rank * (np_ // 2):].reshape(rank // QK, np_, 2))
+def fc2t_unpack(q: FC2T) -> tuple[np.ndarray, np.ndarray]:
+    """(codes int8 [n_ff, rank], scales f32 [n_ff, rank / 32]) of a copy: fc2 = d * codes (Q4_0: the codes
+    minus 8, as in ref._blocks)."""
+    np_, rank = fc2t_padded(q.n_ff), q.rank
+    rowb = _fc2t_row_bytes(q.type, q.n_ff)
+    raw = q.data[:rank * rowb].reshape(rank, rowb)
+    if q.type == GGMLType.Q8_0:
+        codes = raw.view(np.int8)
+    else:
+        nib = raw.reshape(rank, np_ // FC2T_TILE, FC2T_TILE // 2)
+        codes = np.stack([nib & 0x0F, nib >> 4], axis=2).reshape(rank, np_).astype(np.int8) - np.int8(8)
+    d = _f16(q.data[rank * rowb:].reshape(rank // QK, np_, 2))
     return np.ascontiguousarray(codes[:, :q.n_ff].T), np.ascontiguousarray(d[:, :q.n_ff].T)
 
 
-def q4t_logits(q: Q4T, r) -> np.ndarray:
-    """logits f32 [n_ff] = fc2 . r from a Q4T copy, by its arithmetic (csrc/fc2_q4t.c) on one thread: r as Q8_0
-    blocks (codes qr, scales dr); per block b with some qr != 0, in order, logits = fma(f32(d * dr), isum, logits)
-    with isum the exact integer sum over the block of (code - 8) * qr (fma emulated in f64: the product is exact)."""
-    r = check_q4t(q, r)
-    codes, d = q4t_unpack(q)
+def fc2t_logits(q: FC2T, r) -> np.ndarray:
+    """logits f32 [n_ff] = fc2 . r from its copy by hidden unit, by its arithmetic (csrc/fc2_qt.c) on one
+    thread: r as Q8_0 blocks (codes qr, scales dr); per block b with some qr != 0, in order, logits =
+    fma(f32(d * dr), isum, logits) with isum the exact integer block dot of the weight codes and qr (the fma
+    emulated in f64, where the product is exact)."""
+    r = check_fc2t(q, r)
+    codes, d = fc2t_unpack(q)
     dr, qr = quantize_q8_0_blocks(r.reshape(-1, QK))
     nb = q.rank // QK
-    qw = codes.reshape(q.n_ff, nb, QK).astype(np.int64) - 8
-    isum = np.einsum("ibk,bk->ib", qw, qr.astype(np.int64))  # exact integers
+    isum = np.einsum("ibk,bk->ib", codes.reshape(q.n_ff, nb, QK).astype(np.int64), qr.astype(np.int64))
     out = np.zeros(q.n_ff, np.float32)
     for b in np.flatnonzero((qr != 0).any(axis=1)):
         dd = (d[:, b] * np.float32(dr[b])).astype(np.float32)
