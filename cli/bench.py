@@ -53,6 +53,8 @@ def bench(
 
     def progress(r) -> None:
         active = f", active {100 * r.active_fraction:.1f}%" if r.active_fraction is not None else ""
+        if r.predictor_share is not None:
+            active += f", predictor {100 * r.predictor_share:.1f}% of decode"
         stderr.print(f"  {r.engine:>8}: prompt {r.prompt_tok_s:8.1f} tok/s, decode {r.decode_tok_s:7.1f} tok/s, "
                      f"peak RSS {r.peak_rss / _MIB:.0f} MiB{active}", style="dim")
 
@@ -76,8 +78,9 @@ def _table(s: dict) -> Table:
     for eng, m in s["engines"].items():
         name = names[eng]
         if eng == "ours" and m.get("sparse"):
-            frac = m.get("active_fraction")
-            name += f" ({m['sparse']}" + (f", {100 * frac:.1f}% active)" if frac is not None else ")")
+            frac, share = m.get("active_fraction"), m.get("predictor_share")
+            name += f" ({m['sparse']}" + (f", {100 * frac:.1f}% active" if frac is not None else "")
+            name += (f", predictor {100 * share:.1f}% of decode)" if share is not None else ")")
         t.add_row(name, f"{m['prompt_tok_s']:.1f}", f"{m['decode_tok_s']:.1f}", f"{m['load_s']:.2f}",
                   f"{m['peak_rss'] / _MIB:.0f} MiB")
     if s["ratio"]:

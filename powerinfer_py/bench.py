@@ -74,6 +74,7 @@ class EngineRun:
     prompt_digest: int  # sum of position-weighted prompt ids: both engines must have fed the same tokens
     sparse: str = ""  # our sparse mode ("" for llama.cpp)
     active_fraction: float | None = None  # ours, ReLU-family models: mean fraction of active neurons in decode
+    predictor_share: float | None = None  # ours, predictor mode in its C step: the predictor's share of decode time
 
     @property
     def prompt_tok_s(self) -> float:
@@ -137,13 +138,27 @@ def _child_ours(model: Path, n_prompt: int, n_gen: int, threads: int, sparse: st
     if net.sparsity is not None:
         net.sparsity.reset()  # count decode tokens only
     step = np.empty(1, dtype=np.int32)
+    before = predictor_seconds(net)
     for _ in range(n_gen):
         step[0] = int(np.argmax(logits))
         logits = net.forward(step, cache)
     t2 = time.perf_counter()
     active = net.sparsity.mean_fraction if net.sparsity is not None else None
+    pred_s = predictor_seconds(net) - before
     return EngineRun("ours", n_prompt, n_gen, threads, load_s, t1 - t0, t2 - t1, _peak_rss_bytes(),
-                     int(cache.nbytes), model.stat().st_size, _digest(ids), llm.sparse.mode, active)
+                     int(cache.nbytes), model.stat().st_size, _digest(ids), llm.sparse.mode, active,
+                     pred_s / (t2 - t1) if pred_s > 0 and t2 > t1 else None)
+
+
+def predictor_seconds(net) -> float:
+    """Seconds the model's FFN layers have spent in their predictors so far, by the timers of the one-token C
+    step (FFN.step_timing; 0 where no layer has one: other modes, batches, the Python path)."""
+    total = 0.0
+    for f in getattr(net, "ffns", ()):
+        timing = f.step_timing() if hasattr(f, "step_timing") else None
+        if timing is not None:
+            total += float(timing[1])
+    return total
 
 
 # ---- child: llama.cpp through llama-cpp-python's low-level API ----------------------------------------------
@@ -297,6 +312,8 @@ class BenchReport:
             eng["ours"]["sparse"] = ours_runs[0].sparse
             fractions = [r.active_fraction for r in ours_runs if r.active_fraction is not None]
             eng["ours"]["active_fraction"] = statistics.median(fractions) if fractions else None
+            shares = [r.predictor_share for r in ours_runs if r.predictor_share is not None]
+            eng["ours"]["predictor_share"] = statistics.median(shares) if shares else None
         ratios = {}
         if len(eng) == 2:
             for k in ("prompt_tok_s", "decode_tok_s"):

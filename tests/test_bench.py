@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from reference_sparse import write_tiny_sparse
 
 
 @pytest.mark.slow
@@ -35,3 +36,15 @@ def test_child_peak_rss_leaves_out_the_parent():
     child = int(out.stdout)
     assert held.sum() == held.size
     assert 10 * 2**20 < child < 300 * 2**20, child
+
+
+def test_child_reports_the_predictor_share(tmp_path):
+    """Predictor mode's bench run carries the predictor's share of the decode time (from the one-token C step's
+    timers); modes without a predictor report none."""
+    from powerinfer_py.bench import run_child
+
+    path = write_tiny_sparse(tmp_path / "tiny.pwri", "llama", dtype="q4_0")
+    pred = run_child("ours", path, 8, 6, 1, sparse="predictor", backend="cpu")
+    assert 0 < pred.predictor_share < 1, pred
+    for mode in ("exact", "off"):
+        assert run_child("ours", path, 8, 6, 1, sparse=mode, backend="cpu").predictor_share is None
