@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the source tr
 
 from powerinfer_py import synth_sparse  # noqa: E402
 from powerinfer_py.bench import BENCH_TEXT, LlamaCppRef, _fit_tokens, run_child  # noqa: E402
-from powerinfer_py.ffn import FC2_AXPY_MAX_PERCENT, FC2T_Q8_0_MAX_PERCENT  # noqa: E402
+from powerinfer_py.ffn import FC2_AXPY_MAX_PERCENT  # noqa: E402
 from powerinfer_py.gguf import open_gguf  # noqa: E402
 
 FFN = ("ffn_gate", "ffn_up", "ffn_down_t", "ffn_down")
@@ -97,14 +97,14 @@ def byte_budget(pwri: Path) -> dict[str, int]:
 def fc2_read(fc2_type: str, hidden: float) -> float:
     """The share of fc2's bytes a one-token decode reads when `hidden` of the predictor's hidden units are
     non-zero: only their rows (float types: a transposed copy; Q4_0 / Q8_0: a copy by hidden unit, whose scales
-    are all read) while they are few enough for that (ffn.FC2_AXPY_MAX_PERCENT, FC2T_Q8_0_MAX_PERCENT), else all."""
-    if hidden != hidden:  # not measured
+    are all read) while they are few enough for that (ffn.FC2_AXPY_MAX_PERCENT), else all."""
+    if hidden != hidden or hidden * 100 > FC2_AXPY_MAX_PERCENT:  # not measured, or too many: the dense mat-vec
         return 1.0
-    if fc2_type in ("F32", "F16", "BF16") and hidden * 100 <= FC2_AXPY_MAX_PERCENT:
+    if fc2_type in ("F32", "F16", "BF16"):
         return hidden
-    if fc2_type == "Q4_0" and hidden * 100 <= FC2_AXPY_MAX_PERCENT:
+    if fc2_type == "Q4_0":
         return hidden * 16 / 18 + 2 / 18
-    if fc2_type == "Q8_0" and hidden * 100 <= FC2T_Q8_0_MAX_PERCENT:
+    if fc2_type == "Q8_0":
         return hidden * 32 / 34 + 2 / 34
     return 1.0
 

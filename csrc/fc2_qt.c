@@ -41,7 +41,7 @@
  * pairs are summed in 16 bits before widening to 32, and the -8 offset is the block's constant -8 * sum(qr)
  * added once. Q8_0: four units at a time, interleaved into one 32-bit lane per output; the qr are maddubs's
  * unsigned operand (relu outputs are >= 0; otherwise |w| is and qr takes w's sign), |pair| <= 2 * 128 * 127,
- * and madd with ones adds each output's two pairs into 32 bits. Software prefetch runs 16 tiles ahead along the
+ * and madd with ones adds each output's two pairs into 32 bits. Software prefetch runs 256 bytes ahead along the
  * rows and fetches the first lines of the next block's rows while the current ones end. Portable C elsewhere,
  * with the same integers and the same fma chain (same bits).
  */
@@ -57,7 +57,8 @@
 
 #define TILE 64          /* outputs per tile */
 #define PAIRS_16 8       /* Q4_0: pairs of units whose maddubs sums fit in int16: 8 * 2 * 15 * 128 < 32768 */
-#define PF_TILES 16      /* software prefetch distance along a row, in tiles (Q4_0: 512 B; 256-512 B measured best) */
+#define PF_BYTES 256     /* software prefetch distance along a row (bench_fc2_qt.py: 256 and 512 B alike for Q4_0;
+                            Q8_0 at 50% non-zero ~1.9x the mat-vec with 256-512 B, ~1.45x with 1 KB) */
 
 static int64_t padded(int64_t n_ff) { return (n_ff + TILE - 1) / TILE * TILE; }
 static int64_t row_bytes(int type, int64_t np) { return type == PI_Q4_0 ? np / 2 : np; }
@@ -155,8 +156,8 @@ static inline void tile_q4(__m256i *acc, const uint8_t *const *ra, const uint8_t
         __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
         for (int64_t s = s0; s < s1; s++) {
             if (prefetch) { /* one prefetch per 64-byte line */
-                _mm_prefetch((const char *)ra[s] + off + PF_TILES * TILE / 2, _MM_HINT_T0);
-                _mm_prefetch((const char *)rb[s] + off + PF_TILES * TILE / 2, _MM_HINT_T0);
+                _mm_prefetch((const char *)ra[s] + off + PF_BYTES, _MM_HINT_T0);
+                _mm_prefetch((const char *)rb[s] + off + PF_BYTES, _MM_HINT_T0);
             }
             const __m256i A = _mm256_loadu_si256((const __m256i *)(ra[s] + off));
             const __m256i B = _mm256_loadu_si256((const __m256i *)(rb[s] + off));
@@ -183,7 +184,7 @@ static inline void tile_q8(__m256i *acc, const uint8_t *const *rq, const __m256i
     for (int64_t s = 0; s < nq; s++) {
         const uint8_t *const *r = rq + 4 * s;
         if (prefetch)
-            for (int u = 0; u < 4; u++) _mm_prefetch((const char *)r[u] + off + PF_TILES * TILE, _MM_HINT_T0);
+            for (int u = 0; u < 4; u++) _mm_prefetch((const char *)r[u] + off + PF_BYTES, _MM_HINT_T0);
         for (int h = 0; h < 2; h++) {
             const int64_t o = off + 32 * h;
             const __m256i A = _mm256_loadu_si256((const __m256i *)(r[0] + o));
@@ -221,7 +222,7 @@ static void block_terms(const logits_job *j, int64_t b, const int32_t *ks, int64
                         int64_t n_next, float *out) {
     const int q4 = j->type == PI_Q4_0;
     const int64_t rowb = j->rowb, n_tiles = j->np / TILE, tile_bytes = q4 ? TILE / 2 : TILE;
-    const int64_t pf = PF_TILES * tile_bytes, ns = (n + 1) / 2, nq = (n + 3) / 4;
+    const int64_t pf = PF_BYTES, ns = (n + 1) / 2, nq = (n + 3) / 4;
     const uint8_t *ra[QK / 2], *rb[QK / 2], *rq[QK];
     __m256i wv[QK / 2], wq[QK / 4];
     int signed_q = 0;

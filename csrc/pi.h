@@ -197,10 +197,9 @@ int pi_fc2t_logits(pi_pool *pool, int type, const void *copy, int64_t n_ff, int6
  * fc2_t (optional, NULL if none): fc2 transposed [rank, n_ff], the same values (float types), or for a Q4_0 /
  * Q8_0 fc2 its copy by hidden unit (pi_fc2t_pack; fc2_t_type PI_FC2T + the type). The predictor's hidden layer
  * relu(fc1 . p) is sparse (about half its units are 0), so fc2 . r then reads only the rows of the non-zero
- * r_k (the AXPY over them, or pi_fc2t_logits), when they are at most PI_FC2_AXPY_MAX_PERCENT of the rank
- * (PI_FC2T_Q8_0_MAX_PERCENT for a Q8_0 copy; past that the dense mat-vec reads as fast); same values, another
- * summation order than the mat-vec. */
-enum { PI_FC2_AXPY_MAX_PERCENT = 80, PI_FC2T_Q8_0_MAX_PERCENT = 65, PI_FC2T = 1000 };
+ * r_k (the AXPY over them, or pi_fc2t_logits), when they are at most PI_FC2_AXPY_MAX_PERCENT of the rank (past
+ * that the dense mat-vec reads as fast); same values, another summation order than the mat-vec. */
+enum { PI_FC2_AXPY_MAX_PERCENT = 80, PI_FC2T = 1000 };
 enum pi_ffn_variant { PI_FFN_REGLU = 0, PI_FFN_FATREGLU = 1, PI_FFN_DREGLU = 2 };
 typedef struct {
     int variant;          /* enum pi_ffn_variant */

@@ -499,11 +499,10 @@ def transposed_predictor(fc2: Tensor | None, kernels=None):
 
 
 # the hidden layer's non-zero share up to which reading fc2_t's rows beats the dense mat-vec of fc2 (F16, 7B
-# shape, cold: 368 us at 50% against 616 us dense; the Q4_0 copy by hidden unit, 2 threads: ~220 against ~400 us
-# at 50%, 1.17x at 80%, 0.94x at 100%; the Q8_0 copy: 1.5-1.8x at 50%, 1.1x at 65%, 0.9x at 70-75%, so it stops
-# earlier): PI_FC2_AXPY_MAX_PERCENT and PI_FC2T_Q8_0_MAX_PERCENT in csrc/pi.h, which the C step uses alike
+# shape, cold: 368 us at 50% against 616 us dense; the copies by hidden unit, 2 threads (bench_fc2_qt.py):
+# Q4_0 1.9x at 50%, 1.0-1.2x at 80%, 0.9-1.0x at 90-100%; Q8_0 1.8-2.3x at 50%, 1.0-1.2x at 80%, 0.8-0.9x at 90%):
+# the same bound as PI_FC2_AXPY_MAX_PERCENT in csrc/pi.h
 FC2_AXPY_MAX_PERCENT = 80
-FC2T_Q8_0_MAX_PERCENT = 65
 
 
 def fc2_t_logits(k, fc2_t, r: np.ndarray) -> np.ndarray | None:
@@ -512,8 +511,7 @@ def fc2_t_logits(k, fc2_t, r: np.ndarray) -> np.ndarray | None:
     (then the caller runs the dense mat-vec). The C step (sparse_ffn.c) makes the same choice and calls."""
     rank = r.shape[1]
     nz = k.select_nonzero(r[0])
-    q8 = not isinstance(fc2_t, Tensor) and fc2_t.type.name == "Q8_0"
-    if len(nz) * 100 > rank * (FC2T_Q8_0_MAX_PERCENT if q8 else FC2_AXPY_MAX_PERCENT):
+    if len(nz) * 100 > rank * FC2_AXPY_MAX_PERCENT:
         return None
     if not isinstance(fc2_t, Tensor):  # a Q4_0 / Q8_0 fc2's copy by hidden unit
         return k.fc2t_logits(fc2_t, np.ascontiguousarray(r[0]))[None]
