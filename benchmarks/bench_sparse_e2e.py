@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the source tr
 
 from powerinfer_py import synth_sparse  # noqa: E402
 from powerinfer_py.bench import BENCH_TEXT, LlamaCppRef, _fit_tokens, run_child  # noqa: E402
-from powerinfer_py.ffn import FC2_AXPY_MAX_PERCENT  # noqa: E402
+from powerinfer_py.ffn import FC2_AXPY_MAX_PERCENT, step_timing_sums  # noqa: E402
 from powerinfer_py.gguf import open_gguf  # noqa: E402
 
 FFN = ("ffn_gate", "ffn_up", "ffn_down_t", "ffn_down")
@@ -181,9 +181,7 @@ class _Ours:
     def timing(self) -> np.ndarray | None:
         """The one-token C steps' sums over the layers (FFN.step_timing: calls, predictor s, step s, summed
         non-zero hidden share), or None when the layers have no such step."""
-        parts = [f.step_timing() for f in getattr(self.net, "ffns", ()) if hasattr(f, "step_timing")]
-        parts = [t for t in parts if t is not None]
-        return np.sum(parts, axis=0) if parts else None
+        return step_timing_sums(getattr(self.net, "ffns", ()))
 
     def close(self) -> None:
         self.llm.close()

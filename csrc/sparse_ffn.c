@@ -47,10 +47,10 @@ static int64_t predictor_logits(pi_pool *pool, const pi_sparse_ffn *f, const flo
     pi_matmul(pool, f->fc1_type, f->fc1, rank, f->n_embd, p, 1, r);
     for (int64_t i = 0; i < rank; i++) r[i] = relu_keep_nan(r[i]);
     const int64_t n = pi_select_nonzero(r, rank, ridx);
-    if (f->fc2_t) {
-        if (n * 100 <= rank * PI_FC2_AXPY_MAX_PERCENT && f->fc2_t_type >= PI_FC2T) {
+    if (f->fc2_t && n * 100 <= rank * PI_FC2_AXPY_MAX_PERCENT) {
+        if (f->fc2_t_type >= PI_FC2T) { /* a quantized fc2's copy by hidden unit (on no scratch: the mat-vec) */
             if (pi_fc2t_logits(pool, f->fc2_t_type - PI_FC2T, f->fc2_t, f->n_ff, rank, r, logits) == 0) return n;
-        } else if (n * 100 <= rank * PI_FC2_AXPY_MAX_PERCENT) {
+        } else {
             float *rv = r + rank;
             for (int64_t k = 0; k < n; k++) rv[k] = r[ridx[k]];
             if (n > 0) pi_axpy_rows(pool, f->fc2_t_type, f->fc2_t, f->n_ff, ridx, rv, n, 1, logits);

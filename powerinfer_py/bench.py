@@ -152,13 +152,11 @@ def _child_ours(model: Path, n_prompt: int, n_gen: int, threads: int, sparse: st
 
 def predictor_seconds(net) -> float:
     """Seconds the model's FFN layers have spent in their predictors so far, by the timers of the one-token C
-    step (FFN.step_timing; 0 where no layer has one: other modes, batches, the Python path)."""
-    total = 0.0
-    for f in getattr(net, "ffns", ()):
-        timing = f.step_timing() if hasattr(f, "step_timing") else None
-        if timing is not None:
-            total += float(timing[1])
-    return total
+    step (ffn.step_timing_sums; 0 where no layer has one: other modes, batches, the Python path)."""
+    from .ffn import step_timing_sums
+
+    sums = step_timing_sums(getattr(net, "ffns", ()))
+    return 0.0 if sums is None else float(sums[1])
 
 
 # ---- child: llama.cpp through llama-cpp-python's low-level API ----------------------------------------------

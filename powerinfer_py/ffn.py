@@ -68,6 +68,7 @@ import numpy as np
 
 from .config import GEMMA_ARCHS, ModelConfig
 from .errors import PowerInferError, UnsupportedError
+from .kernels.ref import FC2T, FC2T_TYPES
 from .tensor import Tensor
 
 MODES = ("predictor", "exact", "threshold", "off")
@@ -485,7 +486,7 @@ def transposed_predictor(fc2: Tensor | None, kernels=None):
     offer it; else None (other quantized types would need re-quantizing along the other axis: other values)."""
     if fc2 is None:
         return None
-    if fc2.type.name in ("Q4_0", "Q8_0") and len(fc2.shape) == 2 and fc2.shape[1] % 32 == 0:
+    if fc2.type in FC2T_TYPES and len(fc2.shape) == 2 and fc2.shape[1] % 32 == 0:
         pack = getattr(kernels, "fc2t_pack", None)
         return pack(fc2) if pack is not None else None
     if fc2.type.name not in FC2_T_TYPES:
@@ -505,6 +506,14 @@ def transposed_predictor(fc2: Tensor | None, kernels=None):
 FC2_AXPY_MAX_PERCENT = 80
 
 
+def step_timing_sums(ffns) -> np.ndarray | None:
+    """The one-token C steps' timing sums (FFN.step_timing: calls, predictor s, step s, summed non-zero hidden
+    share) added over the given layers; None when none of them has such a step."""
+    parts = [f.step_timing() for f in ffns if hasattr(f, "step_timing")]
+    parts = [t for t in parts if t is not None]
+    return np.sum(parts, axis=0) if parts else None
+
+
 def fc2_t_logits(k, fc2_t, r: np.ndarray) -> np.ndarray | None:
     """One token's predictor logits f32 [1, n_ff] = fc2 · r as the AXPY over the non-zero r_k of fc2_t (or from
     a quantized fc2's copy by hidden unit: k.fc2t_logits), or None when too many r_k are non-zero for that to pay
@@ -513,7 +522,7 @@ def fc2_t_logits(k, fc2_t, r: np.ndarray) -> np.ndarray | None:
     nz = k.select_nonzero(r[0])
     if len(nz) * 100 > rank * FC2_AXPY_MAX_PERCENT:
         return None
-    if not isinstance(fc2_t, Tensor):  # a Q4_0 / Q8_0 fc2's copy by hidden unit
+    if isinstance(fc2_t, FC2T):  # a Q4_0 / Q8_0 fc2's copy by hidden unit
         return k.fc2t_logits(fc2_t, np.ascontiguousarray(r[0]))[None]
     if len(nz) == 0:
         return np.zeros((1, fc2_t.shape[1]), dtype=np.float32)

@@ -111,7 +111,7 @@ def _weight_info(w: Tensor) -> tuple:
 @dataclass(frozen=True)
 class SparseFFNPlan:
     """One FFN layer described to C (CpuKernels.sparse_ffn_plan): the pi_sparse_ffn struct and the weight
-    buffers it points into, kept alive with it. timing (predictor plans): the step's running sums, f64 [4] =
+    buffers it points into, kept alive with it. timing (predictor and exact plans): the step's running sums, f64 [4] =
     calls, seconds in the predictor (fc1, fc2, selection), seconds in the whole step, and the sum over calls of
     the share of the predictor's hidden units that were non-zero (pi_sparse_ffn.timing); None for others."""
     desc: object  # cdata pi_sparse_ffn *
@@ -685,7 +685,7 @@ class CpuKernels:
             if (fc2_t.n_ff, fc2_t.rank) != (n_ff, rank):
                 raise ValueError(f"sparse_ffn_plan: fc2_t is a copy of a {fc2_t.n_ff} x {fc2_t.rank} fc2, "
                                  f"expected {n_ff} x {rank}")
-            _ref.check_fc2t(fc2_t, np.zeros(rank, np.float32))
+            _ref.check_fc2t_copy(fc2_t)
             buf = ffi.from_buffer(fc2_t.data)
             desc.fc2_t, desc.fc2_t_type = buf, lib.PI_FC2T + int(fc2_t.type)
             keep += (buf,)

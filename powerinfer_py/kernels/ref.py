@@ -687,8 +687,8 @@ def check_fc2t_source(fc2: Tensor) -> tuple[int, int]:
     return n_ff, rank
 
 
-def check_fc2t(q, r) -> np.ndarray:
-    """r as a C-contiguous f32 [q.rank] for fc2t_logits, after checking q's buffer."""
+def check_fc2t_copy(q) -> None:
+    """Raises unless q is an FC2T whose buffer holds a copy of its stated type and shape."""
     if not isinstance(q, FC2T):
         raise ValueError(f"fc2t_logits: expected an FC2T (fc2t_pack), got {type(q).__name__}")
     d = q.data
@@ -696,6 +696,11 @@ def check_fc2t(q, r) -> np.ndarray:
             or q.rank % QK or q.rank < QK or q.n_ff < 1 or d.size != fc2t_bytes(q.type, q.n_ff, q.rank)):
         raise ValueError(f"fc2t_logits: {q.name} does not hold a copy of a {q.n_ff} x {q.rank} "
                          f"{getattr(q.type, 'name', q.type)} fc2")
+
+
+def check_fc2t(q, r) -> np.ndarray:
+    """r as a C-contiguous f32 [q.rank] for fc2t_logits, after checking q (check_fc2t_copy)."""
+    check_fc2t_copy(q)
     if not isinstance(r, np.ndarray) or r.dtype != np.float32 or r.shape != (q.rank,):
         raise ValueError(f"fc2t_logits: r must be a float32 array of shape ({q.rank},), got "
                          f"{getattr(r, 'dtype', type(r).__name__)} {np.shape(r)}")
