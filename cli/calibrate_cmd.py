@@ -17,13 +17,17 @@ EPILOG = """\
   powerinfer run -m gemma-270m.t40.gguf "Once upon a time" --sparse threshold -v
   powerinfer calibrate -m model.gguf --sparsity 0.5 -o model.t50.gguf      # text sampled from the model
 
-The copy holds every tensor of MODEL unchanged plus powerinfer.sparsity, powerinfer.ffn_thresholds,
-powerinfer.ffn_threshold_quantiles (a run may ask for another --sparsity without calibrating again) and, unless
---plain, powerinfer.ffn_neuron_scales.N per layer (the cut-offs apply to |act| times each neuron's scale).
-With --up-sparsity U: powerinfer.up_sparsity and powerinfer.ffn_up_thresholds (candidates whose up row is read),
-and the cut-offs apply to |act * up| among them (no quantile table: the file runs at its one --sparsity).
+Two stages by default: |act| times each neuron's scale picks the candidates whose ffn_up row is read (skipping
+half as many rows as --sparsity, or --up-sparsity U of them), then the candidates with the smallest |act * up|
+also count as zero, so that --sparsity of the neurons is skipped in all (their down rows too). --one-stage keeps
+the single rule (the scaled |act| alone decides; the same fraction of up and down rows skipped, at a higher
+perplexity cost). The copy holds every tensor of MODEL unchanged plus powerinfer.sparsity,
+powerinfer.ffn_thresholds, powerinfer.ffn_threshold_quantiles (a run may ask for another --sparsity without
+calibrating again), unless --plain powerinfer.ffn_neuron_scales.N per layer, and for two stages
+powerinfer.up_sparsity, powerinfer.ffn_up_thresholds and powerinfer.ffn_up_threshold_quantiles.
 
   powerinfer calibrate -m demo --sparsity 0.4 --up-sparsity 0.3 --text corpus.txt -o gemma-270m.t40u30.gguf
+  powerinfer calibrate -m demo --sparsity 0.3 --one-stage --text corpus.txt -o gemma-270m.t30.gguf
 """
 
 
@@ -39,9 +43,10 @@ def calibrate(
                                           help="CPU threads (default: every CPU this process may use)."),
     plain: bool = typer.Option(False, "--plain", help="Cut-offs on |act(gate)| alone, without per-neuron scales "
                                "(the mean |up·x| of each neuron; with them the perplexity cost is lower)."),
-    up_sparsity: Optional[float] = typer.Option(None, "--up-sparsity", help="Two stages: skip this fraction of "
-                                                "ffn_up rows by the score, then keep the candidates with the "
-                                                "largest |act * up| (below --sparsity; README)."),
+    up_sparsity: Optional[float] = typer.Option(None, "--up-sparsity", help="Fraction of ffn_up rows the first "
+                                                "stage skips, below --sparsity (default: half of it; README)."),
+    one_stage: bool = typer.Option(False, "--one-stage", help="One stage: the scaled |act(gate)| alone picks the "
+                                   "computed neurons (up and down rows skipped alike; costs more perplexity)."),
     as_json: bool = typer.Option(False, "--json", help="Print the thresholds as one JSON object."),
 ) -> None:
     """Calibrate threshold sparsity: run MODEL densely over text, pick per-layer cut-offs on |act(gate)| times
@@ -59,15 +64,16 @@ def calibrate(
                 raise PowerInferError(f"{text}: not UTF-8 text ({e.reason})") from None
         result = run_calibration(model_path(model), out, sparsity, text=body, n_tokens=tokens, ctx=ctx_size,
                                  threads=threads, on_progress=lambda m: stderr.print(m, style="dim"),
-                                 scales=not plain, up_sparsity=up_sparsity)
+                                 scales=not plain, up_sparsity=up_sparsity, one_stage=one_stage)
     if as_json:
         print(json.dumps(result.to_json()))
         return
     print(f"calibrated {result.n_tokens} tokens ({result.text_source}) for sparsity {result.sparsity:g}: "
           f"{result.path}")
     if result.up_skipped is not None:  # two stages: the candidates' cut-off and the up rows they skip
-        print(f"up rows skipped: {100 * sum(result.up_skipped) / len(result.up_skipped):.1f}% (--up-sparsity "
-              f"{result.up_sparsity:g}); the thresholds below apply to |act * up| among the candidates")
+        print(f"two stages: up rows skipped: {100 * sum(result.up_skipped) / len(result.up_skipped):.1f}% "
+              f"(--up-sparsity {result.up_sparsity:g}); the thresholds below apply to |act * up| among the "
+              "candidates (--one-stage: one rule)")
     print("layer  threshold  skipped on the text")
     for il, (t, s) in enumerate(zip(result.thresholds, result.skipped)):
         print(f"{il:5d}  {t:9.5f}  {100 * s:5.1f}%")

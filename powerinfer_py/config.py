@@ -23,9 +23,12 @@ KEY_FFN_THRESHOLDS (f32 [n_layer], per-layer cut-offs on |act(gate)|) and KEY_FF
 which a run at another sparsity interpolates its thresholds). Files calibrated with neuron scales also hold
 KEY_FFN_NEURON_SCALES + "<layer>" (f32 [n_ff] per layer): the per-neuron factor c_i of the score |act_i| * c_i
 that the thresholds and quantiles then apply to (threshold.py); without them the score is |act_i| itself.
-Two-stage files (`calibrate --up-sparsity`) also hold KEY_UP_SPARSITY (f32, the fraction of up rows skipped) and
-KEY_FFN_UP_THRESHOLDS (f32 [n_layer], cut-offs on that score picking the candidates whose up row is read); their
-KEY_FFN_THRESHOLDS then cut |h_i| = |act_i * (up_i·x)| among the candidates, and they have no quantile table.
+Two-stage files (`calibrate`'s default, or `--up-sparsity`) also hold KEY_UP_SPARSITY (f32, the fraction of up
+rows skipped) and KEY_FFN_UP_THRESHOLDS (f32 [n_layer], cut-offs on that score picking the candidates whose up row
+is read); their KEY_FFN_THRESHOLDS then cut |h_i| = |act_i * (up_i·x)| among the candidates. Their quantile
+table, when present, holds per layer and grid sparsity s the |h| cut-off and KEY_FFN_UP_QUANTILES (same shape) the
+candidate cut-off for up sparsity s * KEY_UP_SPARSITY / KEY_SPARSITY; files written before those tables run at
+their one sparsity.
 """
 from __future__ import annotations
 
@@ -102,6 +105,7 @@ KEY_FFN_QUANTILES = "powerinfer.ffn_threshold_quantiles"
 KEY_FFN_NEURON_SCALES = "powerinfer.ffn_neuron_scales."  # + layer index: f32 [n_ff] per layer
 KEY_UP_SPARSITY = "powerinfer.up_sparsity"
 KEY_FFN_UP_THRESHOLDS = "powerinfer.ffn_up_thresholds"
+KEY_FFN_UP_QUANTILES = "powerinfer.ffn_up_threshold_quantiles"
 QUANTILE_STEPS = 100  # quantile grid of KEY_FFN_QUANTILES: 101 points per layer
 
 
@@ -138,6 +142,7 @@ class ModelConfig:
     ffn_quantiles: tuple[tuple[float, ...], ...] = ()  # KEY_FFN_QUANTILES, per layer QUANTILE_STEPS + 1 values
     ffn_neuron_scales: tuple[tuple[float, ...], ...] = ()  # KEY_FFN_NEURON_SCALES, per layer n_ff values; () none
     ffn_up_thresholds: tuple[float, ...] = ()  # KEY_FFN_UP_THRESHOLDS, per layer (two-stage files); () none
+    ffn_up_quantiles: tuple[tuple[float, ...], ...] = ()  # KEY_FFN_UP_QUANTILES, per layer as ffn_quantiles; () none
     rope_factors: tuple[float, ...] = ()  # YaRN: per-pair divisors of the RoPE frequencies [n_rot/2]; () none
     rope_mscale: float = 1.0  # YaRN: scale of the rotated dims of q and k (1: none)
     rope_orig_ctx: int = 0  # phi3, minicpm(3) LongRoPE: rope.scaling.original_context_length (default n_ctx_train); 0 for others
@@ -449,6 +454,14 @@ class _Reader(ArchKeys):
             return ()
         return self._floats(KEY_FFN_UP_THRESHOLDS, n_layer)
 
+    def up_quantiles(self, n_layer: int) -> tuple[tuple[float, ...], ...]:
+        """Per-layer candidate cut-off rows of a two-stage quantile table (KEY_FFN_UP_QUANTILES), or ()."""
+        if KEY_FFN_UP_QUANTILES not in self.meta or KEY_FFN_UP_THRESHOLDS not in self.meta:
+            return ()
+        n_q = QUANTILE_STEPS + 1
+        flat = self._floats(KEY_FFN_UP_QUANTILES, n_layer * n_q)
+        return tuple(flat[i * n_q:(i + 1) * n_q] for i in range(n_layer))
+
     def _floats(self, key: str, n: int) -> tuple[float, ...]:
         value = self.meta.get(key)
         if (not isinstance(value, list) or len(value) != n
@@ -579,6 +592,7 @@ class _Reader(ArchKeys):
             ffn_neuron_scales=self.neuron_scales(n_layer, g4["gemma4"].n_ff if g4 else n_ff)
             if calibrated is not None else (),
             ffn_up_thresholds=self.up_thresholds(n_layer) if calibrated is not None else (),
+            ffn_up_quantiles=self.up_quantiles(n_layer) if calibrated is not None else (),
             rope_factors=rope_factors,
             rope_mscale=rope_mscale,
             **self.phi3_rope(),

@@ -98,7 +98,7 @@ def _rope_scaling(f, config) -> dict[str, Any] | None:
     return {"linear": linear, "freq_factors": factors, "yarn": yarn, **({"longrope": longrope} if longrope else {})}
 
 
-_BULKY = ("ffn_neuron_scales", "ffn_quantiles")  # per-neuron / per-quantile arrays: summarized, not listed
+_BULKY = ("ffn_neuron_scales", "ffn_quantiles", "ffn_up_quantiles")  # per-neuron / per-quantile arrays: summarized, not listed
 
 
 def _config_facts(config) -> dict[str, Any] | None:
@@ -120,7 +120,9 @@ def _calibration(f, config) -> dict[str, Any] | None:
         "up_sparsity": round(float(up), 6) if up is not None else None,
         "thresholds": list(config.ffn_thresholds),
         "neuron_scales": bool(config.ffn_neuron_scales),
-        "other_sparsities": bool(config.ffn_quantiles),
+        # two-stage files need both tables (files written before the up table run at their one sparsity)
+        "other_sparsities": bool(config.ffn_quantiles) and (not config.ffn_up_thresholds
+                                                            or bool(config.ffn_up_quantiles)),
     }
 
 

@@ -15,14 +15,15 @@ perplexity on text the calibration never saw, windows of 256) this cut the incre
 to +7.9%; also weighting by the down column's norm did worse (README: the criteria tried). Files calibrated
 without scales (or with `calibrate --plain`) use c_i = 1. Cost at run time: one multiply of |a| by the scale
 vector per token and layer.
-Two-stage files (`calibrate --up-sparsity U`, KEY_FFN_UP_THRESHOLDS): the score rule above, with the cut-off
-u_l, only picks the candidates whose up row is read (skipping the fraction U of up rows); a candidate is then
-kept, i.e. given its down row, only if its exact |h_i| = |a_i * (up_i·x)| >= t_l, which skips the (larger)
-fraction `sparsity` of the down rows. The guess c_i of up_i·x is what costs the single-stage rule its
-perplexity; the second stage ranks by the true contribution among the candidates. On Gemma 3 270M (simulation,
-windows of 256) up 30% / down 40% skipped: +3.9% perplexity, against +7.3% for 40% / 40% and +6.0% for 35% /
-35% (the same bytes on a file whose down projection reads only kept rows); up 30% / down 50%: +5.4%. The CLI
-on the calibrated file (README): 30% / 40% +4.4%.
+Two-stage files (`calibrate`'s default since the single rule's cost was measured, or `--up-sparsity U`;
+KEY_FFN_UP_THRESHOLDS): the score rule above, with the cut-off u_l, only picks the candidates whose up row is
+read (skipping the fraction U of up rows, by default half the sparsity); a candidate is then kept, i.e. given
+its down row, only if its exact |h_i| = |a_i * (up_i·x)| >= t_l, which skips the (larger) fraction `sparsity`
+of the down rows. The guess c_i of up_i·x is what costs the single-stage rule its perplexity; the second stage
+ranks by the true contribution among the candidates. On Gemma 3 270M (`powerinfer perplexity`, evaluation
+text, windows of 512; README): 40% skipped, up 20%: +3.8%, against +8.6% for the single rule at 40% and +5.0%
+at 30% (the same up + down bytes as 20% + 40%). Another sparsity at run time interpolates the file's two
+tables (calibrate.two_stage_rows), keeping its ratio of up rows to neurons skipped.
 A layer whose cut-off is <= 0 keeps every neuron and runs the dense FFN itself, so sparsity 0 is bit-for-bit
 dense. Batches (prefill) compute the union of the tokens' kept sets once and zero each token's own skipped
 neurons, exactly like predictor mode, so every token gets its per-token result whatever the batching.
@@ -47,7 +48,7 @@ import math
 
 import numpy as np
 
-from .config import KEY_FFN_QUANTILES, KEY_FFN_THRESHOLDS, QUANTILE_STEPS, ModelConfig
+from .config import KEY_FFN_QUANTILES, KEY_FFN_THRESHOLDS, KEY_FFN_UP_QUANTILES, QUANTILE_STEPS, ModelConfig
 from .errors import ModelFileError, PowerInferError
 from .tensor import GGMLType, Tensor
 
@@ -82,6 +83,20 @@ def layer_thresholds(config: ModelConfig, sparsity: float | None, path: str = "M
                               f"{KEY_FFN_QUANTILES}): calibrate it again, `powerinfer calibrate -m {path} "
                               f"--sparsity {sparsity:g} -o calibrated.gguf`")
     return tuple(float(np.interp(sparsity, QUANTILE_GRID, q)) for q in config.ffn_quantiles)
+
+
+def layer_up_thresholds(config: ModelConfig, sparsity: float | None) -> tuple[float, ...]:
+    """Per-layer candidate cut-offs of a two-stage file for `sparsity` (None: the calibrated one), () for one-stage
+    files. Another sparsity interpolates the file's up table (layer_thresholds has already refused files without
+    tables); sparsity 0 runs dense and needs none."""
+    if not config.ffn_up_thresholds or (sparsity is not None and sparsity == 0.0):
+        return ()
+    if sparsity is None or abs(sparsity - (config.calibrated_sparsity or 0.0)) < 1e-6:
+        return config.ffn_up_thresholds
+    if not config.ffn_up_quantiles:
+        raise PowerInferError(f"this two-stage file is calibrated for sparsity {config.calibrated_sparsity:g} only "
+                              f"(no {KEY_FFN_UP_QUANTILES}): calibrate it again for sparsity {sparsity:g}")
+    return tuple(float(np.interp(sparsity, QUANTILE_GRID, q)) for q in config.ffn_up_quantiles)
 
 
 def quantile_rows(magnitudes: np.ndarray) -> np.ndarray:

@@ -1,7 +1,8 @@
-"""Two-stage threshold sparsity (`calibrate --up-sparsity`, threshold.py): candidates by |act| * scale >= u_l
-(their up rows are read), kept by |act * (up·x)| >= t_l. The FFN equals a numpy reference, the one-token C
-step gives the Python path's bits, the calibrated file skips the asked fractions on its calibration text,
-sparsity 0 is dense bit for bit, and one-stage files keep their rule."""
+"""Two-stage threshold sparsity (`calibrate`'s default, or `--up-sparsity`; threshold.py): candidates by
+|act| * scale >= u_l (their up rows are read), kept by |act * (up·x)| >= t_l. The FFN equals a numpy reference,
+the one-token C step gives the Python path's bits, the calibrated file skips the asked fractions on its
+calibration text, at its own sparsity and at others from its tables, sparsity 0 is dense bit for bit, files
+without the tables run at their one sparsity, and one-stage files keep their rule."""
 from __future__ import annotations
 
 import json
@@ -12,14 +13,16 @@ from typer.testing import CliRunner
 
 from powerinfer_cli.main import app
 from powerinfer_py import load
-from powerinfer_py.calibrate import calibrate
-from powerinfer_py.config import KEY_FFN_QUANTILES, KEY_FFN_UP_THRESHOLDS, KEY_UP_SPARSITY
+from powerinfer_py.calibrate import UP_RATIO, calibrate, two_stage_rows
+from powerinfer_py.config import KEY_FFN_QUANTILES, KEY_FFN_UP_QUANTILES, KEY_FFN_UP_THRESHOLDS, KEY_UP_SPARSITY
 from powerinfer_py.errors import PowerInferError
 from powerinfer_py.ffn import FFN, FFNWeights, SparseSettings, SparsityStats
 from powerinfer_py.gguf import open_gguf
+from powerinfer_py.gguf.writer import write_gguf
 from powerinfer_py.kernels import ref
 from powerinfer_py.perplexity import perplexity
 from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.threshold import QUANTILE_GRID
 
 TEXT = ("The ferry left the harbour at dawn, its horn low over the water, and the gulls followed it out past "
         "the breakwater until the town was only a line of roofs. ") * 6
@@ -124,15 +127,27 @@ def test_skipped_fraction_on_calibration_text(two_stage, arch):
     assert all(abs(s - SPARSITY) < 0.01 for s in res.skipped)
     assert all(abs(s - UP_SPARSITY) < 0.01 for s in res.up_skipped)
     with open_gguf(res.path) as f:
-        assert KEY_FFN_QUANTILES not in f.metadata and f.metadata[KEY_UP_SPARSITY] == pytest.approx(UP_SPARSITY)
+        assert f.metadata[KEY_UP_SPARSITY] == pytest.approx(UP_SPARSITY)
         np.testing.assert_allclose(f.metadata[KEY_FFN_UP_THRESHOLDS], res.up_thresholds, rtol=1e-6)
+        n = len(res.thresholds)
+        for key in (KEY_FFN_QUANTILES, KEY_FFN_UP_QUANTILES):  # the two tables, rising with the sparsity
+            q = np.asarray(f.metadata[key]).reshape(n, len(QUANTILE_GRID))
+            assert (q[:, 0] == 0).all() and (np.diff(q, axis=1) >= 0).all() and (q[:, 1:] > 0).all()
     with load(res.path, threads=1, sparse="threshold") as llm:
         assert all(f.threshold_path.up_cut is not None for f in llm.model.ffns)
         perplexity(llm, TEXT, ctx=CTX, max_tokens=N_TOKENS)
         assert abs(llm.sparsity_stats.skipped_fraction - SPARSITY) <= 0.03
 
 
-def test_sparsity_zero_is_dense_and_other_sparsities_need_calibration(two_stage):
+def _without_tables(res, out):
+    """A copy of a two-stage file as calibrate wrote it before its quantile tables existed."""
+    with open_gguf(res.path) as f:
+        meta = {k: v for k, v in f.metadata.items() if k not in (KEY_FFN_QUANTILES, KEY_FFN_UP_QUANTILES)}
+        write_gguf(out, meta, f.tensors, types=f.metadata_types)
+    return out
+
+
+def test_sparsity_zero_is_dense_and_other_sparsities_come_from_the_tables(two_stage, tmp_path):
     _, res = two_stage["gemma3"]
     with load(res.path, threads=1, sparse="off") as dense, \
             load(res.path, threads=1, sparse="threshold", sparsity=0) as sp:
@@ -141,17 +156,70 @@ def test_sparsity_zero_is_dense_and_other_sparsities_need_calibration(two_stage)
         np.testing.assert_array_equal(a, b)
         assert list(dense.generate_tokens(IDS[:4], max_tokens=8, temperature=0)) == \
             list(sp.generate_tokens(IDS[:4], max_tokens=8, temperature=0))
+    for other in (0.3, 0.65):  # between the file's own sparsity's grid rows; the ratio of up rows is the file's
+        with load(res.path, threads=1, sparse="threshold", sparsity=other) as llm:
+            q = np.asarray(llm.config.ffn_quantiles)
+            uq = np.asarray(llm.config.ffn_up_quantiles)
+            for il in range(llm.config.n_layer):
+                assert llm.sparse.thresholds[il] == pytest.approx(np.interp(other, QUANTILE_GRID, q[il]))
+                assert llm.sparse.up_cuts[il] == pytest.approx(np.interp(other, QUANTILE_GRID, uq[il]))
+            perplexity(llm, TEXT, ctx=CTX, max_tokens=N_TOKENS)
+            assert abs(llm.sparsity_stats.skipped_fraction - other) <= 0.03, other
+    with load(res.path, threads=1, sparse="threshold") as llm:  # its own sparsity: the exact cut-offs
+        assert llm.sparse.up_cuts == pytest.approx(tuple(res.up_thresholds), rel=1e-6)
+    legacy = _without_tables(res, tmp_path / "legacy.gguf")
     with pytest.raises(PowerInferError, match="calibrate it again"):
-        load(res.path, threads=1, sparse="threshold", sparsity=0.3)
+        load(legacy, threads=1, sparse="threshold", sparsity=0.3)
+    with load(legacy, threads=1, sparse="threshold") as llm:
+        assert llm.sparse.up_cuts == pytest.approx(tuple(res.up_thresholds), rel=1e-6)
+
+
+def test_two_stage_rows_match_their_definition():
+    """Each grid row: the candidate cut-off is the (ratio * s) quantile of the score, the cut-off the s quantile of
+    |h| among candidates with -1 elsewhere (np.quantile on the masked array); all samples used here."""
+    rng = np.random.default_rng(7)
+    score = np.abs(rng.standard_normal(5000)).astype(np.float32)
+    h = (score * rng.standard_normal(5000)).astype(np.float32)
+    h = np.abs(h)
+    cut, up = two_stage_rows(score, h, 0.6, max_values=10_000)
+    assert cut[0] == 0 and up[0] == 0
+    for k in (1, 7, 40, 50, 73, 99, 100):
+        s = QUANTILE_GRID[k]
+        u = np.float32(np.quantile(score.astype(np.float64), 0.6 * s))
+        assert up[k] == pytest.approx(u, rel=1e-6)
+        masked = np.where(score >= u, h, np.float32(-1)).astype(np.float64)
+        assert cut[k] == pytest.approx(np.quantile(masked, s), rel=1e-5), k
+    # from a subsample: on all the samples, its cut-offs skip about the grid's fractions
+    sub_cut, sub_up = two_stage_rows(score, h, 0.6, max_values=2000)
+    for k in range(5, 100, 5):
+        cand = score >= sub_up[k]
+        assert abs(np.mean(~cand) - 0.6 * QUANTILE_GRID[k]) < 0.03
+        assert abs(np.mean(~cand | (h < sub_cut[k])) - QUANTILE_GRID[k]) < 0.03, k
+
+
+def test_default_is_two_stages_and_one_stage_is_asked_for(synthetic_model, tmp_path):
+    src = synthetic_model("qwen2", "f32")
+    default = calibrate(src, tmp_path / "d.gguf", 0.4, text=TEXT, n_tokens=N_TOKENS, ctx=CTX, threads=1)
+    assert default.up_sparsity == pytest.approx(UP_RATIO * 0.4) and len(default.up_thresholds) == len(default.thresholds)
+    assert all(abs(s - UP_RATIO * 0.4) < 0.01 for s in default.up_skipped)
+    one = calibrate(src, tmp_path / "o.gguf", 0.4, text=TEXT, n_tokens=N_TOKENS, ctx=CTX, threads=1, one_stage=True)
+    assert one.up_sparsity is None and one.up_thresholds is None
+    zero = calibrate(src, tmp_path / "z.gguf", 0.0, text=TEXT, n_tokens=50, ctx=CTX, threads=1)
+    assert zero.up_sparsity is None and zero.thresholds == [0.0] * len(zero.thresholds)  # nothing to skip
+    with pytest.raises(PowerInferError, match="one-stage"):
+        calibrate(src, tmp_path / "x.gguf", 0.4, text=TEXT, n_tokens=50, ctx=CTX, threads=1, one_stage=True,
+                  up_sparsity=0.2)
+    assert not (tmp_path / "x.gguf").exists()
 
 
 def test_one_stage_file_keeps_its_rule(two_stage, tmp_path):
-    """A file calibrated without --up-sparsity (as before) runs one stage; calibrating a two-stage file again
-    without it drops the two-stage keys."""
+    """A file calibrated with --one-stage runs one stage; calibrating a two-stage file again that way drops the
+    two-stage keys."""
     _, res = two_stage["qwen2"]
-    again = calibrate(res.path, tmp_path / "one.gguf", 0.4, text=TEXT, n_tokens=N_TOKENS, ctx=CTX, threads=1)
+    again = calibrate(res.path, tmp_path / "one.gguf", 0.4, text=TEXT, n_tokens=N_TOKENS, ctx=CTX, threads=1,
+                      one_stage=True)
     with open_gguf(again.path) as f:
-        assert KEY_UP_SPARSITY not in f.metadata and KEY_FFN_UP_THRESHOLDS not in f.metadata
+        assert all(k not in f.metadata for k in (KEY_UP_SPARSITY, KEY_FFN_UP_THRESHOLDS, KEY_FFN_UP_QUANTILES))
         assert KEY_FFN_QUANTILES in f.metadata
     with load(again.path, threads=1, sparse="threshold") as llm:
         assert llm.config.ffn_up_thresholds == () and llm.sparse.up_cuts == ()
@@ -204,11 +272,14 @@ def test_no_candidate_or_none_kept_gives_zero(synthetic_model, down):
                 assert not np.any(y)
 
 
-def test_info_shows_two_stages(two_stage):
+def test_info_shows_two_stages(two_stage, tmp_path):
     _, res = two_stage["qwen2"]
     facts = json.loads(CliRunner().invoke(app, ["info", str(res.path), "--json"]).stdout)
     assert facts["calibration"]["sparsity"] == pytest.approx(SPARSITY)
     assert facts["calibration"]["up_sparsity"] == pytest.approx(UP_SPARSITY)
-    assert facts["calibration"]["other_sparsities"] is False  # a two-stage file runs at its one sparsity
+    assert facts["calibration"]["other_sparsities"] is True  # its two tables
+    legacy = json.loads(CliRunner().invoke(app, ["info", str(_without_tables(res, tmp_path / "l.gguf")),
+                                                 "--json"]).stdout)
+    assert legacy["calibration"]["other_sparsities"] is False  # without them: its one sparsity
     out = CliRunner().invoke(app, ["info", str(res.path)]).output
     assert "two stages" in out and f"{100 * UP_SPARSITY:.0f}% of ffn_up rows" in out
