@@ -211,6 +211,8 @@ def _table(f: dict) -> Table:
             t.add_row("  per layer %", " ".join(f"{il}:{100 * x:.1f}" for il, x in enumerate(a["layers"])))
             if a["mode"] == "predictor":
                 t.add_row("  non-zero %", f"{100 * a['nonzero_fraction']:.1f}% of neurons had a non-zero output")
+            if a.get("up_read_fraction") is not None:
+                t.add_row("  ffn_up rows", f"{100 * a['up_read_fraction']:.1f}% read per token (two stages)")
     return t
 
 

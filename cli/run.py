@@ -234,7 +234,9 @@ def _print_sparsity(llm) -> None:
         stderr.print(mode + " (no ReLU-family FFN: nothing to count)" if st is None else mode, style="dim")
         return
     what = {"predictor": "predicted active", "threshold": "computed (above the cut-off)"}.get(st.mode, "non-zero")
-    stderr.print(f"{mode}; {what} neurons per token: {100 * st.mean_fraction:.1f}% of {st.n_ff}", style="dim")
+    up = st.up_read_fraction
+    up_note = f" (two stages: ffn_up rows read {100 * up:.1f}%)" if up is not None else ""
+    stderr.print(f"{mode}; {what} neurons per token: {100 * st.mean_fraction:.1f}% of {st.n_ff}{up_note}", style="dim")
     per_layer = " ".join(f"{il}:{100 * f:.1f}" for il, f in enumerate(st.fractions))
     stderr.print(f"active % per layer: {per_layer}", style="dim")
 

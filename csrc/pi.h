@@ -266,7 +266,8 @@ void pi_attn_block_decode(pi_pool *pool, const pi_attn_block *b, float *x, int32
  * separate kernels in threshold.py's order. gate/up [n_ff, n_embd]; down [n_embd, n_ff] or down_t
  * [n_ff, n_embd]. fwork: f32 [4 * n_ff]; iwork: int32 [2 * n_ff]; y: f32 [n_embd]. Returns the kept count.
  * refine (two-stage files, threshold.py): the score rule with up_cut picks the candidates whose up row is read;
- * of them only those with |h_j| >= cut are kept (down projection, count); the others count as zero. */
+ * of them only those with |h_j| >= cut are kept (down projection, count); the others count as zero.
+ * up_read: NULL, or where each call writes how many up rows it read (the kept count, or refine: the candidates). */
 enum pi_act { PI_ACT_SILU = 0, PI_ACT_GELU = 1 };
 typedef struct {
     int act;              /* enum pi_act */
@@ -277,6 +278,7 @@ typedef struct {
     int64_t n_embd, n_ff;
     int gate_type, up_type, down_type, down_transposed;
     const void *gate, *up, *down;
+    int64_t *up_read;     /* NULL or out, see above */
 } pi_threshold_ffn;
 int64_t pi_threshold_ffn_decode(pi_pool *pool, const pi_threshold_ffn *f, const float *x, float *fwork,
                                 int32_t *iwork, float *y, int64_t *n_nonzero);

@@ -138,6 +138,7 @@ int64_t pi_threshold_ffn_decode(pi_pool *pool, const pi_threshold_ffn *f, const 
     int64_t nz = 0;
     if (n_kept > 0) pi_matmul_rows(pool, f->up_type, f->up, n_embd, rows, n_kept, x, 1, u);
     for (int64_t j = 0; j < n_kept; j++) u[j] = a[rows[j]] * u[j]; /* h */
+    if (f->up_read) *f->up_read = n_kept;
     if (f->refine && n_kept > 0) { /* second stage: keep |h| >= cut, compacted in place (k <= j) */
         int32_t *keep = iwork + n_ff;
         for (int64_t j = 0; j < n_kept; j++) score[j] = u[j] < 0.0f ? -u[j] : u[j];

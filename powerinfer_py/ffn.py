@@ -187,7 +187,8 @@ def runtime_sparse(config: ModelConfig, mode: str | None, threshold: float | Non
 
 class SparsityStats:
     """Per-layer neuron counts since the last reset(): `active` = neurons computed per token (predicted active,
-    or non-zero gating activation in exact/off mode), `nonzero` = neurons whose h was non-zero."""
+    or non-zero gating activation in exact/off mode), `nonzero` = neurons whose h was non-zero, `up_read` (two-stage
+    threshold files only, whose first stage reads more up rows than the second keeps) = up rows read."""
 
     def __init__(self, n_layer: int, n_ff, mode: str, threshold: float):
         self.n_ff, self.mode, self.threshold = n_ff, mode, threshold  # n_ff: one width, or one per layer (gemma4)
@@ -195,15 +196,27 @@ class SparsityStats:
         self.tokens = np.zeros(n_layer, dtype=np.int64)
         self.active = np.zeros(n_layer, dtype=np.int64)
         self.nonzero = np.zeros(n_layer, dtype=np.int64)
+        self.up_read = np.zeros(n_layer, dtype=np.int64)
+        self.two_stage = False  # set by the first record with an up row count
 
     def reset(self) -> None:
-        for a in (self.tokens, self.active, self.nonzero):
+        for a in (self.tokens, self.active, self.nonzero, self.up_read):
             a[:] = 0
 
-    def record(self, il: int, n_tok: int, n_active: int, n_nonzero: int) -> None:
+    def record(self, il: int, n_tok: int, n_active: int, n_nonzero: int, n_up: int | None = None) -> None:
         self.tokens[il] += n_tok
         self.active[il] += n_active
         self.nonzero[il] += n_nonzero
+        if n_up is not None:
+            self.up_read[il] += n_up
+            self.two_stage = True
+
+    @property
+    def up_read_fraction(self) -> float | None:
+        """Two-stage threshold files: mean fraction of the ffn_up rows read per token; None otherwise (the up rows
+        read are then the computed neurons)."""
+        total = float((self.tokens * self.widths).sum())
+        return float(self.up_read.sum()) / total if self.two_stage and total else None
 
     def _fractions(self, counts: np.ndarray) -> list[float]:
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -439,10 +452,10 @@ class FFN:
 
     # ---- pieces ------------------------------------------------------------------------------------------
 
-    def _one_token(self, y: np.ndarray, n_active: int, n_nonzero: int) -> np.ndarray:
+    def _one_token(self, y: np.ndarray, n_active: int, n_nonzero: int, n_up: int | None = None) -> np.ndarray:
         """The result of a one-token C step (y f32 [n_embd] and its counts) as FFN output [1, n_embd], counted."""
         if self.stats is not None:
-            self.stats.record(self.layer, 1, n_active, n_nonzero)
+            self.stats.record(self.layer, 1, n_active, n_nonzero, n_up)
         return y[None, :]
 
     def _rows(self, t: Tensor, rows: np.ndarray, x: np.ndarray, dense: bool) -> np.ndarray:

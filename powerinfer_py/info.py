@@ -158,7 +158,8 @@ def measure_activity(path: str | os.PathLike, threads: int | None = None, n_deco
                      text: str = SAMPLE_TEXT) -> dict[str, Any]:
     """Run the model on `text` (one batched prefill) and then n_decode greedy tokens in its default sparse mode
     and count the FFN neurons it computes per token. Returns {mode, threshold, tokens, active_fraction,
-    layers: [per-layer fraction], nonzero_fraction, nonzero_layers}; for models whose FFN is not
+    layers: [per-layer fraction], nonzero_fraction, nonzero_layers, up_read_fraction (two-stage threshold files:
+    the ffn_up rows read per token, else None)}; for models whose FFN is not
     ReLU-family (every neuron runs) {mode, tokens, note}."""
     from .llm import load
 
@@ -181,5 +182,5 @@ def measure_activity(path: str | os.PathLike, threads: int | None = None, n_deco
             return out
         out.update(active_fraction=st.mean_fraction, layers=st.fractions,
                    nonzero_fraction=float(st.nonzero.sum()) / max(1.0, float(st.tokens.sum()) * st.n_ff),
-                   nonzero_layers=st.nonzero_fractions)
+                   nonzero_layers=st.nonzero_fractions, up_read_fraction=st.up_read_fraction)
         return out

@@ -185,8 +185,10 @@ class ThresholdPath:
                 f.stats.record(f.layer, x.shape[0], n, n)
             return f._dense(x)
         n_tok = x.shape[0]
+        two = self.up_cut is not None
         if n_tok == 1 and self.fused is not None:
-            return f._one_token(*k.threshold_ffn_decode(self.fused, np.ascontiguousarray(x[0])))
+            y, n_kept, nz = k.threshold_ffn_decode(self.fused, np.ascontiguousarray(x[0]))
+            return f._one_token(y, n_kept, nz, int(self.fused.up_read[0]) if two else None)
         pre = k.matmul(f.w.gate, x)
         a = k.silu(pre) if f.variant == "swiglu" else k.gelu(pre)  # [N, n_ff]
         score = np.abs(a)
@@ -200,6 +202,7 @@ class ThresholdPath:
             mask = score >= np.float32(first)
             rows = np.flatnonzero(mask.any(axis=0)).astype(np.int32)
             n_kept = int(np.count_nonzero(mask))
+        n_up = n_kept if two else None  # the candidates (per token; a batch reads their union once)
         dense = n_tok > 1 and len(rows) > 0.5 * f.n_ff  # as ffn.DENSE_FALLBACK: contiguous reads win
         h = a[:, rows] * f._up_rows(x, rows, dense)
         if self.up_cut is not None and mask is None:  # second stage, one token: of the candidates, |h| >= cut
@@ -212,7 +215,7 @@ class ThresholdPath:
                 n_kept = int(np.count_nonzero(mask))
             h = np.where(mask, h, np.float32(0))
         if f.stats is not None:
-            f.stats.record(f.layer, n_tok, n_kept, int(np.count_nonzero(h)))
+            f.stats.record(f.layer, n_tok, n_kept, int(np.count_nonzero(h)), n_up)
         if self.down_t is not None:
             if len(rows) == 0:
                 return np.zeros((n_tok, self.down_t.shape[1]), dtype=np.float32)

@@ -76,6 +76,8 @@ def test_ffn_matches_numpy_reference(synthetic_model, n_tok, down):
     want = np.where(keep, h, 0.0) @ dn.T
     np.testing.assert_allclose(y, want, atol=2e-3 * np.abs(want).max())  # f32 kernels against f64
     assert int(stats.active[1]) == int(keep.sum())
+    assert int(stats.up_read[1]) == int(cand.sum())  # the candidates' up rows, per token
+    assert stats.up_read_fraction == pytest.approx(cand.sum() / (n_tok * n_ff))
 
 
 @pytest.mark.parametrize("ggml_type", (GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0), ids=lambda t: t.name)
@@ -116,6 +118,8 @@ def test_one_token_step_equals_python_path(ggml_type, variant, down):
             kept = int(np.count_nonzero((score >= up_cut) & (np.abs(h) >= cut)))
             assert 0 < kept < int(np.count_nonzero(score >= up_cut))
             assert list(stats.active[:1]) == [2 * kept]  # both calls counted the same kept neurons
+            n_cand = int(np.count_nonzero(score >= up_cut))
+            assert list(stats.up_read[:1]) == [2 * n_cand]  # and the same up rows read (C: pi_threshold_ffn.up_read)
         finally:
             k.close()
 
@@ -226,6 +230,29 @@ def test_one_stage_file_keeps_its_rule(two_stage, tmp_path):
         assert all(f.threshold_path.up_cut is None for f in llm.model.ffns)
         perplexity(llm, TEXT, ctx=CTX, max_tokens=N_TOKENS)
         assert abs(llm.sparsity_stats.skipped_fraction - 0.4) <= 0.03
+        assert llm.sparsity_stats.up_read_fraction is None  # one stage: the up rows read are the kept neurons'
+
+
+def test_up_rows_read_are_reported(two_stage, tmp_path):
+    """Two-stage files count the up rows their first stage reads: about 1 - up_sparsity on the calibration text
+    (decode steps in C and batches in Python alike), printed by perplexity and run -v."""
+    _, res = two_stage["gemma3"]
+    with load(res.path, threads=1, sparse="threshold") as llm:
+        perplexity(llm, TEXT, ctx=CTX, max_tokens=N_TOKENS)
+        assert abs(llm.sparsity_stats.up_read_fraction - (1 - UP_SPARSITY)) <= 0.03
+        llm.sparsity_stats.reset()
+        list(llm.generate_tokens(IDS[:3], max_tokens=12, temperature=0))
+        st = llm.sparsity_stats
+        assert 0 < st.up_read_fraction < 1 and st.up_read.sum() >= st.active.sum()
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    r = CliRunner().invoke(app, ["perplexity", "-m", str(res.path), "--text", str(text), "--tokens", "120", "-c",
+                                 str(CTX), "-t", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert 0.5 < got["up_read_fraction"] < 0.9 and got["skipped_fraction"] > 1 - got["up_read_fraction"]
+    r = CliRunner().invoke(app, ["run", "-m", str(res.path), "the ferry", "-n", "4", "--temp", "0", "-v", "-t", "1"])
+    assert r.exit_code == 0 and "two stages: ffn_up rows read" in r.stderr, r.output
 
 
 def test_up_sparsity_must_be_below_sparsity(synthetic_model, tmp_path):

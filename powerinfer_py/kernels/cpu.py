@@ -113,13 +113,15 @@ class SparseFFNPlan:
     """One FFN layer described to C (CpuKernels.sparse_ffn_plan): the pi_sparse_ffn struct and the weight
     buffers it points into, kept alive with it. timing (predictor and exact plans): the step's running sums, f64 [4] =
     calls, seconds in the predictor (fc1, fc2, selection), seconds in the whole step, and the sum over calls of
-    the share of the predictor's hidden units that were non-zero (pi_sparse_ffn.timing); None for others."""
+    the share of the predictor's hidden units that were non-zero (pi_sparse_ffn.timing); None for others.
+    up_read (threshold plans): where each decode call writes how many up rows it read (pi_threshold_ffn.up_read)."""
     desc: object  # cdata pi_sparse_ffn *
     buffers: tuple
     n_embd: int
     n_ff: int
     rank: int
     timing: np.ndarray | None = None
+    up_read: np.ndarray | None = None  # threshold plans: int64 [1], the up rows the last decode call read
 
 
 @dataclass(frozen=True)
@@ -615,7 +617,10 @@ class CpuKernels:
         desc.gate_type, desc.up_type, desc.down_type = g[2], u[2], d[2]
         desc.gate, desc.up, desc.down = g[1], u[1], d[1]
         desc.down_transposed = 1 if down_transposed else 0
-        return SparseFFNPlan(desc, tuple(buffers), n_embd, n_ff, 0)
+        up_read = np.zeros(1, dtype=np.int64)  # each call's up rows read (SparseFFNPlan.up_read)
+        buffers.append(up_read)
+        desc.up_read = ffi.cast("int64_t *", up_read.ctypes.data)
+        return SparseFFNPlan(desc, tuple(buffers), n_embd, n_ff, 0, up_read=up_read)
 
     def threshold_ffn_decode(self, plan: "SparseFFNPlan", x) -> tuple[np.ndarray, int, int]:
         """One token through a planned threshold FFN: (y f32 [n_embd], kept count, non-zero h count) for x the
