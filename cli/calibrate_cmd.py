@@ -49,9 +49,9 @@ def calibrate(
                                    "computed neurons (up and down rows skipped alike; costs more perplexity)."),
     as_json: bool = typer.Option(False, "--json", help="Print the thresholds as one JSON object."),
 ) -> None:
-    """Calibrate threshold sparsity: run MODEL densely over text, pick per-layer cut-offs on |act(gate)| times
-    per-neuron scales that skip the target fraction of neurons, write a copy of MODEL with them in its
-    metadata."""
+    """Calibrate threshold sparsity: run MODEL densely over text, pick per-layer cut-offs (on |act(gate)| times
+    per-neuron scales, then by default on |act * up| among those) that skip the target fraction of neurons,
+    write a copy of MODEL with them in its metadata."""
     from powerinfer_py.calibrate import calibrate as run_calibration
     from powerinfer_py.errors import PowerInferError
 
