@@ -151,15 +151,14 @@ def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: floa
     if sparsity is not None and mode != "threshold":
         raise PowerInferError("a target sparsity applies to sparse mode 'threshold' only")
     if mode == "threshold":
-        from .threshold import THRESHOLD_VARIANTS, layer_thresholds, layer_up_thresholds
+        from .threshold import THRESHOLD_VARIANTS, layer_cuts
 
         if variant not in THRESHOLD_VARIANTS:
             raise UnsupportedError(f"sparse mode 'threshold' is for SwiGLU/GeGLU FFNs; this {config.arch} model's "
                                    f"FFN is {variant}: use 'exact' (ReLU models) or 'predictor'")
-        cuts = layer_thresholds(config, sparsity)
+        cuts, up_cuts = layer_cuts(config, sparsity)
         target = sparsity if sparsity is not None else config.calibrated_sparsity or 0.0
-        return SparseSettings(mode, 0.0, float(target), cuts, scales=config.ffn_neuron_scales,
-                              up_cuts=layer_up_thresholds(config, sparsity))
+        return SparseSettings(mode, 0.0, float(target), cuts, scales=config.ffn_neuron_scales, up_cuts=up_cuts)
     if (mode != "off" and variant not in RELU_FAMILY and not (mode == "predictor" and variant in PREDICTED_GLU)
             and not (mode == "exact" and config.arch in TOPK_ARCHS)):
         hint = ("'threshold' (after `powerinfer calibrate`) or 'off'" if variant in ("swiglu", "geglu") else "'off'")

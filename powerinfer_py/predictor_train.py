@@ -8,7 +8,8 @@
    the sparse engine skips on (ReLU-family FFNs: reglu, fatreglu, dreglu, relu). SwiGLU/GeGLU FFNs (llama with
    silu, qwen2, gemma3) have no exact zeros: their label is threshold mode's keep rule |act| * c >= the
    layer's cut-off (threshold.py; c the file's neuron scales, 1 without them), read from a file calibrated
-   by `powerinfer calibrate` (at its sparsity, or another one interpolated from its quantiles), so the
+   by `powerinfer calibrate --one-stage` (at its sparsity, or another one interpolated from its quantiles; a
+   two-stage file's cut-offs apply to |act * up| and are refused), so the
    predictor learns to skip what threshold mode would skip -- without computing the gate. ffn.py's predictor
    mode then computes gate and up rows for predicted neurons only.
    Memory: p is kept as f32 [T, n_embd] per layer and the labels as packed bits, so T tokens of an L-layer
@@ -69,8 +70,13 @@ def label_cuts(config, sparsity: float | None = None, path: str = "MODEL") -> tu
     if variant not in PREDICTED_GLU:
         raise UnsupportedError(f"{config.arch} with a {variant} FFN: predictor training needs a ReLU-family FFN "
                                "(ReluLLaMA, ProSparse, Bamboo, ReluFalcon, OPT) or a SwiGLU/GeGLU one")
-    from .threshold import layer_thresholds
-    return layer_thresholds(config, sparsity, path)
+    if config.ffn_up_thresholds:  # its cut-offs apply to |act * up| among candidates: not a rule on act alone
+        raise PowerInferError(f"{path} is calibrated in two stages, whose cut-offs need the up values: predictor "
+                              f"labels need the single rule on |act(gate)|, `powerinfer calibrate -m MODEL "
+                              f"--sparsity {sparsity if sparsity is not None else config.calibrated_sparsity:g} "
+                              "--one-stage -o calibrated.gguf`")
+    from .threshold import layer_cuts
+    return layer_cuts(config, sparsity, path)[0]
 
 
 def collect(llm, ids: Sequence[int], *, ctx: int = 512, batch: int = 256, add_bos: bool = True,

@@ -66,37 +66,31 @@ def check_sparsity(sparsity: float) -> float:
     return s
 
 
-def layer_thresholds(config: ModelConfig, sparsity: float | None, path: str = "MODEL") -> tuple[float, ...]:
-    """Per-layer cut-offs on the neuron score for `sparsity` (None: the file's calibrated sparsity), from
-    the file's calibration metadata. Sparsity 0 needs no calibration (nothing is skipped)."""
+def layer_cuts(config: ModelConfig, sparsity: float | None,
+               path: str = "MODEL") -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(per-layer cut-offs, per-layer candidate cut-offs of two-stage files, else ()) for `sparsity` (None: the
+    file's calibrated sparsity), from the file's calibration metadata: the stored cut-offs at the calibrated
+    sparsity, else interpolated from its quantile tables (a two-stage file needs both). Sparsity 0 needs no
+    calibration (nothing is skipped: the dense FFN)."""
     if sparsity is not None and check_sparsity(sparsity) == 0.0:
-        return (0.0,) * config.n_layer
+        return (0.0,) * config.n_layer, ()
     if config.calibrated_sparsity is None:
         raise PowerInferError(
             f"this model file has no threshold calibration ({KEY_FFN_THRESHOLDS}): run `powerinfer calibrate -m {path} "
             f"--sparsity {sparsity if sparsity is not None else 0.4} -o calibrated.gguf` once and run the calibrated file "
             "with --sparse threshold")
     if sparsity is None or abs(sparsity - config.calibrated_sparsity) < 1e-6:
-        return config.ffn_thresholds
-    if not config.ffn_quantiles:
+        return config.ffn_thresholds, config.ffn_up_thresholds
+    if not config.ffn_quantiles or (config.ffn_up_thresholds and not config.ffn_up_quantiles):
+        missing = KEY_FFN_QUANTILES if not config.ffn_quantiles else KEY_FFN_UP_QUANTILES
         raise PowerInferError(f"this model file is calibrated for sparsity {config.calibrated_sparsity:g} only (no "
-                              f"{KEY_FFN_QUANTILES}): calibrate it again, `powerinfer calibrate -m {path} "
+                              f"{missing}): calibrate it again, `powerinfer calibrate -m {path} "
                               f"--sparsity {sparsity:g} -o calibrated.gguf`")
-    return tuple(float(np.interp(sparsity, QUANTILE_GRID, q)) for q in config.ffn_quantiles)
 
+    def interp(rows):
+        return tuple(float(np.interp(sparsity, QUANTILE_GRID, q)) for q in rows)
 
-def layer_up_thresholds(config: ModelConfig, sparsity: float | None) -> tuple[float, ...]:
-    """Per-layer candidate cut-offs of a two-stage file for `sparsity` (None: the calibrated one), () for one-stage
-    files. Another sparsity interpolates the file's up table (layer_thresholds has already refused files without
-    tables); sparsity 0 runs dense and needs none."""
-    if not config.ffn_up_thresholds or (sparsity is not None and sparsity == 0.0):
-        return ()
-    if sparsity is None or abs(sparsity - (config.calibrated_sparsity or 0.0)) < 1e-6:
-        return config.ffn_up_thresholds
-    if not config.ffn_up_quantiles:
-        raise PowerInferError(f"this two-stage file is calibrated for sparsity {config.calibrated_sparsity:g} only "
-                              f"(no {KEY_FFN_UP_QUANTILES}): calibrate it again for sparsity {sparsity:g}")
-    return tuple(float(np.interp(sparsity, QUANTILE_GRID, q)) for q in config.ffn_up_quantiles)
+    return interp(config.ffn_quantiles), interp(config.ffn_up_quantiles) if config.ffn_up_thresholds else ()
 
 
 def quantile_rows(magnitudes: np.ndarray) -> np.ndarray:

@@ -193,6 +193,21 @@ def test_uncalibrated_non_relu_model_is_refused_with_a_clear_error(synthetic_mod
     assert not (tmp_path / "x.pwri").exists()
 
 
+def test_two_stage_calibration_is_refused_for_labels(synthetic_model, words, tmp_path):
+    """A two-stage file's cut-offs apply to |act * up| among candidates, not to |act|: labels from them would be
+    wrong, so train-predictor names the one-stage calibration to make instead (calibrate's default is two stages)."""
+    from powerinfer_py.calibrate import calibrate
+
+    cal = tmp_path / "two.gguf"
+    res = calibrate(synthetic_model("qwen2"), cal, 0.5, text=words.read_text(), n_tokens=200, ctx=64, threads=1)
+    assert res.up_sparsity is not None
+    out = tmp_path / "x.pwri"
+    r = CliRunner().invoke(app, ["train-predictor", "-m", str(cal), "--text", str(words), "--tokens", "100",
+                                 "--rank", "16", "--epochs", "1", "--backend", "numpy", "-o", str(out)])
+    assert r.exit_code == 1 and "two stages" in r.output and "--one-stage" in r.output, r.output
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("arch", ["gemma3", "qwen2", "qwen3", "lfm2"])  # lfm2: the FFN after conv/attention
 def test_glu_model_gets_predictors_that_skip_the_gate(synthetic_model, words, tmp_path, arch):
     """SwiGLU/GeGLU: labels are |act| >= the calibrated cut-offs; the PWRI runs in predictor mode, computing the
@@ -201,7 +216,8 @@ def test_glu_model_gets_predictors_that_skip_the_gate(synthetic_model, words, tm
     from powerinfer_py.config import ModelConfig
     from powerinfer_py.predictor_train import label_cuts
     cal = tmp_path / "cal.gguf"
-    calibrate(synthetic_model(arch), cal, 0.5, text=words.read_text(), n_tokens=200, ctx=64, threads=1)
+    calibrate(synthetic_model(arch), cal, 0.5, text=words.read_text(), n_tokens=200, ctx=64, threads=1,
+              one_stage=True)
     out = tmp_path / "glu.pwri"
     r = CliRunner().invoke(app, ["train-predictor", "-m", str(cal), "--text", str(words), "--tokens", "300",
                                  "--rank", "16", "--epochs", "3", "--backend", "numpy", "-o", str(out)])
