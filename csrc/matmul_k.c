@@ -59,7 +59,8 @@
  *     the activations' order) and 8 ymm of scale words, then per token 8 maddubs, 8 madd with the scale words,
  *     one convert and one FMA into 8 f32 lanes, the mins (Q4_K/Q5_K/Q2_K) one madd of the bsums, one convert
  *     and one FMA; Q6_K and IQ4_XS keep signed weights and move their signs onto the activations (psignb), so
- *     Q6_K's -32 needs no bsums term; Q3_K's -4 is one bsums madd. Decode (k2_dot) runs one row whole; prefill
+ *     Q6_K's -32 needs no bsums term; Q3_K's -4 is one bsums madd. Decode (k2_dot) runs one row whole (a dense
+ *     matrix row after row as one stream, prefetched K2_PF_DIST = 4 KB ahead: k2_dot_stream); prefill
  *     (n_tok > 1) takes each row against tiles of K2_TILE = 8 tokens, TOK_BLOCK tokens per pass over the row,
  *     each super-block unpacked once per tile (at 4 tokens: 1.2-1.9x calling the decode dot per token; spans
  *     of 8 super-blocks over blocks of 16 rows, as AVX-512 does, 0.7-1.1x). 8 against 4 tokens, measured
@@ -821,9 +822,14 @@ static size_t iq_work_bytes(const pi_pool *pool, int type, int64_t n_tok) {
 #define K2_ROWS_FN(name, TYPE)                                                                                 \
     static void name(const mk_job *j, int64_t r_beg, int64_t r_end) {                                         \
         if (j->n_tok == 1) {                                                                                  \
+            if (!j->sel) {                                                                                    \
+                for (int64_t o = r_beg; o < r_end; o++)                                                       \
+                    j->y[o] = k2_dot_stream(TYPE, j->w + o * j->row_bytes, j->xq, j->n_sb);                   \
+                return;                                                                                       \
+            }                                                                                                 \
             for (int64_t o = r_beg; o < r_end; o++) {                                                         \
-                if (j->sel && o + PF_ROWS < r_end) prefetch_row(j, j->sel[o + PF_ROWS]);                      \
-                j->y[o] = k2_dot(TYPE, j->w + (j->sel ? j->sel[o] : o) * j->row_bytes, j->xq, j->n_sb);        \
+                if (o + PF_ROWS < r_end) prefetch_row(j, j->sel[o + PF_ROWS]);                                \
+                j->y[o] = k2_dot(TYPE, j->w + j->sel[o] * j->row_bytes, j->xq, j->n_sb);                      \
             }                                                                                                 \
             return;                                                                                           \
         }                                                                                                     \
