@@ -7,6 +7,7 @@ cffi releases the GIL during every call.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -133,6 +134,47 @@ class AttnBlockPlan:
     n_head_kv: int
     head_dim: int
     work_floats: int
+
+
+class DecodeStackPlan:
+    """A stack of dense decoder layers described to C once (CpuKernels.decode_stack_plan): the per-layer
+    attention blocks, dense FFNs and post-FFN norm weights as C pointer arrays, with what they point into. The
+    cache planes' pointers are made per KVCache and kept while its planes stay the same arrays."""
+
+    def __init__(self, attn: list, ffn: list, post_norms: list, post_eps: float):
+        self.n_layer = len(attn)
+        self.n_embd = attn[0].n_embd
+        self.attn_work = max(p.work_floats for p in attn)
+        self.work_floats = self.attn_work + 2 * self.n_embd + 2 * max(p.n_ff for p in ffn)
+        self.keep = (tuple(attn), tuple(ffn), tuple(n for n in post_norms if n is not None))
+        self.attn = ffi.new("pi_attn_block *[]", [p.desc for p in attn])
+        self.ffn = ffi.new("pi_threshold_ffn *[]", [p.desc for p in ffn])
+        self.post_norms = ffi.new("float *[]", [ffi.NULL if n is None else _fb(_FA, n) for n in post_norms])
+        self.post_eps = float(post_eps)
+        # the last planes (weak references: a cache dropped by its owner is not kept alive here), their
+        # pointer arrays and lengths
+        self._planes = None
+
+    def cache_pointers(self, k_planes, v_planes) -> tuple:
+        """The C arrays of the cache planes' pointers and lengths, checked and made once per set of planes."""
+        last = self._planes
+        if last is not None and len(last[0]) == len(k_planes) == len(v_planes) and \
+                all(r() is a for r, a in zip(last[0], k_planes)) and all(r() is a for r, a in zip(last[1], v_planes)):
+            return last[2], last[3], last[4]
+        if len(k_planes) != self.n_layer or len(v_planes) != self.n_layer:
+            raise ValueError(f"decode_stack: {len(k_planes)} / {len(v_planes)} cache planes for {self.n_layer} layers")
+        for il, (kc, vc) in enumerate(zip(k_planes, v_planes)):
+            for nm, c in (("k", kc), ("v", vc)):
+                if not (type(c) is np.ndarray and c.dtype is _F16 and c.flags.c_contiguous and c.flags.writeable
+                        and c.ndim == 3 and c.shape == kc.shape
+                        and c.shape[0] == self.keep[0][il].n_head_kv and c.shape[2] == self.keep[0][il].head_dim):
+                    raise ValueError(f"decode_stack: layer {il}'s {nm} cache plane must be a writable C-contiguous "
+                                     "float16 array [n_head_kv, n_ctx, head_dim] like its other plane")
+        kp = ffi.new("uint16_t *[]", [_fb(_HA, c) for c in k_planes])
+        vp = ffi.new("uint16_t *[]", [_fb(_HA, c) for c in v_planes])
+        n_ctx = np.array([c.shape[1] for c in k_planes], dtype=np.int64)
+        self._planes = ([weakref.ref(c) for c in k_planes], [weakref.ref(c) for c in v_planes], kp, vp, n_ctx)
+        return kp, vp, n_ctx
 
 
 class CpuKernels:
@@ -567,6 +609,36 @@ class CpuKernels:
         lib.pi_attn_block_decode(self._pool, plan.desc, _fb(_FA, x), pos, _fb(_HA, k_cache), _fb(_HA, v_cache),
                                  k_cache.shape[1], fwork, _fb(_FA, out))
         return out
+
+    # ---- one token through a stack of dense layers (decode_stack.c) ------------------------------------------
+
+    def decode_stack_plan(self, attn: list, ffn: list, post_norms: list, post_eps: float) -> DecodeStackPlan:
+        """Per layer an attn_block_plan, a dense_ffn_plan and the f32 [n_embd] weight of a norm on the FFN's output
+        (None: no norm) described to C for decode_stack."""
+        if not (len(attn) == len(ffn) == len(post_norms)) or not attn:
+            raise ValueError("decode_stack_plan: one attention plan, FFN plan and post-norm entry per layer")
+        n_embd = attn[0].n_embd
+        for il, (a, f, n) in enumerate(zip(attn, ffn, post_norms)):
+            if a.n_embd != n_embd or f.n_embd != n_embd or f.desc.down_transposed:
+                raise ValueError(f"decode_stack_plan: layer {il} does not fit (n_embd {a.n_embd} / {f.n_embd} "
+                                 f"against {n_embd}, or a transposed down projection)")
+            if n is not None and not (type(n) is np.ndarray and n.dtype is _F32 and n.flags.c_contiguous
+                                      and n.shape == (n_embd,)):
+                raise ValueError(f"decode_stack_plan: layer {il}'s post-FFN norm must be float32 [{n_embd}]")
+        return DecodeStackPlan(attn, ffn, post_norms, post_eps)
+
+    def decode_stack(self, plan: DecodeStackPlan, x, pos: int, k_planes, v_planes) -> None:
+        """One token through every layer of the plan: x f32 [n_embd] (the residual) updated in place, each layer's
+        K/V written at position pos of its cache planes. The bits of attn_block_decode, dense_ffn_decode, the
+        post-FFN rmsnorm and x += y called layer by layer."""
+        self._check_step_vector("decode_stack", "x", x, plan.n_embd, writable=True)
+        kp, vp, n_ctx = plan.cache_pointers(k_planes, v_planes)
+        if not 0 <= pos < int(n_ctx.min()):
+            raise ValueError(f"decode_stack: position {pos} is outside the cache (n_ctx {int(n_ctx.min())})")
+        fwork, _ = self._step_work(plan.work_floats)
+        lib.pi_decode_stack(self._pool, plan.n_layer, plan.attn, plan.ffn, plan.post_norms, plan.post_eps,
+                            _fb(_FA, x), pos, kp, vp, ffi.cast("int64_t *", n_ctx.ctypes.data), fwork,
+                            plan.attn_work)
 
     # ---- one decode token of a gated delta-net layer (delta_net.c; kernels/delta_step.py) ------------------
 

@@ -344,15 +344,41 @@ class Model:
         gemma3): x f32 [1, n_embd] the embedded token at position p0. The attention block is one C call, which
         also returns the FFN's normed input."""
         k = self.kernels
-        for il, plan in enumerate(plans):
-            m = k.attn_block_decode(plan, x[0], p0, cache.k[il], cache.v[il])
-            x += self._ffn_out(il, self.ffns[il](m[None, :], x))
+        stack = self._decode_stack(plans)
+        if stack is not None:  # every layer dense: the same calls in one C call (decode_stack.c)
+            k.decode_stack(stack, x[0], p0, cache.k, cache.v)
+        else:
+            for il, plan in enumerate(plans):
+                m = k.attn_block_decode(plan, x[0], p0, cache.k[il], cache.v[il])
+                x += self._ffn_out(il, self.ffns[il](m[None, :], x))
         cache.n_past = p0 + 1
         return self._head(x, all_logits)
 
     def _ffn_out(self, il: int, y: np.ndarray) -> np.ndarray:
         """What the FFN adds to the residual: its output (gemma3 norms it first)."""
         return y
+
+    def post_ffn_norms(self) -> list | None:
+        """Per layer the weight of the rmsnorm (eps config.norm_eps) that _ffn_out applies to the FFN's output, or
+        None entries where it returns the output as it is; None when _ffn_out does something else (no one-call
+        stack then). Models that override _ffn_out with such a norm override this too."""
+        return [None] * len(self.layers) if type(self)._ffn_out is Model._ffn_out else None
+
+    def _decode_stack(self, plans: list):
+        """kernels.DecodeStackPlan for _fused_decode when every layer is an attention block followed by a dense
+        SwiGLU/GeGLU FFN with its one-call step (no sparse mode, observer or device split) and _ffn_out is at most
+        a norm; else None. The plan is made once; the per-token check is of the FFNs' current state."""
+        for f in self.ffns:
+            if getattr(f, "fused_dense", None) is None or f.mode in ("predictor", "exact") or \
+                    f.threshold_path is not None or f.observer is not None or f.split is not None:
+                return None
+        stack = self.__dict__.get("_stack_plan", False)
+        if stack is False:
+            norms = self.post_ffn_norms()
+            ok = norms is not None and hasattr(self.kernels, "decode_stack_plan") and all(p is not None for p in plans)
+            stack = self._stack_plan = self.kernels.decode_stack_plan(
+                plans, [f.fused_dense for f in self.ffns], norms, self.config.norm_eps) if ok else None
+        return stack
 
     def attn_plans(self) -> list | None:
         """Per-layer descriptions of the attention blocks for the one-call decode step, made on first use; None

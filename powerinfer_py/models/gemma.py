@@ -91,3 +91,10 @@ class Gemma2Model(GemmaModel):
 
     def _ffn_out(self, il: int, y: np.ndarray) -> np.ndarray:
         return self.kernels.rmsnorm(y, self.layers[il].post_ffw_norm, self.config.norm_eps)
+
+    def post_ffn_norms(self) -> list | None:
+        """_ffn_out's norm weights (the one-call decode stack applies them in C); None for subclasses that
+        change _ffn_out."""
+        if type(self)._ffn_out is not Gemma2Model._ffn_out:
+            return None
+        return [L.post_ffw_norm for L in self.layers]

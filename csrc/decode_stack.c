@@ -1,0 +1,27 @@
+/* decode_stack.c: one token through a stack of dense decoder layers in one call.
+ *
+ * models/base.py's one-token step used to come back to Python twice per layer (the attention block, then the
+ * FFN, then the residual add): ~100 us of interpreter work per layer, 1.7-1.9 ms of a 16 ms Gemma 3 270M token
+ * on the 2-core AVX2 EPYC. Here the same C calls run back to back in the same order:
+ *   pi_attn_block_decode   x += attention block,  m = rmsnorm(x) * ffn_norm
+ *   pi_dense_ffn_decode    y = down . (act(gate . m) * (up . m))
+ *   pi_rmsnorm             y = rmsnorm(y) * post_norm[l]       (gemma2/3: post_norm[l] not NULL)
+ *   x += y                 one f32 add per element, as numpy's in-place add
+ * so the result has the bits of the Python loop. */
+#include <string.h>
+
+#include "pi.h"
+
+void pi_decode_stack(pi_pool *pool, int64_t n_layer, const pi_attn_block *const *attn,
+                     const pi_threshold_ffn *const *ffn, const float *const *post_norm, float post_eps, float *x,
+                     int32_t pos, uint16_t *const *k_cache, uint16_t *const *v_cache, const int64_t *n_ctx,
+                     float *work, int64_t attn_work) {
+    for (int64_t l = 0; l < n_layer; l++) {
+        const int64_t n_embd = attn[l]->n_embd;
+        float *m = work + attn_work, *y = m + n_embd, *fwork = y + n_embd;
+        pi_attn_block_decode(pool, attn[l], x, pos, k_cache[l], v_cache[l], n_ctx[l], work, m);
+        pi_dense_ffn_decode(pool, ffn[l], m, fwork, y);
+        if (post_norm[l]) pi_rmsnorm(pool, y, post_norm[l], post_eps, 1, n_embd, y);
+        for (int64_t i = 0; i < n_embd; i++) x[i] += y[i];
+    }
+}

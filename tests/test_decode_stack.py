@@ -1,0 +1,129 @@
+"""One token through the whole stack of dense layers in one C call (csrc/decode_stack.c, models/base.py
+_decode_stack): the same logits and KV cache, bit for bit, as the per-layer C calls and as the Python path; taken
+only where every layer is a dense SwiGLU/GeGLU FFN after an attention block; its inputs checked."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from powerinfer_py.gguf import open_gguf
+from powerinfer_py.loader import load_weights
+from powerinfer_py.models import build_model, expected_tensors
+
+cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not built", exc_type=ImportError)
+
+TOKENS = [1, 332, 292, 263, 270, 270, 273, 455, 301, 299]
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=lambda n: f"{n}threads")
+def kernels(request):
+    k = cpu.CpuKernels(n_threads=request.param)
+    yield k
+    k.close()
+
+
+def load(path, kernels):
+    w = load_weights(open_gguf(path), expected_tensors)
+    return build_model(w.config, w.tensors, kernels)
+
+
+def decode_all(model, how: str, n_prompt: int = 3):
+    """Logits of every step (a prompt of n_prompt tokens in one batch, then one token at a time) and the cache;
+    how: "stack" (the one-call stack), "layers" (one C call per attention block and FFN) or "python"."""
+    model.fused_attention = how != "python"
+    if how == "layers":
+        model._decode_stack = lambda plans: None  # an instance attribute shadows the method
+    cache = model.new_cache(32)
+    out = [model.forward(TOKENS[:n_prompt], cache)]
+    out += [model.forward(TOKENS[i:i + 1], cache) for i in range(n_prompt, len(TOKENS))]
+    model.__dict__.pop("_decode_stack", None)
+    return out, cache
+
+
+@pytest.mark.parametrize("arch,dtype", [("llama", "f32"), ("llama", "f16"), ("llama", "q4_0"), ("gemma3", "f32"),
+                                        ("gemma3", "q8_0"), ("qwen2", "f32"), ("qwen3", "q8_0")])
+def test_stack_equals_layer_calls_and_python(synthetic_model, kernels, arch, dtype):
+    """gemma3 adds the post-FFN norm the stack applies in C (and sliding-window layers, a window of 4 against the
+    10 positions decoded); qwen2 Q/K/V biases; qwen3 Q/K norms."""
+    model = load(synthetic_model(arch, dtype), kernels)
+    plans = model.attn_plans()
+    assert plans is not None and model._decode_stack(plans) is not None  # the stack is taken here
+    runs = {how: decode_all(model, how) for how in ("stack", "layers", "python")}
+    ref, ref_cache = runs["python"]
+    for how in ("stack", "layers"):
+        out, cache = runs[how]
+        for a, b in zip(out, ref):
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), how
+        for il in range(model.config.n_layer):
+            assert np.array_equal(cache.k[il], ref_cache.k[il]) and np.array_equal(cache.v[il], ref_cache.v[il])
+        assert cache.n_past == len(TOKENS)
+
+
+def test_stack_not_taken_where_a_layer_needs_python(synthetic_model, cpu_kernels):
+    """An observer on one FFN (profile, calibrate), a model whose _ffn_out is not a norm (granite) and an FFN
+    without the one-call dense step (ReLU family) keep the per-layer path; the observer sees the one-token step."""
+    model = load(synthetic_model("llama", "f32"), cpu_kernels)
+    plans = model.attn_plans()
+    assert model._decode_stack(plans) is not None
+    seen = []
+    model.ffns[1].observer = lambda il, x, p, act: seen.append(il)
+    assert model._decode_stack(plans) is None
+    cache = model.new_cache(16)
+    model.forward(TOKENS[:2], cache)
+    model.forward(TOKENS[2:3], cache)
+    assert seen == [1, 1]  # the prompt batch, then the one-token step through the per-layer path
+    model.ffns[1].observer = None
+    assert model._decode_stack(plans) is not None
+
+    granite = load(synthetic_model("granite", "f32"), cpu_kernels)  # its _ffn_out scales the output
+    assert granite.attn_plans() is not None
+    assert granite.post_ffn_norms() is None and granite._decode_stack(granite.attn_plans()) is None
+
+    model.ffns[0].fused_dense = None  # as a ReLU-family FFN has (no one-call dense step)
+    assert model._decode_stack(plans) is None
+
+
+def test_decode_stack_bad_input(synthetic_model, cpu_kernels):
+    model = load(synthetic_model("llama", "f32"), cpu_kernels)
+    plans = model.attn_plans()
+    stack = model._decode_stack(plans)
+    n_embd = model.config.n_embd
+    cache = model.new_cache(8)
+    x = np.zeros(n_embd, np.float32)
+    with pytest.raises(ValueError, match="x must be a writable C-contiguous float32 array"):
+        cpu_kernels.decode_stack(stack, np.zeros(n_embd + 1, np.float32), 0, cache.k, cache.v)
+    with pytest.raises(ValueError, match="position 8 is outside the cache"):
+        cpu_kernels.decode_stack(stack, x, 8, cache.k, cache.v)
+    with pytest.raises(ValueError, match="cache planes for"):
+        cpu_kernels.decode_stack(stack, x, 0, cache.k[:-1], cache.v[:-1])
+    bad_v = list(cache.v)
+    bad_v[1] = bad_v[1].astype(np.float32)
+    with pytest.raises(ValueError, match="layer 1's v cache plane"):
+        cpu_kernels.decode_stack(stack, x, 0, cache.k, bad_v)
+    ffns = [f.fused_dense for f in model.ffns]
+    with pytest.raises(ValueError, match="one attention plan, FFN plan and post-norm entry per layer"):
+        cpu_kernels.decode_stack_plan(plans, ffns[:-1], [None] * len(plans), 1e-5)
+    with pytest.raises(ValueError, match="post-FFN norm must be float32"):
+        cpu_kernels.decode_stack_plan(plans, ffns, [np.ones(3, np.float32)] * len(plans), 1e-5)
+
+
+def test_stack_keeps_no_cache_alive_and_follows_new_caches(synthetic_model, cpu_kernels):
+    """The plan remembers the last cache's planes by weak reference only: a dropped cache is freed, and a new
+    cache (other planes, another length) gets its own pointers and bounds."""
+    import gc
+    import weakref
+
+    model = load(synthetic_model("llama", "f32"), cpu_kernels)
+    cache = model.new_cache(8)
+    model.forward(TOKENS[:2], cache)
+    model.forward(TOKENS[2:3], cache)
+    assert model._stack_plan is not None  # the one-token step went through the stack
+    plane = weakref.ref(cache.k[0])
+    del cache
+    gc.collect()
+    assert plane() is None
+    small = model.new_cache(4)
+    model.forward(TOKENS[:3], small)
+    model.forward(TOKENS[3:4], small)
+    with pytest.raises(ValueError, match="position 4 is outside the cache"):
+        cpu_kernels.decode_stack(model._stack_plan, np.zeros(model.config.n_embd, np.float32), 4, small.k, small.v)
