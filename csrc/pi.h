@@ -286,15 +286,18 @@ int64_t pi_threshold_ffn_decode(pi_pool *pool, const pi_threshold_ffn *f, const 
  * (cut, scale and down_transposed unused; down [n_embd, n_ff]). fwork: f32 [2 * n_ff]. */
 void pi_dense_ffn_decode(pi_pool *pool, const pi_threshold_ffn *f, const float *x, float *fwork, float *y);
 
-/* ---- one token through a stack of dense decoder layers (decode_stack.c) ---------------------------------
+/* ---- one token through a stack of decoder layers (decode_stack.c) -------------------------------------------
  * Per layer l, in order: pi_attn_block_decode(attn[l], x, pos, k_cache[l], v_cache[l], n_ctx[l]) giving the
- * FFN input m; y = pi_dense_ffn_decode(ffn[l], m); y = rmsnorm(y) * post_norm[l] with post_eps when
- * post_norm[l] is not NULL; x += y. The bits of the same calls made one by one. work: f32 [attn_work + 2 *
- * n_embd + 2 * max n_ff], attn_work >= every block's work (the first attn_work floats are the blocks'). */
+ * FFN input m; y = pi_sparse_ffn_decode(sparse[l], m, x) (its counts in n_active[l], n_nonzero[l]) where
+ * sparse[l] is not NULL, else y = pi_dense_ffn_decode(ffn[l], m); y = rmsnorm(y) * post_norm[l] with post_eps
+ * where post_norm[l] is not NULL; x += y. The bits of the same calls made one by one. work: f32 [attn_work +
+ * 2 * n_embd + the largest FFN work (2 * n_ff dense, 2 * rank + 3 * n_ff sparse)], attn_work >= every block's
+ * work; iwork: int32 [the largest rank + 2 * n_ff of the sparse layers] (NULL if none). */
 void pi_decode_stack(pi_pool *pool, int64_t n_layer, const pi_attn_block *const *attn,
-                     const pi_threshold_ffn *const *ffn, const float *const *post_norm, float post_eps, float *x,
-                     int32_t pos, uint16_t *const *k_cache, uint16_t *const *v_cache, const int64_t *n_ctx,
-                     float *work, int64_t attn_work);
+                     const pi_threshold_ffn *const *ffn, const pi_sparse_ffn *const *sparse,
+                     const float *const *post_norm, float post_eps, float *x, int32_t pos, uint16_t *const *k_cache,
+                     uint16_t *const *v_cache, const int64_t *n_ctx, float *work, int64_t attn_work, int32_t *iwork,
+                     int64_t *n_active, int64_t *n_nonzero);
 
 /* ---- one decode token of a gated delta-net layer (delta_net.c) ------------------------------------------
  * Qwen3.5's delta net after its input projections (qwen35.py): qkv f32 [conv_dim] (conv_dim = 2 Hk d + Hv d,

@@ -117,7 +117,8 @@ def test_stack_keeps_no_cache_alive_and_follows_new_caches(synthetic_model, cpu_
     cache = model.new_cache(8)
     model.forward(TOKENS[:2], cache)
     model.forward(TOKENS[2:3], cache)
-    assert model._stack_plan is not None  # the one-token step went through the stack
+    stack = model._decode_stack(model.attn_plans())
+    assert stack is not None and stack._planes is not None  # the one-token step went through the stack
     plane = weakref.ref(cache.k[0])
     del cache
     gc.collect()
@@ -126,4 +127,44 @@ def test_stack_keeps_no_cache_alive_and_follows_new_caches(synthetic_model, cpu_
     model.forward(TOKENS[:3], small)
     model.forward(TOKENS[3:4], small)
     with pytest.raises(ValueError, match="position 4 is outside the cache"):
-        cpu_kernels.decode_stack(model._stack_plan, np.zeros(model.config.n_embd, np.float32), 4, small.k, small.v)
+        cpu_kernels.decode_stack(stack, np.zeros(model.config.n_embd, np.float32), 4, small.k, small.v)
+
+
+@pytest.fixture(scope="module")
+def tiny_sparse(tmp_path_factory):
+    from reference_sparse import write_tiny_sparse
+
+    folder = tmp_path_factory.mktemp("stack-sparse")
+    return lambda arch, **kw: write_tiny_sparse(folder / f"{arch}-{len(list(folder.iterdir()))}.gguf", arch, **kw)
+
+
+@pytest.mark.parametrize("arch,dtype,act,param", [("llama", "f32", None, None), ("llama", "q4_0", None, None),
+                                                   ("llama", "f16", "fatrelu", 0.1), ("bamboo", "f32", None, None)])
+@pytest.mark.parametrize("mode", ["predictor", "exact"])
+def test_stack_with_sparse_ffns(tiny_sparse, kernels, arch, dtype, act, param, mode):
+    """PWRI files in predictor and exact mode: the one-call stack gives the logits, caches and per-layer active /
+    non-zero counts of the per-layer calls and of the Python path (the predictor reads the residual after the
+    attention block in all three)."""
+    from powerinfer_py.ffn import resolve_sparse
+
+    path = tiny_sparse(arch, dtype=dtype, hidden_act=act, hidden_act_param=param)
+    w = load_weights(open_gguf(path), expected_tensors)
+    model = build_model(w.config, w.tensors, kernels, resolve_sparse(w.config, mode, None))
+    plans = model.attn_plans()
+    stack = model._decode_stack(plans)
+    assert stack is not None and stack.sparse_layers == list(range(model.config.n_layer))
+    runs = {}
+    for how in ("stack", "layers", "python"):
+        model.sparsity.reset()
+        runs[how] = decode_all(model, how), (model.sparsity.active.copy(), model.sparsity.nonzero.copy(),
+                                             model.sparsity.tokens.copy())
+    (ref, ref_cache), ref_counts = runs["python"]
+    assert (ref_counts[2] == len(TOKENS)).all() and (ref_counts[0] > 0).all()
+    for how in ("stack", "layers"):
+        (out, cache), counts = runs[how]
+        for a, b in zip(out, ref):
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), how
+        for il in range(model.config.n_layer):
+            assert np.array_equal(cache.k[il], ref_cache.k[il]) and np.array_equal(cache.v[il], ref_cache.v[il])
+        for c, r in zip(counts, ref_counts):
+            assert c.tolist() == r.tolist(), how

@@ -137,20 +137,29 @@ class AttnBlockPlan:
 
 
 class DecodeStackPlan:
-    """A stack of dense decoder layers described to C once (CpuKernels.decode_stack_plan): the per-layer
-    attention blocks, dense FFNs and post-FFN norm weights as C pointer arrays, with what they point into. The
-    cache planes' pointers are made per KVCache and kept while its planes stay the same arrays."""
+    """A stack of decoder layers described to C once (CpuKernels.decode_stack_plan): the per-layer attention
+    blocks, FFN steps (dense_ffn_plan or sparse_ffn_plan) and post-FFN norm weights as C pointer arrays, with what
+    they point into. The cache planes' pointers are made per set of planes (cache_pointers)."""
 
     def __init__(self, attn: list, ffn: list, post_norms: list, post_eps: float):
         self.n_layer = len(attn)
         self.n_embd = attn[0].n_embd
         self.attn_work = max(p.work_floats for p in attn)
-        self.work_floats = self.attn_work + 2 * self.n_embd + 2 * max(p.n_ff for p in ffn)
+        sparse = [ffi.typeof(p.desc) is _SPARSE_DESC for p in ffn]
+        self.sparse_layers = [il for il, s in enumerate(sparse) if s]
+        ffn_work = max(2 * p.rank + 3 * p.n_ff if s else 2 * p.n_ff for p, s in zip(ffn, sparse))
+        self.work_floats = self.attn_work + 2 * self.n_embd + ffn_work
+        self.iwork_ints = max([p.rank + 2 * p.n_ff for p, s in zip(ffn, sparse) if s] or [0])
         self.keep = (tuple(attn), tuple(ffn), tuple(n for n in post_norms if n is not None))
         self.attn = ffi.new("pi_attn_block *[]", [p.desc for p in attn])
-        self.ffn = ffi.new("pi_threshold_ffn *[]", [p.desc for p in ffn])
+        self.ffn = ffi.new("pi_threshold_ffn *[]", [ffi.NULL if s else p.desc for p, s in zip(ffn, sparse)])
+        self.sparse = ffi.new("pi_sparse_ffn *[]", [p.desc if s else ffi.NULL for p, s in zip(ffn, sparse)])
         self.post_norms = ffi.new("float *[]", [ffi.NULL if n is None else _fb(_FA, n) for n in post_norms])
         self.post_eps = float(post_eps)
+        self.n_active = np.zeros(self.n_layer, np.int64)  # the sparse layers' counts of the last call
+        self.n_nonzero = np.zeros(self.n_layer, np.int64)
+        self._counts = (ffi.cast("int64_t *", self.n_active.ctypes.data),
+                        ffi.cast("int64_t *", self.n_nonzero.ctypes.data))
         # the last planes (weak references: a cache dropped by its owner is not kept alive here), their
         # pointer arrays and lengths
         self._planes = None
@@ -613,15 +622,17 @@ class CpuKernels:
     # ---- one token through a stack of dense layers (decode_stack.c) ------------------------------------------
 
     def decode_stack_plan(self, attn: list, ffn: list, post_norms: list, post_eps: float) -> DecodeStackPlan:
-        """Per layer an attn_block_plan, a dense_ffn_plan and the f32 [n_embd] weight of a norm on the FFN's output
-        (None: no norm) described to C for decode_stack."""
+        """Per layer an attn_block_plan, an FFN step (a dense_ffn_plan, or a sparse_ffn_plan: predictor / exact)
+        and the f32 [n_embd] weight of a norm on the FFN's output (None: no norm), described to C for
+        decode_stack."""
         if not (len(attn) == len(ffn) == len(post_norms)) or not attn:
             raise ValueError("decode_stack_plan: one attention plan, FFN plan and post-norm entry per layer")
         n_embd = attn[0].n_embd
         for il, (a, f, n) in enumerate(zip(attn, ffn, post_norms)):
-            if a.n_embd != n_embd or f.n_embd != n_embd or f.desc.down_transposed:
+            dense = ffi.typeof(f.desc) is not _SPARSE_DESC
+            if a.n_embd != n_embd or f.n_embd != n_embd or (dense and f.desc.down_transposed):
                 raise ValueError(f"decode_stack_plan: layer {il} does not fit (n_embd {a.n_embd} / {f.n_embd} "
-                                 f"against {n_embd}, or a transposed down projection)")
+                                 f"against {n_embd}, or a dense FFN with a transposed down projection)")
             if n is not None and not (type(n) is np.ndarray and n.dtype is _F32 and n.flags.c_contiguous
                                       and n.shape == (n_embd,)):
                 raise ValueError(f"decode_stack_plan: layer {il}'s post-FFN norm must be float32 [{n_embd}]")
@@ -629,16 +640,17 @@ class CpuKernels:
 
     def decode_stack(self, plan: DecodeStackPlan, x, pos: int, k_planes, v_planes) -> None:
         """One token through every layer of the plan: x f32 [n_embd] (the residual) updated in place, each layer's
-        K/V written at position pos of its cache planes. The bits of attn_block_decode, dense_ffn_decode, the
-        post-FFN rmsnorm and x += y called layer by layer."""
+        K/V written at position pos of its cache planes; the sparse layers' counts (predicted-active, non-zero h)
+        left in plan.n_active / plan.n_nonzero. The bits of attn_block_decode, the FFN step, the post-FFN rmsnorm
+        and x += y called layer by layer."""
         self._check_step_vector("decode_stack", "x", x, plan.n_embd, writable=True)
         kp, vp, n_ctx = plan.cache_pointers(k_planes, v_planes)
         if not 0 <= pos < int(n_ctx.min()):
             raise ValueError(f"decode_stack: position {pos} is outside the cache (n_ctx {int(n_ctx.min())})")
-        fwork, _ = self._step_work(plan.work_floats)
-        lib.pi_decode_stack(self._pool, plan.n_layer, plan.attn, plan.ffn, plan.post_norms, plan.post_eps,
-                            _fb(_FA, x), pos, kp, vp, ffi.cast("int64_t *", n_ctx.ctypes.data), fwork,
-                            plan.attn_work)
+        fwork, iwork = self._step_work(plan.work_floats, plan.iwork_ints)
+        lib.pi_decode_stack(self._pool, plan.n_layer, plan.attn, plan.ffn, plan.sparse, plan.post_norms,
+                            plan.post_eps, _fb(_FA, x), pos, kp, vp, ffi.cast("int64_t *", n_ctx.ctypes.data), fwork,
+                            plan.attn_work, iwork, *plan._counts)
 
     # ---- one decode token of a gated delta-net layer (delta_net.c; kernels/delta_step.py) ------------------
 
@@ -787,6 +799,7 @@ class CpuKernels:
 _F32, _F16, _I32 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32)
 _FA, _HA, _IA = ffi.typeof("float[]"), ffi.typeof("uint16_t[]"), ffi.typeof("int32_t[]")
 _fb = ffi.from_buffer
+_SPARSE_DESC = ffi.typeof("pi_sparse_ffn *")
 _OPS_BIG = 3.0e38  # finite-number test that also rejects NaN (comparisons with NaN are false)
 
 

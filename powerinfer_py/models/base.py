@@ -345,8 +345,12 @@ class Model:
         also returns the FFN's normed input."""
         k = self.kernels
         stack = self._decode_stack(plans)
-        if stack is not None:  # every layer dense: the same calls in one C call (decode_stack.c)
+        if stack is not None:  # the same calls as below in one C call (decode_stack.c)
             k.decode_stack(stack, x[0], p0, cache.k, cache.v)
+            for il in stack.sparse_layers:  # what FFN._one_token records
+                f = self.ffns[il]
+                if f.stats is not None:
+                    f.stats.record(il, 1, int(stack.n_active[il]), int(stack.n_nonzero[il]))
         else:
             for il, plan in enumerate(plans):
                 m = k.attn_block_decode(plan, x[0], p0, cache.k[il], cache.v[il])
@@ -365,20 +369,24 @@ class Model:
         return [None] * len(self.layers) if type(self)._ffn_out is Model._ffn_out else None
 
     def _decode_stack(self, plans: list):
-        """kernels.DecodeStackPlan for _fused_decode when every layer is an attention block followed by a dense
-        SwiGLU/GeGLU FFN with its one-call step (no sparse mode, observer or device split) and _ffn_out is at most
-        a norm; else None. The plan is made once; the per-token check is of the FFNs' current state."""
+        """kernels.DecodeStackPlan for _fused_decode when every layer is an attention block followed by an FFN
+        with a one-call step (dense SwiGLU/GeGLU, or predictor / exact mode) and no observer or device split, and
+        _ffn_out is at most a norm; else None. The plan is made once; each token checks the FFNs' current state."""
         for f in self.ffns:
-            if getattr(f, "fused_dense", None) is None or f.mode in ("predictor", "exact") or \
-                    f.threshold_path is not None or f.observer is not None or f.split is not None:
-                return None
-        stack = self.__dict__.get("_stack_plan", False)
-        if stack is False:
+            if type(f) is not FFN or f.observer is not None or f.split is not None or f.threshold_path is not None \
+                    or (f.fused if f.mode in ("predictor", "exact") else f.fused_dense) is None:
+                return None  # other FFN classes (MoE, xIELU, ...) and the FFN's Python paths
+        made = self.__dict__.setdefault("_stack_plans", {})  # per attention plan list (phi3 has one per context)
+        entry = made.get(id(plans))
+        if entry is None or entry[0] is not plans:
+            if len(made) >= 8:  # attn_plans returns cached lists; a model making new ones would not grow this
+                made.clear()
             norms = self.post_ffn_norms()
             ok = norms is not None and hasattr(self.kernels, "decode_stack_plan") and all(p is not None for p in plans)
-            stack = self._stack_plan = self.kernels.decode_stack_plan(
-                plans, [f.fused_dense for f in self.ffns], norms, self.config.norm_eps) if ok else None
-        return stack
+            steps = [f.fused if f.mode in ("predictor", "exact") else f.fused_dense for f in self.ffns]
+            entry = made[id(plans)] = (plans, self.kernels.decode_stack_plan(plans, steps, norms, self.config.norm_eps)
+                                       if ok else None)
+        return entry[1]
 
     def attn_plans(self) -> list | None:
         """Per-layer descriptions of the attention blocks for the one-call decode step, made on first use; None
