@@ -41,10 +41,12 @@ def decode_all(model, how: str, n_prompt: int = 3):
 
 
 @pytest.mark.parametrize("arch,dtype", [("llama", "f32"), ("llama", "f16"), ("llama", "q4_0"), ("gemma3", "f32"),
-                                        ("gemma3", "q8_0"), ("qwen2", "f32"), ("qwen3", "q8_0")])
+                                        ("gemma3", "q8_0"), ("gemma2", "f16"), ("qwen2", "f32"), ("qwen3", "q8_0"),
+                                        ("olmo2", "f32"), ("smollm3", "q4_0")])
 def test_stack_equals_layer_calls_and_python(synthetic_model, kernels, arch, dtype):
-    """gemma3 adds the post-FFN norm the stack applies in C (and sliding-window layers, a window of 4 against the
-    10 positions decoded); qwen2 Q/K/V biases; qwen3 Q/K norms."""
+    """gemma2/3 and olmo2 add the post-FFN norm the stack applies in C (gemma: sliding-window layers too, a window
+    of 4 against the 10 positions decoded; olmo2 no input norms); qwen2 Q/K/V biases; qwen3 Q/K norms; smollm3
+    a layer without RoPE."""
     model = load(synthetic_model(arch, dtype), kernels)
     plans = model.attn_plans()
     assert plans is not None and model._decode_stack(plans) is not None  # the stack is taken here

@@ -109,6 +109,12 @@ class Olmo2Model(Model):
     def _ffn_out(self, il: int, y: np.ndarray) -> np.ndarray:
         return self.kernels.rmsnorm(y, self.layers[il].post_ffw_norm, self.config.norm_eps)
 
+    def post_ffn_norms(self) -> list | None:
+        """_ffn_out's norm weights, for the one-call decode stack (None for subclasses that change _ffn_out)."""
+        if type(self)._ffn_out is not Olmo2Model._ffn_out:
+            return None
+        return [L.post_ffw_norm for L in self.layers]
+
     def _qkv(self, L, h: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """q f32 [N, n_head, head_dim], k and v [N, n_head_kv, head_dim] of the residual h (no input norm): the
         projections, with q and k each normalized over their full width before they are split into heads."""
