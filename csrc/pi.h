@@ -288,12 +288,14 @@ void pi_dense_ffn_decode(pi_pool *pool, const pi_threshold_ffn *f, const float *
 
 /* ---- one token through a stack of decoder layers (decode_stack.c) -------------------------------------------
  * Per layer l, in order: pi_attn_block_decode(attn[l], x, pos, k_cache[l], v_cache[l], n_ctx[l]) giving the
- * FFN input m; y = pi_sparse_ffn_decode(sparse[l], m, x) (its counts in n_active[l], n_nonzero[l]) where
- * sparse[l] is not NULL, else y = pi_dense_ffn_decode(ffn[l], m); y = rmsnorm(y) * post_norm[l] with post_eps
- * where post_norm[l] is not NULL; x += y. The bits of the same calls made one by one. work: f32 [attn_work +
- * 2 * n_embd + the largest FFN work (2 * n_ff dense, 2 * rank + 3 * n_ff sparse)], attn_work >= every block's
- * work; iwork: int32 [the largest rank + 2 * n_ff of the sparse layers] (NULL if none). */
-void pi_decode_stack(pi_pool *pool, int64_t n_layer, const pi_attn_block *const *attn,
+ * FFN input m; by kind[l]: PI_STACK_DENSE y = pi_dense_ffn_decode(ffn[l], m), PI_STACK_SPARSE y =
+ * pi_sparse_ffn_decode(sparse[l], m, x), PI_STACK_THRESHOLD y = pi_threshold_ffn_decode(ffn[l], m) (these two
+ * leave their counts in n_active[l], n_nonzero[l]); y = rmsnorm(y) * post_norm[l] with post_eps where post_norm[l]
+ * is not NULL; x += y. The bits of the same calls made one by one. work: f32 [attn_work + 2 * n_embd + the
+ * largest FFN work (2 * n_ff dense, 2 * rank + 3 * n_ff sparse, 4 * n_ff threshold)], attn_work >= every
+ * block's work; iwork: int32 [the largest rank + 2 * n_ff (sparse) or 2 * n_ff (threshold)], NULL if neither. */
+enum { PI_STACK_DENSE = 0, PI_STACK_SPARSE = 1, PI_STACK_THRESHOLD = 2 };
+void pi_decode_stack(pi_pool *pool, int64_t n_layer, const pi_attn_block *const *attn, const int32_t *kind,
                      const pi_threshold_ffn *const *ffn, const pi_sparse_ffn *const *sparse,
                      const float *const *post_norm, float post_eps, float *x, int32_t pos, uint16_t *const *k_cache,
                      uint16_t *const *v_cache, const int64_t *n_ctx, float *work, int64_t attn_work, int32_t *iwork,

@@ -103,8 +103,12 @@ def test_decode_stack_bad_input(synthetic_model, cpu_kernels):
     with pytest.raises(ValueError, match="layer 1's v cache plane"):
         cpu_kernels.decode_stack(stack, x, 0, cache.k, bad_v)
     ffns = [f.fused_dense for f in model.ffns]
-    with pytest.raises(ValueError, match="one attention plan, FFN plan and post-norm entry per layer"):
+    with pytest.raises(ValueError, match="one attention plan, FFN plan, kind and post-norm entry per layer"):
         cpu_kernels.decode_stack_plan(plans, ffns[:-1], [None] * len(plans), 1e-5)
+    with pytest.raises(ValueError, match="layer 0's FFN plan is not a sparse step"):
+        cpu_kernels.decode_stack_plan(plans, ffns, [None] * len(plans), 1e-5, ["sparse"] * len(plans))
+    with pytest.raises(ValueError, match="kind 'relu' is not one of dense, sparse, threshold"):
+        cpu_kernels.decode_stack_plan(plans, ffns, [None] * len(plans), 1e-5, ["relu"] * len(plans))
     with pytest.raises(ValueError, match="post-FFN norm must be float32"):
         cpu_kernels.decode_stack_plan(plans, ffns, [np.ones(3, np.float32)] * len(plans), 1e-5)
 
@@ -154,7 +158,7 @@ def test_stack_with_sparse_ffns(tiny_sparse, kernels, arch, dtype, act, param, m
     model = build_model(w.config, w.tensors, kernels, resolve_sparse(w.config, mode, None))
     plans = model.attn_plans()
     stack = model._decode_stack(plans)
-    assert stack is not None and stack.sparse_layers == list(range(model.config.n_layer))
+    assert stack is not None and stack.counted_layers == list(range(model.config.n_layer))
     runs = {}
     for how in ("stack", "layers", "python"):
         model.sparsity.reset()
@@ -165,6 +169,44 @@ def test_stack_with_sparse_ffns(tiny_sparse, kernels, arch, dtype, act, param, m
     for how in ("stack", "layers"):
         (out, cache), counts = runs[how]
         for a, b in zip(out, ref):
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), how
+        for il in range(model.config.n_layer):
+            assert np.array_equal(cache.k[il], ref_cache.k[il]) and np.array_equal(cache.v[il], ref_cache.v[il])
+        for c, r in zip(counts, ref_counts):
+            assert c.tolist() == r.tolist(), how
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "llama"])
+@pytest.mark.parametrize("stages,down", [("one", "dense"), ("two", "dense"), ("two", "transposed")])
+def test_stack_with_threshold_ffns(synthetic_model, kernels, tmp_path, arch, stages, down):
+    """Calibrated files (threshold mode, one or two stages, the down projection dense or by a transposed copy):
+    the stack gives the logits, caches and per-layer kept / non-zero / up-row counts of the per-layer calls and
+    the Python path."""
+    import dataclasses
+
+    from powerinfer_py.calibrate import calibrate
+    from powerinfer_py.ffn import resolve_sparse
+
+    text = "The ferry left the harbour at dawn, its horn low over the water, and the gulls followed it. " * 6
+    calibrate(synthetic_model(arch, "f32"), tmp_path / "cal.gguf", 0.5, text=text, n_tokens=200, ctx=64, threads=1,
+              one_stage=stages == "one")
+    w = load_weights(open_gguf(tmp_path / "cal.gguf"), expected_tensors)
+    settings = dataclasses.replace(resolve_sparse(w.config, None, None), down=down)
+    assert settings.mode == "threshold" and (len(settings.up_cuts) > 0) == (stages == "two")
+    model = build_model(w.config, w.tensors, kernels, settings)
+    stack = model._decode_stack(model.attn_plans())
+    assert stack is not None and stack.kinds == ["threshold"] * model.config.n_layer
+    runs = {}
+    for how in ("stack", "layers", "python"):
+        model.sparsity.reset()
+        runs[how] = decode_all(model, how), (model.sparsity.active.copy(), model.sparsity.nonzero.copy(),
+                                             model.sparsity.up_read.copy(), model.sparsity.tokens.copy())
+    (ref, ref_cache), ref_counts = runs["python"]
+    assert (ref_counts[0] > 0).all() and (ref_counts[0] < ref_counts[3] * model.ffns[0].n_ff).all()
+    assert (ref_counts[2] > 0).all() == (stages == "two")
+    for how in ("stack", "layers"):
+        (out_logits, cache), counts = runs[how]
+        for a, b in zip(out_logits, ref):
             assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), how
         for il in range(model.config.n_layer):
             assert np.array_equal(cache.k[il], ref_cache.k[il]) and np.array_equal(cache.v[il], ref_cache.v[il])

@@ -138,25 +138,31 @@ class AttnBlockPlan:
 
 class DecodeStackPlan:
     """A stack of decoder layers described to C once (CpuKernels.decode_stack_plan): the per-layer attention
-    blocks, FFN steps (dense_ffn_plan or sparse_ffn_plan) and post-FFN norm weights as C pointer arrays, with what
-    they point into. The cache planes' pointers are made per set of planes (cache_pointers)."""
+    blocks, FFN steps and post-FFN norm weights as C pointer arrays, with what they point into. kinds: per layer
+    "dense" (a dense_ffn_plan), "sparse" (a sparse_ffn_plan: predictor / exact) or "threshold" (a
+    threshold_ffn_plan). The cache planes' pointers are made per set of planes (cache_pointers)."""
 
-    def __init__(self, attn: list, ffn: list, post_norms: list, post_eps: float):
+    KINDS = {"dense": 0, "sparse": 1, "threshold": 2}  # PI_STACK_DENSE, _SPARSE, _THRESHOLD
+
+    def __init__(self, attn: list, ffn: list, kinds: list, post_norms: list, post_eps: float):
         self.n_layer = len(attn)
         self.n_embd = attn[0].n_embd
         self.attn_work = max(p.work_floats for p in attn)
-        sparse = [ffi.typeof(p.desc) is _SPARSE_DESC for p in ffn]
-        self.sparse_layers = [il for il, s in enumerate(sparse) if s]
-        ffn_work = max(2 * p.rank + 3 * p.n_ff if s else 2 * p.n_ff for p, s in zip(ffn, sparse))
-        self.work_floats = self.attn_work + 2 * self.n_embd + ffn_work
-        self.iwork_ints = max([p.rank + 2 * p.n_ff for p, s in zip(ffn, sparse) if s] or [0])
+        self.kinds = list(kinds)
+        self.counted_layers = [il for il, k in enumerate(kinds) if k != "dense"]  # n_active / n_nonzero set
+        self.work_floats = self.attn_work + 2 * self.n_embd + max(
+            2 * p.rank + 3 * p.n_ff if k == "sparse" else 4 * p.n_ff if k == "threshold" else 2 * p.n_ff
+            for p, k in zip(ffn, kinds))
+        self.iwork_ints = max([p.rank + 2 * p.n_ff if k == "sparse" else 2 * p.n_ff
+                               for p, k in zip(ffn, kinds) if k != "dense"] or [0])
         self.keep = (tuple(attn), tuple(ffn), tuple(n for n in post_norms if n is not None))
         self.attn = ffi.new("pi_attn_block *[]", [p.desc for p in attn])
-        self.ffn = ffi.new("pi_threshold_ffn *[]", [ffi.NULL if s else p.desc for p, s in zip(ffn, sparse)])
-        self.sparse = ffi.new("pi_sparse_ffn *[]", [p.desc if s else ffi.NULL for p, s in zip(ffn, sparse)])
+        self.kind = ffi.new("int32_t[]", [self.KINDS[k] for k in kinds])
+        self.ffn = ffi.new("pi_threshold_ffn *[]", [ffi.NULL if k == "sparse" else p.desc for p, k in zip(ffn, kinds)])
+        self.sparse = ffi.new("pi_sparse_ffn *[]", [p.desc if k == "sparse" else ffi.NULL for p, k in zip(ffn, kinds)])
         self.post_norms = ffi.new("float *[]", [ffi.NULL if n is None else _fb(_FA, n) for n in post_norms])
         self.post_eps = float(post_eps)
-        self.n_active = np.zeros(self.n_layer, np.int64)  # the sparse layers' counts of the last call
+        self.n_active = np.zeros(self.n_layer, np.int64)  # the counted layers' counts of the last call
         self.n_nonzero = np.zeros(self.n_layer, np.int64)
         self._counts = (ffi.cast("int64_t *", self.n_active.ctypes.data),
                         ffi.cast("int64_t *", self.n_nonzero.ctypes.data))
@@ -619,36 +625,41 @@ class CpuKernels:
                                  k_cache.shape[1], fwork, _fb(_FA, out))
         return out
 
-    # ---- one token through a stack of dense layers (decode_stack.c) ------------------------------------------
+    # ---- one token through a stack of layers (decode_stack.c) ------------------------------------------------
 
-    def decode_stack_plan(self, attn: list, ffn: list, post_norms: list, post_eps: float) -> DecodeStackPlan:
-        """Per layer an attn_block_plan, an FFN step (a dense_ffn_plan, or a sparse_ffn_plan: predictor / exact)
-        and the f32 [n_embd] weight of a norm on the FFN's output (None: no norm), described to C for
-        decode_stack."""
-        if not (len(attn) == len(ffn) == len(post_norms)) or not attn:
-            raise ValueError("decode_stack_plan: one attention plan, FFN plan and post-norm entry per layer")
+    def decode_stack_plan(self, attn: list, ffn: list, post_norms: list, post_eps: float,
+                          kinds: list | None = None) -> DecodeStackPlan:
+        """Per layer an attn_block_plan, an FFN step and the f32 [n_embd] weight of a norm on the FFN's output
+        (None: no norm), described to C for decode_stack. kinds: per layer "dense" (a dense_ffn_plan; the
+        default), "sparse" (a sparse_ffn_plan: predictor / exact) or "threshold" (a threshold_ffn_plan)."""
+        kinds = ["dense"] * len(ffn) if kinds is None else list(kinds)
+        if not (len(attn) == len(ffn) == len(post_norms) == len(kinds)) or not attn:
+            raise ValueError("decode_stack_plan: one attention plan, FFN plan, kind and post-norm entry per layer")
         n_embd = attn[0].n_embd
-        for il, (a, f, n) in enumerate(zip(attn, ffn, post_norms)):
-            dense = ffi.typeof(f.desc) is not _SPARSE_DESC
-            if a.n_embd != n_embd or f.n_embd != n_embd or (dense and f.desc.down_transposed):
-                raise ValueError(f"decode_stack_plan: layer {il} does not fit (n_embd {a.n_embd} / {f.n_embd} "
-                                 f"against {n_embd}, or a dense FFN with a transposed down projection)")
+        for il, (a, f, k, n) in enumerate(zip(attn, ffn, kinds, post_norms)):
+            if k not in DecodeStackPlan.KINDS:
+                raise ValueError(f"decode_stack_plan: layer {il}'s kind {k!r} is not one of "
+                                 f"{', '.join(DecodeStackPlan.KINDS)}")
+            if (ffi.typeof(f.desc) is _SPARSE_DESC) != (k == "sparse") or (k == "dense" and f.desc.down_transposed):
+                raise ValueError(f"decode_stack_plan: layer {il}'s FFN plan is not a {k} step")
+            if a.n_embd != n_embd or f.n_embd != n_embd:
+                raise ValueError(f"decode_stack_plan: layer {il} has n_embd {a.n_embd} / {f.n_embd}, not {n_embd}")
             if n is not None and not (type(n) is np.ndarray and n.dtype is _F32 and n.flags.c_contiguous
                                       and n.shape == (n_embd,)):
                 raise ValueError(f"decode_stack_plan: layer {il}'s post-FFN norm must be float32 [{n_embd}]")
-        return DecodeStackPlan(attn, ffn, post_norms, post_eps)
+        return DecodeStackPlan(attn, ffn, kinds, post_norms, post_eps)
 
     def decode_stack(self, plan: DecodeStackPlan, x, pos: int, k_planes, v_planes) -> None:
         """One token through every layer of the plan: x f32 [n_embd] (the residual) updated in place, each layer's
-        K/V written at position pos of its cache planes; the sparse layers' counts (predicted-active, non-zero h)
-        left in plan.n_active / plan.n_nonzero. The bits of attn_block_decode, the FFN step, the post-FFN rmsnorm
-        and x += y called layer by layer."""
+        K/V written at position pos of its cache planes; the sparse and threshold layers' counts (active or kept,
+        non-zero h) left in plan.n_active / plan.n_nonzero. The bits of attn_block_decode, the FFN step, the
+        post-FFN rmsnorm and x += y called layer by layer."""
         self._check_step_vector("decode_stack", "x", x, plan.n_embd, writable=True)
         kp, vp, n_ctx = plan.cache_pointers(k_planes, v_planes)
         if not 0 <= pos < int(n_ctx.min()):
             raise ValueError(f"decode_stack: position {pos} is outside the cache (n_ctx {int(n_ctx.min())})")
         fwork, iwork = self._step_work(plan.work_floats, plan.iwork_ints)
-        lib.pi_decode_stack(self._pool, plan.n_layer, plan.attn, plan.ffn, plan.sparse, plan.post_norms,
+        lib.pi_decode_stack(self._pool, plan.n_layer, plan.attn, plan.kind, plan.ffn, plan.sparse, plan.post_norms,
                             plan.post_eps, _fb(_FA, x), pos, kp, vp, ffi.cast("int64_t *", n_ctx.ctypes.data), fwork,
                             plan.attn_work, iwork, *plan._counts)
 

@@ -133,6 +133,20 @@ def layer_tensors(tensors: Mapping[str, Tensor], il: int, names: Mapping[str, st
     return SimpleNamespace(**out)
 
 
+def _stack_kind(f) -> str | None:
+    """How one token of FFN f runs inside the one-call decode stack: "dense", "sparse" (predictor / exact),
+    "threshold", or None when it needs the Python path (another FFN class, an observer, a device split, a
+    threshold layer without a cut-off, or no one-call step)."""
+    if type(f) is not FFN or f.observer is not None or f.split is not None:
+        return None
+    if f.mode in ("predictor", "exact"):
+        return "sparse" if f.fused is not None else None
+    tp = f.threshold_path
+    if tp is not None:
+        return "threshold" if tp.cut > 0 and tp.fused is not None else None
+    return "dense" if f.fused_dense is not None else None
+
+
 class Model:
     """Base class: holds config, kernels, the sparse settings, the global tensors and, per layer, `layers`
     (LAYER_TENSORS as attributes, OPTIONAL_TENSORS may be absent) and `ffns` (ffn.FFN, with biases when
@@ -347,10 +361,12 @@ class Model:
         stack = self._decode_stack(plans)
         if stack is not None:  # the same calls as below in one C call (decode_stack.c)
             k.decode_stack(stack, x[0], p0, cache.k, cache.v)
-            for il in stack.sparse_layers:  # what FFN._one_token records
+            for il in stack.counted_layers:  # what FFN._one_token records
                 f = self.ffns[il]
                 if f.stats is not None:
-                    f.stats.record(il, 1, int(stack.n_active[il]), int(stack.n_nonzero[il]))
+                    tp = f.threshold_path
+                    n_up = int(tp.fused.up_read[0]) if tp is not None and tp.up_cut is not None else None
+                    f.stats.record(il, 1, int(stack.n_active[il]), int(stack.n_nonzero[il]), n_up)
         else:
             for il, plan in enumerate(plans):
                 m = k.attn_block_decode(plan, x[0], p0, cache.k[il], cache.v[il])
@@ -370,22 +386,26 @@ class Model:
 
     def _decode_stack(self, plans: list):
         """kernels.DecodeStackPlan for _fused_decode when every layer is an attention block followed by an FFN
-        with a one-call step (dense SwiGLU/GeGLU, or predictor / exact mode) and no observer or device split, and
-        _ffn_out is at most a norm; else None. The plan is made once; each token checks the FFNs' current state."""
+        whose one token is one C call (dense SwiGLU/GeGLU, predictor / exact mode, threshold mode with a cut-off)
+        with no observer or device split, and _ffn_out is at most a norm; else None. The plan is made once per
+        attention plan list; each token checks the FFNs' current state."""
+        kinds = []
         for f in self.ffns:
-            if type(f) is not FFN or f.observer is not None or f.split is not None or f.threshold_path is not None \
-                    or (f.fused if f.mode in ("predictor", "exact") else f.fused_dense) is None:
+            kind = _stack_kind(f)
+            if kind is None:
                 return None  # other FFN classes (MoE, xIELU, ...) and the FFN's Python paths
+            kinds.append(kind)
         made = self.__dict__.setdefault("_stack_plans", {})  # per attention plan list (phi3 has one per context)
         entry = made.get(id(plans))
-        if entry is None or entry[0] is not plans:
+        if entry is None or entry[0] is not plans or entry[1] is not None and entry[1].kinds != kinds:
             if len(made) >= 8:  # attn_plans returns cached lists; a model making new ones would not grow this
                 made.clear()
             norms = self.post_ffn_norms()
             ok = norms is not None and hasattr(self.kernels, "decode_stack_plan") and all(p is not None for p in plans)
-            steps = [f.fused if f.mode in ("predictor", "exact") else f.fused_dense for f in self.ffns]
-            entry = made[id(plans)] = (plans, self.kernels.decode_stack_plan(plans, steps, norms, self.config.norm_eps)
-                                       if ok else None)
+            steps = [f.fused if k == "sparse" else f.threshold_path.fused if k == "threshold" else f.fused_dense
+                     for f, k in zip(self.ffns, kinds)]
+            entry = made[id(plans)] = (plans, self.kernels.decode_stack_plan(
+                plans, steps, norms, self.config.norm_eps, kinds) if ok else None)
         return entry[1]
 
     def attn_plans(self) -> list | None:
