@@ -1,10 +1,12 @@
-"""One token through the whole stack of dense layers in one C call (csrc/decode_stack.c, models/base.py
-_decode_stack): the same logits and KV cache, bit for bit, as the per-layer C calls and as the Python path; taken
-only where every layer is a dense SwiGLU/GeGLU FFN after an attention block; its inputs checked."""
+"""One token through the whole stack of layers in one C call (csrc/decode_stack.c, models/base.py _decode_stack):
+the same logits, KV cache and sparsity counts, bit for bit, as the per-layer C calls and as the Python path;
+taken only where every layer's FFN has a one-call step (dense SwiGLU/GeGLU, predictor / exact, threshold) after
+an attention block; its inputs checked."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_attn_block import kernels, load  # noqa: F401  (kernels: the 1- and 2-thread fixture)
 
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.loader import load_weights
@@ -13,18 +15,6 @@ from powerinfer_py.models import build_model, expected_tensors
 cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not built", exc_type=ImportError)
 
 TOKENS = [1, 332, 292, 263, 270, 270, 273, 455, 301, 299]
-
-
-@pytest.fixture(scope="module", params=[1, 2], ids=lambda n: f"{n}threads")
-def kernels(request):
-    k = cpu.CpuKernels(n_threads=request.param)
-    yield k
-    k.close()
-
-
-def load(path, kernels):
-    w = load_weights(open_gguf(path), expected_tensors)
-    return build_model(w.config, w.tensors, kernels)
 
 
 def decode_all(model, how: str, n_prompt: int = 3):
@@ -40,6 +30,28 @@ def decode_all(model, how: str, n_prompt: int = 3):
     return out, cache
 
 
+def assert_three_paths_agree(model, counts=()) -> dict:
+    """Runs decode_all three ways and asserts that the stack and the per-layer calls give the Python path's logits
+    and caches bit for bit, and its values of model.sparsity's arrays named in counts. Returns the Python path's
+    counts by name."""
+    runs = {}
+    for how in ("stack", "layers", "python"):
+        if counts:
+            model.sparsity.reset()
+        runs[how] = decode_all(model, how), {c: getattr(model.sparsity, c).copy() for c in counts}
+    (ref, ref_cache), ref_counts = runs["python"]
+    for how in ("stack", "layers"):
+        (out, cache), got = runs[how]
+        for a, b in zip(out, ref):
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), how
+        for il in range(model.config.n_layer):
+            assert np.array_equal(cache.k[il], ref_cache.k[il]) and np.array_equal(cache.v[il], ref_cache.v[il])
+        assert cache.n_past == len(TOKENS)
+        for c in counts:
+            assert got[c].tolist() == ref_counts[c].tolist(), (how, c)
+    return ref_counts
+
+
 @pytest.mark.parametrize("arch,dtype", [("llama", "f32"), ("llama", "f16"), ("llama", "q4_0"), ("gemma3", "f32"),
                                         ("gemma3", "q8_0"), ("gemma2", "f16"), ("qwen2", "f32"), ("qwen3", "q8_0"),
                                         ("olmo2", "f32"), ("smollm3", "q4_0")])
@@ -50,15 +62,7 @@ def test_stack_equals_layer_calls_and_python(synthetic_model, kernels, arch, dty
     model = load(synthetic_model(arch, dtype), kernels)
     plans = model.attn_plans()
     assert plans is not None and model._decode_stack(plans) is not None  # the stack is taken here
-    runs = {how: decode_all(model, how) for how in ("stack", "layers", "python")}
-    ref, ref_cache = runs["python"]
-    for how in ("stack", "layers"):
-        out, cache = runs[how]
-        for a, b in zip(out, ref):
-            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), how
-        for il in range(model.config.n_layer):
-            assert np.array_equal(cache.k[il], ref_cache.k[il]) and np.array_equal(cache.v[il], ref_cache.v[il])
-        assert cache.n_past == len(TOKENS)
+    assert_three_paths_agree(model)
 
 
 def test_stack_not_taken_where_a_layer_needs_python(synthetic_model, cpu_kernels):
@@ -159,21 +163,8 @@ def test_stack_with_sparse_ffns(tiny_sparse, kernels, arch, dtype, act, param, m
     plans = model.attn_plans()
     stack = model._decode_stack(plans)
     assert stack is not None and stack.counted_layers == list(range(model.config.n_layer))
-    runs = {}
-    for how in ("stack", "layers", "python"):
-        model.sparsity.reset()
-        runs[how] = decode_all(model, how), (model.sparsity.active.copy(), model.sparsity.nonzero.copy(),
-                                             model.sparsity.tokens.copy())
-    (ref, ref_cache), ref_counts = runs["python"]
-    assert (ref_counts[2] == len(TOKENS)).all() and (ref_counts[0] > 0).all()
-    for how in ("stack", "layers"):
-        (out, cache), counts = runs[how]
-        for a, b in zip(out, ref):
-            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), how
-        for il in range(model.config.n_layer):
-            assert np.array_equal(cache.k[il], ref_cache.k[il]) and np.array_equal(cache.v[il], ref_cache.v[il])
-        for c, r in zip(counts, ref_counts):
-            assert c.tolist() == r.tolist(), how
+    ref = assert_three_paths_agree(model, ("active", "nonzero", "tokens"))
+    assert (ref["tokens"] == len(TOKENS)).all() and (ref["active"] > 0).all()
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "llama"])
@@ -196,19 +187,6 @@ def test_stack_with_threshold_ffns(synthetic_model, kernels, tmp_path, arch, sta
     model = build_model(w.config, w.tensors, kernels, settings)
     stack = model._decode_stack(model.attn_plans())
     assert stack is not None and stack.kinds == ["threshold"] * model.config.n_layer
-    runs = {}
-    for how in ("stack", "layers", "python"):
-        model.sparsity.reset()
-        runs[how] = decode_all(model, how), (model.sparsity.active.copy(), model.sparsity.nonzero.copy(),
-                                             model.sparsity.up_read.copy(), model.sparsity.tokens.copy())
-    (ref, ref_cache), ref_counts = runs["python"]
-    assert (ref_counts[0] > 0).all() and (ref_counts[0] < ref_counts[3] * model.ffns[0].n_ff).all()
-    assert (ref_counts[2] > 0).all() == (stages == "two")
-    for how in ("stack", "layers"):
-        (out_logits, cache), counts = runs[how]
-        for a, b in zip(out_logits, ref):
-            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), how
-        for il in range(model.config.n_layer):
-            assert np.array_equal(cache.k[il], ref_cache.k[il]) and np.array_equal(cache.v[il], ref_cache.v[il])
-        for c, r in zip(counts, ref_counts):
-            assert c.tolist() == r.tolist(), how
+    ref = assert_three_paths_agree(model, ("active", "nonzero", "up_read", "tokens"))
+    assert (ref["active"] > 0).all() and (ref["active"] < ref["tokens"] * model.ffns[0].n_ff).all()
+    assert (ref["up_read"] > 0).all() == (stages == "two")
