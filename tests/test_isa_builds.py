@@ -5,7 +5,8 @@ and scalar paths: an AVX-512 development or CI host never runs the AVX2 code tha
 and no host runs the scalar fallback. Here the extension is built again into a copy of the source tree for
 each other path this CPU can execute (scalar always: PI_NATIVE=0; AVX2 too where the native build is AVX-512:
 PI_MARCH=haswell), and the kernel test modules run against that copy in a child process. The AVX-512 path can
-only be tested on a machine that has it (the native build there).
+only be tested on a machine that has it (the native build there); elsewhere each C file is at least compiled for
+two AVX-512 CPUs, so that an edit cannot break an AVX-512 host's build unseen.
 """
 from __future__ import annotations
 
@@ -62,3 +63,22 @@ def test_kernel_tests_pass_on_another_isa_build(tmp_path, build_env):
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=3600)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     assert " passed" in run.stdout.splitlines()[-1], run.stdout[-2000:]
+
+
+def native_is_avx512() -> bool:
+    return AVX512_FLAGS <= cpu_flags()
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc to compile with")
+@pytest.mark.skipif(native_is_avx512(), reason="the native build compiles (and the tests run) the AVX-512 paths")
+@pytest.mark.parametrize("march", ["skylake-avx512", "icelake-server"])  # AVX-512 F/BW/VL; then with VNNI
+def test_avx512_paths_compile(march):
+    """Where the CPU has no AVX-512, nothing here builds those paths (the native build leaves them out), so an
+    edit could break the build of an AVX-512 host unseen: each C file is compiled for such a CPU (no linking, no
+    running: what they compute is tested only on a machine that has AVX-512)."""
+    for src in sorted((ROOT / "csrc").glob("*.c")):
+        run = subprocess.run(["gcc", "-fsyntax-only", "-std=c11", "-fno-strict-aliasing", "-Wall",
+                              "-Werror=implicit-function-declaration", "-Werror=incompatible-pointer-types",
+                              f"-march={march}", "-I", str(ROOT / "csrc"), str(src)],
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, f"{src.name} for -march={march}:\n{run.stderr[-4000:]}"
