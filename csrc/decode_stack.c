@@ -9,11 +9,9 @@
  *                          (PI_STACK_SPARSE: sparse[l], PWRI files)
  *   pi_threshold_ffn_decode  y = the threshold-mode FFN of m (PI_STACK_THRESHOLD: ffn[l], calibrated files)
  *                          (sparse and threshold layers: their counts go to n_active[l], n_nonzero[l])
- *   pi_rmsnorm             y = rmsnorm(y) * post_norm[l]                       (gemma2/3: post_norm[l] not NULL)
+ *   pi_rmsnorm             y = rmsnorm(y) * post_norm[l]                       (gemma2/3, olmo2: post_norm[l])
  *   x += y                 one f32 add per element, as numpy's in-place add
  * so the result has the bits of the Python loop. */
-#include <string.h>
-
 #include "pi.h"
 
 void pi_decode_stack(pi_pool *pool, int64_t n_layer, const pi_attn_block *const *attn, const int32_t *kind,
