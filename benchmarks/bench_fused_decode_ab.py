@@ -7,7 +7,7 @@ off in alternation (--rounds rounds each, order swapped every round, each round 
 cache), and prints the median tok/s of each and their ratio. The two paths give the same bits (tests compare
 them), so this isolates what the Python between the attention kernels costs. Works for any architecture whose
 decode step uses attn_plans (llama, gemma3, gemma4, gemma3n, ...).
---stack compares instead the whole stack of dense layers in one C call (models/base.py _decode_stack, csrc/
+--stack compares instead the whole stack of layers in one C call (models/base.py _decode_stack, csrc/
 decode_stack.c) with one C call per attention block and per FFN (the Python loop between them): what the
 interpreter costs per layer.
 """
@@ -60,7 +60,6 @@ def main() -> None:
             raise SystemExit(f"{a.model.name}: this model has no one-call attention step on these kernels")
         if a.stack and getattr(net, "_decode_stack", lambda p: None)(net.attn_plans()) is None:
             raise SystemExit(f"{a.model.name}: this model's layers do not all fit the one-call stack")
-        stack = type(net)._decode_stack if a.stack else None
         for r in range(a.rounds):
             for fused in ((True, False) if r % 2 == 0 else (False, True)):
                 if a.stack:  # off: an instance attribute hides the method, so each layer is called from Python
@@ -73,7 +72,7 @@ def main() -> None:
         net.__dict__.pop("_decode_stack", None)
     on, off = statistics.median(rates[True]), statistics.median(rates[False])
     print(f"{a.model.name}: {a.p} prompt, {a.n} decoded tokens, {a.t} threads, medians of {a.rounds} rounds")
-    if stack is not None:
+    if a.stack:
         print(f"decode tok/s one-call layer stack {on:.1f} / per-layer calls {off:.1f} ({on / off:.2f}x)")
     else:
         print(f"decode tok/s one-call attention {on:.1f} / Python attention {off:.1f} ({on / off:.2f}x)")

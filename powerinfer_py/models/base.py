@@ -133,18 +133,18 @@ def layer_tensors(tensors: Mapping[str, Tensor], il: int, names: Mapping[str, st
     return SimpleNamespace(**out)
 
 
-def _stack_kind(f) -> str | None:
-    """How one token of FFN f runs inside the one-call decode stack: "dense", "sparse" (predictor / exact),
-    "threshold", or None when it needs the Python path (another FFN class, an observer, a device split, a
-    threshold layer without a cut-off, or no one-call step)."""
+def _stack_step(f) -> tuple[str, object] | None:
+    """How one token of FFN f runs inside the one-call decode stack: (kind, its one-call plan) with kind "dense",
+    "sparse" (predictor / exact) or "threshold"; None when it needs the Python path (another FFN class, an
+    observer, a device split, a threshold layer without a cut-off, or no one-call step)."""
     if type(f) is not FFN or f.observer is not None or f.split is not None:
         return None
     if f.mode in ("predictor", "exact"):
-        return "sparse" if f.fused is not None else None
+        return ("sparse", f.fused) if f.fused is not None else None
     tp = f.threshold_path
     if tp is not None:
-        return "threshold" if tp.cut > 0 and tp.fused is not None else None
-    return "dense" if f.fused_dense is not None else None
+        return ("threshold", tp.fused) if tp.cut > 0 and tp.fused is not None else None
+    return ("dense", f.fused_dense) if f.fused_dense is not None else None
 
 
 class Model:
@@ -374,27 +374,30 @@ class Model:
         cache.n_past = p0 + 1
         return self._head(x, all_logits)
 
+    FFN_OUT_NORM: str | None = None  # the layer weight of an rmsnorm on the FFN's output (gemma2/3, olmo2)
+
     def _ffn_out(self, il: int, y: np.ndarray) -> np.ndarray:
-        """What the FFN adds to the residual: its output (gemma3 norms it first)."""
-        return y
+        """What the FFN adds to the residual: its output, or rmsnorm(output) * the FFN_OUT_NORM weight."""
+        if self.FFN_OUT_NORM is None:
+            return y
+        return self.kernels.rmsnorm(y, getattr(self.layers[il], self.FFN_OUT_NORM), self.config.norm_eps)
 
     def post_ffn_norms(self) -> list | None:
-        """Per layer the weight of the rmsnorm (eps config.norm_eps) that _ffn_out applies to the FFN's output, or
-        None entries where it returns the output as it is; None when _ffn_out does something else (no one-call
-        stack then). Models that override _ffn_out with such a norm override this too."""
-        return [None] * len(self.layers) if type(self)._ffn_out is Model._ffn_out else None
+        """Per layer what _ffn_out applies to the FFN's output, for the one-call decode stack: the FFN_OUT_NORM
+        weight, or None entries for none; None when a subclass's _ffn_out does something else (no stack then)."""
+        if type(self)._ffn_out is not Model._ffn_out:
+            return None
+        return [None if self.FFN_OUT_NORM is None else getattr(L, self.FFN_OUT_NORM) for L in self.layers]
 
     def _decode_stack(self, plans: list):
         """kernels.DecodeStackPlan for _fused_decode when every layer is an attention block followed by an FFN
         whose one token is one C call (dense SwiGLU/GeGLU, predictor / exact mode, threshold mode with a cut-off)
         with no observer or device split, and _ffn_out is at most a norm; else None. The plan is made once per
         attention plan list; each token checks the FFNs' current state."""
-        kinds = []
-        for f in self.ffns:
-            kind = _stack_kind(f)
-            if kind is None:
-                return None  # other FFN classes (MoE, xIELU, ...) and the FFN's Python paths
-            kinds.append(kind)
+        steps = [_stack_step(f) for f in self.ffns]
+        if None in steps:
+            return None  # other FFN classes (MoE, xIELU, ...) and the FFN's Python paths
+        kinds = [kind for kind, _ in steps]
         made = self.__dict__.setdefault("_stack_plans", {})  # per attention plan list (phi3 has one per context)
         entry = made.get(id(plans))
         if entry is None or entry[0] is not plans or entry[1] is not None and entry[1].kinds != kinds:
@@ -402,10 +405,8 @@ class Model:
                 made.clear()
             norms = self.post_ffn_norms()
             ok = norms is not None and hasattr(self.kernels, "decode_stack_plan") and all(p is not None for p in plans)
-            steps = [f.fused if k == "sparse" else f.threshold_path.fused if k == "threshold" else f.fused_dense
-                     for f, k in zip(self.ffns, kinds)]
             entry = made[id(plans)] = (plans, self.kernels.decode_stack_plan(
-                plans, steps, norms, self.config.norm_eps, kinds) if ok else None)
+                plans, [plan for _, plan in steps], norms, self.config.norm_eps, kinds) if ok else None)
         return entry[1]
 
     def attn_plans(self) -> list | None:

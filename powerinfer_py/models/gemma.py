@@ -63,6 +63,7 @@ class Gemma2Model(GemmaModel):
     travels to the kernels through config.attn_softcap, the final one is applied by base.Model._head).
     Gemma 3 (models/gemma3.py) is this block with per-head Q/K norms and its own RoPE rule."""
 
+    FFN_OUT_NORM = "post_ffw_norm"
     LAYER_TENSORS = GEMMA2_LAYER_TENSORS
 
     def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
@@ -88,13 +89,3 @@ class Gemma2Model(GemmaModel):
 
     def _attn_out(self, il: int, y: np.ndarray) -> np.ndarray:
         return self.kernels.rmsnorm(y, self.layers[il].post_attn_norm, self.config.norm_eps)
-
-    def _ffn_out(self, il: int, y: np.ndarray) -> np.ndarray:
-        return self.kernels.rmsnorm(y, self.layers[il].post_ffw_norm, self.config.norm_eps)
-
-    def post_ffn_norms(self) -> list | None:
-        """_ffn_out's norm weights (the one-call decode stack applies them in C); None for subclasses that
-        change _ffn_out."""
-        if type(self)._ffn_out is not Gemma2Model._ffn_out:
-            return None
-        return [L.post_ffw_norm for L in self.layers]

@@ -62,6 +62,7 @@ def expected_tensors(c: ModelConfig, head_norms: bool = False) -> Expected:
 class Olmo2Model(Model):
     """Its own forward (no pre-norms, output norms, full-width Q/K norms); the FFN is ffn.FFN (SwiGLU)."""
 
+    FFN_OUT_NORM = "post_ffw_norm"
     LAYER_TENSORS = LAYER_TENSORS
 
     def __init__(self, config: ModelConfig, tensors, kernels, sparse=None):
@@ -105,15 +106,6 @@ class Olmo2Model(Model):
             kw.update(window=self.config.sliding_window, rope_base=self.config.rope_freq_base_swa, rope_scale=1.0,
                       rope_freqs=None, rope_mscale=1.0)
         return kw
-
-    def _ffn_out(self, il: int, y: np.ndarray) -> np.ndarray:
-        return self.kernels.rmsnorm(y, self.layers[il].post_ffw_norm, self.config.norm_eps)
-
-    def post_ffn_norms(self) -> list | None:
-        """_ffn_out's norm weights, for the one-call decode stack (None for subclasses that change _ffn_out)."""
-        if type(self)._ffn_out is not Olmo2Model._ffn_out:
-            return None
-        return [L.post_ffw_norm for L in self.layers]
 
     def _qkv(self, L, h: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """q f32 [N, n_head, head_dim], k and v [N, n_head_kv, head_dim] of the residual h (no input norm): the
