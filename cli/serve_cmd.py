@@ -7,13 +7,14 @@ import typer
 from rich.markup import escape
 
 from . import options as O
-from .shell import EXIT_INTERRUPTED, model_path, print_load_notes, stderr, user_errors
+from .shell import EXIT_INTERRUPTED, fail, model_path, print_load_notes, stderr, user_errors
 
 EPILOG = """\
 [bold]Examples[/]
 
   powerinfer serve -m demo
   powerinfer serve -m model.gguf --port 8000 -c 8192 --chat-template chatml
+  POWERINFER_API_KEY=my-secret powerinfer serve -m demo --host 0.0.0.0    # other machines, with a key
   curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\
        -d '{"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32}'
 
@@ -78,6 +79,12 @@ def serve(
         from powerinfer_py import load
         from powerinfer_py.sampler import SamplingParams
         from powerinfer_py.serve import log_to_stderr, make_server, serve_forever
+        from powerinfer_py.serve.guard import check_api_key
+
+        try:  # before loading the model: a bad key is a typo to fix at once
+            api_key = check_api_key(api_key)
+        except ValueError as e:
+            raise fail(str(e)) from None
 
         try:
             llm = load(model_path(model), threads=threads, n_ctx=ctx_size, sparse=sparse,

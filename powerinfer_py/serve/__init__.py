@@ -5,7 +5,9 @@
     serve_forever(server)                    # until Ctrl-C (KeyboardInterrupt), then a clean stop
 
 Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions (api.py says which
-fields). The model serves one request at a time; the others wait (engine.py). http.py is the HTTP side.
+fields). The model serves one request at a time; the others wait (engine.py). http.py is the HTTP side, with
+its timeouts and connection cap; guard.py the checks on who may send requests (Host, Origin, Content-Type,
+the optional API key).
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ def make_server(llm, host: str = "127.0.0.1", port: int = 8080, *, template: str
     except ValueError as e:
         raise PowerInferError(str(e)) from None
     if not (timeout > 0 and math.isfinite(timeout)):
-        raise PowerInferError(f"the timeout must be a positive number of seconds, got {timeout}")
+        raise PowerInferError(f"the timeout must be a positive, finite number of seconds, got {timeout}")
     if max_connections < 1:
         raise PowerInferError(f"max_connections must be at least 1, got {max_connections}")
     engine = Engine(llm, template, defaults)
@@ -47,6 +49,8 @@ def make_server(llm, host: str = "127.0.0.1", port: int = 8080, *, template: str
         return Server(engine, host, port, log, read_timeout=read_timeout or timeout,
                       write_timeout=write_timeout or timeout, max_connections=max_connections,
                       allow_hosts=allow_hosts, api_key=key)
+    except ValueError as e:  # read_timeout / write_timeout out of range
+        raise PowerInferError(str(e)) from None
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
             raise PowerInferError(f"port {port} on {host} is in use; choose another with --port") from None

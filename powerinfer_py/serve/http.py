@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import select
 import socket
 import sys
@@ -59,8 +60,8 @@ class Server(ThreadingHTTPServer):
     def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 8080, log: Log | None = None, *,
                  read_timeout: float = TIMEOUT_S, write_timeout: float = TIMEOUT_S,
                  max_connections: int = MAX_CONNECTIONS, allow_hosts=(), api_key: str | None = None):
-        if not (read_timeout > 0 and write_timeout > 0):
-            raise ValueError(f"timeouts must be positive, got {read_timeout} and {write_timeout}")
+        if not all(0 < t < math.inf for t in (read_timeout, write_timeout)):
+            raise ValueError(f"timeouts must be positive and finite, got {read_timeout} and {write_timeout}")
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, got {max_connections}")
         self.engine = engine
