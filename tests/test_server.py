@@ -446,9 +446,11 @@ def test_serve_help_lists_the_options():
     res = subprocess.run([sys.executable, "-m", "powerinfer_cli", "serve", "--help"], capture_output=True,
                          text=True, env=_cli_env(), timeout=60)
     assert res.returncode == 0, res.stderr
-    for opt in ("--model", "--host", "--port", "--threads", "--ctx-size", "--sparse", "--chat-template", "--temp"):
+    for opt in ("--model", "--host", "--port", "--threads", "--ctx-size", "--sparse", "--chat-template", "--temp",
+                "--api-key", "--allow-host", "--timeout", "--max-connections"):
         assert opt in res.stdout, opt
     assert "powerinfer serve -m demo" in res.stdout
+    assert "POWERINFER_API_KEY" in res.stdout and "default 30" in res.stdout and "default 64" in res.stdout
 
 
 def test_serve_command_answers_and_stops_on_ctrl_c(model_path):

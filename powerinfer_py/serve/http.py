@@ -10,13 +10,22 @@ A client that goes away stops its generation: mid-stream, a write fails (a broke
 connection); before a plain JSON answer, the socket is checked for a hang-up after each piece. The server
 goes on. An unexpected exception becomes a 500 with a short message; its traceback goes to the
 server's log, never to the client.
+
+Hostile or broken clients are bounded: the request (line and headers, then the body) must arrive within
+read_timeout seconds, whatever the pace of its bytes; a write that stays blocked for write_timeout seconds
+(a client that stopped reading its stream) counts as the client gone, which stops the generation and frees
+the model. At most max_connections connections are served at once; one more is answered 503 and closed.
+guard.py decides who may send requests at all (Host, Origin, Content-Type, API key).
 """
 from __future__ import annotations
 
+import io
 import json
+import math
 import select
 import socket
 import sys
+import threading
 import time
 import traceback
 from http import HTTPStatus
@@ -26,26 +35,138 @@ from typing import Callable
 from ..errors import PowerInferError
 from . import api
 from .engine import Engine, Run, Stopping
+from .guard import Access, check_json_body, is_loopback
 
 Log = Callable[[str], None]
-GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+# a timed-out write is a client that stopped reading: treated as one that left
+GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError)
+
+TIMEOUT_S = 30.0            # default read and write timeouts (see the module docstring)
+MAX_CONNECTIONS = 64        # default cap on connections served at once
+WRITE_CHUNK = 64 << 10      # bytes per blocking send: the write timeout bounds each one (a stall, not a size)
+REFUSE_WAIT_S = 1.0         # how long an over-cap connection is given to read its 503 before it is closed
+MAX_LOGGED = 200            # characters of a request path written to the log
 
 
 class Server(ThreadingHTTPServer):
-    """An HTTP server bound to (host, port) that serves `engine`; port 0 picks a free port (see .url)."""
+    """An HTTP server bound to (host, port) that serves `engine`; port 0 picks a free port (see .url).
+
+    read_timeout / write_timeout (seconds), max_connections: the bounds in the module docstring.
+    allow_hosts: extra Host names to accept ("*": any); api_key: require `Authorization: Bearer KEY`."""
     daemon_threads = True       # a request thread never keeps the process alive after Ctrl-C
     allow_reuse_address = True  # a restart right after a stop can bind the same port
+    request_queue_size = 128    # the listen backlog: a burst of connections waits for accept() instead of a reset
 
-    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 8080, log: Log | None = None):
+    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 8080, log: Log | None = None, *,
+                 read_timeout: float = TIMEOUT_S, write_timeout: float = TIMEOUT_S,
+                 max_connections: int = MAX_CONNECTIONS, allow_hosts=(), api_key: str | None = None):
+        if not all(0 < t < math.inf for t in (read_timeout, write_timeout)):
+            raise ValueError(f"timeouts must be positive and finite, got {read_timeout} and {write_timeout}")
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, got {max_connections}")
         self.engine = engine
         self.log = log or (lambda line: None)
+        self.read_timeout, self.write_timeout = float(read_timeout), float(write_timeout)
+        self.max_connections = max_connections
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._refusers = threading.BoundedSemaphore(max(1, min(16, max_connections)))
         super().__init__((host, port), Handler)
+        self.access = Access(self.server_address[0], host, allow_hosts, api_key)
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
         host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{port}"
+
+    @property
+    def loopback_only(self) -> bool:
+        """True when only this machine can connect (bound to a loopback address)."""
+        return is_loopback(self.server_address[0])
+
+    # -- the connection cap --------------------------------------------------------------------------------
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self._refuse(request, client_address)
+            return
+        try:
+            super().process_request(request, client_address)  # starts the connection's thread
+        except Exception:  # the thread could not start (a KeyboardInterrupt may come after it did)
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def _refuse(self, sock: socket.socket, client_address) -> None:
+        """Answer an over-cap connection 503 in a short-lived thread (at most 16 at once; beyond that the
+        connection is closed at once), so the accept loop never waits on it."""
+        self.log(f"{client_address[0]}: refused, {self.max_connections} connections open (the limit)")
+        if not self._refusers.acquire(blocking=False):
+            self.shutdown_request(sock)
+            return
+        try:
+            threading.Thread(target=self._answer_busy, args=(sock,), daemon=True).start()
+        except Exception:  # as in process_request: only when no thread started
+            self._refusers.release()
+            self.shutdown_request(sock)
+            raise
+
+    def _answer_busy(self, sock: socket.socket) -> None:
+        try:
+            err = api.ApiError(503, f"the server has {self.max_connections} connections open, its limit; "
+                               "try again later", "too_many_connections")
+            data = (json.dumps(err.body()) + "\n").encode("utf-8")
+            head = (f"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(data)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n")
+            deadline = time.monotonic() + REFUSE_WAIT_S
+            sock.settimeout(REFUSE_WAIT_S)
+            sock.sendall(head.encode("ascii") + data)
+            sock.shutdown(socket.SHUT_WR)
+            # read what the client sends until it closes: closing a socket with unread bytes would reset the
+            # connection, and a reset can destroy the 503 before the client reads it
+            while time.monotonic() < deadline:
+                sock.settimeout(max(0.01, deadline - time.monotonic()))
+                if not sock.recv(4096):
+                    break
+        except OSError:
+            pass
+        finally:
+            sock.close()
+            self._refusers.release()
+
+
+class _Reader(io.RawIOBase):
+    """The read side of a connection with one deadline per phase (the request line and headers, then the
+    body): a client that sends a byte now and then cannot hold its connection past the read timeout, as it
+    could with a per-recv socket timeout."""
+
+    def __init__(self, sock: socket.socket, timeout: float):
+        self.sock, self.timeout = sock, timeout
+        self.deadline = time.monotonic() + timeout
+        self.timed_out = False
+
+    def readable(self) -> bool:
+        return True
+
+    def restart(self) -> None:
+        """A new phase: the next read_timeout seconds are its own."""
+        self.deadline = time.monotonic() + self.timeout
+
+    def readinto(self, buf) -> int:
+        left = self.deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError("the request did not arrive in time")
+            self.sock.settimeout(left)
+            return self.sock.recv_into(buf)
+        except TimeoutError:
+            self.timed_out = True
+            raise
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -62,6 +183,23 @@ class Handler(BaseHTTPRequestHandler):
         "/v1/completions": {"POST": "_completions"},
         "/v1/chat/completions": {"POST": "_chat"},
     }
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # http.server's reader: replaced by one that keeps the read deadline
+        self._reader = _Reader(self.connection, self.server.read_timeout)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self) -> None:
+        super().handle_one_request()  # a request that timed out is dropped there, unanswered
+        if self._reader.timed_out and not getattr(self, "_headers_sent", False):
+            self.close_connection = True
+            err = api.ApiError(408, f"the request did not arrive within {self.server.read_timeout:g} s",
+                               "request_timeout")
+            try:
+                self._send_json(408, err.body())
+            except GONE:
+                pass
 
     def do_GET(self):
         self._dispatch("GET")
@@ -94,21 +232,24 @@ class Handler(BaseHTTPRequestHandler):
         self._headers_sent = False  # per request: a kept-alive connection brings several
         try:
             path, methods = self._route()
+            self._check_access(method, path)
             if methods is None:
                 raise api.ApiError(404, f"unknown path {path!r}; this server has GET /health, GET /v1/models, "
                                    "POST /v1/completions and POST /v1/chat/completions", "not_found")
             if method not in methods:
                 allowed = ", ".join(methods)
                 raise api.ApiError(405, f"{method} is not allowed on {path}; use {allowed}", "method_not_allowed")
+            if method == "POST":
+                check_json_body(self.headers.get("Content-Type"))
             getattr(self, methods[method])()
         except api.ApiError as e:
             try:
-                self._send_json(e.status, e.body())
+                self._send_json(e.status, e.body(), {"WWW-Authenticate": "Bearer"} if e.status == 401 else None)
             except GONE:
                 self.close_connection = True
         except GONE:
             self.close_connection = True
-            self.server.log(f"{self.command} {self.path}: the client went away")
+            self.server.log(f"{self._request_name()}: the client went away")
         except Stopping:
             self.close_connection = True
         except Exception:  # a bug: the client gets a short message, the log the traceback
@@ -119,6 +260,14 @@ class Handler(BaseHTTPRequestHandler):
                     self._send_json(500, err.body())
                 except GONE:
                     pass
+
+    def _check_access(self, method: str, path: str) -> None:
+        """guard.py's checks: Host, Origin, then the API key (all but GET /health need it)."""
+        access, host = self.server.access, self.headers.get("Host")
+        access.check_host(host)
+        access.check_origin(self.headers.get("Origin"), host)
+        if not (method == "GET" and path == "/health"):
+            access.check_key(self.headers.get("Authorization"))
 
     def send_error(self, code, message=None, explain=None):
         """http.server's own errors (a malformed request line, an unsupported method) as JSON too."""
@@ -143,9 +292,17 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- writing -------------------------------------------------------------------------------------------
 
-    def _start(self, status: int, content_type: str, length: int | None = None) -> None:
+    def _start(self, status: int, content_type: str, length: int | None = None,
+               headers: dict[str, str] | None = None) -> None:
+        self.connection.settimeout(self.server.write_timeout)  # each blocking send gets this long
+        if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":
+            # http.server's default for a request line it could not parse (or "GET /"): it would then send
+            # the body alone, with no status line; every client that may reach this server speaks HTTP/1.x
+            self.request_version = "HTTP/1.0"
         self.send_response(status)
         self.send_header("Content-Type", content_type)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         if length is not None:
             self.send_header("Content-Length", str(length))
         if content_type == "text/event-stream":
@@ -153,21 +310,38 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self._headers_sent = True
 
-    def _send_json(self, status: int, obj: dict) -> None:
+    def _send_json(self, status: int, obj: dict, headers: dict[str, str] | None = None) -> None:
         data = (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")  # a newline for terminals
         self._log_line(status, obj.get("error", {}).get("message") if status >= 400 else None)
-        self._start(status, "application/json", len(data))
-        self.wfile.write(data)
+        self._start(status, "application/json", len(data), headers)
+        self._write(data)
 
     def _event(self, obj: dict | str) -> None:
         data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
-        self.wfile.write(f"data: {data}\n\n".encode("utf-8"))
-        self.wfile.flush()
+        self._write(f"data: {data}\n\n".encode("utf-8"))
+
+    def _write(self, data: bytes) -> None:
+        """Send in pieces, so that the write timeout measures a stall (no progress) rather than the time a
+        large answer takes; raises TimeoutError (one of GONE) when the client stops reading."""
+        view = memoryview(data)
+        for i in range(0, len(view), WRITE_CHUNK):
+            self.wfile.write(view[i:i + WRITE_CHUNK])
+
+    def _request_name(self) -> str:
+        """'METHOD /path' for the log, with control characters escaped and long paths cut (both come from
+        the client); what there is when http.server refused the request line before parsing it."""
+        command, path = getattr(self, "command", None), getattr(self, "path", None)
+        if path is None:
+            raw = getattr(self, "raw_requestline", b"") or b""
+            line = raw.decode("iso-8859-1").rstrip("\r\n")
+            return f"(request line {ascii(line[:MAX_LOGGED])})" if line else "(no request line)"
+        path = ascii(path)[1:-1] if not path.isprintable() or not path.isascii() else path
+        return f"{command} {path if len(path) <= MAX_LOGGED else path[:MAX_LOGGED] + '...'}"
 
     def _log_line(self, status: int, note: str | None = None) -> None:
         t0 = getattr(self, "_t0", None)  # unset when http.server refused the request before routing it
         took = f" {(time.perf_counter() - t0) * 1000:.0f} ms" if t0 is not None else ""
-        self.server.log(f"{self.command} {self.path} {status}{took}" + (f": {note}" if note else ""))
+        self.server.log(f"{self._request_name()} {status}{took}" + (f": {note}" if note else ""))
 
     def _body(self) -> dict:
         length = self.headers.get("Content-Length")
@@ -179,7 +353,14 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             raise api.ApiError(413, f"the request body has {n} bytes; this server takes at most "
                                f"{api.MAX_BODY_BYTES}", "body_too_large")
-        return api.parse_body(self.rfile.read(n) if n > 0 else b"")
+        self._reader.restart()  # the body gets read_timeout seconds of its own
+        try:
+            raw = self.rfile.read(n) if n > 0 else b""
+        except TimeoutError:
+            self.close_connection = True
+            raise api.ApiError(408, f"the request body ({n} bytes) did not arrive within "
+                               f"{self.server.read_timeout:g} s", "request_timeout") from None
+        return api.parse_body(raw)
 
     def _client_left(self) -> bool:
         """True when the client has closed its side: the request is read (one per connection), so a socket
@@ -256,14 +437,15 @@ class Handler(BaseHTTPRequestHandler):
                              "choices": [], "usage": use})
             self._event("[DONE]")
             self._log_line(200, f"streamed {run.completion_tokens} tokens, {run.finish_reason}")
-        except GONE:
-            self.server.log(f"{self.command} {self.path}: the client went away after {run.completion_tokens} "
+        except GONE as e:
+            why = (f" (it read nothing for {self.server.write_timeout:g} s)" if isinstance(e, TimeoutError) else "")
+            self.server.log(f"{self._request_name()}: the client went away{why} after {run.completion_tokens} "
                             "tokens; generation stopped")
             self.close_connection = True
         except api.ApiError:
             raise
         except PowerInferError as e:  # the model failed mid-generation (non-finite logits, ...): say what
-            self.server.log(f"{self.command} {self.path}: {e}")
+            self.server.log(f"{self._request_name()}: {e}")
             err = api.ApiError(500, str(e), "model_error")
             if not getattr(self, "_headers_sent", False):
                 raise err from None
