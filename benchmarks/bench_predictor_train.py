@@ -1,4 +1,4 @@
-"""Predictor training speed and quality on a synthetic ReLU LLaMA layer (powerinfer_py.synth_sparse).
+"""Predictor training speed and quality on a synthetic ReLU LLaMA layer (powerinfer_py.synth.sparse).
 
 Writes a one-layer synthetic sparse model of the chosen shape (default LLaMA-7B's: n_embd 4096, n_ff 11008)
 with its dense twin, runs the dense twin over random tokens to collect (predictor input, active) pairs, trains
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from powerinfer_py import load
-from powerinfer_py import synth_sparse as S
+from powerinfer_py.synth import sparse as S
 from powerinfer_py.predictor_fit import FitConfig, predictor_logits, score
 from powerinfer_py.predictor_train import LayerData, train
 

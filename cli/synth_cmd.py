@@ -48,7 +48,7 @@ def synth(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks."),
 ) -> None:
     """Write a synthetic sparse ReLU LLaMA with predictors (and its dense twin) with real, data-dependent sparsity."""
-    from powerinfer_py import synth_sparse
+    from powerinfer_py.synth import sparse as synth_sparse
 
     if shape not in synth_sparse.SHAPES:
         raise fail(f"unknown shape {shape!r}; one of {', '.join(synth_sparse.SHAPES)}")

@@ -1,6 +1,6 @@
 """Cohere (archs "command-r" and "cohere2"): one LayerNorm (no bias) feeding attention and a SwiGLU FFN in
 parallel, a tied head times logit_scale; command-r files of 64+ layers have per-head Q/K LayerNorms (Command R+);
-cohere2 has sliding-window layers with RoPE and global layers without. Tiny synthetic files (synth_cohere.py)
+cohere2 has sliding-window layers with RoPE and global layers without. Tiny synthetic files (synth/command_r.py)
 against llama.cpp on the same file, one token at a time against the batch, and broken files.
 
 How far off the mistakes would be (max |logit difference| / std of llama.cpp's logits; measured by

@@ -1,5 +1,5 @@
 """Falcon-H1 (arch "falcon-h1"): every layer runs attention and a Mamba-2 mixer side by side on one normed input,
-then a SwiGLU FFN. Tiny synthetic files (synth_falcon_h1: 3 layers, 8 mixer heads of 16 in 2 groups, NeoX RoPE)
+then a SwiGLU FFN. Tiny synthetic files (synth/falcon_h1.py: 3 layers, 8 mixer heads of 16 in 2 groups, NeoX RoPE)
 against llama.cpp on the same file at f32 and q8_0, with and without the optional grouped norm ssm_norm; one token
 at a time and a prefill in two parts against one prefill; chat reuse against a fresh prefill; the config and the
 cache (K/V and mixer states on every layer); clear errors for broken files; `powerinfer info`.

@@ -1,6 +1,6 @@
 """IBM Granite 4.0-H (arch "granitehybrid"): Mamba-2 mixer and attention layers, every layer followed by Granite's
 FFN (dense SwiGLU or experts with an ungated shared expert), with Granite's four scalars. Tiny synthetic files
-(synth_mamba2, pattern "M*MM*M": attention after one and after two mixers) against llama.cpp on the same file at
+(synth/nemotron_h.py, pattern "M*MM*M": attention after one and after two mixers) against llama.cpp on the same file at
 f32 and q8_0, dense and MoE; one token at a time against a prefill; the one-call attention step against the
 Python path; the config read from the file; a clear error for a broken file; `powerinfer info`.
 

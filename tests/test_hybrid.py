@@ -11,7 +11,7 @@ import powerinfer_py
 from powerinfer_py.errors import PowerInferError
 from powerinfer_py.gpuidx import read_gpuidx, write_gpuidx
 from powerinfer_py.placement import GIB, GROUP
-from powerinfer_py.synth_sparse import SHAPES, write_sparse_model
+from powerinfer_py.synth.sparse import SHAPES, write_sparse_model
 
 PROMPT = [1, 17, 230, 45, 99, 3, 310, 77]
 N_GEN = 12

@@ -14,7 +14,7 @@ from powerinfer_py.convert.torch_pt import save_pt
 from powerinfer_py.errors import ModelFileError, PowerInferError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.gpuidx import read_gpuidx, write_gpuidx
-from powerinfer_py.synth_sparse import SHAPES, write_sparse_model
+from powerinfer_py.synth.sparse import SHAPES, write_sparse_model
 
 TINY = SHAPES["tiny"]
 

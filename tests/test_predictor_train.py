@@ -1,6 +1,6 @@
 """Predictor training (powerinfer_py.predictor_fit / predictor_train / predictor_out, `powerinfer train-predictor`).
 
-Data comes from the synthetic sparse ReLU LLaMA of powerinfer_py.synth_sparse: its neurons fire through a
+Data comes from the synthetic sparse ReLU LLaMA of powerinfer_py.synth.sparse: its neurons fire through a
 low-dimensional subspace of the residual stream plus noise the predictor cannot see, so a good low-rank
 predictor exists but is not perfect. Quality is judged on tokens the training never saw.
 """
@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from powerinfer_cli.main import app
 from powerinfer_py import load
-from powerinfer_py import synth_sparse as S
+from powerinfer_py.synth import sparse as S
 from powerinfer_py.convert.predictor import read_predictor
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.kernels.ref import dequantize

@@ -1,6 +1,6 @@
 """Activation profiling (powerinfer_py.profile, `powerinfer profile`).
 
-The synthetic sparse ReLU LLaMA of powerinfer_py.synth_sparse has designed per-neuron firing probabilities and its
+The synthetic sparse ReLU LLaMA of powerinfer_py.synth.sparse has designed per-neuron firing probabilities and its
 own numpy forward pass (measure_sparsity), independent of our engine: the profile must count exactly what that
 forward pass sees on the same tokens, and agree with it on fresh tokens within sampling error.
 """
@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from powerinfer_cli.main import app
 from powerinfer_py import load
-from powerinfer_py import synth_sparse as S
+from powerinfer_py.synth import sparse as S
 from powerinfer_py.convert.torch_pt import read_pt
 from powerinfer_py.observe import observe
 from powerinfer_py.plot import read_png_size

@@ -1,5 +1,5 @@
 """Qwen3.5 (arch "qwen35"): gated delta-net layers mixed with gated attention layers. The config read from the
-ssm.* keys and full_attention_interval, tiny synthetic files (synth_qwen35) against llama.cpp on the same file (f32
+ssm.* keys and full_attention_interval, tiny synthetic files (synth/qwen35.py) against llama.cpp on the same file (f32
 and q8_0), the recurrent state carried across forward calls (one token at a time, a prefill in two parts), the
 cache's all-or-nothing truncation and a chat whose conversation diverges, clear errors for broken files, the
 sparse modes, and qwen35moe (the same layers with experts and a gated shared expert) against llama.cpp too.

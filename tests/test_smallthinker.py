@@ -1,4 +1,4 @@
-"""SmallThinker (arch "smallthinker"): tiny synthetic files (synth_smallthinker) against llama.cpp on the same
+"""SmallThinker (arch "smallthinker"): tiny synthetic files (synth/smallthinker.py) against llama.cpp on the same
 file, f32 and q8_0; one token at a time against one batch; the one-call decode step against the Python path;
 `--sparse exact` bit for bit against `off` (decode and prefill, 1 and 2 threads); clear errors for broken files.
 
@@ -20,7 +20,7 @@ from model_checks import assert_fused_decode_equals_python, assert_matches_llama
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, PowerInferError, UnsupportedError
 from powerinfer_py.moe import MoEFFN
-from powerinfer_py.synth_smallthinker import write_smallthinker_model
+from powerinfer_py.synth.smallthinker import write_smallthinker_model
 
 TOKENS = [1] + list(np.random.default_rng(1).integers(3, 512, 23))
 TOL, QUANT_TOL = 0.01, 0.25

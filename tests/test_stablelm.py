@@ -1,7 +1,7 @@
 """StableLM (arch "stablelm": StableLM 2 1.6B / Zephyr, StableLM 3B, StableLM 2 12B; models/ln_decoder.py):
 LayerNorm with biases, a SwiGLU FFN without biases, partial NeoX RoPE (a quarter of each head), optional q/k/v
 biases (StableLM 2 1.6B); StableLM 2 12B has no ffn_norm (parallel residual: the FFN reads the attention's
-normed input) and per-head Q/K LayerNorms with a weight row per head. Tiny synthetic files (synth_ln_decoder.py)
+normed input) and per-head Q/K LayerNorms with a weight row per head. Tiny synthetic files (synth/ln_decoder.py)
 against llama.cpp on the same file.
 
 How far off the mistakes would be (max |logit difference| / std of llama.cpp's logits; test_mistakes_are_visible,

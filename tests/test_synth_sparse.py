@@ -1,4 +1,4 @@
-"""The synthetic sparse model generator (powerinfer_py.synth_sparse) and its hidden CLI command.
+"""The synthetic sparse model generator (powerinfer_py.synth.sparse) and its hidden CLI command.
 
 Tiny shapes only (d 128, n_ff 512): every file is written in well under a second. The activity figures are
 measured on fresh random tokens, not the tokens the generator calibrated on, and checked once more against an
@@ -17,7 +17,7 @@ import typer
 from reference_forward import causal_attention, dequantize, rms_norm, rope
 from typer.testing import CliRunner
 
-from powerinfer_py import synth_sparse as S
+from powerinfer_py.synth import sparse as S
 from powerinfer_py.bench import LlamaCppRef
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.gguf import open_gguf

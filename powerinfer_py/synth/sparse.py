@@ -45,17 +45,11 @@ from statistics import NormalDist
 import numpy as np
 from gguf import GGUFValueType
 
-from .convert.output import atomic_output, check_free_space, check_target, quantize_rows
-from .gguf import open_gguf
-from .gguf.writer import (
-    _resolve_alignment,
-    build_header,
-    data_layout,
-    tensor_info_bytes,
-    tensor_nbytes,
-)
-from .synth import _Spec
-from .tensor import GGMLType, Tensor
+from ..convert.output import atomic_output, check_free_space, check_target, quantize_rows
+from ..gguf import open_gguf
+from ..gguf.writer import _resolve_alignment, build_header, data_layout, tensor_info_bytes, tensor_nbytes
+from ..tensor import GGMLType, Tensor
+from . import _Spec
 
 DTYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
 #: named shapes: n_embd, n_ff, n_head, n_vocab, predictor rank
@@ -303,9 +297,9 @@ def _dequantize(data: np.ndarray, ggml_type: GGMLType, shape: tuple[int, ...]) -
     if ggml_type == GGMLType.F32:
         return np.asarray(data, dtype=np.float32).reshape(shape)
     try:
-        from .kernels.cpu import dequantize
+        from ..kernels.cpu import dequantize
     except (ImportError, OSError):
-        from .kernels.ref import dequantize
+        from ..kernels.ref import dequantize
     return dequantize(Tensor("w", ggml_type, shape, np.ascontiguousarray(data)))
 
 
@@ -596,7 +590,7 @@ def write_sparse_model(path: str | os.PathLike, *, arch: str = "llama", n_layer:
 
 def synth_info(path: str | os.PathLike) -> dict:
     """The synthetic.* metadata of a file written here (parameters and calibration results), keys unprefixed."""
-    from .gguf import read_metadata_only
+    from ..gguf import read_metadata_only
 
     f = read_metadata_only(path)
     try:

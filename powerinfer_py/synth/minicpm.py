@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .gguf import write_gguf
-from .synth import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
-from .tensor import GGMLType
+from ..gguf import write_gguf
+from ..tensor import GGMLType
+from . import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
 
 ARCHS = ("minicpm", "minicpm3", "olmoe")
 

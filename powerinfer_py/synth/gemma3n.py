@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFValueType
 
-from .config_gemma3n import N_EMBD_PER_LAYER, SPARSITY_STD_MUL
-from .gguf import write_gguf
-from .synth import DTYPES, _FILE_TYPE, _encode, tokenizer_metadata
+from ..config_gemma3n import N_EMBD_PER_LAYER, SPARSITY_STD_MUL
+from ..gguf import write_gguf
+from . import DTYPES, _FILE_TYPE, _encode, tokenizer_metadata
 
 A = "gemma3n"
-QK_NORM_GAIN = 0.3  # attention scale 1: keep scores O(1) (see synth_gemma4.py)
+QK_NORM_GAIN = 0.3  # attention scale 1: keep scores O(1) (see synth/gemma4.py)
 
 
 def write_gemma3n_model(path: str | os.PathLike, *, dtype: str = "f32", n_layer: int = 25, n_embd: int = 64,

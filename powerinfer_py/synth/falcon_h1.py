@@ -1,13 +1,13 @@
 """Tiny random Falcon-H1 files (GGUF arch "falcon-h1") that llama.cpp loads, for tests; synth.write_synthetic_model
 hands this arch to write_falcon_h1 (models/falcon_h1.py has the math).
 
-Every layer has attention (NeoX RoPE, grouped-query), a Mamba-2 mixer (synth_mamba2's defaults: 8 heads of 16,
+Every layer has attention (NeoX RoPE, grouped-query), a Mamba-2 mixer (synth/nemotron_h.py's defaults: 8 heads of 16,
 2 groups of B and C, a state of 16, a conv of 4 taps) and a SwiGLU FFN whose norm is named "blk.N.ffn_norm" (no
 ".weight"), as llama.cpp's converter writes it. Options: ssm_norm (default True; False leaves the optional grouped
 norm out), conv_bias (True), tied (False), conv_kernel, d_state, n_group, n_ssm_head, ssm_head_dim, rope_base
 (10000), n_ctx_train (512), norm_eps (1e-5).
 
-Scales as synth_mamba2: decays of about 0.4 .. 0.95 per token so the state matters, D ~ 1, a conv bias ~ N(0, 0.3),
+Scales as synth/nemotron_h.py: decays of about 0.4 .. 0.95 per token so the state matters, D ~ 1, a conv bias ~ N(0, 0.3),
 the grouped norm's weights 1 + N(0, 0.1) scaled by 2 so a file without it differs visibly; the mixer's output is
 about as large as the attention's so dropping either branch shows.
 """
@@ -37,9 +37,9 @@ def _options(o: dict) -> dict:
 def write_falcon_h1(path: str | os.PathLike, *, dtype: str, n_layer: int, n_embd: int, n_ff: int, n_head: int,
                     n_head_kv: int, n_vocab: int, seed: int, **overrides) -> Path:
     """Write a tiny random falcon-h1 model (module docstring lists the overrides)."""
-    from .gguf import write_gguf
-    from .synth import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
-    from .tensor import GGMLType
+    from ..gguf import write_gguf
+    from ..tensor import GGMLType
+    from . import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
 
     o = _options(dict(overrides))
     a, E, hd = ARCH, n_embd, n_embd // n_head

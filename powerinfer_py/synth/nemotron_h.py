@@ -45,7 +45,7 @@ def _options(o: dict, n_layer: int, arch: str) -> dict:
             "kernel": o.pop("conv_kernel", 4), "n_ctx_train": o.pop("n_ctx_train", 512),
             "norm_eps": o.pop("norm_eps", 1e-5), "ln_eps": o.pop("ln_eps", 1e-5), "tied": o.pop("tied", False), "conv_bias": o.pop("conv_bias", True)}
     if granite:
-        from .synth import GRANITE_SCALES
+        from . import GRANITE_SCALES
         opts["scales"] = {k: o.pop(k, v) for k, v in GRANITE_SCALES.items()}
         opts.update(rope=o.pop("rope_finetuned", False), n_expert=o.pop("n_expert", 0),
                     n_used=o.pop("n_expert_used", 2), n_ff_shexp=o.pop("n_ff_shexp", 0))
@@ -68,9 +68,9 @@ def write_nemotron_h(path: str | os.PathLike, arch: str, *, dtype: str, n_layer:
     """Write a tiny random nemotron_h (or mamba2: every layer a mixer) model; overrides: pattern (one of "M*-" per layer, default "M-M*M-"),
     d_state (16), n_group (2), n_ssm_head (8), ssm_head_dim (16), conv_kernel (4), n_ctx_train, norm_eps,
     tied (default False), conv_bias (default True)."""
-    from .gguf import write_gguf
-    from .synth import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
-    from .tensor import GGMLType
+    from ..gguf import write_gguf
+    from ..tensor import GGMLType
+    from . import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
 
     o = _options(dict(overrides), n_layer, arch)
     a, E, hd = arch, n_embd, n_embd // n_head

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFValueType
 
-from .gguf import write_gguf
-from .synth_lfm2 import lfm2_layer, lfm2_metadata, lfm2_options
-from .tensor import GGMLType, Tensor
+from ..gguf import write_gguf
+from ..tensor import GGMLType, Tensor
+from .lfm2 import lfm2_layer, lfm2_metadata, lfm2_options
 
 ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "phi3")
 ARCHS += ("granite", "granitemoe")
@@ -73,19 +73,19 @@ _EMBD_STD["deepseek2"], _OUTPUT_NORM_GAIN["deepseek2"] = 1.0, 1.0
 ARCHS += ("glm4", "glm4moe")
 _EMBD_STD.update(glm4=1.0, glm4moe=1.0)
 _OUTPUT_NORM_GAIN.update(glm4=1.0, glm4moe=1.0)
-# LFM2 (tied, as the real models): conv and attention layers by synth_lfm2, the final norm named token_embd_norm
+# LFM2 (tied, as the real models): conv and attention layers by synth/lfm2.py, the final norm named token_embd_norm
 ARCHS += ("lfm2", "lfm2moe")
 _EMBD_STD.update(lfm2=0.1, lfm2moe=0.1)
 _OUTPUT_NORM_GAIN.update(lfm2=3.0, lfm2moe=3.0)
-ARCHS += ("qwen35", "qwen35moe", "qwen3next")  # Qwen3.5, Qwen3-Next: written whole by synth_qwen35.write_qwen35
-ARCHS += ("hunyuan-dense", "apertus", "seed_oss")  # llama variants: synth_llama_variants.write_llama_variant
-ARCHS += ("nemotron_h", "mamba2", "granitehybrid", "nemotron_h_moe")  # Nemotron-H, Mamba-2, Granite 4.0-H: synth_mamba2.write_nemotron_h
-ARCHS += ("command-r", "cohere2")  # Cohere: written whole by synth_cohere.write_cohere_model
-ARCHS += ("bailingmoe2", "afmoe")  # Ling 2.0, Trinity: written whole by synth_bailing.write_ling_trinity
-ARCHS += ("falcon-h1",)  # Falcon-H1: synth_falcon_h1.write_falcon_h1
-ARCHS += ("phi2", "stablelm", "starcoder2", "gpt2")  # LayerNorm decoders: synth_ln_decoder.write_ln_decoder_model
-ARCHS += ("minicpm", "minicpm3", "olmoe")  # written whole by synth_minicpm.write_minicpm_model
-ARCHS += ("llama4",)  # Llama 4: written whole by synth_llama4.write_llama4_model
+ARCHS += ("qwen35", "qwen35moe", "qwen3next")  # Qwen3.5, Qwen3-Next: written whole by synth.qwen35.write_qwen35
+ARCHS += ("hunyuan-dense", "apertus", "seed_oss")  # llama variants: synth.llama_variants.write_llama_variant
+ARCHS += ("nemotron_h", "mamba2", "granitehybrid", "nemotron_h_moe")  # Nemotron-H, Mamba-2, Granite 4.0-H: synth.nemotron_h.write_nemotron_h
+ARCHS += ("command-r", "cohere2")  # Cohere: written whole by synth.command_r.write_cohere_model
+ARCHS += ("bailingmoe2", "afmoe")  # Ling 2.0, Trinity: written whole by synth.bailingmoe2.write_ling_trinity
+ARCHS += ("falcon-h1",)  # Falcon-H1: synth.falcon_h1.write_falcon_h1
+ARCHS += ("phi2", "stablelm", "starcoder2", "gpt2")  # LayerNorm decoders: synth.ln_decoder.write_ln_decoder_model
+ARCHS += ("minicpm", "minicpm3", "olmoe")  # written whole by synth.minicpm.write_minicpm_model
+ARCHS += ("llama4",)  # Llama 4: written whole by synth.llama4.write_llama4_model
 # EXAONE 3.x (untied by default as 7.8B / 32B; tied=True as 2.4B) and InternLM2 (always untied): llama's layers
 ARCHS += ("exaone", "internlm2")
 _EMBD_STD.update(exaone=0.1, internlm2=1.0)
@@ -147,7 +147,7 @@ def _encode(name: str, x: np.ndarray, ggml_type: GGMLType) -> Tensor:
 def _quantize(x: np.ndarray, ggml_type: GGMLType) -> np.ndarray:
     """llama.cpp's block quantization of rows x f32 [R, K]: the project's numpy reference when present."""
     try:
-        from .kernels.ref import quantize
+        from ..kernels.ref import quantize
     except ImportError:
         quantize = None
     if quantize is None:
@@ -590,7 +590,7 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
     n_ff; granitemoe's, ungated, default 0 = none); arcee: as llama without ffn_gate; granite, granitemoe: embedding_scale, residual_scale,
     attention_scale, logit_scale (defaults synth.GRANITE_SCALES; None leaves the key out), rope_finetuned;
     ernie4_5-moe: dense_lead, moe_step, probs_bias (_ernie_options; n_ff_shexp defaults to n_ff_exp); lfm2 (4 layers
-    by default, layer 2 attends): attn_layers, conv_kernel (synth_lfm2.lfm2_options)."""
+    by default, layer 2 attends): attn_layers, conv_kernel (synth.lfm2.lfm2_options)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; synthetic models exist for {', '.join(ARCHS)}")
     if dtype not in DTYPES:
@@ -599,42 +599,42 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
                                                    "qwen35": 6, "qwen35moe": 6, "qwen3next": 6, "nemotron_h": 6, "nemotron_h_moe": 6, "granitehybrid": 6,
                                                    "mamba2": 4, "bailingmoe2": 4, "afmoe": 4}.get(arch, 2)
     if arch == "llama4":  # interleaved dense / expert layers, chunked + NoPE attention (4 layers by default)
-        from .synth_llama4 import write_llama4_model
+        from .llama4 import write_llama4_model
         return write_llama4_model(path, dtype=dtype, n_layer=n_layer if n_layer is not None else 4, n_embd=n_embd,
                                   n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv, n_vocab=n_vocab, seed=seed,
                                   **overrides)
-    if arch in ("bailingmoe2", "afmoe"):  # dense lead + expert layers (synth_bailing lists the options)
-        from .synth_bailing import write_ling_trinity
+    if arch in ("bailingmoe2", "afmoe"):  # dense lead + expert layers (synth/bailingmoe2.py lists the options)
+        from .bailingmoe2 import write_ling_trinity
         return write_ling_trinity(path, arch, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
                                   n_head_kv=n_head_kv, n_vocab=n_vocab, seed=seed, **overrides)
-    if arch in ("qwen35", "qwen35moe", "qwen3next"):  # delta-net and gated attention layers (synth_qwen35 lists the options)
-        from .synth_qwen35 import write_qwen35
+    if arch in ("qwen35", "qwen35moe", "qwen3next"):  # delta-net and gated attention layers (synth/qwen35.py lists the options)
+        from .qwen35 import write_qwen35
         return write_qwen35(path, arch, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
                             n_head_kv=n_head_kv, n_vocab=n_vocab, seed=seed, **overrides)
-    if arch == "falcon-h1":  # attention and a Mamba-2 mixer on every layer (synth_falcon_h1 lists the options)
-        from .synth_falcon_h1 import write_falcon_h1
+    if arch == "falcon-h1":  # attention and a Mamba-2 mixer on every layer (synth/falcon_h1.py lists the options)
+        from .falcon_h1 import write_falcon_h1
         return write_falcon_h1(path, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
                                n_head_kv=n_head_kv, n_vocab=n_vocab, seed=seed, **overrides)
-    if arch in ("nemotron_h", "mamba2", "granitehybrid", "nemotron_h_moe"):  # Mamba-2, attention and FFN layers (synth_mamba2 lists the options)
-        from .synth_mamba2 import write_nemotron_h
+    if arch in ("nemotron_h", "mamba2", "granitehybrid", "nemotron_h_moe"):  # Mamba-2, attention and FFN layers (synth/nemotron_h.py lists the options)
+        from .nemotron_h import write_nemotron_h
         return write_nemotron_h(path, arch, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
                                 n_head_kv=n_head_kv, n_vocab=n_vocab, seed=seed, **overrides)
-    if arch in ("command-r", "cohere2"):  # parallel LayerNorm blocks (synth_cohere lists the options)
-        from .synth_cohere import write_cohere_model
+    if arch in ("command-r", "cohere2"):  # parallel LayerNorm blocks (synth/command_r.py lists the options)
+        from .command_r import write_cohere_model
         return write_cohere_model(path, arch, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
                                   n_head_kv=n_head_kv, n_vocab=n_vocab, seed=seed, **overrides)
-    if arch in ("minicpm", "minicpm3", "olmoe"):  # synth_minicpm lists the options
-        from .synth_minicpm import write_minicpm_model
+    if arch in ("minicpm", "minicpm3", "olmoe"):  # synth/minicpm.py lists the options
+        from .minicpm import write_minicpm_model
         # olmoe: llama.cpp's k norm spans the whole K projection, so its files have as many K/V heads as heads
         return write_minicpm_model(path, arch, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
                                    n_head_kv=n_head if arch == "olmoe" else n_head_kv, n_vocab=n_vocab, seed=seed,
                                    **overrides)
-    if arch in ("phi2", "stablelm", "starcoder2", "gpt2"):  # LayerNorm decoders with biases (synth_ln_decoder lists the options)
-        from .synth_ln_decoder import write_ln_decoder_model
+    if arch in ("phi2", "stablelm", "starcoder2", "gpt2"):  # LayerNorm decoders with biases (synth/ln_decoder.py lists the options)
+        from .ln_decoder import write_ln_decoder_model
         return write_ln_decoder_model(path, arch, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
                                       n_head_kv=n_head_kv, n_vocab=n_vocab, seed=seed, **overrides)
-    if arch in ("hunyuan-dense", "apertus", "seed_oss"):  # synth_llama_variants lists the options
-        from .synth_llama_variants import write_llama_variant
+    if arch in ("hunyuan-dense", "apertus", "seed_oss"):  # synth/llama_variants.py lists the options
+        from .llama_variants import write_llama_variant
         return write_llama_variant(path, arch, dtype=dtype, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
                                    n_head_kv=n_head_kv, n_vocab=n_vocab, seed=seed, **overrides)
     spec = _Spec(arch, n_layer, n_embd, n_ff, n_head, n_head_kv, n_vocab, overrides)

@@ -74,9 +74,9 @@ def write_qwen35(path: str | os.PathLike, arch: str, *, dtype: str, n_layer: int
     newer converters do (default None: no key, the interval decides). nextn (default 0): trailing
     multi-token-prediction blocks as llama.cpp's converter writes them by default (block_count counts them; each is
     a full-attention block plus nextn.* tensors, flagged not recurrent; never run for the main output)."""
-    from .gguf import write_gguf
-    from .synth import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
-    from .tensor import GGMLType
+    from ..gguf import write_gguf
+    from ..tensor import GGMLType
+    from . import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
 
     o = _options(dict(overrides), n_embd, n_head)
     moe, nxt = arch in ("qwen35moe", "qwen3next"), arch == "qwen3next"
