@@ -20,7 +20,7 @@ from gguf import GGUFValueType
 
 from powerinfer_py.gguf import open_gguf, write_gguf
 from powerinfer_py.kernels import ref
-from powerinfer_py.synth import synthetic_vocab
+from powerinfer_py.synth.common import synthetic_vocab
 from powerinfer_py.tensor import GGMLType, Tensor
 
 SPARSE_ARCHS = ("llama", "bamboo", "falcon", "opt")

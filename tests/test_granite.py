@@ -2,7 +2,7 @@
 against a batch, the one-call attention step against the Python path, and the metadata we refuse.
 
 The synthetic files carry embedding_scale 10, residual_scale 0.5, attention.scale 0.6 (head_dim 16: the default
-would be 0.25) and logit_scale 4 (synth.GRANITE_SCALES). Mutation check, measured on the f32 files (max |ours -
+would be 0.25) and logit_scale 4 (synth.common.GRANITE_SCALES). Mutation check, measured on the f32 files (max |ours -
 llama.cpp| over the logits' spread; the test passes below 0.01): as built 0.001; leaving out the embedding
 scale 6.6, the residual scale 2.3, the attention scale 0.85 (granitemoe 0.63), the logit scale 27;
 granitemoe without renormalizing the chosen experts' weights 0.16 (0.12 with the shared expert).

@@ -5,7 +5,7 @@ f32 and q8_0, dense and MoE; one token at a time against a prefill; the one-call
 Python path; the config read from the file; a clear error for a broken file; `powerinfer info`.
 
 The files carry embedding_scale 10, residual_scale 0.5, attention.scale 0.6 (head_dim 16: the default would be
-0.25), logit_scale 4 (synth.GRANITE_SCALES) and, as the Granite 4.0-H files, rope.scaling.finetuned = false (no
+0.25), logit_scale 4 (synth.common.GRANITE_SCALES) and, as the Granite 4.0-H files, rope.scaling.finetuned = false (no
 RoPE); ROPE_FILE says true (Bamba-style files). Agreement with llama.cpp (max |logit difference| / std of
 llama.cpp's logits, measured by test_logits_match_llama_cpp's files): f32 dense 0.00097, f32 with RoPE 0.00082,
 f32 MoE 0.00091 (tolerance 0.01); q8_0 dense 0.062, q8_0 MoE 0.071 (tolerance 0.25). How far off the usual mistakes

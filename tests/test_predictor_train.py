@@ -48,7 +48,7 @@ def data(models):
 
 @pytest.fixture(scope="module")
 def words(tmp_path_factory):
-    from powerinfer_py.synth import _WORDS
+    from powerinfer_py.synth.common import _WORDS
     path = tmp_path_factory.mktemp("text") / "words.txt"
     path.write_text(" ".join(np.random.default_rng(0).choice(_WORDS, size=600)), encoding="utf-8")
     return path

@@ -43,7 +43,7 @@ def sparse_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def words(tmp_path_factory):
     rng = np.random.default_rng(0)
-    from powerinfer_py.synth import _WORDS
+    from powerinfer_py.synth.common import _WORDS
     path = tmp_path_factory.mktemp("text") / "words.txt"
     path.write_text(" ".join(rng.choice(_WORDS, size=700)), encoding="utf-8")
     return path

@@ -18,7 +18,7 @@ from gguf import GGUFValueType
 
 from ..gguf import write_gguf
 from ..tensor import GGMLType
-from . import DTYPES, _encode, tokenizer_metadata
+from .common import DTYPES, _encode, tokenizer_metadata
 
 _FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}
 QK_NORM_DEPTH = 64  # llama.cpp reads command-r's Q/K norms from this depth on

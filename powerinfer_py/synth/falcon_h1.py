@@ -39,7 +39,7 @@ def write_falcon_h1(path: str | os.PathLike, *, dtype: str, n_layer: int, n_embd
     """Write a tiny random falcon-h1 model (module docstring lists the overrides)."""
     from ..gguf import write_gguf
     from ..tensor import GGMLType
-    from . import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
+    from .common import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
 
     o = _options(dict(overrides))
     a, E, hd = ARCH, n_embd, n_embd // n_head

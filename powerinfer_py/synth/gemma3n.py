@@ -20,7 +20,7 @@ from gguf import GGUFValueType
 
 from ..config_gemma3n import N_EMBD_PER_LAYER, SPARSITY_STD_MUL
 from ..gguf import write_gguf
-from . import DTYPES, _FILE_TYPE, _encode, tokenizer_metadata
+from .common import DTYPES, _FILE_TYPE, _encode, tokenizer_metadata
 
 A = "gemma3n"
 QK_NORM_GAIN = 0.3  # attention scale 1: keep scores O(1) (see synth/gemma4.py)

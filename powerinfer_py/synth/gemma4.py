@@ -28,7 +28,7 @@ import numpy as np
 from gguf import GGUFValueType
 
 from ..gguf import write_gguf
-from . import DTYPES, _FILE_TYPE, _encode, tokenizer_metadata
+from .common import DTYPES, _FILE_TYPE, _encode, tokenizer_metadata
 
 A = "gemma4"
 SWA_PATTERN = (True, False, True, False, True, False)  # layer 2 (sliding) and 3 (full) feed the shared layers

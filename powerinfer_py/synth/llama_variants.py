@@ -38,7 +38,7 @@ def write_llama_variant(path: str | os.PathLike, arch: str, *, dtype: str = "f32
 
     from ..gguf import write_gguf
     from ..tensor import GGMLType
-    from . import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
+    from .common import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
 
     if arch not in LLAMA_VARIANT_ARCHS:
         raise ValueError(f"write_llama_variant writes {', '.join(LLAMA_VARIANT_ARCHS)}, not {arch!r}")

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..gguf import write_gguf
 from ..tensor import GGMLType
-from . import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
+from .common import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
 
 ARCHS = ("minicpm", "minicpm3", "olmoe")
 

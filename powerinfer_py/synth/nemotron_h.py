@@ -13,7 +13,7 @@ as the scan's output; the conv bias ~ N(0, 0.3) so a file without it would diffe
 
 granitehybrid (IBM Granite 4.0-H): the pattern has only "M" and "*" (default "M*MM*M"), every layer then has
 ffn_norm and a SwiGLU FFN, or with n_expert > 0 experts (n_expert_used chosen, n_ff wide, as feed_forward_length)
-and an optional ungated shared expert n_ff_shexp wide; Granite's scalars (synth.GRANITE_SCALES, or None to leave
+and an optional ungated shared expert n_ff_shexp wide; Granite's scalars (synth.common.GRANITE_SCALES, or None to leave
 a key out) and rope_finetuned (default False, as the Granite 4.0-H files: no RoPE). The embeddings are drawn with
 std 1 / embedding_scale and the output head times logit_scale, so both scales cancel in a right model.
 
@@ -45,7 +45,7 @@ def _options(o: dict, n_layer: int, arch: str) -> dict:
             "kernel": o.pop("conv_kernel", 4), "n_ctx_train": o.pop("n_ctx_train", 512),
             "norm_eps": o.pop("norm_eps", 1e-5), "ln_eps": o.pop("ln_eps", 1e-5), "tied": o.pop("tied", False), "conv_bias": o.pop("conv_bias", True)}
     if granite:
-        from . import GRANITE_SCALES
+        from .common import GRANITE_SCALES
         opts["scales"] = {k: o.pop(k, v) for k, v in GRANITE_SCALES.items()}
         opts.update(rope=o.pop("rope_finetuned", False), n_expert=o.pop("n_expert", 0),
                     n_used=o.pop("n_expert_used", 2), n_ff_shexp=o.pop("n_ff_shexp", 0))
@@ -70,7 +70,7 @@ def write_nemotron_h(path: str | os.PathLike, arch: str, *, dtype: str, n_layer:
     tied (default False), conv_bias (default True)."""
     from ..gguf import write_gguf
     from ..tensor import GGMLType
-    from . import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
+    from .common import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
 
     o = _options(dict(overrides), n_layer, arch)
     a, E, hd = arch, n_embd, n_embd // n_head

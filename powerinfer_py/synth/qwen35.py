@@ -76,7 +76,7 @@ def write_qwen35(path: str | os.PathLike, arch: str, *, dtype: str, n_layer: int
     a full-attention block plus nextn.* tensors, flagged not recurrent; never run for the main output)."""
     from ..gguf import write_gguf
     from ..tensor import GGMLType
-    from . import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
+    from .common import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
 
     o = _options(dict(overrides), n_embd, n_head)
     moe, nxt = arch in ("qwen35moe", "qwen3next"), arch == "qwen3next"
