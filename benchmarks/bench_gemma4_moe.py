@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the source tree, unless installed
 
-from powerinfer_py.bench import run_bench
+from powerinfer_py.tools.bench import run_bench
 from powerinfer_py.synth.gemma4 import write_gemma4_model
 
 FULL_HEAD = 128

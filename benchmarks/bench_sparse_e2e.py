@@ -12,7 +12,7 @@ By default every configuration (llama.cpp and our modes) lives in this one proce
 --interleave decode tokens (16), rotating the order every round, --reps rounds of ceil(-n / 16) turns each: the
 shared development machine's bandwidth drifts by tens of percent within a minute, and turns of a second or
 two let a drift hit every configuration alike. `--interleave 0` runs one child process of
-powerinfer_py.bench per configuration and rep instead (prompt tok/s too; medians over --reps).
+powerinfer_py.tools.bench per configuration and rep instead (prompt tok/s too; medians over --reps).
 
 Printed per dtype: decode (and prompt) tok/s, decode ratio against llama.cpp, the active fraction our engine
 measured while decoding (predictor mode: neurons computed; exact: neurons with a non-zero ReLU), and the
@@ -43,7 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the source tree, unless installed
 
 from powerinfer_py.synth import sparse as synth_sparse  # noqa: E402
-from powerinfer_py.bench import BENCH_TEXT, LlamaCppRef, _fit_tokens, run_child  # noqa: E402
+from powerinfer_py.tools.bench import BENCH_TEXT, LlamaCppRef, _fit_tokens, run_child  # noqa: E402
 from powerinfer_py.ffn import FC2_AXPY_MAX_PERCENT, step_timing_sums  # noqa: E402
 from powerinfer_py.gguf import open_gguf  # noqa: E402
 

@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 
 from powerinfer_py import load
-from powerinfer_py.calibrate import calibrate
+from powerinfer_py.tools.calibrate import calibrate
 from powerinfer_py.demo import demo_model_path
 from powerinfer_py.ffn import SparseSettings
 from powerinfer_py.models import build_model
-from powerinfer_py.perplexity import perplexity
+from powerinfer_py.tools.perplexity import perplexity
 
 DATA = Path(__file__).parent / "data"
 PROMPT = "The history of the printing press begins in the fifteenth century, when"

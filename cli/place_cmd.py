@@ -33,7 +33,7 @@ def place(
 ) -> None:
     """Choose each layer's hot FFN neurons (on the GPU) under a VRAM budget, maximising the activations there."""
     from powerinfer_py.gpuidx import write_gpuidx
-    from powerinfer_py.hybrid.backend import plan_for_file
+    from powerinfer_py.tools.place import plan_for_file
 
     with user_errors():
         plan = plan_for_file(model_path(model), vram_budget, ctx_size, activations, threads)

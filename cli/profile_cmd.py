@@ -1,4 +1,4 @@
-"""`powerinfer profile`: per-layer FFN activation statistics over a calibration text (powerinfer_py.profile).
+"""`powerinfer profile`: per-layer FFN activation statistics over a calibration text (powerinfer_py.tools.profile).
 
 Register with `app.command("profile", epilog=profile_cmd.EPILOG)(profile_cmd.profile)`."""
 from __future__ import annotations
@@ -47,8 +47,8 @@ def profile(
     with user_errors(verbose):
         from powerinfer_py import load
         from powerinfer_py.moe import require_dense_ffn
-        from powerinfer_py.plot import frequency_plot
-        from powerinfer_py.profile import profile_model, write_profile
+        from powerinfer_py.tools.plot import frequency_plot
+        from powerinfer_py.tools.profile import profile_model, write_profile
 
         content = text.read_text(encoding="utf-8") if text is not None else None
         path = model_path(model)

@@ -58,7 +58,7 @@ def user_errors(verbose: bool = False) -> Iterator[None]:
 def model_path(name: str) -> Path:
     """The -m/MODEL argument as a file path: a path, "demo" (Gemma 3 270M), a short name from
     `powerinfer models`, or a Hugging Face repo id (from the cache, downloaded if needed)."""
-    from powerinfer_py.hub import resolve_model
+    from powerinfer_py.tools.hub import resolve_model
 
     return resolve_model(name)
 

@@ -89,7 +89,7 @@ def rewrite_gguf(src, dst, edit=None, drop=(), extra=(), types=None):
 def assert_threshold_after_calibration(path, out, tokens) -> None:
     """A SwiGLU/GeGLU file calibrated at 50% (written to out): threshold mode at sparsity 0 gives the dense logits
     of `tokens`, and the calibrated file runs in threshold mode by default at about its sparsity."""
-    from powerinfer_py.calibrate import calibrate
+    from powerinfer_py.tools.calibrate import calibrate
 
     calibrate(path, out, 0.5, text="once upon a time the cat sat on the mat and the dog ran", n_tokens=40, ctx=32,
               threads=1)
@@ -138,7 +138,7 @@ def info_text(path, width: int = 220) -> str:
     from rich.console import Console
 
     from powerinfer_cli.info import _table
-    from powerinfer_py.info import model_info
+    from powerinfer_py.tools.info import model_info
 
     console = Console(width=width, record=True)
     console.print(_table(model_info(path)))

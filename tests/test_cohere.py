@@ -20,12 +20,12 @@ from llama_ref import llama_cpp_logits
 from model_checks import batch_and_steps, info_text, load_model, rel_err, rewrite_gguf
 
 from powerinfer_py import load
-from powerinfer_py.calibrate import calibrate
+from powerinfer_py.tools.calibrate import calibrate
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.models.cohere import CohereModel
-from powerinfer_py.perplexity import perplexity
+from powerinfer_py.tools.perplexity import perplexity
 from powerinfer_py.tensor import GGMLType, Tensor
 
 # 12 tokens: longer than the window of 4, so cohere2's sliding layers drop positions the global ones still see

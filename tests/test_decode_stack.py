@@ -175,7 +175,7 @@ def test_stack_with_threshold_ffns(synthetic_model, kernels, tmp_path, arch, sta
     the Python path."""
     import dataclasses
 
-    from powerinfer_py.calibrate import calibrate
+    from powerinfer_py.tools.calibrate import calibrate
     from powerinfer_py.ffn import resolve_sparse
 
     text = "The ferry left the harbour at dawn, its horn low over the water, and the gulls followed it. " * 6

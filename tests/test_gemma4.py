@@ -21,7 +21,7 @@ from llama_ref import llama_cpp_logits
 from model_checks import info_text, rel_err, rewrite_gguf
 
 from powerinfer_py import load
-from powerinfer_py.calibrate import calibrate
+from powerinfer_py.tools.calibrate import calibrate
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.loader import load_weights

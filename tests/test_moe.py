@@ -120,7 +120,7 @@ def test_info_and_sparse_modes(synthetic_model):
 
 
 def test_activation_tools_refuse_experts(synthetic_model, tmp_path):
-    from powerinfer_py.calibrate import calibrate
+    from powerinfer_py.tools.calibrate import calibrate
 
     path = synthetic_model("qwen3moe", "f32")
     with pytest.raises(UnsupportedError, match="mixture of experts"):

@@ -245,7 +245,7 @@ def test_threshold_mode_runs_and_moe_refuses(f32_file, synthetic_model, tmp_path
     """The FFN is a plain SwiGLU: `powerinfer calibrate` at 50% writes cut-offs, and the calibrated file runs in
     threshold mode (its default) skipping about half of the neurons; qwen35moe refuses
     sparse modes with a clear error."""
-    from powerinfer_py.calibrate import calibrate
+    from powerinfer_py.tools.calibrate import calibrate
     from powerinfer_py.ffn import resolve_sparse
 
     out = tmp_path / "t50.gguf"

@@ -18,7 +18,7 @@ from reference_forward import causal_attention, dequantize, rms_norm, rope
 from typer.testing import CliRunner
 
 from powerinfer_py.synth import sparse as S
-from powerinfer_py.bench import LlamaCppRef
+from powerinfer_py.tools.bench import LlamaCppRef
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.tensor import GGMLType
@@ -267,7 +267,7 @@ def test_info_verbose_measures_active_neurons_per_layer(made):
     """`powerinfer info -v --json` runs the sample text and reports what the sparse engine counted."""
     pwri, dense = made("f16")
     from powerinfer_py import load
-    from powerinfer_py.info import SAMPLE_TEXT
+    from powerinfer_py.tools.info import SAMPLE_TEXT
 
     out = subprocess.run([sys.executable, "-m", "powerinfer_cli", "info", str(pwri), "-v", "--json", "-t", "1"],
                          capture_output=True, text=True, timeout=120)

@@ -12,14 +12,14 @@ from typer.testing import CliRunner
 
 from powerinfer_cli.main import app
 from powerinfer_py import load
-from powerinfer_py.calibrate import calibrate
+from powerinfer_py.tools.calibrate import calibrate
 from powerinfer_py.config import KEY_FFN_QUANTILES, KEY_FFN_THRESHOLDS, KEY_SPARSITY
 from powerinfer_py.errors import ModelFileError, PowerInferError, UnsupportedError
 from powerinfer_py.ffn import SparseSettings
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.gguf.writer import write_gguf
 from powerinfer_py.kernels import ref
-from powerinfer_py.perplexity import perplexity, windows
+from powerinfer_py.tools.perplexity import perplexity, windows
 
 TEXT = ("The river ran past the mill and under the old stone bridge, where children stood to watch the boats. "
         "In spring the water rose and covered the meadows, and in summer it slowed to a quiet stream. ") * 6
@@ -55,7 +55,7 @@ def test_sparsity_zero_equals_dense(calibrated, arch):
 def test_bench_child_takes_the_sparsity_asked_for(calibrated):
     """`powerinfer bench --sparse threshold --sparsity S` measured the file's calibrated sparsity whatever S was
     (the child dropped it): at 0 every neuron is computed, at the file's 0.5 about half."""
-    from powerinfer_py.bench import run_child
+    from powerinfer_py.tools.bench import run_child
 
     _, path, _ = calibrated["qwen2"]
     dense = run_child("ours", path, 8, 4, 1, sparse="threshold", sparsity=0.0, backend="cpu")

@@ -24,11 +24,11 @@ import numpy as np
 from gguf import GGUFValueType
 from gguf import quants as gguf_quants
 
-from .convert.output import TensorPlan, atomic_output, check_target, write_streamed
-from .errors import PowerInferError
-from .gguf import open_gguf
+from ..convert.output import TensorPlan, atomic_output, check_target, write_streamed
+from ..errors import PowerInferError
+from ..gguf import open_gguf
+from ..tensor import GGMLType, Tensor
 from .predictor_fit import LayerPredictor
-from .tensor import GGMLType, Tensor
 
 FC_TYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16}
 THRESHOLD_KEY = "powerinfer.sparse_threshold"
@@ -123,7 +123,7 @@ def write_pwri(src: str | os.PathLike, predictors: Sequence[LayerPredictor], out
 def write_pt(folder: str | os.PathLike, predictors: Sequence[LayerPredictor], *, threshold: float = 0.0,
              fc_type: str = "f16", force: bool = False) -> Path:
     """Write model_N.pt files and config.json into folder (created if missing)."""
-    from .convert.torch_pt import save_pt
+    from ..convert.torch_pt import save_pt
 
     if fc_type not in FC_TYPES:
         raise PowerInferError(f"predictor tensor type {fc_type!r}; one of {', '.join(FC_TYPES)}")

@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import PowerInferError
+from ..errors import PowerInferError
 
 BACKENDS = ("auto", "numpy", "torch")
 

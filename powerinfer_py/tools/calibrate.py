@@ -37,11 +37,18 @@ from typing import Callable
 
 import numpy as np
 
-from .config import (KEY_FFN_NEURON_SCALES, KEY_FFN_QUANTILES, KEY_FFN_THRESHOLDS, KEY_FFN_UP_QUANTILES,
-                     KEY_FFN_UP_THRESHOLDS, KEY_SPARSITY, KEY_UP_SPARSITY)
-from .errors import PowerInferError, UnsupportedError
+from ..config import (
+    KEY_FFN_NEURON_SCALES,
+    KEY_FFN_QUANTILES,
+    KEY_FFN_THRESHOLDS,
+    KEY_FFN_UP_QUANTILES,
+    KEY_FFN_UP_THRESHOLDS,
+    KEY_SPARSITY,
+    KEY_UP_SPARSITY,
+)
+from ..errors import PowerInferError, UnsupportedError
+from ..threshold import QUANTILE_GRID, THRESHOLD_VARIANTS, check_sparsity, quantile_rows
 from .perplexity import DEFAULT_BATCH, windows
-from .threshold import QUANTILE_GRID, THRESHOLD_VARIANTS, check_sparsity, quantile_rows
 
 DEFAULT_TOKENS = 1024
 DEFAULT_CTX = 256
@@ -239,9 +246,9 @@ def calibrate(model: str | os.PathLike, out: str | os.PathLike, sparsity: float,
     (atomically: a temporary file in out's folder, renamed when complete). scales=False: the plain |act|
     score, no neuron scales. Two stages (the module docstring) with up_sparsity (< sparsity; None: UP_RATIO *
     sparsity); one_stage=True: the single score rule. Sparsity 0 skips nothing and is one stage."""
-    from .gguf import open_gguf
-    from .gguf.writer import check_free_space, write_gguf
-    from .llm import load
+    from ..gguf import open_gguf
+    from ..gguf.writer import check_free_space, write_gguf
+    from ..llm import load
 
     sparsity = check_sparsity(sparsity)
     if one_stage and up_sparsity is not None:
@@ -261,8 +268,8 @@ def calibrate(model: str | os.PathLike, out: str | os.PathLike, sparsity: float,
     check_free_space(out, Path(model).stat().st_size)  # the copy is about the source's size: fail before the work
     say = on_progress or (lambda msg: None)
     with load(model, threads=threads, n_ctx=max(ctx, 2), sparse="off") as llm:
-        from .ffn import ffn_variant
-        from .moe import require_dense_ffn
+        from ..ffn import ffn_variant
+        from ..moe import require_dense_ffn
 
         require_dense_ffn(llm.config, "calibrate")
         variant = ffn_variant(llm.config)

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from . import catalog, demo
-from .errors import PowerInferError
+from .. import demo
+from ..errors import PowerInferError
+from . import catalog
 
 QUANTS = ("f16", "q4_0")
 _QUANT_ALIASES = {"f16": "f16", "fp16": "f16", "q4": "q4_0", "q4_0": "q4_0"}

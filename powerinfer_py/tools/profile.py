@@ -39,8 +39,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .errors import PowerInferError
-from .ffn import RELU_FAMILY, ffn_variant
+from ..errors import PowerInferError
+from ..ffn import RELU_FAMILY, ffn_variant
 
 LOG10_MIN, LOG10_MAX, BINS_PER_DECADE = -8, 4, 32
 HIST_BINS = (LOG10_MAX - LOG10_MIN) * BINS_PER_DECADE
@@ -199,8 +199,8 @@ def profile_model(llm, text: str | None, n_tokens: int | None = None, *, ids: Se
 
 def write_profile(out: str | os.PathLike, result: ProfileResult) -> Path:
     """Write activation/activation_N.pt, profile.json (and calibration.txt for sampled text) under out."""
-    from .convert.output import atomic_output
-    from .convert.torch_pt import save_pt
+    from ..convert.output import atomic_output
+    from ..convert.torch_pt import save_pt
 
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -233,8 +233,8 @@ def load_profile(folder: str | os.PathLike) -> dict:
 def read_activation_counts(folder: str | os.PathLike) -> list[np.ndarray]:
     """The per-layer counts of a folder of activation_N.pt files (ours or PowerInfer's), in numeric layer
     order (activation_2 before activation_10), read with the restricted .pt reader."""
-    from .convert.source import SourceTensor
-    from .convert.torch_pt import read_pt
+    from ..convert.source import SourceTensor
+    from ..convert.torch_pt import read_pt
 
     folder = Path(folder)
     if (folder / ACT_DIR).is_dir():

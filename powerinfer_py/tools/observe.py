@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .errors import PowerInferError
+from ..errors import PowerInferError
 
 Callback = Callable[[int, np.ndarray, np.ndarray], None]  # (layer, p [n, n_embd], act [n, n_ff])
 

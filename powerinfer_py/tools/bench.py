@@ -1,6 +1,6 @@
 """Speed and memory benchmark: our engine against llama.cpp on the same GGUF file, same threads, same tokens.
 
-Each measurement runs in its own child process (`python -m powerinfer_py.bench --engine ours|llamacpp ...`,
+Each measurement runs in its own child process (`python -m powerinfer_py.tools.bench --engine ours|llamacpp ...`,
 which prints one JSON object), so the two engines never share caches, thread pools or heap, and the child's
 peak resident set size is that engine's alone (VmHWM of /proc/self/status: getrusage's ru_maxrss would also
 count the parent's resident set at the spawn, which Linux carries over the exec). The parent alternates the engines
@@ -36,9 +36,9 @@ from typing import Callable
 
 import numpy as np
 
-from .cpus import usable_cpus
-from .errors import PowerInferError
-from .ffn import MODES as SPARSE_MODES
+from ..cpus import usable_cpus
+from ..errors import PowerInferError
+from ..ffn import MODES as SPARSE_MODES
 
 ENGINES = ("ours", "llamacpp")
 RSS_SLACK_BYTES = 200 * 1024 * 1024  # the issue's memory budget: file size + KV cache + 200 MB
@@ -118,7 +118,7 @@ def _child_ours(model: Path, n_prompt: int, n_gen: int, threads: int, sparse: st
                 sparse_threshold: float | None = None, sparsity: float | None = None,
                 backend: str = "cpu",
                 vram_budget: float | None = None, use_mmap: bool = True) -> EngineRun:
-    from . import load
+    from .. import load
 
     t0 = time.perf_counter()
     llm = load(model, threads=threads, n_ctx=n_prompt + n_gen, sparse=sparse, sparse_threshold=sparse_threshold,
@@ -153,7 +153,7 @@ def _child_ours(model: Path, n_prompt: int, n_gen: int, threads: int, sparse: st
 def predictor_seconds(net) -> float:
     """Seconds the model's FFN layers have spent in their predictors so far, by the timers of the one-token C
     step (ffn.step_timing_sums; 0 where no layer has one: other modes, batches, the Python path)."""
-    from .ffn import step_timing_sums
+    from ..ffn import step_timing_sums
 
     sums = step_timing_sums(getattr(net, "ffns", ()))
     return 0.0 if sums is None else float(sums[1])
@@ -337,7 +337,7 @@ def run_child(engine: str, model: Path, n_prompt: int, n_gen: int, threads: int,
               sparse_threshold: float | None = None, sparsity: float | None = None, backend: str = "cpu",
               vram_budget: float | None = None, use_mmap: bool = True) -> EngineRun:
     """Run one measurement in a fresh interpreter and parse its JSON line."""
-    cmd = [sys.executable, "-m", "powerinfer_py.bench", "--engine", engine, "--model", str(model),
+    cmd = [sys.executable, "-m", "powerinfer_py.tools.bench", "--engine", engine, "--model", str(model),
            "-p", str(n_prompt), "-n", str(n_gen), "-t", str(threads)]
     if engine == "ours" and sparse is not None:
         cmd += ["--sparse", sparse]

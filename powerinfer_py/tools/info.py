@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from .config import KEY_UP_SPARSITY, ModelConfig
-from .errors import PowerInferError
-from .gguf.reader import open_gguf
-from .loader import check_expected, conversion_target
-from .models import expected_tensors
+from ..config import KEY_UP_SPARSITY, ModelConfig
+from ..errors import PowerInferError
+from ..gguf.reader import open_gguf
+from ..loader import check_expected, conversion_target
+from ..models import expected_tensors
 
 
 def model_info(path: str | os.PathLike) -> dict[str, Any]:
@@ -128,7 +128,7 @@ def _calibration(f, config) -> dict[str, Any] | None:
 
 def _cuda() -> dict[str, Any]:
     """Whether the CUDA backend could run here, and why not (kernels/cuda.py)."""
-    from .kernels.cuda import cuda_status
+    from ..kernels.cuda import cuda_status
 
     st = cuda_status()
     return {"available": st.available, "reason": st.reason}
@@ -161,7 +161,7 @@ def measure_activity(path: str | os.PathLike, threads: int | None = None, n_deco
     layers: [per-layer fraction], nonzero_fraction, nonzero_layers, up_read_fraction (two-stage threshold files:
     the ffn_up rows read per token, else None)}; for models whose FFN is not
     ReLU-family (every neuron runs) {mode, tokens, note}."""
-    from .llm import load
+    from ..llm import load
 
     with load(path, threads=threads) as llm:
         gen = llm.generate_tokens(text, max_tokens=n_decode, temperature=0)
@@ -172,7 +172,7 @@ def measure_activity(path: str | os.PathLike, threads: int | None = None, n_deco
                                "tokens": gen.stats.n_prompt + gen.stats.n_gen}
         c = llm.config
         if c.n_expert:
-            from .moe import usage_note
+            from ..moe import usage_note
 
             out["note"] = usage_note(c, llm.model.ffns)
             out["expert_counts"] = [f.counts.tolist() for f in llm.model.ffns if hasattr(f, "counts")]  # MoE layers

@@ -51,7 +51,7 @@ _FONT = {
 
 def write_png(path: str | os.PathLike, rgb: np.ndarray) -> Path:
     """Write rgb uint8 [height, width, 3] as a PNG file (atomically)."""
-    from .convert.output import atomic_output
+    from ..convert.output import atomic_output
 
     rgb = np.ascontiguousarray(rgb, dtype=np.uint8)
     h, w, _ = rgb.shape

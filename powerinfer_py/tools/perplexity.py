@@ -16,8 +16,8 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .errors import PowerInferError
-from .generate import check_logits
+from ..errors import PowerInferError
+from ..generate import check_logits
 
 DEFAULT_CTX = 512
 DEFAULT_BATCH = 64
