@@ -21,16 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PowerInferError, UnsupportedError
-from ..placement import (
-    MIB,
-    Footprint,
-    Placement,
-    budget_bytes,
-    default_sidecar,
-    footprint,
-    plan_placement,
-)
 from .emulated import EmulatedDevice
+from .placement import MIB, Footprint, Placement, budget_bytes, default_sidecar, footprint, plan_placement
 from .split import HybridSplit
 
 BACKENDS = ("auto", "cpu", "cuda", "cpu-emulated")
@@ -129,7 +121,7 @@ def _placement(model, fp: Footprint, model_path, budget: int | None, placement, 
     c = model.config
     sidecar = Path(placement) if placement is not None else default_sidecar(model_path)
     if placement is not None or (budget is None and sidecar.is_file()):
-        from ..gpuidx import read_gpuidx
+        from .gpuidx import read_gpuidx
         plan = read_gpuidx(sidecar, c.n_layer, c.n_ff)
         plan.footprint = fp
         budget = plan.budget if budget is None else budget
@@ -143,7 +135,7 @@ def _placement(model, fp: Footprint, model_path, budget: int | None, placement, 
 
 def activation_counts(model, model_path, activations=None, n_tokens: int = PROFILE_TOKENS) -> list[np.ndarray]:
     """Per-layer counts: from `activations`, the activation/ folder beside the model, or a profile."""
-    from ..activations import find_activations, load_activations, profile_activations
+    from .activations import find_activations, load_activations, profile_activations
 
     c = model.config
     source = Path(activations) if activations is not None else find_activations(model_path)

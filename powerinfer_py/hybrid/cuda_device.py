@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import PowerInferError
 from ..ffn import FFN
 from ..kernels import cuda as C
-from ..placement import AXPY_SPLITS, GROUP
+from .placement import AXPY_SPLITS, GROUP
 from .split import gathered_rows
 
 

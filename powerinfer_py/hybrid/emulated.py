@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import PowerInferError
 from ..ffn import FFN, FFNWeights, SparseSettings
-from ..placement import GROUP, aligned
+from .placement import GROUP, aligned
 from .split import Done, gathered_rows
 
 

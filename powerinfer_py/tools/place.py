@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..activations import find_activations, load_activations
 from ..config import ModelConfig
 from ..gguf import open_gguf
+from ..hybrid.activations import find_activations, load_activations
 from ..hybrid.backend import PROFILE_TOKENS, activation_counts
+from ..hybrid.placement import Placement, budget_bytes, footprint, plan_placement
 from ..llm import DEFAULT_MAX_CTX, load
-from ..placement import Placement, budget_bytes, footprint, plan_placement
 
 
 def plan_for_file(path, vram_budget: float, n_ctx: int | None = None, activations=None,

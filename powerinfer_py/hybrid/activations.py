@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import ModelFileError, PowerInferError
+from ..errors import ModelFileError, PowerInferError
 from .placement import check_counts
 
 _PT_NAME = re.compile(r"activation_(\d+)\.pt$")
@@ -53,8 +53,8 @@ def load_activations(source: str | os.PathLike, n_layer: int, n_ff: int) -> list
 
 
 def _read_tensor(path: Path):
-    from .convert.source import SourceTensor
-    from .convert.torch_pt import read_pt
+    from ..convert.source import SourceTensor
+    from ..convert.torch_pt import read_pt
 
     obj = read_pt(path)
     if isinstance(obj, SourceTensor):

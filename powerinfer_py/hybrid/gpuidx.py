@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFValueType
 
-from .convert.output import atomic_output
-from .errors import ModelFileError
-from .gguf.reader import open_gguf
-from .gguf.writer import build_header, data_layout, tensor_info_bytes
+from ..convert.output import atomic_output
+from ..errors import ModelFileError
+from ..gguf.reader import open_gguf
+from ..gguf.writer import build_header, data_layout, tensor_info_bytes
+from ..tensor import GGMLType
 from .placement import Placement
-from .tensor import GGMLType
 
 ARCH = "generic.gpu_index"
 KEY_BLOCKS = "generic.gpu_index.block_count"

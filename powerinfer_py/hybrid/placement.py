@@ -54,9 +54,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .config import ModelConfig
-from .errors import ModelFileError, PowerInferError
-from .tensor import Tensor
+from ..config import ModelConfig
+from ..errors import ModelFileError, PowerInferError
+from ..tensor import Tensor
 
 GROUP = 32  # neurons per placement group: one warp, one row per lane
 ALIGN = 16  # bytes: arena sub-allocation alignment (128-bit loads)
