@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the source tr
 
 from powerinfer_py.synth import sparse as synth_sparse  # noqa: E402
 from powerinfer_py.tools.bench import BENCH_TEXT, LlamaCppRef, _fit_tokens, run_child  # noqa: E402
-from powerinfer_py.ffn import FC2_AXPY_MAX_PERCENT, step_timing_sums  # noqa: E402
+from powerinfer_py.layers.ffn import FC2_AXPY_MAX_PERCENT, step_timing_sums  # noqa: E402
 from powerinfer_py.gguf import open_gguf  # noqa: E402
 
 FFN = ("ffn_gate", "ffn_up", "ffn_down_t", "ffn_down")

@@ -26,7 +26,7 @@ import numpy as np
 from powerinfer_py import load
 from powerinfer_py.tools.calibrate import calibrate
 from powerinfer_py.demo import demo_model_path
-from powerinfer_py.ffn import SparseSettings
+from powerinfer_py.layers.ffn import SparseSettings
 from powerinfer_py.models import build_model
 from powerinfer_py.tools.perplexity import perplexity
 

@@ -69,7 +69,7 @@ def train_predictor(
         raise fail(f"--format must be pwri or pt, got {fmt!r}")
     with user_errors(verbose):
         from powerinfer_py import load
-        from powerinfer_py.moe import require_dense_ffn
+        from powerinfer_py.layers.moe import require_dense_ffn
         from powerinfer_py.tools.observe import calibration_tokens
         from powerinfer_py.tools.predictor_fit import FitConfig, resolve_backend
         from powerinfer_py.tools.predictor_out import write_pt, write_pwri

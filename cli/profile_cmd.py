@@ -46,7 +46,7 @@ def profile(
     """Record how often each FFN neuron fires per layer (and the |activation| distribution) over a text."""
     with user_errors(verbose):
         from powerinfer_py import load
-        from powerinfer_py.moe import require_dense_ffn
+        from powerinfer_py.layers.moe import require_dense_ffn
         from powerinfer_py.tools.plot import frequency_plot
         from powerinfer_py.tools.profile import profile_model, write_profile
 

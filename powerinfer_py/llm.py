@@ -46,8 +46,8 @@ class LLM:
                  vram_budget: float | None = None,
                  placement: str | os.PathLike | None = None, use_mmap: bool = True):
         from . import models
-        from .ffn import runtime_sparse
         from .gguf import open_gguf
+        from .layers.ffn import runtime_sparse
         from .loader import load_weights
         from .tokenizer import Tokenizer
 

@@ -6,7 +6,7 @@ ranks) or, with dense=True, its dense GGUF twin (ffn_down = ffn_down_t transpose
 edits the tensor list to make malformed files.
 
 SparseReference(path) runs the model one token at a time in float64 (K/V rounded to f16 as the engine's cache
-stores them), straight from the formulas: it shares no code with powerinfer_py.models or powerinfer_py.ffn.
+stores them), straight from the formulas: it shares no code with powerinfer_py.models or powerinfer_py.layers.ffn.
 Its `predictor_input` argument exists so a test can show that feeding the predictor anything but the residual
 FORMATS.md names gives different results.
 """

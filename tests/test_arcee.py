@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from powerinfer_py import load
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import UnsupportedError
-from powerinfer_py.ffn import FFN, FFNWeights, SparseSettings, SparsityStats, ffn_variant
+from powerinfer_py.layers.ffn import FFN, FFNWeights, SparseSettings, SparsityStats, ffn_variant
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.models import expected_tensors
 from powerinfer_py.synth import write_synthetic_model

@@ -155,7 +155,7 @@ def test_stack_with_sparse_ffns(tiny_sparse, kernels, arch, dtype, act, param, m
     """PWRI files in predictor and exact mode: the one-call stack gives the logits, caches and per-layer active /
     non-zero counts of the per-layer calls and of the Python path (the predictor reads the residual after the
     attention block in all three)."""
-    from powerinfer_py.ffn import resolve_sparse
+    from powerinfer_py.layers.ffn import resolve_sparse
 
     path = tiny_sparse(arch, dtype=dtype, hidden_act=act, hidden_act_param=param)
     w = load_weights(open_gguf(path), expected_tensors)
@@ -176,7 +176,7 @@ def test_stack_with_threshold_ffns(synthetic_model, kernels, tmp_path, arch, sta
     import dataclasses
 
     from powerinfer_py.tools.calibrate import calibrate
-    from powerinfer_py.ffn import resolve_sparse
+    from powerinfer_py.layers.ffn import resolve_sparse
 
     text = "The ferry left the harbour at dawn, its horn low over the water, and the gulls followed it. " * 6
     calibrate(synthetic_model(arch, "f32"), tmp_path / "cal.gguf", 0.5, text=text, n_tokens=200, ctx=64, threads=1,

@@ -26,7 +26,7 @@ from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.loader import load_weights
-from powerinfer_py.mamba2_cache import Mamba2KVCache
+from powerinfer_py.layers.cache import Mamba2KVCache
 from powerinfer_py.models import expected_tensors
 from powerinfer_py.models.falcon_h1 import FalconH1Model
 from powerinfer_py.models.mamba2_mixer import mamba2_dims

@@ -22,7 +22,7 @@ from model_checks import info_text, rel_err, rewrite_gguf
 
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
-from powerinfer_py.ffn import SparseSettings
+from powerinfer_py.layers.ffn import SparseSettings
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.kernels.cpu import CpuKernels
 from powerinfer_py.loader import load_weights

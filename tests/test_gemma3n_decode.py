@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from model_checks import assert_fused_decode_equals_python
 
-from powerinfer_py.ffn import SparseSettings
+from powerinfer_py.layers.ffn import SparseSettings
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.loader import load_weights
 from powerinfer_py.models import build_model, expected_tensors

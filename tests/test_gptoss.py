@@ -25,7 +25,7 @@ from powerinfer_py.errors import UnsupportedError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.kernels import ref
 from powerinfer_py.kernels.cpu import CpuKernels
-from powerinfer_py.moe import MoEFFN, swiglu_oai
+from powerinfer_py.layers.moe import MoEFFN, swiglu_oai
 from powerinfer_py.synth import write_synthetic_model
 from powerinfer_py.tensor import GGMLType, Tensor
 

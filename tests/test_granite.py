@@ -27,7 +27,7 @@ from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf, write_gguf
 from powerinfer_py.loader import load_weights
 from powerinfer_py.models import build_model, expected_tensors
-from powerinfer_py.moe import MoEFFN
+from powerinfer_py.layers.moe import MoEFFN
 
 TOKENS = [1, 5, 300, 301, 7, 88, 42, 260, 9, 100, 200, 33]
 # granitemoe with a shared expert: 128 wide (at 96, one q8_0 token of twelve misses by 0.45 of the spread: in

@@ -27,7 +27,7 @@ from model_checks import (
 )
 
 from powerinfer_py.config import ModelConfig
-from powerinfer_py.conv_cache import ConvKVCache
+from powerinfer_py.layers.cache import ConvKVCache
 from powerinfer_py.errors import ModelFileError, PowerInferError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.loader import load_weights

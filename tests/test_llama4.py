@@ -32,7 +32,7 @@ from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, PowerInferError, UnsupportedError
 from powerinfer_py.kernels import ref
 from powerinfer_py.models.llama4 import attn_temperature, chunked_attention
-from powerinfer_py.moe import MoEFFN
+from powerinfer_py.layers.moe import MoEFFN
 from powerinfer_py.synth.llama4 import write_llama4_model
 from powerinfer_py.tensor import GGMLType, Tensor
 

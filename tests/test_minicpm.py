@@ -35,7 +35,7 @@ from model_checks import (
 
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError
-from powerinfer_py.moe import MoEFFN
+from powerinfer_py.layers.moe import MoEFFN
 
 TOKENS = [1, 5, 300, 301, 7, 88, 42, 260, 9, 100, 200, 33]
 A = "minicpm"

@@ -10,11 +10,11 @@ from llama_ref import llama_cpp_logits
 from model_checks import assert_matches_llama_cpp, batch_and_steps, llama_cpp_quantized, rewrite_gguf
 from test_kernels_matmul import BLOCK_TYPES, FLOAT_TYPES, K_TYPES, make_weight
 
-from powerinfer_py import moe
+from powerinfer_py.layers import moe
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, PowerInferError, UnsupportedError
 from powerinfer_py.gguf.reader import open_gguf
-from powerinfer_py.moe import MoEFFN
+from powerinfer_py.layers.moe import MoEFFN
 from powerinfer_py.tensor import Tensor
 
 TOKENS = [1, 5, 300, 301, 7, 88, 42, 260, 9, 100, 200, 33]

@@ -22,10 +22,10 @@ from model_checks import (assert_chat_reuse_matches_fresh_prefill, assert_matche
 
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
-from powerinfer_py.ffn import resolve_sparse
+from powerinfer_py.layers.ffn import resolve_sparse
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.loader import load_weights
-from powerinfer_py.mamba2_cache import Mamba2KVCache
+from powerinfer_py.layers.cache import Mamba2KVCache
 from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.models.mamba2_mixer import mamba2_dims
 from powerinfer_py.models.nemotron_h import NemotronHModel

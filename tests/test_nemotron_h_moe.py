@@ -22,7 +22,7 @@ from model_checks import (assert_matches_llama_cpp, assert_steps_and_split_match
 
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
-from powerinfer_py.ffn import resolve_sparse
+from powerinfer_py.layers.ffn import resolve_sparse
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.loader import load_weights
 from powerinfer_py.models import expected_tensors

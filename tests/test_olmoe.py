@@ -22,7 +22,7 @@ from model_checks import (
 )
 
 from powerinfer_py.models.base import Model
-from powerinfer_py.moe import MoEFFN
+from powerinfer_py.layers.moe import MoEFFN
 
 TOKENS = [1, 5, 300, 301, 7, 88, 42, 260, 9, 100, 200, 33]
 KW = dict(n_head_kv=4, seed=2)

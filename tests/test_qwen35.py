@@ -30,7 +30,7 @@ from model_checks import (
 
 from powerinfer_py import load
 from powerinfer_py.config import ModelConfig
-from powerinfer_py.delta_cache import DeltaKVCache
+from powerinfer_py.layers.cache import DeltaKVCache
 from powerinfer_py.errors import ModelFileError, PowerInferError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.loader import load_weights
@@ -246,7 +246,7 @@ def test_threshold_mode_runs_and_moe_refuses(f32_file, synthetic_model, tmp_path
     threshold mode (its default) skipping about half of the neurons; qwen35moe refuses
     sparse modes with a clear error."""
     from powerinfer_py.tools.calibrate import calibrate
-    from powerinfer_py.ffn import resolve_sparse
+    from powerinfer_py.layers.ffn import resolve_sparse
 
     out = tmp_path / "t50.gguf"
     calibrate(f32_file, out, 0.5, text="hello world, the cat and the dog walk in the sun " * 4, n_tokens=60, ctx=32,

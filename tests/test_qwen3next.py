@@ -29,7 +29,7 @@ from model_checks import (
 
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError, UnsupportedError
-from powerinfer_py.ffn import resolve_sparse
+from powerinfer_py.layers.ffn import resolve_sparse
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.loader import load_weights
 from powerinfer_py.models import expected_tensors, qwen3next

@@ -19,7 +19,7 @@ from model_checks import assert_fused_decode_equals_python, assert_matches_llama
 
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, PowerInferError, UnsupportedError
-from powerinfer_py.moe import MoEFFN
+from powerinfer_py.layers.moe import MoEFFN
 from powerinfer_py.synth.smallthinker import write_smallthinker_model
 
 TOKENS = [1] + list(np.random.default_rng(1).integers(3, 512, 23))

@@ -1,4 +1,4 @@
-"""The sparse FFN engine (powerinfer_py/ffn.py + the llama, bamboo, falcon and opt models) on tiny PWRI files
+"""The sparse FFN engine (powerinfer_py/layers/ffn.py + the llama, bamboo, falcon and opt models) on tiny PWRI files
 written by reference_sparse.py, against its independent numpy forward pass of FORMATS.md section 2."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import powerinfer_py
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError, UnsupportedError
-from powerinfer_py.ffn import THRESHOLD_ENV, SparseSettings, resolve_sparse
+from powerinfer_py.layers.ffn import THRESHOLD_ENV, SparseSettings, resolve_sparse
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.kernels import ref
 from powerinfer_py.loader import load_weights

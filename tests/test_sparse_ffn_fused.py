@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powerinfer_py import ffn as ffn_module
-from powerinfer_py.ffn import FFN, FFNWeights, SparseSettings, transposed_predictor
+from powerinfer_py.layers import ffn as ffn_module
+from powerinfer_py.layers.ffn import FFN, FFNWeights, SparseSettings, transposed_predictor
 from powerinfer_py.kernels import ref
 from powerinfer_py.tensor import GGMLType, Tensor
 

@@ -11,7 +11,7 @@ from powerinfer_py import load
 from powerinfer_py.tools.calibrate import calibrate
 from powerinfer_py.config import KEY_FFN_NEURON_SCALES
 from powerinfer_py.errors import ModelFileError
-from powerinfer_py.ffn import FFN, SparseSettings, SparsityStats
+from powerinfer_py.layers.ffn import FFN, SparseSettings, SparsityStats
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.gguf.writer import write_gguf
 from powerinfer_py.kernels import ref

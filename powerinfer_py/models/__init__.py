@@ -15,7 +15,7 @@ from typing import Mapping
 
 from ..config import ModelConfig
 from ..errors import UnsupportedError
-from ..ffn import SparseSettings
+from ..layers.ffn import SparseSettings
 from ..tensor import Tensor
 from . import bamboo, falcon, gemma, gemma3, llama, opt, phi3, qwen2, qwen3
 from . import exaone4, olmo2, smollm3

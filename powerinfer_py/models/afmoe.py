@@ -30,8 +30,8 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import UnsupportedError
-from ..kv_cache import KVCache
-from ..moe import MoEFFN
+from ..layers.cache import KVCache
+from ..layers.moe import MoEFFN
 from ..tensor import Tensor
 from .base import Expected, Model, get_tensor, llama_like_expected, norm_weight
 

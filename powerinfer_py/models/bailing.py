@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..config import ModelConfig
-from ..moe import MoEFFN
+from ..layers.moe import MoEFFN
 from ..tensor import Tensor
 from .base import Expected, Model, ffn_expected, get_tensor, head_expected, norm_weight
 from .glm4 import split_fused

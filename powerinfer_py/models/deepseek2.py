@@ -37,8 +37,8 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..kernels.ref import dequantize
-from ..kv_cache import KVCache, lazy_zeros
-from ..moe import MoEFFN
+from ..layers.cache import KVCache, lazy_zeros
+from ..layers.moe import MoEFFN
 from ..tensor import GGMLType, Tensor
 from .base import Expected, Model, ffn_expected, get_tensor, head_expected, norm_weight
 

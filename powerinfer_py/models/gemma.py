@@ -25,7 +25,7 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
-from ..ffn import SparseSettings
+from ..layers.ffn import SparseSettings
 from ..tensor import Tensor
 from .base import Expected, Model, llama_like_expected, sparsify_expected
 from .llama import LAYER_TENSORS as LLAMA_LAYER_TENSORS

@@ -42,7 +42,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ModelFileError
-from ..moe import MoEFFN
+from ..layers.moe import MoEFFN
 from ..tensor import GGMLType, Tensor
 from .base import Expected, Model, ffn_expected, get_tensor, head_expected, norm_weight
 from .phi3 import row_views

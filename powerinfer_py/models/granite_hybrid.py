@@ -27,8 +27,8 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
-from ..ffn import SparseSettings
-from ..mamba2_cache import Mamba2KVCache
+from ..layers.cache import Mamba2KVCache
+from ..layers.ffn import SparseSettings
 from ..tensor import Tensor
 from .base import Expected, ffn_expected, head_expected, layer_tensors
 from .granite import GraniteModel

@@ -34,10 +34,10 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
-from ..conv_cache import ConvKVCache
-from ..ffn import SparseSettings
 from ..kernels.ref import dequantize
-from ..moe import MoEFFN
+from ..layers.cache import ConvKVCache
+from ..layers.ffn import SparseSettings
+from ..layers.moe import MoEFFN
 from ..tensor import Tensor
 from .base import Expected, Model, ffn_expected, get_tensor, layer_tensors, norm_weight, sparsify_expected
 

@@ -21,8 +21,8 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ContextFullError
-from ..ffn import SparseSettings
-from ..kv_cache import KVCache
+from ..layers.cache import KVCache
+from ..layers.ffn import SparseSettings
 from ..tensor import Tensor
 from .base import Expected, Model, get_tensor, head_expected, sparsify_expected
 

@@ -39,9 +39,9 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
-from ..delta_cache import DeltaKVCache
-from ..ffn import SparseSettings
 from ..kernels.ref import dequantize
+from ..layers.cache import DeltaKVCache
+from ..layers.ffn import SparseSettings
 from ..tensor import Tensor
 from .base import Expected, Model, ffn_expected, get_tensor, head_expected, layer_tensors, norm_weight
 

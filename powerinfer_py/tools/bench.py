@@ -38,7 +38,7 @@ import numpy as np
 
 from ..cpus import usable_cpus
 from ..errors import PowerInferError
-from ..ffn import MODES as SPARSE_MODES
+from ..layers.ffn import MODES as SPARSE_MODES
 
 ENGINES = ("ours", "llamacpp")
 RSS_SLACK_BYTES = 200 * 1024 * 1024  # the issue's memory budget: file size + KV cache + 200 MB
@@ -153,7 +153,7 @@ def _child_ours(model: Path, n_prompt: int, n_gen: int, threads: int, sparse: st
 def predictor_seconds(net) -> float:
     """Seconds the model's FFN layers have spent in their predictors so far, by the timers of the one-token C
     step (ffn.step_timing_sums; 0 where no layer has one: other modes, batches, the Python path)."""
-    from ..ffn import step_timing_sums
+    from ..layers.ffn import step_timing_sums
 
     sums = step_timing_sums(getattr(net, "ffns", ()))
     return 0.0 if sums is None else float(sums[1])

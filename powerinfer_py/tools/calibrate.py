@@ -47,7 +47,7 @@ from ..config import (
     KEY_UP_SPARSITY,
 )
 from ..errors import PowerInferError, UnsupportedError
-from ..threshold import QUANTILE_GRID, THRESHOLD_VARIANTS, check_sparsity, quantile_rows
+from ..layers.threshold import QUANTILE_GRID, THRESHOLD_VARIANTS, check_sparsity, quantile_rows
 from .perplexity import DEFAULT_BATCH, windows
 
 DEFAULT_TOKENS = 1024
@@ -268,8 +268,8 @@ def calibrate(model: str | os.PathLike, out: str | os.PathLike, sparsity: float,
     check_free_space(out, Path(model).stat().st_size)  # the copy is about the source's size: fail before the work
     say = on_progress or (lambda msg: None)
     with load(model, threads=threads, n_ctx=max(ctx, 2), sparse="off") as llm:
-        from ..ffn import ffn_variant
-        from ..moe import require_dense_ffn
+        from ..layers.ffn import ffn_variant
+        from ..layers.moe import require_dense_ffn
 
         require_dense_ffn(llm.config, "calibrate")
         variant = ffn_variant(llm.config)

@@ -172,7 +172,7 @@ def measure_activity(path: str | os.PathLike, threads: int | None = None, n_deco
                                "tokens": gen.stats.n_prompt + gen.stats.n_gen}
         c = llm.config
         if c.n_expert:
-            from ..moe import usage_note
+            from ..layers.moe import usage_note
 
             out["note"] = usage_note(c, llm.model.ffns)
             out["expert_counts"] = [f.counts.tolist() for f in llm.model.ffns if hasattr(f, "counts")]  # MoE layers

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import PowerInferError, UnsupportedError
-from ..ffn import PREDICTED_GLU, RELU_FAMILY, ffn_variant
+from ..layers.ffn import PREDICTED_GLU, RELU_FAMILY, ffn_variant
 from .predictor_fit import FitConfig, LayerPredictor, Metrics, fit_layer
 
 RANKS = (16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -75,7 +75,7 @@ def label_cuts(config, sparsity: float | None = None, path: str = "MODEL") -> tu
                               f"labels need the single rule on |act(gate)|, `powerinfer calibrate -m MODEL "
                               f"--sparsity {sparsity if sparsity is not None else config.calibrated_sparsity:g} "
                               "--one-stage -o calibrated.gguf`")
-    from ..threshold import layer_cuts
+    from ..layers.threshold import layer_cuts
     return layer_cuts(config, sparsity, path)[0]
 
 

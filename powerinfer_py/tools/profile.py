@@ -40,7 +40,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import PowerInferError
-from ..ffn import RELU_FAMILY, ffn_variant
+from ..layers.ffn import RELU_FAMILY, ffn_variant
 
 LOG10_MIN, LOG10_MAX, BINS_PER_DECADE = -8, 4, 32
 HIST_BINS = (LOG10_MAX - LOG10_MIN) * BINS_PER_DECADE

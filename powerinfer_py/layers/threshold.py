@@ -48,9 +48,9 @@ import math
 
 import numpy as np
 
-from .config import KEY_FFN_QUANTILES, KEY_FFN_THRESHOLDS, KEY_FFN_UP_QUANTILES, QUANTILE_STEPS, ModelConfig
-from .errors import ModelFileError, PowerInferError
-from .tensor import GGMLType, Tensor
+from ..config import KEY_FFN_QUANTILES, KEY_FFN_THRESHOLDS, KEY_FFN_UP_QUANTILES, QUANTILE_STEPS, ModelConfig
+from ..errors import ModelFileError, PowerInferError
+from ..tensor import GGMLType, Tensor
 
 THRESHOLD_VARIANTS = ("swiglu", "geglu")
 DOWN_CHOICES = ("auto", "dense", "transposed")
@@ -130,9 +130,9 @@ def use_transposed(down: Tensor, sparsity: float, choice: str = "auto") -> bool:
 def transposed_copy(down: Tensor) -> Tensor:
     """down (n_embd, n_ff) -> down_t (n_ff, n_embd) in transposed_type(down): dequantize, transpose, encode."""
     try:  # the C codecs and transpose when built (fast); the numpy ones otherwise (same values)
-        from .kernels.cpu import dequantize, quantize, transpose
+        from ..kernels.cpu import dequantize, quantize, transpose
     except ImportError:  # pragma: no cover - only without a built extension
-        from .kernels.ref import dequantize, quantize, transpose
+        from ..kernels.ref import dequantize, quantize, transpose
 
     ty = transposed_type(down)
     t = transpose(np.asarray(dequantize(down), dtype=np.float32).reshape(down.shape))

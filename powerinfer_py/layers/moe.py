@@ -64,8 +64,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import ModelFileError, UnsupportedError
-from .tensor import Tensor
+from ..errors import ModelFileError, UnsupportedError
+from ..tensor import Tensor
 
 
 def require_dense_ffn(config, what: str) -> None:

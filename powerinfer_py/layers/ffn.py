@@ -66,10 +66,10 @@ from typing import Mapping
 
 import numpy as np
 
-from .config import GEMMA_ARCHS, ModelConfig
-from .errors import PowerInferError, UnsupportedError
-from .kernels.ref import FC2T, FC2T_TYPES
-from .tensor import Tensor
+from ..config import GEMMA_ARCHS, ModelConfig
+from ..errors import PowerInferError, UnsupportedError
+from ..kernels.ref import FC2T, FC2T_TYPES
+from ..tensor import Tensor
 
 MODES = ("predictor", "exact", "threshold", "off")
 THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"
@@ -504,9 +504,9 @@ def transposed_predictor(fc2: Tensor | None, kernels=None):
     if fc2.type.name not in FC2_T_TYPES:
         return None
     try:  # the C transpose when built: 5-7x numpy's strided copy (F16 7B fc2: 7-10 ms against 48-60)
-        from .kernels.cpu import transpose
+        from ..kernels.cpu import transpose
     except ImportError:  # pragma: no cover - only without a built extension
-        from .kernels.ref import transpose
+        from ..kernels.ref import transpose
     data = np.asarray(fc2.data).reshape(fc2.shape)
     return Tensor(fc2.name.replace("fc2", "fc2_t"), fc2.type, (fc2.shape[1], fc2.shape[0]), transpose(data))
 
