@@ -108,7 +108,7 @@ def ppl_table(path: Path, eval_text: str, a, others: dict[str, Path]) -> None:
 
 def decode_table(path: Path, a) -> None:
     with load(path, threads=a.threads) as llm:  # one file map and kernel pool, four models over it
-        from powerinfer_py.loader import load_weights
+        from powerinfer_py.gguf.load import load_weights
 
         weights = load_weights(llm.file)
         cuts = llm.config.ffn_thresholds

@@ -47,8 +47,8 @@ class LLM:
                  placement: str | os.PathLike | None = None, use_mmap: bool = True):
         from . import models
         from .gguf import open_gguf
+        from .gguf.load import load_weights
         from .layers.ffn import runtime_sparse
-        from .loader import load_weights
         from .tokenizer import Tokenizer
 
         self.path = Path(path)

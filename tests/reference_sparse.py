@@ -21,7 +21,7 @@ from gguf import GGUFValueType
 from powerinfer_py.gguf import open_gguf, write_gguf
 from powerinfer_py.kernels import ref
 from powerinfer_py.synth.common import synthetic_vocab
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 SPARSE_ARCHS = ("llama", "bamboo", "falcon", "opt")
 TYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}

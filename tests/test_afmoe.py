@@ -24,7 +24,7 @@ from model_checks import assert_matches_llama_cpp, info_text, load_model, rel_er
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.synth.bailingmoe2 import write_ling_trinity
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 TOKENS = [1] + list(np.random.default_rng(1).integers(3, 512, 23))
 TOL, QUANT_TOL = 0.01, 0.25

@@ -26,7 +26,7 @@ from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.models.cohere import CohereModel
 from powerinfer_py.tools.perplexity import perplexity
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 # 12 tokens: longer than the window of 4, so cohere2's sliding layers drop positions the global ones still see
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322], dtype=np.int32)

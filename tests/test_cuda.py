@@ -19,7 +19,7 @@ from fake_cuda import decode_planar, install
 
 from powerinfer_py.kernels import cuda as C
 from powerinfer_py.kernels import ref
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0]
 

@@ -9,7 +9,7 @@ import pytest
 from test_attn_block import kernels, load  # noqa: F401  (kernels: the 1- and 2-thread fixture)
 
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 
 cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not built", exc_type=ImportError)

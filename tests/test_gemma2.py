@@ -20,11 +20,11 @@ from powerinfer_py.gguf import open_gguf
 from powerinfer_py.gguf.writer import write_gguf
 from powerinfer_py.kernels import ref
 from powerinfer_py.kernels.cpu import CpuKernels
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import expected_tensors
 from powerinfer_py.tools.perplexity import perplexity
 from powerinfer_py.tools.profile import profile_model
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 # <s> then the pieces of "Hello world, th": longer than the synthetic window of 4
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322], dtype=np.int32)

@@ -25,7 +25,7 @@ from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.layers.ffn import SparseSettings
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.kernels.cpu import CpuKernels
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.synth.gemma3n import write_gemma3n_model
 

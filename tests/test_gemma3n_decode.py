@@ -10,7 +10,7 @@ from model_checks import assert_fused_decode_equals_python
 
 from powerinfer_py.layers.ffn import SparseSettings
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.synth.gemma3n import write_gemma3n_model
 

@@ -24,7 +24,7 @@ from powerinfer_py import load
 from powerinfer_py.tools.calibrate import calibrate
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.synth.gemma4 import write_gemma4_model
 

@@ -9,7 +9,7 @@ import pytest
 from model_checks import assert_fused_decode_equals_python
 
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.synth.gemma4 import write_gemma4_model
 

@@ -25,7 +25,7 @@ from model_checks import (
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf, write_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.layers.moe import MoEFFN
 
@@ -124,7 +124,7 @@ def test_bad_metadata(synthetic_model, tmp_path, edit, match):
 
 
 def test_biases_are_refused(synthetic_model, tmp_path):
-    from powerinfer_py.tensor import GGMLType, Tensor
+    from powerinfer_py.gguf.types import GGMLType, Tensor
 
     src = synthetic_model("granite", "f32")
     n_embd = open_gguf(src).tensors["blk.1.attn_output.weight"].shape[0]

@@ -30,7 +30,7 @@ from model_checks import (assert_fused_decode_equals_python, assert_matches_llam
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.layers.cache import Mamba2KVCache
 from powerinfer_py.models import expected_tensors
 from powerinfer_py.models.granite_hybrid import GraniteHybridModel

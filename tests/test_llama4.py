@@ -34,7 +34,7 @@ from powerinfer_py.kernels import ref
 from powerinfer_py.models.llama4 import attn_temperature, chunked_attention
 from powerinfer_py.layers.moe import MoEFFN
 from powerinfer_py.synth.llama4 import write_llama4_model
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 TOKENS = [1] + list(np.random.default_rng(1).integers(3, 512, 23))
 TOL, QUANT_TOL = 0.01, 0.25

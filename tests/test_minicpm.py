@@ -149,7 +149,7 @@ def test_bad_metadata(synthetic_model, tmp_path, edit, match):
 
 
 def test_bad_rope_factors(synthetic_model, tmp_path):
-    from powerinfer_py.tensor import GGMLType, Tensor
+    from powerinfer_py.gguf.types import GGMLType, Tensor
 
     src = _file(synthetic_model, "f32", LONGROPE)
     short = Tensor("rope_factors_short.weight", GGMLType.F32, (8,), -np.ones(8, np.float32))

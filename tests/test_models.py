@@ -13,7 +13,7 @@ from reference_forward import ReferenceModel
 from powerinfer_py.errors import ContextFullError, ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.kernels import ref
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3")  # phi3: fused attn_qkv and gate+up, synthetic window ignored

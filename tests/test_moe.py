@@ -15,7 +15,7 @@ from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, PowerInferError, UnsupportedError
 from powerinfer_py.gguf.reader import open_gguf
 from powerinfer_py.layers.moe import MoEFFN
-from powerinfer_py.tensor import Tensor
+from powerinfer_py.gguf.types import Tensor
 
 TOKENS = [1, 5, 300, 301, 7, 88, 42, 260, 9, 100, 200, 33]
 

@@ -24,7 +24,7 @@ from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.layers.ffn import resolve_sparse
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.layers.cache import Mamba2KVCache
 from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.models.mamba2_mixer import mamba2_dims

@@ -14,11 +14,11 @@ from powerinfer_py.tools.calibrate import calibrate
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.kernels import ref
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.tools.perplexity import perplexity
 from powerinfer_py.synth import write_synthetic_model
-from powerinfer_py.tensor import Tensor
+from powerinfer_py.gguf.types import Tensor
 
 N_ROT = 12  # of head_dim 16: Phi-4-mini's partial rotary (96 of 128), also the synthetic default
 _RNG = np.random.default_rng(7)

@@ -33,7 +33,7 @@ from powerinfer_py.config import ModelConfig
 from powerinfer_py.layers.cache import DeltaKVCache
 from powerinfer_py.errors import ModelFileError, PowerInferError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import expected_tensors, qwen35
 from powerinfer_py.models.qwen35 import Qwen35Model
 

@@ -31,12 +31,12 @@ from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.layers.ffn import resolve_sparse
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import expected_tensors, qwen3next
 from powerinfer_py.models.qwen3next import Qwen3NextModel
 from powerinfer_py.models.qwen35 import Qwen35Model
 from powerinfer_py.synth.qwen35 import fuse_ba, fuse_qkvz
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 # <s> then the pieces of "Hello world, th..." and a few more
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322, 300, 301, 302, 303], dtype=np.int32)

@@ -18,7 +18,7 @@ from powerinfer_py.convert.archs import llama3_rope_factors
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.kernels import ref
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.synth import write_synthetic_model
 

@@ -153,7 +153,7 @@ def test_exact_refused_for_swiglu_experts(synthetic_model):
 
 
 def _fake_expert_tensors():
-    from powerinfer_py.tensor import GGMLType, Tensor
+    from powerinfer_py.gguf.types import GGMLType, Tensor
 
     def t(name, *shape):
         return Tensor(name, GGMLType.F32, shape, np.zeros(shape, np.float32))
@@ -190,7 +190,7 @@ def test_bad_files(files, tmp_path, edit, drop, error, match):
 
 
 def test_attention_bias_refused(files, tmp_path):
-    from powerinfer_py.tensor import GGMLType, Tensor
+    from powerinfer_py.gguf.types import GGMLType, Tensor
 
     bias = Tensor("blk.0.attn_output.bias", GGMLType.F32, (64,), np.zeros(64, np.float32))
     bad = rewrite_gguf(files["sigmoid"], tmp_path / "bias.gguf", extra=[bias])

@@ -28,7 +28,7 @@ from model_checks import info_text, load_model, rewrite_gguf
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 TWELVE_B = {"parallel": True, "qk_norm": True}
 

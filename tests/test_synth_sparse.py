@@ -21,7 +21,7 @@ from powerinfer_py.synth import sparse as S
 from powerinfer_py.tools.bench import LlamaCppRef
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.tensor import GGMLType
+from powerinfer_py.gguf.types import GGMLType
 
 TINY = S.SHAPES["tiny"]
 D, F, R = TINY["n_embd"], TINY["n_ff"], TINY["rank"]

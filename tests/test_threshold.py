@@ -270,7 +270,7 @@ def test_calibrate_without_text_samples_the_model(synthetic_model, tmp_path):
 
 
 def test_auto_down_choice_by_bytes():
-    from powerinfer_py.tensor import GGMLType, Tensor
+    from powerinfer_py.gguf.types import GGMLType, Tensor
     from powerinfer_py.layers.threshold import transposed_type, use_transposed
 
     def t(ty, nbytes):

@@ -21,7 +21,7 @@ from powerinfer_py.gguf import open_gguf
 from powerinfer_py.gguf.writer import write_gguf
 from powerinfer_py.kernels import ref
 from powerinfer_py.tools.perplexity import perplexity
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 from powerinfer_py.layers.threshold import QUANTILE_GRID
 
 TEXT = ("The ferry left the harbour at dawn, its horn low over the water, and the gulls followed it out past "

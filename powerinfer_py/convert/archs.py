@@ -10,10 +10,10 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import ModelFileError, UnsupportedError
-from ..tensor import GGMLType
+from ..gguf.types import GGMLType
 from .checkpoint import Checkpoint
-from .output import TensorPlan
 from .glm4 import glm4_hparams, glm4_tensors
+from .output import TensorPlan
 from .phi3 import phi3_hparams, phi3_tensors
 from .plan import Builder, cfg_value, falcon_qkv_order, rope_permutation
 

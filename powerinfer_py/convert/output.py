@@ -24,6 +24,7 @@ from gguf import quants as gguf_quants
 
 from ..cpus import usable_cpus
 from ..errors import PowerInferError
+from ..gguf.types import GGMLType
 from ..gguf.writer import (
     _resolve_alignment,
     build_header,
@@ -32,7 +33,6 @@ from ..gguf.writer import (
     tensor_nbytes,
 )
 from ..outfile import atomic_output, check_free_space
-from ..tensor import GGMLType
 from .source import to_f32
 
 QUANTIZED = (GGMLType.Q8_0, GGMLType.Q4_0)

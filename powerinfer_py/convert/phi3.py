@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ModelFileError, UnsupportedError
-from ..tensor import GGMLType
+from ..gguf.types import GGMLType
 from .checkpoint import Checkpoint
 from .output import TensorPlan
 from .plan import Builder, cfg_value

@@ -17,8 +17,8 @@ from gguf import GGUFValueType
 from ..convert.output import atomic_output
 from ..errors import ModelFileError
 from ..gguf.reader import open_gguf
+from ..gguf.types import GGMLType
 from ..gguf.writer import build_header, data_layout, tensor_info_bytes
-from ..tensor import GGMLType
 from .placement import Placement
 
 ARCH = "generic.gpu_index"

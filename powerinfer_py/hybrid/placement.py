@@ -56,7 +56,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ModelFileError, PowerInferError
-from ..tensor import Tensor
+from ..gguf.types import Tensor
 
 GROUP = 32  # neurons per placement group: one warp, one row per lane
 ALIGN = 16  # bytes: arena sub-allocation alignment (128-bit loads)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cpus import usable_cpus
-from ..tensor import GGMLType, Tensor
+from ..gguf.types import GGMLType, Tensor
 
 try:
     from .._pi import ffi, lib

@@ -68,8 +68,8 @@ import numpy as np
 
 from ..config import GEMMA_ARCHS, ModelConfig
 from ..errors import PowerInferError, UnsupportedError
+from ..gguf.types import Tensor
 from ..kernels.ref import FC2T, FC2T_TYPES
-from ..tensor import Tensor
 
 MODES = ("predictor", "exact", "threshold", "off")
 THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"

@@ -65,7 +65,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ModelFileError, UnsupportedError
-from ..tensor import Tensor
+from ..gguf.types import Tensor
 
 
 def require_dense_ffn(config, what: str) -> None:

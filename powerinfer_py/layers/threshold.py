@@ -50,7 +50,7 @@ import numpy as np
 
 from ..config import KEY_FFN_QUANTILES, KEY_FFN_THRESHOLDS, KEY_FFN_UP_QUANTILES, QUANTILE_STEPS, ModelConfig
 from ..errors import ModelFileError, PowerInferError
-from ..tensor import GGMLType, Tensor
+from ..gguf.types import GGMLType, Tensor
 
 THRESHOLD_VARIANTS = ("swiglu", "geglu")
 DOWN_CHOICES = ("auto", "dense", "transposed")

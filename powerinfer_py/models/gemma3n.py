@@ -39,9 +39,9 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ModelFileError, UnsupportedError
+from ..gguf.types import Tensor
 from ..layers.cache import KVCache
 from ..layers.ffn import SparseSettings, SparsityStats
-from ..tensor import Tensor
 from .base import Expected, Model, get_tensor, head_expected, norm_weight
 from .gemma4 import Gemma4Cache, per_layer_inputs
 

@@ -21,9 +21,9 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ContextFullError
+from ..gguf.types import Tensor
 from ..layers.cache import KVCache
 from ..layers.ffn import SparseSettings
-from ..tensor import Tensor
 from .base import Expected, Model, get_tensor, head_expected, sparsify_expected
 
 LAYER_TENSORS = {

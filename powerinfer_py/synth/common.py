@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGUFValueType
 
-from ..tensor import GGMLType, Tensor
+from ..gguf.types import GGMLType, Tensor
 
 DTYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "bf16": GGMLType.BF16,
           "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}

@@ -38,7 +38,7 @@ def write_falcon_h1(path: str | os.PathLike, *, dtype: str, n_layer: int, n_embd
                     n_head_kv: int, n_vocab: int, seed: int, **overrides) -> Path:
     """Write a tiny random falcon-h1 model (module docstring lists the overrides)."""
     from ..gguf import write_gguf
-    from ..tensor import GGMLType
+    from ..gguf.types import GGMLType
     from .common import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
 
     o = _options(dict(overrides))

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..gguf import write_gguf
-from ..tensor import GGMLType
+from ..gguf.types import GGMLType
 from .common import _FILE_TYPE, DTYPES, GRANITE_SCALES, _encode, tokenizer_metadata
 from .lfm2 import lfm2_layer, lfm2_metadata, lfm2_options
 

@@ -37,7 +37,7 @@ def write_llama_variant(path: str | os.PathLike, arch: str, *, dtype: str = "f32
     from gguf import GGUFValueType
 
     from ..gguf import write_gguf
-    from ..tensor import GGMLType
+    from ..gguf.types import GGMLType
     from .common import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
 
     if arch not in LLAMA_VARIANT_ARCHS:

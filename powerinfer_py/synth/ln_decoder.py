@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..gguf import write_gguf
-from ..tensor import GGMLType
+from ..gguf.types import GGMLType
 from .common import DTYPES, _encode, tokenizer_metadata
 
 LN_DECODER_ARCHS = ("phi2", "stablelm", "starcoder2", "gpt2")

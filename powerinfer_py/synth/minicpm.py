@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..gguf import write_gguf
-from ..tensor import GGMLType
+from ..gguf.types import GGMLType
 from .common import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
 
 ARCHS = ("minicpm", "minicpm3", "olmoe")

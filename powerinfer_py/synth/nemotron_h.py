@@ -69,7 +69,7 @@ def write_nemotron_h(path: str | os.PathLike, arch: str, *, dtype: str, n_layer:
     d_state (16), n_group (2), n_ssm_head (8), ssm_head_dim (16), conv_kernel (4), n_ctx_train, norm_eps,
     tied (default False), conv_bias (default True)."""
     from ..gguf import write_gguf
-    from ..tensor import GGMLType
+    from ..gguf.types import GGMLType
     from .common import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
 
     o = _options(dict(overrides), n_layer, arch)

@@ -75,7 +75,7 @@ def write_qwen35(path: str | os.PathLike, arch: str, *, dtype: str, n_layer: int
     multi-token-prediction blocks as llama.cpp's converter writes them by default (block_count counts them; each is
     a full-attention block plus nextn.* tensors, flagged not recurrent; never run for the main output)."""
     from ..gguf import write_gguf
-    from ..tensor import GGMLType
+    from ..gguf.types import GGMLType
     from .common import _FILE_TYPE, DTYPES, _encode, tokenizer_metadata
 
     o = _options(dict(overrides), n_embd, n_head)

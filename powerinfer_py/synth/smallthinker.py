@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..gguf import write_gguf
-from ..tensor import GGMLType
+from ..gguf.types import GGMLType
 from .common import DTYPES, _encode, tokenizer_metadata
 
 _FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}

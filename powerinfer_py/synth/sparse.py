@@ -47,8 +47,8 @@ from gguf import GGUFValueType
 
 from ..convert.output import atomic_output, check_free_space, check_target, quantize_rows
 from ..gguf import open_gguf
+from ..gguf.types import GGMLType, Tensor
 from ..gguf.writer import _resolve_alignment, build_header, data_layout, tensor_info_bytes, tensor_nbytes
-from ..tensor import GGMLType, Tensor
 from .generic import _Spec
 
 DTYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}

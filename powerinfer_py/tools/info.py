@@ -10,8 +10,8 @@ import numpy as np
 
 from ..config import KEY_UP_SPARSITY, ModelConfig
 from ..errors import PowerInferError
+from ..gguf.load import check_expected, conversion_target
 from ..gguf.reader import open_gguf
-from ..loader import check_expected, conversion_target
 from ..models import expected_tensors
 
 

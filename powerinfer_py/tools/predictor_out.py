@@ -27,7 +27,7 @@ from gguf import quants as gguf_quants
 from ..convert.output import TensorPlan, atomic_output, check_target, write_streamed
 from ..errors import PowerInferError
 from ..gguf import open_gguf
-from ..tensor import GGMLType, Tensor
+from ..gguf.types import GGMLType, Tensor
 from .predictor_fit import LayerPredictor
 
 FC_TYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16}

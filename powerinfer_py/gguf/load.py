@@ -18,10 +18,10 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import quants as gguf_quants
 
-from .config import ModelConfig
-from .errors import ModelFileError
-from .gguf.reader import GGUFFile
-from .tensor import KERNEL_TYPES, GGMLType, Tensor
+from ..config import ModelConfig
+from ..errors import ModelFileError
+from .reader import GGUFFile
+from .types import KERNEL_TYPES, GGMLType, Tensor
 
 Q8_0_BLOCK = GGML_QUANT_SIZES[GGMLType.Q8_0][0]
 _INTEGER_TYPES = (GGMLType.I8, GGMLType.I16, GGMLType.I32, GGMLType.I64)
@@ -58,7 +58,7 @@ def _q8_0_quantizer() -> Callable[[np.ndarray], np.ndarray]:
     """x f32 [R, K] -> Q8_0 data uint8 [R, K / 32 * 34]: the C kernel if built, else numpy."""
     for module in ("cpu", "ref"):
         try:
-            fn = importlib.import_module(f".kernels.{module}", __package__).quantize
+            fn = importlib.import_module(f"..kernels.{module}", __package__).quantize
         except (ImportError, AttributeError, OSError):
             continue
         return lambda x, fn=fn: fn(x, GGMLType.Q8_0)
