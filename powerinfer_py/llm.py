@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from .generate import STOP_STRING, Generation, GenerationStats, generate
-from .logprobs import LogprobRecorder
+from .sampler import LogprobRecorder
 from .sampler import Sampler, SamplingParams
 
 DEFAULT_MAX_CTX = 4096  # default context: min(n_ctx_train, this), keeps the KV cache small by default
