@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from powerinfer_py.cpus import usable_cpus
+from powerinfer_py.kernels.cpus import usable_cpus
 from powerinfer_py.errors import PowerInferError
 
 EXIT_ERROR = 1

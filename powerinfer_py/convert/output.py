@@ -22,7 +22,6 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 from gguf import quants as gguf_quants
 
-from ..cpus import usable_cpus
 from ..errors import PowerInferError
 from ..gguf.types import GGMLType
 from ..gguf.writer import (
@@ -32,6 +31,7 @@ from ..gguf.writer import (
     tensor_info_bytes,
     tensor_nbytes,
 )
+from ..kernels.cpus import usable_cpus
 from ..outfile import atomic_output, check_free_space
 from .source import to_f32
 

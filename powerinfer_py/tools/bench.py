@@ -36,8 +36,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..cpus import usable_cpus
 from ..errors import PowerInferError
+from ..kernels.cpus import usable_cpus
 from ..layers.ffn import MODES as SPARSE_MODES
 
 ENGINES = ("ours", "llamacpp")
