@@ -1,4 +1,5 @@
-"""`powerinfer download` and `powerinfer models`: thin shells over powerinfer_py.tools.hub and powerinfer_py.tools.catalog.
+"""`powerinfer download` and `powerinfer models`: thin shells over powerinfer_py.tools.hub and
+powerinfer_py.tools.catalog.
 
 Register with `app.command("download", epilog=hub_cmds.DOWNLOAD_EPILOG)(hub_cmds.download)` and
 `app.command("models")(hub_cmds.models)`."""

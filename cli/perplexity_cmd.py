@@ -1,4 +1,5 @@
-"""`powerinfer perplexity`: perplexity of a model over a text file in any sparse mode (powerinfer_py.tools.perplexity)."""
+"""`powerinfer perplexity`: perplexity of a model over a text file in any sparse mode
+(powerinfer_py.tools.perplexity)."""
 from __future__ import annotations
 
 import json

@@ -1,6 +1,6 @@
 """Nemotron-H (arch "nemotron_h"): Mamba-2 mixers, attention layers and squared-ReLU FFN layers, one kind per layer.
 The config read from the per-layer head_count_kv / feed_forward_length arrays and the ssm.* keys, tiny synthetic
-files (synth/nemotron_h.py) against llama.cpp on the same file (f32 and q8_0), the recurrent state carried across forward
+files (synth/nemotron_h) against llama.cpp on the same file (f32 and q8_0), the recurrent state carried across forward
 calls (one token at a time, a prefill in two parts), the cache's all-or-nothing truncation and a chat whose
 conversation diverges, a clear error for a broken file, `powerinfer info`, and `--sparse exact` on the FFNs.
 

@@ -1,4 +1,5 @@
-"""Predictor training (powerinfer_py.tools.predictor_fit / predictor_train / predictor_out, `powerinfer train-predictor`).
+"""Predictor training (powerinfer_py.tools.predictor_fit / predictor_train / predictor_out,
+`powerinfer train-predictor`).
 
 Data comes from the synthetic sparse ReLU LLaMA of powerinfer_py.synth.sparse: its neurons fire through a
 low-dimensional subspace of the residual stream plus noise the predictor cannot see, so a good low-rank

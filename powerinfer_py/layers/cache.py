@@ -8,12 +8,12 @@
 The recurrent kinds summarise every position so far and cannot be rewound: ConvKVCache gives the truncation
 contract they share.
 
-The K/V planes (KVCache) are allocated by `lazy_zeros`: anonymous memory in ordinary 4 KB pages, zero-filled by the kernel
-when first written, so pages of a large context that are never reached cost no memory and no time. Plain
-np.zeros asks for transparent huge pages on arrays of 4 MB and more; with one plane per head, the first token
-then writes into every 2 MB page of the cache, and the kernel zeroes the whole cache inside the first prompt
-(measured on a 7B-layer-shape model, 8 layers, n_ctx 2048, 268 MB of cache: an 8-token prompt took 0.86-1.28 s
-against 0.24-0.29 s with 4 KB pages; decode at 1500 positions was 41-46 ms per token either way).
+The K/V planes (KVCache) are allocated by `lazy_zeros`: anonymous memory in ordinary 4 KB pages, zero-filled by the
+kernel when first written, so pages of a large context that are never reached cost no memory and no time. Plain
+np.zeros asks for transparent huge pages on arrays of 4 MB and more; with one plane per head, the first token then
+writes into every 2 MB page of the cache, and the kernel zeroes the whole cache inside the first prompt (measured on
+a 7B-layer-shape model, 8 layers, n_ctx 2048, 268 MB of cache: an 8-token prompt took 0.86-1.28 s against
+0.24-0.29 s with 4 KB pages; decode at 1500 positions was 41-46 ms per token either way).
 """
 from __future__ import annotations
 

@@ -60,8 +60,8 @@ def write_synthetic_model(path: str | os.PathLike, arch: str, *, dtype: str = "f
     n_ff; llama and granitemoe files store it as feed_forward_length), n_ff_shexp (qwen2moe's shared expert, default
     n_ff; granitemoe's, ungated, default 0 = none); arcee: as llama without ffn_gate; granite, granitemoe: embedding_scale, residual_scale,
     attention_scale, logit_scale (defaults synth.common.GRANITE_SCALES; None leaves the key out), rope_finetuned;
-    ernie4_5-moe: dense_lead, moe_step, probs_bias (synth.generic._ernie_options; n_ff_shexp defaults to n_ff_exp); lfm2 (4 layers
-    by default, layer 2 attends): attn_layers, conv_kernel (synth.lfm2.lfm2_options)."""
+    ernie4_5-moe: dense_lead, moe_step, probs_bias (synth.generic._ernie_options; n_ff_shexp defaults to
+    n_ff_exp); lfm2 (4 layers by default, layer 2 attends): attn_layers, conv_kernel (synth.lfm2.lfm2_options)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; synthetic models exist for {', '.join(ARCHS)}")
     if dtype not in DTYPES:

@@ -7,7 +7,7 @@ Every layer has attention (NeoX RoPE, grouped-query), a Mamba-2 mixer (synth/nem
 norm out), conv_bias (True), tied (False), conv_kernel, d_state, n_group, n_ssm_head, ssm_head_dim, rope_base
 (10000), n_ctx_train (512), norm_eps (1e-5).
 
-Scales as synth/nemotron_h.py: decays of about 0.4 .. 0.95 per token so the state matters, D ~ 1, a conv bias ~ N(0, 0.3),
+Scales as synth/nemotron_h: decays of about 0.4 .. 0.95 per token so the state matters, D ~ 1, a conv bias ~ N(0, 0.3),
 the grouped norm's weights 1 + N(0, 0.1) scaled by 2 so a file without it differs visibly; the mixer's output is
 about as large as the attention's so dropping either branch shows.
 """

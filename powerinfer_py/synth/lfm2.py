@@ -4,7 +4,8 @@
 Layers il % 3 == 2 attend (as the first attention layers of LFM2-350M: 2, 5, 8), the others are gated short
 convolutions; {arch}.attention.head_count_kv is then the per-layer array llama.cpp reads (0 on conv layers).
 The conv taps are ~N(0, 1/K), so b * u and the convolution stay O(1) like every other activation. lfm2moe: the
-first dense_lead layers (default 1) have a dense FFN, the others experts with a selection bias (synth.generic._Spec.experts).
+first dense_lead layers (default 1) have a dense FFN, the others experts with a selection bias
+(synth.generic._Spec.experts).
 """
 from __future__ import annotations
 
