@@ -1,5 +1,5 @@
 """`powerinfer synth` (hidden): write a synthetic sparse ReLU LLaMA (PWRI) and optionally its dense twin (GGUF),
-for benchmarks and tests of the sparse engine. A thin shell over powerinfer_py.synth_sparse.write_sparse_model.
+for benchmarks and tests of the sparse engine. A thin shell over powerinfer_py.synth.sparse.write_sparse_model.
 
 Register with `app.command("synth", hidden=True, epilog=synth_cmd.EPILOG)(synth_cmd.synth)`."""
 from __future__ import annotations
