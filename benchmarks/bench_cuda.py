@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from powerinfer_py.kernels import cuda as C  # noqa: E402
 from powerinfer_py.kernels import ref  # noqa: E402
-from powerinfer_py.tensor import GGMLType, Tensor  # noqa: E402
+from powerinfer_py.gguf.types import GGMLType, Tensor  # noqa: E402
 
 N_FF, N_EMBD, ACTIVE = 11008, 4096, 0.10
 TYPES = (GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0)

@@ -19,7 +19,7 @@ import numpy as np
 
 from powerinfer_py.kernels import ref
 from powerinfer_py.kernels.cpu import CpuKernels, lib
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 
 def main() -> None:

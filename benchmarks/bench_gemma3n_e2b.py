@@ -3,7 +3,7 @@
     python benchmarks/bench_gemma3n_e2b.py [--dir /tmp/powerinfer-gemma3ne2b] [--layers 10] [--dtype q4_0]
         [-n 32] [-p 64] [-t 2] [--rounds 5]
 
-The file (synth_gemma3n.py, random weights; written once into --dir and reused) has the widths of Gemma 3n E2B as
+The file (synth/gemma3n.py, random weights; written once into --dir and reused) has the widths of Gemma 3n E2B as
 its published config gives them (no real file was read): d 2048, 8 query heads and 2 KV heads of 256, FFN 8192,
 4 AltUp streams, LAuReL rank 64, per-layer embeddings 256 wide, 4 sliding layers (window 512) : 1 full, the last
 half of the layers sharing K/V, Gaussian top-k FFNs on the first layers. What differs: --layers layers (default 10,
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the source tree, unless installed
 
-from powerinfer_py.synth_gemma3n import write_gemma3n_model
+from powerinfer_py.synth.gemma3n import write_gemma3n_model
 
 
 def model_file(folder: Path, layers: int, dtype: str) -> Path:

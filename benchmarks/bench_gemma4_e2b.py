@@ -3,7 +3,7 @@
     python benchmarks/bench_gemma4_e2b.py [--dir /tmp/powerinfer-gemma4e2b] [--layers 10] [--dtype q4_0]
         [-n 64] [-p 64] [-t 2] [--reps 3] [--write-only]
 
-The file (synth_gemma4.py, random weights; written once into --dir and reused) has the widths of Gemma 4 E2B as
+The file (synth/gemma4.py, random weights; written once into --dir and reused) has the widths of Gemma 4 E2B as
 its published config gives them (no real file was read): d 1536, 8 query heads and 1 KV head, head dim 256 on the
 sliding layers and 512 on the full ones (4 sliding : 1 full), a window of 512, proportional RoPE on the full layers
 (a quarter of their pairs turn), GeGLU FFN 6144 wide (12288 on the KV-sharing layers, which are the second half,
@@ -23,8 +23,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the source tree, unless installed
 
-from powerinfer_py.bench import run_bench
-from powerinfer_py.synth_gemma4 import write_gemma4_model
+from powerinfer_py.tools.bench import run_bench
+from powerinfer_py.synth.gemma4 import write_gemma4_model
 
 FULL_HEAD = 512
 SHAPE = {"n_embd": 1536, "n_head": 8, "head_dim": FULL_HEAD, "head_dim_swa": 256, "n_head_kv": (1, 1),

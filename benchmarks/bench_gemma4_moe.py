@@ -3,7 +3,7 @@
     python benchmarks/bench_gemma4_moe.py [--dir /tmp/powerinfer-gemma4moe] [--layers 6] [--dtype q8_0]
         [-n 32] [-p 64] [-t 2] [--reps 3]
 
-The file (synth_gemma4.py, random weights; written once into --dir and reused) keeps the proportions of the
+The file (synth/gemma4.py, random weights; written once into --dir and reused) keeps the proportions of the
 26B-A4B model (as its published config gives them; no real file was read) at a quarter of its widths: d 704 (2816), a dense GeGLU FFN of 512 (2112) beside 128 GeGLU experts of
 192 (704), 8 per token, merged gate/up expert tensors with per-expert scales; sliding layers of 4 heads x 64 with
 2 KV heads and a full layer of 4 heads x 128 with 1 KV head and no V projection (5 sliding : 1 full), a window of
@@ -21,8 +21,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the source tree, unless installed
 
-from powerinfer_py.bench import run_bench
-from powerinfer_py.synth_gemma4 import write_gemma4_model
+from powerinfer_py.tools.bench import run_bench
+from powerinfer_py.synth.gemma4 import write_gemma4_model
 
 FULL_HEAD = 128
 SHAPE = {"n_embd": 704, "n_head": 4, "head_dim": FULL_HEAD, "head_dim_swa": 64, "n_head_kv": (1, 2), "n_vocab": 4096,

@@ -26,7 +26,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # the source tree, un
 
 from powerinfer_py.kernels import cpu  # noqa: E402
 from powerinfer_py.kernels.ref_iq import put_iq1m_d  # noqa: E402
-from powerinfer_py.tensor import GGMLType, Tensor  # noqa: E402
+from powerinfer_py.gguf.types import GGMLType, Tensor  # noqa: E402
 from roundrobin import round_robin  # noqa: E402  (benchmarks/, beside this script)
 
 TYPES = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.F16,

@@ -23,7 +23,7 @@ from bench_kernels import K_F16_FIELDS  # benchmarks/, beside this script
 
 from powerinfer_py.kernels import cpu
 from powerinfer_py.kernels.ref_iq import put_iq1m_d
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 TYPES = ("Q4_0", "Q5_0", "Q4_1", "Q5_1", "IQ4_NL", "MXFP4", "Q8_0")
 

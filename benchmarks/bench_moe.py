@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the source tree, unless installed
 
-from powerinfer_py.bench import run_bench  # noqa: E402
+from powerinfer_py.tools.bench import run_bench  # noqa: E402
 from powerinfer_py.synth import write_synthetic_model  # noqa: E402
 
 SHAPE = dict(n_embd=2048, n_ff=768, n_head=32, n_head_kv=4, head_dim=128, n_expert=128, n_expert_used=8,

@@ -15,7 +15,7 @@ import numpy as np
 
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.kernels.cpu import CpuKernels
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.synth import write_synthetic_model
 

@@ -1,4 +1,4 @@
-"""Predictor training speed and quality on a synthetic ReLU LLaMA layer (powerinfer_py.synth_sparse).
+"""Predictor training speed and quality on a synthetic ReLU LLaMA layer (powerinfer_py.synth.sparse).
 
 Writes a one-layer synthetic sparse model of the chosen shape (default LLaMA-7B's: n_embd 4096, n_ff 11008)
 with its dense twin, runs the dense twin over random tokens to collect (predictor input, active) pairs, trains
@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from powerinfer_py import load
-from powerinfer_py import synth_sparse as S
-from powerinfer_py.predictor_fit import FitConfig, predictor_logits, score
-from powerinfer_py.predictor_train import LayerData, train
+from powerinfer_py.synth import sparse as S
+from powerinfer_py.tools.predictor_fit import FitConfig, predictor_logits, score
+from powerinfer_py.tools.predictor_train import LayerData, train
 
 
 def main() -> None:
@@ -59,7 +59,7 @@ def main() -> None:
         data = LayerData(shape["n_ff"])
         t0 = time.perf_counter()
         with load(dense, threads=args.threads, sparse="off") as llm:
-            from powerinfer_py.observe import observe
+            from powerinfer_py.tools.observe import observe
             observe(llm, ids, lambda il, p, act: data.add(p, act), ctx=256, add_bos=False)
         t_collect = time.perf_counter() - t0
         p, y = data.arrays()

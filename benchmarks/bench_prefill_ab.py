@@ -29,7 +29,7 @@ def child(tree: str, type_name: str, shape: str, threads: int, n_tok: int, reps:
     import numpy as np
     from bench_kernels import random_weight
     from powerinfer_py.kernels import cpu
-    from powerinfer_py.tensor import GGMLType
+    from powerinfer_py.gguf.types import GGMLType
 
     n_rows, n_cols = map(int, shape.split("x"))
     ty = GGMLType[type_name]

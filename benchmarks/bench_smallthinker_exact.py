@@ -1,5 +1,5 @@
 """Decode speed of `--sparse exact` against `off` on a synthetic SmallThinker file whose ReLU experts are really
-sparse (synth_smallthinker's sparsity option: gate rows shifted along the embeddings' common direction), plus
+sparse (synth/smallthinker.py's sparsity option: gate rows shifted along the embeddings' common direction), plus
 the measured fraction of active expert neurons. Prints the median ms per token of each mode over REPEATS runs
 (alternated) and checks that both modes give the same logits bits.
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from powerinfer_py import load
-from powerinfer_py.synth_smallthinker import write_smallthinker_model
+from powerinfer_py.synth.smallthinker import write_smallthinker_model
 
 
 def decode_ms(path, mode, threads, n_tok):

@@ -34,7 +34,7 @@ import numpy as np
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the source tree, unless installed
 
 from powerinfer_py.kernels import cpu  # noqa: E402
-from powerinfer_py.tensor import GGMLType, Tensor  # noqa: E402
+from powerinfer_py.gguf.types import GGMLType, Tensor  # noqa: E402
 from roundrobin import round_robin  # noqa: E402  (benchmarks/, beside this script)
 
 SPARSITY = (0.0, 0.5, 0.8, 0.9, 0.95)

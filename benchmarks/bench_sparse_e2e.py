@@ -5,14 +5,14 @@ model against llama.cpp on its dense GGUF twin, same run, same threads, same tok
         [--modes predictor,exact,off] [--reps 3] [-n 128] [-p 16] [-t 2] [--interleave 16] [--active 0.1] [--recall 0.9]
         [--rank 1024] [--regen] [--json FILE]
 
-The models (powerinfer_py.synth_sparse: d 4096, n_ff 11008, 32 heads, vocab 32000, rank-1024 predictors,
+The models (powerinfer_py.synth.sparse: d 4096, n_ff 11008, 32 heads, vocab 32000, rank-1024 predictors,
 10% of neurons active on average, predictor recall 0.9) are written once into --dir and reused while their
 parameters match (--regen rewrites them): 8 layers are ~3.8 GB per file in F16, ~1.1 GB in Q4_0.
 By default every configuration (llama.cpp and our modes) lives in this one process and they take turns of
 --interleave decode tokens (16), rotating the order every round, --reps rounds of ceil(-n / 16) turns each: the
 shared development machine's bandwidth drifts by tens of percent within a minute, and turns of a second or
 two let a drift hit every configuration alike. `--interleave 0` runs one child process of
-powerinfer_py.bench per configuration and rep instead (prompt tok/s too; medians over --reps).
+powerinfer_py.tools.bench per configuration and rep instead (prompt tok/s too; medians over --reps).
 
 Printed per dtype: decode (and prompt) tok/s, decode ratio against llama.cpp, the active fraction our engine
 measured while decoding (predictor mode: neurons computed; exact: neurons with a non-zero ReLU), and the
@@ -42,9 +42,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the source tree, unless installed
 
-from powerinfer_py import synth_sparse  # noqa: E402
-from powerinfer_py.bench import BENCH_TEXT, LlamaCppRef, _fit_tokens, run_child  # noqa: E402
-from powerinfer_py.ffn import FC2_AXPY_MAX_PERCENT, step_timing_sums  # noqa: E402
+from powerinfer_py.synth import sparse as synth_sparse  # noqa: E402
+from powerinfer_py.tools.bench import BENCH_TEXT, LlamaCppRef, _fit_tokens, run_child  # noqa: E402
+from powerinfer_py.layers.ffn import FC2_AXPY_MAX_PERCENT, step_timing_sums  # noqa: E402
 from powerinfer_py.gguf import open_gguf  # noqa: E402
 
 FFN = ("ffn_gate", "ffn_up", "ffn_down_t", "ffn_down")

@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 
 from powerinfer_py import load
-from powerinfer_py.calibrate import calibrate
+from powerinfer_py.tools.calibrate import calibrate
 from powerinfer_py.demo import demo_model_path
-from powerinfer_py.ffn import SparseSettings
+from powerinfer_py.layers.ffn import SparseSettings
 from powerinfer_py.models import build_model
-from powerinfer_py.perplexity import perplexity
+from powerinfer_py.tools.perplexity import perplexity
 
 DATA = Path(__file__).parent / "data"
 PROMPT = "The history of the printing press begins in the fifteenth century, when"
@@ -108,7 +108,7 @@ def ppl_table(path: Path, eval_text: str, a, others: dict[str, Path]) -> None:
 
 def decode_table(path: Path, a) -> None:
     with load(path, threads=a.threads) as llm:  # one file map and kernel pool, four models over it
-        from powerinfer_py.loader import load_weights
+        from powerinfer_py.gguf.load import load_weights
 
         weights = load_weights(llm.file)
         cuts = llm.config.ffn_thresholds

@@ -23,7 +23,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # the source tree, un
 from powerinfer_py.gguf import open_gguf  # noqa: E402
 from powerinfer_py.gguf.writer import write_gguf  # noqa: E402
 from powerinfer_py.kernels.ref_iq import IQ_TYPES, put_iq1m_d  # noqa: E402
-from powerinfer_py.tensor import GGML_QUANT_SIZES, GGMLType, Tensor  # noqa: E402
+from powerinfer_py.gguf.types import GGML_QUANT_SIZES, GGMLType, Tensor  # noqa: E402
 
 
 def set_d(blocks: np.ndarray, ggml_type: GGMLType, d: float) -> None:

@@ -1,4 +1,4 @@
-"""`powerinfer bench`: our engine against llama.cpp on the same file (logic in powerinfer_py.bench)."""
+"""`powerinfer bench`: our engine against llama.cpp on the same file (logic in powerinfer_py.tools.bench)."""
 from __future__ import annotations
 
 import json
@@ -49,7 +49,7 @@ def bench(
                                  "mapping it (see `powerinfer run --help`); llama.cpp keeps its default."),
 ) -> None:
     """Prompt and decode speed of powerinfer and llama.cpp on the same file, with their ratio and our peak RSS."""
-    from powerinfer_py.bench import run_bench
+    from powerinfer_py.tools.bench import run_bench
 
     def progress(r) -> None:
         active = f", active {100 * r.active_fraction:.1f}%" if r.active_fraction is not None else ""

@@ -1,5 +1,5 @@
 """`powerinfer calibrate`: per-layer |act(gate)| cut-offs for threshold sparsity, written into a copy of the
-model file (logic in powerinfer_py.calibrate)."""
+model file (logic in powerinfer_py.tools.calibrate)."""
 from __future__ import annotations
 
 import json
@@ -52,7 +52,7 @@ def calibrate(
     """Calibrate threshold sparsity: run MODEL densely over text, pick per-layer cut-offs (on |act(gate)| times
     per-neuron scales, then by default on |act * up| among those) that skip the target fraction of neurons,
     write a copy of MODEL with them in its metadata."""
-    from powerinfer_py.calibrate import calibrate as run_calibration
+    from powerinfer_py.tools.calibrate import calibrate as run_calibration
     from powerinfer_py.errors import PowerInferError
 
     with user_errors():

@@ -37,7 +37,7 @@ def _folder(text: str, what: str) -> Path:
     path = Path(text).expanduser()
     if path.exists():
         return path
-    from powerinfer_py import hub
+    from powerinfer_py.tools import hub
 
     if hub.is_repo_id(text):
         stderr.print(f"fetching {what} {escape(text)} from the Hub")

@@ -1,4 +1,5 @@
-"""`powerinfer download` and `powerinfer models`: thin shells over powerinfer_py.hub and powerinfer_py.catalog.
+"""`powerinfer download` and `powerinfer models`: thin shells over powerinfer_py.tools.hub and
+powerinfer_py.tools.catalog.
 
 Register with `app.command("download", epilog=hub_cmds.DOWNLOAD_EPILOG)(hub_cmds.download)` and
 `app.command("models")(hub_cmds.models)`."""
@@ -46,7 +47,7 @@ def download(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
     """Download a model from the Hugging Face Hub into the shared HF cache (or --local-dir) and print where."""
-    from powerinfer_py import hub
+    from powerinfer_py.tools import hub
 
     with user_errors():
         result = hub.download(repo_id, files or (), include=include or (), revision=revision,
@@ -61,7 +62,7 @@ def download(
 
 def models() -> None:
     """List the known PowerInfer models (short names for -m) and which are in the local HF cache."""
-    from powerinfer_py import catalog, hub
+    from powerinfer_py.tools import catalog, hub
 
     table = Table(title="PowerInfer models on the Hugging Face Hub", title_justify="left")
     table.add_column("short name", style="bold", no_wrap=True)

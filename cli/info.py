@@ -37,7 +37,7 @@ def info(
     threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1, help="CPU threads for --verbose."),
 ) -> None:
     """Describe a model file: architecture, dimensions, tensor types, sparsity, and what loading converts."""
-    from powerinfer_py.info import measure_activity, model_info
+    from powerinfer_py.tools.info import measure_activity, model_info
 
     if (model is None) == (model_opt is None):
         raise typer.BadParameter("give the model once: `powerinfer info MODEL` or `powerinfer info -m MODEL`")

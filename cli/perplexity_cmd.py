@@ -1,4 +1,5 @@
-"""`powerinfer perplexity`: perplexity of a model over a text file in any sparse mode (powerinfer_py.perplexity)."""
+"""`powerinfer perplexity`: perplexity of a model over a text file in any sparse mode
+(powerinfer_py.tools.perplexity)."""
 from __future__ import annotations
 
 import json
@@ -36,7 +37,7 @@ def perplexity(
     """Perplexity of MODEL over a text file, in any sparse mode."""
     from powerinfer_py import load
     from powerinfer_py.errors import PowerInferError
-    from powerinfer_py.perplexity import perplexity as measure
+    from powerinfer_py.tools.perplexity import perplexity as measure
 
     with user_errors():
         try:

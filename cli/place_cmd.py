@@ -1,5 +1,5 @@
 """`powerinfer place`: solve the hot/cold neuron placement of a PWRI model for a VRAM budget, print it and
-optionally write it as a .gpuidx sidecar (powerinfer_py/placement.py, gpuidx.py)."""
+optionally write it as a .gpuidx sidecar (powerinfer_py/hybrid/placement.py, gpuidx.py)."""
 from __future__ import annotations
 
 import json
@@ -32,8 +32,8 @@ def place(
     threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1, help="CPU threads for a profile."),
 ) -> None:
     """Choose each layer's hot FFN neurons (on the GPU) under a VRAM budget, maximising the activations there."""
-    from powerinfer_py.gpuidx import write_gpuidx
-    from powerinfer_py.hybrid.backend import plan_for_file
+    from powerinfer_py.hybrid.gpuidx import write_gpuidx
+    from powerinfer_py.tools.place import plan_for_file
 
     with user_errors():
         plan = plan_for_file(model_path(model), vram_budget, ctx_size, activations, threads)

@@ -1,5 +1,5 @@
 """`powerinfer train-predictor`: train per-layer activation predictors for a ReLU-family model and write them
-into a PowerInfer (PWRI) file or a model_N.pt folder (powerinfer_py.predictor_train / predictor_out).
+into a PowerInfer (PWRI) file or a model_N.pt folder (powerinfer_py.tools.predictor_train / predictor_out).
 
 Register with `app.command("train-predictor", epilog=predictor_cmd.EPILOG)(predictor_cmd.train_predictor)`."""
 from __future__ import annotations
@@ -69,11 +69,11 @@ def train_predictor(
         raise fail(f"--format must be pwri or pt, got {fmt!r}")
     with user_errors(verbose):
         from powerinfer_py import load
-        from powerinfer_py.moe import require_dense_ffn
-        from powerinfer_py.observe import calibration_tokens
-        from powerinfer_py.predictor_fit import FitConfig, resolve_backend
-        from powerinfer_py.predictor_out import write_pt, write_pwri
-        from powerinfer_py.predictor_train import collect, label_cuts, parse_rank, train
+        from powerinfer_py.layers.moe import require_dense_ffn
+        from powerinfer_py.tools.observe import calibration_tokens
+        from powerinfer_py.tools.predictor_fit import FitConfig, resolve_backend
+        from powerinfer_py.tools.predictor_out import write_pt, write_pwri
+        from powerinfer_py.tools.predictor_train import collect, label_cuts, parse_rank, train
 
         the_rank = parse_rank(rank)
         content = text.read_text(encoding="utf-8") if text is not None else None

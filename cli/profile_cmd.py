@@ -1,4 +1,4 @@
-"""`powerinfer profile`: per-layer FFN activation statistics over a calibration text (powerinfer_py.profile).
+"""`powerinfer profile`: per-layer FFN activation statistics over a calibration text (powerinfer_py.tools.profile).
 
 Register with `app.command("profile", epilog=profile_cmd.EPILOG)(profile_cmd.profile)`."""
 from __future__ import annotations
@@ -46,9 +46,9 @@ def profile(
     """Record how often each FFN neuron fires per layer (and the |activation| distribution) over a text."""
     with user_errors(verbose):
         from powerinfer_py import load
-        from powerinfer_py.moe import require_dense_ffn
-        from powerinfer_py.plot import frequency_plot
-        from powerinfer_py.profile import profile_model, write_profile
+        from powerinfer_py.layers.moe import require_dense_ffn
+        from powerinfer_py.tools.plot import frequency_plot
+        from powerinfer_py.tools.profile import profile_model, write_profile
 
         content = text.read_text(encoding="utf-8") if text is not None else None
         path = model_path(model)

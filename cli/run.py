@@ -226,7 +226,7 @@ def _print_sparsity(llm) -> None:
     if llm.sparse.mode == "threshold":
         mode += f", target sparsity {llm.sparse.sparsity:g}"
     if llm.config.n_expert:
-        from powerinfer_py.moe import usage_note
+        from powerinfer_py.layers.moe import usage_note
 
         stderr.print(f"{mode} ({usage_note(llm.config, llm.model.ffns)})", style="dim")
         return

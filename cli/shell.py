@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from powerinfer_py.cpus import usable_cpus
+from powerinfer_py.kernels.cpus import usable_cpus
 from powerinfer_py.errors import PowerInferError
 
 EXIT_ERROR = 1
@@ -58,7 +58,7 @@ def user_errors(verbose: bool = False) -> Iterator[None]:
 def model_path(name: str) -> Path:
     """The -m/MODEL argument as a file path: a path, "demo" (Gemma 3 270M), a short name from
     `powerinfer models`, or a Hugging Face repo id (from the cache, downloaded if needed)."""
-    from powerinfer_py.hub import resolve_model
+    from powerinfer_py.tools.hub import resolve_model
 
     return resolve_model(name)
 

@@ -1,5 +1,5 @@
 """`powerinfer synth` (hidden): write a synthetic sparse ReLU LLaMA (PWRI) and optionally its dense twin (GGUF),
-for benchmarks and tests of the sparse engine. A thin shell over powerinfer_py.synth_sparse.write_sparse_model.
+for benchmarks and tests of the sparse engine. A thin shell over powerinfer_py.synth.sparse.write_sparse_model.
 
 Register with `app.command("synth", hidden=True, epilog=synth_cmd.EPILOG)(synth_cmd.synth)`."""
 from __future__ import annotations
@@ -48,7 +48,7 @@ def synth(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks."),
 ) -> None:
     """Write a synthetic sparse ReLU LLaMA with predictors (and its dense twin) with real, data-dependent sparsity."""
-    from powerinfer_py import synth_sparse
+    from powerinfer_py.synth import sparse as synth_sparse
 
     if shape not in synth_sparse.SHAPES:
         raise fail(f"unknown shape {shape!r}; one of {', '.join(synth_sparse.SHAPES)}")

@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .errors import ContextFullError, PowerInferError
-from .logprobs import LogprobRecorder
+from .sampler import LogprobRecorder
 from .sampler import Sampler
 
 StopReason = str  # "eos" | "length" | "context", or STOP_STRING

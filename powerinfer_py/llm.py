@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from .generate import STOP_STRING, Generation, GenerationStats, generate
-from .logprobs import LogprobRecorder
+from .sampler import LogprobRecorder
 from .sampler import Sampler, SamplingParams
 
 DEFAULT_MAX_CTX = 4096  # default context: min(n_ctx_train, this), keeps the KV cache small by default
@@ -46,9 +46,9 @@ class LLM:
                  vram_budget: float | None = None,
                  placement: str | os.PathLike | None = None, use_mmap: bool = True):
         from . import models
-        from .ffn import runtime_sparse
         from .gguf import open_gguf
-        from .loader import load_weights
+        from .gguf.load import load_weights
+        from .layers.ffn import runtime_sparse
         from .tokenizer import Tokenizer
 
         self.path = Path(path)

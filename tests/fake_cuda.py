@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from cffi import FFI
 
-from powerinfer_py.tensor import GGMLType
+from powerinfer_py.gguf.types import GGMLType
 
 
 def decode_planar(buf: np.ndarray, ty: int, n_rows: int, n_cols: int) -> np.ndarray:

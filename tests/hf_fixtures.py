@@ -15,7 +15,7 @@ import numpy as np
 
 from powerinfer_py.convert.safetensors import write_safetensors
 from powerinfer_py.convert.torch_pt import save_pt
-from powerinfer_py.synth import synthetic_vocab
+from powerinfer_py.synth.common import synthetic_vocab
 
 
 # ---- SentencePiece model (protobuf) ------------------------------------------------------------------------

@@ -89,7 +89,7 @@ def rewrite_gguf(src, dst, edit=None, drop=(), extra=(), types=None):
 def assert_threshold_after_calibration(path, out, tokens) -> None:
     """A SwiGLU/GeGLU file calibrated at 50% (written to out): threshold mode at sparsity 0 gives the dense logits
     of `tokens`, and the calibrated file runs in threshold mode by default at about its sparsity."""
-    from powerinfer_py.calibrate import calibrate
+    from powerinfer_py.tools.calibrate import calibrate
 
     calibrate(path, out, 0.5, text="once upon a time the cat sat on the mat and the dog ran", n_tokens=40, ctx=32,
               threads=1)
@@ -106,7 +106,7 @@ def assert_threshold_after_calibration(path, out, tokens) -> None:
 def with_qkv_biases(src, dst, seed=0):
     """src with random attn_q/k/v biases on every layer at dst (for archs whose llama.cpp loader takes them)."""
     from powerinfer_py.gguf.reader import open_gguf
-    from powerinfer_py.tensor import GGMLType, Tensor
+    from powerinfer_py.gguf.types import GGMLType, Tensor
 
     f, rng = open_gguf(src), np.random.default_rng(seed)
     extra = [Tensor(f"blk.{il}.attn_{x}.bias", GGMLType.F32, (n,), rng.normal(0, 0.5, n).astype(np.float32))
@@ -138,7 +138,7 @@ def info_text(path, width: int = 220) -> str:
     from rich.console import Console
 
     from powerinfer_cli.info import _table
-    from powerinfer_py.info import model_info
+    from powerinfer_py.tools.info import model_info
 
     console = Console(width=width, record=True)
     console.print(_table(model_info(path)))
@@ -148,7 +148,7 @@ def info_text(path, width: int = 220) -> str:
 def unconverted_logits(f, kernels, tokens) -> np.ndarray:
     """All logits of tokens for the opened GGUF f, asserting that no tensor was converted at load (each stays a
     view on the file) and that one token at a time (the decode mat-vecs) gives the bits of the batch (prefill)."""
-    from powerinfer_py.loader import load_weights
+    from powerinfer_py.gguf.load import load_weights
     from powerinfer_py.models import build_model, expected_tensors
 
     w = load_weights(f, expected_tensors)
@@ -232,7 +232,7 @@ def load_model(path, kernels, cls=None, **config_changes):
     import dataclasses
 
     from powerinfer_py.gguf import open_gguf
-    from powerinfer_py.loader import load_weights
+    from powerinfer_py.gguf.load import load_weights
     from powerinfer_py.models import build_model, expected_tensors
 
     w = load_weights(open_gguf(path), expected_tensors)

@@ -6,7 +6,7 @@ ranks) or, with dense=True, its dense GGUF twin (ffn_down = ffn_down_t transpose
 edits the tensor list to make malformed files.
 
 SparseReference(path) runs the model one token at a time in float64 (K/V rounded to f16 as the engine's cache
-stores them), straight from the formulas: it shares no code with powerinfer_py.models or powerinfer_py.ffn.
+stores them), straight from the formulas: it shares no code with powerinfer_py.models or powerinfer_py.layers.ffn.
 Its `predictor_input` argument exists so a test can show that feeding the predictor anything but the residual
 FORMATS.md names gives different results.
 """
@@ -20,8 +20,8 @@ from gguf import GGUFValueType
 
 from powerinfer_py.gguf import open_gguf, write_gguf
 from powerinfer_py.kernels import ref
-from powerinfer_py.synth import synthetic_vocab
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.synth.common import synthetic_vocab
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 SPARSE_ARCHS = ("llama", "bamboo", "falcon", "opt")
 TYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}

@@ -1,4 +1,4 @@
-"""Arcee Trinity (arch "afmoe"): tiny synthetic files (synth_bailing) against llama.cpp on the same file, f32
+"""Arcee Trinity (arch "afmoe"): tiny synthetic files (synth/bailingmoe2.py) against llama.cpp on the same file, f32
 and q8_0; one token at a time against one batch; `info`; clear errors for broken files.
 
 The default file is Trinity Nano scaled down: 4 layers (layer 0 dense, 1-3 experts), a 6-token window on layers
@@ -23,8 +23,8 @@ from model_checks import assert_matches_llama_cpp, info_text, load_model, rel_er
 
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
-from powerinfer_py.synth_bailing import write_ling_trinity
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.synth.bailingmoe2 import write_ling_trinity
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 TOKENS = [1] + list(np.random.default_rng(1).integers(3, 512, 23))
 TOL, QUANT_TOL = 0.01, 0.25

@@ -23,7 +23,7 @@ from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.models import apertus
 from powerinfer_py.models.apertus import ApertusModel, xielu
-from powerinfer_py.synth_llama_variants import default_xielu
+from powerinfer_py.synth.llama_variants import default_xielu
 
 TOKENS = [1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322]
 TOL, QUANT_TOL = 0.01, 0.25

@@ -22,11 +22,11 @@ from typer.testing import CliRunner
 from powerinfer_py import load
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import UnsupportedError
-from powerinfer_py.ffn import FFN, FFNWeights, SparseSettings, SparsityStats, ffn_variant
+from powerinfer_py.layers.ffn import FFN, FFNWeights, SparseSettings, SparsityStats, ffn_variant
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.models import expected_tensors
 from powerinfer_py.synth import write_synthetic_model
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 # <s> then the pieces of "Hello world, th"
 TOKENS = [1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322]

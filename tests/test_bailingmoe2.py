@@ -1,4 +1,4 @@
-"""Ling / Ring 2.0 (arch "bailingmoe2"): tiny synthetic files (synth_bailing) against llama.cpp on the same file,
+"""Ling / Ring 2.0 (arch "bailingmoe2"): tiny synthetic files (synth/bailingmoe2.py) against llama.cpp on the same file,
 f32 and q8_0; one token at a time against one batch; the one-call decode step against the Python path; `info`;
 clear errors for broken files.
 
@@ -24,7 +24,7 @@ from model_checks import rewrite_gguf
 
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
-from powerinfer_py.synth_bailing import write_ling_trinity
+from powerinfer_py.synth.bailingmoe2 import write_ling_trinity
 
 TOKENS = [1] + list(np.random.default_rng(1).integers(3, 512, 23))
 TOL, QUANT_TOL = 0.01, 0.25

@@ -31,7 +31,7 @@ def test_child_peak_rss_leaves_out_the_parent():
     import numpy as np
 
     held = np.ones(400 * 2**20, dtype=np.uint8)  # touched, so resident
-    code = "from powerinfer_py.bench import _peak_rss_bytes; print(_peak_rss_bytes())"
+    code = "from powerinfer_py.tools.bench import _peak_rss_bytes; print(_peak_rss_bytes())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     child = int(out.stdout)
     assert held.sum() == held.size
@@ -41,7 +41,7 @@ def test_child_peak_rss_leaves_out_the_parent():
 def test_child_reports_the_predictor_share(tmp_path):
     """Predictor mode's bench run carries the predictor's share of the decode time (from the one-token C step's
     timers); modes without a predictor report none."""
-    from powerinfer_py.bench import run_child
+    from powerinfer_py.tools.bench import run_child
 
     path = write_tiny_sparse(tmp_path / "tiny.pwri", "llama", dtype="q4_0")
     pred = run_child("ours", path, 8, 6, 1, sparse="predictor", backend="cpu")

@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from powerinfer_cli.main import app
-from powerinfer_py.bench import LlamaCppRef
+from powerinfer_py.tools.bench import LlamaCppRef
 from powerinfer_py.gguf import open_gguf, write_gguf
 
 runner = CliRunner()

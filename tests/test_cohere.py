@@ -1,6 +1,6 @@
 """Cohere (archs "command-r" and "cohere2"): one LayerNorm (no bias) feeding attention and a SwiGLU FFN in
 parallel, a tied head times logit_scale; command-r files of 64+ layers have per-head Q/K LayerNorms (Command R+);
-cohere2 has sliding-window layers with RoPE and global layers without. Tiny synthetic files (synth_cohere.py)
+cohere2 has sliding-window layers with RoPE and global layers without. Tiny synthetic files (synth/command_r.py)
 against llama.cpp on the same file, one token at a time against the batch, and broken files.
 
 How far off the mistakes would be (max |logit difference| / std of llama.cpp's logits; measured by
@@ -20,13 +20,13 @@ from llama_ref import llama_cpp_logits
 from model_checks import batch_and_steps, info_text, load_model, rel_err, rewrite_gguf
 
 from powerinfer_py import load
-from powerinfer_py.calibrate import calibrate
+from powerinfer_py.tools.calibrate import calibrate
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.models.cohere import CohereModel
-from powerinfer_py.perplexity import perplexity
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.tools.perplexity import perplexity
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 # 12 tokens: longer than the window of 4, so cohere2's sliding layers drop positions the global ones still see
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322], dtype=np.int32)

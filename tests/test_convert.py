@@ -88,7 +88,7 @@ def test_tokenizer_model_carried_into_llama_cpp(tmp_path):
 
 def test_engine_runs_converted_model_like_hf(tmp_path):
     """Our own engine on the converted file agrees with the HF reference too."""
-    from powerinfer_py.loader import load_weights
+    from powerinfer_py.gguf.load import load_weights
     from powerinfer_py.models import build_model, expected_tensors
 
     cfg, w = _checkpoint(tmp_path / "hf", tied=True)
@@ -106,7 +106,7 @@ def test_qwen3_converts_and_runs_like_the_hf_model(tmp_path):
     """Qwen3: per-head q_norm/k_norm, no biases, head_dim from config (32, not 64 / 4), tied head. llama.cpp and
     our engine both run the converted file with the logits of the HF model."""
     from powerinfer_py.kernels.cpu import CpuKernels
-    from powerinfer_py.loader import load_weights
+    from powerinfer_py.gguf.load import load_weights
     from powerinfer_py.models import build_model, expected_tensors
 
     cfg = llama_config(**DIMS, arch="Qwen3ForCausalLM", tied=True, head_dim=32, attention_bias=False,

@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 from powerinfer_py.convert import convert
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
-from powerinfer_py.tensor import GGMLType
+from powerinfer_py.gguf.types import GGMLType
 
 DIMS = {"n_layer": 2, "n_embd": 64, "n_ff": 128, "n_head": 4, "n_head_kv": 2, "n_vocab": 512}
 TOKENS = [1, 50, 300, 7, 99, 400, 12, 77, 5]

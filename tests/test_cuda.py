@@ -19,7 +19,7 @@ from fake_cuda import decode_planar, install
 
 from powerinfer_py.kernels import cuda as C
 from powerinfer_py.kernels import ref
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0]
 
@@ -66,7 +66,7 @@ def test_cuda_device_half_glue_on_a_numpy_model_of_the_abi(tmp_path, monkeypatch
     from test_hybrid import _fixed_and_ffn
 
     import powerinfer_py
-    from powerinfer_py.synth_sparse import SHAPES, write_sparse_model
+    from powerinfer_py.synth.sparse import SHAPES, write_sparse_model
     path, _ = write_sparse_model(tmp_path / "m.pwri", n_layer=2, dtype=dtype, n_sample=256, **SHAPES["tiny"])
     fixed, ffn = _fixed_and_ffn(path)
     prompt = [1, 17, 230, 45, 99, 3, 310, 77]
@@ -260,7 +260,7 @@ def test_rmsnorm_rope_attention(dev):
 @pytest.mark.parametrize("dtype", ["f16", "q4_0"])
 def test_hybrid_cuda_backend_matches_cpu(tmp_path, dtype):
     import powerinfer_py
-    from powerinfer_py.synth_sparse import SHAPES, write_sparse_model
+    from powerinfer_py.synth.sparse import SHAPES, write_sparse_model
     if not C.cuda_status().available:
         pytest.skip(C.cuda_status().reason)
     path, _ = write_sparse_model(tmp_path / "m.pwri", n_layer=2, dtype=dtype, n_sample=256, **SHAPES["tiny"])

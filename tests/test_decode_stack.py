@@ -9,7 +9,7 @@ import pytest
 from test_attn_block import kernels, load  # noqa: F401  (kernels: the 1- and 2-thread fixture)
 
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 
 cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not built", exc_type=ImportError)
@@ -155,7 +155,7 @@ def test_stack_with_sparse_ffns(tiny_sparse, kernels, arch, dtype, act, param, m
     """PWRI files in predictor and exact mode: the one-call stack gives the logits, caches and per-layer active /
     non-zero counts of the per-layer calls and of the Python path (the predictor reads the residual after the
     attention block in all three)."""
-    from powerinfer_py.ffn import resolve_sparse
+    from powerinfer_py.layers.ffn import resolve_sparse
 
     path = tiny_sparse(arch, dtype=dtype, hidden_act=act, hidden_act_param=param)
     w = load_weights(open_gguf(path), expected_tensors)
@@ -175,8 +175,8 @@ def test_stack_with_threshold_ffns(synthetic_model, kernels, tmp_path, arch, sta
     the Python path."""
     import dataclasses
 
-    from powerinfer_py.calibrate import calibrate
-    from powerinfer_py.ffn import resolve_sparse
+    from powerinfer_py.tools.calibrate import calibrate
+    from powerinfer_py.layers.ffn import resolve_sparse
 
     text = "The ferry left the harbour at dawn, its horn low over the water, and the gulls followed it. " * 6
     calibrate(synthetic_model(arch, "f32"), tmp_path / "cal.gguf", 0.5, text=text, n_tokens=200, ctx=64, threads=1,

@@ -29,11 +29,11 @@ from model_checks import assert_matches_llama_cpp, batch_and_steps, info_text, r
 
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
-from powerinfer_py.ffn import resolve_sparse
+from powerinfer_py.layers.ffn import resolve_sparse
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
-from powerinfer_py.moe import MoEFFN, require_dense_ffn
+from powerinfer_py.layers.moe import MoEFFN, require_dense_ffn
 
 TOKENS = [1, 5, 300, 301, 7, 88, 42, 260, 9, 100, 200, 33]
 YARN = (("type", "yarn"), ("factor", 4.0), ("original_context_length", 64), ("yarn_log_multiplier", 0.0707))

@@ -1,5 +1,5 @@
 """Falcon-H1 (arch "falcon-h1"): every layer runs attention and a Mamba-2 mixer side by side on one normed input,
-then a SwiGLU FFN. Tiny synthetic files (synth_falcon_h1: 3 layers, 8 mixer heads of 16 in 2 groups, NeoX RoPE)
+then a SwiGLU FFN. Tiny synthetic files (synth/falcon_h1.py: 3 layers, 8 mixer heads of 16 in 2 groups, NeoX RoPE)
 against llama.cpp on the same file at f32 and q8_0, with and without the optional grouped norm ssm_norm; one token
 at a time and a prefill in two parts against one prefill; chat reuse against a fresh prefill; the config and the
 cache (K/V and mixer states on every layer); clear errors for broken files; `powerinfer info`.
@@ -25,12 +25,12 @@ from model_checks import (assert_chat_reuse_matches_fresh_prefill, assert_matche
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
-from powerinfer_py.mamba2_cache import Mamba2KVCache
+from powerinfer_py.gguf.load import load_weights
+from powerinfer_py.layers.cache import Mamba2KVCache
 from powerinfer_py.models import expected_tensors
 from powerinfer_py.models.falcon_h1 import FalconH1Model
 from powerinfer_py.models.mamba2_mixer import mamba2_dims
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322, 300, 301, 302, 303], dtype=np.int32)
 TOL = 0.01  # as the other architectures' f32 files

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from powerinfer_py.kernels import ref
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not built", exc_type=ImportError)
 from test_kernels_sparse import pools  # noqa: E402, F401 (fixture: CpuKernels on 1, 2 and 3 threads)

@@ -12,7 +12,7 @@ from llama_ref import llama_cpp_logits
 from model_checks import assert_fused_decode_equals_python, load_model, rel_err
 
 from powerinfer_py import load
-from powerinfer_py.calibrate import calibrate
+from powerinfer_py.tools.calibrate import calibrate
 from powerinfer_py.chat.templates import default_builtin
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError
@@ -20,11 +20,11 @@ from powerinfer_py.gguf import open_gguf
 from powerinfer_py.gguf.writer import write_gguf
 from powerinfer_py.kernels import ref
 from powerinfer_py.kernels.cpu import CpuKernels
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import expected_tensors
-from powerinfer_py.perplexity import perplexity
-from powerinfer_py.profile import profile_model
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.tools.perplexity import perplexity
+from powerinfer_py.tools.profile import profile_model
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 # <s> then the pieces of "Hello world, th": longer than the synthetic window of 4
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322], dtype=np.int32)
@@ -229,8 +229,8 @@ def test_pwri_predictor_mode(synthetic_model, tmp_path, arch, kw):
     """A PWRI file of the model (predictors as `powerinfer train-predictor` writes them): with every neuron
     predicted active it is the dense model; the emulated hybrid backend (hot neurons on the "device", attention
     and its soft-cap on the CPU kernels) gives the CPU backend's tokens and logits."""
-    from powerinfer_py.predictor_fit import LayerPredictor, Metrics
-    from powerinfer_py.predictor_out import write_pwri
+    from powerinfer_py.tools.predictor_fit import LayerPredictor, Metrics
+    from powerinfer_py.tools.predictor_out import write_pwri
     src = synthetic_model(arch, "f32", n_layer=4, **kw)
     c = ModelConfig.from_gguf(open_gguf(src))
     rng = np.random.default_rng(1)

@@ -1,4 +1,4 @@
-"""Gemma 3n (arch "gemma3n"): a tiny synthetic file (synth_gemma3n.py: 25 layers, so that llama.cpp's fixed
+"""Gemma 3n (arch "gemma3n"): a tiny synthetic file (synth/gemma3n.py: 25 layers, so that llama.cpp's fixed
 sizes all show: sliding and full layers, layers 20..24 sharing the K/V of layers 18 and 19, Gaussian top-k FFNs
 on layers 0..9 and dense ones after; 4 AltUp streams, LAuReL, per-layer embeddings) against llama.cpp on the same
 file at F32 and Q8_0, prefill against one token at a time, `--sparse exact` against `off` bit for bit, the config
@@ -22,12 +22,12 @@ from model_checks import info_text, rel_err, rewrite_gguf
 
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
-from powerinfer_py.ffn import SparseSettings
+from powerinfer_py.layers.ffn import SparseSettings
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.kernels.cpu import CpuKernels
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
-from powerinfer_py.synth_gemma3n import write_gemma3n_model
+from powerinfer_py.synth.gemma3n import write_gemma3n_model
 
 # <s> and 15 word pieces: four times the window of 4, so that the sliding layers drop keys
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322, 300, 280, 290, 301], np.int32)

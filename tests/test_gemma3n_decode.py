@@ -1,6 +1,6 @@
 """Gemma 3n's one-token decode step: each attention block one C call (attn_block.c with the weightless V norm and
 the layers sharing K/V; AltUp, LAuReL and the FFN stay in Python), giving the Python path's logits and KV cache
-bit for bit on synth_gemma3n.py's file (25 layers, layers 20..24 sharing K/V), F32 and Q8_0, at 1 and 2 threads,
+bit for bit on synth/gemma3n.py's file (25 layers, layers 20..24 sharing K/V), F32 and Q8_0, at 1 and 2 threads,
 with `--sparse exact` too."""
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from model_checks import assert_fused_decode_equals_python
 
-from powerinfer_py.ffn import SparseSettings
+from powerinfer_py.layers.ffn import SparseSettings
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
-from powerinfer_py.synth_gemma3n import write_gemma3n_model
+from powerinfer_py.synth.gemma3n import write_gemma3n_model
 
 cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not built", exc_type=ImportError)
 

@@ -1,4 +1,4 @@
-"""Gemma 4 (arch "gemma4", dense): tiny synthetic files (synth_gemma4.py: sliding and full layers of different
+"""Gemma 4 (arch "gemma4", dense): tiny synthetic files (synth/gemma4.py: sliding and full layers of different
 head dims and KV heads, two KV-sharing layers, a full layer without attn_v, proportional RoPE factors, per-layer
 FFN widths and output scales, with and without per-layer embeddings) against llama.cpp on the same file,
 prefill against one token at a time, the config read from the per-layer metadata, clear errors for broken
@@ -21,12 +21,12 @@ from llama_ref import llama_cpp_logits
 from model_checks import info_text, rel_err, rewrite_gguf
 
 from powerinfer_py import load
-from powerinfer_py.calibrate import calibrate
+from powerinfer_py.tools.calibrate import calibrate
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
-from powerinfer_py.synth_gemma4 import write_gemma4_model
+from powerinfer_py.synth.gemma4 import write_gemma4_model
 
 # <s> and 15 word pieces: four times the window of 4, so that the sliding layers drop keys
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322, 300, 280, 290, 301], np.int32)

@@ -1,6 +1,6 @@
 """Gemma 4's one-token decode step: each attention block one C call (attn_block.c with the layer's own head dim,
 heads, KV heads, RoPE and window, the weightless V norm, a layer without attn_v, layers sharing K/V), giving the
-Python path's logits and KV cache bit for bit on the synthetic files of synth_gemma4.py (dense with and without
+Python path's logits and KV cache bit for bit on the synthetic files of synth/gemma4.py (dense with and without
 per-layer embeddings, F32 and Q8_0, and the mixture-of-experts shape), at 1 and 2 threads."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from model_checks import assert_fused_decode_equals_python
 
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
-from powerinfer_py.synth_gemma4 import write_gemma4_model
+from powerinfer_py.synth.gemma4 import write_gemma4_model
 
 cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not built", exc_type=ImportError)
 

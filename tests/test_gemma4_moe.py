@@ -1,4 +1,4 @@
-"""Gemma 4's mixture-of-experts layers (the 26B-A4B model; synth_gemma4.py with n_expert: 8 GeGLU experts, 2 per
+"""Gemma 4's mixture-of-experts layers (the 26B-A4B model; synth/gemma4.py with n_expert: 8 GeGLU experts, 2 per
 token, beside each layer's dense FFN) against llama.cpp on the same files; prefill against one token at a time;
 the merged and the separate expert gate/up layouts; clear errors for broken expert tensors.
 
@@ -28,10 +28,10 @@ from model_checks import info_text, rel_err, rewrite_gguf
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
-from powerinfer_py.synth_gemma4 import write_gemma4_model
-from powerinfer_py.tensor import Tensor
+from powerinfer_py.synth.gemma4 import write_gemma4_model
+from powerinfer_py.gguf.types import Tensor
 
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322, 300, 280, 290, 301], np.int32)
 TOL = 0.02  # measured 0.0096 (per-layer embeddings) and 0.0053 (none)

@@ -6,7 +6,7 @@ import pytest
 
 from powerinfer_py.errors import ContextFullError, PowerInferError
 from powerinfer_py.generate import generate
-from powerinfer_py.kv_cache import KVCache
+from powerinfer_py.layers.cache import KVCache
 from powerinfer_py.sampler import Sampler, SamplingParams
 
 GREEDY = SamplingParams(temperature=0)

@@ -12,7 +12,7 @@ from gguf import GGUFValueType as VT
 from powerinfer_py.errors import ModelFileError, PowerInferError
 from powerinfer_py.gguf import open_gguf, read_metadata_only, write_gguf
 from powerinfer_py.gguf import writer as writer_module
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 rng = np.random.default_rng(1234)
 

@@ -28,10 +28,10 @@ from model_checks import (
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
-from powerinfer_py.moe import MoEFFN
-from powerinfer_py.tensor import Tensor
+from powerinfer_py.layers.moe import MoEFFN
+from powerinfer_py.gguf.types import Tensor
 
 TOKENS = [1, 5, 300, 301, 7, 88, 42, 260, 9, 100, 200, 33]
 MOE = dict(n_layer=3)

@@ -1,6 +1,6 @@
 """GPT-2 (arch "gpt2", models/ln_decoder.py): learned absolute positions (no RoPE), a sequential pre-LayerNorm
 block, a fused attn_qkv with its bias, biases on every projection, a GELU FFN, a head tied to token_embd. Tiny
-synthetic files (synth_ln_decoder.py) against llama.cpp on the same file.
+synthetic files (synth/ln_decoder.py) against llama.cpp on the same file.
 
 How far off the mistakes would be (max |logit difference| / std of llama.cpp's logits; test_mistakes_are_visible,
 printed with -s): the right model 0.0016; positions left out 5.83, the qkv bias dropped 0.81,

@@ -25,9 +25,9 @@ from powerinfer_py.errors import UnsupportedError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.kernels import ref
 from powerinfer_py.kernels.cpu import CpuKernels
-from powerinfer_py.moe import MoEFFN, swiglu_oai
+from powerinfer_py.layers.moe import MoEFFN, swiglu_oai
 from powerinfer_py.synth import write_synthetic_model
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 TOKENS = [1, 5, 300, 301, 7, 88, 42, 260, 9, 100, 200, 33]  # 12 tokens: 3 windows of the synthetic 4
 YARN = {"type": "yarn", "factor": 4.0, "original_context_length": 64}

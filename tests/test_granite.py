@@ -2,7 +2,7 @@
 against a batch, the one-call attention step against the Python path, and the metadata we refuse.
 
 The synthetic files carry embedding_scale 10, residual_scale 0.5, attention.scale 0.6 (head_dim 16: the default
-would be 0.25) and logit_scale 4 (synth.GRANITE_SCALES). Mutation check, measured on the f32 files (max |ours -
+would be 0.25) and logit_scale 4 (synth.common.GRANITE_SCALES). Mutation check, measured on the f32 files (max |ours -
 llama.cpp| over the logits' spread; the test passes below 0.01): as built 0.001; leaving out the embedding
 scale 6.6, the residual scale 2.3, the attention scale 0.85 (granitemoe 0.63), the logit scale 27;
 granitemoe without renormalizing the chosen experts' weights 0.16 (0.12 with the shared expert).
@@ -25,9 +25,9 @@ from model_checks import (
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf, write_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
-from powerinfer_py.moe import MoEFFN
+from powerinfer_py.layers.moe import MoEFFN
 
 TOKENS = [1, 5, 300, 301, 7, 88, 42, 260, 9, 100, 200, 33]
 # granitemoe with a shared expert: 128 wide (at 96, one q8_0 token of twelve misses by 0.45 of the spread: in
@@ -124,7 +124,7 @@ def test_bad_metadata(synthetic_model, tmp_path, edit, match):
 
 
 def test_biases_are_refused(synthetic_model, tmp_path):
-    from powerinfer_py.tensor import GGMLType, Tensor
+    from powerinfer_py.gguf.types import GGMLType, Tensor
 
     src = synthetic_model("granite", "f32")
     n_embd = open_gguf(src).tensors["blk.1.attn_output.weight"].shape[0]

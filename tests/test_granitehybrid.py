@@ -1,11 +1,11 @@
 """IBM Granite 4.0-H (arch "granitehybrid"): Mamba-2 mixer and attention layers, every layer followed by Granite's
 FFN (dense SwiGLU or experts with an ungated shared expert), with Granite's four scalars. Tiny synthetic files
-(synth_mamba2, pattern "M*MM*M": attention after one and after two mixers) against llama.cpp on the same file at
+(synth/nemotron_h.py, pattern "M*MM*M": attention after one and after two mixers) against llama.cpp on the same file at
 f32 and q8_0, dense and MoE; one token at a time against a prefill; the one-call attention step against the
 Python path; the config read from the file; a clear error for a broken file; `powerinfer info`.
 
 The files carry embedding_scale 10, residual_scale 0.5, attention.scale 0.6 (head_dim 16: the default would be
-0.25), logit_scale 4 (synth.GRANITE_SCALES) and, as the Granite 4.0-H files, rope.scaling.finetuned = false (no
+0.25), logit_scale 4 (synth.common.GRANITE_SCALES) and, as the Granite 4.0-H files, rope.scaling.finetuned = false (no
 RoPE); ROPE_FILE says true (Bamba-style files). Agreement with llama.cpp (max |logit difference| / std of
 llama.cpp's logits, measured by test_logits_match_llama_cpp's files): f32 dense 0.00097, f32 with RoPE 0.00082,
 f32 MoE 0.00091 (tolerance 0.01); q8_0 dense 0.062, q8_0 MoE 0.071 (tolerance 0.25). How far off the usual mistakes
@@ -30,11 +30,11 @@ from model_checks import (assert_fused_decode_equals_python, assert_matches_llam
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
-from powerinfer_py.mamba2_cache import Mamba2KVCache
+from powerinfer_py.gguf.load import load_weights
+from powerinfer_py.layers.cache import Mamba2KVCache
 from powerinfer_py.models import expected_tensors
 from powerinfer_py.models.granite_hybrid import GraniteHybridModel
-from powerinfer_py.moe import MoEFFN
+from powerinfer_py.layers.moe import MoEFFN
 
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322, 300, 301, 302, 303], dtype=np.int32)
 TOL = 0.01  # as the other architectures' f32 files

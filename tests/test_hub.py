@@ -13,7 +13,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from powerinfer_py import catalog, hub
+from powerinfer_py.tools import catalog, hub
 from powerinfer_py.errors import PowerInferError
 
 from hub_server import FakeRepo, HubServer

@@ -9,9 +9,9 @@ from typer.testing import CliRunner
 
 import powerinfer_py
 from powerinfer_py.errors import PowerInferError
-from powerinfer_py.gpuidx import read_gpuidx, write_gpuidx
-from powerinfer_py.placement import GIB, GROUP
-from powerinfer_py.synth_sparse import SHAPES, write_sparse_model
+from powerinfer_py.hybrid.gpuidx import read_gpuidx, write_gpuidx
+from powerinfer_py.hybrid.placement import GIB, GROUP
+from powerinfer_py.synth.sparse import SHAPES, write_sparse_model
 
 PROMPT = [1, 17, 230, 45, 99, 3, 310, 77]
 N_GEN = 12
@@ -43,7 +43,7 @@ def _fixed_and_ffn(path):
     """(fixed bytes, all FFN neuron bytes) of a model, for budgets relative to it."""
     from powerinfer_py.config import ModelConfig
     from powerinfer_py.gguf import open_gguf
-    from powerinfer_py.placement import footprint
+    from powerinfer_py.hybrid.placement import footprint
     f = open_gguf(path)
     c = ModelConfig.from_gguf(f)
     fp = footprint(c, f.tensors, 64)
@@ -146,7 +146,7 @@ def test_emulated_hybrid_every_sparse_architecture(tmp_path, arch, act, param):
 
     from powerinfer_py.hybrid import attach_backend
     from powerinfer_py.kernels.cpu import CpuKernels
-    from powerinfer_py.placement import footprint
+    from powerinfer_py.hybrid.placement import footprint
 
     kw = {"hidden_act": act, "hidden_act_param": param} if act else {}
     path = write_tiny_sparse(tmp_path / f"{arch}.gguf", arch, **kw)

@@ -17,7 +17,7 @@ from model_checks import unconverted_logits
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.gguf.writer import write_gguf
 from powerinfer_py.kernels.ref_iq import put_iq1m_d
-from powerinfer_py.tensor import GGML_QUANT_SIZES, GGMLType, Tensor
+from powerinfer_py.gguf.types import GGML_QUANT_SIZES, GGMLType, Tensor
 
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322], dtype=np.int32)
 QUANTIZED = {"IQ3_S": llama_cpp.LLAMA_FTYPE_MOSTLY_IQ3_S, "IQ3_M": llama_cpp.LLAMA_FTYPE_MOSTLY_IQ3_M}

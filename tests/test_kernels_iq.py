@@ -11,7 +11,7 @@ import pytest
 from gguf import quants as gguf_quants
 
 from powerinfer_py.kernels import ref, ref_iq
-from powerinfer_py.tensor import GGML_QUANT_SIZES, GGMLType, Tensor
+from powerinfer_py.gguf.types import GGML_QUANT_SIZES, GGMLType, Tensor
 
 cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not built")
 

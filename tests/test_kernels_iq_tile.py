@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from powerinfer_py.kernels import ref, ref_iq
-from powerinfer_py.tensor import Tensor
+from powerinfer_py.gguf.types import Tensor
 
 from test_kernels_iq import random_iq
 

@@ -9,7 +9,7 @@ from gguf import quants as gguf_quants
 
 from powerinfer_py.errors import UnsupportedError
 from powerinfer_py.kernels import ref, ref_iq
-from powerinfer_py.tensor import KERNEL_TYPES, GGMLType, Tensor
+from powerinfer_py.gguf.types import KERNEL_TYPES, GGMLType, Tensor
 
 cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not built", exc_type=ImportError)
 

@@ -7,7 +7,7 @@ import pytest
 
 from powerinfer_py.errors import UnsupportedError
 from powerinfer_py.kernels import ref, ref_iq
-from powerinfer_py.tensor import KERNEL_TYPES, GGMLType, Tensor, row_bytes
+from powerinfer_py.gguf.types import KERNEL_TYPES, GGMLType, Tensor, row_bytes
 
 cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not built", exc_type=ImportError)
 

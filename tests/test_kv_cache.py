@@ -1,5 +1,5 @@
 """KVCache memory: planes are zero, writable, and committed page by page as positions are written (4 KB pages,
-so the first token does not make the kernel zero the whole cache; see powerinfer_py/kv_cache.py)."""
+so the first token does not make the kernel zero the whole cache; see powerinfer_py/layers/cache.py)."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from powerinfer_py.kv_cache import KVCache, lazy_zeros
+from powerinfer_py.layers.cache import KVCache, lazy_zeros
 
 
 def test_lazy_zeros_is_a_writable_zero_array():

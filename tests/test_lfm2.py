@@ -4,7 +4,7 @@ carried across forward calls (one token at a time, a prefill in two parts), the 
 truncation and a chat whose conversation diverges, and clear errors for broken files; lfm2moe (the same layers
 with experts after a leading dense layer) against llama.cpp too.
 
-The 6-layer file has conv layers 0, 1, 3, 4 and attention layers 2, 5 (synth_lfm2), so both kinds feed both
+The 6-layer file has conv layers 0, 1, 3, 4 and attention layers 2, 5 (synth/lfm2.py), so both kinds feed both
 kinds, and 16 tokens let the kernel-3 convolution and its state matter at every position. How far off the usual
 mistakes would be (max |logit difference| / std of llama.cpp's logits on the f32 file, measured by
 test_mistakes_are_visible): the right model 0.0007 against a tolerance of 0.01 (the q8_0 file: 0.065 against
@@ -27,13 +27,13 @@ from model_checks import (
 )
 
 from powerinfer_py.config import ModelConfig
-from powerinfer_py.conv_cache import ConvKVCache
+from powerinfer_py.layers.cache import ConvKVCache
 from powerinfer_py.errors import ModelFileError, PowerInferError
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import expected_tensors
 from powerinfer_py.models.lfm2 import Lfm2Model
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 # <s> then the pieces of "Hello world, th..." and a few more
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322, 300, 301, 302, 303], dtype=np.int32)

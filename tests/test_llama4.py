@@ -1,4 +1,4 @@
-"""Llama 4 (arch "llama4"): tiny synthetic files (synth_llama4) against llama.cpp on the same file, f32 and q8_0;
+"""Llama 4 (arch "llama4"): tiny synthetic files (synth/llama4.py) against llama.cpp on the same file, f32 and q8_0;
 one token at a time and a split prefill against one batch; chunked attention against numpy; clear errors.
 
 The default file: 4 layers, dense FFNs on layers 0 and 2 and experts on 1 and 3 (interleave_moe_layer_step 2;
@@ -32,9 +32,9 @@ from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, PowerInferError, UnsupportedError
 from powerinfer_py.kernels import ref
 from powerinfer_py.models.llama4 import attn_temperature, chunked_attention
-from powerinfer_py.moe import MoEFFN
-from powerinfer_py.synth_llama4 import write_llama4_model
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.layers.moe import MoEFFN
+from powerinfer_py.synth.llama4 import write_llama4_model
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 TOKENS = [1] + list(np.random.default_rng(1).integers(3, 512, 23))
 TOL, QUANT_TOL = 0.01, 0.25

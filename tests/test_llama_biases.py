@@ -11,7 +11,7 @@ from model_checks import batch_and_steps, rel_err, rewrite_gguf
 from powerinfer_py import load
 from powerinfer_py.errors import UnsupportedError
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 TOKENS = [1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322]
 

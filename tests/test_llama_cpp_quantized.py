@@ -9,7 +9,7 @@ from llama_ref import llama_cpp_logits
 from model_checks import unconverted_logits
 
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.tensor import GGMLType
+from powerinfer_py.gguf.types import GGMLType
 
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322], dtype=np.int32)
 # file type -> (llama.cpp's ftype, the types every 2-D layer matrix must then have, one of them at least once)

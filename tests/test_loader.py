@@ -11,9 +11,9 @@ import pytest
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf, write_gguf
-from powerinfer_py.info import model_info
-from powerinfer_py.loader import Conversion, load_weights
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.tools.info import model_info
+from powerinfer_py.gguf.load import Conversion, load_weights
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 rng = np.random.default_rng(7)
 

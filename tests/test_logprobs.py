@@ -13,7 +13,7 @@ import pytest
 
 from llama_ref import llama_cpp_logits
 from powerinfer_py import load
-from powerinfer_py.logprobs import LogprobRecorder, log_softmax, top_tokens
+from powerinfer_py.sampler import LogprobRecorder, log_softmax, top_tokens
 from powerinfer_py.serve.api import token_text
 from test_server import CONV, N_CTX, events, model_path, request, server  # noqa: F401 (fixtures)
 

@@ -2,7 +2,7 @@
 MiniCPM defaults apply; with them; with experts; with LongRoPE factors), one token at a time against a batch,
 the one-call decode step against the Python path, and the metadata we refuse.
 
-Files (synth_minicpm.py): n_embd 64, 4 heads (2 KV), tied head, 2 layers except DEFAULTS (8, so that its
+Files (synth/minicpm.py): n_embd 64, 4 heads (2 KV), tied head, 2 layers except DEFAULTS (8, so that its
 default residual scale 1.4/sqrt(8) = 0.495 is far from 1); DEFAULTS has no scale keys (embeddings x12, residual
 x0.495, logits / (256/64), llama.cpp's defaults), KEYS writes embedding_scale 10, residual_scale 0.5,
 logit_scale 0.25 (= n_embd / 256, as llama.cpp's converter writes it), MOE has 4 experts (2 used) and no keys,
@@ -35,7 +35,7 @@ from model_checks import (
 
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError
-from powerinfer_py.moe import MoEFFN
+from powerinfer_py.layers.moe import MoEFFN
 
 TOKENS = [1, 5, 300, 301, 7, 88, 42, 260, 9, 100, 200, 33]
 A = "minicpm"
@@ -149,7 +149,7 @@ def test_bad_metadata(synthetic_model, tmp_path, edit, match):
 
 
 def test_bad_rope_factors(synthetic_model, tmp_path):
-    from powerinfer_py.tensor import GGMLType, Tensor
+    from powerinfer_py.gguf.types import GGMLType, Tensor
 
     src = _file(synthetic_model, "f32", LONGROPE)
     short = Tensor("rope_factors_short.weight", GGMLType.F32, (8,), -np.ones(8, np.float32))

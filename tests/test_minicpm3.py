@@ -1,7 +1,7 @@
 """MiniCPM3 (GGUF arch "minicpm3"): multi-head latent attention with MiniCPM's fixed scalars, against llama.cpp
 on synthetic files, one token at a time against a batch, LongRoPE, and the files we refuse.
 
-Files (synth_minicpm.py): n_embd 64, 4 heads of 16 unrotated + 8 rotated q/k dims, q rank 32, latent 32, untied.
+Files (synth/minicpm.py): n_embd 64, 4 heads of 16 unrotated + 8 rotated q/k dims, q rank 32, latent 32, untied.
 PLAIN has 3 layers and no value_length key (values n_embd / n_head = 16 wide, as the converter's files);
 VLEN writes value_length 24 (llama.cpp reads it); LONGROPE (2 layers) has short/long factors, attn_factor 1.3 and
 original context 256 (llama.cpp rounds n_ctx up to 256: 32 is short, 512 long).

@@ -13,7 +13,7 @@ from reference_forward import ReferenceModel
 from powerinfer_py.errors import ContextFullError, ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.kernels import ref
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3")  # phi3: fused attn_qkv and gate+up, synthetic window ignored
@@ -203,7 +203,7 @@ def test_logits_match_llama_cpp(synthetic_model, cpu_kernels, arch):
 def test_synthetic_vocabulary_in_llama_cpp(synthetic_model):
     """The synthetic SentencePiece vocabulary works in llama.cpp: word pieces merge, unknown characters fall
     back to byte tokens, and text survives a round trip."""
-    from powerinfer_py.synth import synthetic_vocab
+    from powerinfer_py.synth.common import synthetic_vocab
     tokens, _, _ = synthetic_vocab(512)
     llm = llama_cpp.Llama(str(synthetic_model("llama", "f32")), vocab_only=True, verbose=False)
     try:

@@ -10,9 +10,9 @@ import pytest
 from llama_ref import llama_cpp_logits
 
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
-from powerinfer_py.tensor import GGMLType
+from powerinfer_py.gguf.types import GGMLType
 
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322], dtype=np.int32)
 

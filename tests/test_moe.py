@@ -10,12 +10,12 @@ from llama_ref import llama_cpp_logits
 from model_checks import assert_matches_llama_cpp, batch_and_steps, llama_cpp_quantized, rewrite_gguf
 from test_kernels_matmul import BLOCK_TYPES, FLOAT_TYPES, K_TYPES, make_weight
 
-from powerinfer_py import moe
+from powerinfer_py.layers import moe
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, PowerInferError, UnsupportedError
 from powerinfer_py.gguf.reader import open_gguf
-from powerinfer_py.moe import MoEFFN
-from powerinfer_py.tensor import Tensor
+from powerinfer_py.layers.moe import MoEFFN
+from powerinfer_py.gguf.types import Tensor
 
 TOKENS = [1, 5, 300, 301, 7, 88, 42, 260, 9, 100, 200, 33]
 
@@ -120,7 +120,7 @@ def test_info_and_sparse_modes(synthetic_model):
 
 
 def test_activation_tools_refuse_experts(synthetic_model, tmp_path):
-    from powerinfer_py.calibrate import calibrate
+    from powerinfer_py.tools.calibrate import calibrate
 
     path = synthetic_model("qwen3moe", "f32")
     with pytest.raises(UnsupportedError, match="mixture of experts"):

@@ -10,7 +10,7 @@ from model_checks import batch_and_steps
 
 from powerinfer_py import load
 from powerinfer_py.gguf.reader import open_gguf
-from powerinfer_py.tensor import GGMLType
+from powerinfer_py.gguf.types import GGMLType
 
 TOKENS = [1, 5, 300, 301, 7, 88, 42, 260, 9, 100, 200, 33]
 # Our logits against llama.cpp's, as a fraction of their spread: both quantize every matmul input to Q8_0

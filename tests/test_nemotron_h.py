@@ -1,6 +1,6 @@
 """Nemotron-H (arch "nemotron_h"): Mamba-2 mixers, attention layers and squared-ReLU FFN layers, one kind per layer.
 The config read from the per-layer head_count_kv / feed_forward_length arrays and the ssm.* keys, tiny synthetic
-files (synth_mamba2) against llama.cpp on the same file (f32 and q8_0), the recurrent state carried across forward
+files (synth/nemotron_h) against llama.cpp on the same file (f32 and q8_0), the recurrent state carried across forward
 calls (one token at a time, a prefill in two parts), the cache's all-or-nothing truncation and a chat whose
 conversation diverges, a clear error for a broken file, `powerinfer info`, and `--sparse exact` on the FFNs.
 
@@ -22,10 +22,10 @@ from model_checks import (assert_chat_reuse_matches_fresh_prefill, assert_matche
 
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
-from powerinfer_py.ffn import resolve_sparse
+from powerinfer_py.layers.ffn import resolve_sparse
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
-from powerinfer_py.mamba2_cache import Mamba2KVCache
+from powerinfer_py.gguf.load import load_weights
+from powerinfer_py.layers.cache import Mamba2KVCache
 from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.models.mamba2_mixer import mamba2_dims
 from powerinfer_py.models.nemotron_h import NemotronHModel

@@ -2,7 +2,7 @@
 stack with every FFN layer a mixture of ungated squared-ReLU experts (sigmoid router, selection bias, renormalized
 and scaled weights, latent projections) plus a squared-ReLU shared expert; a trailing MTP block that is not run.
 
-The file is synth_mamba2's "M-M*M-" (seed 1) with 8 experts (2 chosen), a 32-wide latent and one MTP block, against
+The file is synth/nemotron_h's "M-M*M-" (seed 1) with 8 experts (2 chosen), a 32-wide latent and one MTP block, against
 llama.cpp on the same file (f32 and q8_0). Its routing has no near-ties (test_router_has_no_near_ties: the
 smallest gap between the 2nd and 3rd selection score over every token and layer is asserted > MARGIN; measured
 0.0039 and 0.0055 on the two expert layers; seed 0 had 0.0005 and is not used), so the
@@ -22,9 +22,9 @@ from model_checks import (assert_matches_llama_cpp, assert_steps_and_split_match
 
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, UnsupportedError
-from powerinfer_py.ffn import resolve_sparse
+from powerinfer_py.layers.ffn import resolve_sparse
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import expected_tensors
 from powerinfer_py.models.nemotron_moe import NemotronMoE
 

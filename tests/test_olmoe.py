@@ -1,7 +1,7 @@
 """OLMoE (GGUF arch "olmoe"): logits against llama.cpp on synthetic files, one token at a time against a batch, the
 one-call decode step against the Python path, and the parts that matter.
 
-File (synth_minicpm.py, seed 2): 2 layers, n_embd 64, 4 heads (4 KV: llama.cpp's k norm is n_embd wide), 4
+File (synth/minicpm.py, seed 2): 2 layers, n_embd 64, 4 heads (4 KV: llama.cpp's k norm is n_embd wide), 4
 experts of 128 (2 used), untied. Measured (max |ours - llama.cpp| over the spread of llama.cpp's logits; the f32
 test passes below 0.01, Q8_0 below 0.12): f32 0.0008, Q8_0 0.049 (seeds 0 and 1: 0.0009 / 0.0010 and 0.054 /
 0.037). Mutations (same measure, f32, seed 2): normal RoPE layout instead of NeoX 1.25, renormalizing the chosen
@@ -22,7 +22,7 @@ from model_checks import (
 )
 
 from powerinfer_py.models.base import Model
-from powerinfer_py.moe import MoEFFN
+from powerinfer_py.layers.moe import MoEFFN
 
 TOKENS = [1, 5, 300, 301, 7, 88, 42, 260, 9, 100, 200, 33]
 KW = dict(n_head_kv=4, seed=2)

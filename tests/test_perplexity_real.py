@@ -1,5 +1,5 @@
 """Our dense perplexity on Gemma 3 270M against llama.cpp's on the same tokens (llama-cpp-python, logits of
-every position through powerinfer_py.bench.LlamaCppRef). The logits of the two engines differ by ~0.2 at
+every position through powerinfer_py.tools.bench.LlamaCppRef). The logits of the two engines differ by ~0.2 at
 individual positions (f16 roundings, see test_real_model.py), which averages out over the text: the mean
 NLL must agree within 0.01 nats (perplexity within 1%)."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from powerinfer_py import load
-from powerinfer_py.bench import LlamaCppRef
-from powerinfer_py.perplexity import perplexity, token_nll
+from powerinfer_py.tools.bench import LlamaCppRef
+from powerinfer_py.tools.perplexity import perplexity, token_nll
 
 pytestmark = pytest.mark.real_model
 
@@ -41,7 +41,7 @@ def test_threshold_calibration_on_gemma(real_model, tmp_path):
     perplexity there stays within 30% of dense (the held-out numbers are in benchmarks/bench_threshold.py):
     one stage (worse than dense there), and the default two stages (which may even score that text a little
     better than dense; its outputs differ from dense all the same)."""
-    from powerinfer_py.calibrate import calibrate
+    from powerinfer_py.tools.calibrate import calibrate
 
     text = (Path(__file__).parent.parent / "benchmarks" / "data" / "calibration.txt").read_text(encoding="utf-8")
     one = calibrate(real_model, tmp_path / "t40.gguf", 0.4, text=text, n_tokens=200, ctx=101, threads=2,

@@ -1,6 +1,6 @@
 """Phi-2 (arch "phi2", models/ln_decoder.py): LayerNorm with biases, attention and a GELU MLP in parallel on the
 same normed input, partial NeoX RoPE, biases on every projection and on the output head. Tiny synthetic files
-(synth_ln_decoder.py) against llama.cpp on the same file, in both forms real files have (separate attn_q/k/v
+(synth/ln_decoder.py) against llama.cpp on the same file, in both forms real files have (separate attn_q/k/v
 with biases, and the fused attn_qkv of files converted from the original checkpoint).
 
 How far off the mistakes would be (max |logit difference| / std of llama.cpp's logits; test_mistakes_are_visible,

@@ -10,15 +10,15 @@ from reference_forward import ReferenceModel
 from test_models import TOKENS, TOL, load_model, rel_err
 
 from powerinfer_py import load
-from powerinfer_py.calibrate import calibrate
+from powerinfer_py.tools.calibrate import calibrate
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.kernels import ref
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
-from powerinfer_py.perplexity import perplexity
+from powerinfer_py.tools.perplexity import perplexity
 from powerinfer_py.synth import write_synthetic_model
-from powerinfer_py.tensor import Tensor
+from powerinfer_py.gguf.types import Tensor
 
 N_ROT = 12  # of head_dim 16: Phi-4-mini's partial rotary (96 of 128), also the synthetic default
 _RNG = np.random.default_rng(7)
@@ -139,7 +139,7 @@ def test_info_shows_partial_rotary_and_longrope(longrope, synthetic_model):
     from powerinfer_cli.main import app
     from typer.testing import CliRunner
 
-    from powerinfer_py.info import model_info
+    from powerinfer_py.tools.info import model_info
     info = model_info(longrope["q8_0"])
     assert info["config"]["n_rot"] == N_ROT
     assert info["rope_scaling"] == {"linear": None, "freq_factors": None, "yarn": None,

@@ -1,4 +1,4 @@
-"""Placement (powerinfer_py.placement): the exact solver against brute force, the VRAM accounting against the
+"""Placement (powerinfer_py.hybrid.placement): the exact solver against brute force, the VRAM accounting against the
 tensors' own byte counts, activation statistics readers, and the .gpuidx sidecar round trip."""
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import json
 import numpy as np
 import pytest
 
-from powerinfer_py import placement as P
-from powerinfer_py.activations import load_activations, profile_activations
+from powerinfer_py.hybrid import placement as P
+from powerinfer_py.hybrid.activations import load_activations, profile_activations
 from powerinfer_py.convert.torch_pt import save_pt
 from powerinfer_py.errors import ModelFileError, PowerInferError
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.gpuidx import read_gpuidx, write_gpuidx
-from powerinfer_py.synth_sparse import SHAPES, write_sparse_model
+from powerinfer_py.hybrid.gpuidx import read_gpuidx, write_gpuidx
+from powerinfer_py.synth.sparse import SHAPES, write_sparse_model
 
 TINY = SHAPES["tiny"]
 

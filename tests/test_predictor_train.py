@@ -1,6 +1,7 @@
-"""Predictor training (powerinfer_py.predictor_fit / predictor_train / predictor_out, `powerinfer train-predictor`).
+"""Predictor training (powerinfer_py.tools.predictor_fit / predictor_train / predictor_out,
+`powerinfer train-predictor`).
 
-Data comes from the synthetic sparse ReLU LLaMA of powerinfer_py.synth_sparse: its neurons fire through a
+Data comes from the synthetic sparse ReLU LLaMA of powerinfer_py.synth.sparse: its neurons fire through a
 low-dimensional subspace of the residual stream plus noise the predictor cannot see, so a good low-rank
 predictor exists but is not perfect. Quality is judged on tokens the training never saw.
 """
@@ -12,12 +13,12 @@ from typer.testing import CliRunner
 
 from powerinfer_cli.main import app
 from powerinfer_py import load
-from powerinfer_py import synth_sparse as S
+from powerinfer_py.synth import sparse as S
 from powerinfer_py.convert.predictor import read_predictor
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.kernels.ref import dequantize
-from powerinfer_py.predictor_fit import FitConfig, fit_layer, predictor_logits, score
-from powerinfer_py.predictor_train import collect, train
+from powerinfer_py.tools.predictor_fit import FitConfig, fit_layer, predictor_logits, score
+from powerinfer_py.tools.predictor_train import collect, train
 
 TINY = dict(S.SHAPES["tiny"], n_vocab=4096)
 D, F = TINY["n_embd"], TINY["n_ff"]
@@ -48,7 +49,7 @@ def data(models):
 
 @pytest.fixture(scope="module")
 def words(tmp_path_factory):
-    from powerinfer_py.synth import _WORDS
+    from powerinfer_py.synth.common import _WORDS
     path = tmp_path_factory.mktemp("text") / "words.txt"
     path.write_text(" ".join(np.random.default_rng(0).choice(_WORDS, size=600)), encoding="utf-8")
     return path
@@ -69,7 +70,7 @@ def test_trained_predictor_reaches_95_recall_at_80_sparsity_on_fresh_tokens(data
     _, per_layer = data
     # positives weighted 1.5x the class balance: recall ~0.97 at ~84% predicted sparsity here (margin both ways)
     cfg = FitConfig(epochs=12, recall_target=0.95, balance=1.5, backend="numpy")
-    from powerinfer_py.predictor_train import LayerData
+    from powerinfer_py.tools.predictor_train import LayerData
     results = []
     for il, ((p, y), _) in enumerate(per_layer):
         d = LayerData(F)
@@ -89,7 +90,7 @@ def test_trained_predictor_reaches_95_recall_at_80_sparsity_on_fresh_tokens(data
 
 def test_numpy_gradient_matches_finite_differences():
     """bce_grads (what the numpy trainer steps along) against central differences of the class-weighted BCE."""
-    from powerinfer_py.predictor_fit import bce_grads
+    from powerinfer_py.tools.predictor_fit import bce_grads
     rng = np.random.default_rng(0)
     x = rng.standard_normal((16, 8))
     y = rng.random((16, 12)) < 0.3
@@ -196,7 +197,7 @@ def test_uncalibrated_non_relu_model_is_refused_with_a_clear_error(synthetic_mod
 def test_two_stage_calibration_is_refused_for_labels(synthetic_model, words, tmp_path):
     """A two-stage file's cut-offs apply to |act * up| among candidates, not to |act|: labels from them would be
     wrong, so train-predictor names the one-stage calibration to make instead (calibrate's default is two stages)."""
-    from powerinfer_py.calibrate import calibrate
+    from powerinfer_py.tools.calibrate import calibrate
 
     cal = tmp_path / "two.gguf"
     res = calibrate(synthetic_model("qwen2"), cal, 0.5, text=words.read_text(), n_tokens=200, ctx=64, threads=1)
@@ -212,9 +213,9 @@ def test_two_stage_calibration_is_refused_for_labels(synthetic_model, words, tmp
 def test_glu_model_gets_predictors_that_skip_the_gate(synthetic_model, words, tmp_path, arch):
     """SwiGLU/GeGLU: labels are |act| >= the calibrated cut-offs; the PWRI runs in predictor mode, computing the
     gate only for predicted neurons, and with every neuron predicted it is the dense model."""
-    from powerinfer_py.calibrate import calibrate
+    from powerinfer_py.tools.calibrate import calibrate
     from powerinfer_py.config import ModelConfig
-    from powerinfer_py.predictor_train import label_cuts
+    from powerinfer_py.tools.predictor_train import label_cuts
     cal = tmp_path / "cal.gguf"
     calibrate(synthetic_model(arch), cal, 0.5, text=words.read_text(), n_tokens=200, ctx=64, threads=1,
               one_stage=True)

@@ -1,6 +1,6 @@
-"""Activation profiling (powerinfer_py.profile, `powerinfer profile`).
+"""Activation profiling (powerinfer_py.tools.profile, `powerinfer profile`).
 
-The synthetic sparse ReLU LLaMA of powerinfer_py.synth_sparse has designed per-neuron firing probabilities and its
+The synthetic sparse ReLU LLaMA of powerinfer_py.synth.sparse has designed per-neuron firing probabilities and its
 own numpy forward pass (measure_sparsity), independent of our engine: the profile must count exactly what that
 forward pass sees on the same tokens, and agree with it on fresh tokens within sampling error.
 """
@@ -15,11 +15,11 @@ from typer.testing import CliRunner
 
 from powerinfer_cli.main import app
 from powerinfer_py import load
-from powerinfer_py import synth_sparse as S
+from powerinfer_py.synth import sparse as S
 from powerinfer_py.convert.torch_pt import read_pt
-from powerinfer_py.observe import observe
-from powerinfer_py.plot import read_png_size
-from powerinfer_py.profile import (
+from powerinfer_py.tools.observe import observe
+from powerinfer_py.tools.plot import read_png_size
+from powerinfer_py.tools.profile import (
     BINS_PER_DECADE,
     abs_histogram,
     abs_threshold,
@@ -43,7 +43,7 @@ def sparse_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def words(tmp_path_factory):
     rng = np.random.default_rng(0)
-    from powerinfer_py.synth import _WORDS
+    from powerinfer_py.synth.common import _WORDS
     path = tmp_path_factory.mktemp("text") / "words.txt"
     path.write_text(" ".join(rng.choice(_WORDS, size=700)), encoding="utf-8")
     return path
@@ -119,7 +119,7 @@ def test_activation_files_load_in_torch(sparse_model, words, tmp_path):
     path, n_layer = sparse_model
     with load(path, threads=1, sparse="off") as llm:
         res = profile_model(llm, words.read_text(), 300)
-    from powerinfer_py.profile import write_profile
+    from powerinfer_py.tools.profile import write_profile
     write_profile(tmp_path, res)
     for il in (0, 2, 10, 11):
         t = torch.load(tmp_path / "activation" / f"activation_{il}.pt", weights_only=True)

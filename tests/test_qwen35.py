@@ -1,5 +1,5 @@
 """Qwen3.5 (arch "qwen35"): gated delta-net layers mixed with gated attention layers. The config read from the
-ssm.* keys and full_attention_interval, tiny synthetic files (synth_qwen35) against llama.cpp on the same file (f32
+ssm.* keys and full_attention_interval, tiny synthetic files (synth/qwen35.py) against llama.cpp on the same file (f32
 and q8_0), the recurrent state carried across forward calls (one token at a time, a prefill in two parts), the
 cache's all-or-nothing truncation and a chat whose conversation diverges, clear errors for broken files, the
 sparse modes, and qwen35moe (the same layers with experts and a gated shared expert) against llama.cpp too.
@@ -30,10 +30,10 @@ from model_checks import (
 
 from powerinfer_py import load
 from powerinfer_py.config import ModelConfig
-from powerinfer_py.delta_cache import DeltaKVCache
+from powerinfer_py.layers.cache import DeltaKVCache
 from powerinfer_py.errors import ModelFileError, PowerInferError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import expected_tensors, qwen35
 from powerinfer_py.models.qwen35 import Qwen35Model
 
@@ -245,8 +245,8 @@ def test_threshold_mode_runs_and_moe_refuses(f32_file, synthetic_model, tmp_path
     """The FFN is a plain SwiGLU: `powerinfer calibrate` at 50% writes cut-offs, and the calibrated file runs in
     threshold mode (its default) skipping about half of the neurons; qwen35moe refuses
     sparse modes with a clear error."""
-    from powerinfer_py.calibrate import calibrate
-    from powerinfer_py.ffn import resolve_sparse
+    from powerinfer_py.tools.calibrate import calibrate
+    from powerinfer_py.layers.ffn import resolve_sparse
 
     out = tmp_path / "t50.gguf"
     calibrate(f32_file, out, 0.5, text="hello world, the cat and the dog walk in the sun " * 4, n_tokens=60, ctx=32,

@@ -1,5 +1,5 @@
 """Qwen3-Next (arch "qwen3next"): qwen35moe's layers with ssm_in / ssm_ba fused per key head, value heads reading
-key heads by repeat, plain NeoX RoPE. Tiny synthetic files (synth_qwen35, arch "qwen3next") against llama.cpp on
+key heads by repeat, plain NeoX RoPE. Tiny synthetic files (synth/qwen35.py, arch "qwen3next") against llama.cpp on
 the same file (f32, q8_0, the newer attn_qkv + attn_gate layout, layer kinds set by attention.recurrent_layers),
 the recurrent state across calls, a chat whose conversation diverges, and clear errors for broken files.
 
@@ -29,14 +29,14 @@ from model_checks import (
 
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError, UnsupportedError
-from powerinfer_py.ffn import resolve_sparse
+from powerinfer_py.layers.ffn import resolve_sparse
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import expected_tensors, qwen3next
 from powerinfer_py.models.qwen3next import Qwen3NextModel
 from powerinfer_py.models.qwen35 import Qwen35Model
-from powerinfer_py.synth_qwen35 import fuse_ba, fuse_qkvz
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.synth.qwen35 import fuse_ba, fuse_qkvz
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 # <s> then the pieces of "Hello world, th..." and a few more
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322, 300, 301, 302, 303], dtype=np.int32)

@@ -1,6 +1,6 @@
 """Gemma 3 270M (the demo model) against llama.cpp on the same file: the golden end-to-end check.
 
-llama.cpp is the reference (llama-cpp-python's C API through powerinfer_py.bench.LlamaCppRef), in its
+llama.cpp is the reference (llama-cpp-python's C API through powerinfer_py.tools.bench.LlamaCppRef), in its
 default configuration. Why the bars are stated relative to llama.cpp itself: Gemma 3's activations are large,
 so the f16 roundings inside any implementation move its logits by ~0.2. llama.cpp with flash attention
 (its CPU default) and without it disagree on 4.7% of the top-1 tokens of TEXT (mean |diff| 0.19), every time
@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from powerinfer_py import load
-from powerinfer_py.bench import LlamaCppRef
+from powerinfer_py.tools.bench import LlamaCppRef
 
 pytestmark = pytest.mark.real_model
 

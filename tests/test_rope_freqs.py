@@ -18,7 +18,7 @@ from powerinfer_py.convert.archs import llama3_rope_factors
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.kernels import ref
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
 from powerinfer_py.synth import write_synthetic_model
 
@@ -127,7 +127,7 @@ def test_llama_cpp_agrees_on_a_file_with_factors(llama3_file, cpu_kernels):
 
 
 def test_info_shows_the_factors(llama3_file):
-    from powerinfer_py.info import model_info
+    from powerinfer_py.tools.info import model_info
     info = model_info(llama3_file["q8_0"])
     assert info["rope_scaling"] == {"linear": None, "freq_factors": [pytest.approx(0.4), pytest.approx(8.0)],
                                     "yarn": None}

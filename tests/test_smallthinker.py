@@ -1,4 +1,4 @@
-"""SmallThinker (arch "smallthinker"): tiny synthetic files (synth_smallthinker) against llama.cpp on the same
+"""SmallThinker (arch "smallthinker"): tiny synthetic files (synth/smallthinker.py) against llama.cpp on the same
 file, f32 and q8_0; one token at a time against one batch; the one-call decode step against the Python path;
 `--sparse exact` bit for bit against `off` (decode and prefill, 1 and 2 threads); clear errors for broken files.
 
@@ -19,8 +19,8 @@ from model_checks import assert_fused_decode_equals_python, assert_matches_llama
 
 from powerinfer_py import load
 from powerinfer_py.errors import ModelFileError, PowerInferError, UnsupportedError
-from powerinfer_py.moe import MoEFFN
-from powerinfer_py.synth_smallthinker import write_smallthinker_model
+from powerinfer_py.layers.moe import MoEFFN
+from powerinfer_py.synth.smallthinker import write_smallthinker_model
 
 TOKENS = [1] + list(np.random.default_rng(1).integers(3, 512, 23))
 TOL, QUANT_TOL = 0.01, 0.25
@@ -153,7 +153,7 @@ def test_exact_refused_for_swiglu_experts(synthetic_model):
 
 
 def _fake_expert_tensors():
-    from powerinfer_py.tensor import GGMLType, Tensor
+    from powerinfer_py.gguf.types import GGMLType, Tensor
 
     def t(name, *shape):
         return Tensor(name, GGMLType.F32, shape, np.zeros(shape, np.float32))
@@ -190,7 +190,7 @@ def test_bad_files(files, tmp_path, edit, drop, error, match):
 
 
 def test_attention_bias_refused(files, tmp_path):
-    from powerinfer_py.tensor import GGMLType, Tensor
+    from powerinfer_py.gguf.types import GGMLType, Tensor
 
     bias = Tensor("blk.0.attn_output.bias", GGMLType.F32, (64,), np.zeros(64, np.float32))
     bad = rewrite_gguf(files["sigmoid"], tmp_path / "bias.gguf", extra=[bias])

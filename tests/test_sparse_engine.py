@@ -1,4 +1,4 @@
-"""The sparse FFN engine (powerinfer_py/ffn.py + the llama, bamboo, falcon and opt models) on tiny PWRI files
+"""The sparse FFN engine (powerinfer_py/layers/ffn.py + the llama, bamboo, falcon and opt models) on tiny PWRI files
 written by reference_sparse.py, against its independent numpy forward pass of FORMATS.md section 2."""
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from typer.testing import CliRunner
 import powerinfer_py
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError, UnsupportedError
-from powerinfer_py.ffn import THRESHOLD_ENV, SparseSettings, resolve_sparse
+from powerinfer_py.layers.ffn import THRESHOLD_ENV, SparseSettings, resolve_sparse
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.kernels import ref
-from powerinfer_py.loader import load_weights
+from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import build_model, expected_tensors
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 PROMPT = [1, 332, 292, 263, 270, 270, 273, 455, 276, 270]
 N_GEN = 6

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powerinfer_py import ffn as ffn_module
-from powerinfer_py.ffn import FFN, FFNWeights, SparseSettings, transposed_predictor
+from powerinfer_py.layers import ffn as ffn_module
+from powerinfer_py.layers.ffn import FFN, FFNWeights, SparseSettings, transposed_predictor
 from powerinfer_py.kernels import ref
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not built", exc_type=ImportError)
 

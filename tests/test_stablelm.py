@@ -1,7 +1,7 @@
 """StableLM (arch "stablelm": StableLM 2 1.6B / Zephyr, StableLM 3B, StableLM 2 12B; models/ln_decoder.py):
 LayerNorm with biases, a SwiGLU FFN without biases, partial NeoX RoPE (a quarter of each head), optional q/k/v
 biases (StableLM 2 1.6B); StableLM 2 12B has no ffn_norm (parallel residual: the FFN reads the attention's
-normed input) and per-head Q/K LayerNorms with a weight row per head. Tiny synthetic files (synth_ln_decoder.py)
+normed input) and per-head Q/K LayerNorms with a weight row per head. Tiny synthetic files (synth/ln_decoder.py)
 against llama.cpp on the same file.
 
 How far off the mistakes would be (max |logit difference| / std of llama.cpp's logits; test_mistakes_are_visible,
@@ -28,7 +28,7 @@ from model_checks import info_text, load_model, rewrite_gguf
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 TWELVE_B = {"parallel": True, "qk_norm": True}
 

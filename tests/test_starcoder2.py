@@ -1,7 +1,7 @@
 """StarCoder2 (arch "starcoder2": StarCoder2 3B / 7B / 15B; models/ln_decoder.py): a sequential pre-LayerNorm
 block with biases everywhere (q/k/v, attn_output, ffn_norm, the GELU FFN's up and down), grouped-query
 attention, NeoX RoPE over whole heads, and an output head tied to token_embd when the file has no output.weight.
-Tiny synthetic files (synth_ln_decoder.py) against llama.cpp on the same file.
+Tiny synthetic files (synth/ln_decoder.py) against llama.cpp on the same file.
 
 How far off the mistakes would be (max |logit difference| / std of llama.cpp's logits; test_mistakes_are_visible,
 printed with -s): the right model 0.0011; attn_output bias dropped 0.52, q/k/v biases dropped 0.55, the FFN

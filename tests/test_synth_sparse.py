@@ -1,4 +1,4 @@
-"""The synthetic sparse model generator (powerinfer_py.synth_sparse) and its hidden CLI command.
+"""The synthetic sparse model generator (powerinfer_py.synth.sparse) and its hidden CLI command.
 
 Tiny shapes only (d 128, n_ff 512): every file is written in well under a second. The activity figures are
 measured on fresh random tokens, not the tokens the generator calibrated on, and checked once more against an
@@ -17,11 +17,11 @@ import typer
 from reference_forward import causal_attention, dequantize, rms_norm, rope
 from typer.testing import CliRunner
 
-from powerinfer_py import synth_sparse as S
-from powerinfer_py.bench import LlamaCppRef
+from powerinfer_py.synth import sparse as S
+from powerinfer_py.tools.bench import LlamaCppRef
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.tensor import GGMLType
+from powerinfer_py.gguf.types import GGMLType
 
 TINY = S.SHAPES["tiny"]
 D, F, R = TINY["n_embd"], TINY["n_ff"], TINY["rank"]
@@ -267,7 +267,7 @@ def test_info_verbose_measures_active_neurons_per_layer(made):
     """`powerinfer info -v --json` runs the sample text and reports what the sparse engine counted."""
     pwri, dense = made("f16")
     from powerinfer_py import load
-    from powerinfer_py.info import SAMPLE_TEXT
+    from powerinfer_py.tools.info import SAMPLE_TEXT
 
     out = subprocess.run([sys.executable, "-m", "powerinfer_cli", "info", str(pwri), "-v", "--json", "-t", "1"],
                          capture_output=True, text=True, timeout=120)

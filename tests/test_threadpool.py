@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from powerinfer_py.kernels import ref
-from powerinfer_py.tensor import GGMLType, Tensor
+from powerinfer_py.gguf.types import GGMLType, Tensor
 
 cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not built", exc_type=ImportError)
 

@@ -12,14 +12,14 @@ from typer.testing import CliRunner
 
 from powerinfer_cli.main import app
 from powerinfer_py import load
-from powerinfer_py.calibrate import calibrate
+from powerinfer_py.tools.calibrate import calibrate
 from powerinfer_py.config import KEY_FFN_QUANTILES, KEY_FFN_THRESHOLDS, KEY_SPARSITY
 from powerinfer_py.errors import ModelFileError, PowerInferError, UnsupportedError
-from powerinfer_py.ffn import SparseSettings
+from powerinfer_py.layers.ffn import SparseSettings
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.gguf.writer import write_gguf
 from powerinfer_py.kernels import ref
-from powerinfer_py.perplexity import perplexity, windows
+from powerinfer_py.tools.perplexity import perplexity, windows
 
 TEXT = ("The river ran past the mill and under the old stone bridge, where children stood to watch the boats. "
         "In spring the water rose and covered the meadows, and in summer it slowed to a quiet stream. ") * 6
@@ -55,7 +55,7 @@ def test_sparsity_zero_equals_dense(calibrated, arch):
 def test_bench_child_takes_the_sparsity_asked_for(calibrated):
     """`powerinfer bench --sparse threshold --sparsity S` measured the file's calibrated sparsity whatever S was
     (the child dropped it): at 0 every neuron is computed, at the file's 0.5 about half."""
-    from powerinfer_py.bench import run_child
+    from powerinfer_py.tools.bench import run_child
 
     _, path, _ = calibrated["qwen2"]
     dense = run_child("ours", path, 8, 4, 1, sparse="threshold", sparsity=0.0, backend="cpu")
@@ -83,14 +83,14 @@ def _ffn_reference(ffn, x, cut):
 def test_threshold_ffn_matches_numpy_reference(synthetic_model, down, n_tok):
     path = synthetic_model("gemma3", "q8_0")
     with load(path, threads=2) as llm:
-        from powerinfer_py.ffn import FFN
+        from powerinfer_py.layers.ffn import FFN
 
         base = llm.model.ffns[2]
         x = np.random.default_rng(n_tok).standard_normal((n_tok, llm.config.n_embd)).astype(np.float32)
         a = np.abs(ref.gelu(x.astype(np.float64) @ ref.dequantize(base.w.gate).astype(np.float64).T))
         cut = float(np.quantile(a, 0.5))
         settings = SparseSettings("threshold", 0.0, 0.5, (cut,) * llm.config.n_layer, down)
-        from powerinfer_py.ffn import SparsityStats
+        from powerinfer_py.layers.ffn import SparsityStats
 
         stats = SparsityStats(llm.config.n_layer, llm.config.n_ff, "threshold", 0.0)
         ffn = FFN(llm.kernels, base.w, base.variant, settings, layer=2, stats=stats)
@@ -270,8 +270,8 @@ def test_calibrate_without_text_samples_the_model(synthetic_model, tmp_path):
 
 
 def test_auto_down_choice_by_bytes():
-    from powerinfer_py.tensor import GGMLType, Tensor
-    from powerinfer_py.threshold import transposed_type, use_transposed
+    from powerinfer_py.gguf.types import GGMLType, Tensor
+    from powerinfer_py.layers.threshold import transposed_type, use_transposed
 
     def t(ty, nbytes):
         return Tensor("blk.0.ffn_down.weight", ty, (64, 256), np.zeros(nbytes, dtype=np.uint8))

@@ -13,16 +13,16 @@ from typer.testing import CliRunner
 
 from powerinfer_cli.main import app
 from powerinfer_py import load
-from powerinfer_py.calibrate import UP_RATIO, calibrate, two_stage_rows
+from powerinfer_py.tools.calibrate import UP_RATIO, calibrate, two_stage_rows
 from powerinfer_py.config import KEY_FFN_QUANTILES, KEY_FFN_UP_QUANTILES, KEY_FFN_UP_THRESHOLDS, KEY_UP_SPARSITY
 from powerinfer_py.errors import PowerInferError
-from powerinfer_py.ffn import FFN, FFNWeights, SparseSettings, SparsityStats
+from powerinfer_py.layers.ffn import FFN, FFNWeights, SparseSettings, SparsityStats
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.gguf.writer import write_gguf
 from powerinfer_py.kernels import ref
-from powerinfer_py.perplexity import perplexity
-from powerinfer_py.tensor import GGMLType, Tensor
-from powerinfer_py.threshold import QUANTILE_GRID
+from powerinfer_py.tools.perplexity import perplexity
+from powerinfer_py.gguf.types import GGMLType, Tensor
+from powerinfer_py.layers.threshold import QUANTILE_GRID
 
 TEXT = ("The ferry left the harbour at dawn, its horn low over the water, and the gulls followed it out past "
         "the breakwater until the town was only a line of roofs. ") * 6

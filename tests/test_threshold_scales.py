@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 
 from powerinfer_py import load
-from powerinfer_py.calibrate import calibrate
+from powerinfer_py.tools.calibrate import calibrate
 from powerinfer_py.config import KEY_FFN_NEURON_SCALES
 from powerinfer_py.errors import ModelFileError
-from powerinfer_py.ffn import FFN, SparseSettings, SparsityStats
+from powerinfer_py.layers.ffn import FFN, SparseSettings, SparsityStats
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.gguf.writer import write_gguf
 from powerinfer_py.kernels import ref
-from powerinfer_py.perplexity import perplexity, windows
-from powerinfer_py.predictor_train import LayerData
+from powerinfer_py.tools.perplexity import perplexity, windows
+from powerinfer_py.tools.predictor_train import LayerData
 
 TEXT = ("A lighthouse keeper wrote every evening about the weather, the passing ships and the gulls on the "
         "rocks below. Some nights the fog came in so thick that the lamp seemed to shine into wool. ") * 5

@@ -9,7 +9,7 @@
 //                          comes out ascending, as the CPU's pi_select_active makes it, with no atomics.
 //                          n_ff is at most a few 10^4, so one block (11 tiles at n_ff 11008) costs microseconds.
 //   pi_cuda_ffn_act        h from gating and up values, elementwise over the compact active list.
-// CPU reference: ref.select_active, FFN._gate_act / _combine (powerinfer_py/ffn.py).
+// CPU reference: ref.select_active, FFN._gate_act / _combine (powerinfer_py/layers/ffn.py).
 #include "common.cuh"
 
 namespace {

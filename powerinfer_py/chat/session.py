@@ -32,8 +32,8 @@ from typing import Iterator, Sequence
 
 from ..errors import ContextFullError, PowerInferError
 from ..generate import Generation
-from ..logprobs import LogprobRecorder
 from ..outfile import atomic_output
+from ..sampler import LogprobRecorder
 from ..sampler import Sampler, SamplingParams
 from .templates import ChatTemplate, TemplateError, split_system
 

@@ -4,85 +4,25 @@ architectures and the layout rules; this module only spells the names and sizes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from ..errors import ModelFileError, UnsupportedError
-from ..tensor import GGMLType
+from ..gguf.types import GGMLType
 from .checkpoint import Checkpoint
-from .output import TensorPlan
+from .common import Dims, LayerHook, activation_meta, common_meta, output_head
 from .glm4 import glm4_hparams, glm4_tensors
+from .output import TensorPlan
 from .phi3 import phi3_hparams, phi3_tensors
 from .plan import Builder, cfg_value, falcon_qkv_order, rope_permutation
-
-ACTIVATIONS = ("silu", "relu", "fatrelu")
-
-
-@dataclass(frozen=True)
-class Dims:
-    n_layer: int
-    n_embd: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_vocab: int
-
-    def check(self, ckpt: Checkpoint) -> "Dims":
-        """Sizes and counts are whole numbers (config.json may write them as 4096.0); anything else is named."""
-        for name, value in vars(self).items():
-            if isinstance(value, float) and value.is_integer():
-                object.__setattr__(self, name, int(value))
-            elif not isinstance(value, int):
-                raise ModelFileError(f"{ckpt.folder / 'config.json'}: {name} must be a whole number, got {value!r}")
-        if not (self.head_dim >= 1 and 1 <= self.n_head_kv <= self.n_head and self.n_head * self.head_dim <= 64 * self.n_embd):
-            raise ModelFileError(f"{ckpt.folder / 'config.json'}: inconsistent attention sizes: {self.n_head} heads "
-                                 f"({self.n_head_kv} for K/V) of {self.head_dim} dimensions for hidden_size {self.n_embd}")
-        return self
-
-    @classmethod
-    def from_config(cls, ckpt: Checkpoint) -> "Dims":
-        """The usual config.json names (hidden_size, num_hidden_layers, intermediate_size, heads, head_dim)."""
-        n_embd = cfg_value(ckpt, "hidden_size")
-        n_head = cfg_value(ckpt, "num_attention_heads")
-        return cls(n_layer=cfg_value(ckpt, "num_hidden_layers"), n_embd=n_embd,
-                   n_ff=cfg_value(ckpt, "intermediate_size"), n_head=n_head,
-                   n_head_kv=cfg_value(ckpt, "num_key_value_heads", default=n_head),
-                   head_dim=cfg_value(ckpt, "head_dim", default=n_embd // n_head),
-                   n_vocab=cfg_value(ckpt, "vocab_size")).check(ckpt)
-
-
-LayerHook = Callable[[int], None]  # called after each layer's tensors (adds the predictor's fc1/fc2)
-
-
-def _common_meta(arch: str, d: Dims, n_ctx: int, eps_key: str, eps: float) -> dict[str, Any]:
-    return {f"{arch}.context_length": int(n_ctx), f"{arch}.embedding_length": d.n_embd,
-            f"{arch}.block_count": d.n_layer, f"{arch}.feed_forward_length": d.n_ff,
-            f"{arch}.attention.head_count": d.n_head, f"{arch}.attention.head_count_kv": d.n_head_kv,
-            f"{arch}.attention.{eps_key}": float(eps)}
-
-
-def _activation(ckpt: Checkpoint, default: str = "silu") -> dict[str, Any]:
-    act = ckpt.config.get("hidden_act", default)
-    if act not in ACTIVATIONS:
-        raise UnsupportedError(f"{ckpt.folder / 'config.json'}: hidden_act {act!r} is not supported "
-                               f"({', '.join(ACTIVATIONS)})")
-    if act == "silu":
-        return {}
-    meta: dict[str, Any] = {"powerinfer.hidden_act": act}
-    if act == "fatrelu":
-        meta["powerinfer.hidden_act_param"] = float(ckpt.config.get("hidden_act_param", 0.0))
-    return meta
-
 
 # ---- llama, bamboo, qwen2, qwen3 ----------------------------------------------------------------------------
 
 def llama_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
     d = Dims.from_config(ckpt)
     n_embd, n_head = d.n_embd, d.n_head
-    meta = _common_meta(arch, d, cfg_value(ckpt, "max_position_embeddings", default=4096),
+    meta = common_meta(arch, d, cfg_value(ckpt, "max_position_embeddings", default=4096),
                         "layer_norm_rms_epsilon", cfg_value(ckpt, "rms_norm_eps", default=1e-6))
     meta[f"{arch}.rope.dimension_count"] = d.head_dim
     meta[f"{arch}.rope.freq_base"] = float(cfg_value(ckpt, "rope_theta", default=10000.0))
@@ -96,7 +36,7 @@ def llama_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
         meta[f"{arch}.rope.scaling.original_context_length"] = int(ckpt.config["rope_scaling"].get(
             "original_max_position_embeddings", cfg_value(ckpt, "max_position_embeddings")))
     if arch != "arcee":  # arcee's squared ReLU is implied by the architecture (hidden_act "relu2")
-        meta.update(_activation(ckpt))
+        meta.update(activation_meta(ckpt))
     meta.update(_experts(ckpt, arch))
     return d, meta
 
@@ -233,7 +173,7 @@ def llama_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, sparse: bool
             b.add(blk + "ffn_down.weight", hf + "mlp.down_proj.weight", (d.n_embd, d.n_ff))
         hook(il)
     b.add("output_norm.weight", "model.norm.weight", (d.n_embd,))
-    _output(b, ckpt, "lm_head.weight", d, tied_default=False)
+    output_head(b, ckpt, "lm_head.weight", d, tied_default=False)
 
 
 NORMAL_ROPE_ARCHS = ("llama", "bamboo", "granite", "smollm3", "arcee")  # Q/K rows get rope_permutation
@@ -313,16 +253,7 @@ def olmo2_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, sparse: bool
             b.add(f"{blk}{name}.weight", f"{hf}{src}.weight", shape)
         hook(il)
     b.add("output_norm.weight", "model.norm.weight", (d.n_embd,))
-    _output(b, ckpt, "lm_head.weight", d, tied_default=False)
-
-
-def _output(b: Builder, ckpt: Checkpoint, hf_name: str, d: Dims, tied_default: bool) -> None:
-    """output.weight, unless the embeddings are tied (llama.cpp then reuses token_embd.weight)."""
-    if ckpt.config.get("tie_word_embeddings", tied_default):
-        if ckpt.has(hf_name):
-            b.used.add(hf_name)  # a saved copy of the tied matrix: not needed
-        return
-    b.add("output.weight", hf_name, (d.n_vocab, d.n_embd))
+    output_head(b, ckpt, "lm_head.weight", d, tied_default=False)
 
 
 # ---- falcon ------------------------------------------------------------------------------------------------
@@ -341,10 +272,10 @@ def falcon_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
     d = Dims(n_layer=cfg_value(ckpt, "num_hidden_layers", "n_layer"), n_embd=n_embd,
              n_ff=cfg_value(ckpt, "ffn_hidden_size", default=4 * n_embd), n_head=n_head, n_head_kv=n_kv,
              head_dim=n_embd // n_head, n_vocab=cfg_value(ckpt, "vocab_size")).check(ckpt)
-    meta = _common_meta(arch, d, cfg_value(ckpt, "max_position_embeddings", default=2048),
+    meta = common_meta(arch, d, cfg_value(ckpt, "max_position_embeddings", default=2048),
                         "layer_norm_epsilon", cfg_value(ckpt, "layer_norm_epsilon", default=1e-5))
     if cfg.get("hidden_act", "gelu") != "gelu":  # ReluFalcon; plain Falcon's GELU is llama.cpp's default
-        meta.update(_activation(ckpt))
+        meta.update(activation_meta(ckpt))
     return d, meta
 
 
@@ -377,7 +308,7 @@ def falcon_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, sparse: boo
         hook(il)
     b.add("output_norm.weight", "transformer.ln_f.weight", (d.n_embd,))
     b.add("output_norm.bias", "transformer.ln_f.bias", (d.n_embd,))
-    _output(b, ckpt, "lm_head.weight", d, tied_default=True)
+    output_head(b, ckpt, "lm_head.weight", d, tied_default=True)
 
 
 # ---- opt ---------------------------------------------------------------------------------------------------
@@ -399,7 +330,7 @@ def opt_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
     d = Dims(n_layer=cfg_value(ckpt, "num_hidden_layers"), n_embd=n_embd, n_ff=cfg_value(ckpt, "ffn_dim"),
              n_head=n_head, n_head_kv=n_head, head_dim=n_embd // n_head,
              n_vocab=cfg_value(ckpt, "vocab_size")).check(ckpt)
-    meta = _common_meta(arch, d, cfg_value(ckpt, "max_position_embeddings"), "layer_norm_epsilon", 1e-5)
+    meta = common_meta(arch, d, cfg_value(ckpt, "max_position_embeddings"), "layer_norm_epsilon", 1e-5)
     return d, meta
 
 
@@ -428,7 +359,7 @@ def opt_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, sparse: bool, 
             pair(blk + "ffn_down", hf + "fc2", (d.n_embd, d.n_ff))
         hook(il)
     pair("output_norm", pre + "final_layer_norm", (d.n_embd,))
-    _output(b, ckpt, "lm_head.weight", d, tied_default=True)
+    output_head(b, ckpt, "lm_head.weight", d, tied_default=True)
 
 
 # config.json architectures[0] -> (general.architecture, hparams, tensors)

@@ -14,18 +14,15 @@ Refused: rope_scaling, an activation other than silu, a PowerInfer predictor (no
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import ModelFileError, UnsupportedError
 from .checkpoint import Checkpoint
+from .common import Dims, LayerHook, common_meta, output_head
 from .plan import Builder, cfg_value
-
-if TYPE_CHECKING:  # archs.py lists this module in its ARCHITECTURES table: its helpers are imported lazily
-    from .archs import Dims, LayerHook
 
 
 def glm4_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
-    from .archs import Dims, _common_meta
     cfg, where = ckpt.config, ckpt.folder / "config.json"
     scaling = cfg.get("rope_scaling")
     if scaling and (scaling.get("rope_type", scaling.get("type")) or "default") != "default":
@@ -39,7 +36,7 @@ def glm4_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
     if not (0 < n_rot <= d.head_dim and n_rot % 2 == 0):
         raise ModelFileError(f"{where}: partial_rotary_factor {factor} gives {n_rot} rotary dims of head_dim "
                              f"{d.head_dim}: need an even number in 2..{d.head_dim}")
-    meta = _common_meta(arch, d, cfg_value(ckpt, "max_position_embeddings", default=32768),
+    meta = common_meta(arch, d, cfg_value(ckpt, "max_position_embeddings", default=32768),
                         "layer_norm_rms_epsilon", cfg_value(ckpt, "rms_norm_eps", default=1e-5))
     meta[f"{arch}.rope.dimension_count"] = n_rot
     meta[f"{arch}.rope.freq_base"] = float(cfg_value(ckpt, "rope_theta", default=10000.0))
@@ -49,7 +46,6 @@ def glm4_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
 
 
 def glm4_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, sparse: bool, hook: LayerHook) -> None:
-    from .archs import _output
     if sparse:
         raise UnsupportedError(f"{ckpt.folder}: GLM-4 with a PowerInfer predictor is not supported")
     q_dim, kv_dim = d.n_head * d.head_dim, d.n_head_kv * d.head_dim
@@ -69,4 +65,4 @@ def glm4_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, sparse: bool,
         b.add(blk + "post_ffw_norm.weight", hf + "post_mlp_layernorm.weight", (d.n_embd,))
         hook(il)
     b.add("output_norm.weight", "model.norm.weight", (d.n_embd,))
-    _output(b, ckpt, "lm_head.weight", d, tied_default=False)
+    output_head(b, ckpt, "lm_head.weight", d, tied_default=False)

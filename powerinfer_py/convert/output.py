@@ -22,8 +22,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 from gguf import quants as gguf_quants
 
-from ..cpus import usable_cpus
 from ..errors import PowerInferError
+from ..gguf.types import GGMLType
 from ..gguf.writer import (
     _resolve_alignment,
     build_header,
@@ -31,8 +31,8 @@ from ..gguf.writer import (
     tensor_info_bytes,
     tensor_nbytes,
 )
+from ..kernels.cpus import usable_cpus
 from ..outfile import atomic_output, check_free_space
-from ..tensor import GGMLType
 from .source import to_f32
 
 QUANTIZED = (GGMLType.Q8_0, GGMLType.Q4_0)

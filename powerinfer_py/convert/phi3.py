@@ -23,18 +23,16 @@ contexts within the window (Phi-3-mini: 2047 tokens).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..errors import ModelFileError, UnsupportedError
-from ..tensor import GGMLType
+from ..gguf.types import GGMLType
 from .checkpoint import Checkpoint
+from .common import Dims, LayerHook, activation_meta, common_meta, output_head
 from .output import TensorPlan
 from .plan import Builder, cfg_value
-
-if TYPE_CHECKING:  # archs.py lists this module in its ARCHITECTURES table: its helpers are imported lazily
-    from .archs import Dims, LayerHook
 
 LONGROPE_TYPES = ("longrope", "su")
 
@@ -94,7 +92,6 @@ def _factors(ckpt: Checkpoint, s: dict, n_rot: int) -> dict[str, np.ndarray]:
 
 
 def phi3_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
-    from .archs import Dims, _activation, _common_meta
     cfg, where = ckpt.config, ckpt.folder / "config.json"
     if cfg.get("attention_bias") or cfg.get("mlp_bias"):
         raise UnsupportedError(f"{where}: Phi-3 with attention/MLP biases is not supported")
@@ -103,7 +100,7 @@ def phi3_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
     max_pos = int(cfg_value(ckpt, "max_position_embeddings", default=4096))
     orig_ctx = int(cfg_value(ckpt, "original_max_position_embeddings", default=max_pos))
     n_rot = _n_rot(ckpt, n_embd, n_head, d.head_dim)
-    meta = _common_meta(arch, d, max_pos, "layer_norm_rms_epsilon", cfg_value(ckpt, "rms_norm_eps", default=1e-5))
+    meta = common_meta(arch, d, max_pos, "layer_norm_rms_epsilon", cfg_value(ckpt, "rms_norm_eps", default=1e-5))
     meta[f"{arch}.rope.dimension_count"] = n_rot
     meta[f"{arch}.rope.freq_base"] = float(cfg_value(ckpt, "rope_theta", default=10000.0))
     meta[f"{arch}.rope.scaling.original_context_length"] = orig_ctx
@@ -117,12 +114,11 @@ def phi3_hparams(ckpt: Checkpoint, arch: str) -> tuple[Dims, dict[str, Any]]:
         if not (math.isfinite(factor) and factor > 0):
             raise ModelFileError(f"{where}: rope_scaling.attention_factor must be a number > 0, got {given!r}")
         meta[f"{arch}.rope.scaling.attn_factor"] = factor
-    meta.update(_activation(ckpt))
+    meta.update(activation_meta(ckpt))
     return d, meta
 
 
 def phi3_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, sparse: bool, hook: LayerHook) -> None:
-    from .archs import _output
     q_dim, kv_dim = d.n_head * d.head_dim, d.n_head_kv * d.head_dim
     b.add("token_embd.weight", "model.embed_tokens.weight", (d.n_vocab, d.n_embd))
     s = _scaling(ckpt)
@@ -141,4 +137,4 @@ def phi3_tensors(b: Builder, ckpt: Checkpoint, arch: str, d: Dims, sparse: bool,
         b.add(blk + "ffn_down.weight", hf + "mlp.down_proj.weight", (d.n_embd, d.n_ff))
         hook(il)
     b.add("output_norm.weight", "model.norm.weight", (d.n_embd,))
-    _output(b, ckpt, "lm_head.weight", d, tied_default=False)
+    output_head(b, ckpt, "lm_head.weight", d, tied_default=False)

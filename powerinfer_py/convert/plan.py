@@ -11,7 +11,7 @@ import numpy as np
 from gguf import GGUFValueType
 
 from ..errors import ModelFileError, UnsupportedError
-from ..tensor import GGMLType
+from ..gguf.types import GGMLType
 from .checkpoint import Checkpoint
 from .output import QUANTIZED, Block, TensorPlan
 from .source import SourceTensor

@@ -21,7 +21,7 @@ from gguf import quants as gguf_quants
 
 from ..errors import UnsupportedError
 from ..gguf import GGUFFile, open_gguf
-from ..tensor import GGMLType, Tensor
+from ..gguf.types import GGMLType, Tensor
 from .output import QUANTIZED, Block, TensorPlan, check_target, write_streamed
 from .plan import BLOCK_ELEMS, FILE_TYPES
 

@@ -22,7 +22,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from ..errors import ModelFileError
-from ..tensor import Tensor
+from .types import Tensor
 
 MAGICS = ("GGUF", "PWRI")
 VERSIONS = (2, 3)

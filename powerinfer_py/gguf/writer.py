@@ -22,8 +22,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from gguf.quants import quant_shape_from_byte_shape
 
 from ..outfile import atomic_output, check_free_space
-from ..tensor import Tensor
 from .reader import _SCALARS, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGICS
+from .types import Tensor
 
 VERSION = 3
 MAX_NAME_BYTES = 63  # llama.cpp keeps tensor names in 64-byte buffers with a terminating zero

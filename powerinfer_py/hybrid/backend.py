@@ -21,16 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PowerInferError, UnsupportedError
-from ..placement import (
-    MIB,
-    Footprint,
-    Placement,
-    budget_bytes,
-    default_sidecar,
-    footprint,
-    plan_placement,
-)
 from .emulated import EmulatedDevice
+from .placement import MIB, Footprint, Placement, budget_bytes, default_sidecar, footprint, plan_placement
 from .split import HybridSplit
 
 BACKENDS = ("auto", "cpu", "cuda", "cpu-emulated")
@@ -129,7 +121,7 @@ def _placement(model, fp: Footprint, model_path, budget: int | None, placement, 
     c = model.config
     sidecar = Path(placement) if placement is not None else default_sidecar(model_path)
     if placement is not None or (budget is None and sidecar.is_file()):
-        from ..gpuidx import read_gpuidx
+        from .gpuidx import read_gpuidx
         plan = read_gpuidx(sidecar, c.n_layer, c.n_ff)
         plan.footprint = fp
         budget = plan.budget if budget is None else budget
@@ -143,7 +135,7 @@ def _placement(model, fp: Footprint, model_path, budget: int | None, placement, 
 
 def activation_counts(model, model_path, activations=None, n_tokens: int = PROFILE_TOKENS) -> list[np.ndarray]:
     """Per-layer counts: from `activations`, the activation/ folder beside the model, or a profile."""
-    from ..activations import find_activations, load_activations, profile_activations
+    from .activations import find_activations, load_activations, profile_activations
 
     c = model.config
     source = Path(activations) if activations is not None else find_activations(model_path)
@@ -153,28 +145,3 @@ def activation_counts(model, model_path, activations=None, n_tokens: int = PROFI
     tokens = rng.integers(0, model.n_vocab, n_tokens)
     cache = model.new_cache(min(n_tokens, c.n_ctx_train))
     return profile_activations(model, cache, tokens, batch=min(64, n_tokens))
-
-
-def plan_for_file(path, vram_budget: float, n_ctx: int | None = None, activations=None,
-                  threads: int | None = None) -> Placement:
-    """The exact placement of a PWRI file for a budget in GiB (what `powerinfer place` prints). Reads only
-    the header when statistics are found; otherwise loads the model on the CPU to profile it."""
-    from ..activations import find_activations, load_activations
-    from ..config import ModelConfig
-    from ..gguf import open_gguf
-    from ..llm import DEFAULT_MAX_CTX
-
-    f = open_gguf(path)
-    try:
-        c = ModelConfig.from_gguf(f)
-        n_ctx = n_ctx or min(c.n_ctx_train, DEFAULT_MAX_CTX)
-        fp = footprint(c, f.tensors, n_ctx)
-        source = Path(activations) if activations is not None else find_activations(path)
-        counts = load_activations(source, c.n_layer, c.n_ff) if source is not None else None
-    finally:
-        f.close()
-    if counts is None:
-        from ..llm import load
-        with load(path, threads=threads, n_ctx=min(n_ctx, PROFILE_TOKENS), backend="cpu") as llm:
-            counts = activation_counts(llm.model, path)
-    return plan_placement(fp, counts, budget_bytes(vram_budget))

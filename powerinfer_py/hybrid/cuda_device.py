@@ -22,9 +22,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import PowerInferError
-from ..ffn import FFN
 from ..kernels import cuda as C
-from ..placement import AXPY_SPLITS, GROUP
+from ..layers.ffn import FFN
+from .placement import AXPY_SPLITS, GROUP
 from .split import gathered_rows
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import PowerInferError
-from ..ffn import FFN, FFNWeights, SparseSettings
-from ..placement import GROUP, aligned
+from ..layers.ffn import FFN, FFNWeights, SparseSettings
+from .placement import GROUP, aligned
 from .split import Done, gathered_rows
 
 

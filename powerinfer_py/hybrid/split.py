@@ -61,7 +61,7 @@ class Done:
 
 def gathered_rows(t, hot: np.ndarray):
     """The hot rows of a weight as a compact Tensor (a copy: what goes to the device)."""
-    from ..tensor import Tensor
+    from ..gguf.types import Tensor
 
     data = np.ascontiguousarray(t.data[hot])
     return Tensor(f"{t.name}[hot]", t.type, (len(hot), t.n_cols), data)

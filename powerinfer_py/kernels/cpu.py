@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cpus import usable_cpus
-from ..tensor import GGMLType, Tensor
+from ..gguf.types import GGMLType, Tensor
+from .cpus import usable_cpus
 
 try:
     from .._pi import ffi, lib

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PowerInferError
-from ..tensor import GGMLType, Tensor
+from ..gguf.types import GGMLType, Tensor
 
 LIB_NAME = "libpi_cuda.so"
 LIB_ENV = "POWERINFER_CUDA_LIB"

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..tensor import GGMLType, Tensor
+from ..gguf.types import GGMLType, Tensor
 
 # ==== quantization and matmul (owner: matmul helper) =====================================================
 # Byte layouts (llama.cpp): Q8_0 block = f16 d + int8 q[32] (34 B); Q4_0 block = f16 d + uint8 q[16] (18 B),
@@ -19,7 +19,7 @@ from ..tensor import GGMLType, Tensor
 # MXFP4 = E8M0 exponent byte e + q[16] (17 B), value 2^(e - 128) * MXFP4_VALUES[nibble] (doubled E2M1 levels).
 # K-quants: csrc/matmul_internal.h.
 from ..errors import UnsupportedError  # noqa: E402
-from ..tensor import KERNEL_TYPES  # noqa: E402
+from ..gguf.types import KERNEL_TYPES  # noqa: E402
 from . import ref_iq as _iq  # noqa: E402
 
 QK = 32  # elements per Q8_0 / Q4_0 / Q5_0 block

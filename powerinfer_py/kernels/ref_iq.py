@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from gguf import quants
 
-from ..tensor import GGMLType
+from ..gguf.types import GGMLType
 
 IQ_TYPES = (GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ1_S,
             GGMLType.IQ1_M)

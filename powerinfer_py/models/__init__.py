@@ -15,8 +15,8 @@ from typing import Mapping
 
 from ..config import ModelConfig
 from ..errors import UnsupportedError
-from ..ffn import SparseSettings
-from ..tensor import Tensor
+from ..gguf.types import Tensor
+from ..layers.ffn import SparseSettings
 from . import bamboo, falcon, gemma, gemma3, llama, opt, phi3, qwen2, qwen3
 from . import exaone4, olmo2, smollm3
 from . import granite

@@ -30,9 +30,9 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import UnsupportedError
-from ..kv_cache import KVCache
-from ..moe import MoEFFN
-from ..tensor import Tensor
+from ..gguf.types import Tensor
+from ..layers.cache import KVCache
+from ..layers.moe import MoEFFN
 from .base import Expected, Model, get_tensor, llama_like_expected, norm_weight
 
 _ATTN_EXTRAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "attn_qkv.weight")

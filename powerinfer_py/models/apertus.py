@@ -26,7 +26,7 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
-from ..tensor import Tensor
+from ..gguf.types import Tensor
 from .base import Expected, get_tensor
 from .llama import ATTN_BIASES, LAYER_TENSORS, LlamaModel
 from .llama import expected_tensors as llama_expected

@@ -25,8 +25,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..config import ModelConfig
-from ..moe import MoEFFN
-from ..tensor import Tensor
+from ..gguf.types import Tensor
+from ..layers.moe import MoEFFN
 from .base import Expected, Model, ffn_expected, get_tensor, head_expected, norm_weight
 from .glm4 import split_fused
 

@@ -17,17 +17,10 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ModelFileError
-from ..ffn import (
-    FFN,
-    FFNWeights,
-    SparseSettings,
-    SparsityStats,
-    ffn_variant,
-    resolve_sparse,
-)
-from ..kv_cache import KVCache
-from ..moe import MoEFFN
-from ..tensor import Tensor
+from ..gguf.types import Tensor
+from ..layers.cache import KVCache
+from ..layers.ffn import FFN, FFNWeights, SparseSettings, SparsityStats, ffn_variant, resolve_sparse
+from ..layers.moe import MoEFFN
 
 Expected = dict[str, tuple[tuple[int, ...], bool]]  # name -> (shape in numpy order, required)
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import UnsupportedError
-from ..kv_cache import KVCache
+from ..layers.cache import KVCache
 from .base import Expected, Model, head_expected, sparsify_expected
 
 LAYER_TENSORS = {"attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight",

@@ -36,10 +36,10 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
+from ..gguf.types import GGMLType, Tensor
 from ..kernels.ref import dequantize
-from ..kv_cache import KVCache, lazy_zeros
-from ..moe import MoEFFN
-from ..tensor import GGMLType, Tensor
+from ..layers.cache import KVCache, lazy_zeros
+from ..layers.moe import MoEFFN
 from .base import Expected, Model, ffn_expected, get_tensor, head_expected, norm_weight
 
 

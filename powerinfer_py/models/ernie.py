@@ -27,8 +27,8 @@ from typing import Mapping
 
 from ..config import ModelConfig
 from ..errors import ModelFileError, UnsupportedError
-from ..moe import MoEFFN
-from ..tensor import Tensor
+from ..gguf.types import Tensor
+from ..layers.moe import MoEFFN
 from .base import Expected, Model, get_tensor, llama_like_expected, norm_weight
 from .llama import LAYER_TENSORS
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ModelConfig
-from ..kv_cache import KVCache
+from ..layers.cache import KVCache
 from .base import Expected, Model, head_expected, sparsify_expected
 
 LAYER_TENSORS = {

@@ -31,9 +31,9 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import UnsupportedError
-from ..ffn import SparseSettings
-from ..mamba2_cache import Mamba2KVCache
-from ..tensor import Tensor
+from ..gguf.types import Tensor
+from ..layers.cache import Mamba2KVCache
+from ..layers.ffn import SparseSettings
 from .base import Expected, Model, get_tensor, head_expected, norm_weight
 from .mamba2_mixer import Mamba2Mixer, mamba2_dims, mamba2_expected, mamba2_tensors
 

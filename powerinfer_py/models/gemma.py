@@ -25,8 +25,8 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
-from ..ffn import SparseSettings
-from ..tensor import Tensor
+from ..gguf.types import Tensor
+from ..layers.ffn import SparseSettings
 from .base import Expected, Model, llama_like_expected, sparsify_expected
 from .llama import LAYER_TENSORS as LLAMA_LAYER_TENSORS
 

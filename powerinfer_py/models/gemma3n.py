@@ -39,9 +39,9 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ModelFileError, UnsupportedError
-from ..ffn import SparseSettings, SparsityStats
-from ..kv_cache import KVCache
-from ..tensor import Tensor
+from ..gguf.types import Tensor
+from ..layers.cache import KVCache
+from ..layers.ffn import SparseSettings, SparsityStats
 from .base import Expected, Model, get_tensor, head_expected, norm_weight
 from .gemma4 import Gemma4Cache, per_layer_inputs
 

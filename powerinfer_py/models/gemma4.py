@@ -41,10 +41,10 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ModelFileError
-from ..ffn import FFN, FFNWeights, SparseSettings, ffn_variant
-from ..kv_cache import KVCache, lazy_zeros
-from ..moe import MoEFFN
-from ..tensor import Tensor
+from ..gguf.types import Tensor
+from ..layers.cache import KVCache, lazy_zeros
+from ..layers.ffn import FFN, FFNWeights, SparseSettings, ffn_variant
+from ..layers.moe import MoEFFN
 from .base import Expected, get_tensor, head_expected, norm_weight
 from .gemma import GemmaModel
 

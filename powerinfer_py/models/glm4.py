@@ -42,8 +42,8 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ModelFileError
-from ..moe import MoEFFN
-from ..tensor import GGMLType, Tensor
+from ..gguf.types import GGMLType, Tensor
+from ..layers.moe import MoEFFN
 from .base import Expected, Model, ffn_expected, get_tensor, head_expected, norm_weight
 from .phi3 import row_views
 

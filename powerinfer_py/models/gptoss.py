@@ -29,9 +29,9 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
-from ..kv_cache import KVCache
-from ..moe import MoEFFN
-from ..tensor import Tensor
+from ..gguf.types import Tensor
+from ..layers.cache import KVCache
+from ..layers.moe import MoEFFN
 from .base import Expected, Model, get_tensor, head_expected, moe_expected, norm_weight
 
 

@@ -27,9 +27,9 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
-from ..ffn import SparseSettings
-from ..mamba2_cache import Mamba2KVCache
-from ..tensor import Tensor
+from ..gguf.types import Tensor
+from ..layers.cache import Mamba2KVCache
+from ..layers.ffn import SparseSettings
 from .base import Expected, ffn_expected, head_expected, layer_tensors
 from .granite import GraniteModel
 from .mamba2_mixer import Mamba2Mixer, mamba2_dims, mamba2_expected, mamba2_tensors

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ModelConfig
-from ..kv_cache import KVCache
+from ..layers.cache import KVCache
 from .base import Expected, llama_like_expected
 from .llama import ATTN_BIASES, LAYER_TENSORS, LlamaModel, attn_bias_shapes
 

@@ -34,11 +34,11 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
-from ..conv_cache import ConvKVCache
-from ..ffn import SparseSettings
+from ..gguf.types import Tensor
 from ..kernels.ref import dequantize
-from ..moe import MoEFFN
-from ..tensor import Tensor
+from ..layers.cache import ConvKVCache
+from ..layers.ffn import SparseSettings
+from ..layers.moe import MoEFFN
 from .base import Expected, Model, ffn_expected, get_tensor, layer_tensors, norm_weight, sparsify_expected
 
 OUTPUT_NORM = "token_embd_norm.weight"  # llama.cpp's name for lfm2's final norm

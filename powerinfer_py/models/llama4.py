@@ -29,10 +29,10 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import UnsupportedError
-from ..ffn import FFN, FFNWeights
-from ..kv_cache import KVCache
-from ..moe import MoEFFN
-from ..tensor import Tensor
+from ..gguf.types import Tensor
+from ..layers.cache import KVCache
+from ..layers.ffn import FFN, FFNWeights
+from ..layers.moe import MoEFFN
 from .base import Expected, Model, get_tensor, llama_like_expected
 from .llama import LAYER_TENSORS, rope_factors
 

@@ -28,8 +28,8 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ContextFullError, ModelFileError
-from ..kv_cache import KVCache
-from ..tensor import Tensor
+from ..gguf.types import Tensor
+from ..layers.cache import KVCache
 from .base import Expected, Model, get_tensor, head_expected, norm_weight
 from .phi3 import row_views
 

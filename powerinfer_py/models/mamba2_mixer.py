@@ -32,8 +32,8 @@ from typing import Mapping
 
 import numpy as np
 
+from ..gguf.types import Tensor
 from ..kernels.ref import dequantize
-from ..tensor import Tensor
 from .base import Expected, get_tensor, norm_weight
 
 SOFTPLUS_LINEAR = 20.0  # above this softplus(v) is v (ggml's cut-off)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ModelConfig
-from ..kv_cache import KVCache
+from ..layers.cache import KVCache
 from . import deepseek2, granite
 from .phi3 import ROPE_FACTOR_TENSORS, rope_factor_table
 

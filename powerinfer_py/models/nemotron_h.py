@@ -24,9 +24,9 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
-from ..ffn import FFN, FFNWeights, SparseSettings, SparsityStats
-from ..mamba2_cache import Mamba2KVCache
-from ..tensor import Tensor
+from ..gguf.types import Tensor
+from ..layers.cache import Mamba2KVCache
+from ..layers.ffn import FFN, FFNWeights, SparseSettings, SparsityStats
 from .base import Expected, Model, get_tensor, head_expected, layer_tensors, norm_weight
 from .mamba2_mixer import Mamba2Mixer, mamba2_dims, mamba2_expected, mamba2_tensors
 from .nemotron_moe import NemotronMoE, nemotron_moe_expected

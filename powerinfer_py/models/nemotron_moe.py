@@ -21,9 +21,9 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ModelFileError
-from ..ffn import FFN, FFNWeights, SparseSettings
-from ..moe import MoEFFN
-from ..tensor import Tensor
+from ..gguf.types import Tensor
+from ..layers.ffn import FFN, FFNWeights, SparseSettings
+from ..layers.moe import MoEFFN
 from .base import Expected, get_tensor, norm_weight
 
 

@@ -21,9 +21,9 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ContextFullError
-from ..ffn import SparseSettings
-from ..kv_cache import KVCache
-from ..tensor import Tensor
+from ..gguf.types import Tensor
+from ..layers.cache import KVCache
+from ..layers.ffn import SparseSettings
 from .base import Expected, Model, get_tensor, head_expected, sparsify_expected
 
 LAYER_TENSORS = {

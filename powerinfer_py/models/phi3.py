@@ -26,8 +26,8 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ModelFileError
-from ..kv_cache import KVCache
-from ..tensor import Tensor
+from ..gguf.types import Tensor
+from ..layers.cache import KVCache
 from .base import Expected, Model, get_tensor, llama_like_expected, norm_weight
 from .llama import LAYER_TENSORS
 

@@ -39,10 +39,10 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
-from ..delta_cache import DeltaKVCache
-from ..ffn import SparseSettings
+from ..gguf.types import Tensor
 from ..kernels.ref import dequantize
-from ..tensor import Tensor
+from ..layers.cache import DeltaKVCache
+from ..layers.ffn import SparseSettings
 from .base import Expected, Model, ffn_expected, get_tensor, head_expected, layer_tensors, norm_weight
 
 SHARED = {"attn_norm": "attn_norm.weight", "ffn_norm": "post_attention_norm.weight"}

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ModelFileError
-from ..tensor import Tensor
+from ..gguf.types import Tensor
 from .base import Expected, get_tensor
 from .qwen35 import Qwen35Model, delta_dims
 from .qwen35 import expected_tensors as qwen35_expected

@@ -32,10 +32,10 @@ from typing import Mapping
 
 from ..config import ModelConfig
 from ..errors import UnsupportedError
-from ..ffn import SparsityStats
-from ..kv_cache import KVCache
-from ..moe import MoEFFN
-from ..tensor import Tensor
+from ..gguf.types import Tensor
+from ..layers.cache import KVCache
+from ..layers.ffn import SparsityStats
+from ..layers.moe import MoEFFN
 from .base import Expected, Model, get_tensor, llama_like_expected
 from .llama import LAYER_TENSORS
 

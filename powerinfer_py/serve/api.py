@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..errors import PowerInferError
-from ..logprobs import MAX_TOP, TokenLogprob
+from ..sampler import MAX_TOP, TokenLogprob
 from ..sampler import SamplingParams
 
 MAX_BODY_BYTES = 32 << 20  # a request body larger than this is refused (413) before it is read

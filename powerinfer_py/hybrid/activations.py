@@ -1,0 +1,132 @@
+"""Per-layer neuron activation statistics, the input of placement: read from files, or profiled here.
+
+Sources load_activations() reads (counts are per neuron, any non-negative numbers):
+  * a folder of PowerInfer's activation/activation_N.pt (1-D torch tensors of length n_ff), read with the
+    restricted .pt reader (no code from the file runs). Layers are matched by the number N, not by sorting
+    names as strings (upstream's bug put activation_10 before activation_2).
+  * a .npz with arrays activation_N (or layer_N), one per layer, or a single 2-D array [n_layer, n_ff];
+  * a .json: {"layers": [[...], ...]} or a bare list of per-layer lists;
+  * one .pt holding a 2-D tensor [n_layer, n_ff] or a list of 1-D tensors.
+profile_activations() measures them instead: it runs the model's dense FFN path with the FFN observer hook
+(ffn.py) over given tokens and counts, per neuron, the tokens whose activated gating value is non-zero.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import ModelFileError, PowerInferError
+from .placement import check_counts
+
+_PT_NAME = re.compile(r"activation_(\d+)\.pt$")
+_NPZ_KEY = re.compile(r"(?:activation|layer)_(\d+)$")
+
+
+def find_activations(model: str | os.PathLike) -> Path | None:
+    """PowerInfer's layout: an activation/ folder beside the model file (None if there is none)."""
+    folder = Path(model).parent / "activation"
+    return folder if folder.is_dir() else None
+
+
+def load_activations(source: str | os.PathLike, n_layer: int, n_ff: int) -> list[np.ndarray]:
+    """Per-layer float64 counts [n_ff] from `source` (see the module docstring), validated for the model."""
+    path = Path(source)
+    if path.is_dir():
+        counts = _from_folder(path, n_layer)
+    elif not path.exists():
+        raise PowerInferError(f"{path}: no such activation statistics file or folder")
+    elif path.suffix == ".npz":
+        counts = _from_npz(path)
+    elif path.suffix == ".json":
+        counts = _from_json(path)
+    elif path.suffix in (".pt", ".bin"):
+        counts = _from_pt(path)
+    else:
+        raise PowerInferError(f"{path}: unknown statistics format (a folder of activation_N.pt, .npz, .json "
+                              "or .pt)")
+    return check_counts(counts, n_layer, n_ff, str(path))
+
+
+def _read_tensor(path: Path):
+    from ..convert.source import SourceTensor
+    from ..convert.torch_pt import read_pt
+
+    obj = read_pt(path)
+    if isinstance(obj, SourceTensor):
+        return obj.read()
+    if isinstance(obj, (list, tuple)) and all(isinstance(t, SourceTensor) for t in obj):
+        return [t.read() for t in obj]
+    raise ModelFileError(f"{path}: expected a tensor of activation counts, got {type(obj).__name__}")
+
+
+def _from_folder(folder: Path, n_layer: int) -> list[np.ndarray]:
+    found = {int(m.group(1)): p for p in folder.iterdir() if (m := _PT_NAME.search(p.name))}
+    missing = [il for il in range(n_layer) if il not in found]
+    if missing:
+        raise PowerInferError(f"{folder}: no activation_N.pt for layer(s) {missing[:8]} (found {len(found)} files)")
+    extra = sorted(set(found) - set(range(n_layer)))
+    if extra:
+        raise PowerInferError(f"{folder}: statistics for layer(s) {extra[:8]}, the model has {n_layer} layers")
+    return [np.asarray(_read_tensor(found[il])).reshape(-1) for il in range(n_layer)]
+
+
+def _from_npz(path: Path) -> list[np.ndarray]:
+    with np.load(path, allow_pickle=False) as z:
+        keyed = {int(m.group(1)): k for k in z.files if (m := _NPZ_KEY.fullmatch(k))}
+        if keyed:
+            return [z[keyed[il]] if il in keyed else np.zeros(0) for il in range(max(keyed) + 1)]
+        if len(z.files) == 1 and z[z.files[0]].ndim == 2:
+            return list(z[z.files[0]])
+    raise PowerInferError(f"{path}: expected arrays activation_N / layer_N or one 2-D array")
+
+
+def _from_json(path: Path) -> list[np.ndarray]:
+    try:
+        obj = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise PowerInferError(f"{path}: not valid JSON: {e}") from None
+    layers = obj.get("layers") if isinstance(obj, dict) else obj
+    if not isinstance(layers, list):
+        raise PowerInferError(f'{path}: expected {{"layers": [[counts], ...]}} or a list of lists')
+    try:
+        return [np.asarray(layer, dtype=np.float64) for layer in layers]
+    except (TypeError, ValueError):
+        raise PowerInferError(f"{path}: the per-layer counts must be lists of numbers") from None
+
+
+def _from_pt(path: Path) -> list[np.ndarray]:
+    t = _read_tensor(path)
+    return list(t) if isinstance(t, list) or np.ndim(t) == 2 else [t]
+
+
+def profile_activations(model, cache, tokens: Sequence[int], batch: int = 64) -> list[np.ndarray]:
+    """Counts per layer [n_ff]: for how many of `tokens` each neuron's activated gating value was non-zero,
+    measured by running `model` (a models.Model with ReLU-family FFNs) over them in batches. The FFNs are
+    observed only during the call; the cache is cleared before and after."""
+    ffns = getattr(model, "ffns", None)
+    if not ffns:
+        raise PowerInferError("this model has no per-layer FFNs to profile")
+    counts = [np.zeros(f.n_ff, dtype=np.float64) for f in ffns]
+
+    def observe(layer, x, p, act):
+        counts[layer] += np.count_nonzero(act, axis=0)
+
+    ids = np.asarray(tokens, dtype=np.int32)
+    for f in ffns:
+        f.observer = observe
+    try:
+        cache.clear()
+        for s in range(0, len(ids), batch):
+            if cache.n_past + min(batch, len(ids) - s) > cache.n_ctx:
+                cache.clear()
+            model.forward(ids[s:s + batch], cache)
+    finally:
+        for f in ffns:
+            f.observer = None
+        cache.clear()
+    return counts
