@@ -11,6 +11,8 @@ another mode and sparse_threshold (or $LLAMA_SPARSE_PRED_THRESHOLD) overrides th
 SwiGLU/GeGLU models calibrated by `powerinfer calibrate` run with sparse="threshold" by default (and
 optionally sparsity=S, default the calibrated one; threshold.py); sparse="off" runs them dense.
 
+load()'s keywords are options.LoadOptions' fields, generate()'s SamplingParams'; stream() takes a
+SamplingParams and yields generate.TextPieces (text, token ids, the stop reason), the stream generate() reads.
 Each generate() call starts from an empty context (the cache is reset), prefills the prompt and streams.
 There is one cache, so starting a generation ends the one before it (its iterator simply stops).
 """
