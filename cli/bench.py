@@ -38,7 +38,8 @@ def bench(
     as_json: bool = typer.Option(False, "--json", help="Print the report (every run and the medians) as JSON."),
     sparse: Optional[str] = O.flag("sparse", help="Our FFN mode (default: predictor for PWRI files, threshold for "
                                    "calibrated files, off for other GGUF files)."),
-    sparse_threshold: Optional[float] = O.flag("sparse_threshold", help="Our predictor threshold (default: the file's)."),
+    sparse_threshold: Optional[float] = O.flag("sparse_threshold",
+                                               help="Our predictor threshold (default: the file's)."),
     sparsity: Optional[float] = O.flag("sparsity"),
     llamacpp_model: Optional[str] = typer.Option(None, "--llamacpp-model", help="The file llama.cpp runs (default: "
                                                  "MODEL; for a PWRI model, its dense GGUF twin)."),

@@ -34,7 +34,8 @@ from ..errors import ContextFullError, PowerInferError
 from ..generate import STOP_STRING, Generation, stream_text
 from ..logprobs import LogprobRecorder, TokenLogprob
 from ..outfile import atomic_output
-from ..sampler import Sampler, SamplingParams
+from ..options import SamplingParams
+from ..sampler import Sampler
 from .templates import ChatTemplate, TemplateError, split_system
 
 SAVE_FORMAT = "powerinfer-chat"
@@ -75,10 +76,10 @@ class ChatSession:
         self.llm, self.template = llm, template
         self.system = system or None
         self.messages: list[dict[str, str]] = []
-        self.max_tokens = max_tokens
-        self.sampler = Sampler(sampling or SamplingParams())
+        self.max_tokens = max_tokens  # a reply's limit (sampling's max_tokens and stop are not read: the
+        self.sampler = Sampler(sampling or SamplingParams())  # template's end-of-turn markers end a reply)
         self.prefill_batch = prefill_batch
-        self.logprobs: int | None = None  # N: each reply records its tokens' logprobs (reply.gen.logprobs)
+        self.logprobs: int | None = None  # N: each reply records its tokens' logprobs (reply.take_logprobs())
         self.cache = llm.cache
         self.cache.clear()
         self.tokens: list[int] = []  # the ids whose K/V the cache holds, in order (len == cache.n_past)

@@ -7,7 +7,7 @@ Chat requests go through one ChatSession (powerinfer_py.chat), the same code as 
 conversation is rendered with the same template, tokenized and stopped the same way. The session is kept
 from request to request, so a client that sends the conversation again with one more message prefills only
 the new tokens (ChatSession reuses the longest common prefix of the cached ids). A completion request resets
-the cache (LLM.generate_tokens), so the session is dropped then and made afresh by the next chat request.
+the cache (LLM.stream), so the session is dropped then and made afresh by the next chat request.
 
 A Run yields text pieces; when it ends, `finish_reason` is "stop" (the model ended its text, or a stop
 string or end-of-turn marker was met) or "length" (max_tokens reached, or the context window is full) and
@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Iterator
-
 from dataclasses import replace
+from typing import Iterator
 
 from ..chat import ChatSession, template_for
 from ..errors import ContextFullError, PowerInferError
