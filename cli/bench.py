@@ -8,7 +8,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .options import SPARSE_METAVAR, SPARSITY_HELP
+from powerinfer_py.options import LoadOptions
+
+from . import options as O
 from .shell import model_path, stderr, user_errors
 
 EPILOG = """\
@@ -26,27 +28,25 @@ _MIB = 1024 * 1024
 
 
 def bench(
+    ctx: typer.Context,
     model: str = typer.Option(..., "-m", "--model", help='GGUF file, or "demo" (Gemma 3 270M).'),
     n_predict: int = typer.Option(128, "-n", "--n-predict", min=1, help="Tokens to decode per run."),
     n_prompt: int = typer.Option(128, "-p", "--n-prompt", min=4, help="Prompt tokens per run."),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1, help="Threads for both engines "
-                                          "(default: every CPU this process may use)."),
+    threads: Optional[int] = O.flag("threads", help="Threads for both engines (default: every CPU this process may "
+                                    "use)."),
     reps: int = typer.Option(3, "-r", "--reps", min=1, help="Repetitions per engine."),
     as_json: bool = typer.Option(False, "--json", help="Print the report (every run and the medians) as JSON."),
-    sparse: Optional[str] = typer.Option(None, "--sparse", metavar=SPARSE_METAVAR,
-                                         help="Our FFN mode (default: predictor for PWRI files, threshold for calibrated files, "
-                                         "off for other GGUF files)."),
-    sparse_threshold: Optional[float] = typer.Option(None, "--sparse-threshold",
-                                                     help="Our predictor threshold (default: the file's)."),
-    sparsity: Optional[float] = typer.Option(None, "--sparsity", help=SPARSITY_HELP),
+    sparse: Optional[str] = O.flag("sparse", help="Our FFN mode (default: predictor for PWRI files, threshold for "
+                                   "calibrated files, off for other GGUF files)."),
+    sparse_threshold: Optional[float] = O.flag("sparse_threshold",
+                                               help="Our predictor threshold (default: the file's)."),
+    sparsity: Optional[float] = O.flag("sparsity"),
     llamacpp_model: Optional[str] = typer.Option(None, "--llamacpp-model", help="The file llama.cpp runs (default: "
                                                  "MODEL; for a PWRI model, its dense GGUF twin)."),
-    backend: str = typer.Option("auto", "--backend", metavar="[auto|cpu|cuda|cpu-emulated]",
-                                help="Our backend (see `powerinfer run --help`)."),
-    vram_budget: Optional[float] = typer.Option(None, "--vram-budget", min=0.0,
-                                                help="GiB of GPU memory for our hybrid backend."),
-    no_mmap: bool = typer.Option(False, "--no-mmap", help="Our engine reads the model into memory instead of "
-                                 "mapping it (see `powerinfer run --help`); llama.cpp keeps its default."),
+    backend: str = O.flag("backend", help="Our backend (see `powerinfer run --help`)."),
+    vram_budget: Optional[float] = O.flag("vram_budget", help="GiB of GPU memory for our hybrid backend."),
+    no_mmap: bool = O.flag("use_mmap", help="Our engine reads the model into memory instead of mapping it (see "
+                           "`powerinfer run --help`); llama.cpp keeps its default."),
 ) -> None:
     """Prompt and decode speed of powerinfer and llama.cpp on the same file, with their ratio and our peak RSS."""
     from powerinfer_py.tools.bench import run_bench
@@ -59,10 +59,9 @@ def bench(
                      f"peak RSS {r.peak_rss / _MIB:.0f} MiB{active}", style="dim")
 
     with user_errors():
-        report = run_bench(model_path(model), n_gen=n_predict, n_prompt=n_prompt, threads=threads, reps=reps,
-                           on_run=progress, sparse=sparse, sparse_threshold=sparse_threshold, sparsity=sparsity,
+        report = run_bench(model_path(model), n_gen=n_predict, n_prompt=n_prompt, reps=reps, on_run=progress,
                            llamacpp_model=model_path(llamacpp_model) if llamacpp_model else None,
-                           backend=backend, vram_budget=vram_budget, use_mmap=not no_mmap)
+                           **O.values(LoadOptions, ctx.params))
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
         return

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from . import options as O
 from .shell import model_path, stderr, user_errors
 
 EPILOG = """\
@@ -39,8 +40,7 @@ def calibrate(
                                         "sampled from the model itself."),
     tokens: int = typer.Option(1024, "--tokens", min=1, help="Calibration tokens at most."),
     ctx_size: int = typer.Option(256, "-c", "--ctx-size", min=2, help="Window size in tokens."),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1,
-                                          help="CPU threads (default: every CPU this process may use)."),
+    threads: Optional[int] = O.flag("threads"),
     plain: bool = typer.Option(False, "--plain", help="Cut-offs on |act(gate)| alone, without per-neuron scales "
                                "(the mean |up·x| of each neuron; with them the perplexity cost is lower)."),
     up_sparsity: Optional[float] = typer.Option(None, "--up-sparsity", help="Fraction of ffn_up rows the first "

@@ -44,43 +44,37 @@ PROMPT, MORE = ">>> ", "... "
 
 
 def chat(
+    ctx: typer.Context,
     model: str = O.MODEL,
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
     template: Optional[str] = typer.Option(None, "--template", help=O.TEMPLATE_HELP),
-    n_predict: int = typer.Option(-1, "-n", "--n-predict", min=-1,
-                                  help="Tokens per reply at most; -1 = until the end of the turn."),
-    temp: float = O.TEMP,
-    top_k: int = O.TOP_K,
-    top_p: float = O.TOP_P,
-    min_p: float = O.MIN_P,
-    repeat_penalty: float = O.REPEAT_PENALTY,
-    repeat_last_n: int = O.REPEAT_LAST_N,
-    frequency_penalty: float = O.FREQUENCY_PENALTY,
-    presence_penalty: float = O.PRESENCE_PENALTY,
-    seed: Optional[int] = O.SEED,
-    threads: Optional[int] = O.THREADS,
-    ctx_size: Optional[int] = O.CTX_SIZE,
-    sparse: Optional[str] = O.SPARSE,
-    sparse_threshold: Optional[float] = O.SPARSE_THRESHOLD,
-    sparsity: Optional[float] = O.SPARSITY,
-    backend: str = O.BACKEND,
-    vram_budget: Optional[float] = O.VRAM_BUDGET,
-    no_mmap: bool = O.NO_MMAP,
+    max_tokens: int = O.flag("max_tokens", default=-1,
+                             help="Tokens per reply at most; -1 = until the end of the turn."),
+    temperature: float = O.flag("temperature"),
+    top_k: int = O.flag("top_k"),
+    top_p: float = O.flag("top_p"),
+    min_p: float = O.flag("min_p"),
+    repeat_penalty: float = O.flag("repeat_penalty"),
+    repeat_last_n: int = O.flag("repeat_last_n"),
+    frequency_penalty: float = O.flag("frequency_penalty"),
+    presence_penalty: float = O.flag("presence_penalty"),
+    seed: Optional[int] = O.flag("seed"),
+    threads: Optional[int] = O.flag("threads"),
+    n_ctx: Optional[int] = O.flag("n_ctx"),
+    sparse: Optional[str] = O.flag("sparse"),
+    sparse_threshold: Optional[float] = O.flag("sparse_threshold"),
+    sparsity: Optional[float] = O.flag("sparsity"),
+    backend: str = O.flag("backend"),
+    vram_budget: Optional[float] = O.flag("vram_budget"),
+    no_mmap: bool = O.flag("use_mmap"),
     single: bool = typer.Option(False, "--single", help="Piped input: the whole input is one message."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show loading details and tracebacks."),
 ) -> None:
     """Chat with a model in the terminal; with piped input, print one reply per input line."""
-    from powerinfer_py.sampler import SamplingParams
-
     interactive = sys.stdin.isatty()
     with user_errors(verbose):
         try:
-            session = _open(model, system, template, n_predict, threads, ctx_size,
-                            dict(sparse=sparse, sparse_threshold=sparse_threshold, sparsity=sparsity, backend=backend,
-                                 vram_budget=vram_budget, use_mmap=not no_mmap),
-                            SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                                           repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed,
-                                           frequency_penalty=frequency_penalty, presence_penalty=presence_penalty))
+            session = _open(model, system, template, O.load_options(ctx.params), O.sampling_params(ctx.params))
         except KeyboardInterrupt:
             raise typer.Exit(EXIT_INTERRUPTED)
         try:
@@ -90,14 +84,15 @@ def chat(
     raise typer.Exit(code)
 
 
-def _open(model, system, template, n_predict, threads, ctx_size, load_options, sampling):
+def _open(model, system, template, load_options, sampling):
     from powerinfer_py import load
     from powerinfer_py.chat import ChatSession, template_for
 
-    llm = load(model_path(model), threads=threads, n_ctx=ctx_size, **load_options)
+    llm = load(model_path(model), **load_options.kwargs())
     print_load_notes(llm)
     try:
-        return ChatSession(llm, template_for(llm, template), system, max_tokens=n_predict, sampling=sampling)
+        return ChatSession(llm, template_for(llm, template), system, max_tokens=sampling.max_tokens,
+                           sampling=sampling)
     except BaseException:
         llm.close()
         raise

@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from . import options as O
 from .shell import model_path, user_errors
 
 EPILOG = """\
@@ -34,7 +35,7 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="Print the facts as one JSON object."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also load the model and run a short sample "
                                  "text, to measure the fraction of FFN neurons active per layer."),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1, help="CPU threads for --verbose."),
+    threads: Optional[int] = O.flag("threads", help="CPU threads for --verbose."),
 ) -> None:
     """Describe a model file: architecture, dimensions, tensor types, sparsity, and what loading converts."""
     from powerinfer_py.tools.info import measure_activity, model_info

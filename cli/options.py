@@ -1,30 +1,25 @@
-"""Options that several commands share (run, bench, chat, perplexity): help texts, metavars and, for the options
-that run and chat both take, the typer.Option objects themselves (one definition, the same flags everywhere)."""
+"""The typer flags of the load and sampling options, built from their one definition (powerinfer_py/options.py),
+and the way back: a command's parsed flags into LoadOptions / SamplingParams.
+
+A command declares each flag it takes as a parameter named after the option's field, in the order its --help
+lists them (`temperature: float = O.flag("temperature")` is --temp), and reads them back with load_options() /
+sampling_params() from typer's context, so the list of options is not written again in the command's body.
+A command whose flag means something narrower (bench's "our engine", perplexity's window) passes its own
+help or default to flag().
+"""
 from __future__ import annotations
+
+from typing import Any, Mapping
 
 import typer
 
-SPARSE_METAVAR = "[predictor|exact|threshold|off]"
-SPARSE_HELP = ('FFN mode: "predictor" (default for PowerInfer/PWRI files: only predicted-active neurons), '
-               '"exact" (ReLU models: only non-zero neurons, bit-for-bit dense), "threshold" (SwiGLU/GeGLU models '
-               'calibrated by `powerinfer calibrate`: skip neurons with small |act(gate)|; default for such files) or '
-               '"off" (dense; default for other GGUF files).')
-SPARSITY_HELP = ("--sparse threshold: fraction of FFN neurons to skip, in [0, 1) (default: the sparsity the file "
-                 "was calibrated for; 0 = dense).")
-BACKEND_HELP = ('"auto": hot FFN neurons of a PWRI model on the GPU when one is usable, else the CPU; "cpu"; '
-                '"cuda"; "cpu-emulated": the hybrid executor on the CPU kernels (testing).')
+from powerinfer_py.errors import PowerInferError
+from powerinfer_py.options import LoadOptions, SamplingParams, cli_default, knob
+
 TEMPLATE_HELP = ("Chat format: llama-2, llama-3, chatml, gemma, mistral, phi-3, plain (User:/Assistant:), or model (the "
                  "file's own). Default: the file's own, else one chosen by architecture.")
-BUDGET_HELP = "GiB of GPU memory for the hybrid backend (default: 90% of the free memory)."
 
 MODEL = typer.Option(..., "-m", "--model", help='GGUF or PWRI file, or "demo" (Gemma 3 270M).')
-TEMP = typer.Option(0.8, "--temp", min=0.0, help="Temperature; 0 = greedy (argmax).")
-TOP_K = typer.Option(40, "--top-k", min=0, help="Keep the k most likely tokens (0 = all).")
-TOP_P = typer.Option(0.95, "--top-p", min=0.0, max=1.0, help="Nucleus mass to keep (1 = off).")
-MIN_P = typer.Option(0.05, "--min-p", min=0.0, max=1.0, help="Drop tokens below min_p x the top probability (0 = off).")
-REPEAT_PENALTY = typer.Option(1.0, "--repeat-penalty", min=0.0, help="Penalty for recently seen tokens (1 = off).")
-REPEAT_LAST_N = typer.Option(64, "--repeat-last-n", min=-1, help="How many recent tokens the repeat, frequency and "
-                             "presence penalties look at (0 = none, -1 = all, as llama.cpp).")
 
 
 def _finite(value: float) -> float:
@@ -33,22 +28,46 @@ def _finite(value: float) -> float:
     return value
 
 
-FREQUENCY_PENALTY = typer.Option(0.0, "--frequency-penalty", callback=_finite, help="Subtract this times a token's count among the "
-                                 "recent tokens from its logit (0 = off; OpenAI's frequency_penalty).")
-PRESENCE_PENALTY = typer.Option(0.0, "--presence-penalty", callback=_finite, help="Subtract this from the logit of every token among "
-                                "the recent tokens (0 = off; OpenAI's presence_penalty).")
-SEED = typer.Option(None, "-s", "--seed", min=-1,
-                    help="Random seed: the same seed, the same text (-1: a random one, as without --seed).")
-THREADS = typer.Option(None, "-t", "--threads", min=1,
-                       help="CPU threads (default: every CPU this process may use).")
-CTX_SIZE = typer.Option(None, "-c", "--ctx-size", min=1, help="Context window in tokens (default: the runtime's).")
-SPARSE = typer.Option(None, "--sparse", metavar=SPARSE_METAVAR, help=SPARSE_HELP)
-SPARSITY = typer.Option(None, "--sparsity", help=SPARSITY_HELP)
-SPARSE_THRESHOLD = typer.Option(
-    None, "--sparse-threshold", help="Predictor threshold: a neuron is active when its predictor logit is >= this "
-    "(default: the file's powerinfer.sparse_threshold, or $LLAMA_SPARSE_PRED_THRESHOLD).")
-BACKEND = typer.Option("auto", "--backend", metavar="[auto|cpu|cuda|cpu-emulated]", help=BACKEND_HELP)
-VRAM_BUDGET = typer.Option(None, "--vram-budget", min=0.0, help=BUDGET_HELP)
-NO_MMAP = typer.Option(False, "--no-mmap", help="Read the weights into memory instead of mapping the file "
-                       "(llama.cpp's --no-mmap): RAM for the whole file and a slower start; decodes faster where "
-                       "mapped file pages read slower (README, Performance).")
+def _owner(name: str):
+    return LoadOptions if name in LoadOptions.__dataclass_fields__ else SamplingParams
+
+
+def flag(name: str, **override: Any):
+    """The typer.Option of option `name` (a LoadOptions or SamplingParams field): its flag names, the CLI's
+    default, help and bounds; `override` replaces any of them (default=..., help=..., min=...)."""
+    cls = _owner(name)
+    k = knob(cls, name)
+    extra = dict(k.cli)
+    if k.finite:
+        extra["callback"] = _finite
+    extra["help"] = k.help
+    extra.update(override)
+    default = extra.pop("default", cli_default(cls, name))
+    return typer.Option(default, *k.flags, **extra)
+
+
+def values(cls, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of cls (LoadOptions or SamplingParams) among a command's parsed flags (typer's ctx.params),
+    as keywords: --no-mmap comes back as use_mmap; the options the command does not take are left out (so
+    they keep the library's default)."""
+    out = {}
+    for name, f in cls.__dataclass_fields__.items():
+        k = f.metadata.get("knob")
+        key = k.cli_name if k is not None and k.cli_name else name
+        if key in params:
+            out[name] = (not params[key]) if k is not None and k.cli_invert else params[key]
+    return out
+
+
+def load_options(params: Mapping[str, Any]) -> LoadOptions:
+    """LoadOptions from a command's parsed flags."""
+    return LoadOptions(**values(LoadOptions, params))
+
+
+def sampling_params(params: Mapping[str, Any], **given: Any) -> SamplingParams:
+    """SamplingParams from a command's parsed flags; `given` sets fields the command prepares itself (stop).
+    A combination the sampler refuses (--top-p 0, --repeat-penalty 0) is a user error, not a traceback."""
+    try:
+        return SamplingParams(**{**values(SamplingParams, params), **given})
+    except ValueError as e:
+        raise PowerInferError(str(e)) from None

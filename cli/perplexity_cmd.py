@@ -8,7 +8,9 @@ from typing import Optional
 
 import typer
 
-from .options import SPARSE_HELP, SPARSE_METAVAR, SPARSITY_HELP
+from powerinfer_py.options import LoadOptions
+
+from . import options as O
 from .shell import model_path, stderr, user_errors
 
 EPILOG = """\
@@ -23,15 +25,15 @@ scored once. Prints the perplexity, the mean negative log-likelihood and (sparse
 
 
 def perplexity(
+    ctx: typer.Context,
     model: str = typer.Option(..., "-m", "--model", help='GGUF or PWRI file, or "demo".'),
     text: Path = typer.Option(..., "--text", help="The text file (UTF-8) to score."),
-    ctx_size: int = typer.Option(512, "-c", "--ctx-size", min=2, help="Window size in tokens."),
+    n_ctx: int = O.flag("n_ctx", default=512, min=2, help="Window size in tokens."),
     max_tokens: Optional[int] = typer.Option(None, "--tokens", min=1, help="Score at most this many tokens."),
     batch: int = typer.Option(64, "-b", "--batch", min=1, help="Tokens per forward pass."),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1,
-                                          help="CPU threads (default: every CPU this process may use)."),
-    sparse: Optional[str] = typer.Option(None, "--sparse", metavar=SPARSE_METAVAR, help=SPARSE_HELP),
-    sparsity: Optional[float] = typer.Option(None, "--sparsity", help=SPARSITY_HELP),
+    threads: Optional[int] = O.flag("threads"),
+    sparse: Optional[str] = O.flag("sparse"),
+    sparsity: Optional[float] = O.flag("sparsity"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Perplexity of MODEL over a text file, in any sparse mode."""
@@ -44,8 +46,8 @@ def perplexity(
             body = text.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:
             raise PowerInferError(f"{text}: not UTF-8 text ({e.reason})") from None
-        with load(model_path(model), threads=threads, n_ctx=ctx_size, sparse=sparse, sparsity=sparsity) as llm:
-            result = measure(llm, body, ctx=ctx_size, batch=batch, max_tokens=max_tokens,
+        with load(model_path(model), **O.values(LoadOptions, ctx.params)) as llm:
+            result = measure(llm, body, ctx=n_ctx, batch=batch, max_tokens=max_tokens,
                              on_window=lambda i, nll: stderr.print(f"window {i}: nll {nll:.4f}", style="dim"))
             st = llm.sparsity_stats
             skipped = st.skipped_fraction if st is not None and st.tokens.any() else None

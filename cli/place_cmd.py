@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from . import options as O
 from .shell import model_path, user_errors
 
 EPILOG = """\
@@ -29,7 +30,7 @@ def place(
                                            help="Context the KV cache is sized for (default: the runtime's)."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the plan as a .gpuidx sidecar."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as one JSON object."),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1, help="CPU threads for a profile."),
+    threads: Optional[int] = O.flag("threads", help="CPU threads for a profile."),
 ) -> None:
     """Choose each layer's hot FFN neurons (on the GPU) under a VRAM budget, maximising the activations there."""
     from powerinfer_py.hybrid.gpuidx import write_gpuidx

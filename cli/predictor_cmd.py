@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
+from . import options as O
 from .shell import fail, model_path, stderr, user_errors
 
 EPILOG = """\
@@ -58,8 +59,7 @@ def train_predictor(
     backend: str = typer.Option("auto", "--backend", help="auto (torch if installed, else numpy), numpy, torch."),
     ctx: int = typer.Option(512, "--ctx", min=2, help="Tokens per chunk (each chunk starts a fresh context)."),
     seed: int = typer.Option(0, "--seed", help="Seed for initialisation, batches and sampled text."),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1,
-                                          help="CPU threads (default: every CPU this process may use)."),
+    threads: Optional[int] = O.flag("threads"),
     as_json: bool = typer.Option(False, "--json", help="Print the per-layer results as one JSON object."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks."),

@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
+from . import options as O
 from .shell import model_path, stderr, user_errors
 
 EPILOG = """\
@@ -39,8 +40,7 @@ def profile(
                                          help="Non-ReLU models: a neuron counts as active where |act| exceeds "
                                               "this quantile of the layer's |act| (measured on the first batch)."),
     seed: int = typer.Option(0, "--seed", help="Seed for sampling calibration text (no --text)."),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads", min=1,
-                                          help="CPU threads (default: every CPU this process may use)."),
+    threads: Optional[int] = O.flag("threads"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks."),
 ) -> None:
     """Record how often each FFN neuron fires per layer (and the |activation| distribution) over a text."""

@@ -11,6 +11,7 @@ from typing import List, Optional
 import typer
 
 from powerinfer_py.errors import PowerInferError
+from powerinfer_py.options import LoadOptions, SamplingParams
 
 from . import options as O
 from .shell import EXIT_INTERRUPTED, model_path, print_load_notes, stderr, user_errors
@@ -31,6 +32,7 @@ EPILOG = """\
 
 
 def run(
+    ctx: typer.Context,
     prompt: Optional[str] = typer.Argument(None, metavar="PROMPT", show_default=False,
                                            help='The prompt text; "-" reads it from standard input. Or give it '
                                                 'with -p or -f.'),
@@ -41,30 +43,26 @@ def run(
                                               help='Read the prompt from this UTF-8 text file ("-": standard '
                                                    "input); one final line break is dropped (as llama.cpp's -f "
                                                    "drops a final newline)."),
-    stop: Optional[List[str]] = typer.Option(None, "--stop", show_default=False, metavar="TEXT",
-                                             help="End the text where this string appears (not printed); may be "
-                                                  "given several times. \\n, \\t and \\\\ stand for a newline, "
-                                                  "a tab and a backslash."),
-    n_predict: int = typer.Option(128, "-n", "--n-predict", min=-1,
-                                  help="Tokens to generate at most; -1 = until end of text or a full context."),
-    temp: float = O.TEMP,
-    top_k: int = O.TOP_K,
-    top_p: float = O.TOP_P,
-    min_p: float = O.MIN_P,
-    repeat_penalty: float = O.REPEAT_PENALTY,
-    repeat_last_n: int = O.REPEAT_LAST_N,
-    frequency_penalty: float = O.FREQUENCY_PENALTY,
-    presence_penalty: float = O.PRESENCE_PENALTY,
-    seed: Optional[int] = O.SEED,
-    threads: Optional[int] = O.THREADS,
-    ctx_size: Optional[int] = O.CTX_SIZE,
-    sparse: Optional[str] = O.SPARSE,
-    sparsity: Optional[float] = O.SPARSITY,
-    sparse_threshold: Optional[float] = O.SPARSE_THRESHOLD,
+    stop: Optional[List[str]] = O.flag("stop"),
+    max_tokens: int = O.flag("max_tokens"),
+    temperature: float = O.flag("temperature"),
+    top_k: int = O.flag("top_k"),
+    top_p: float = O.flag("top_p"),
+    min_p: float = O.flag("min_p"),
+    repeat_penalty: float = O.flag("repeat_penalty"),
+    repeat_last_n: int = O.flag("repeat_last_n"),
+    frequency_penalty: float = O.flag("frequency_penalty"),
+    presence_penalty: float = O.flag("presence_penalty"),
+    seed: Optional[int] = O.flag("seed"),
+    threads: Optional[int] = O.flag("threads"),
+    n_ctx: Optional[int] = O.flag("n_ctx"),
+    sparse: Optional[str] = O.flag("sparse"),
+    sparsity: Optional[float] = O.flag("sparsity"),
+    sparse_threshold: Optional[float] = O.flag("sparse_threshold"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
-    backend: str = O.BACKEND,
-    vram_budget: Optional[float] = O.VRAM_BUDGET,
-    no_mmap: bool = O.NO_MMAP,
+    backend: str = O.flag("backend"),
+    vram_budget: Optional[float] = O.flag("vram_budget"),
+    no_mmap: bool = O.flag("use_mmap"),
     verbose: bool = typer.Option(False, "--verbose", "-v",
                                  help="Show loading details, per-layer active neurons and tracebacks."),
 ) -> None:
@@ -81,13 +79,8 @@ def run(
         try:
             text = read_prompt_file(prompt_file) if prompt_file is not None else (
                 sys.stdin.read() if sources[0] == "-" else sources[0])
-            code = _run(text, model, n_predict, as_json, verbose, stops,
-                        load_opts=dict(threads=threads, n_ctx=ctx_size, sparse=sparse,
-                                       sparse_threshold=sparse_threshold, sparsity=sparsity, backend=backend,
-                                       vram_budget=vram_budget, use_mmap=not no_mmap),
-                        sampling=dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                                      repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed,
-                                      frequency_penalty=frequency_penalty, presence_penalty=presence_penalty))
+            code = _run(text, model, as_json, verbose, O.load_options(ctx.params),
+                        O.sampling_params(ctx.params, stop=tuple(stops)))
         except KeyboardInterrupt:  # Ctrl-C while loading: nothing generated yet
             code = EXIT_INTERRUPTED
     if code == EXIT_INTERRUPTED:
@@ -132,43 +125,33 @@ def read_prompt_file(name: str) -> str:
     return text[:-1] if text.endswith("\n") else text
 
 
-def _run(text: str, model: str, n_predict: int, as_json: bool, verbose: bool, stops: list[str], *,
-         load_opts: dict, sampling: dict) -> int:
-    """Load (load_opts: powerinfer_py.load's keywords), generate from the prompt text (sampling:
-    generate_tokens' keywords), print. Returns 0, or EXIT_INTERRUPTED when Ctrl-C stopped the generation.
-    stops: strings that end the text where they first appear (the stop string is not printed)."""
+def _run(text: str, model: str, as_json: bool, verbose: bool, load_opts: LoadOptions,
+         sampling: SamplingParams) -> int:
+    """Load, generate from the prompt text (sampling: with max_tokens and the stop strings, which end the text
+    where they first appear and are not printed), print. Returns 0, or EXIT_INTERRUPTED when Ctrl-C stopped
+    the generation."""
     from powerinfer_py import load
-    from powerinfer_py.chat import StopMatcher
-    from powerinfer_py.generate import STOP_STRING
 
     path = model_path(model)
     t0 = time.perf_counter()
-    llm = load(path, **load_opts)
+    llm = load(path, **load_opts.kwargs())
     load_s = time.perf_counter() - t0
     if verbose:
         _print_load(llm, path, load_s)
     print_load_notes(llm, verbose)
-    gen = llm.generate_tokens(text, max_tokens=n_predict, **sampling)
-    decoder = llm.tokenizer.stream()  # holds back bytes of a UTF-8 character split over tokens
-    matcher = StopMatcher(stops)  # holds back text that may be the start of a stop string
+    stream = llm.stream(text, sampling)
     tokens, pieces, interrupted = [], [], False
     try:
-        for tok in gen:
-            tokens.append(tok)
-            pieces.append(matcher.feed(decoder.feed(tok)))
+        for piece in stream:
+            tokens.extend(piece.tokens)
+            pieces.append(piece.text)
             if not as_json:
-                sys.stdout.write(pieces[-1])
+                sys.stdout.write(piece.text)
                 sys.stdout.flush()
-            if matcher.stopped:
-                break
     except KeyboardInterrupt:
         interrupted = True
-    gen.close()
-    if not matcher.stopped:
-        pieces.append(matcher.finish(decoder.flush()))
-    stats = gen.stats
-    if matcher.stopped:
-        stats.stop_reason = STOP_STRING
+    pieces.append(stream.close())  # what was held back when Ctrl-C came ("" when the stream ended)
+    stats = stream.gen.stats
     reason = "interrupted" if interrupted else stats.stop_reason
     if as_json:
         result = _json_result("".join(pieces), tokens, stats, reason, load_s)

@@ -35,6 +35,7 @@ that long is dropped, which stops its generation and frees the model for the nex
 
 
 def serve(
+    ctx: typer.Context,
     model: str = O.MODEL,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface; "
                              "use --api-key then, or anyone who can reach the port can use the model)."),
@@ -54,30 +55,29 @@ def serve(
                                   "a client may stop reading its answer before it counts as gone."),
     max_connections: int = typer.Option(64, "--max-connections", min=1, metavar="N", help="Connections served "
                                         "at once (including those waiting for the model); more get a 503."),
-    threads: Optional[int] = O.THREADS,
-    ctx_size: Optional[int] = O.CTX_SIZE,
+    threads: Optional[int] = O.flag("threads"),
+    n_ctx: Optional[int] = O.flag("n_ctx"),
     chat_template: Optional[str] = typer.Option(None, "--chat-template", "--template", help=O.TEMPLATE_HELP),
-    temp: float = O.TEMP,
-    top_k: int = O.TOP_K,
-    top_p: float = O.TOP_P,
-    min_p: float = O.MIN_P,
-    repeat_penalty: float = O.REPEAT_PENALTY,
-    repeat_last_n: int = O.REPEAT_LAST_N,
-    frequency_penalty: float = O.FREQUENCY_PENALTY,
-    presence_penalty: float = O.PRESENCE_PENALTY,
-    sparse: Optional[str] = O.SPARSE,
-    sparse_threshold: Optional[float] = O.SPARSE_THRESHOLD,
-    sparsity: Optional[float] = O.SPARSITY,
-    backend: str = O.BACKEND,
-    vram_budget: Optional[float] = O.VRAM_BUDGET,
-    no_mmap: bool = O.NO_MMAP,
+    temperature: float = O.flag("temperature"),
+    top_k: int = O.flag("top_k"),
+    top_p: float = O.flag("top_p"),
+    min_p: float = O.flag("min_p"),
+    repeat_penalty: float = O.flag("repeat_penalty"),
+    repeat_last_n: int = O.flag("repeat_last_n"),
+    frequency_penalty: float = O.flag("frequency_penalty"),
+    presence_penalty: float = O.flag("presence_penalty"),
+    sparse: Optional[str] = O.flag("sparse"),
+    sparse_threshold: Optional[float] = O.flag("sparse_threshold"),
+    sparsity: Optional[float] = O.flag("sparsity"),
+    backend: str = O.flag("backend"),
+    vram_budget: Optional[float] = O.flag("vram_budget"),
+    no_mmap: bool = O.flag("use_mmap"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not log one line per request on stderr."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks of errors at start-up."),
 ) -> None:
     """Serve MODEL over HTTP with OpenAI's completions and chat completions API."""
     with user_errors(verbose):
         from powerinfer_py import load
-        from powerinfer_py.sampler import SamplingParams
         from powerinfer_py.serve import log_to_stderr, make_server, serve_forever
         from powerinfer_py.serve.guard import check_api_key
 
@@ -87,18 +87,13 @@ def serve(
             raise fail(str(e)) from None
 
         try:
-            llm = load(model_path(model), threads=threads, n_ctx=ctx_size, sparse=sparse,
-                       sparse_threshold=sparse_threshold, sparsity=sparsity, backend=backend,
-                       vram_budget=vram_budget, use_mmap=not no_mmap)
+            llm = load(model_path(model), **O.load_options(ctx.params).kwargs())
         except KeyboardInterrupt:
             raise typer.Exit(EXIT_INTERRUPTED)
         idle = True
         try:
             print_load_notes(llm)
-            defaults = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                                      repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                                      frequency_penalty=frequency_penalty,
-                                      presence_penalty=presence_penalty)
+            defaults = O.sampling_params(ctx.params)  # for the fields a request leaves out
             server = make_server(llm, host, port, template=chat_template, defaults=defaults,
                                  log=None if quiet else log_to_stderr, timeout=timeout,
                                  max_connections=max_connections, allow_hosts=allow_host or (),

@@ -19,7 +19,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "load": "llm",
     "LLM": "llm",
-    "SamplingParams": "sampler",
+    "LoadOptions": "options",
+    "SamplingParams": "options",
     "Sampler": "sampler",
     "Tokenizer": "tokenizer",
     "GenerationStats": "generate",
@@ -35,7 +36,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports
     from .errors import ContextFullError, ModelFileError, PowerInferError, UnsupportedError
     from .generate import GenerationStats
     from .llm import LLM, load
-    from .sampler import Sampler, SamplingParams
+    from .options import LoadOptions, SamplingParams
+    from .sampler import Sampler
     from .tokenizer import Tokenizer
 
 

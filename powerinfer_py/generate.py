@@ -2,7 +2,12 @@
 
 generate() returns a Generation: an iterator of token ids (its generator does prefill, sample, forward,
 sample, ...) that applies the stop rules (end-of-generation token, max_tokens, full context) and keeps
-GenerationStats up to date as it goes. Text streaming is a layer above (LLM.generate with a StreamDecoder).
+GenerationStats up to date as it goes.
+
+stream_text() is the one layer above it that every front end reads text through (LLM.generate, `run`, chat
+replies, the server): it turns the token ids into TextPieces, holding back the bytes of a UTF-8 character
+split over tokens and any text that may be the start of a stop string (StopMatcher), and ends the text at
+the first stop string.
 
 Timing counts only our own work (forward passes and sampling), never the time the consumer spends between
 two tokens (printing, detokenizing), so tok/s figures do not depend on who reads the stream.
@@ -16,11 +21,11 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .errors import ContextFullError, PowerInferError
-from .sampler import LogprobRecorder
+from .sampler import LogprobRecorder, TokenLogprob
 from .sampler import Sampler
 
 StopReason = str  # "eos" | "length" | "context", or STOP_STRING
-STOP_STRING = "stop string"  # the text ended at a stop string the caller gave (LLM.generate, `run --stop`)
+STOP_STRING = "stop string"  # the text ended at a stop string (LLM.generate's stop=, `run --stop`, templates)
 
 
 @dataclass
@@ -156,3 +161,120 @@ def generate(model, cache, prompt_ids: Sequence[int], sampler: Sampler, max_toke
     iterate it for token ids; its .stats fill in as it runs (stop_reason once it has finished).
     """
     return Generation(model, cache, prompt_ids, sampler, max_tokens, is_eog, prefill_batch, logprobs)
+
+
+# ---- text ------------------------------------------------------------------------------------------------
+
+class StopMatcher:
+    """Finds stop texts in streamed text. feed() returns the text safe to show: anything that could still be
+    the start of a stop text is held back until it is decided."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+        self.stopped = False
+
+    def feed(self, piece: str) -> str:
+        if self.stopped:
+            return ""
+        self.pending += piece
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.stopped = True
+            out, self.pending = self.pending[:min(hits)], ""
+            return out
+        hold = 0
+        for s in self.stops:  # the longest tail of pending that begins some stop text
+            for n in range(min(len(s) - 1, len(self.pending)), hold, -1):
+                if self.pending.endswith(s[:n]):
+                    hold = n
+                    break
+        out = self.pending[:len(self.pending) - hold]
+        self.pending = self.pending[len(out):]
+        return out
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+    def finish(self, tail: str = "") -> str:
+        """The text left to show when the stream ends: `tail` (e.g. a detokenizer's last bytes) fed in, then
+        what was held back, unless a stop text has appeared (then nothing after it)."""
+        out = self.feed(tail)
+        return out if self.stopped else out + self.flush()
+
+
+@dataclass
+class TextPiece:
+    """One step of a text stream. A piece per generated token (tokens == (id,)), whose text is often "" while
+    it is held back; when the generation ends by itself, one last piece without a token brings what was held.
+    text: what may be shown now; raw: the tokens' own decoded text, before stop strings were cut out (the
+    last piece adds the decoder's held bytes); logprobs: the TokenLogprob entries recorded since the last
+    piece (prompt ones too, when echoed), when the stream was asked for them; finish: set on the last piece
+    only, the Generation's stop reason ("eos", "length", "context") or STOP_STRING."""
+    text: str
+    tokens: tuple[int, ...] = ()
+    raw: str = ""
+    logprobs: list[TokenLogprob] | None = None
+    finish: StopReason | None = None
+
+
+class TextStream:
+    """Iterator of the TextPieces of a Generation (see stream_text). `finish` is the stop reason once the last
+    piece is out; close() ends it early and returns the text that was still held back."""
+
+    def __init__(self, gen: Generation, tokenizer, stops: Sequence[str] = (), *, logprobs: bool = False):
+        self.gen = gen
+        self.finish: StopReason | None = None
+        self._decoder = tokenizer.stream()  # holds back the bytes of a character split over tokens
+        self._matcher = StopMatcher(stops)   # holds back text that may be the start of a stop string
+        self._recorder = gen.logprobs if logprobs else None
+        self._done = False
+
+    def __iter__(self) -> "TextStream":
+        return self
+
+    def __next__(self) -> TextPiece:
+        if self._done:
+            raise StopIteration
+        try:
+            token = next(self.gen)
+        except StopIteration:  # the generation ended by itself: out with what was held back
+            tail = self._decoder.flush()
+            return self._last(TextPiece(self._matcher.finish(tail), (), tail, self._take()))
+        raw = self._decoder.feed(token)
+        piece = TextPiece(self._matcher.feed(raw), (token,), raw, self._take())
+        if self._matcher.stopped:
+            piece.raw += self._decoder.flush()
+            self.gen.close()
+            return self._last(piece)
+        return piece
+
+    def _take(self) -> list[TokenLogprob] | None:
+        return self._recorder.take() if self._recorder is not None else None
+
+    def _last(self, piece: TextPiece) -> TextPiece:
+        self._done = True
+        if self._matcher.stopped:
+            self.gen.stats.stop_reason = STOP_STRING
+        piece.finish = self.finish = self.gen.stats.stop_reason
+        return piece
+
+    def close(self) -> str:
+        """Stop the generation where it is (its stop reason stays None) and return the text that was held back
+        and never shown ("" once the stream has ended): the start of a possible stop string, and a split
+        character's first bytes as U+FFFD."""
+        if self._done:
+            return ""
+        self._done = True
+        self.gen.close()
+        return self._matcher.finish(self._decoder.flush())
+
+
+def stream_text(gen: Generation, tokenizer, stops: Sequence[str] = (), *, logprobs: bool = False) -> TextStream:
+    """The text of `gen` as TextPieces: tokens decoded with `tokenizer.stream()` (a UTF-8 character split over
+    tokens comes out whole, with the token that completes it), text that may still become one of `stops`
+    held back until decided, and the text ended before the first stop string (the Generation is then closed
+    and its stats.stop_reason set to STOP_STRING). logprobs: each piece carries the Generation's recorded
+    logprobs since the previous piece (the recorder's take(); nothing else should take from it then)."""
+    return TextStream(gen, tokenizer, stops, logprobs=logprobs)

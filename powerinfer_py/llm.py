@@ -11,18 +11,21 @@ another mode and sparse_threshold (or $LLAMA_SPARSE_PRED_THRESHOLD) overrides th
 SwiGLU/GeGLU models calibrated by `powerinfer calibrate` run with sparse="threshold" by default (and
 optionally sparsity=S, default the calibrated one; threshold.py); sparse="off" runs them dense.
 
+load()'s keywords are options.LoadOptions' fields, generate()'s SamplingParams'; stream() takes a
+SamplingParams and yields generate.TextPieces (text, token ids, the stop reason), the stream generate() reads.
 Each generate() call starts from an empty context (the cache is reset), prefills the prompt and streams.
 There is one cache, so starting a generation ends the one before it (its iterator simply stops).
 """
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .generate import STOP_STRING, Generation, GenerationStats, generate
-from .sampler import LogprobRecorder
-from .sampler import Sampler, SamplingParams
+from .generate import Generation, GenerationStats, TextStream, generate, stream_text
+from .options import SamplingParams, check_stops, pick
+from .sampler import LogprobRecorder, Sampler
 
 DEFAULT_MAX_CTX = 4096  # default context: min(n_ctx_train, this), keeps the KV cache small by default
 
@@ -122,31 +125,14 @@ class LLM:
         """Generated token ids for a prompt (text, or token ids used as they are). temperature <= 0 is
         greedy; max_tokens < 0 runs until an end-of-generation token or a full context. The returned
         Generation's .stats (also self.last_stats) fill in as it runs. Raises ContextFullError if the
-        prompt does not fit.
+        prompt does not fit. The sampling keywords are SamplingParams' fields (options.py).
 
         logprobs N (0-20) records each generated token's log-probability and the N most likely tokens at its
         position in the Generation's .logprobs (a LogprobRecorder); echo records them for the prompt's tokens
         too (all but the first), at the cost of the logits of every prompt position."""
-        if self._closed:
-            raise ValueError(f"this LLM ({self.path}) has been closed")
-        ids = self.tokenize(prompt, add_bos=add_bos) if isinstance(prompt, str) else [int(t) for t in prompt]
-        bias = tuple(sorted((int(t), float(b)) for t, b in (logit_bias or {}).items()))
-        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed,
-                                frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, logit_bias=bias)
-        params.check_vocab(self.tokenizer.n_vocab)
-        if self._active is not None:  # one cache, one generation: end the previous one before reusing it
-            self._active.close()
-        self.reset()
-        if self.model.sparsity is not None:
-            self.model.sparsity.reset()
-        recorder = None
-        if logprobs is not None or echo:
-            recorder = LogprobRecorder(top_n=logprobs or 0, echo=echo)
-        gen = self._active = generate(self.model, self.cache, ids, Sampler(params), max_tokens, self.tokenizer.is_eog,
-                                      prefill_batch=prefill_batch, logprobs=recorder)
-        self.last_stats = gen.stats
-        return gen
+        given = dict(locals())  # this method's sampling keywords are named after SamplingParams' fields
+        ids = self._prompt_ids(prompt, add_bos)
+        return self._start(ids, pick(SamplingParams, given), prefill_batch, logprobs, echo)
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, temperature: float = 0.8,
                  top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
@@ -157,35 +143,46 @@ class LLM:
         generate_tokens). stop: a string or strings that end the text where one first appears (it is not
         yielded; text that could still become one is held back until decided; last_stats.stop_reason is then
         "stop string"). The prompt is checked, and a ContextFullError raised, at the call, not lazily."""
-        stops = [stop] if isinstance(stop, str) else list(stop or ())
-        if any(not isinstance(s, str) or not s for s in stops):
-            raise ValueError(f"stop strings must be non-empty strings, got {stops!r}")
-        gen = self.generate_tokens(prompt, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
-                                   top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
-                                   repeat_last_n=repeat_last_n, seed=seed, add_bos=add_bos,
-                                   prefill_batch=prefill_batch, frequency_penalty=frequency_penalty,
-                                   presence_penalty=presence_penalty, logit_bias=logit_bias)
-        return self._stream_text(gen, stops)
+        given = dict(locals())
+        check_stops(stop)
+        ids = self._prompt_ids(prompt, add_bos)
+        params = pick(SamplingParams, given)
+        return _texts(self._stream(ids, params, prefill_batch))
 
-    def _stream_text(self, gen: Generation, stops: Sequence[str] = ()) -> Iterator[str]:
-        from .chat import StopMatcher
+    def stream(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *, add_bos: bool = True,
+               prefill_batch: int = 256, logprobs: int | None = None, echo: bool = False) -> TextStream:
+        """The generation as generate.TextPieces (text, token ids, logprobs when asked, the stop reason on the
+        last): what generate() yields the texts of, for callers that also want the tokens or the reason.
+        params: sampling, max_tokens and stop strings (default SamplingParams()); the rest as in
+        generate_tokens (logprobs N puts each piece's entries in piece.logprobs)."""
+        ids = self._prompt_ids(prompt, add_bos)
+        return self._stream(ids, params or SamplingParams(), prefill_batch, logprobs, echo)
 
-        decoder, matcher = self.tokenizer.stream(), StopMatcher(stops)
-        try:
-            for token in gen:
-                piece = matcher.feed(decoder.feed(token))
-                if piece:
-                    yield piece
-                if matcher.stopped:
-                    break
-            else:
-                tail = matcher.finish(decoder.flush())
-                if tail:
-                    yield tail
-        finally:
-            if matcher.stopped:
-                gen.stats.stop_reason = STOP_STRING
-            gen.close()
+    def _prompt_ids(self, prompt: str | Sequence[int], add_bos: bool) -> list[int]:
+        if self._closed:
+            raise ValueError(f"this LLM ({self.path}) has been closed")
+        return self.tokenize(prompt, add_bos=add_bos) if isinstance(prompt, str) else [int(t) for t in prompt]
+
+    def _stream(self, ids: list[int], params: SamplingParams, prefill_batch: int, logprobs: int | None = None,
+                echo: bool = False) -> TextStream:
+        gen = self._start(ids, params, prefill_batch, logprobs, echo)
+        return stream_text(gen, self.tokenizer, params.stop, logprobs=gen.logprobs is not None)
+
+    def _start(self, ids: list[int], params: SamplingParams, prefill_batch: int, logprobs: int | None,
+               echo: bool) -> Generation:
+        params.check_vocab(self.tokenizer.n_vocab)
+        if self._active is not None:  # one cache, one generation: end the previous one before reusing it
+            self._active.close()
+        self.reset()
+        if self.model.sparsity is not None:
+            self.model.sparsity.reset()
+        recorder = None
+        if logprobs is not None or echo:
+            recorder = LogprobRecorder(top_n=logprobs or 0, echo=echo)
+        gen = self._active = generate(self.model, self.cache, ids, Sampler(params), params.max_tokens,
+                                      self.tokenizer.is_eog, prefill_batch=prefill_batch, logprobs=recorder)
+        self.last_stats = gen.stats
+        return gen
 
     # -- lifetime ----------------------------------------------------------------------------------------
 
@@ -209,11 +206,7 @@ class LLM:
         return f"LLM({self.path.name!r}, arch={c.arch}, n_layer={c.n_layer}, n_embd={c.n_embd}, n_ctx={self.n_ctx})"
 
 
-def load(path: str | os.PathLike, threads: int | None = None, n_ctx: int | None = None, *,
-         backend: str = "cpu", cache_dir: str | os.PathLike | None = None, sparse: str | None = None,
-         sparse_threshold: float | None = None, sparsity: float | None = None,
-         vram_budget: float | None = None,
-         placement: str | os.PathLike | None = None, use_mmap: bool = True) -> LLM:
+def load(path: str | os.PathLike, *args, **options) -> LLM:
     """Open a GGUF or PWRI model file and get it ready to generate.
 
     threads: CPU threads for the kernels (default: all cores). n_ctx: context size in tokens (default:
@@ -231,6 +224,18 @@ def load(path: str | os.PathLike, threads: int | None = None, n_ctx: int | None 
     calibrated one).
     use_mmap=False reads the file into memory instead of mapping it (llama.cpp's --no-mmap; see open_gguf).
     """
-    return LLM(path, threads=threads, n_ctx=n_ctx, backend=backend, cache_dir=cache_dir, sparse=sparse,
-               sparse_threshold=sparse_threshold, sparsity=sparsity, vram_budget=vram_budget, placement=placement,
-               use_mmap=use_mmap)
+    return LLM(path, *args, **options)
+
+
+# load() takes exactly LLM(...)'s arguments (options.LoadOptions' fields); its signature says so for help()
+load.__signature__ = inspect.signature(LLM).replace(return_annotation=LLM)
+
+
+def _texts(stream: TextStream) -> Iterator[str]:
+    """The non-empty texts of a stream; leaving early (or a new generation) stops it."""
+    try:
+        for piece in stream:
+            if piece.text:
+                yield piece.text
+    finally:
+        stream.close()

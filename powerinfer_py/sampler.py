@@ -21,6 +21,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .options import SamplingParams  # defined with the other knobs; imported from here too
+
 
 def softmax(logits: np.ndarray) -> np.ndarray:
     """Probabilities (float64, same shape) of a 1-D logits array; -inf logits get probability 0."""
@@ -152,54 +154,6 @@ def _head_for_min_p(logits: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarra
         ids = np.arange(logits.shape[0])
     ids, cand = _sort_desc(ids.astype(np.int64), logits[ids])
     return ids, cand, mass
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Sampling settings; a value that disables a step: top_k 0, top_p 1.0, min_p 0.0, repeat_penalty 1.0,
-    frequency_penalty and presence_penalty 0.0 (both look at the same last repeat_last_n tokens as the
-    repetition penalty), logit_bias () (pairs of token id and the bias added to its logit).
-
-    temperature <= 0 means greedy decoding (argmax after the repetition penalty).
-    seed None (or -1, llama.cpp's spelling) draws a fresh random seed; a seed >= 0 makes the token stream
-    reproducible.
-    """
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    seed: int | None = None
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    logit_bias: tuple[tuple[int, float], ...] = ()
-
-    def __post_init__(self):
-        if self.seed is not None and self.seed < 0:
-            if self.seed != -1:
-                raise ValueError(f"seed must be >= 0, or -1 for a random one, got {self.seed}")
-            object.__setattr__(self, "seed", None)
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.repeat_penalty <= 0:
-            raise ValueError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
-        if self.repeat_last_n < -1:
-            raise ValueError(f"repeat_last_n must be -1 (all), 0 (off) or a count, got {self.repeat_last_n}")
-        for name in ("frequency_penalty", "presence_penalty"):
-            if not np.isfinite(getattr(self, name)):
-                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
-        for token, b in self.logit_bias:
-            if token < 0 or np.isnan(b):
-                raise ValueError(f"logit_bias: token ids are >= 0 and biases numbers, got {token}: {b}")
-
-    def check_vocab(self, n_vocab: int) -> None:
-        """ValueError naming the first logit_bias token id that is not in a vocabulary of n_vocab tokens."""
-        wrong = [t for t, _ in self.logit_bias if t >= n_vocab]
-        if wrong:
-            raise ValueError(f"logit_bias: token id {wrong[0]} is outside the vocabulary (0 to {n_vocab - 1})")
 
 
 class Sampler:

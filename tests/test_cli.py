@@ -274,6 +274,23 @@ def test_run_stop_string_ends_the_text_before_it(llama_f32):
     assert res.exit_code == 2 and "cannot be empty" in res.stderr
 
 
+def test_run_streams_the_text_before_a_stop_string_once(llama_f32):
+    """A stop string that starts inside a token: the text before it in that token is printed once (the
+    stream used to print the stop token's piece a second time with the final newline)."""
+    full = run_json(llama_f32, "hello", "-n", "24", "--temp", "0")["text"]
+    for at in range(len(full) // 3, len(full) - 2):
+        stop = full[at:at + 2]
+        if full.index(stop) == at and stop.strip() and not stop[0].isspace():
+            break
+    else:
+        raise AssertionError(f"no two-character stop string to try in {full!r}")
+    out = run_json(llama_f32, "hello", "-n", "24", "--temp", "0", "--stop", stop)
+    assert out["text"] == full[:at] and out["stop_reason"] == "stop string"
+    streamed = invoke("run", "-m", llama_f32, "hello", "-n", "24", "--temp", "0", "-t", "1", "--stop", stop)
+    assert streamed.exit_code == 0, streamed.stderr
+    assert streamed.stdout == full[:at] + "\n"
+
+
 def test_stop_strings_take_backslash_escapes():
     from powerinfer_cli.run import unescape_stop
 

@@ -1,6 +1,7 @@
 """Chat: templates that turn a conversation into a prompt (templates.py) and a session that runs turns over one
 KV cache, prefilling only what is new (session.py). The terminal front end is cli/chat.py."""
-from .session import ChatSession, Reply, StopMatcher, TurnStats
+from ..generate import StopMatcher
+from .session import ChatSession, Reply, TurnStats
 from .templates import (BUILTIN, ChatTemplate, JinjaTemplate, TemplateError, choose_template,
                         looks_instruction_tuned)
 

@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..errors import ContextFullError, PowerInferError
-from ..generate import Generation
+from ..generate import STOP_STRING, Generation, stream_text
+from ..options import SamplingParams
 from ..outfile import atomic_output
-from ..sampler import LogprobRecorder
-from ..sampler import Sampler, SamplingParams
+from ..sampler import LogprobRecorder, Sampler, TokenLogprob
 from .templates import ChatTemplate, TemplateError, split_system
 
 SAVE_FORMAT = "powerinfer-chat"
@@ -59,45 +59,6 @@ class TurnStats:
         return self.n_decode / self.decode_s if self.decode_s > 0 else 0.0
 
 
-class StopMatcher:
-    """Finds stop texts in streamed text. feed() returns the text safe to show: anything that could still be
-    the start of a stop text is held back until it is decided."""
-
-    def __init__(self, stops: Sequence[str]):
-        self.stops = [s for s in stops if s]
-        self.pending = ""
-        self.stopped = False
-
-    def feed(self, piece: str) -> str:
-        if self.stopped:
-            return ""
-        self.pending += piece
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            self.stopped = True
-            out, self.pending = self.pending[:min(hits)], ""
-            return out
-        hold = 0
-        for s in self.stops:  # the longest tail of pending that begins some stop text
-            for n in range(min(len(s) - 1, len(self.pending)), hold, -1):
-                if self.pending.endswith(s[:n]):
-                    hold = n
-                    break
-        out = self.pending[:len(self.pending) - hold]
-        self.pending = self.pending[len(out):]
-        return out
-
-    def flush(self) -> str:
-        out, self.pending = self.pending, ""
-        return out
-
-    def finish(self, tail: str = "") -> str:
-        """The text left to show when the stream ends: `tail` (e.g. a detokenizer's last bytes) fed in, then
-        what was held back, unless a stop text has appeared (then nothing after it)."""
-        out = self.feed(tail)
-        return out if self.stopped else out + self.flush()
-
-
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):
@@ -114,10 +75,10 @@ class ChatSession:
         self.llm, self.template = llm, template
         self.system = system or None
         self.messages: list[dict[str, str]] = []
-        self.max_tokens = max_tokens
-        self.sampler = Sampler(sampling or SamplingParams())
+        self.max_tokens = max_tokens  # a reply's limit (sampling's max_tokens and stop are not read: the
+        self.sampler = Sampler(sampling or SamplingParams())  # template's end-of-turn markers end a reply)
         self.prefill_batch = prefill_batch
-        self.logprobs: int | None = None  # N: each reply records its tokens' logprobs (reply.gen.logprobs)
+        self.logprobs: int | None = None  # N: each reply records its tokens' logprobs (reply.take_logprobs())
         self.cache = llm.cache
         self.cache.clear()
         self.tokens: list[int] = []  # the ids whose K/V the cache holds, in order (len == cache.n_past)
@@ -275,6 +236,7 @@ class Reply:
         self.session, self.gen, self.stats = session, gen, stats
         self.text = ""
         self._full, self._ids, self._t0 = full, ids, t0
+        self._logprobs: list[TokenLogprob] = []
         self._it = self._run()
 
     def __iter__(self) -> Iterator[str]:
@@ -301,39 +263,37 @@ class Reply:
         self.text += body
         return body
 
+    def take_logprobs(self) -> list[TokenLogprob]:
+        """The logprob entries of the reply tokens generated since the last call (session.logprobs set)."""
+        out, self._logprobs = self._logprobs, []
+        return out
+
     def _run(self) -> Iterator[str]:
         s, st, gen = self.session, self.stats, self.gen
-        decoder = s.llm.tokenizer.stream()
-        matcher = StopMatcher(s._stop_texts)
+        # the template's stop texts are matched in the reply's own text, before _show trims its whitespace
+        stream = stream_text(gen, s.llm.tokenizer, s._stop_texts, logprobs=gen.logprobs is not None)
         reply_ids: list[int] = []
-        raw: list[str] = []
+        raw: list[str] = []  # the reply as generated, stop text included: what the cache now holds
         self._held = ""
         try:
-            for token in gen:
-                if not reply_ids:
+            for piece in stream:
+                if piece.tokens and not reply_ids:
                     st.ttft_s = time.perf_counter() - self._t0
-                reply_ids.append(token)
-                piece = decoder.feed(token)
-                raw.append(piece)
-                shown = self._show(matcher.feed(piece))
+                reply_ids.extend(piece.tokens)
+                raw.append(piece.raw)
+                self._logprobs.extend(piece.logprobs or ())
+                shown = self._show(piece.text)
                 if shown:
                     yield shown
-                if matcher.stopped:
-                    break
-            tail = decoder.flush()
-            raw.append(tail)
-            shown = self._show(matcher.finish(tail))
-            if shown:
-                yield shown
         finally:
-            gs = gen.stats
             if not reply_ids:
                 st.ttft_s = time.perf_counter() - self._t0
             self._show("", final=True)
-            finished = matcher.stopped or gs.stop_reason is not None
-            st.stop_reason = "stop" if matcher.stopped else gs.stop_reason if finished else "interrupted"
+            stream.close()  # an interrupted reply keeps what was shown; held-back text is dropped
+            gs = gen.stats
+            st.stop_reason = ("stop" if gs.stop_reason == STOP_STRING else
+                              gs.stop_reason if gs.stop_reason is not None else "interrupted")
             st.n_gen, st.n_decode, st.decode_s = len(reply_ids), gs.n_decode, gs.decode_s
-            gen.close()
             s._finish(self._full, self._ids, reply_ids, "".join(raw), self.text)
             st.context_used = s.cache.n_past
 

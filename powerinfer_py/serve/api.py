@@ -23,12 +23,12 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from ..errors import PowerInferError
+from ..options import SamplingParams, api_fields
 from ..sampler import MAX_TOP, TokenLogprob
-from ..sampler import SamplingParams
 
 MAX_BODY_BYTES = 32 << 20  # a request body larger than this is refused (413) before it is read
 
@@ -186,6 +186,22 @@ def _refuse_output_formats(body: dict) -> None:
                       "unsupported")
 
 
+def _sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
+    """The request's sampling fields over the server's defaults: the fields, their JSON types and ranges are
+    SamplingParams' `api` metadata (options.py); logit_bias has its own shape, the rest (repeat_last_n) are
+    the server's settings. Seed first, as the per-request field it is."""
+    fields = sorted(api_fields(), key=lambda f: not f[1].per_request)
+    values: dict[str, Any] = {}
+    for name, spec in fields:
+        default = None if spec.per_request else getattr(defaults, name)
+        if spec.kind == "integer":
+            values[name] = _integer(body, name, default, lo=spec.lo)
+        else:
+            values[name] = _number(body, name, default, lo=spec.lo, hi=spec.hi, lo_open=spec.lo_open)
+    values["logit_bias"] = _logit_bias(body.get("logit_bias")) or defaults.logit_bias
+    return replace(defaults, **values)
+
+
 def parse_common(body: dict, defaults: SamplingParams, max_tokens_names: Sequence[str] = ("max_tokens",),
                  min_tokens: int = 1) -> Common:
     """Sampling fields (the server's defaults where a field is absent or null), limits, stops, streaming."""
@@ -196,18 +212,7 @@ def parse_common(body: dict, defaults: SamplingParams, max_tokens_names: Sequenc
     max_tokens = None
     for name in max_tokens_names:
         max_tokens = _integer(body, name, max_tokens, lo=min_tokens)
-    seed = _integer(body, "seed", None, lo=0)
-    sampling = SamplingParams(
-        temperature=_number(body, "temperature", defaults.temperature, lo=0.0),
-        top_k=_integer(body, "top_k", defaults.top_k, lo=0),
-        top_p=_number(body, "top_p", defaults.top_p, lo=0.0, hi=1.0, lo_open=True),
-        min_p=_number(body, "min_p", defaults.min_p, lo=0.0, hi=1.0),
-        repeat_penalty=_number(body, "repeat_penalty", defaults.repeat_penalty, lo=0.0, lo_open=True),
-        repeat_last_n=defaults.repeat_last_n,
-        seed=seed,
-        frequency_penalty=_number(body, "frequency_penalty", defaults.frequency_penalty, lo=-2.0, hi=2.0),
-        presence_penalty=_number(body, "presence_penalty", defaults.presence_penalty, lo=-2.0, hi=2.0),
-        logit_bias=_logit_bias(body.get("logit_bias")) or defaults.logit_bias)
+    sampling = _sampling(body, defaults)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad(f'"stream_options" must be an object, got {_kind(options)}')

@@ -7,7 +7,7 @@ Chat requests go through one ChatSession (powerinfer_py.chat), the same code as 
 conversation is rendered with the same template, tokenized and stopped the same way. The session is kept
 from request to request, so a client that sends the conversation again with one more message prefills only
 the new tokens (ChatSession reuses the longest common prefix of the cached ids). A completion request resets
-the cache (LLM.generate_tokens), so the session is dropped then and made afresh by the next chat request.
+the cache (LLM.stream), so the session is dropped then and made afresh by the next chat request.
 
 A Run yields text pieces; when it ends, `finish_reason` is "stop" (the model ended its text, or a stop
 string or end-of-turn marker was met) or "length" (max_tokens reached, or the context window is full) and
@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from typing import Iterator
 
-from ..chat import ChatSession, StopMatcher, template_for
+from ..chat import ChatSession, template_for
 from ..errors import ContextFullError, PowerInferError
-from ..sampler import Sampler, SamplingParams
+from ..generate import StopMatcher, TextStream
+from ..options import SamplingParams
+from ..sampler import Sampler
 from . import api
 from .api import ApiError, ChatRequest, CompletionRequest, bad
 
@@ -89,24 +92,19 @@ class Engine:
             if wrong:
                 raise bad(f'"prompt": token id {wrong[0]} is outside the vocabulary (0 to {n_vocab - 1})')
         self._check_bias(c.sampling)
-        self._session = None  # generate_tokens resets the cache the chat session relied on
-        s = c.sampling
+        self._session = None  # a completion resets the cache the chat session relied on
         max_tokens = c.max_tokens if c.max_tokens is not None else COMPLETION_MAX_TOKENS
         try:
-            gen = llm.generate_tokens(req.prompt, max_tokens=max_tokens, temperature=s.temperature, top_k=s.top_k,
-                                      top_p=s.top_p, min_p=s.min_p, repeat_penalty=s.repeat_penalty,
-                                      repeat_last_n=s.repeat_last_n, seed=s.seed,
-                                      frequency_penalty=s.frequency_penalty, presence_penalty=s.presence_penalty,
-                                      logit_bias=dict(s.logit_bias), logprobs=c.logprobs,
-                                      echo=req.echo and c.logprobs is not None)
+            stream = llm.stream(req.prompt, replace(c.sampling, max_tokens=max_tokens, stop=tuple(c.stop)),
+                                logprobs=c.logprobs, echo=req.echo and c.logprobs is not None)
         except ContextFullError as e:
             raise self._too_long(str(e)) from None
         except PowerInferError as e:
             raise bad(str(e)) from None
         prompt_text = req.prompt if isinstance(req.prompt, str) else llm.tokenizer.decode(req.prompt)
         echo = prompt_text if req.echo else None
-        logprobs = None
-        if gen.logprobs is not None:
+        logprobs, pending = None, []  # pending: the entries of the pieces not reported yet
+        if stream.gen.logprobs is not None:
             tok = llm.tokenizer
             # text_offset counts characters from the prompt's start. The echoed prompt is its pieces joined,
             # less the space a SentencePiece vocabulary puts before the first word: start that far below 0.
@@ -118,33 +116,28 @@ class Engine:
             plain = tok.stream()
 
             def logprobs():
-                entries = gen.logprobs.take()
+                entries = pending[:]
+                del pending[:]
                 body, offset[0] = api.completion_logprobs(entries, lambda t: tok.piece(t, special=True),
                                                           plain.feed, offset[0])
                 return body, len(entries)
-        return Run(gen.stats.n_prompt, lambda run: self._completion_pieces(run, gen, c.stop, echo), logprobs)
+        return Run(stream.gen.stats.n_prompt, lambda run: self._completion_pieces(run, stream, echo, pending),
+                   logprobs)
 
-    def _completion_pieces(self, run: Run, gen, stops: list[str], echo: str | None) -> Iterator[str]:
-        decoder = self.llm.tokenizer.stream()
-        matcher = StopMatcher(stops)
+    def _completion_pieces(self, run: Run, stream: TextStream, echo: str | None, pending: list) -> Iterator[str]:
         try:
             if echo:  # the prompt comes back first; in a stream its logprobs come with the next chunk (the
                 yield echo  # prefill that makes them runs after this piece is sent)
-            for token in gen:
-                self._check_stopping()
-                run.completion_tokens += 1
-                shown = matcher.feed(decoder.feed(token))
-                if shown:
-                    yield shown
-                if matcher.stopped:
-                    break
-            if not matcher.stopped:
-                tail = matcher.finish(decoder.flush())
-                if tail:
-                    yield tail
-            run.finish_reason = "stop" if matcher.stopped else _finish(gen.stats.stop_reason)
+            for piece in stream:
+                if piece.tokens:
+                    self._check_stopping()
+                    run.completion_tokens += 1
+                pending.extend(piece.logprobs or ())
+                if piece.text:
+                    yield piece.text
+            run.finish_reason = _finish(stream.finish)
         finally:
-            gen.close()
+            stream.close()
 
     # -- /v1/chat/completions ------------------------------------------------------------------------------
 
@@ -175,12 +168,14 @@ class Engine:
             tok = self.llm.tokenizer
 
             def logprobs():
-                entries = reply.gen.logprobs.take()
+                entries = reply.take_logprobs()
                 return api.chat_logprobs(entries, lambda t: tok.piece(t, special=True)), len(entries)
         return Run(reply.stats.n_prompt, lambda run: self._chat_pieces(run, session, reply, c.stop), logprobs)
 
     def _chat_pieces(self, run: Run, session: ChatSession, reply, stops: list[str]) -> Iterator[str]:
-        matcher = StopMatcher(stops)  # the request's stops; the template's own are the session's business
+        # The request's stops are matched in the reply as shown (its leading and trailing whitespace trimmed by
+        # the Reply, which matched the template's own stop texts in the raw text before that).
+        matcher = StopMatcher(stops)
         try:
             for piece in reply:
                 self._check_stopping()
