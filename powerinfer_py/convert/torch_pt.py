@@ -71,10 +71,10 @@ class _Archive:
     def read_small(self, name: str, limit: int) -> bytes:
         """A whole member (the pickle, the byteorder record) of at most `limit` bytes once inflated."""
         info = self.zip.getinfo(name)
+        self.check(info)
         if info.file_size > limit:
             raise ModelFileError(f"{self.path}: {clip(name)} is {info.file_size} bytes, more than the "
                                  f"{limit} this reader accepts")
-        self.check(info)
         return self.zip.read(info)
 
     def byteorder(self) -> None:
@@ -123,32 +123,30 @@ class _Archive:
         except KeyError:
             raise ModelFileError(f"{path}: storage {clip(st.key)!r} named by the pickle is missing from the "
                                  "archive") from None
-        itemsize = DTYPES[st.dtype].itemsize  # st.dtype comes from _STORAGE_TYPES: always known
+        itemsize = DTYPES[st.dtype].itemsize  # st.dtype comes from STORAGE_TYPES: always known
         if info.file_size < st.numel * itemsize:
             raise ModelFileError(f"{path}: storage {st.key!r} holds {info.file_size} bytes, {st.numel} "
                                  f"{st.dtype} elements need {st.numel * itemsize} (truncated?)")
         start = self.check(info)
         size, stride = rec.size, rec.stride
-        n = 1
-        for s in size:
-            n *= s
-        span = _span(path, size, stride)  # elements from the first to the last one the tensor covers
-        if n and rec.offset + span > st.numel:
+        n = _prod(size)
+        span = _span(path, size, stride) if n else 0  # elements from the first to the last one it covers
+        if rec.offset + span > st.numel:
             raise ModelFileError(f"{path}: tensor of size {size} stride {stride} at offset {rec.offset} "
                                  f"reaches past its storage of {st.numel} elements")
-        contiguous = all(st_ == _prod(size[i + 1:]) for i, (s, st_) in enumerate(zip(size, stride)) if s > 1)
+        contiguous = not n or all(d == _prod(size[i + 1:]) for i, (s, d) in enumerate(zip(size, stride)) if s > 1)
         name = f"{st.key}@{rec.offset}"
         if start is not None and contiguous:
             return SourceTensor(name, st.dtype, size, path, offset=start + (rec.offset * itemsize if n else 0))
-        first, n_bytes = rec.offset * itemsize, (span if n else 0) * itemsize
+        first, n_bytes = rec.offset * itemsize, span * itemsize
         read = (_positioned_reader(path, start + first, n_bytes) if start is not None
                 else _member_reader(path, info, first, n_bytes))
         dtype = DTYPES[st.dtype]
 
         def load() -> np.ndarray:
-            raw = np.frombuffer(read(), dtype=dtype)
             if not n:
                 return np.empty(size, dtype)
+            raw = np.frombuffer(read(), dtype=dtype)
             return np.ascontiguousarray(np.lib.stride_tricks.as_strided(raw, size, [s * itemsize for s in stride]))
 
         return SourceTensor(name, st.dtype, size, path, loader=load)
