@@ -29,7 +29,7 @@ STORAGE_TYPES = {
     "LongStorage": "I64", "IntStorage": "I32", "ShortStorage": "I16", "CharStorage": "I8",
     "ByteStorage": "U8", "BoolStorage": "BOOL",
 }
-_MAX_OPCODES = 1 << 22  # ~25 opcodes per tensor: room for 150k tensors in one file
+_MAX_OPCODES = 1 << 20  # ~25-35 opcodes per tensor: room for 30k tensors in one file (shards hold far fewer)
 _MAX_DIMS = 64  # torch's own limit on tensor dimensions
 _MAX_COUNT = 1 << 62  # sizes, strides, offsets and element counts (also keeps int -> str cheap)
 _KEY = re.compile(r"[A-Za-z0-9_.-]{1,200}")  # storage keys: torch writes "0", "1", ...
@@ -46,7 +46,7 @@ def clip(text: str, n: int = 80) -> str:
 def describe(e: BaseException) -> str:
     """`Type: message` of an exception raised on untrusted input, without formatting its arguments (str() of
     a KeyError is the repr of its key, which may be a huge object)."""
-    arg = e.args[0] if e.args else None
+    arg = e.strerror if isinstance(e, OSError) and e.strerror else e.args[0] if e.args else None
     return f"{type(e).__name__}: {clip(arg, 160)}" if type(arg) is str else type(e).__name__
 
 
@@ -68,21 +68,21 @@ _KEYED = {"SETITEMS": 2, "DICT": 2, "ADDITEMS": 1, "FROZENSET": 1}  # opcode -> 
 def _scan(data: bytes) -> None:
     """Simulate the unpickler's stack with one flag per slot (is it a scalar: str/bytes/int/float/bool/None,
     hashable without recursion) and refuse what the C unpickler would choke on (see the module docstring).
-    Raises Refused, or ValueError for malformed opcodes (from pickletools)."""
+    Raises Refused, or UnpicklingError / ValueError (from pickletools) for malformed pickles."""
     stack: list[bool] = []
     marks: list[int] = []  # stack heights at each MARK
     memo: dict[int, bool] = {}
 
     def pop(n: int) -> list[bool]:
         if len(stack) - (marks[-1] if marks else 0) < n:
-            raise Refused("corrupt pickle: stack underflow")
+            raise pickle.UnpicklingError("stack underflow")
         items = stack[len(stack) - n:]
         del stack[len(stack) - n:]
         return items
 
     def pop_mark() -> list[bool]:
         if not marks:
-            raise Refused("corrupt pickle: no MARK")
+            raise pickle.UnpicklingError("could not find MARK")
         items = stack[marks[-1]:]
         del stack[marks.pop():]
         return items
@@ -103,7 +103,7 @@ def _scan(data: bytes) -> None:
             stack.append(memo[index])
         elif name in ("GET", "BINGET", "LONG_BINGET"):
             if arg not in memo:
-                raise Refused("corrupt pickle: it reads an empty memo slot")
+                raise pickle.UnpicklingError("it reads an empty memo slot")
             stack.append(memo[arg])
         elif name == "DUP":
             stack.extend(pop(1) * 2)
