@@ -17,6 +17,7 @@ import select
 import struct
 import subprocess
 import sys
+import tempfile
 import zipfile
 import zlib
 from pathlib import Path
@@ -177,31 +178,43 @@ for request in sys.stdin:  # one JSON line per request: [kind, path]; one JSON l
 
 
 class _Child:
-    """The reading child process, started on first use and again after it died (a crash or a timeout)."""
+    """The reading child process, started on first use and again after it died (a crash or a timeout). Its
+    stderr goes to a file (a pipe nobody reads could fill up and stall it)."""
 
     def __init__(self):
         self.proc: subprocess.Popen | None = None
+        self.err = None
 
     def ask(self, kind: str, path: Path, timeout: float) -> tuple[str, str]:
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
             env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+            self.err = tempfile.TemporaryFile("w+")
             self.proc = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        self.proc.stdin.write(json.dumps([kind, str(path)]) + "\n")
-        self.proc.stdin.flush()
+                                         stdout=subprocess.PIPE, stderr=self.err, text=True, env=env)
+        try:
+            self.proc.stdin.write(json.dumps([kind, str(path)]) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it died: reported below
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         line = self.proc.stdout.readline() if ready else ""
         if not line:  # hung or died: report how, and start afresh next time
             self.proc.kill()
-            _, err = self.proc.communicate()
-            return "died", f"exit {self.proc.returncode} after {'a timeout' if not ready else 'a crash'}: {err[-3000:]}"
+            code = self.proc.wait()
+            self.err.seek(0)
+            how = f"exit {code} after {'a timeout' if not ready else 'a crash'}: {self.err.read()[-3000:]}"
+            self.close()
+            return "died", how
         status, message = json.loads(line)
         return status, message
 
     def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.proc is not None:
             self.proc.stdin.close()
             self.proc.wait(timeout=30)
+            self.proc.stdout.close()
+            self.err.close()
+            self.proc = None
 
 
 _child = _Child()
