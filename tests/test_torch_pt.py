@@ -164,3 +164,33 @@ def test_save_pt_round_trip_and_layout(tmp_path):
     globals_ = {line.split("GLOBAL")[1].strip() for line in out.getvalue().splitlines() if "GLOBAL" in line}
     assert globals_ == {"'torch._utils _rebuild_tensor_v2'", "'torch FloatStorage'", "'torch HalfStorage'",
                         "'torch LongStorage'", "'torch BoolStorage'", "'collections OrderedDict'"}
+
+
+# ---- resource errors become one clear message -----------------------------------------------------------------
+
+@pytest.mark.parametrize("error", [MemoryError, RecursionError, struct.error])
+def test_resource_and_struct_errors_while_unpickling_are_model_file_errors(tmp_path, monkeypatch, error):
+    from powerinfer_py.convert import torch_pt
+
+    def fail(data):
+        raise error("from deep inside")
+
+    monkeypatch.setattr(torch_pt, "load_pickle", fail)
+    path = save_pt(tmp_path / "a.pt", np.zeros(3, np.float32))
+    with pytest.raises(ModelFileError, match=r"a\.pt: (out of memory|.*nested too deeply|corrupt pickle)"):
+        read_pt(path)
+
+
+def test_out_of_memory_reading_a_tensor_names_it(tmp_path, monkeypatch):
+    from powerinfer_py.convert import source
+    from powerinfer_py.errors import PowerInferError
+
+    sd = read_state_dict(save_pt(tmp_path / "a.pt", {"big": np.zeros((4, 3), np.float32)}))
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(source.np, "empty", no_memory)
+    for read in (sd["big"].read, lambda: sd["big"].read_rows(0, 2)):
+        with pytest.raises(PowerInferError, match=r"a\.pt: not enough memory to read tensor 'big' \(0 MiB\)"):
+            read()

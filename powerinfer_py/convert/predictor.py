@@ -36,8 +36,9 @@ class Predictor:
 def _weight(path: Path, state: dict[str, SourceTensor], key: str) -> SourceTensor:
     matches = [v for k, v in state.items() if k == key or k.endswith("." + key)]
     if len(matches) != 1:
+        keys = ", ".join(sorted(state))  # names from the file: a few shown, not megabytes of them
         raise ModelFileError(f"{path}: expected one {key!r} tensor, found {len(matches)} "
-                             f"(keys: {', '.join(sorted(state))})")
+                             f"(keys: {keys if len(keys) <= 200 else keys[:200] + '...'})")
     t = matches[0]
     if t.dtype not in FLOAT_DTYPES or len(t.shape) != 2:
         raise ModelFileError(f"{path}: {key} must be a 2-D floating-point tensor, got {t.dtype} {t.shape}")

@@ -10,6 +10,9 @@ BF16, ...), its shape in torch order (shape[-1] contiguous) and where its bytes 
     of the input never count towards our resident memory);
   - otherwise `loader`, a function returning the whole tensor (strided torch views, compressed members).
 
+torch_pt makes SourceTensors only after unpickling, from records it has checked against the archive, so nothing
+in a pickle can reach or change one (its path, offset, shape, dtype or loader).
+
 Raw arrays keep the stored dtype; BF16 comes back as uint16 bit patterns, see `to_f32`.
 """
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import ModelFileError
+from ..errors import ModelFileError, PowerInferError
 
 #: safetensors dtype name -> numpy dtype of the raw stored values (BF16: its bits, as uint16)
 DTYPES: dict[str, np.dtype] = {
@@ -83,10 +86,17 @@ class SourceTensor:
 
     def read(self) -> np.ndarray:
         """The whole tensor, raw dtype, `shape`."""
-        if self.offset is None:
-            arr = self.loader()
-            return arr.reshape(self.shape)
-        return self._pread(self.offset, self.nbytes).view(DTYPES[self.dtype]).reshape(self.shape)
+        try:
+            if self.offset is None:
+                arr = self.loader()
+                return arr.reshape(self.shape)
+            return self._pread(self.offset, self.nbytes).view(DTYPES[self.dtype]).reshape(self.shape)
+        except MemoryError:
+            raise self._no_memory() from None
+
+    def _no_memory(self) -> PowerInferError:
+        return PowerInferError(f"{self.path}: not enough memory to read tensor {self.name[:80]!r} "
+                               f"({self.nbytes / 2**20:.0f} MiB)")
 
     def read_rows(self, r0: int, r1: int) -> np.ndarray:
         """Rows r0..r1 of the first dimension, raw dtype, shape (r1 - r0, *shape[1:])."""
@@ -95,8 +105,11 @@ class SourceTensor:
         if self.offset is None:
             return np.ascontiguousarray(self.read()[r0:r1])
         row = self.nbytes // self.shape[0] if self.shape[0] else 0
-        return (self._pread(self.offset + r0 * row, (r1 - r0) * row)
-                .view(DTYPES[self.dtype]).reshape((r1 - r0,) + self.shape[1:]))
+        try:
+            raw = self._pread(self.offset + r0 * row, (r1 - r0) * row)
+        except MemoryError:
+            raise self._no_memory() from None
+        return raw.view(DTYPES[self.dtype]).reshape((r1 - r0,) + self.shape[1:])
 
 
 def file_size(path: Path) -> int:

@@ -37,7 +37,7 @@ def load_activations(source: str | os.PathLike, n_layer: int, n_ff: int) -> list
     """Per-layer float64 counts [n_ff] from `source` (see the module docstring), validated for the model."""
     path = Path(source)
     if path.is_dir():
-        counts = _from_folder(path, n_layer)
+        counts = _from_folder(path, n_layer, n_ff)
     elif not path.exists():
         raise PowerInferError(f"{path}: no such activation statistics file or folder")
     elif path.suffix == ".npz":
@@ -45,7 +45,7 @@ def load_activations(source: str | os.PathLike, n_layer: int, n_ff: int) -> list
     elif path.suffix == ".json":
         counts = _from_json(path)
     elif path.suffix in (".pt", ".bin"):
-        counts = _from_pt(path)
+        counts = _from_pt(path, n_layer, n_ff)
     else:
         raise PowerInferError(f"{path}: unknown statistics format (a folder of activation_N.pt, .npz, .json "
                               "or .pt)")
@@ -53,18 +53,30 @@ def load_activations(source: str | os.PathLike, n_layer: int, n_ff: int) -> list
 
 
 def _read_tensor(path: Path):
+    """The SourceTensor, or list of SourceTensors, of one .pt file; nothing read yet."""
     from ..convert.source import SourceTensor
     from ..convert.torch_pt import read_pt
 
     obj = read_pt(path)
     if isinstance(obj, SourceTensor):
-        return obj.read()
+        return obj
     if isinstance(obj, (list, tuple)) and all(isinstance(t, SourceTensor) for t in obj):
-        return [t.read() for t in obj]
+        return list(obj)
     raise ModelFileError(f"{path}: expected a tensor of activation counts, got {type(obj).__name__}")
 
 
-def _from_folder(folder: Path, n_layer: int) -> list[np.ndarray]:
+def _check_sizes(source: Path, sizes: Sequence[int], n_layer: int, n_ff: int, first: int = 0) -> None:
+    """check_counts' size checks on tensor shapes, before a byte is read: a file claiming more counts than the
+    model has neurons fails here (with check_counts' words), not after being read into memory. `sizes`: the
+    number of counts of each layer in the file."""
+    if len(sizes) != n_layer:
+        raise PowerInferError(f"{source}: statistics for {len(sizes)} layers, the model has {n_layer}")
+    for il, n in enumerate(sizes, first):
+        if n != n_ff:
+            raise PowerInferError(f"{source}: layer {il} has {n} counts, the model's FFN has {n_ff} neurons")
+
+
+def _from_folder(folder: Path, n_layer: int, n_ff: int) -> list[np.ndarray]:
     found = {int(m.group(1)): p for p in folder.iterdir() if (m := _PT_NAME.search(p.name))}
     missing = [il for il in range(n_layer) if il not in found]
     if missing:
@@ -72,7 +84,12 @@ def _from_folder(folder: Path, n_layer: int) -> list[np.ndarray]:
     extra = sorted(set(found) - set(range(n_layer)))
     if extra:
         raise PowerInferError(f"{folder}: statistics for layer(s) {extra[:8]}, the model has {n_layer} layers")
-    return [np.asarray(_read_tensor(found[il])).reshape(-1) for il in range(n_layer)]
+    out = []
+    for il in range(n_layer):
+        t = _read_tensor(found[il])
+        _check_sizes(folder, [sum(x.n_elements for x in t) if isinstance(t, list) else t.n_elements], 1, n_ff, il)
+        out.append(np.asarray([x.read() for x in t] if isinstance(t, list) else t.read()).reshape(-1))
+    return out
 
 
 def _from_npz(path: Path) -> list[np.ndarray]:
@@ -99,9 +116,18 @@ def _from_json(path: Path) -> list[np.ndarray]:
         raise PowerInferError(f"{path}: the per-layer counts must be lists of numbers") from None
 
 
-def _from_pt(path: Path) -> list[np.ndarray]:
+def _from_pt(path: Path, n_layer: int, n_ff: int) -> list[np.ndarray]:
     t = _read_tensor(path)
-    return list(t) if isinstance(t, list) or np.ndim(t) == 2 else [t]
+    if isinstance(t, list):
+        _check_sizes(path, [x.n_elements for x in t], n_layer, n_ff)
+        return [x.read() for x in t]
+    if len(t.shape) == 2:  # [n_layer, n_ff]
+        if t.shape[0] != n_layer:
+            raise PowerInferError(f"{path}: statistics for {t.shape[0]} layers, the model has {n_layer}")
+        _check_sizes(path, [t.shape[1]] * n_layer, n_layer, n_ff)
+        return list(t.read())
+    _check_sizes(path, [t.n_elements], n_layer, n_ff)
+    return [t.read()]
 
 
 def profile_activations(model, cache, tokens: Sequence[int], batch: int = 64) -> list[np.ndarray]:
