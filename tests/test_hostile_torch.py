@@ -127,8 +127,8 @@ import json, resource, sys
 from powerinfer_py.errors import PowerInferError
 from powerinfer_py.convert.source import SourceTensor
 from powerinfer_py.convert.torch_pt import read_pt, read_state_dict
-from powerinfer_py.activations import load_activations
-from powerinfer_py.profile import read_activation_counts
+from powerinfer_py.hybrid.activations import load_activations
+from powerinfer_py.tools.profile import read_activation_counts
 from powerinfer_py.convert.predictor import read_predictor
 
 def vm_size():
