@@ -13,11 +13,16 @@ against 0.24-0.29 s with 4 KB pages; decode at 1500 positions was 41-46 ms per t
 """
 from __future__ import annotations
 
+import errno
 import mmap
 
 import numpy as np
 
-from .errors import ContextFullError
+from .errors import ContextFullError, PowerInferError
+
+
+class ContextTooLargeError(PowerInferError):
+    """The KV cache of the requested context cannot be reserved (anonymous memory refused)."""
 
 
 def lazy_zeros(shape, dtype=np.float16) -> np.ndarray:
@@ -41,8 +46,18 @@ class KVCache:
         self.n_ctx = int(n_ctx)
         self.n_past = 0
         shape = (n_head_kv, self.n_ctx, head_dim)
-        self.k = [lazy_zeros(shape) for _ in range(n_layer)]
-        self.v = [lazy_zeros(shape) for _ in range(n_layer)]
+        try:
+            self.k = [lazy_zeros(shape) for _ in range(n_layer)]
+            self.v = [lazy_zeros(shape) for _ in range(n_layer)]
+        except (OSError, OverflowError) as e:  # mmap: ENOMEM (no room to reserve), or a size past 2**63
+            if isinstance(e, OSError) and e.errno != errno.ENOMEM:
+                raise
+            self.k = self.v = []
+            need = 2 * n_layer * n_head_kv * self.n_ctx * head_dim * 2  # K and V, f16
+            raise ContextTooLargeError(
+                f"a context of {self.n_ctx} tokens (-c / n_ctx) needs {need / 1e9:.1f} GB ({need} bytes) of KV cache "
+                f"(f16 keys and values, {n_layer} layers x {n_head_kv} heads x {head_dim}), more memory than this "
+                "process can reserve: choose a smaller -c") from None
 
     def check_room(self, n_new: int) -> None:
         """Raise ContextFullError if n_new more positions do not fit after the n_past already held."""
