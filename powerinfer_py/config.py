@@ -106,6 +106,7 @@ KEY_FFN_NEURON_SCALES = "powerinfer.ffn_neuron_scales."  # + layer index: f32 [n
 KEY_UP_SPARSITY = "powerinfer.up_sparsity"
 KEY_FFN_UP_THRESHOLDS = "powerinfer.ffn_up_thresholds"
 KEY_FFN_UP_QUANTILES = "powerinfer.ffn_up_threshold_quantiles"
+MAX_BLOCKS = 512  # llama.cpp's LLAMA_MAX_LAYERS: a larger block_count needs the tensors to back it
 QUANTILE_STEPS = 100  # quantile grid of KEY_FFN_QUANTILES: 101 points per layer
 
 
@@ -261,12 +262,14 @@ class _Reader(ArchKeys):
         return value
 
     def block_count(self) -> int:
-        """{arch}.block_count, at most one more than the highest blk.N of the tensors present: per-layer tables
-        are sized by it before any tensor is looked up, so a count like 2**32 - 1 would exhaust memory first."""
+        """{arch}.block_count, refused when it exceeds both the blocks present (1 + the highest N of the blk.N
+        tensors) and llama.cpp's own limit of MAX_BLOCKS: per-layer tables are sized by it before any tensor is
+        looked up, so a count like 2**32 - 1 would exhaust memory first. A smaller shortfall is left to the
+        tensor checks, which name the first missing tensor."""
         n_layer = self.positive("{arch}.block_count")
         present = 1 + max((int(name.split(".", 2)[1]) for name in self.f.tensors
                            if name.startswith("blk.") and name.split(".", 2)[1].isdigit()), default=-1)
-        if n_layer > present:
+        if n_layer > max(present, MAX_BLOCKS):
             held = f"tensors for blocks 0..{present - 1} only" if present else "no blk.N tensors"
             raise ModelFileError(f"{self.f.path}: metadata key {self.key('{arch}.block_count')!r} is {n_layer}, "
                                  f"but the file holds {held}")
