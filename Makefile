@@ -23,9 +23,9 @@ install: $(INTERPRETER)
 
 # Debian and Ubuntu ship venv separately (python3-venv); a failed attempt leaves a .venv without pip: removed.
 $(VENV)/bin/python:
-	@python3 -m venv $(VENV) || { rm -rf $(VENV); echo "error: python3 -m venv failed: install the venv module \
-	(sudo apt-get install python3-venv) or name an interpreter to use as it is: make $(or $(MAKECMDGOALS),install) PYTHON=python3" >&2; \
-	exit 1; }
+	@python3 -m venv $(VENV) || { rm -rf $(VENV); echo "error: python3 -m venv failed: install the venv \
+	module (sudo apt-get install python3-venv) or name an interpreter to use as it is: \
+	make $(or $(MAKECMDGOALS),install) PYTHON=python3" >&2; exit 1; }
 
 # Assembles Gemma 3 270M into the cache folder on first use, then generates from a prompt.
 demo: install
