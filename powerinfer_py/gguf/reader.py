@@ -29,6 +29,8 @@ VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 ALIGNMENT_KEY = "general.alignment"
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
+# Arrays of arrays: real files nest one or two levels; a deeper chain would only exhaust Python's stack.
+MAX_ARRAY_DEPTH = 16
 
 # Fixed-size scalar value types: struct format and numpy dtype (for arrays).
 _SCALARS: dict[GGUFValueType, tuple[struct.Struct, np.dtype]] = {
@@ -111,6 +113,7 @@ class _Parser:
         self.size = size
         self.off = 0
         self.what = "the header"
+        self.depth = 0  # arrays currently open (nested arrays recurse through value())
 
     def fail(self, problem: str) -> ModelFileError:
         return ModelFileError(f"{self.path}: {problem} (while reading {self.what})")
@@ -169,7 +172,13 @@ class _Parser:
         if sub == GGUFValueType.STRING:
             return self.string_array(self.count("string array length", 8))
         n = self.count("nested array length", 12)  # each element: type u32 + count u64
-        return [self.value(GGUFValueType.ARRAY)[0] for _ in range(n)]
+        if self.depth >= MAX_ARRAY_DEPTH:
+            raise self.fail(f"arrays nested more than {MAX_ARRAY_DEPTH} deep at offset {self.off}")
+        self.depth += 1
+        try:
+            return [self.value(GGUFValueType.ARRAY)[0] for _ in range(n)]
+        finally:
+            self.depth -= 1
 
     def string_array(self, n: int) -> list[str]:
         # The hot loop for 262144-token vocabularies: locals only, no method calls per item.

@@ -17,11 +17,16 @@ a 7B-layer-shape model, 8 layers, n_ctx 2048, 268 MB of cache: an 8-token prompt
 """
 from __future__ import annotations
 
+import errno
 import mmap
 
 import numpy as np
 
 from ..errors import ContextFullError, PowerInferError
+
+
+class ContextTooLargeError(PowerInferError):
+    """The KV cache of the requested context cannot be reserved (anonymous memory refused)."""
 
 
 def lazy_zeros(shape, dtype=np.float16) -> np.ndarray:
@@ -32,7 +37,14 @@ def lazy_zeros(shape, dtype=np.float16) -> np.ndarray:
     nbytes = count * np.dtype(dtype).itemsize
     if nbytes == 0:
         return np.zeros(shape, dtype=dtype)
-    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except (OSError, OverflowError) as e:  # ENOMEM: the kernel refuses to reserve it; OverflowError: >= 2**63
+        if isinstance(e, OSError) and e.errno != errno.ENOMEM:
+            raise
+        raise ContextTooLargeError(f"cannot reserve {nbytes / 1e9:.1f} GB ({nbytes} bytes) for a cache plane of "
+                                   f"shape {shape}: the context is too long for this machine; choose a smaller "
+                                   "-c") from None
     if hasattr(m, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
         m.madvise(mmap.MADV_NOHUGEPAGE)
     return np.frombuffer(m, dtype=dtype, count=count).reshape(shape)
@@ -52,8 +64,16 @@ class KVCache:
         self.n_ctx = int(n_ctx)
         self.n_past = 0
         shape = (n_head_kv, self.n_ctx, head_dim)
-        self.k = [lazy_zeros(shape) for _ in range(n_layer)]
-        self.v = [lazy_zeros(shape) for _ in range(n_layer)]
+        try:
+            self.k = [lazy_zeros(shape) for _ in range(n_layer)]
+            self.v = [lazy_zeros(shape) for _ in range(n_layer)]
+        except ContextTooLargeError:
+            self.k = self.v = []  # drop the planes reserved so far
+            need = 2 * n_layer * n_head_kv * self.n_ctx * head_dim * 2  # K and V, f16
+            raise ContextTooLargeError(
+                f"a context of {self.n_ctx} tokens (-c / n_ctx) needs {need / 1e9:.1f} GB ({need} bytes) of KV "
+                f"cache (f16 keys and values, {n_layer} layers x {n_head_kv} heads x {head_dim}), more memory than "
+                "this process can reserve: choose a smaller -c") from None
 
     def check_room(self, n_new: int) -> None:
         """Raise ContextFullError if n_new more positions do not fit after the n_past already held."""

@@ -86,6 +86,10 @@ def parse_body(raw: bytes) -> dict:
     except json.JSONDecodeError as e:
         detail = "the body is empty" if not raw.strip() else str(e)
         raise bad(f"malformed JSON: {detail}", "invalid_json") from None
+    except RecursionError:
+        raise bad("malformed JSON: arrays or objects nested too deeply", "invalid_json") from None
+    except ValueError:  # an integer past Python's digit limit (int() refuses it after the parse)
+        raise bad("malformed JSON: an integer with too many digits", "invalid_json") from None
     if not isinstance(body, dict):
         raise bad(f"the request body must be a JSON object, got {_kind(body)}", "invalid_json")
     return body

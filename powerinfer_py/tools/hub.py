@@ -236,6 +236,8 @@ def _hub_errors(repo_id: str, revision: str, s: HubSettings) -> Iterator[None]:
                               "set HF_HUB_OFFLINE=1 to use only the local cache") from None
     except OSError as err:  # a size mismatch after retries, a full disk
         raise PowerInferError(f"download of {repo_id} failed: {err}") from None
+    except ValueError as err:  # the library's checks of what the Hub answered (names, commit ids)
+        raise PowerInferError(f"huggingface_hub refused {repo_id}@{revision}: {err}") from None
 
 
 # ---- download ------------------------------------------------------------------------------------------------
@@ -331,9 +333,26 @@ def download(repo_id: str, files: Sequence[str] = (), *, include: Sequence[str] 
     return _fetch(repo_id, rev, chosen, model, sizes, local, s, progress)
 
 
+_DRIVE = re.compile(r"[A-Za-z]:")  # a Windows drive prefix: C:\dir, or the drive-relative C:name
+
+
+def check_repo_filename(repo_id: str, name: str) -> None:
+    """Refuse a repository file name that is not a plain relative path, before huggingface_hub sees it (it
+    raises a bare ValueError for those): an empty name or segment, `..`, an absolute, drive or UNC path (the
+    library reads names under Windows rules too, so a backslash separates), control characters."""
+    segments = name.replace("\\", "/").split("/")
+    if (not name or any(seg in ("", ".", "..") or _DRIVE.match(seg) for seg in segments)
+            or any(ord(c) < 32 or ord(c) == 127 for c in name)):
+        raise PowerInferError(f"{repo_id}: file name {name!r} is not a plain relative path inside the repository; "
+                              "refusing to download it")
+
+
 def _fetch(repo_id: str, rev: str, chosen: list[str], model: str | None, sizes: dict[str, int],
            local: Path | None, s: HubSettings, progress: bool) -> DownloadResult:
     from huggingface_hub import hf_hub_download
+
+    for name in chosen:
+        check_repo_filename(repo_id, name)
 
     total = sum(sizes[n] for n in chosen)
     current: dict[str, str] = {}
