@@ -1,5 +1,5 @@
 """Metadata of two small mixture-of-experts families, as llama.cpp reads it: bailingmoe2 (inclusionAI's Ling /
-Ring mini 2.0, 16B total / 1.4B active) and afmoe (Arcee's Trinity Nano / Mini). models/bailing.py and
+Ring mini 2.0, 16B total / 1.4B active) and afmoe (Arcee's Trinity Nano / Mini). models/bailingmoe2.py and
 models/afmoe.py have the math; this module turns the keys into ModelConfig fields (config.py calls it).
 
 Both (keys under {arch}.):

@@ -15,7 +15,7 @@ cohere2 only:
                                     set_swa_pattern without dense_first)
   the sliding layers rotate q and k; the global ones use no RoPE at all (no_rope_layers). rope.freq_base_swa is
   read by llama.cpp but its graph never uses it (every sliding layer rotates with rope.freq_base): ignored here.
-command-r's optional per-head Q/K LayerNorms (Command R+) are tensors: models/cohere.py.
+command-r's optional per-head Q/K LayerNorms (Command R+) are tensors: models/command_r.py.
 """
 from __future__ import annotations
 

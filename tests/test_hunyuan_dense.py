@@ -19,7 +19,7 @@ from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.models.base import Model
-from powerinfer_py.models.hunyuan import HunyuanDenseModel
+from powerinfer_py.models.hunyuan_dense import HunyuanDenseModel
 
 TOKENS = [1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322]
 TOL, QUANT_TOL = 0.01, 0.25

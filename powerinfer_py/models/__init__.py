@@ -20,9 +20,9 @@ from ..tensor import Tensor
 from . import bamboo, falcon, gemma, gemma3, llama, opt, phi3, qwen2, qwen3
 from . import exaone4, olmo2, smollm3
 from . import granite
-from . import gptoss
+from . import gpt_oss
 from . import arcee
-from . import ernie
+from . import ernie4_5
 from . import deepseek2
 from . import glm4
 from . import lfm2
@@ -32,12 +32,12 @@ from . import gemma3n
 from . import smallthinker
 from . import qwen35, qwen3next
 from . import nemotron_h
-from . import granite_hybrid
-from . import cohere
-from . import afmoe, bailing
+from . import granitehybrid
+from . import command_r
+from . import afmoe, bailingmoe2
 from . import falcon_h1
 from . import minicpm, olmoe
-from . import apertus, hunyuan, seed_oss
+from . import apertus, hunyuan_dense, seed_oss
 from . import llama4
 from . import exaone, internlm2
 from . import ln_decoder
@@ -61,10 +61,10 @@ _FAMILIES = {
     "exaone4": (exaone4.Exaone4Model, exaone4.expected_tensors),
     "granite": (granite.GraniteModel, granite.expected_tensors),
     "granitemoe": (granite.GraniteModel, granite.expected_tensors),  # with experts (GraniteModel.build_moe)
-    "gpt-oss": (gptoss.GptOssModel, gptoss.expected_tensors),
+    "gpt-oss": (gpt_oss.GptOssModel, gpt_oss.expected_tensors),
     "arcee": (arcee.ArceeModel, arcee.expected_tensors),
-    "ernie4_5": (ernie.ErnieModel, ernie.expected_tensors),
-    "ernie4_5-moe": (ernie.ErnieModel, ernie.expected_tensors),  # leading dense layers, then experts
+    "ernie4_5": (ernie4_5.ErnieModel, ernie4_5.expected_tensors),
+    "ernie4_5-moe": (ernie4_5.ErnieModel, ernie4_5.expected_tensors),  # leading dense layers, then experts
     "deepseek2": (deepseek2.DeepSeek2Model, deepseek2.expected_tensors),  # MLA + leading dense layers, experts
     "glm4": (glm4.Glm4Model, glm4.expected_tensors),  # sandwich norms, fused gate+up, partial RoPE
     "glm4moe": (glm4.Glm4Model, glm4.expected_tensors),  # leading dense layers, sigmoid-routed experts
@@ -79,17 +79,17 @@ _FAMILIES = {
     "nemotron_h": (nemotron_h.NemotronHModel, nemotron_h.expected_tensors),  # Mamba-2 mixers + attention + FFNs
     "nemotron_h_moe": (nemotron_h.NemotronHModel, nemotron_h.expected_tensors),  # the same, expert FFN layers
     "mamba2": (nemotron_h.NemotronHModel, nemotron_h.expected_tensors),  # the same with every layer a mixer
-    "granitehybrid": (granite_hybrid.GraniteHybridModel, granite_hybrid.expected_tensors),  # mixers + attention, granite FFNs
+    "granitehybrid": (granitehybrid.GraniteHybridModel, granitehybrid.expected_tensors),  # mixers + attention, granite FFNs
     "falcon-h1": (falcon_h1.FalconH1Model, falcon_h1.expected_tensors),  # attention + Mamba-2 mixer on every layer
     "gemma3n": (gemma3n.Gemma3nModel, gemma3n.expected_tensors),  # AltUp streams, LAuReL, top-k sparse FFNs
-    "command-r": (cohere.CohereModel, cohere.expected_tensors),  # LayerNorm, parallel attention + FFN, logit scale
-    "cohere2": (cohere.CohereModel, cohere.expected_tensors),  # the same, windowed RoPE layers + NoPE global ones
-    "bailingmoe2": (bailing.BailingMoe2Model, bailing.expected_tensors),  # Ling 2.0: fused QKV, grouped sigmoid experts
+    "command-r": (command_r.CohereModel, command_r.expected_tensors),  # LayerNorm, parallel attention + FFN, logit scale
+    "cohere2": (command_r.CohereModel, command_r.expected_tensors),  # the same, windowed RoPE layers + NoPE global ones
+    "bailingmoe2": (bailingmoe2.BailingMoe2Model, bailingmoe2.expected_tensors),  # Ling 2.0: fused QKV, grouped sigmoid experts
     "afmoe": (afmoe.AfmoeModel, afmoe.expected_tensors),  # Trinity: gated attention, post-norms, SWA + NoPE, experts
     "minicpm": (minicpm.MiniCPMModel, minicpm.expected_tensors),  # granite's scalars (MiniCPM defaults), LongRoPE
     "minicpm3": (minicpm.MiniCPM3Model, minicpm.expected_tensors_3),  # deepseek2's MLA, dense FFN, fixed scalars
     "olmoe": (olmoe.OlmoeModel, olmoe.expected_tensors),  # whole-width Q/K norms, softmax experts
-    "hunyuan-dense": (hunyuan.HunyuanDenseModel, hunyuan.expected_tensors),  # Q/K norms after RoPE
+    "hunyuan-dense": (hunyuan_dense.HunyuanDenseModel, hunyuan_dense.expected_tensors),  # Q/K norms after RoPE
     "apertus": (apertus.ApertusModel, apertus.expected_tensors),  # Q/K norms, xIELU FFN (ungated)
     "seed_oss": (seed_oss.SeedOssModel, seed_oss.expected_tensors),  # q/k/v biases, post_attention_norm as FFN norm
     "llama4": (llama4.Llama4Model, llama4.expected_tensors),  # chunked + NoPE attention, interleaved MoE layers

@@ -24,7 +24,7 @@ from powerinfer_py.calibrate import calibrate
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.models.cohere import CohereModel
+from powerinfer_py.models.command_r import CohereModel
 from powerinfer_py.perplexity import perplexity
 from powerinfer_py.tensor import GGMLType, Tensor
 
