@@ -160,13 +160,13 @@ def plan_for_file(path, vram_budget: float, n_ctx: int | None = None, activation
     """The exact placement of a PWRI file for a budget in GiB (what `powerinfer place` prints). Reads only
     the header when statistics are found; otherwise loads the model on the CPU to profile it."""
     from ..activations import find_activations, load_activations
-    from ..config import ModelConfig
     from ..gguf import open_gguf
     from ..llm import DEFAULT_MAX_CTX
+    from ..models import read_config
 
     f = open_gguf(path)
     try:
-        c = ModelConfig.from_gguf(f)
+        c = read_config(f)
         n_ctx = n_ctx or min(c.n_ctx_train, DEFAULT_MAX_CTX)
         fp = footprint(c, f.tensors, n_ctx)
         source = Path(activations) if activations is not None else find_activations(path)

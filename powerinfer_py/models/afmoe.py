@@ -34,6 +34,9 @@ from ..kv_cache import KVCache
 from ..moe import MoEFFN
 from ..tensor import Tensor
 from .base import Expected, Model, get_tensor, llama_like_expected, norm_weight
+from .spec import ArchSpec
+from ..config_bailing import afmoe_swa
+from .bailingmoe2 import read_args  # noqa: F401
 
 _ATTN_EXTRAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "attn_qkv.weight")
 
@@ -115,3 +118,7 @@ class AfmoeModel(Model):
             x += k.rmsnorm(self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x), L.post_ffw_norm, eps)
         cache.n_past = p0 + n
         return self._head(x, all_logits)
+
+
+SPEC = ArchSpec("afmoe", model=AfmoeModel, expected=expected_tensors, rope_neox=True, moe=True, moe_norm=False,
+                swa=afmoe_swa)

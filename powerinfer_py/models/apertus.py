@@ -30,6 +30,8 @@ from ..tensor import Tensor
 from .base import Expected, get_tensor
 from .llama import ATTN_BIASES, LAYER_TENSORS, LlamaModel
 from .llama import expected_tensors as llama_expected
+from .spec import ArchSpec
+from ..config_llama_variants import apertus_keys
 
 _F32 = np.float32
 
@@ -97,3 +99,11 @@ class ApertusModel(LlamaModel):
 
 
 __all__ = ["ApertusModel", "XieluFFN", "expected_tensors", "xielu"]
+
+
+def read_args(r, d: dict) -> None:
+    d.update(apertus_keys(r, d["n_layer"]))
+
+
+SPEC = ArchSpec("apertus", model=ApertusModel, expected=expected_tensors, rope_neox=True, yarn=True,
+                ffn_variant="xielu")  # xIELU: ungated and not ReLU-family, dense only

@@ -23,6 +23,7 @@ from ..config import ModelConfig
 from .base import Expected
 from .llama import LlamaModel
 from .llama import expected_tensors as llama_expected
+from .spec import ArchSpec
 
 
 def expected_tensors(c: ModelConfig) -> Expected:
@@ -38,3 +39,7 @@ class ArceeModel(LlamaModel):
 
 
 __all__ = ["ArceeModel", "expected_tensors"]
+
+
+SPEC = ArchSpec("arcee", model=ArceeModel, expected=expected_tensors, yarn=True, hidden_act="relu",
+                ffn_variant="relu2")

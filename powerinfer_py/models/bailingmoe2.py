@@ -29,6 +29,8 @@ from ..moe import MoEFFN
 from ..tensor import Tensor
 from .base import Expected, Model, ffn_expected, get_tensor, head_expected, norm_weight
 from .glm4 import split_fused
+from .spec import ArchSpec
+from ..config_bailing import ling_trinity_keys
 
 
 def expected_tensors(c: ModelConfig) -> Expected:
@@ -68,3 +70,12 @@ class BailingMoe2Model(Model):
                       layer=il, shared=moe.shared, shared_gate=None, select_bias=bias, gating=c.expert_gating,
                       weights_scale=c.expert_weights_scale, n_groups=c.n_expert_groups,
                       n_group_used=c.n_expert_group_used)
+
+
+def read_args(r, d: dict) -> None:
+    """Routing and the shared expert (Ling and Trinity share the reader: config_bailing.py)."""
+    d.update(ling_trinity_keys(r, d["n_layer"], d["n_embd"], d["n_head"], d["head_dim"]))
+
+
+SPEC = ArchSpec("bailingmoe2", model=BailingMoe2Model, expected=expected_tensors, rope_neox=True, nextn=True,
+                moe=True, moe_norm=False)

@@ -9,6 +9,7 @@ the per-layer predictor fc1/fc2, whose input is h, the residual after attention,
 from __future__ import annotations
 
 from .llama import LlamaModel, expected_tensors
+from .spec import ArchSpec
 
 
 class BambooModel(LlamaModel):
@@ -16,3 +17,7 @@ class BambooModel(LlamaModel):
 
 
 __all__ = ["BambooModel", "expected_tensors"]
+
+
+SPEC = ArchSpec("bamboo", model=BambooModel, expected=expected_tensors, hidden_act="relu", ffn_variant="dreglu",
+                pwri=True)

@@ -26,12 +26,16 @@ before the attention's; matching llama.cpp's bits would need a second C variant 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..config import ModelConfig
 from ..errors import UnsupportedError
 from ..kv_cache import KVCache
 from .base import Expected, Model, head_expected, sparsify_expected
+from .spec import ArchSpec
+from ..config_cohere import cohere2_swa, cohere_keys
 
 LAYER_TENSORS = {"attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight",
                  "wv": "attn_v.weight", "wo": "attn_output.weight",
@@ -130,3 +134,11 @@ class CohereModel(Model):
         if self._logit_mul != 1:
             logits *= self._logit_mul
         return logits
+
+
+def read_args(r, d: dict) -> None:
+    d.update(cohere_keys(r, d["n_layer"]))
+
+
+SPEC = ArchSpec("command-r", model=CohereModel, expected=expected_tensors, layer_norm=True)
+VARIANTS = (replace(SPEC, name="cohere2", swa=cohere2_swa),)  # windowed RoPE layers + NoPE global ones

@@ -41,6 +41,7 @@ from ..kv_cache import KVCache, lazy_zeros
 from ..moe import MoEFFN
 from ..tensor import GGMLType, Tensor
 from .base import Expected, Model, ffn_expected, get_tensor, head_expected, norm_weight
+from .spec import ArchSpec
 
 
 def expected_tensors(c: ModelConfig) -> Expected:
@@ -168,3 +169,23 @@ class DeepSeek2Model(Model):
             x += self.ffns[il](k.rmsnorm(x, L.ffn_norm, c.norm_eps), x)
         cache.n_past = p0 + ids.shape[0]
         return self._head(x, all_logits)
+
+
+def _mla(r, d: dict) -> dict:
+    return r.deepseek2(d["n_layer"], d["n_head"])
+
+
+def read_args(r, d: dict) -> None:
+    """The renormalization and shared experts from their own keys; llama.cpp's YaRN for this arch."""
+    d.update(expert_weights_norm=d.pop("_norm"), n_ff_shexp=d["n_ff_exp"] * d.pop("_n_shared"))
+    d["rope_mscale"], d["attn_scale"] = r.deepseek2_yarn(d["head_dim"], d["rope_freq_scale"], bool(d["rope_factors"]))
+
+
+def describe(c: dict) -> list[tuple[str, str]]:
+    return [("deepseek2", f"latent attention (MLA): cache {c['kv_lora_rank']} + {c['n_rot']} per token; q rank "
+             f"{c['q_lora_rank'] or 'full'}; router {c['expert_gating']}, x{c['expert_weights_scale']:g}"
+             + (f", {c['n_expert_groups']} groups ({c['n_expert_group_used']} used)" if c["n_expert_groups"] else ""))]
+
+
+SPEC = ArchSpec("deepseek2", model=DeepSeek2Model, expected=expected_tensors, yarn=True, moe=True, moe_norm=False,
+                mla=_mla, describe=describe)  # moe_norm: read from {arch}.expert_weights_norm (read_args)

@@ -23,6 +23,7 @@ on part of a head are refused in config.py.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping
 
 from ..config import ModelConfig
@@ -31,6 +32,7 @@ from ..moe import MoEFFN
 from ..tensor import Tensor
 from .base import Expected, Model, get_tensor, llama_like_expected, norm_weight
 from .llama import LAYER_TENSORS
+from .spec import ArchSpec
 
 _BIASES = ("attn_q", "attn_k", "attn_v", "attn_output")
 
@@ -62,3 +64,11 @@ class ErnieModel(Model):
                 raise ModelFileError(f"blk.{il}.exp_probs_b.bias has {bias.size} values, expected {moe.n_expert}")
             moe.select_bias = bias
         return moe
+
+
+def read_args(r, d: dict) -> None:
+    d.update(r.ernie(d["n_layer"], d["n_rot"], d["head_dim"]))
+
+
+SPEC = ArchSpec("ernie4_5", model=ErnieModel, expected=expected_tensors)
+VARIANTS = (replace(SPEC, name="ernie4_5-moe", moe=True, moe_norm=True, shared_expert="optional"),)

@@ -21,6 +21,7 @@ from . import olmo2
 from .base import Expected
 from .llama import rope_factors
 from .olmo2 import Olmo2Model
+from .spec import ArchSpec
 
 
 def expected_tensors(c: ModelConfig) -> Expected:
@@ -62,3 +63,11 @@ class Exaone4Model(Olmo2Model):
         if c.no_rope_layers and c.no_rope_layers[il]:
             kw["n_rot"] = 0
         return kw
+
+
+def read_args(r, d: dict) -> None:
+    d.update(r.smollm3_olmo2(d["n_layer"]))
+
+
+SPEC = ArchSpec("exaone4", model=Exaone4Model, expected=expected_tensors, rope_neox=True, nextn=True,
+                swa=lambda r, n_layer, base: r.exaone4_swa(n_layer, base))

@@ -16,6 +16,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..kv_cache import KVCache
 from .base import Expected, Model, head_expected, sparsify_expected
+from .spec import ArchSpec
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight", "attn_norm_b": "attn_norm.bias",
@@ -72,3 +73,7 @@ class FalconModel(Model):
 
         cache.n_past = p0 + n
         return self._head(x, all_logits)
+
+
+SPEC = ArchSpec("falcon", model=FalconModel, expected=expected_tensors, rope_neox=True, layer_norm=True,
+                hidden_act="gelu", hidden_act_pwri="relu", ungated_ffn=True, pwri=True)  # PWRI: ReluFalcon

@@ -44,6 +44,8 @@ from ..kv_cache import KVCache
 from ..tensor import Tensor
 from .base import Expected, Model, get_tensor, head_expected, norm_weight
 from .gemma4 import Gemma4Cache, per_layer_inputs
+from .spec import ArchSpec
+from ..config_gemma3n import gemma3n_keys
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight",
@@ -262,3 +264,14 @@ class Gemma3nModel(Model):
 def _matrices(t: Tensor) -> list[Tensor]:
     """The [E, E] matrices of a 3-D [A-1, E, E] tensor, each a view on the file."""
     return [Tensor(f"{t.name}[{i}]", t.type, t.shape[1:], t.data[i]) for i in range(t.shape[0])]
+
+
+def _layout(r, d: dict) -> None:
+    g3n = gemma3n_keys(r, d["n_layer"])
+    d.update(sliding_window=g3n.pop("sliding_window"), swa_layers=g3n.pop("swa_layers"),
+             rope_freq_base_swa=g3n.pop("base_swa"), attn_scale=1.0)  # the per-head Q norm scales the scores
+    d.update(g3n)
+
+
+SPEC = ArchSpec("gemma3n", model=Gemma3nModel, expected=expected_tensors, rope_neox=True, sqrt_embd_scale=True,
+                ffn_variant="geglu", topk_ffn=True, layout=_layout)

@@ -47,6 +47,8 @@ from ..moe import MoEFFN
 from ..tensor import Tensor
 from .base import Expected, get_tensor, head_expected, norm_weight
 from .gemma import GemmaModel
+from .spec import ArchSpec
+from ..config_gemma4 import gemma4_keys
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight",
@@ -280,3 +282,15 @@ class Gemma4Model(GemmaModel):
             self._layer_end(il, L, x, pl)
         cache.n_past = p0 + 1
         return self._head(x, all_logits)
+
+
+def _layout(r, d: dict) -> None:
+    g4 = gemma4_keys(r, d["n_layer"])
+    d.update(n_head=g4.pop("_n_head"), n_head_kv=g4.pop("_n_head_kv"), head_dim=g4.pop("_head_dim"),
+             n_ff=g4.pop("_n_ff"), sliding_window=g4.pop("sliding_window"), swa_layers=g4.pop("swa_layers"),
+             rope_freq_base_swa=g4.pop("base_swa"), attn_scale=1.0, _n_ff_layers=g4["gemma4"].n_ff)
+    d.update(g4)
+
+
+SPEC = ArchSpec("gemma4", model=Gemma4Model, expected=expected_tensors, rope_neox=True, sqrt_embd_scale=True,
+                ffn_variant="geglu", moe_norm=True, layout=_layout)

@@ -36,6 +36,7 @@ take them as they take llama's.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping
 
 import numpy as np
@@ -46,6 +47,8 @@ from ..moe import MoEFFN
 from ..tensor import GGMLType, Tensor
 from .base import Expected, Model, ffn_expected, get_tensor, head_expected, norm_weight
 from .phi3 import row_views
+from .spec import ArchSpec
+from ..errors import ModelFileError, UnsupportedError
 
 _QKV = ("attn_q", "attn_k", "attn_v")
 
@@ -159,3 +162,43 @@ class Glm4Model(Model):
         if not self.post_norms:
             return y
         return self.kernels.rmsnorm(y, self.layers[il].post_ffw_norm, self.config.norm_eps)
+
+
+def _layout(r, d: dict) -> None:
+    """M-RoPE files (the vision variants) are refused; glm4moe's per-layer FFN kinds and routing (the
+    renormalization and the shared experts wait in "_norm" / "_n_shared" for read_args)."""
+    sections = r.meta.get(r.key("{arch}.rope.dimension_sections"))
+    if isinstance(sections, list) and any(sections):
+        raise UnsupportedError(f"{r.f.path}: {r.arch} files with rope.dimension_sections (multimodal "
+                               "M-RoPE) are not supported")
+    if r.arch == "glm4":
+        return
+    n_layer = d["n_layer"]
+    lead = r.get("{arch}.leading_dense_block_count", 0)
+    if not 0 <= lead <= n_layer:
+        raise ModelFileError(f"{r.f.path}: {r.key('{arch}.leading_dense_block_count')} {lead} is outside "
+                             f"0..{n_layer} (the layers that run)")
+    gating = r.get("{arch}.expert_gating_func", 0)
+    if gating not in (0, 1, 2):
+        raise UnsupportedError(f"{r.f.path}: {r.key('{arch}.expert_gating_func')} {gating} is not "
+                               "supported (1 softmax, 2 sigmoid)")
+    if r.get("{arch}.expert_group_count", 0) > 1:
+        raise UnsupportedError(f"{r.f.path}: glm4moe files with expert groups are not supported")
+    norm, scale = r.expert_weights()
+    d.update(moe_layers=tuple(il >= lead for il in range(n_layer)),
+             expert_gating="softmax" if gating == 1 else "sigmoid", expert_weights_scale=scale or 1.0,
+             _norm=norm, _n_shared=r.get("{arch}.expert_shared_count", 0))
+
+
+def read_args(r, d: dict) -> None:
+    if r.arch == "glm4moe":  # shared experts of the routed width
+        d.update(expert_weights_norm=d.pop("_norm"), n_ff_shexp=d["n_ff_exp"] * d.pop("_n_shared"))
+
+
+def describe(c: dict) -> list[tuple[str, str]]:
+    return [(c["arch"], "post-attention and post-FFN norms; fused gate+up" if c["arch"] == "glm4" else
+             f"router {c['expert_gating']}, x{c['expert_weights_scale']:g}")]
+
+
+SPEC = ArchSpec("glm4", model=Glm4Model, expected=expected_tensors, nextn=True, layout=_layout, describe=describe)
+VARIANTS = (replace(SPEC, name="glm4moe", rope_neox=True, moe=True, moe_norm=False),)  # leading dense layers, sigmoid experts

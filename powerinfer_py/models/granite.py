@@ -22,12 +22,15 @@ false (RoPE off) reaches here as n_rot 0.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..config import ModelConfig
 from ..errors import UnsupportedError
 from .base import Expected, llama_like_expected
 from .llama import LlamaModel
+from .spec import ArchSpec
 
 _BIASES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
@@ -72,3 +75,28 @@ class GraniteModel(LlamaModel):
         logits = super()._head(x, all_logits)
         logits *= self._logit_mul
         return logits
+
+
+def apply_scales(r, d: dict) -> None:
+    """granite's four scalars into the draft (the family's reader: granite, granitemoe, granitehybrid)."""
+    g = r.granite_scales()
+    d["embd_scale"] = g.pop("embd_scale")
+    d["attn_scale"] = g.pop("attn_scale") or d["attn_scale"]
+    if not g.pop("rope"):
+        d["n_rot"] = 0
+    d.update(g)
+
+
+def read_args(r, d: dict) -> None:
+    apply_scales(r, d)
+
+
+def describe(c: dict) -> list[tuple[str, str]]:
+    """`powerinfer info` rows of a granite-family config (cli/info.py)."""
+    return [("granite scales", f"embeddings x{c['embd_scale']:g}, residual branches x{c['residual_scale']:g}, "
+             f"attention scores x{c['attn_scale']:g}, logits / {c['logit_scale']:g}")]
+
+
+SPEC = ArchSpec("granite", model=GraniteModel, expected=expected_tensors, describe=describe)
+VARIANTS = (replace(SPEC, name="granitemoe", moe=True, moe_norm=True, expert_width_key="{arch}.feed_forward_length",
+                    shared_expert="optional"),)  # with experts (GraniteModel.build_moe)

@@ -23,6 +23,8 @@ from ..config import ModelConfig
 from ..kv_cache import KVCache
 from .base import Expected, llama_like_expected
 from .llama import ATTN_BIASES, LAYER_TENSORS, LlamaModel, attn_bias_shapes
+from .spec import ArchSpec
+from ..config_llama_variants import hunyuan_rope_base
 
 
 def expected_tensors(c: ModelConfig) -> Expected:
@@ -75,3 +77,7 @@ class HunyuanDenseModel(LlamaModel):
 
 
 __all__ = ["HunyuanDenseModel", "expected_tensors"]
+
+
+SPEC = ArchSpec("hunyuan-dense", model=HunyuanDenseModel, expected=expected_tensors, rope_neox=True, yarn=True,
+                dense_experts_max=1, rope_base_of=hunyuan_rope_base)  # an expert_count of 0 or 1 means dense

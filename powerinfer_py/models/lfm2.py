@@ -29,6 +29,7 @@ base block's _qkv and the attention kernel; in a one-token step (CPU kernels) ea
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping
 
 import numpy as np
@@ -40,6 +41,7 @@ from ..kernels.ref import dequantize
 from ..moe import MoEFFN
 from ..tensor import Tensor
 from .base import Expected, Model, ffn_expected, get_tensor, layer_tensors, norm_weight, sparsify_expected
+from .spec import ArchSpec
 
 OUTPUT_NORM = "token_embd_norm.weight"  # llama.cpp's name for lfm2's final norm
 SHARED = {"attn_norm": "attn_norm.weight", "ffn_norm": "ffn_norm.weight"}
@@ -147,3 +149,14 @@ class Lfm2Model(Model):
             z += s[j:j + n] * L.conv_w[:, j]
         cache.set_conv_state(il, s[n:])
         return self.kernels.matmul(L.out_proj, np.ascontiguousarray(gate * z))
+
+
+def _layout(r, d: dict) -> None:
+    d["n_head"] = r.positive("{arch}.attention.head_count")
+    out = r.lfm2(d["n_layer"], d["n_head"])
+    d["n_head_kv"] = out.pop("_n_head_kv")
+    d.update(out)
+
+
+SPEC = ArchSpec("lfm2", model=Lfm2Model, expected=expected_tensors, rope_neox=True, pwri=True, layout=_layout)
+VARIANTS = (replace(SPEC, name="lfm2moe", pwri=False, moe=True, moe_norm=True),)  # leading dense layers, experts

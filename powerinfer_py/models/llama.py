@@ -26,6 +26,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import ModelFileError, UnsupportedError
 from .base import Expected, Model, get_tensor, llama_like_expected, norm_weight, sparsify_expected
+from .spec import ArchSpec
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight",
@@ -95,3 +96,7 @@ class LlamaModel(Model):
         if getattr(layer, "bo", None) is not None:
             kw["bo"] = layer.bo
         return kw
+
+
+SPEC = ArchSpec("llama", model=LlamaModel, expected=expected_tensors, yarn=True, hidden_act_pwri="relu", pwri=True,
+                moe_norm=True, expert_width_key="{arch}.feed_forward_length", chat_format="mistral")

@@ -35,6 +35,8 @@ from ..moe import MoEFFN
 from ..tensor import Tensor
 from .base import Expected, Model, get_tensor, llama_like_expected
 from .llama import LAYER_TENSORS, rope_factors
+from .spec import ArchSpec
+from ..config_llama4 import llama4_keys
 
 _ATTN_EXTRAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "attn_qkv.weight")
 
@@ -142,3 +144,10 @@ class Llama4Model(Model):
             x += self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x)
         cache.n_past = p0 + n
         return self._head(x, all_logits)
+
+
+def read_args(r, d: dict) -> None:
+    d.update(llama4_keys(r, d["n_layer"], d["n_expert"], d["n_ff_exp"]))
+
+
+SPEC = ArchSpec("llama4", model=Llama4Model, expected=expected_tensors, moe=True, moe_norm=False)

@@ -32,6 +32,7 @@ from ..kv_cache import KVCache
 from ..tensor import Tensor
 from .base import Expected, Model, get_tensor, head_expected, norm_weight
 from .phi3 import row_views
+from .spec import ArchSpec
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight", "attn_norm_b": "attn_norm.bias",
@@ -203,3 +204,13 @@ class LnDecoderModel(Model):
         if self.output_b is not None:
             logits += self.output_b
         return logits
+
+
+_LN = dict(model=LnDecoderModel, expected=expected_tensors, layer_norm=True)
+# no SPEC: no arch is named ln_decoder; models/__init__.ALIASES sends these four here
+VARIANTS = (
+    ArchSpec("phi2", **_LN, rope_neox=True, hidden_act="gelu", ungated_ffn=True),  # parallel, partial RoPE
+    ArchSpec("stablelm", **_LN, rope_neox=True),  # SwiGLU, optional Q/K norms
+    ArchSpec("starcoder2", **_LN, rope_neox=True, hidden_act="gelu", ungated_ffn=True),  # sequential
+    ArchSpec("gpt2", **_LN, rope=False, hidden_act="gelu", ungated_ffn=True),  # learned positions
+)

@@ -29,6 +29,8 @@ from ..config import ModelConfig
 from ..kv_cache import KVCache
 from . import deepseek2, granite
 from .phi3 import ROPE_FACTOR_TENSORS, rope_factor_table
+from .spec import ArchSpec
+from ..config_minicpm import minicpm3_mla, minicpm_keys
 
 
 def expected_tensors(c: ModelConfig) -> dict:
@@ -107,3 +109,21 @@ class MiniCPM3Model(_LongRope, deepseek2.DeepSeek2Model):
         logits = self._head(x, all_logits)
         logits *= self._logit_mul
         return logits
+
+
+def read_args(r, d: dict) -> None:
+    m = minicpm_keys(r, d["n_embd"], d["n_layer"], d["n_ctx_train"])
+    d["rope_mscale"] = m.pop("rope_mscale", d["rope_mscale"])
+    d.update(m)
+
+
+def describe(c: dict) -> list[tuple[str, str]]:
+    return [("minicpm scales", f"embeddings x{c['embd_scale']:g}, residual branches x{c['residual_scale']:.4g}, "
+             f"logits / {c['logit_scale']:g}" + (f"; latent attention (MLA): cache {c['kv_lora_rank']} + "
+                                                f"{c['n_rot']} per token" if c["kv_lora_rank"] else ""))]
+
+
+SPEC = ArchSpec("minicpm", model=MiniCPMModel, expected=expected_tensors, moe_norm=True, expert_width_key="{arch}.feed_forward_length",
+                longrope=True, describe=describe)
+VARIANTS = (ArchSpec("minicpm3", model=MiniCPM3Model, expected=expected_tensors_3, rope_neox=True, longrope=True,
+                     mla=lambda r, d: minicpm3_mla(r, d["n_embd"], d["n_head"]), describe=describe),)

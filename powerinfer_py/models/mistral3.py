@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .llama import LlamaModel, expected_tensors  # noqa: F401  (the tensors are llama's)
+from .spec import ArchSpec
 
 
 class Mistral3Model(LlamaModel):
@@ -26,3 +27,13 @@ class Mistral3Model(LlamaModel):
             return None
         steps = np.floor(pos.astype(np.float64) / c.attn_temp_floor)
         return (1.0 + c.attn_temp_scale * np.log(steps + 1.0)).astype(np.float32)
+
+
+def read_args(r, d: dict) -> None:
+    m3 = r.mistral3(d["n_ctx_train"], bool(d["rope_factors"]))
+    d["rope_mscale"] = m3.pop("rope_mscale", d["rope_mscale"])
+    d.update(m3)
+
+
+SPEC = ArchSpec("mistral3", model=Mistral3Model, expected=expected_tensors, yarn=True, moe_norm=True,
+                expert_width_key="{arch}.feed_forward_length", chat_format="mistral")

@@ -19,6 +19,7 @@ plus a shared expert (models/nemotron_moe.py); its trailing MTP block is not run
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping
 
 import numpy as np
@@ -30,6 +31,8 @@ from ..tensor import Tensor
 from .base import Expected, Model, get_tensor, head_expected, layer_tensors, norm_weight
 from .mamba2_mixer import Mamba2Mixer, mamba2_dims, mamba2_expected, mamba2_tensors
 from .nemotron_moe import NemotronMoE, nemotron_moe_expected
+from .spec import ArchSpec
+from ..config_mamba2 import mamba2_keys, nemotron_moe_keys
 
 ATTENTION = {"wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight", "wo": "attn_output.weight",
              "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias", "bo": "attn_output.bias"}
@@ -137,3 +140,35 @@ class NemotronHModel(Mamba2Mixer, Model):
         if L.bo is not None:
             out += L.bo
         return out
+
+
+def mamba2_layout(r, d: dict) -> None:
+    """The layer kinds and mixer sizes of a Mamba-2 hybrid (nemotron_h, nemotron_h_moe, mamba2, granitehybrid,
+    falcon-h1) into the draft; mamba2 files have no attention (head_count 0): one placeholder head."""
+    d["n_head"] = (r.get("{arch}.attention.head_count", 0) or 1) if r.arch == "mamba2" else r.positive(
+        "{arch}.attention.head_count")
+    out = mamba2_keys(r, d["n_layer"], d["n_head"])
+    d["n_head_kv"], d["n_ff"] = out.pop("_n_head_kv"), out.pop("_n_ff")
+    d.update(out)
+
+
+def _layout(r, d: dict) -> None:
+    """nemotron_h's attention layers use no RoPE and score with {arch}.attention.scale (absent or 0:
+    1/sqrt(head_dim))."""
+    mamba2_layout(r, d)
+    d["n_rot"] = 0
+    scale = r.get("{arch}.attention.scale", 0.0, kind=float)
+    if scale:
+        d["attn_scale"] = scale
+
+
+def read_args(r, d: dict) -> None:
+    if r.arch == "nemotron_h_moe":  # sigmoid routing with its own keys, experts on the FFN layers
+        d.update(nemotron_moe_keys(r), moe_layers=d["ffn_layers"])
+
+
+SPEC = ArchSpec("nemotron_h", model=NemotronHModel, expected=expected_tensors, ffn_variant="relu2", layout=_layout)
+VARIANTS = (
+    replace(SPEC, name="nemotron_h_moe", ffn_variant="", nextn=True, moe=True, moe_norm=False),  # expert FFN layers
+    replace(SPEC, name="mamba2", ffn_variant=""),  # every layer a mixer
+)

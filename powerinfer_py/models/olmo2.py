@@ -30,6 +30,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..kv_cache import KVCache
 from .base import Expected, Model, head_expected
+from .spec import ArchSpec
 
 LAYER_TENSORS = {
     "wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight", "wo": "attn_output.weight",
@@ -116,3 +117,7 @@ class Olmo2Model(Model):
         v = k.matmul(L.wv, h)
         return (q.reshape(n, c.n_head, c.head_dim), kk.reshape(n, c.n_head_kv, c.head_dim),
                 v.reshape(n, c.n_head_kv, c.head_dim))
+
+
+SPEC = ArchSpec("olmo2", model=Olmo2Model, expected=expected_tensors, rope_neox=True, yarn=True,
+                swa=lambda r, n_layer, base: r.olmo3_swa(n_layer, base))

@@ -20,6 +20,7 @@ import numpy as np
 from ..config import ModelConfig
 from .base import Expected, Model, llama_like_expected
 from .llama import LAYER_TENSORS
+from .spec import ArchSpec
 
 
 def expected_tensors(c: ModelConfig) -> Expected:
@@ -48,3 +49,7 @@ class OlmoeModel(Model):
     def attn_plan_kwargs(self, il: int, layer) -> dict:
         return dict(super().attn_plan_kwargs(il, layer), q_norm=layer.q_norm, k_norm=layer.k_norm,
                     qk_norm_full=True)
+
+
+SPEC = ArchSpec("olmoe", model=OlmoeModel, expected=expected_tensors, rope_neox=True, moe=True, moe_norm=False,
+                expert_width_key="{arch}.feed_forward_length")

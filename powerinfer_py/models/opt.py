@@ -25,6 +25,7 @@ from ..ffn import SparseSettings
 from ..kv_cache import KVCache
 from ..tensor import Tensor
 from .base import Expected, Model, get_tensor, head_expected, sparsify_expected
+from .spec import ArchSpec
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight", "attn_norm_b": "attn_norm.bias",
@@ -88,3 +89,7 @@ class OptModel(Model):
 
         cache.n_past = p0 + n
         return self._head(x, all_logits)
+
+
+SPEC = ArchSpec("opt", model=OptModel, expected=expected_tensors, rope=False, layer_norm=True, hidden_act="relu",
+                ungated_ffn=True, pwri=True)

@@ -30,6 +30,7 @@ from ..kv_cache import KVCache
 from ..tensor import Tensor
 from .base import Expected, Model, get_tensor, llama_like_expected, norm_weight
 from .llama import LAYER_TENSORS
+from .spec import ArchSpec
 
 ROPE_FACTOR_TENSORS = ("rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight")
 
@@ -127,3 +128,10 @@ class Phi3Model(Model):
         self._factor_key = self.rope_factors_for(cache.n_ctx)
         self.rope_freqs = self.rope_table[self._factor_key]
         return super().forward(tokens, cache, all_logits)
+
+
+def read_args(r, d: dict) -> None:
+    d.update(r.phi3_rope())
+
+
+SPEC = ArchSpec("phi3", model=Phi3Model, expected=expected_tensors, rope_neox=True, chat_format="phi-3")

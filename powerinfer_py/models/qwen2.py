@@ -9,8 +9,11 @@ Per layer:  h = x + Wo · attn(rope(Wq·n + bq), rope(Wk·n + bk), Wv·n + bv)  
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..config import ModelConfig
 from .base import Expected, Model, llama_like_expected, sparsify_expected
+from .spec import ArchSpec
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight",
@@ -35,3 +38,13 @@ class Qwen2Model(Model):
 
     LAYER_TENSORS = LAYER_TENSORS
     QKV_BIASES = True
+
+
+SPEC = ArchSpec("qwen2", model=Qwen2Model, expected=expected_tensors, rope_neox=True, yarn=True, rope_base=1_000_000.0,
+                pwri=True, chat_format="chatml")
+VARIANTS = (
+    replace(SPEC, name="qwen2moe", pwri=False, moe=True, moe_norm=False, shared_expert="required"),
+    # a vision-language file's text model: with text-only input every M-RoPE section rotates by the same position,
+    # which is qwen2's RoPE (checked against llama.cpp: tests/test_vl_text.py); keys stay qwen2vl.*
+    replace(SPEC, name="qwen2vl", text_of="qwen2"),
+)

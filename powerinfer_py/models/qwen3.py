@@ -16,8 +16,11 @@ Per layer:  n = rmsnorm(x) * attn_norm
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..config import ModelConfig
 from .base import Expected, Model, llama_like_expected, sparsify_expected
+from .spec import ArchSpec
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight",
@@ -40,3 +43,15 @@ class Qwen3Model(Model):
 
     LAYER_TENSORS = LAYER_TENSORS
     QK_NORMS = True
+
+
+SPEC = ArchSpec("qwen3", model=Qwen3Model, expected=expected_tensors, rope_neox=True, yarn=True, pwri=True,
+                chat_format="chatml")
+_MOE = replace(SPEC, name="qwen3moe", pwri=False, moe=True, moe_norm=True)
+VARIANTS = (
+    _MOE,
+    # vision-language files' text models (as qwen2vl in models/qwen2.py), refused where the M-RoPE sections
+    # leave rotated pairs out
+    replace(SPEC, name="qwen3vl", text_of="qwen3", mrope_check=True),
+    replace(_MOE, name="qwen3vlmoe", text_of="qwen3moe", mrope_check=True),
+)

@@ -34,6 +34,7 @@ cache's states in place; the numpy path stays the specification (tests/test_kern
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping
 
 import numpy as np
@@ -44,6 +45,7 @@ from ..ffn import SparseSettings
 from ..kernels.ref import dequantize
 from ..tensor import Tensor
 from .base import Expected, Model, ffn_expected, get_tensor, head_expected, layer_tensors, norm_weight
+from .spec import ArchSpec
 
 SHARED = {"attn_norm": "attn_norm.weight", "ffn_norm": "post_attention_norm.weight"}
 DELTA = {"wqkv": "attn_qkv.weight", "wz": "attn_gate.weight", "w_beta": "ssm_beta.weight",
@@ -281,3 +283,15 @@ class Qwen35Model(Model):
         cache.set_delta_state(il, S)
         gated = k.rmsnorm(o, L.ssm_norm, c.norm_eps) * k.silu(k.matmul(L.wz, h).reshape(n, hv, d))
         return k.matmul(L.w_out, gated.reshape(n, hv * d))
+
+
+def layout(r, d: dict) -> None:
+    """The delta-net and attention layers and the delta-net sizes (qwen35, qwen35moe, qwen3next)."""
+    d["n_head"] = r.positive("{arch}.attention.head_count")
+    out = r.qwen35(d["n_layer"])
+    d["n_head_kv"] = out.pop("_n_head_kv")
+    d.update(out)
+
+
+SPEC = ArchSpec("qwen35", model=Qwen35Model, expected=expected_tensors, rope_neox=True, nextn=True, layout=layout)
+VARIANTS = (replace(SPEC, name="qwen35moe", moe=True, moe_norm=True, shared_expert="required"),)

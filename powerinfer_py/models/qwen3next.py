@@ -36,6 +36,8 @@ from ..tensor import Tensor
 from .base import Expected, get_tensor
 from .qwen35 import Qwen35Model, delta_dims
 from .qwen35 import expected_tensors as qwen35_expected
+from .spec import ArchSpec
+from .qwen35 import layout
 
 FUSED = {"ssm_in.weight": ("attn_qkv.weight", "attn_gate.weight"),
          "ssm_ba.weight": ("ssm_beta.weight", "ssm_alpha.weight")}
@@ -116,3 +118,7 @@ class Qwen3NextModel(Qwen35Model):
     def _key_heads(self, x: np.ndarray) -> np.ndarray:
         reps = self.config.ssm_n_v_heads // self.config.ssm_n_k_heads
         return np.repeat(x, reps, axis=1) if reps > 1 else x
+
+
+SPEC = ArchSpec("qwen3next", model=Qwen3NextModel, expected=expected_tensors, rope_neox=True, nextn=True, moe=True,
+                moe_norm=True, shared_expert="required", layout=layout)

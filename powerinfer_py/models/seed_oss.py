@@ -21,6 +21,7 @@ from ..config import ModelConfig
 from .base import Expected
 from .llama import ATTN_BIASES, LAYER_TENSORS, LlamaModel
 from .llama import expected_tensors as llama_expected
+from .spec import ArchSpec
 
 
 def expected_tensors(c: ModelConfig) -> Expected:
@@ -44,3 +45,6 @@ class SeedOssModel(LlamaModel):
 
 
 __all__ = ["SeedOssModel", "expected_tensors"]
+
+
+SPEC = ArchSpec("seed_oss", model=SeedOssModel, expected=expected_tensors, rope_neox=True, yarn=True)

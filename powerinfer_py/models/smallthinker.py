@@ -38,6 +38,7 @@ from ..moe import MoEFFN
 from ..tensor import Tensor
 from .base import Expected, Model, get_tensor, llama_like_expected
 from .llama import LAYER_TENSORS
+from .spec import ArchSpec
 
 _ATTN_EXTRAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "attn_qkv.weight")
 
@@ -108,3 +109,12 @@ class SmallThinkerModel(Model):
             x += moe(m, None, r)
         cache.n_past = p0 + n
         return self._head(x, all_logits)
+
+
+def read_args(r, d: dict) -> None:
+    d.update(r.smallthinker(d["n_layer"], d["n_rot"], d["head_dim"]))
+
+
+SPEC = ArchSpec("smallthinker", model=SmallThinkerModel, expected=expected_tensors, rope_neox=True, moe=True,
+                moe_norm=True, ffn_variant="reglu", relu_experts=True,
+                swa=lambda r, n_layer, base: r.smallthinker_swa(n_layer, base))

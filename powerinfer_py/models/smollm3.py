@@ -22,6 +22,7 @@ from __future__ import annotations
 from ..config import ModelConfig
 from .base import Expected, Model, llama_like_expected
 from .llama import LAYER_TENSORS
+from .spec import ArchSpec
 
 
 def expected_tensors(c: ModelConfig) -> Expected:
@@ -44,3 +45,13 @@ class SmolLM3Model(Model):
         if self.config.no_rope_layers and self.config.no_rope_layers[il]:
             kw["n_rot"] = 0
         return kw
+
+
+NO_ROPE_STEP = 4  # layers with (il + 1) % 4 == 0 use no RoPE (llama.cpp's n_no_rope_layer_step; no key)
+
+
+def read_args(r, d: dict) -> None:
+    d["no_rope_layers"] = tuple((il + 1) % NO_ROPE_STEP == 0 for il in range(d["n_layer"]))
+
+
+SPEC = ArchSpec("smollm3", model=SmolLM3Model, expected=expected_tensors)
