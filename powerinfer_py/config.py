@@ -37,11 +37,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from .config_archs import ArchKeys
 from .errors import ModelFileError, UnsupportedError
 from .gguf.reader import GGUFFile
+
+if TYPE_CHECKING:  # the per-arch layouts live in their modules, which import this one
+    from .models.gemma3n import Gemma3nLayout
+    from .models.gemma4 import Gemma4Layout
+    from .models.llama4 import Llama4Layout
 
 HIDDEN_ACTS = ("silu", "relu", "fatrelu", "gelu")
 KEY_SPARSITY = "powerinfer.sparsity"
@@ -162,7 +166,7 @@ def yarn_rope(n_rot: int, freq_base: float, factor: float, n_ctx_orig: int, attn
     return tuple(factors), attn_factor * (1.0 + 0.1 * math.log(factor))
 
 
-class MetaReader(ArchKeys):
+class MetaReader:
     """Typed access to one file's metadata, with errors that name the file and the key. arch: the architecture
     whose behaviour runs (a spec's text_of where it has one); key_arch: the file's general.architecture, which
     names its keys."""

@@ -84,20 +84,17 @@ def supported_archs() -> tuple[str, ...]:
 
 
 def archs_with(test: Callable[[ArchSpec], bool]) -> list[str]:
-    """The supported archs whose spec passes `test` (for messages that list them)."""
-    return [a for a in supported_archs() if test(find_spec(a))]
-
-
-def _runnable(spec: ArchSpec) -> bool:  # a config's arch: text_of files run as the arch they name
-    return spec.model is not None and not spec.text_of
+    """The supported archs whose spec passes `test` (for messages that list them); text_of files count as the
+    arch they name, not on their own."""
+    return [a for a in supported_archs() if not find_spec(a).text_of and test(find_spec(a))]
 
 
 def spec_for(arch: str) -> ArchSpec:
     """The spec of a runnable arch; an UnsupportedError naming the runnable ones otherwise."""
     spec = find_spec(arch)
-    if spec is None or not _runnable(spec):
+    if spec is None or spec.model is None or spec.text_of:  # (a config's arch is never a text_of one)
         raise UnsupportedError(f"no model for architecture {arch!r}; runnable: "
-                               f"{', '.join(archs_with(_runnable))}")
+                               f"{', '.join(archs_with(lambda s: s.model is not None))}")
     return spec
 
 

@@ -29,14 +29,14 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
+from ..config_bailing import afmoe_swa
 from ..errors import UnsupportedError
 from ..kv_cache import KVCache
 from ..moe import MoEFFN
 from ..tensor import Tensor
+from .bailingmoe2 import read_args  # noqa: F401
 from .base import Expected, Model, get_tensor, llama_like_expected, norm_weight
 from .spec import ArchSpec
-from ..config_bailing import afmoe_swa
-from .bailingmoe2 import read_args  # noqa: F401
 
 _ATTN_EXTRAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "attn_qkv.weight")
 

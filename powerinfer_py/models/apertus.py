@@ -26,12 +26,12 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
+from ..config_llama_variants import apertus_keys
 from ..tensor import Tensor
 from .base import Expected, get_tensor
 from .llama import ATTN_BIASES, LAYER_TENSORS, LlamaModel
 from .llama import expected_tensors as llama_expected
 from .spec import ArchSpec
-from ..config_llama_variants import apertus_keys
 
 _F32 = np.float32
 

@@ -25,12 +25,12 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..config import ModelConfig
+from ..config_bailing import ling_trinity_keys
 from ..moe import MoEFFN
 from ..tensor import Tensor
 from .base import Expected, Model, ffn_expected, get_tensor, head_expected, norm_weight
 from .glm4 import split_fused
 from .spec import ArchSpec
-from ..config_bailing import ling_trinity_keys
 
 
 def expected_tensors(c: ModelConfig) -> Expected:

@@ -31,11 +31,11 @@ from dataclasses import replace
 import numpy as np
 
 from ..config import ModelConfig
+from ..config_cohere import cohere2_swa, cohere_keys
 from ..errors import UnsupportedError
 from ..kv_cache import KVCache
 from .base import Expected, Model, head_expected, sparsify_expected
 from .spec import ArchSpec
-from ..config_cohere import cohere2_swa, cohere_keys
 
 LAYER_TENSORS = {"attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight",
                  "wv": "attn_v.weight", "wo": "attn_output.weight",

@@ -8,6 +8,9 @@ Per layer, with x the layer input:
     x = x + Wo · a + ffn(m)       ffn: Wdown · act(Wup · m), act relu (ReluFalcon) or gelu (Falcon)
 Logits: layernorm(x) * output_norm + output_norm_b, then output.weight (token_embd.weight when absent).
 No biases on the projections. In PWRI files the predictor input is x, the layer input (FORMATS.md section 2).
+
+Metadata keys (config.read with SPEC; defaults are llama.cpp's):
+  falcon  LayerNorm with biases, fused attn_qkv, NeoX RoPE, parallel attention + MLP, no ffn_norm
 """
 from __future__ import annotations
 

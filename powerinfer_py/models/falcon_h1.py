@@ -36,8 +36,8 @@ from ..mamba2_cache import Mamba2KVCache
 from ..tensor import Tensor
 from .base import Expected, Model, get_tensor, head_expected, norm_weight
 from .mamba2_mixer import Mamba2Mixer, mamba2_dims, mamba2_expected, mamba2_tensors
-from .spec import ArchSpec
 from .nemotron_h import mamba2_layout
+from .spec import ArchSpec
 
 LAYER_TENSORS = {"attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight",
                  "wv": "attn_v.weight", "wo": "attn_output.weight"}

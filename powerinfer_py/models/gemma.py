@@ -17,6 +17,16 @@ the file says rope.freq_base_swa):
 
 head_dim is its own hparam (Gemma 7B: 256 with n_embd / n_head = 192). GGUF norm weights already include
 Gemma's "+1" (llama.cpp's converter adds it), so every norm is a plain RMSNorm multiply.
+
+Metadata keys (config.read with SPEC and read_args; defaults are llama.cpp's):
+  gemma   (Gemma 1) NeoX RoPE, embeddings scaled by sqrt(n_embd), GeGLU FFN, attn_scale 1/sqrt(head_dim) (head_dim
+          is {arch}.attention.key_length: 256 on Gemma 7B with n_embd / n_head = 192), tied output head
+  gemma2  gemma plus post-norms (as gemma3, without Q/K norms); layers with il % period < period - 1 (period
+          {arch}.attention.sliding_window_pattern, default 2: the even layers) attend within
+          {arch}.attention.sliding_window (default 4096) with RoPE base {arch}.rope.freq_base_swa (default: the
+          global base); attention logit soft-capping ({arch}.attn_logit_softcapping, default 50) and final
+          logit soft-capping ({arch}.final_logit_softcapping, default 30): x -> cap * tanh(x / cap);
+          attn_scale 1/sqrt(head_dim) (27B, 46 layers: 1/sqrt(n_embd / n_head)). Defaults are llama.cpp's.
 """
 from __future__ import annotations
 
@@ -27,12 +37,12 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
+from ..errors import ModelFileError
 from ..ffn import SparseSettings
 from ..tensor import Tensor
 from .base import Expected, Model, llama_like_expected, sparsify_expected
 from .llama import LAYER_TENSORS as LLAMA_LAYER_TENSORS
 from .spec import ArchSpec
-from ..errors import ModelFileError
 
 GEMMA2_LAYER_TENSORS = {
     **LLAMA_LAYER_TENSORS,

@@ -14,17 +14,22 @@
 GGUF norm weights already include Gemma's "+1" (the converter added it), so every norm is a plain RMSNorm
 multiply. Layers with il % 6 != 5 are sliding-window layers (config.swa_layers). head_dim is its own hparam
 (256 on the 270M model, not n_embd / n_head). No logit soft-capping in Gemma 3.
+
+Metadata keys (config.read with SPEC and read_args; defaults are llama.cpp's):
+  gemma3  NeoX RoPE; layers with il % 6 != 5 attend within a sliding window and use RoPE base 10000 and
+          freq scale 1.0; the other (global) layers use {arch}.rope.freq_base and rope_freq_scale;
+          embeddings scaled by sqrt(n_embd); attn_scale 1/sqrt(head_dim) (27B: 1/sqrt(n_embd/n_head))
 """
 from __future__ import annotations
 
 import math
 
 from ..config import ModelConfig
+from ..errors import ModelFileError
 from .base import Expected, llama_like_expected, sparsify_expected
 from .gemma import Gemma2Model
-from .spec import ArchSpec
-from ..errors import ModelFileError
 from .gemma import wide_attn_scale, window_layers
+from .spec import ArchSpec
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight",

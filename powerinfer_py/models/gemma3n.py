@@ -38,6 +38,7 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
+from ..config_gemma3n import gemma3n_keys
 from ..errors import ModelFileError, UnsupportedError
 from ..ffn import SparseSettings, SparsityStats
 from ..kv_cache import KVCache
@@ -45,7 +46,6 @@ from ..tensor import Tensor
 from .base import Expected, Model, get_tensor, head_expected, norm_weight
 from .gemma4 import Gemma4Cache, per_layer_inputs
 from .spec import ArchSpec
-from ..config_gemma3n import gemma3n_keys
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight",

@@ -40,6 +40,7 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
+from ..config_gemma4 import gemma4_keys
 from ..errors import ModelFileError
 from ..ffn import FFN, FFNWeights, SparseSettings, ffn_variant
 from ..kv_cache import KVCache, lazy_zeros
@@ -48,7 +49,6 @@ from ..tensor import Tensor
 from .base import Expected, get_tensor, head_expected, norm_weight
 from .gemma import GemmaModel
 from .spec import ArchSpec
-from ..config_gemma4 import gemma4_keys
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight",

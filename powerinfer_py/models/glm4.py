@@ -33,6 +33,17 @@ extra nextn.* tensors) are not run, as llama.cpp skips them; config.n_layer alre
 The fused attn_qkv and ffn_up are split into row views of the same bytes (phi3.row_views), so the kernels, the
 one-call attention step (with biases, Q/K norms and glm4's post-attention norm) and every dense-FFN sparse mode
 take them as they take llama's.
+
+Metadata keys (config.read with SPEC and read_args; defaults are llama.cpp's):
+  glm4, glm4moe  (GLM-4-0414 / GLM-Z1; GLM-4.5 / 4.6 / 4.5-Air) RoPE over the first rope.dimension_count dims of
+          each head (half of them in the real files): normal layout (pairs 2i, 2i+1) for glm4, NeoX for glm4moe, as
+          llama.cpp's rope types; {arch}.nextn_predict_layers trailing blocks (multi-token prediction) are in the
+          file and in block_count but not run: n_layer = block_count - nextn_predict_layers (n_nextn holds the
+          count); files with rope.dimension_sections (M-RoPE, the vision variants) are refused. glm4moe:
+          leading_dense_block_count dense layers (feed_forward_length wide), then experts
+          (expert_feed_forward_length wide) with expert_gating_func (absent/0: sigmoid, 1 softmax, 2 sigmoid), the
+          selection bias exp_probs_b.bias, expert_weights_norm (default off), expert_weights_scale (absent/0: 1) and
+          an ungated shared expert expert_shared_count x expert_feed_forward_length wide; groups are refused
 """
 from __future__ import annotations
 
@@ -42,13 +53,12 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
-from ..errors import ModelFileError
+from ..errors import ModelFileError, UnsupportedError
 from ..moe import MoEFFN
 from ..tensor import GGMLType, Tensor
 from .base import Expected, Model, ffn_expected, get_tensor, head_expected, norm_weight
 from .phi3 import row_views
 from .spec import ArchSpec
-from ..errors import ModelFileError, UnsupportedError
 
 _QKV = ("attn_q", "attn_k", "attn_v")
 

@@ -21,6 +21,13 @@ with swiglu_oai(g, u) = g' * sigmoid(1.702 g') * (u' + 1), g' = min(g, 7), u' = 
 The decode step is one C call per attention block (attn_block.c takes the output bias and the sinks), with the
 same bits as the Python path. Real gpt-oss files store the experts in MXFP4; this module runs whatever weight
 types the kernels read.
+
+Metadata keys (config.read with SPEC; defaults are llama.cpp's):
+  gpt-oss NeoX RoPE (YaRN in the real files), Q/K/V and output biases, attention sinks (tensors); the even layers
+          (il % 2 == 0, llama.cpp's fixed pattern) attend within {arch}.attention.sliding_window (required);
+          attn_scale 1/sqrt(head_dim); experts {arch}.expert_feed_forward_length wide, routed by the top-k
+          biased router logits softmaxed after the selection (moe.py); a rope.freq_base_swa that differs from
+          the global base is refused
 """
 from __future__ import annotations
 
@@ -29,12 +36,12 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
+from ..errors import UnsupportedError
 from ..kv_cache import KVCache
 from ..moe import MoEFFN
 from ..tensor import Tensor
 from .base import Expected, Model, get_tensor, head_expected, moe_expected, norm_weight
 from .spec import ArchSpec
-from ..errors import UnsupportedError
 
 
 def expected_tensors(c: ModelConfig) -> Expected:

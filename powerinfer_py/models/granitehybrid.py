@@ -32,10 +32,10 @@ from ..mamba2_cache import Mamba2KVCache
 from ..tensor import Tensor
 from .base import Expected, ffn_expected, head_expected, layer_tensors
 from .granite import GraniteModel
-from .mamba2_mixer import Mamba2Mixer, mamba2_dims, mamba2_expected, mamba2_tensors
-from .spec import ArchSpec
 from .granite import apply_scales, describe
+from .mamba2_mixer import Mamba2Mixer, mamba2_dims, mamba2_expected, mamba2_tensors
 from .nemotron_h import mamba2_layout
+from .spec import ArchSpec
 
 SHARED = {"attn_norm": "attn_norm.weight", "ffn_norm": "ffn_norm.weight"}
 ATTENTION = {"wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight", "wo": "attn_output.weight"}

@@ -20,11 +20,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ModelConfig
+from ..config_llama_variants import hunyuan_rope_base
 from ..kv_cache import KVCache
 from .base import Expected, llama_like_expected
 from .llama import ATTN_BIASES, LAYER_TENSORS, LlamaModel, attn_bias_shapes
 from .spec import ArchSpec
-from ..config_llama_variants import hunyuan_rope_base
 
 
 def expected_tensors(c: ModelConfig) -> Expected:

@@ -18,6 +18,9 @@ before.
 Biases: llama.cpp's converter writes blk.N.attn_q/k/v.bias and attn_output.bias when the checkpoint has them
 (attention_bias: true, e.g. "llamafied" Qwen models), and llama.cpp adds each one it finds. We add them too
 (q, k, v before RoPE, the output one before the residual add); FFN biases (mlp_bias) are refused, never ignored.
+
+Metadata keys (config.read with SPEC; defaults are llama.cpp's):
+  llama   (LLaMA-2/3, Mistral): normal (interleaved-pair) RoPE, attn_scale 1/sqrt(head_dim), rope base 10000
 """
 from __future__ import annotations
 

@@ -28,6 +28,7 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
+from ..config_llama4 import llama4_keys
 from ..errors import UnsupportedError
 from ..ffn import FFN, FFNWeights
 from ..kv_cache import KVCache
@@ -36,7 +37,6 @@ from ..tensor import Tensor
 from .base import Expected, Model, get_tensor, llama_like_expected
 from .llama import LAYER_TENSORS, rope_factors
 from .spec import ArchSpec
-from ..config_llama4 import llama4_keys
 
 _ATTN_EXTRAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "attn_qkv.weight")
 

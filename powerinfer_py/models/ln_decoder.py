@@ -19,6 +19,11 @@ Logits: output · (layernorm(x) * output_norm + output_norm_b) (+ output.bias: p
 when the file has no output.weight (starcoder2 and gpt2; llama.cpp requires it for phi2 and stablelm).
 
 Decode steps take the Python path (the one-call C attention block starts with an RMSNorm).
+
+Metadata keys (config.read with SPEC; defaults are llama.cpp's):
+  phi2, stablelm, starcoder2, gpt2  LayerNorm with biases (layer_norm_epsilon), NeoX RoPE over
+          rope.dimension_count dims (gpt2: learned positions, no RoPE); phi2, starcoder2 and gpt2 default to a GELU
+          FFN with biases, stablelm to SwiGLU (models/ln_decoder.py)
 """
 from __future__ import annotations
 

@@ -26,11 +26,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ModelConfig
+from ..config_minicpm import minicpm3_mla, minicpm_keys
 from ..kv_cache import KVCache
 from . import deepseek2, granite
 from .phi3 import ROPE_FACTOR_TENSORS, rope_factor_table
 from .spec import ArchSpec
-from ..config_minicpm import minicpm3_mla, minicpm_keys
 
 
 def expected_tensors(c: ModelConfig) -> dict:

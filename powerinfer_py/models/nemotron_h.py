@@ -25,6 +25,7 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
+from ..config_mamba2 import mamba2_keys, nemotron_moe_keys
 from ..ffn import FFN, FFNWeights, SparseSettings, SparsityStats
 from ..mamba2_cache import Mamba2KVCache
 from ..tensor import Tensor
@@ -32,7 +33,6 @@ from .base import Expected, Model, get_tensor, head_expected, layer_tensors, nor
 from .mamba2_mixer import Mamba2Mixer, mamba2_dims, mamba2_expected, mamba2_tensors
 from .nemotron_moe import NemotronMoE, nemotron_moe_expected
 from .spec import ArchSpec
-from ..config_mamba2 import mamba2_keys, nemotron_moe_keys
 
 ATTENTION = {"wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight", "wo": "attn_output.weight",
              "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias", "bo": "attn_output.bias"}

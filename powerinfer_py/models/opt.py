@@ -12,6 +12,9 @@ absolute positions, no RoPE.
   logits = output (tied to token_embd) · (layernorm(x) * output_norm + output_norm_b)
 In PWRI files the predictor input is x after attention, before ffn_norm; the down projection is ffn_down_t
 with its bias ffn_down_t.bias.
+
+Metadata keys (config.read with SPEC; defaults are llama.cpp's):
+  opt     LayerNorm with biases, biases on every projection, learned positions (no RoPE), ReLU FFN
 """
 from __future__ import annotations
 

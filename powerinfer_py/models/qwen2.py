@@ -6,6 +6,10 @@ RoPE uses the NeoX layout (pairs i, i + n_rot/2). The output head is tied to tok
 
 Per layer:  h = x + Wo · attn(rope(Wq·n + bq), rope(Wk·n + bk), Wv·n + bv)   n = rmsnorm(x) * attn_norm
             y = h + Wdown · (silu(Wgate · m) * (Wup · m))                   m = rmsnorm(h) * ffn_norm
+
+Metadata keys (config.read with SPEC; defaults are llama.cpp's):
+  qwen2   NeoX RoPE, rope base default 1e6, q/k/v biases (tensors, not config)
+  qwen3moe, qwen2moe  qwen3 / qwen2 with a mixture-of-experts FFN (below); qwen2moe adds a shared expert
 """
 from __future__ import annotations
 

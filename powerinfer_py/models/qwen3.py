@@ -13,6 +13,11 @@ Per layer:  n = rmsnorm(x) * attn_norm
             q = rope(rmsnorm_head(Wq·n) * q_norm);  k = rope(rmsnorm_head(Wk·n) * k_norm);  v = Wv·n
             h = x + Wo · attn(q, k, v)                               (scale 1/sqrt(head_dim))
             y = h + Wdown · (silu(Wgate · m) * (Wup · m))            m = rmsnorm(h) * ffn_norm
+
+Metadata keys (config.read with SPEC; defaults are llama.cpp's):
+  qwen3   NeoX RoPE, no q/k/v biases, per-head RMSNorm of Q and K (tensors); head_dim is {arch}.attention.key_length
+          (Qwen3-0.6B: 128, not n_embd / n_head = 64); rope base default llama.cpp's 10000 (real files carry it)
+  qwen3moe, qwen2moe  qwen3 / qwen2 with a mixture-of-experts FFN (below); qwen2moe adds a shared expert
 """
 from __future__ import annotations
 
