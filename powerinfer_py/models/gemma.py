@@ -30,8 +30,8 @@ Metadata keys (config.read with SPEC and read_args; defaults are llama.cpp's):
 """
 from __future__ import annotations
 
-from dataclasses import replace
 import math
+from dataclasses import replace
 from typing import Mapping
 
 import numpy as np

@@ -28,7 +28,7 @@ Metadata keys (config.read with SPEC and read_args; defaults are llama.cpp's):
           {arch}.rope.scaling.finetuned = false switches RoPE off (n_rot 0). granitemoe: experts
           feed_forward_length wide, renormalized router weights, an optional ungated shared expert
           ({arch}.expert_shared_feed_forward_length). granitehybrid (Granite 4.0-H) reads the same scalars, with
-          logit_scale optional there (absent: 1), as llama.cpp; its layer kinds come from config_mamba2.py
+          logit_scale optional there (absent: 1), as llama.cpp; its layer kinds come from models/nemotron_h.py (mamba2_keys)
 """
 from __future__ import annotations
 

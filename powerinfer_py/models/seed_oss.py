@@ -12,6 +12,9 @@ Logits: rmsnorm(x) * output_norm, then output.weight (or token_embd.weight when 
 llama.cpp passes no RoPE frequency factors for this arch, so rope_freqs.weight is not read (YaRN from the
 metadata still applies). Everything else is LlamaModel: the biases are optional per layer, one-token steps run
 the attention block as one C call, the FFN is ffn.FFN's SwiGLU (threshold mode after `powerinfer calibrate`).
+
+Metadata keys (config.read with SPEC; defaults are llama.cpp's):
+  seed_oss (ByteDance Seed-OSS-36B): NeoX RoPE; nothing beyond the shared keys.
 """
 from __future__ import annotations
 
