@@ -1,4 +1,4 @@
-"""How far each gpt-oss piece moves the logits: the 8-layer synthetic F32 file of tests/test_gptoss.py against
+"""How far each gpt-oss piece moves the logits: the 8-layer synthetic F32 file of tests/test_gpt_oss.py against
 llama.cpp, once as built and once with each piece switched off (in units of the logits' spread; the test's bound
 is 0.01). Run: PYTHONPATH=.:tests python benchmarks/bench_gptoss_mutations.py"""
 from __future__ import annotations

@@ -92,6 +92,8 @@ def _calibration_text(cal: dict) -> str:
 
 
 def _table(f: dict) -> Table:
+    from powerinfer_py.models import find_spec
+
     t = Table(title=f["path"], show_header=False, title_justify="left", box=None, padding=(0, 2))
     t.add_column(style="bold")
     t.add_column()
@@ -112,20 +114,9 @@ def _table(f: dict) -> Table:
         if c.get("moe_layers") and not all(c["moe_layers"]) and not c.get("mamba_layers"):  # ernie4_5-moe: dense lead
             dense = [il for il, moe in enumerate(c["moe_layers"]) if not moe]
             t.add_row("dense FFN layers", f"{', '.join(map(str, dense))} ({c['n_ff']} wide); experts on the others")
-        if c["arch"].startswith("granite"):
-            t.add_row("granite scales", f"embeddings x{c['embd_scale']:g}, residual branches x{c['residual_scale']:g}, "
-                      f"attention scores x{c['attn_scale']:g}, logits / {c['logit_scale']:g}")
-        if c["arch"] in ("minicpm", "minicpm3"):
-            t.add_row("minicpm scales", f"embeddings x{c['embd_scale']:g}, residual branches x{c['residual_scale']:.4g}, "
-                      f"logits / {c['logit_scale']:g}" + (f"; latent attention (MLA): cache {c['kv_lora_rank']} + "
-                                                         f"{c['n_rot']} per token" if c["kv_lora_rank"] else ""))
-        if c["arch"] == "deepseek2":
-            t.add_row("deepseek2", f"latent attention (MLA): cache {c['kv_lora_rank']} + {c['n_rot']} per token; q rank "
-                      f"{c['q_lora_rank'] or 'full'}; router {c['expert_gating']}, x{c['expert_weights_scale']:g}"
-                      + (f", {c['n_expert_groups']} groups ({c['n_expert_group_used']} used)" if c["n_expert_groups"] else ""))
-        if c["arch"] in ("glm4", "glm4moe"):
-            t.add_row(c["arch"], ("post-attention and post-FFN norms; fused gate+up" if c["arch"] == "glm4" else
-                                  f"router {c['expert_gating']}, x{c['expert_weights_scale']:g}"))
+        spec = find_spec(c["arch"])  # the arch's own rows (ArchSpec.describe in its models/ module)
+        for row in (spec.describe(c) if spec is not None and spec.describe is not None else ()):
+            t.add_row(*row)
         if c.get("conv_layers"):  # lfm2: which layers are gated short convolutions
             conv = [il for il, is_conv in enumerate(c["conv_layers"]) if is_conv]
             t.add_row("conv layers", f"{', '.join(map(str, conv)) or 'none'} (gated short convolution over "
@@ -135,12 +126,7 @@ def _table(f: dict) -> Table:
             t.add_row("delta-net layers", f"{', '.join(map(str, delta)) or 'none'} ({c['ssm_n_k_heads']} key / "
                       f"{c['ssm_n_v_heads']} value heads of {c['ssm_d_state']}, conv over {c['conv_kernel']} tokens); "
                       "gated attention on the others")
-        if c["arch"] == "falcon-h1":  # every layer: attention and a mixer side by side, then an FFN
-            heads = c["ssm_n_v_heads"]
-            t.add_row("layer kinds", f"every layer: attention + Mamba-2 mixer in parallel, then SwiGLU FFN (mixers: "
-                      f"{heads} heads of {c['ssm_d_inner'] // heads}, {c['ssm_n_group']} group(s), state "
-                      f"{c['ssm_d_state']}, conv over {c['conv_kernel']} tokens)")
-        elif c.get("mamba_layers"):  # nemotron_h, mamba2: each layer a Mamba-2 mixer, attention or an FFN
+        if c.get("mamba_layers") and not (spec is not None and spec.parallel_mixer):  # each layer one kind
             kinds = {"Mamba-2 mixers": [il for il, m in enumerate(c["mamba_layers"]) if m],
                      "attention": [il for il, (m, f) in enumerate(zip(c["mamba_layers"], c["ffn_layers"] or
                                                                       (False,) * len(c["mamba_layers"])))
@@ -162,10 +148,7 @@ def _table(f: dict) -> Table:
             an, ap, beta = (list(v) for v in list(zip(*c["xielu"]))[:3])
             t.add_row("xIELU FFN", f"ungated, dense only; raw alpha_n {min(an):.3g}..{max(an):.3g}, alpha_p "
                       f"{min(ap):.3g}..{max(ap):.3g}, beta {min(beta):.3g}..{max(beta):.3g} over the layers")
-        if c["arch"] == "gpt-oss":
-            t.add_row("gpt-oss", f"attention sinks; even layers see the last {c['sliding_window']} tokens; router "
-                      "weights softmaxed after top-k; expert biases; swiglu_oai (clamp 7, alpha 1.702)")
-        if c.get("llama4"):  # chunked and NoPE attention layers (config_llama4.py)
+        if c.get("llama4"):  # chunked and NoPE attention layers (models/llama4.py)
             lay = c["llama4"]
             t.add_row("llama4", f"chunked attention ({lay['chunk']} positions) on layers "
                       f"{_ranges([i for i, x in enumerate(lay['chunked']) if x]) or 'none'}; NoPE + q temperature on "

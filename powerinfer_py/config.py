@@ -1,19 +1,22 @@
-"""ModelConfig: the hyperparameters of a model, read from GGUF metadata. With config_archs.py, the only place
-metadata keys are spelled.
+"""ModelConfig: the hyperparameters of a model, read from GGUF metadata by read() with one architecture's spec.
+
+This module reads the keys every architecture shares and names no architecture: what differs per arch comes
+from its models.spec.ArchSpec (flags such as rope_neox, layer_norm, yarn, moe_norm and hooks for its own keys)
+and from the read_args function of its module in models/, whose docstring lists the keys it reads.
+models.read_config(f) picks the spec by general.architecture and calls read().
 
 Keys follow llama.cpp's names ({arch} is general.architecture); defaults are llama.cpp's where it has one.
-Per architecture: config_archs.py (its docstring lists every architecture and the keys it reads).
-Mixture of experts (qwen3moe, qwen2moe, and llama files with experts: Mixtral): {arch}.expert_count experts, of
-which {arch}.expert_used_count run per token; each expert's FFN width is {arch}.expert_feed_forward_length
-(llama files: feed_forward_length); qwen2moe's shared expert is {arch}.expert_shared_feed_forward_length wide.
-Router weights are renormalized over the chosen experts for llama, qwen3moe and granitemoe, not for qwen2moe, as
-llama.cpp does (moe.py has the arithmetic).
+Mixture of experts (MetaReader.experts): {arch}.expert_count experts, of which {arch}.expert_used_count run per
+token; each expert's FFN width is spec.expert_width_key ({arch}.expert_feed_forward_length, or
+feed_forward_length in llama-style files such as Mixtral); a shared expert is
+{arch}.expert_shared_feed_forward_length wide where spec.shared_expert says the arch has one. Router weights are
+renormalized over the chosen experts where spec.moe_norm says so, as llama.cpp does per arch (moe.py has the
+arithmetic).
 PowerInfer files (magic PWRI) add is_sparse, powerinfer.sparse_threshold and per-layer predictor ranks.
 FFN activation (hidden_act, written by our converter as powerinfer.hidden_act / powerinfer.hidden_act_param):
-"silu", "relu", "fatrelu" (x if x > hidden_act_param else 0) or "gelu". Defaults when the key is absent:
-llama "relu" in a PWRI file (upstream PowerInfer files carry no key and are ReLU models) else "silu";
-falcon "relu" in a PWRI file (ReluFalcon) else "gelu" (llama.cpp's Falcon); opt, bamboo and arcee "relu"
-(bamboo's FFN is dReLU and arcee's squared ReLU whatever the key says).
+"silu", "relu", "fatrelu" (x if x > hidden_act_param else 0) or "gelu". The default when the key is absent is the
+spec's hidden_act, or its hidden_act_pwri in a PWRI file (upstream PowerInfer llama and falcon files carry no key
+and are ReLU models); some archs fix the FFN whatever the key says (spec.ffn_variant: bamboo's dReLU, ...).
 The sparse threshold here is the file's; the runtime applies the LLAMA_SPARSE_PRED_THRESHOLD environment
 variable and the caller's override on top of it (ffn.resolve_sparse).
 Threshold calibration (written by `powerinfer calibrate`, any file; read by the "threshold" sparse mode, see
@@ -34,71 +37,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .errors import ModelFileError, UnsupportedError
-from .config_archs import GLM_ARCHS, GPTOSS_SWA_PERIOD, ArchKeys
-from .config_cohere import cohere2_swa, cohere_keys
-from .config_bailing import afmoe_swa, ling_trinity_keys
-from .config_gemma3n import Gemma3nLayout, gemma3n_keys
-from .config_gemma4 import Gemma4Layout, gemma4_keys
-from .config_mamba2 import mamba2_keys, nemotron_moe_keys
-from .config_minicpm import MINICPM_ARCHS, minicpm3_mla, minicpm_keys
-from .config_llama_variants import apertus_keys, hunyuan_rope_base
-from .config_llama4 import Llama4Layout, llama4_keys
 from .gguf.reader import GGUFFile
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "bamboo", "falcon",
-                   "opt", "phi3", "granite", "granitemoe", "gpt-oss", "ernie4_5", "ernie4_5-moe", "deepseek2", "arcee",
-                   "glm4", "glm4moe", "smollm3", "olmo2", "lfm2", "lfm2moe", "mistral3", "gemma4", "smallthinker", "qwen35",
-                   "qwen35moe", "qwen3next",
-                   "exaone4",
-                   "nemotron_h", "mamba2", "granitehybrid", "nemotron_h_moe", "falcon-h1",
-                   "gemma3n",
-                   "command-r", "cohere2",
-                   "bailingmoe2", "afmoe",
-                   "minicpm", "minicpm3", "olmoe",
-                   "hunyuan-dense", "apertus", "seed_oss",  # config_llama_variants.py
-                   "llama4",
-                   "exaone", "internlm2",  # exaone, internlm2: llama blocks under their own names
-                   "phi2", "stablelm", "starcoder2", "gpt2")  # models/ln_decoder.py
-# always mixture-of-experts (llama files are when they carry expert_count; ernie4_5-moe, deepseek2 and glm4moe
-# have leading dense layers: ModelConfig.moe_layers)
-MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "gpt-oss", "ernie4_5-moe", "deepseek2", "glm4moe", "lfm2moe",
-             "smallthinker", "qwen35moe", "qwen3next", "nemotron_h_moe", "bailingmoe2", "afmoe", "olmoe", "llama4")
-# whether the chosen experts' router weights are renormalized (as llama.cpp does per arch); gpt-oss's weights are a
-# softmax over the chosen logits (moe.py); deepseek2 and glm4moe read it from {arch}.expert_weights_norm
-_MOE_NORM_WEIGHTS = {"llama": True, "mistral3": True, "qwen3moe": True, "qwen2moe": False, "granitemoe": True, "granitehybrid": True, "gpt-oss": False,
-                     "ernie4_5-moe": True, "deepseek2": False, "glm4moe": False,
-                     "lfm2moe": True, "smallthinker": True, "qwen35moe": True,
-                     "qwen3next": True, "gemma4": True, "nemotron_h_moe": False,
-                     "bailingmoe2": False, "afmoe": False,
-                     "minicpm": True, "olmoe": False, "llama4": False}  # nemotron_h_moe, bailingmoe2, afmoe: a key
-# vision-language models whose GGUF text model is an existing arch under its own name: with text-only input every
-# M-RoPE section rotates by the same position, which is that arch's RoPE when the sections cover the rotated
-# pairs (checked against llama.cpp: tests/test_vl_text.py). Keys are read under the file's name ({arch}).
-TEXT_ALIASES = {"qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3moe"}
-GEMMA_ARCHS = ("gemma", "gemma2", "gemma3", "gemma4", "gemma3n")  # scaled embeddings, GeGLU FFN, the "gemma" chat format
-# llama.cpp's NeoX rope type (pairs (i, i + n_rot/2)); the others rotate pairs (2i, 2i + 1)
-_NEOX_ARCHS = {"qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "falcon", "phi3", "olmo2",
-               "gpt-oss", "glm4moe", "lfm2", "lfm2moe", "gemma4", "smallthinker", "exaone4", "gemma3n",
-               "qwen35", "qwen35moe", "qwen3next", "bailingmoe2", "afmoe",
-               "falcon-h1", "minicpm3", "olmoe",
-               "hunyuan-dense", "apertus", "seed_oss", "exaone",
-               "phi2", "stablelm", "starcoder2"}  # qwen35: text M-RoPE is NeoX RoPE (config_archs.qwen35)
-# their models take per-pair RoPE factors and a scale (models/base.py)
-_YARN_ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gpt-oss", "arcee", "deepseek2", "mistral3",
-               "olmo2", "hunyuan-dense", "apertus", "seed_oss", "exaone", "internlm2")
-# layer_norm_epsilon instead of layer_norm_rms_epsilon
-_LAYERNORM_ARCHS = {"falcon", "opt", "command-r", "cohere2", "phi2", "stablelm", "starcoder2", "gpt2"}
-_DEFAULT_FREQ_BASE = {"qwen2": 1_000_000.0, "qwen2moe": 1_000_000.0}
+if TYPE_CHECKING:  # the per-arch layouts live in their modules, which import this one
+    from .models.gemma3n import Gemma3nLayout
+    from .models.gemma4 import Gemma4Layout
+    from .models.llama4 import Llama4Layout
+
 HIDDEN_ACTS = ("silu", "relu", "fatrelu", "gelu")
-GEMMA3_SWA_PERIOD = 6  # every 6th layer (il % 6 == 5) is global
-GEMMA3_FREQ_BASE_SWA = 10_000.0
-GEMMA2_SWA_PERIOD = 2  # layers il % 2 == 0 attend within the window, odd layers globally
-GEMMA2_SLIDING_WINDOW = 4096
-GEMMA2_ATTN_SOFTCAP = 50.0
-GEMMA2_FINAL_SOFTCAP = 30.0
 KEY_SPARSITY = "powerinfer.sparsity"
 KEY_FFN_THRESHOLDS = "powerinfer.ffn_thresholds"
 KEY_FFN_QUANTILES = "powerinfer.ffn_threshold_quantiles"
@@ -108,6 +57,7 @@ KEY_FFN_UP_THRESHOLDS = "powerinfer.ffn_up_thresholds"
 KEY_FFN_UP_QUANTILES = "powerinfer.ffn_up_threshold_quantiles"
 MAX_BLOCKS = 512  # llama.cpp's LLAMA_MAX_LAYERS: a larger block_count needs the tensors to back it
 QUANTILE_STEPS = 100  # quantile grid of KEY_FFN_QUANTILES: 101 points per layer
+
 
 
 @dataclass(frozen=True)
@@ -160,7 +110,7 @@ class ModelConfig:
     no_rope_layers: tuple[bool, ...] = ()  # smollm3: per layer, True = no RoPE on q and k; () = RoPE everywhere
     residual_scale: float = 1.0  # granite: attention and FFN outputs are multiplied by it before the add (1: none)
     logit_scale: float = 1.0  # granite: logits are divided by it (1: none)
-    logit_mul: float = 1.0  # command-r, cohere2: logits are multiplied by it (1: none; config_cohere.py)
+    logit_mul: float = 1.0  # command-r, cohere2: logits are multiplied by it (1: none; models/command_r.py)
     moe_layers: tuple[bool, ...] = ()  # per layer True = experts, False = a dense FFN; () = all experts (n_expert)
     q_lora_rank: int = 0  # deepseek2: rank of the low-rank q (attn_q_a -> norm -> attn_q_b); 0 = a plain attn_q
     kv_lora_rank: int = 0  # deepseek2: width of the latent that attn_kv_a_mqa makes (the cache holds it)
@@ -178,23 +128,18 @@ class ModelConfig:
     ssm_d_state: int = 0  # qwen35: the width of a delta-net key head and value head (ssm.state_size)
     ssm_n_k_heads: int = 0  # qwen35: delta-net query/key heads (ssm.group_count)
     ssm_n_v_heads: int = 0  # qwen35: delta-net value heads (ssm.time_step_rank), a multiple of ssm_n_k_heads
-    gemma4: Gemma4Layout | None = None  # gemma4: the per-layer shapes, RoPE and K/V sharing (config_gemma4.py)
-    mamba_layers: tuple[bool, ...] = ()  # nemotron_h: per layer True = a Mamba-2 mixer (config_mamba2.py)
+    gemma4: Gemma4Layout | None = None  # gemma4: the per-layer shapes, RoPE and K/V sharing (models/gemma4.py)
+    mamba_layers: tuple[bool, ...] = ()  # nemotron_h: per layer True = a Mamba-2 mixer (models/nemotron_h.py)
     ffn_layers: tuple[bool, ...] = ()  # nemotron_h: per layer True = an FFN-only layer (neither mixer nor attention)
     ssm_d_inner: int = 0  # Mamba-2: the mixer's inner width (heads x head width)
     ssm_n_group: int = 0  # Mamba-2: groups of B and C (each serves ssm_n_v_heads / ssm_n_group heads)
-    gemma3n: Gemma3nLayout | None = None  # gemma3n: AltUp, K/V sharing, top-k sparsity (config_gemma3n.py)
+    gemma3n: Gemma3nLayout | None = None  # gemma3n: AltUp, K/V sharing, top-k sparsity (models/gemma3n.py)
     xielu: tuple[tuple[float, float, float, float], ...] = ()  # apertus: per layer xIELU (alpha_n, alpha_p, beta, eps)
-    llama4: Llama4Layout | None = None  # llama4: chunked / NoPE layers, q/k norm, temperature (config_llama4.py)
+    llama4: Llama4Layout | None = None  # llama4: chunked / NoPE layers, q/k norm, temperature (models/llama4.py)
 
     def is_moe_layer(self, il: int) -> bool:
         """Whether layer il's FFN is a mixture of experts (ernie4_5-moe's leading layers are dense)."""
         return bool(self.n_expert) and (not self.moe_layers or self.moe_layers[il])
-
-    @classmethod
-    def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
-        """Read the config of `f`; an architecture outside SUPPORTED_ARCHS is an UnsupportedError."""
-        return _Reader(f).config()
 
 
 def yarn_rope(n_rot: int, freq_base: float, factor: float, n_ctx_orig: int, attn_factor: float = 1.0,
@@ -222,14 +167,16 @@ def yarn_rope(n_rot: int, freq_base: float, factor: float, n_ctx_orig: int, attn
     return tuple(factors), attn_factor * (1.0 + 0.1 * math.log(factor))
 
 
-class _Reader(ArchKeys):
-    """Typed access to one file's metadata, with errors that name the file and the key."""
+class MetaReader:
+    """Typed access to one file's metadata, with errors that name the file and the key. arch: the architecture
+    whose behaviour runs (a spec's text_of where it has one); key_arch: the file's general.architecture, which
+    names its keys."""
 
-    def __init__(self, f: GGUFFile):
+    def __init__(self, f: GGUFFile, spec=None):
         self.f = f
         self.meta = f.metadata
-        self.arch = ""  # the architecture whose behaviour runs (TEXT_ALIASES mapped)
-        self.key_arch = ""  # the file's general.architecture, which names its keys
+        self.arch = (spec.text_of or spec.name) if spec is not None else ""
+        self.key_arch = spec.name if spec is not None and spec.text_of else ""
 
     def key(self, suffix: str) -> str:
         return suffix.format(arch=self.key_arch or self.arch)
@@ -284,25 +231,6 @@ class _Reader(ArchKeys):
                                  f"{'> 0' if positive else '>= 0'}, got {value}")
         return value
 
-    def architecture(self) -> str:
-        arch = self.get("general.architecture", kind=str)
-        if arch in TEXT_ALIASES:
-            self.key_arch = arch
-            return TEXT_ALIASES[arch]
-        if arch not in SUPPORTED_ARCHS:
-            raise UnsupportedError(f"{self.f.path}: architecture {arch!r} is not supported; supported: "
-                                   f"{', '.join(SUPPORTED_ARCHS + tuple(TEXT_ALIASES))}")
-        return arch
-
-    def mrope_sections(self, n_rot: int) -> None:
-        """Text-only input of a TEXT_ALIASES file: refuse M-RoPE sections that leave rotated pairs out (llama.cpp
-        then rotates those by another position component, which the aliased arch cannot)."""
-        sections = self.meta.get(self.key("{arch}.rope.dimension_sections"))
-        if self.key_arch in ("qwen3vl", "qwen3vlmoe") and isinstance(sections, list) and \
-                sum(int(v) for v in sections) != n_rot // 2:
-            raise UnsupportedError(f"{self.f.path}: {self.key('{arch}.rope.dimension_sections')} {sections} does not "
-                                   f"cover the {n_rot // 2} rotated pairs of a head")
-
     def n_vocab(self) -> int:
         tokens = self.meta.get("tokenizer.ggml.tokens")
         if self.key("{arch}.vocab_size") in self.meta:
@@ -321,13 +249,28 @@ class _Reader(ArchKeys):
         raise ModelFileError(f"{self.f.path}: cannot tell the vocabulary size: no {self.key('{arch}.vocab_size')}, "
                              "tokenizer.ggml.tokens or token_embd.weight")
 
-    def rope_scaling(self, n_rot: int, freq_base: float, n_ctx_train: int) -> tuple[float, tuple, float]:
+    def nextn_blocks(self, n_layer: int) -> int:
+        """{arch}.nextn_predict_layers: trailing multi-token-prediction blocks (spec.nextn; llama.cpp's converter
+        writes them by default). They are in the file and in block_count, but the main pass never runs them."""
+        nextn = self.get("{arch}.nextn_predict_layers", 0)
+        if not 0 <= nextn < n_layer:
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.nextn_predict_layers')} {nextn} must be in "
+                                 f"0..{n_layer - 1} (block_count {n_layer})")
+        return nextn
+
+    def no_swa(self, n_layer: int, rope_freq_base: float) -> tuple[int, tuple[bool, ...], float]:
+        """(sliding_window, swa_layers, rope_freq_base_swa) of a model without sliding-window layers."""
+        return 0, (False,) * n_layer, rope_freq_base
+
+    def rope_scaling(self, spec, n_rot: int, freq_base: float, n_ctx_train: int,
+                     archs_with: Callable) -> tuple[float, tuple, float]:
         """(rope_freq_scale, rope_factors, rope_mscale) from {arch}.rope.scaling.*: none and linear scale the
-        frequencies; yarn (llama, qwen2, qwen3) becomes per-pair factors and a scale of the rotated dims."""
+        frequencies; yarn (spec.yarn) becomes per-pair factors and a scale of the rotated dims; longrope
+        (spec.longrope) keeps its factor tensors for the model (rope_factors_long/short.weight)."""
         scaling = self.get("{arch}.rope.scaling.type", "none", kind=str)
         if scaling == "linear" or scaling == "yarn":
             factor = self.get("{arch}.rope.scaling.factor", kind=float)
-        elif scaling == "longrope" and self.arch in MINICPM_ARCHS:  # factors are tensors (config_minicpm.py)
+        elif scaling == "longrope" and spec.longrope:
             factor = self.get("{arch}.rope.scaling.factor", 1.0, kind=float)
         elif scaling == "none":
             factor = self.get("{arch}.rope.scale_linear", 1.0, kind=float)  # older files
@@ -337,9 +280,9 @@ class _Reader(ArchKeys):
             raise ModelFileError(f"{self.f.path}: RoPE scaling factor must be positive, got {factor}")
         if scaling != "yarn":
             return 1.0 / factor, (), 1.0
-        if self.arch not in _YARN_ARCHS:
-            raise UnsupportedError(f"{self.f.path}: YaRN RoPE scaling is supported for {', '.join(_YARN_ARCHS)}, "
-                                   f"not {self.arch}")
+        if not spec.yarn:
+            raise UnsupportedError(f"{self.f.path}: YaRN RoPE scaling is supported for "
+                                   f"{', '.join(archs_with(lambda s: s.yarn))}, not {self.arch}")
         factors, mscale = yarn_rope(
             n_rot, freq_base, factor, self.positive("{arch}.rope.scaling.original_context_length", n_ctx_train),
             self.get("{arch}.rope.scaling.attn_factor", 1.0, kind=float),
@@ -347,70 +290,25 @@ class _Reader(ArchKeys):
             self.get("{arch}.rope.scaling.yarn_beta_slow", 1.0, kind=float))
         return 1.0, factors, mscale
 
-    def swa(self, n_layer: int, rope_freq_base: float) -> tuple[int, tuple[bool, ...], float]:
-        """(sliding_window, swa_layers, rope_freq_base_swa) of gemma2 and gemma3 (see the module docstring)."""
-        if self.arch == "gpt-oss":
-            base_swa = self.get("{arch}.rope.freq_base_swa", rope_freq_base, kind=float)
-            if base_swa != rope_freq_base:
-                raise UnsupportedError(f"{self.f.path}: a gpt-oss file whose sliding-window layers have their own "
-                                       f"RoPE base ({base_swa} vs {rope_freq_base}) is not supported")
-            return (self.positive("{arch}.attention.sliding_window"),
-                    tuple(il % GPTOSS_SWA_PERIOD != GPTOSS_SWA_PERIOD - 1 for il in range(n_layer)), rope_freq_base)
-        if self.arch == "smallthinker":
-            return self.smallthinker_swa(n_layer, rope_freq_base)
-        if self.arch == "olmo2":  # OLMo 3: a window on 3 of every 4 layers (llama.cpp's default pattern), if any
-            return self.olmo3_swa(n_layer, rope_freq_base)
-        if self.arch == "cohere2":  # config_cohere.py
-            return cohere2_swa(self, n_layer, rope_freq_base)
-        if self.arch == "exaone4":  # windows on the 64-layer (32B) files only, as llama.cpp decides
-            return self.exaone4_swa(n_layer, rope_freq_base)
-        if self.arch == "afmoe":  # Trinity: 3 windowed layers, then 1 global (config_bailing.py)
-            return afmoe_swa(self, n_layer, rope_freq_base)
-        if self.arch not in ("gemma2", "gemma3"):
-            return 0, (False,) * n_layer, rope_freq_base
-        gemma2 = self.arch == "gemma2"
-        if not gemma2 and self.get("{arch}.attention.sliding_window", 0) <= 0:  # gemma3 without windows (as llama.cpp)
-            return 0, (False,) * n_layer, rope_freq_base
-        window = self.positive("{arch}.attention.sliding_window", GEMMA2_SLIDING_WINDOW if gemma2 else None)
-        pattern = self.meta.get(self.key("{arch}.attention.sliding_window_pattern"))
-        if isinstance(pattern, list) and len(pattern) == n_layer:
-            layers = tuple(bool(p) for p in pattern)
-        else:
-            default = GEMMA2_SWA_PERIOD if gemma2 else GEMMA3_SWA_PERIOD
-            period = pattern if isinstance(pattern, int) and pattern > 0 else default
-            layers = tuple(il % period != period - 1 for il in range(n_layer))
-        base_swa = rope_freq_base if gemma2 else GEMMA3_FREQ_BASE_SWA
-        return window, layers, self.get("{arch}.rope.freq_base_swa", base_swa, kind=float)
+    def expert_weights(self) -> tuple[bool, float]:
+        """({arch}.expert_weights_norm, {arch}.expert_weights_scale): whether the chosen experts' weights are
+        renormalized (default False) and their scale (default 0, which the callers read as 1, as llama.cpp)."""
+        norm = self.meta.get(self.key("{arch}.expert_weights_norm"), False)
+        if not isinstance(norm, bool):
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.expert_weights_norm')} should be a bool")
+        scale = self.get("{arch}.expert_weights_scale", 0.0, kind=float)
+        if not (math.isfinite(scale) and scale >= 0):
+            raise ModelFileError(f"{self.f.path}: {self.key('{arch}.expert_weights_scale')} must be >= 0, got {scale}")
+        return norm, scale
 
-    def softcaps(self) -> dict:
-        """gemma2's attention and final logit soft-caps (ModelConfig.attn_softcap, final_softcap), gemma3's optional
-        final one; {} otherwise."""
-        if self.arch == "gemma3":  # optional here (llama.cpp: absent or 0 = none; released files have none)
-            cap = self.get("{arch}.final_logit_softcapping", 0.0, kind=float)
-            if not (math.isfinite(cap) and cap >= 0):
-                raise ModelFileError(f"{self.f.path}: {self.key('{arch}.final_logit_softcapping')} must be a finite "
-                                     f"number >= 0, got {cap}")
-            return {"final_softcap": cap} if cap else {}
-        if self.arch != "gemma2":
-            return {}
-        out = {}
-        for field, suffix, default in (("attn_softcap", "{arch}.attn_logit_softcapping", GEMMA2_ATTN_SOFTCAP),
-                                       ("final_softcap", "{arch}.final_logit_softcapping", GEMMA2_FINAL_SOFTCAP)):
-            cap = self.get(suffix, default, kind=float)
-            if not (math.isfinite(cap) and cap > 0):
-                raise ModelFileError(f"{self.f.path}: metadata key {self.key(suffix)!r} must be a finite number > 0, "
-                                     f"got {cap}")
-            out[field] = cap
-        return out
-
-    def experts(self) -> dict:
+    def experts(self, spec, archs_with: Callable) -> dict:
         """The mixture-of-experts fields of ModelConfig (n_expert ...), or {} for a dense FFN."""
         n_expert = self.get("{arch}.expert_count", 0)
-        if self.arch not in MOE_ARCHS and (n_expert == 0 or self.arch == "hunyuan-dense" and n_expert <= 1):
+        if not spec.moe and (n_expert == 0 or spec.dense_experts_max and n_expert <= spec.dense_experts_max):
             return {}
-        if self.arch not in _MOE_NORM_WEIGHTS:
+        if spec.moe_norm is None:
             raise UnsupportedError(f"{self.f.path}: mixture-of-experts {self.arch} files are not supported "
-                                   f"(experts run for {', '.join(_MOE_NORM_WEIGHTS)})")
+                                   f"(experts run for {', '.join(archs_with(lambda s: s.moe_norm is not None))})")
         if self.f.is_sparse:
             raise UnsupportedError(f"{self.f.path}: a PowerInfer (PWRI) file with experts is not supported")
         n_expert = self.positive("{arch}.expert_count")
@@ -418,15 +316,11 @@ class _Reader(ArchKeys):
         if n_used > n_expert:
             raise ModelFileError(f"{self.f.path}: {self.key('{arch}.expert_used_count')} {n_used} exceeds "
                                  f"{self.key('{arch}.expert_count')} {n_expert}")
-        width_key = ("{arch}.feed_forward_length" if self.arch in ("llama", "mistral3", "granitemoe", "granitehybrid",
-                                                                   "minicpm", "olmoe")
-                     else "{arch}.expert_feed_forward_length")
-        shexp = (self.positive("{arch}.expert_shared_feed_forward_length") if self.arch in ("qwen2moe", "qwen35moe", "qwen3next") else
-                 self.get("{arch}.expert_shared_feed_forward_length", 0)
-                 if self.arch in ("granitemoe", "granitehybrid", "ernie4_5-moe") else 0)
-        return {"n_expert": n_expert, "n_expert_used": n_used, "n_ff_exp": self.positive(width_key),
-                "n_ff_shexp": shexp,
-                "expert_weights_norm": _MOE_NORM_WEIGHTS[self.arch]}
+        shexp_key = "{arch}.expert_shared_feed_forward_length"
+        shexp = (self.positive(shexp_key) if spec.shared_expert == "required" else
+                 self.get(shexp_key, 0) if spec.shared_expert == "optional" else 0)
+        return {"n_expert": n_expert, "n_expert_used": n_used, "n_ff_exp": self.positive(spec.expert_width_key),
+                "n_ff_shexp": shexp, "expert_weights_norm": spec.moe_norm}
 
     def predictor_ranks(self, n_layer: int) -> tuple[int, ...]:
         if not self.f.is_sparse:
@@ -443,11 +337,9 @@ class _Reader(ArchKeys):
             ranks.append(fc1.shape[0])  # ne [n_embd, R] -> numpy shape (R, n_embd)
         return tuple(ranks)
 
-    def hidden_act(self) -> tuple[str, float]:
-        """(activation, fatrelu parameter) of the FFN, with the per-arch defaults of the module docstring."""
-        defaults = {"llama": "relu" if self.f.is_sparse else "silu", "falcon": "relu" if self.f.is_sparse else "gelu",
-                    "bamboo": "relu", "opt": "relu", "arcee": "relu", "phi2": "gelu", "starcoder2": "gelu", "gpt2": "gelu"}
-        default = defaults.get(self.arch, "silu")
+    def hidden_act(self, spec) -> tuple[str, float]:
+        """(activation, fatrelu parameter) of the FFN; absent key: the spec's default (module docstring)."""
+        default = spec.hidden_act_pwri if self.f.is_sparse and spec.hidden_act_pwri else spec.hidden_act
         act = self.get("powerinfer.hidden_act", default, kind=str)
         if act not in HIDDEN_ACTS:
             raise UnsupportedError(f"{self.f.path}: powerinfer.hidden_act {act!r} is not supported "
@@ -503,145 +395,116 @@ class _Reader(ArchKeys):
             raise ModelFileError(f"{self.f.path}: metadata key {key!r} holds a non-finite value")
         return out
 
-    def config(self) -> ModelConfig:
-        self.arch = self.architecture()
-        n_embd = self.positive("{arch}.embedding_length")
-        n_layer = self.block_count()
-        n_layer, glm = self.glm4(n_layer) if self.arch in GLM_ARCHS else (n_layer, {})
-        if self.arch in ("qwen35", "qwen35moe", "qwen3next", "exaone4", "nemotron_h_moe", "bailingmoe2"):  # trailing MTP blocks: not run
-            n_nextn = self.nextn_blocks(n_layer)
-            n_layer, glm = n_layer - n_nextn, {"n_nextn": n_nextn}
-        g4 = gemma4_keys(self, n_layer) if self.arch == "gemma4" else {}  # per-layer shapes: config_gemma4.py
-        g3n = gemma3n_keys(self, n_layer) if self.arch == "gemma3n" else {}  # config_gemma3n.py
-        # mamba2 files have no attention (head_count 0): one placeholder head
-        n_head = g4.pop("_n_head") if g4 else (self.get("{arch}.attention.head_count", 0) or 1) if (
-            self.arch == "mamba2") else self.positive("{arch}.attention.head_count")
-        lfm2 = self.lfm2(n_layer, n_head)  # per-layer head counts: 0 marks a convolution layer
-        qwen35 = self.qwen35(n_layer)  # delta-net layers and their sizes
-        lfm2 = lfm2 or qwen35
-        mamba2 = mamba2_keys(self, n_layer, n_head)  # mixer / attention / FFN layers and the mixer sizes
-        lfm2 = lfm2 or mamba2
-        n_head_kv = lfm2.pop("_n_head_kv") if lfm2 else g4.pop("_n_head_kv") if g4 else self.positive(
-            "{arch}.attention.head_count_kv", n_head)
-        if n_head % n_head_kv:
-            raise ModelFileError(f"{self.f.path}: head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
-        head_dim = g4.pop("_head_dim") if g4 else self.positive("{arch}.attention.key_length", n_embd // n_head)
-        value_dim = self.positive("{arch}.attention.value_length", head_dim)
-        mla = (self.deepseek2(n_layer, n_head) if self.arch == "deepseek2" else
-               minicpm3_mla(self, n_embd, n_head) if self.arch == "minicpm3" else {})
-        if mla:  # q/k heads of nope + rope dims; one latent "kv head" in the cache
-            head_dim = value_dim = mla.pop("head_dim")  # (the value width is mla's v_head_dim)
-            n_head_kv = 1
-        if value_dim != head_dim:
-            raise UnsupportedError(f"{self.f.path}: value_length {value_dim} != key_length {head_dim}")
-        eps_key = "layer_norm_epsilon" if self.arch in _LAYERNORM_ARCHS else "layer_norm_rms_epsilon"
-        freq_base = self.real("{arch}.rope.freq_base", self.get(
-            "{arch}.rope.freq_base", _DEFAULT_FREQ_BASE.get(self.arch, 10_000.0), kind=float), positive=True)
-        freq_base = hunyuan_rope_base(self, freq_base, head_dim) if self.arch == "hunyuan-dense" else freq_base
-        window, swa_layers, freq_base_swa = self.swa(n_layer, freq_base)
-        if g4:
-            window, swa_layers, freq_base_swa = g4.pop("sliding_window"), g4.pop("swa_layers"), g4.pop("base_swa")
-        if g3n:
-            window, swa_layers, freq_base_swa = g3n.pop("sliding_window"), g3n.pop("swa_layers"), g3n.pop("base_swa")
-        n_rot = self.get("{arch}.rope.dimension_count", 0 if self.arch in ("opt", "gpt2") else head_dim)
-        if mamba2 and self.arch not in ("granitehybrid", "falcon-h1"):  # nemotron_h's attention: no RoPE
-            n_rot = 0
-            attn_scale_key = self.get("{arch}.attention.scale", 0.0, kind=float)
-        if not 0 <= n_rot <= head_dim or n_rot % 2:
-            raise ModelFileError(f"{self.f.path}: rope.dimension_count {n_rot} must be even and <= {head_dim}")
-        self.mrope_sections(n_rot)
-        attn_scale = 1.0 / math.sqrt(head_dim)
-        if (self.arch, n_layer) in (("gemma3", 62), ("gemma2", 46)):  # the 27B models: 1/sqrt(n_embd / n_head)
-            attn_scale = 1.0 / math.sqrt(n_embd / n_head)
-        if g4 or g3n:  # the per-head Q norm scales the scores
-            attn_scale = 1.0
-        if mamba2 and self.arch not in ("granitehybrid", "falcon-h1") and attn_scale_key:
-            attn_scale = attn_scale_key
-        threshold = self.get("powerinfer.sparse_threshold", 0.0, kind=float) if self.f.is_sparse else 0.0
-        hidden_act, hidden_act_param = self.hidden_act()
-        calibrated, ffn_thresholds, ffn_quantiles = self.calibration(n_layer)
-        moe = self.experts()
-        if mla:  # deepseek2's renormalization and shared experts come from their own keys
-            if self.arch == "deepseek2":
-                moe.update(expert_weights_norm=mla.pop("_norm"), n_ff_shexp=moe["n_ff_exp"] * mla.pop("_n_shared"))
-            if not 0 < n_rot < head_dim:
-                raise ModelFileError(f"{self.f.path}: rope.dimension_count {n_rot} must leave 1..{head_dim - 1} "
-                                     f"unrotated dims of the {head_dim}-wide q/k heads")
-        if self.arch == "nemotron_h_moe":  # sigmoid routing, its own keys (config_mamba2.py)
-            moe.update(nemotron_moe_keys(self), moe_layers=mamba2["ffn_layers"])
-        if self.arch == "llama4":  # interleaved dense / MoE layers, chunked + NoPE attention (config_llama4.py)
-            moe.update(llama4_keys(self, n_layer, moe["n_expert"], moe["n_ff_exp"]))
-        if self.arch in ("bailingmoe2", "afmoe"):  # Ling / Trinity: routing, shared expert, afmoe's scale and NoPE
-            moe.update(ling_trinity_keys(self, n_layer, n_embd, n_head, head_dim))
-        if glm.get("_n_shared") is not None:  # glm4moe: shared experts of the routed width
-            moe.update(expert_weights_norm=glm.pop("_norm"), n_ff_shexp=moe["n_ff_exp"] * glm.pop("_n_shared"))
-        # MoE files may leave out the dense width (unused there): the experts' width stands in for it
-        n_ff = g4.pop("_n_ff") if g4 else mamba2.pop("_n_ff") if mamba2 else self.positive(
-            "{arch}.feed_forward_length", moe.get("n_ff_exp") or None)
-        n_ctx_train = self.positive("{arch}.context_length")
-        rope_scale, rope_factors, rope_mscale = self.rope_scaling(n_rot, freq_base, n_ctx_train)
-        if self.arch == "deepseek2":
-            rope_mscale, attn_scale = self.deepseek2_yarn(head_dim, rope_scale, bool(rope_factors))
-        m3 = self.mistral3(n_ctx_train, bool(rope_factors)) if self.arch == "mistral3" else {}
-        rope_mscale = m3.pop("rope_mscale", rope_mscale)
-        granite = self.granite_scales() or minicpm_keys(self, n_embd, n_layer, n_ctx_train)
-        rope_mscale = granite.pop("rope_mscale", rope_mscale)
-        embd_scale = math.sqrt(n_embd) if self.arch in GEMMA_ARCHS else granite.pop("embd_scale", moe.pop("embd_scale", 1.0))
-        if granite and self.arch not in MINICPM_ARCHS:
-            attn_scale = granite.pop("attn_scale") or attn_scale
-            n_rot = n_rot if granite.pop("rope") else 0
-        self.real("{arch}.rope.freq_base_swa", freq_base_swa, positive=True)
-        eps_key = "{arch}.attention." + eps_key
-        norm_eps = self.real(eps_key, self.get(eps_key, kind=float), positive=False)
-        return ModelConfig(
-            arch=self.arch,
-            name=self.get("general.name", "", kind=str),
-            n_vocab=self.n_vocab(),
-            n_ctx_train=n_ctx_train,
-            n_embd=n_embd,
-            n_layer=n_layer,
-            n_ff=n_ff,
-            n_head=n_head,
-            n_head_kv=n_head_kv,
-            head_dim=head_dim,
-            norm_eps=norm_eps,
-            rope_freq_base=freq_base,
-            rope_freq_scale=rope_scale,
-            n_rot=n_rot,
-            rope_neox=self.arch in _NEOX_ARCHS,
-            rope_freq_base_swa=freq_base_swa,
-            sliding_window=window,
-            swa_layers=swa_layers,
-            attn_scale=attn_scale,
-            embd_scale=embd_scale,
-            tied_output="output.weight" not in self.f.tensors,
-            is_sparse=self.f.is_sparse,
-            sparse_threshold=threshold,
-            predictor_ranks=self.predictor_ranks(n_layer),
-            hidden_act=hidden_act,
-            hidden_act_param=hidden_act_param,
-            calibrated_sparsity=calibrated,
-            ffn_thresholds=ffn_thresholds,
-            ffn_quantiles=ffn_quantiles,
-            ffn_neuron_scales=self.neuron_scales(n_layer, g4["gemma4"].n_ff if g4 else n_ff)
-            if calibrated is not None else (),
-            ffn_up_thresholds=self.up_thresholds(n_layer) if calibrated is not None else (),
-            ffn_up_quantiles=self.up_quantiles(n_layer) if calibrated is not None else (),
-            rope_factors=rope_factors,
-            rope_mscale=rope_mscale,
-            **self.phi3_rope(),
-            **self.softcaps(),
-            **moe,
-            **self.smollm3_olmo2(n_layer),
-            **self.smallthinker(n_layer, n_rot, head_dim),
-            **self.ernie(n_layer, n_rot, head_dim),
-            **mla,
-            **granite,
-            **glm,
-            **lfm2,
-            **m3,
-            **g4,
-            **g3n,
-            **cohere_keys(self, n_layer),
-            **(apertus_keys(self, n_layer) if self.arch == "apertus" else {}),
-        )
+
+def read(f: GGUFFile, spec, read_args: Callable | None = None,
+         archs_with: Callable = lambda test: []) -> ModelConfig:
+    """The ModelConfig of `f`, a file of the architecture `spec` (a models.spec.ArchSpec: flags, and hooks that
+    read the arch's own keys where the shared readers need them). read_args(r, d), from the arch's module, reads
+    the rest after every shared field is in the draft d; archs_with(test) lists the archs whose spec passes
+    test (for messages). models.read_config(f) calls this with the spec of general.architecture."""
+    r = MetaReader(f, spec)
+    d = _shape(r, spec)
+    _positions(r, spec, d)
+    _ffn(r, spec, d, archs_with)
+    d["rope_freq_scale"], d["rope_factors"], d["rope_mscale"] = r.rope_scaling(
+        spec, d["n_rot"], d["rope_freq_base"], d["n_ctx_train"], archs_with)
+    d["embd_scale"] = math.sqrt(d["n_embd"]) if spec.sqrt_embd_scale else 1.0
+    _file_fields(r, spec, d)
+    if read_args is not None:
+        read_args(r, d)
+    r.real("{arch}.rope.freq_base_swa", d["rope_freq_base_swa"], positive=True)
+    return ModelConfig(**{k: v for k, v in d.items() if not k.startswith("_")})
+
+
+def _shape(r: MetaReader, spec) -> dict:
+    """The draft's widths and head counts: n_embd, n_layer (without trailing MTP blocks), n_head, n_head_kv,
+    head_dim, and what the arch's layout and mla hooks add."""
+    d: dict = {"arch": r.arch, "n_embd": r.positive("{arch}.embedding_length")}
+    n_layer = r.block_count()
+    if spec.nextn:  # trailing multi-token-prediction blocks: not run
+        d["n_nextn"] = r.nextn_blocks(n_layer)
+        n_layer -= d["n_nextn"]
+    d["n_layer"] = n_layer
+    if spec.layout is not None:
+        spec.layout(r, d)
+    if "n_head" not in d:
+        d["n_head"] = r.positive("{arch}.attention.head_count")
+    n_head = d["n_head"]
+    n_head_kv = d["n_head_kv"] if "n_head_kv" in d else r.positive("{arch}.attention.head_count_kv", n_head)
+    if n_head % n_head_kv:
+        raise ModelFileError(f"{r.f.path}: head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
+    head_dim = d["head_dim"] if "head_dim" in d else r.positive("{arch}.attention.key_length", d["n_embd"] // n_head)
+    value_dim = r.positive("{arch}.attention.value_length", head_dim)
+    if spec.mla is not None:  # q/k heads of nope + rope dims; one latent "kv head" in the cache
+        mla = spec.mla(r, d)
+        head_dim = value_dim = mla.pop("head_dim")  # (the value width is mla's v_head_dim)
+        n_head_kv = 1
+        d.update(mla)
+    if value_dim != head_dim:
+        raise UnsupportedError(f"{r.f.path}: value_length {value_dim} != key_length {head_dim}")
+    d["n_head_kv"], d["head_dim"] = n_head_kv, head_dim
+    return d
+
+
+def _positions(r: MetaReader, spec, d: dict) -> None:
+    """RoPE base, sliding windows, rotated dims and the attention scale (before the arch's own changes)."""
+    n_layer, head_dim = d["n_layer"], d["head_dim"]
+    freq_base = r.real("{arch}.rope.freq_base", r.get("{arch}.rope.freq_base", spec.rope_base, kind=float),
+                       positive=True)
+    if spec.rope_base_of is not None:
+        freq_base = spec.rope_base_of(r, freq_base, head_dim)
+    d["rope_freq_base"] = freq_base
+    if "sliding_window" not in d:  # (a layout hook may have set the three window fields)
+        window = spec.swa(r, n_layer, freq_base) if spec.swa is not None else r.no_swa(n_layer, freq_base)
+        d["sliding_window"], d["swa_layers"], d["rope_freq_base_swa"] = window
+    n_rot = r.get("{arch}.rope.dimension_count", head_dim if spec.rope else 0)
+    n_rot = d.get("n_rot", n_rot)
+    if not 0 <= n_rot <= head_dim or n_rot % 2:
+        raise ModelFileError(f"{r.f.path}: rope.dimension_count {n_rot} must be even and <= {head_dim}")
+    d["n_rot"] = n_rot
+    if spec.mrope_check:
+        _mrope_sections(r, n_rot)
+    d.setdefault("attn_scale", 1.0 / math.sqrt(head_dim))
+    d["rope_neox"] = spec.rope_neox
+
+
+def _mrope_sections(r: MetaReader, n_rot: int) -> None:
+    """Text-only input of a text_of file: refuse M-RoPE sections that leave rotated pairs out (llama.cpp then
+    rotates those by another position component, which the arch of its text model cannot)."""
+    sections = r.meta.get(r.key("{arch}.rope.dimension_sections"))
+    if isinstance(sections, list) and sum(int(v) for v in sections) != n_rot // 2:
+        raise UnsupportedError(f"{r.f.path}: {r.key('{arch}.rope.dimension_sections')} {sections} does not "
+                               f"cover the {n_rot // 2} rotated pairs of a head")
+
+
+def _ffn(r: MetaReader, spec, d: dict, archs_with: Callable) -> None:
+    """Activation, sparse threshold and calibration, the experts and the FFN width; the training context."""
+    f, n_layer = r.f, d["n_layer"]
+    d["sparse_threshold"] = r.get("powerinfer.sparse_threshold", 0.0, kind=float) if f.is_sparse else 0.0
+    d["hidden_act"], d["hidden_act_param"] = r.hidden_act(spec)
+    d["calibrated_sparsity"], d["ffn_thresholds"], d["ffn_quantiles"] = r.calibration(n_layer)
+    moe = r.experts(spec, archs_with)
+    if spec.mla is not None and not 0 < d["n_rot"] < d["head_dim"]:
+        raise ModelFileError(f"{f.path}: rope.dimension_count {d['n_rot']} must leave 1..{d['head_dim'] - 1} "
+                             f"unrotated dims of the {d['head_dim']}-wide q/k heads")
+    d.update(moe)
+    # MoE files may leave out the dense width (unused there): the experts' width stands in for it
+    if "n_ff" not in d:
+        d["n_ff"] = r.positive("{arch}.feed_forward_length", moe.get("n_ff_exp") or None)
+    d["n_ctx_train"] = r.positive("{arch}.context_length")
+
+
+def _file_fields(r: MetaReader, spec, d: dict) -> None:
+    """Name, vocabulary, norm eps, output head, PWRI predictors and the per-neuron calibration arrays."""
+    f, n_layer = r.f, d["n_layer"]
+    eps_key = "layer_norm_epsilon" if spec.layer_norm else "layer_norm_rms_epsilon"
+    d.update(name=r.get("general.name", "", kind=str), n_vocab=r.n_vocab(),
+             norm_eps=r.real("{arch}.attention." + eps_key, r.get("{arch}.attention." + eps_key, kind=float),
+                             positive=False),
+             tied_output="output.weight" not in f.tensors, is_sparse=f.is_sparse,
+             predictor_ranks=r.predictor_ranks(n_layer))
+    calibrated = d["calibrated_sparsity"] is not None
+    widths = d.pop("_n_ff_layers", d["n_ff"])  # per-layer FFN widths where they differ (gemma4)
+    d["ffn_neuron_scales"] = r.neuron_scales(n_layer, widths) if calibrated else ()
+    d["ffn_up_thresholds"] = r.up_thresholds(n_layer) if calibrated else ()
+    d["ffn_up_quantiles"] = r.up_quantiles(n_layer) if calibrated else ()

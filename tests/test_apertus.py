@@ -18,10 +18,9 @@ from model_checks import (assert_fused_decode_equals_python, assert_matches_llam
                           rel_err, rewrite_gguf)
 
 from powerinfer_py import load
-from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.models import apertus
+from powerinfer_py.models import apertus, read_config
 from powerinfer_py.models.apertus import ApertusModel, xielu
 from powerinfer_py.synth.llama_variants import default_xielu
 
@@ -53,10 +52,10 @@ def test_config(synthetic_model):
     """NeoX RoPE, untied head, one (alpha_n, alpha_p, beta, eps) per layer from the unprefixed xielu.* keys
     (arrays, or one number for every layer); dense by default."""
     path = synthetic_model("apertus", "f32")
-    c = ModelConfig.from_gguf(open_gguf(path))
+    c = read_config(open_gguf(path))
     assert c.arch == "apertus" and c.rope_neox and not c.tied_output and c.n_rot == c.head_dim == 32
     np.testing.assert_allclose(np.array(c.xielu), np.array(default_xielu(2)), rtol=1e-6)
-    c = ModelConfig.from_gguf(open_gguf(synthetic_model("apertus", "f32", xielu=(0.1, 0.2, 0.3, -1e-6))))
+    c = read_config(open_gguf(synthetic_model("apertus", "f32", xielu=(0.1, 0.2, 0.3, -1e-6))))
     np.testing.assert_allclose(np.array(c.xielu), [[0.1, 0.2, 0.3, -1e-6]] * 2, rtol=1e-6)
     with load(path, threads=1) as llm:
         assert llm.sparse.mode == "off" and llm.model.sparsity is None
@@ -107,7 +106,7 @@ def test_bad_files_are_named(synthetic_model, cpu_kernels, tmp_path):
     for edit, match in (({"xielu.beta": None}, "xielu.beta"), ({"xielu.eps": [-1e-6] * 3}, "xielu.eps")):
         bad = rewrite_gguf(path, tmp_path / "bad.gguf", edit=edit)
         with pytest.raises(ModelFileError, match=match):
-            ModelConfig.from_gguf(open_gguf(bad))
+            read_config(open_gguf(bad))
     bad = rewrite_gguf(path, tmp_path / "nohead.gguf", drop=["output.weight"])
     with pytest.raises(ModelFileError, match="output.weight"):
         load_model(bad, cpu_kernels)

@@ -20,11 +20,10 @@ from model_checks import assert_matches_llama_cpp
 from typer.testing import CliRunner
 
 from powerinfer_py import load
-from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import UnsupportedError
 from powerinfer_py.layers.ffn import FFN, FFNWeights, SparseSettings, SparsityStats, ffn_variant
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.models import expected_tensors
+from powerinfer_py.models import expected_tensors, read_config
 from powerinfer_py.synth import write_synthetic_model
 from powerinfer_py.gguf.types import GGMLType, Tensor
 
@@ -49,7 +48,7 @@ def all_logits(path, sparse=None) -> tuple[np.ndarray, list[np.ndarray], object]
 def test_config_and_tensors(synthetic_model):
     """Normal RoPE, untied head, the relu2 FFN, dense by default; the tensor table has up and down, no gate."""
     path = synthetic_model("arcee", "f32")
-    c = ModelConfig.from_gguf(open_gguf(path))
+    c = read_config(open_gguf(path))
     assert c.arch == "arcee" and not c.rope_neox and not c.tied_output and c.n_rot == c.head_dim
     assert ffn_variant(c) == "relu2" and c.n_expert == 0
     e = expected_tensors(c)
@@ -87,7 +86,7 @@ def test_logits_match_llama_cpp(synthetic_model, tmp_path, dtype, tol, yarn):
     path = (write_synthetic_model(tmp_path / "arcee-yarn.gguf", "arcee", **YARN) if yarn
             else synthetic_model("arcee", dtype))
     if yarn:
-        c = ModelConfig.from_gguf(open_gguf(path))
+        c = read_config(open_gguf(path))
         assert c.rope_factors and c.rope_mscale != 1.0  # YaRN is on (and rope_freqs.weight multiplies in)
     assert_matches_llama_cpp(path, TOKENS, tol, same_top1=dtype == "f32")
 

@@ -167,10 +167,10 @@ def test_run_same_seed_same_output(llama_f32):
 
 
 def test_run_warns_when_the_context_outgrows_training(llama_f32):
-    from powerinfer_py.config import ModelConfig
+    from powerinfer_py.models import read_config
 
     with open_gguf(llama_f32) as f:
-        n_train = ModelConfig.from_gguf(f).n_ctx_train
+        n_train = read_config(f).n_ctx_train
     res = invoke("run", "-m", llama_f32, "hello", "-n", "2", "--temp", "0", "-t", "1", "-c", str(n_train + 1))
     assert res.exit_code == 0, res.stderr
     assert f"warning: the context ({n_train + 1} tokens) is longer than the {n_train}" in res.stderr

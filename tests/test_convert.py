@@ -16,7 +16,7 @@ import typer
 from typer.testing import CliRunner
 
 from hf_fixtures import (hf_llama_forward, llama_config, llama_weights, write_checkpoint, write_predictor)
-from powerinfer_py.config import ModelConfig
+from powerinfer_py.models import read_config
 from powerinfer_py.convert import convert, quantize
 from powerinfer_py.convert import output as output_mod
 from powerinfer_py.convert.plan import falcon_qkv_order, rope_permutation
@@ -178,7 +178,7 @@ def test_pwri_relu_llama_from_bin_with_predictor(tmp_path):
             assert t[f"blk.{il}.fc2.weight"].shape == (DIMS["n_ff"], ranks[il])  # ne [R, n_ff]
             np.testing.assert_array_equal(_deq(t[f"blk.{il}.fc1.weight"]), pred[il][0].astype(np.float32))
             np.testing.assert_array_equal(_deq(t[f"blk.{il}.fc2.weight"]), pred[il][1].astype(np.float32))
-        config = ModelConfig.from_gguf(f)
+        config = read_config(f)
         assert config.is_sparse and config.predictor_ranks == tuple(ranks)
         assert config.sparse_threshold == pytest.approx(0.25)
 

@@ -17,7 +17,7 @@ from model_checks import (assert_fused_decode_equals_python, assert_matches_llam
                           assert_threshold_after_calibration, info_text, load_model,
                           rel_err, rewrite_gguf, with_qkv_biases)
 
-from powerinfer_py.config import ModelConfig
+from powerinfer_py.models import read_config
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
 
@@ -31,9 +31,9 @@ def all_logits(model) -> np.ndarray:
 
 
 def test_config(synthetic_model):
-    c = ModelConfig.from_gguf(open_gguf(synthetic_model("exaone", "f32")))
+    c = read_config(open_gguf(synthetic_model("exaone", "f32")))
     assert c.arch == "exaone" and c.rope_neox and not c.tied_output and c.n_rot == c.head_dim == 16
-    assert ModelConfig.from_gguf(open_gguf(synthetic_model("exaone", "f32", tied=True))).tied_output
+    assert read_config(open_gguf(synthetic_model("exaone", "f32", tied=True))).tied_output
 
 
 @pytest.mark.parametrize("dtype,kw", [("f32", {}), ("f32", dict(tied=True)), ("f32", dict(rope_freqs=FREQS)),

@@ -14,7 +14,7 @@ import pytest
 from llama_ref import llama_cpp_logits
 from model_checks import assert_fused_decode_equals_python, info_text, load_model, rel_err, rewrite_gguf
 
-from powerinfer_py.config import ModelConfig
+from powerinfer_py.models import read_config
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.models.exaone4 import Exaone4Model
@@ -46,12 +46,12 @@ class NoRopeFreqs(Exaone4Model):
 def test_config_follows_llama_cpp(synthetic_model):
     """Windows and RoPE-less layers only at 64 layers (default window 4096 without the key); other depths
     attend everywhere even with a sliding_window key."""
-    c = ModelConfig.from_gguf(open_gguf(synthetic_model("exaone4", "f32", **DEEP)))
+    c = read_config(open_gguf(synthetic_model("exaone4", "f32", **DEEP)))
     assert c.sliding_window == 4 and c.swa_layers[:4] == (True, True, True, False) and sum(c.swa_layers) == 48
     assert c.no_rope_layers == tuple(not s for s in c.swa_layers) and c.rope_neox
-    c = ModelConfig.from_gguf(open_gguf(synthetic_model("exaone4", "f32", n_layer=64)))
+    c = read_config(open_gguf(synthetic_model("exaone4", "f32", n_layer=64)))
     assert c.sliding_window == 4096 and sum(c.swa_layers) == 48
-    c = ModelConfig.from_gguf(open_gguf(synthetic_model("exaone4", "f32", n_layer=4, sliding_window=4)))
+    c = read_config(open_gguf(synthetic_model("exaone4", "f32", n_layer=4, sliding_window=4)))
     assert c.sliding_window == 0 and not any(c.swa_layers) and c.no_rope_layers == ()
 
 
@@ -90,7 +90,7 @@ def test_mtp_block_is_not_run_and_broken_file_is_named(synthetic_model, cpu_kern
     as one, so the logits equal a 1-layer run of the same weights); a missing per-head norm is named."""
     path = synthetic_model("exaone4", "f32", n_layer=2)
     mtp = rewrite_gguf(path, tmp_path / "mtp.gguf", edit={"exaone4.nextn_predict_layers": 1})
-    c = ModelConfig.from_gguf(open_gguf(mtp))
+    c = read_config(open_gguf(mtp))
     assert c.n_layer == 1 and c.n_nextn == 1
     one = rewrite_gguf(path, tmp_path / "one.gguf", edit={"exaone4.block_count": 1},
                        drop=[n for n in open_gguf(path).tensors if n.startswith("blk.1.")])

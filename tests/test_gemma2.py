@@ -14,14 +14,13 @@ from model_checks import assert_fused_decode_equals_python, load_model, rel_err
 from powerinfer_py import load
 from powerinfer_py.tools.calibrate import calibrate
 from powerinfer_py.chat.templates import default_builtin
-from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.gguf.writer import write_gguf
 from powerinfer_py.kernels import ref
 from powerinfer_py.kernels.cpu import CpuKernels
 from powerinfer_py.gguf.load import load_weights
-from powerinfer_py.models import expected_tensors
+from powerinfer_py.models import expected_tensors, read_config
 from powerinfer_py.tools.perplexity import perplexity
 from powerinfer_py.tools.profile import profile_model
 from powerinfer_py.gguf.types import GGMLType, Tensor
@@ -117,17 +116,17 @@ def test_gemma2_config_defaults(synthetic_model):
     """Without the soft-cap and window keys, llama.cpp's defaults: caps 50 and 30, window 4096; the even layers
     slide; query scale 1/sqrt(head_dim); embeddings scaled by sqrt(n_embd); NeoX RoPE; tied head."""
     path = synthetic_model("gemma2", "f32", n_layer=4, attn_softcap=None, final_softcap=None, sliding_window=0)
-    c = ModelConfig.from_gguf(open_gguf(path))
+    c = read_config(open_gguf(path))
     assert (c.attn_softcap, c.final_softcap, c.sliding_window) == (50.0, 30.0, 4096)
     assert c.swa_layers == (True, False, True, False) and c.rope_freq_base_swa == c.rope_freq_base
     assert c.attn_scale == pytest.approx(1 / math.sqrt(c.head_dim)) and c.head_dim != c.n_embd // c.n_head
     assert c.embd_scale == pytest.approx(math.sqrt(c.n_embd)) and c.rope_neox and c.tied_output
-    c = ModelConfig.from_gguf(open_gguf(synthetic_model("gemma2", "f32", n_layer=4, **CAPS)))
+    c = read_config(open_gguf(synthetic_model("gemma2", "f32", n_layer=4, **CAPS)))
     assert (c.attn_softcap, c.final_softcap, c.sliding_window) == (2.0, 4.0, 4)
 
 
 def test_gemma_config(synthetic_model):
-    c = ModelConfig.from_gguf(open_gguf(synthetic_model("gemma", "f32")))
+    c = read_config(open_gguf(synthetic_model("gemma", "f32")))
     assert c.arch == "gemma" and (c.attn_softcap, c.final_softcap, c.sliding_window) == (0.0, 0.0, 0)
     assert c.swa_layers == (False, False) and c.rope_neox and c.tied_output
     assert c.embd_scale == pytest.approx(math.sqrt(c.n_embd)) and c.attn_scale == pytest.approx(c.head_dim ** -0.5)
@@ -137,7 +136,7 @@ def test_gemma_config(synthetic_model):
 def test_bad_softcap_key(synthetic_model, bad):
     path = synthetic_model("gemma2", "f32", attn_softcap=bad)
     with pytest.raises(ModelFileError, match="'gemma2.attn_logit_softcapping'"):
-        ModelConfig.from_gguf(open_gguf(path))
+        read_config(open_gguf(path))
 
 
 def test_gemma_chat_format():
@@ -232,7 +231,7 @@ def test_pwri_predictor_mode(synthetic_model, tmp_path, arch, kw):
     from powerinfer_py.tools.predictor_fit import LayerPredictor, Metrics
     from powerinfer_py.tools.predictor_out import write_pwri
     src = synthetic_model(arch, "f32", n_layer=4, **kw)
-    c = ModelConfig.from_gguf(open_gguf(src))
+    c = read_config(open_gguf(src))
     rng = np.random.default_rng(1)
     preds = [LayerPredictor(rng.standard_normal((8, c.n_embd)).astype(np.float32),
                             rng.standard_normal((c.n_ff, 8)).astype(np.float32), Metrics(1, 1, 0.5, 0.5), 1, "numpy")

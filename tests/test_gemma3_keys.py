@@ -9,7 +9,7 @@ import numpy as np
 from llama_ref import llama_cpp_logits
 from model_checks import load_model, rel_err, rewrite_gguf
 
-from powerinfer_py.config import ModelConfig
+from powerinfer_py.models import read_config
 from powerinfer_py.gguf import open_gguf
 
 TOKENS = np.array([2, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322], dtype=np.int32)  # past the window of 4
@@ -24,7 +24,7 @@ def logits(path, kernels):
 def test_no_window_key_means_global_attention(synthetic_model, cpu_kernels, tmp_path):
     src = synthetic_model("gemma3", "f32")
     path = rewrite_gguf(src, tmp_path / "nowin.gguf", edit={"gemma3.attention.sliding_window": None})
-    c = ModelConfig.from_gguf(open_gguf(path))
+    c = read_config(open_gguf(path))
     assert c.sliding_window == 0 and not any(c.swa_layers)
     ours, theirs = logits(path, cpu_kernels), llama_cpp_logits(path, TOKENS)
     assert rel_err(ours, theirs) < TOL
@@ -34,7 +34,7 @@ def test_no_window_key_means_global_attention(synthetic_model, cpu_kernels, tmp_
 def test_final_logit_softcap_is_applied(synthetic_model, cpu_kernels, tmp_path):
     src = synthetic_model("gemma3", "f32")
     path = rewrite_gguf(src, tmp_path / "cap.gguf", edit={"gemma3.final_logit_softcapping": 2.0})
-    assert ModelConfig.from_gguf(open_gguf(path)).final_softcap == 2.0
+    assert read_config(open_gguf(path)).final_softcap == 2.0
     ours, theirs = logits(path, cpu_kernels), llama_cpp_logits(path, TOKENS)
     assert rel_err(ours, theirs) < TOL
     assert np.abs(theirs).max() < 2.0 and rel_err(logits(src, cpu_kernels), theirs) > 10 * TOL

@@ -14,7 +14,7 @@ import pytest
 from ln_decoder_checks import TOL, Parallel, check_against_llama_cpp, distances, without
 from model_checks import info_text, load_model, rewrite_gguf
 
-from powerinfer_py.config import ModelConfig
+from powerinfer_py.models import read_config
 from powerinfer_py.errors import ContextFullError, ModelFileError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.models.ln_decoder import LnDecoderModel
@@ -30,7 +30,7 @@ class NoPositions(LnDecoderModel):
 
 def test_config_follows_llama_cpp(synthetic_model):
     """No RoPE and no GQA although the file has neither key; the GELU FFN."""
-    c = ModelConfig.from_gguf(open_gguf(synthetic_model("gpt2", "f32")))
+    c = read_config(open_gguf(synthetic_model("gpt2", "f32")))
     assert c.n_rot == 0 and c.n_head_kv == c.n_head == 4 and c.hidden_act == "gelu"
 
 

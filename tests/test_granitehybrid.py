@@ -33,7 +33,7 @@ from powerinfer_py.gguf import open_gguf
 from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.layers.cache import Mamba2KVCache
 from powerinfer_py.models import expected_tensors
-from powerinfer_py.models.granite_hybrid import GraniteHybridModel
+from powerinfer_py.models.granitehybrid import GraniteHybridModel
 from powerinfer_py.layers.moe import MoEFFN
 
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322, 300, 301, 302, 303], dtype=np.int32)

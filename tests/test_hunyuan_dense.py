@@ -15,11 +15,11 @@ from llama_ref import llama_cpp_logits
 from model_checks import (assert_fused_decode_equals_python, assert_matches_llama_cpp, info_text, load_model,
                           rel_err, rewrite_gguf)
 
-from powerinfer_py.config import ModelConfig
+from powerinfer_py.models import read_config
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.models.base import Model
-from powerinfer_py.models.hunyuan import HunyuanDenseModel
+from powerinfer_py.models.hunyuan_dense import HunyuanDenseModel
 
 TOKENS = [1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322]
 TOL, QUANT_TOL = 0.01, 0.25
@@ -42,10 +42,10 @@ class NormsBeforeRope(HunyuanDenseModel):
 def test_config(synthetic_model):
     """NeoX RoPE over the whole 32-dim head (wider than n_embd / n_head), tied head, dense SwiGLU; the alpha key
     scales the base by alpha^(d / (d - 2)) as llama.cpp's loader does."""
-    c = ModelConfig.from_gguf(open_gguf(synthetic_model("hunyuan-dense", "f32")))
+    c = read_config(open_gguf(synthetic_model("hunyuan-dense", "f32")))
     assert c.arch == "hunyuan-dense" and c.rope_neox and c.head_dim == c.n_rot == 32 and c.tied_output
     assert c.rope_freq_base == 10000.0 and c.n_expert == 0
-    c = ModelConfig.from_gguf(open_gguf(synthetic_model("hunyuan-dense", "f32", rope_alpha=ALPHA)))
+    c = read_config(open_gguf(synthetic_model("hunyuan-dense", "f32", rope_alpha=ALPHA)))
     assert c.rope_freq_base == pytest.approx(10000.0 * ALPHA ** (32 / 30), rel=1e-6)
 
 
@@ -71,7 +71,7 @@ def test_mistakes_are_visible(synthetic_model, cpu_kernels):
     theirs = llama_cpp_logits(path, TOKENS)
     assert rel_err(all_logits(load_model(path, cpu_kernels)), theirs) < TOL
     before = rel_err(all_logits(load_model(path, cpu_kernels, NormsBeforeRope)), theirs)
-    base = ModelConfig.from_gguf(open_gguf(synthetic_model("hunyuan-dense", "f32"))).rope_freq_base
+    base = read_config(open_gguf(synthetic_model("hunyuan-dense", "f32"))).rope_freq_base
     no_alpha = rel_err(all_logits(load_model(path, cpu_kernels, rope_freq_base=base)), theirs)
     normal = rel_err(all_logits(load_model(path, cpu_kernels, rope_neox=False)), theirs)
     assert min(before, no_alpha, normal) > 10 * TOL
@@ -85,7 +85,7 @@ def test_bad_files_are_named(synthetic_model, cpu_kernels, tmp_path):
         load_model(bad, cpu_kernels)
     mrope = rewrite_gguf(path, tmp_path / "mrope.gguf", edit={"hunyuan-dense.rope.dimension_sections": [4, 4, 4, 4]})
     with pytest.raises(UnsupportedError, match="M-RoPE"):
-        ModelConfig.from_gguf(open_gguf(mrope))
+        read_config(open_gguf(mrope))
     one = rewrite_gguf(path, tmp_path / "one.gguf", edit={"hunyuan-dense.expert_count": 1})
-    assert ModelConfig.from_gguf(open_gguf(one)).n_expert == 0
+    assert read_config(open_gguf(one)).n_expert == 0
     assert "hunyuan-dense" in info_text(path)

@@ -41,11 +41,11 @@ def _run(path, **kw):
 
 def _fixed_and_ffn(path):
     """(fixed bytes, all FFN neuron bytes) of a model, for budgets relative to it."""
-    from powerinfer_py.config import ModelConfig
+    from powerinfer_py.models import read_config
     from powerinfer_py.gguf import open_gguf
     from powerinfer_py.hybrid.placement import footprint
     f = open_gguf(path)
-    c = ModelConfig.from_gguf(f)
+    c = read_config(f)
     fp = footprint(c, f.tensors, 64)
     return fp.fixed_bytes, sum(fp.neuron_bytes) * c.n_ff
 

@@ -15,7 +15,7 @@ from llama_ref import llama_cpp_logits
 from model_checks import (assert_fused_decode_equals_python, assert_matches_llama_cpp, info_text, load_model,
                           rel_err, rewrite_gguf, with_qkv_biases)
 
-from powerinfer_py.config import ModelConfig
+from powerinfer_py.models import read_config
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
 
@@ -28,7 +28,7 @@ def all_logits(model) -> np.ndarray:
 
 
 def test_config(synthetic_model):
-    c = ModelConfig.from_gguf(open_gguf(synthetic_model("internlm2", "f32")))
+    c = read_config(open_gguf(synthetic_model("internlm2", "f32")))
     assert c.arch == "internlm2" and not c.rope_neox and not c.tied_output and c.n_rot == c.head_dim == 16
 
 

@@ -26,12 +26,11 @@ from model_checks import (
     rewrite_gguf,
 )
 
-from powerinfer_py.config import ModelConfig
 from powerinfer_py.layers.cache import ConvKVCache
 from powerinfer_py.errors import ModelFileError, PowerInferError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.gguf.load import load_weights
-from powerinfer_py.models import expected_tensors
+from powerinfer_py.models import expected_tensors, read_config
 from powerinfer_py.models.lfm2 import Lfm2Model
 from powerinfer_py.gguf.types import GGMLType, Tensor
 
@@ -125,7 +124,7 @@ def mutant_errors(path, kernels) -> dict[str, float]:
 
 def test_config(f32_file):
     """head_count_kv is per layer (0: a conv layer); the attention layers' count becomes n_head_kv."""
-    c = ModelConfig.from_gguf(open_gguf(f32_file))
+    c = read_config(open_gguf(f32_file))
     assert c.arch == "lfm2" and c.rope_neox and c.tied_output and c.n_head_kv == 2 and c.conv_kernel == 3
     assert c.conv_layers == (True, True, False, True, True, False)
 
@@ -215,10 +214,10 @@ def test_wrong_kernel_size_is_refused(f32_file, tmp_path):
         bad = rewrite_gguf(f32_file, tmp_path / "k4.gguf", edit={"lfm2.shortconv.l_cache": 4})
         load_weights(open_gguf(bad), expected_tensors)
     with pytest.raises(ModelFileError, match="lfm2.shortconv.l_cache must be at least 2"):
-        ModelConfig.from_gguf(open_gguf(rewrite_gguf(f32_file, tmp_path / "k1.gguf", edit={"lfm2.shortconv.l_cache": 1})))
+        read_config(open_gguf(rewrite_gguf(f32_file, tmp_path / "k1.gguf", edit={"lfm2.shortconv.l_cache": 1})))
     with pytest.raises(ModelFileError, match="must be an array of 6 head counts"):
         bad = rewrite_gguf(f32_file, tmp_path / "kv.gguf", edit={"lfm2.attention.head_count_kv": [2, 0]})
-        ModelConfig.from_gguf(open_gguf(bad))
+        read_config(open_gguf(bad))
 
 
 # ---- lfm2moe --------------------------------------------------------------------------------------------------------
@@ -234,7 +233,7 @@ class NoSelectBias(Lfm2Model):
 
 def test_lfm2moe_config(synthetic_model):
     """Layer 0 dense, the others experts (4, 2 used), sigmoid scores, weights renormalized and not scaled."""
-    c = ModelConfig.from_gguf(open_gguf(synthetic_model("lfm2moe", "f32", n_layer=N_LAYER)))
+    c = read_config(open_gguf(synthetic_model("lfm2moe", "f32", n_layer=N_LAYER)))
     assert c.arch == "lfm2moe" and c.conv_layers == (True, True, False, True, True, False)
     assert c.moe_layers == (False,) + (True,) * 5 and c.n_expert == 4 and c.n_expert_used == 2
     assert c.expert_gating == "sigmoid" and c.expert_weights_norm and c.expert_weights_scale == 1.0

@@ -153,7 +153,7 @@ def test_attn_temperature_values():
 
 
 def _layout_of_default():
-    from powerinfer_py.config_llama4 import Llama4Layout
+    from powerinfer_py.models.llama4 import Llama4Layout
     return Llama4Layout(chunked=(True,), rope=(True,), kq_norm=True)
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from powerinfer_py.config import ModelConfig
+from powerinfer_py.models import read_config
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf, write_gguf
 from powerinfer_py.tools.info import model_info
@@ -70,7 +71,7 @@ def _write(path: Path, meta: dict, tensors: list[Tensor], magic: str = "GGUF") -
 
 @pytest.mark.real_model
 def test_real_model_config(real_model):
-    c = ModelConfig.from_gguf(open_gguf(real_model))
+    c = read_config(open_gguf(real_model))
     assert (c.arch, c.name) == ("gemma3", "Gemma 3 270m")
     assert (c.n_vocab, c.n_ctx_train, c.n_embd, c.n_layer, c.n_ff) == (262144, 32768, 640, 18, 2048)
     assert (c.n_head, c.n_head_kv, c.head_dim, c.n_rot) == (4, 1, 256, 256)
@@ -85,7 +86,7 @@ def test_real_model_config(real_model):
 
 def test_llama_defaults(tmp_path):
     f = open_gguf(_write(tmp_path / "l.gguf", _meta(), [_f32("output.weight", (32, 64))]))
-    c = ModelConfig.from_gguf(f)
+    c = read_config(f)
     assert c.n_head_kv == 4 and c.head_dim == 16 and c.n_rot == 16  # defaults from head_count, n_embd/n_head
     assert c.rope_freq_base == 10000.0 and c.rope_freq_scale == 1.0 and not c.rope_neox
     assert c.n_vocab == 32 and not c.tied_output
@@ -98,14 +99,14 @@ def test_llama_explicit_keys(tmp_path):
                     "llama.rope.freq_base": 500000.0, "llama.rope.scaling.type": "linear",
                     "llama.rope.scaling.factor": 4.0, "llama.attention.key_length": 32,
                     "llama.attention.value_length": 32, "llama.vocab_size": 40})
-    c = ModelConfig.from_gguf(open_gguf(_write(tmp_path / "l.gguf", meta, [])))
+    c = read_config(open_gguf(_write(tmp_path / "l.gguf", meta, [])))
     assert (c.n_head_kv, c.n_rot, c.head_dim, c.n_vocab) == (2, 8, 32, 40)
     assert c.rope_freq_base == 500000.0 and c.rope_freq_scale == 0.25
     assert c.attn_scale == pytest.approx(1 / math.sqrt(32)) and c.tied_output
 
 
 def test_qwen2_defaults(tmp_path):
-    c = ModelConfig.from_gguf(open_gguf(_write(tmp_path / "q.gguf", _meta("qwen2"), [])))
+    c = read_config(open_gguf(_write(tmp_path / "q.gguf", _meta("qwen2"), [])))
     assert c.arch == "qwen2" and c.rope_neox and c.rope_freq_base == 1e6
 
 
@@ -115,21 +116,21 @@ def test_qwen3_head_dim_from_key_length(tmp_path):
                              "qwen3.attention.head_count_kv": 8, "qwen3.attention.key_length": 128,
                              "qwen3.attention.value_length": 128, "qwen3.attention.layer_norm_rms_epsilon": 1e-6,
                              "qwen3.rope.freq_base": 1e6})
-    c = ModelConfig.from_gguf(open_gguf(_write(tmp_path / "q3.gguf", meta, [])))
+    c = read_config(open_gguf(_write(tmp_path / "q3.gguf", meta, [])))
     assert (c.arch, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_rot) == ("qwen3", 1024, 16, 8, 128, 128)
     assert c.rope_neox and c.rope_freq_base == 1e6 and c.norm_eps == pytest.approx(1e-6)
     assert c.attn_scale == pytest.approx(1 / math.sqrt(128))
     # without rope.freq_base: llama.cpp's default base 10000 (qwen2's 1e6 default is not carried over)
     meta.pop("qwen3.rope.freq_base")
-    assert ModelConfig.from_gguf(open_gguf(_write(tmp_path / "q3b.gguf", meta, []))).rope_freq_base == 10000.0
+    assert read_config(open_gguf(_write(tmp_path / "q3b.gguf", meta, []))).rope_freq_base == 10000.0
     meta["qwen3.attention.value_length"] = 64
     with pytest.raises(UnsupportedError, match="value_length 64"):
-        ModelConfig.from_gguf(open_gguf(_write(tmp_path / "q3c.gguf", meta, [])))
+        read_config(open_gguf(_write(tmp_path / "q3c.gguf", meta, [])))
 
 
 def test_vocab_from_token_embd_without_tokenizer(tmp_path):
     meta = _meta(**{"tokenizer.ggml.tokens": None})
-    c = ModelConfig.from_gguf(open_gguf(_write(tmp_path / "v.gguf", meta, [_f32("token_embd.weight", (50, 64))])))
+    c = read_config(open_gguf(_write(tmp_path / "v.gguf", meta, [_f32("token_embd.weight", (50, 64))])))
     assert c.n_vocab == 50
 
 
@@ -137,23 +138,23 @@ def test_sparse_model_config(tmp_path):
     meta = _meta(**{"powerinfer.sparse_threshold": 0.5})
     tensors = [_f32("blk.0.fc1.weight", (12, 64)), _f32("blk.1.fc1.weight", (20, 64))]
     f = open_gguf(_write(tmp_path / "s.gguf", meta, tensors, magic="PWRI"))
-    c = ModelConfig.from_gguf(f)
+    c = read_config(f)
     assert c.is_sparse and c.sparse_threshold == 0.5 and c.predictor_ranks == (12, 20)
     # a PWRI file missing a layer's predictor is named
     f = open_gguf(_write(tmp_path / "s2.gguf", meta, tensors[:1], magic="PWRI"))
     with pytest.raises(ModelFileError, match=r"blk\.1\.fc1\.weight"):
-        ModelConfig.from_gguf(f)
+        read_config(f)
 
 
 def test_unknown_architecture(tmp_path):
     f = open_gguf(_write(tmp_path / "u.gguf", _meta("mamba"), []))
     with pytest.raises(UnsupportedError) as exc:
-        ModelConfig.from_gguf(f)
+        read_config(f)
     assert "'mamba'" in str(exc.value) and all(a in str(exc.value) for a in ("llama", "qwen2", "qwen3", "gemma3"))
 
 
 def test_powerinfer_architecture_parses(tmp_path):
-    c = ModelConfig.from_gguf(open_gguf(_write(tmp_path / "b.gguf", _meta("bamboo"), [])))
+    c = read_config(open_gguf(_write(tmp_path / "b.gguf", _meta("bamboo"), [])))
     assert c.arch == "bamboo" and c.hidden_act == "relu" and not c.rope_neox
 
 
@@ -162,26 +163,26 @@ def test_powerinfer_architecture_parses(tmp_path):
 def test_missing_required_key(tmp_path, key):
     f = open_gguf(_write(tmp_path / "m.gguf", _meta(**{key: None}), []))
     with pytest.raises(ModelFileError) as exc:
-        ModelConfig.from_gguf(f)
+        read_config(f)
     assert repr(key) in str(exc.value) and str(f.path) in str(exc.value)
 
 
 def test_wrongly_typed_key(tmp_path):
     f = open_gguf(_write(tmp_path / "w.gguf", _meta(**{"llama.block_count": "two"}), []))
     with pytest.raises(ModelFileError, match="'llama.block_count'"):
-        ModelConfig.from_gguf(f)
+        read_config(f)
 
 
 def test_gemma3_swa_and_scaling(tmp_path):
     meta = _meta("gemma3", **{"gemma3.attention.sliding_window": 16, "gemma3.attention.key_length": 32,
                               "gemma3.rope.scaling.type": "linear", "gemma3.rope.scaling.factor": 8.0,
                               "gemma3.block_count": 7, "gemma3.attention.head_count_kv": 1})
-    c = ModelConfig.from_gguf(open_gguf(_write(tmp_path / "g.gguf", meta, [])))
+    c = read_config(open_gguf(_write(tmp_path / "g.gguf", meta, [])))
     assert c.swa_layers == (True, True, True, True, True, False, True)
     assert c.sliding_window == 16 and c.rope_freq_scale == 0.125 and c.rope_freq_base_swa == 10000.0
     assert c.rope_neox and c.embd_scale == pytest.approx(8.0) and c.attn_scale == pytest.approx(1 / math.sqrt(32))
     meta.pop("gemma3.attention.sliding_window")  # as llama.cpp: no key = no window layers (test_gemma3_keys.py)
-    c = ModelConfig.from_gguf(open_gguf(_write(tmp_path / "g2.gguf", meta, [])))
+    c = read_config(open_gguf(_write(tmp_path / "g2.gguf", meta, [])))
     assert c.sliding_window == 0 and not any(c.swa_layers)
 
 

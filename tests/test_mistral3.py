@@ -16,6 +16,7 @@ from llama_ref import llama_cpp_logits
 from model_checks import assert_fused_decode_equals_python, assert_matches_llama_cpp, info_text, load_model, relabel_gguf
 
 from powerinfer_py.config import ModelConfig
+from powerinfer_py.models import read_config
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.kernels.cpu import CpuKernels
@@ -31,7 +32,7 @@ YARN = {"type": "yarn", "factor": 4.0, "original_context_length": 8}
 
 
 def config_of(path) -> ModelConfig:
-    return ModelConfig.from_gguf(open_gguf(path))
+    return read_config(open_gguf(path))
 
 
 def as_mistral3(src, dst, extra=None):

@@ -22,7 +22,7 @@ from ln_decoder_checks import (
 )
 from model_checks import info_text, load_model, rewrite_gguf
 
-from powerinfer_py.config import ModelConfig
+from powerinfer_py.models import read_config
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
 
@@ -30,7 +30,7 @@ PHI2 = {"n_head_kv": 4}  # no GQA, as Phi-2
 
 
 def test_config_follows_llama_cpp(synthetic_model):
-    c = ModelConfig.from_gguf(open_gguf(synthetic_model("phi2", "f32", **PHI2)))
+    c = read_config(open_gguf(synthetic_model("phi2", "f32", **PHI2)))
     assert c.rope_neox and c.n_rot == 6 and c.head_dim == 16 and c.hidden_act == "gelu"
     assert c.norm_eps == pytest.approx(1e-5)
 

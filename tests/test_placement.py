@@ -70,9 +70,9 @@ def model(tmp_path_factory):
 
 
 def _fp(path, n_ctx=64):
-    from powerinfer_py.config import ModelConfig
+    from powerinfer_py.models import read_config
     f = open_gguf(path)
-    return ModelConfig.from_gguf(f), f.tensors, P.footprint(ModelConfig.from_gguf(f), f.tensors, n_ctx)
+    return read_config(f), f.tensors, P.footprint(read_config(f), f.tensors, n_ctx)
 
 
 def test_footprint_counts_every_byte(model):

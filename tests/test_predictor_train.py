@@ -214,7 +214,7 @@ def test_glu_model_gets_predictors_that_skip_the_gate(synthetic_model, words, tm
     """SwiGLU/GeGLU: labels are |act| >= the calibrated cut-offs; the PWRI runs in predictor mode, computing the
     gate only for predicted neurons, and with every neuron predicted it is the dense model."""
     from powerinfer_py.tools.calibrate import calibrate
-    from powerinfer_py.config import ModelConfig
+    from powerinfer_py.models import read_config
     from powerinfer_py.tools.predictor_train import label_cuts
     cal = tmp_path / "cal.gguf"
     calibrate(synthetic_model(arch), cal, 0.5, text=words.read_text(), n_tokens=200, ctx=64, threads=1,
@@ -233,7 +233,7 @@ def test_glu_model_gets_predictors_that_skip_the_gate(synthetic_model, words, tm
         llm.model.ffns[0].observer = lambda il, x, p, act: seen.setdefault(il, (p.copy(), act.copy()))
         llm.model.forward(ids[1:2], llm.model.new_cache(32))
     with open_gguf(out) as f:
-        cfg = ModelConfig.from_gguf(f)
+        cfg = read_config(f)
         assert f.magic == "PWRI" and cfg.predictor_ranks == (16,) * cfg.n_layer
         fc1, fc2 = dequantize(f.tensors["blk.0.fc1.weight"]), dequantize(f.tensors["blk.0.fc2.weight"])
     # every neuron predicted active: the dense function

@@ -29,12 +29,11 @@ from model_checks import (
 )
 
 from powerinfer_py import load
-from powerinfer_py.config import ModelConfig
 from powerinfer_py.layers.cache import DeltaKVCache
 from powerinfer_py.errors import ModelFileError, PowerInferError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.gguf.load import load_weights
-from powerinfer_py.models import expected_tensors, qwen35
+from powerinfer_py.models import expected_tensors, qwen35, read_config
 from powerinfer_py.models.qwen35 import Qwen35Model
 
 # <s> then the pieces of "Hello world, th..." and a few more
@@ -128,7 +127,7 @@ def mutant_errors(path, kernels) -> dict[str, float]:
 def test_config_and_info(f32_file):
     """Every full_attention_interval-th layer attends; the delta-net sizes come from the ssm.* keys; text M-RoPE
     is NeoX RoPE over rope.dimension_count dims; `powerinfer info` names the delta-net layers."""
-    c = ModelConfig.from_gguf(open_gguf(f32_file))
+    c = read_config(open_gguf(f32_file))
     assert c.arch == "qwen35" and c.rope_neox and c.tied_output and c.n_head_kv == 2 and c.n_rot == 16
     assert c.delta_layers == (True, True, False, True, True, False) and c.conv_kernel == 4
     assert (c.ssm_d_state, c.ssm_n_k_heads, c.ssm_n_v_heads) == (16, 2, 4)
@@ -137,7 +136,7 @@ def test_config_and_info(f32_file):
 
 def test_attention_interval_defaults_to_4(f32_file, tmp_path):
     """Without full_attention_interval, llama.cpp makes every 4th layer attend: so do we."""
-    c = ModelConfig.from_gguf(open_gguf(rewrite_gguf(f32_file, tmp_path / "i4.gguf",
+    c = read_config(open_gguf(rewrite_gguf(f32_file, tmp_path / "i4.gguf",
                                                      edit={"qwen35.full_attention_interval": None})))
     assert c.delta_layers == (True, True, True, False, True, True)
 
@@ -153,11 +152,11 @@ def test_bad_ssm_keys_are_refused(f32_file, tmp_path):
     blocks than blocks fail on the key."""
     with pytest.raises(ModelFileError, match="time_step_rank 3 .* not a multiple of ssm.group_count 2"):
         bad = rewrite_gguf(f32_file, tmp_path / "heads.gguf", edit={"qwen35.ssm.time_step_rank": 3})
-        ModelConfig.from_gguf(open_gguf(bad))
+        read_config(open_gguf(bad))
     with pytest.raises(ModelFileError, match="qwen35.ssm.conv_kernel must be at least 2"):
-        ModelConfig.from_gguf(open_gguf(rewrite_gguf(f32_file, tmp_path / "k1.gguf", edit={"qwen35.ssm.conv_kernel": 1})))
+        read_config(open_gguf(rewrite_gguf(f32_file, tmp_path / "k1.gguf", edit={"qwen35.ssm.conv_kernel": 1})))
     with pytest.raises(ModelFileError, match=r"nextn_predict_layers 6 must be in 0..5 \(block_count 6\)"):
-        ModelConfig.from_gguf(open_gguf(rewrite_gguf(f32_file, tmp_path / "mtp.gguf",
+        read_config(open_gguf(rewrite_gguf(f32_file, tmp_path / "mtp.gguf",
                                                      edit={"qwen35.nextn_predict_layers": 6})))
 
 
@@ -257,7 +256,7 @@ def test_threshold_mode_runs_and_moe_refuses(f32_file, synthetic_model, tmp_path
         assert all(0.3 < f < 0.7 for f in llm.model.sparsity.fractions), llm.model.sparsity.fractions
         # random weights have no trained sparsity: skipping half of the neurons moves the logits (3.2 spreads)
         assert np.isfinite(sparse).all() and rel_err(sparse, all_logits(dense.model)) > 0.1
-    moe = ModelConfig.from_gguf(open_gguf(synthetic_model("qwen35moe", "f32")))
+    moe = read_config(open_gguf(synthetic_model("qwen35moe", "f32")))
     with pytest.raises(UnsupportedError, match="mixture of experts"):
         resolve_sparse(moe, "threshold")
 
@@ -268,7 +267,7 @@ def test_qwen35moe_matches_llama_cpp(synthetic_model, cpu_kernels):
     """Experts (4, 2 used, softmax, renormalized) plus the sigmoid-gated shared expert in every layer: the f32 file
     against llama.cpp, one token at a time against the prefill, and the shared expert's gate visible."""
     path = synthetic_model("qwen35moe", "f32")
-    c = ModelConfig.from_gguf(open_gguf(path))
+    c = read_config(open_gguf(path))
     assert c.n_expert == 4 and c.n_expert_used == 2 and c.expert_weights_norm and c.n_ff_shexp == 128
     ours, theirs = all_logits(load_model(path, cpu_kernels)), llama_cpp_logits(path, TOKENS)
     assert rel_err(ours, theirs) < TOL
@@ -296,7 +295,7 @@ def test_mtp_blocks_are_skipped_like_llama_cpp(synthetic_model, cpu_kernels, tmp
     llama.cpp does on the same file, and gives the bits of that file with the MTP block cut out."""
     path = synthetic_model(arch, "f32", nextn=1, recurrent_layers=True)
     f = open_gguf(path)
-    c = ModelConfig.from_gguf(f)
+    c = read_config(f)
     assert c.n_layer == 6 and c.n_nextn == 1 and c.delta_layers == (True, True, False, True, True, False)
     assert "1 next-token-prediction block(s) in the file, not run" in info_text(path)
     ours = all_logits(load_model(path, cpu_kernels))
@@ -313,7 +312,7 @@ def test_recurrent_layers_key_decides_the_layer_kinds(f32_file, tmp_path, cpu_ke
     flags = [True, True, False, True, True, False]
     good = rewrite_gguf(f32_file, tmp_path / "flags.gguf",
                         edit={"qwen35.attention.recurrent_layers": flags, "qwen35.full_attention_interval": 5})
-    assert ModelConfig.from_gguf(open_gguf(good)).delta_layers == tuple(flags)
+    assert read_config(open_gguf(good)).delta_layers == tuple(flags)
     short = rewrite_gguf(f32_file, tmp_path / "short.gguf", edit={"qwen35.attention.recurrent_layers": flags[:4]})
     with pytest.raises(ModelFileError, match="recurrent_layers must hold one flag per block"):
-        ModelConfig.from_gguf(open_gguf(short))
+        read_config(open_gguf(short))

@@ -27,12 +27,11 @@ from model_checks import (
     rewrite_gguf,
 )
 
-from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.layers.ffn import resolve_sparse
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.gguf.load import load_weights
-from powerinfer_py.models import expected_tensors, qwen3next
+from powerinfer_py.models import expected_tensors, qwen3next, read_config
 from powerinfer_py.models.qwen3next import Qwen3NextModel
 from powerinfer_py.models.qwen35 import Qwen35Model
 from powerinfer_py.synth.qwen35 import fuse_ba, fuse_qkvz
@@ -90,7 +89,7 @@ def mutant_errors(path, kernels) -> dict[str, float]:
 # ---- config, splitting, file checks ------------------------------------------------------------------------------
 
 def test_config_and_info(f32_file):
-    c = ModelConfig.from_gguf(open_gguf(f32_file))
+    c = read_config(open_gguf(f32_file))
     assert c.arch == "qwen3next" and c.rope_neox and c.n_rot == 16 and c.tied_output
     assert c.delta_layers == (True, True, False, True, True, False)
     assert (c.ssm_d_state, c.ssm_n_k_heads, c.ssm_n_v_heads, c.conv_kernel) == (16, 2, 4, 4)
@@ -104,10 +103,10 @@ def test_config_and_info(f32_file):
 def test_refused_files(f32_file, tmp_path):
     """recurrent_layers of the wrong length, and a file without experts (llama.cpp refuses it too)."""
     with pytest.raises(ModelFileError, match=r"attention.recurrent_layers must hold one flag per block \(6\)"):
-        ModelConfig.from_gguf(open_gguf(rewrite_gguf(f32_file, tmp_path / "flags.gguf",
+        read_config(open_gguf(rewrite_gguf(f32_file, tmp_path / "flags.gguf",
                                                      edit={"qwen3next.attention.recurrent_layers": [True] * 5})))
     with pytest.raises(ModelFileError, match="expert_count"):
-        ModelConfig.from_gguf(open_gguf(rewrite_gguf(f32_file, tmp_path / "dense.gguf",
+        read_config(open_gguf(rewrite_gguf(f32_file, tmp_path / "dense.gguf",
                                                      edit={"qwen3next.expert_count": None})))
 
 
@@ -116,7 +115,7 @@ def test_mtp_block_is_skipped_like_llama_cpp(synthetic_model, cpu_kernels, tmp_p
     recurrent): the main pass runs the first 6 blocks, as llama.cpp does, with the bits of the file without it."""
     path = synthetic_model("qwen3next", "f32", nextn=1, recurrent_layers=True)
     f = open_gguf(path)
-    c = ModelConfig.from_gguf(f)
+    c = read_config(f)
     assert c.n_layer == 6 and c.n_nextn == 1
     ours = all_logits(load_model(path, cpu_kernels))
     assert rel_err(ours, llama_cpp_logits(path, TOKENS)) < TOL
@@ -172,7 +171,7 @@ def test_logits_match_llama_cpp(synthetic_model, cpu_kernels, dtype, opts):
     0.0018)."""
     path = synthetic_model("qwen3next", dtype, **opts)
     want = opts.get("recurrent_layers", (True, True, False, True, True, False))  # default: every 3rd attends
-    assert ModelConfig.from_gguf(open_gguf(path)).delta_layers == want
+    assert read_config(open_gguf(path)).delta_layers == want
     ours, theirs = all_logits(load_model(path, cpu_kernels)), llama_cpp_logits(path, TOKENS)
     assert rel_err(ours, theirs) < (TOL if dtype == "f32" else QUANT_TOL)
     top2 = np.sort(theirs, axis=1)[:, -2:]

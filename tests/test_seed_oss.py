@@ -16,7 +16,7 @@ from model_checks import (assert_fused_decode_equals_python, assert_matches_llam
                           assert_threshold_after_calibration, info_text, load_model,
                           rel_err, rewrite_gguf)
 
-from powerinfer_py.config import ModelConfig
+from powerinfer_py.models import read_config
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
 
@@ -29,7 +29,7 @@ def all_logits(model) -> np.ndarray:
 
 
 def test_config(synthetic_model):
-    c = ModelConfig.from_gguf(open_gguf(synthetic_model("seed_oss", "f32")))
+    c = read_config(open_gguf(synthetic_model("seed_oss", "f32")))
     assert c.arch == "seed_oss" and c.rope_neox and not c.tied_output and c.n_rot == c.head_dim == 32
 
 

@@ -19,13 +19,12 @@ import pytest
 from llama_ref import llama_cpp_logits
 from model_checks import assert_fused_decode_equals_python, load_model, rel_err
 
-from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.gguf.writer import write_gguf
 from powerinfer_py.kernels.cpu import CpuKernels
 from powerinfer_py.gguf.load import load_weights
-from powerinfer_py.models import expected_tensors
+from powerinfer_py.models import expected_tensors, read_config
 from powerinfer_py.models.olmo2 import Olmo2Model
 
 # <s> then the pieces of "Hello world, th"
@@ -70,10 +69,10 @@ class YarnEverywhere(Olmo2Model):
 def test_config(synthetic_model):
     """smollm3: normal RoPE, every 4th layer ((il + 1) % 4 == 0) without it, tied head; olmo2: NeoX RoPE for
     all layers, separate output head."""
-    c = ModelConfig.from_gguf(open_gguf(synthetic_model("smollm3", "f32", n_layer=8)))
+    c = read_config(open_gguf(synthetic_model("smollm3", "f32", n_layer=8)))
     assert c.arch == "smollm3" and not c.rope_neox and c.tied_output and c.n_rot == c.head_dim
     assert c.no_rope_layers == (False, False, False, True, False, False, False, True)
-    c = ModelConfig.from_gguf(open_gguf(synthetic_model("olmo2", "f32")))
+    c = read_config(open_gguf(synthetic_model("olmo2", "f32")))
     assert c.arch == "olmo2" and c.rope_neox and not c.tied_output and c.no_rope_layers == ()
     assert c.attn_scale == pytest.approx(c.head_dim ** -0.5) and c.sliding_window == 0
 
@@ -87,18 +86,18 @@ def test_olmo3_config(synthetic_model, tmp_path):
     attention.sliding_window_pattern says otherwise (one bool per layer); the window layers' RoPE base is
     rope.freq_base_swa when given; a pattern of the wrong length is a clear error."""
     path = synthetic_model("olmo2", "f32", **OLMO3)
-    c = ModelConfig.from_gguf(open_gguf(path))
+    c = read_config(open_gguf(path))
     assert c.sliding_window == 4 and c.swa_layers == (True, True, True, False)
     assert c.rope_freq_base_swa == c.rope_freq_base
     f = open_gguf(path)
     tensors = list(f.tensors.values())
     meta = dict(f.metadata, **{"olmo2.attention.sliding_window_pattern": [True, False, True, False],
                                "olmo2.rope.freq_base_swa": 5000.0})
-    c = ModelConfig.from_gguf(open_gguf(write_gguf(tmp_path / "pattern.gguf", meta, tensors)))
+    c = read_config(open_gguf(write_gguf(tmp_path / "pattern.gguf", meta, tensors)))
     assert c.swa_layers == (True, False, True, False) and c.rope_freq_base_swa == 5000.0
     meta["olmo2.attention.sliding_window_pattern"] = [True, False]
     with pytest.raises(ModelFileError, match="sliding_window_pattern has 2 entries for 4 layers"):
-        ModelConfig.from_gguf(open_gguf(write_gguf(tmp_path / "short.gguf", meta, tensors)))
+        read_config(open_gguf(write_gguf(tmp_path / "short.gguf", meta, tensors)))
 
 
 # ---- against llama.cpp ----------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from powerinfer_py.layers.ffn import THRESHOLD_ENV, SparseSettings, resolve_spar
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.kernels import ref
 from powerinfer_py.gguf.load import load_weights
-from powerinfer_py.models import build_model, expected_tensors
+from powerinfer_py.models import build_model, expected_tensors, read_config
 from powerinfer_py.gguf.types import GGMLType, Tensor
 
 PROMPT = [1, 332, 292, 263, 270, 270, 273, 455, 276, 270]
@@ -186,7 +186,7 @@ def test_exact_on_dense_relu_llama_matches_reference(tiny, kernels):
 # ---- modes, threshold, statistics --------------------------------------------------------------------------
 
 def _config(path) -> ModelConfig:
-    return ModelConfig.from_gguf(open_gguf(path))
+    return read_config(open_gguf(path))
 
 
 def test_mode_defaults_and_refusals(tiny, synthetic_model):

@@ -25,7 +25,7 @@ from ln_decoder_checks import (
 )
 from model_checks import info_text, load_model, rewrite_gguf
 
-from powerinfer_py.config import ModelConfig
+from powerinfer_py.models import read_config
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.gguf.types import GGMLType, Tensor
@@ -34,7 +34,7 @@ TWELVE_B = {"parallel": True, "qk_norm": True}
 
 
 def test_config_follows_llama_cpp(synthetic_model):
-    c = ModelConfig.from_gguf(open_gguf(synthetic_model("stablelm", "f32")))
+    c = read_config(open_gguf(synthetic_model("stablelm", "f32")))
     assert c.rope_neox and c.n_rot == 4 and c.head_dim == 16 and c.hidden_act == "silu" and c.n_head_kv == 2
 
 

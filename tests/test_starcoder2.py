@@ -16,13 +16,13 @@ import pytest
 from ln_decoder_checks import TOL, Parallel, check_against_llama_cpp, distances, without
 from model_checks import info_text, load_model, rewrite_gguf
 
-from powerinfer_py.config import ModelConfig
+from powerinfer_py.models import read_config
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf
 
 
 def test_config_follows_llama_cpp(synthetic_model):
-    c = ModelConfig.from_gguf(open_gguf(synthetic_model("starcoder2", "f32")))
+    c = read_config(open_gguf(synthetic_model("starcoder2", "f32")))
     assert c.rope_neox and c.n_rot == c.head_dim == 16 and c.hidden_act == "gelu" and c.n_head_kv == 2
 
 

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from powerinfer_py.synth import sparse as S
 from powerinfer_py.tools.bench import LlamaCppRef
-from powerinfer_py.config import ModelConfig
+from powerinfer_py.models import read_config
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.gguf.types import GGMLType
 
@@ -69,7 +69,7 @@ def test_pwri_reads_back_with_tensors_shapes_and_metadata(made, dtype):
         assert p + "ffn_down.weight" not in f.tensors
     assert f.tensors["token_embd.weight"].shape == (TINY["n_vocab"], D)
     assert f.tensors["output.weight"].shape == (TINY["n_vocab"], D)
-    cfg = ModelConfig.from_gguf(f)
+    cfg = read_config(f)
     assert (cfg.arch, cfg.n_layer, cfg.n_embd, cfg.n_ff, cfg.n_head) == ("llama", 2, D, F, TINY["n_head"])
     assert cfg.is_sparse and cfg.predictor_ranks == (R, R) and cfg.hidden_act == "relu"
     info = S.synth_info(pwri)
@@ -85,7 +85,7 @@ def test_dense_twin_holds_the_same_weights(made):
     fs, fd = open_gguf(pwri), open_gguf(dense)
     assert fd.magic == "GGUF" and not fd.is_sparse
     assert not any(n.endswith(("fc1.weight", "fc2.weight", "ffn_down_t.weight")) for n in fd.tensors)
-    assert ModelConfig.from_gguf(fd).hidden_act == "relu"
+    assert read_config(fd).hidden_act == "relu"
     shared = [n for n in fd.tensors if n in fs.tensors]
     assert len(shared) == len(fd.tensors) - 2  # all but the two ffn_down
     for n in shared:

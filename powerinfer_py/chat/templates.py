@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from ..errors import PowerInferError
+from ..models import find_spec
 
 Message = Mapping[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
 
@@ -217,16 +218,19 @@ def _tojson(value, indent=None, ensure_ascii=False, separators=None, sort_keys=F
 
 
 def default_builtin(arch: str, vocab_has: Callable[[str], bool]) -> str:
-    """The built-in format for a model without its own template, from its architecture and vocabulary."""
-    if arch in ("gemma", "gemma2", "gemma3"):
+    """The built-in format for a model without its own template, from the format its architecture suggests
+    (ArchSpec.chat_format) and its vocabulary."""
+    spec = find_spec(arch)
+    hint = spec.chat_format if spec is not None else ""
+    if hint == "gemma":
         return "gemma"
-    if (arch == "phi3" or (vocab_has("<|assistant|>") and vocab_has("<|end|>"))) and not vocab_has("<|im_start|>"):
+    if (hint == "phi-3" or (vocab_has("<|assistant|>") and vocab_has("<|end|>"))) and not vocab_has("<|im_start|>"):
         return "phi-3"  # Phi-4 (14B) is arch phi3 too, with a ChatML-like vocabulary
-    if arch in ("qwen2", "qwen3", "qwen2moe", "qwen3moe") or vocab_has("<|im_start|>"):
+    if hint == "chatml" or vocab_has("<|im_start|>"):
         return "chatml"
     if vocab_has("<|eot_id|>"):
         return "llama-3"
-    if arch in ("llama", "mistral3") and vocab_has("[INST]"):
+    if hint == "mistral" and vocab_has("[INST]"):
         return "mistral"
     return "plain"
 

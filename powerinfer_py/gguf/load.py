@@ -21,6 +21,7 @@ from gguf import quants as gguf_quants
 from ..config import ModelConfig
 from ..errors import ModelFileError
 from .reader import GGUFFile
+from ..models import read_config
 from .types import KERNEL_TYPES, GGMLType, Tensor
 
 Q8_0_BLOCK = GGML_QUANT_SIZES[GGMLType.Q8_0][0]
@@ -104,10 +105,13 @@ def check_expected(f: GGUFFile, expected: dict[str, tuple[tuple[int, ...], bool]
             raise ModelFileError(f"{f.path}: tensor {name!r} has shape {t.shape}, expected {tuple(shape)}")
 
 
-def load_weights(f: GGUFFile, expected: ExpectedFn | None = None) -> LoadedWeights:
+def load_weights(f: GGUFFile, expected: ExpectedFn | None = None,
+                 config: ModelConfig | None = None) -> LoadedWeights:
     """Config + tensors of `f`, validated against `expected(config)` (name -> (shape, required)) and with
-    every non-kernel type converted once (see the module docstring). Conversions are listed for the user."""
-    config = ModelConfig.from_gguf(f)
+    every non-kernel type converted once (see the module docstring). Conversions are listed for the user.
+    config: the file's, when the caller has read it already (default: models.read_config(f))."""
+    if config is None:
+        config = read_config(f)
     if expected is not None:
         check_expected(f, expected(config))
     tensors: dict[str, Tensor] = {}

@@ -66,10 +66,11 @@ from typing import Mapping
 
 import numpy as np
 
-from ..config import GEMMA_ARCHS, ModelConfig
+from ..config import ModelConfig
 from ..errors import PowerInferError, UnsupportedError
-from ..gguf.types import Tensor
 from ..kernels.ref import FC2T, FC2T_TYPES
+from ..models import archs_with, spec_for
+from ..gguf.types import Tensor
 
 MODES = ("predictor", "exact", "threshold", "off")
 THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"
@@ -78,24 +79,16 @@ DENSE_FALLBACK = 0.5  # batches whose union of active neurons exceeds this fract
 RELU_FAMILY = ("reglu", "fatreglu", "dreglu", "relu", "relu2")
 PREDICTED_GLU = ("swiglu", "geglu")  # non-ReLU FFNs that predictor mode also runs (trained predictors skip the gate)
 GATED = ("swiglu", "geglu", "reglu", "fatreglu", "dreglu")
-RELU_EXPERT_ARCHS = ("smallthinker",)  # MoE archs whose experts are ReLU-gated: `exact` runs them (moe.py)
-TOPK_ARCHS = ("gemma3n",)  # GeGLU FFNs with their own Gaussian top-k: `exact` skips the zeroed up rows (models/)
 
 
 def ffn_variant(config: ModelConfig) -> str:
-    """The FFN variant of a model (see the module docstring)."""
+    """The FFN variant of a model (see the module docstring): the arch's own (spec.ffn_variant: bamboo's dReLU,
+    the Gemma family's GeGLU, ...) or the one hidden_act names; ungated archs run act(Wup·x) itself."""
+    spec = spec_for(config.arch)
     act = config.hidden_act
-    if config.arch == "bamboo":
-        return "dreglu"
-    if config.arch in ("arcee", "nemotron_h"):
-        return "relu2"
-    if config.arch == "apertus":  # xIELU, ungated, not ReLU-family: dense only (models/apertus.py)
-        return "xielu"
-    if config.arch == "smallthinker":  # its experts: relu(gate) * up (moe.py)
-        return "reglu"
-    if config.arch in GEMMA_ARCHS:
-        return "geglu"
-    if config.arch in ("falcon", "opt", "phi2", "starcoder2", "gpt2"):  # ungated
+    if spec.ffn_variant:
+        return spec.ffn_variant
+    if spec.ungated_ffn:
         if act in ("relu", "gelu"):
             return act
         raise UnsupportedError(f"{config.arch}: hidden_act {act!r} is not supported for this architecture "
@@ -139,11 +132,12 @@ def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: floa
         mode = default_mode(config)
     if mode not in MODES:
         raise UnsupportedError(f"unknown sparse mode {mode!r}; one of {', '.join(MODES)}")
-    if config.n_expert and mode != "off" and not (mode == "exact" and config.arch in RELU_EXPERT_ARCHS):
+    spec = spec_for(config.arch)
+    if config.n_expert and mode != "off" and not (mode == "exact" and spec.relu_experts):
         raise UnsupportedError(f"sparse mode {mode!r} is for dense FFNs; this {config.arch} model is a mixture of "
                                f"experts (each token already runs only {config.n_expert_used} of its "
                                f"{config.n_expert} experts): use 'off' ('exact' also runs the ReLU experts of "
-                               f"{', '.join(RELU_EXPERT_ARCHS)})")
+                               f"{', '.join(archs_with(lambda s: s.relu_experts))})")
     variant = ffn_variant(config)
     if mode == "predictor" and not config.is_sparse:
         raise UnsupportedError("sparse mode 'predictor' needs a PowerInfer (PWRI) file with predictors; this "
@@ -160,7 +154,7 @@ def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: floa
         target = sparsity if sparsity is not None else config.calibrated_sparsity or 0.0
         return SparseSettings(mode, 0.0, float(target), cuts, scales=config.ffn_neuron_scales, up_cuts=up_cuts)
     if (mode != "off" and variant not in RELU_FAMILY and not (mode == "predictor" and variant in PREDICTED_GLU)
-            and not (mode == "exact" and config.arch in TOPK_ARCHS)):
+            and not (mode == "exact" and spec.topk_ffn)):
         hint = ("'threshold' (after `powerinfer calibrate`) or 'off'" if variant in ("swiglu", "geglu") else "'off'")
         raise UnsupportedError(f"sparse mode {mode!r} needs a ReLU-family FFN; this {config.arch} model's FFN "
                                f"is {variant}: use {hint}")

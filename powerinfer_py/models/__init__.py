@@ -1,9 +1,16 @@
-"""Models: one module per architecture family, chosen by config.arch.
+"""Models: one module per architecture, found by its GGUF name.
 
+    read_config(f) -> ModelConfig   (config.read with the arch's spec and its read_args)
     build_model(config, tensors, kernels, sparse=None) -> Model
                                     (Model.forward(tokens, cache, all_logits=False), Model.new_cache(n_ctx),
                                      Model.sparsity: per-layer active-neuron counts or None)
     expected_tensors(config) -> {name: (shape numpy order, required)}   (for loader.load_weights)
+    spec_for(arch) -> ArchSpec      (models/spec.py: the flags and hooks of one architecture)
+
+The module of an architecture is models/<arch>.py with "-" written "_" (gpt-oss: gpt_oss.py), or the one that
+ALIASES names when several archs share a module; that module's SPEC or VARIANTS holds the arch's ArchSpec.
+Modules are imported when an arch is first asked for. The supported archs are the specs those modules hold
+(supported_archs()): no list here to keep in step with them.
 
 `kernels` is a kernels.cpu.CpuKernels or kernels.ref.RefKernels; models call only the methods listed in
 kernels/__init__.py, so every backend runs every model. `sparse` is an ffn.SparseSettings (mode, threshold);
@@ -11,121 +18,109 @@ None means ffn.resolve_sparse(config): predictor mode for PWRI files, dense othe
 """
 from __future__ import annotations
 
-from typing import Mapping
+import importlib
+import pkgutil
+import re
+from typing import Callable
 
-from ..config import ModelConfig
+from .. import config as _config
+from ..config import MetaReader, ModelConfig
 from ..errors import UnsupportedError
-from ..gguf.types import Tensor
-from ..layers.ffn import SparseSettings
-from . import bamboo, falcon, gemma, gemma3, llama, opt, phi3, qwen2, qwen3
-from . import exaone4, olmo2, smollm3
-from . import granite
-from . import gptoss
-from . import arcee
-from . import ernie
-from . import deepseek2
-from . import glm4
-from . import lfm2
-from . import mistral3
-from . import gemma4
-from . import gemma3n
-from . import smallthinker
-from . import qwen35, qwen3next
-from . import nemotron_h
-from . import granite_hybrid
-from . import cohere
-from . import afmoe, bailing
-from . import falcon_h1
-from . import minicpm, olmoe
-from . import apertus, hunyuan, seed_oss
-from . import llama4
-from . import exaone, internlm2
-from . import ln_decoder
-from .base import Expected, Model
+from .spec import ArchSpec
 
-_FAMILIES = {
-    "llama": (llama.LlamaModel, llama.expected_tensors),
-    "qwen2": (qwen2.Qwen2Model, qwen2.expected_tensors),
-    "qwen3": (qwen3.Qwen3Model, qwen3.expected_tensors),
-    "qwen2moe": (qwen2.Qwen2Model, qwen2.expected_tensors),  # the same blocks with experts (base.build_moe)
-    "qwen3moe": (qwen3.Qwen3Model, qwen3.expected_tensors),
-    "gemma": (gemma.GemmaModel, gemma.expected_tensors),
-    "gemma2": (gemma.Gemma2Model, gemma.expected_tensors),
-    "gemma3": (gemma3.Gemma3Model, gemma3.expected_tensors),
-    "bamboo": (bamboo.BambooModel, bamboo.expected_tensors),
-    "falcon": (falcon.FalconModel, falcon.expected_tensors),
-    "opt": (opt.OptModel, opt.expected_tensors),
-    "phi3": (phi3.Phi3Model, phi3.expected_tensors),
-    "smollm3": (smollm3.SmolLM3Model, smollm3.expected_tensors),
-    "olmo2": (olmo2.Olmo2Model, olmo2.expected_tensors),
-    "exaone4": (exaone4.Exaone4Model, exaone4.expected_tensors),
-    "granite": (granite.GraniteModel, granite.expected_tensors),
-    "granitemoe": (granite.GraniteModel, granite.expected_tensors),  # with experts (GraniteModel.build_moe)
-    "gpt-oss": (gptoss.GptOssModel, gptoss.expected_tensors),
-    "arcee": (arcee.ArceeModel, arcee.expected_tensors),
-    "ernie4_5": (ernie.ErnieModel, ernie.expected_tensors),
-    "ernie4_5-moe": (ernie.ErnieModel, ernie.expected_tensors),  # leading dense layers, then experts
-    "deepseek2": (deepseek2.DeepSeek2Model, deepseek2.expected_tensors),  # MLA + leading dense layers, experts
-    "glm4": (glm4.Glm4Model, glm4.expected_tensors),  # sandwich norms, fused gate+up, partial RoPE
-    "glm4moe": (glm4.Glm4Model, glm4.expected_tensors),  # leading dense layers, sigmoid-routed experts
-    "lfm2": (lfm2.Lfm2Model, lfm2.expected_tensors),  # gated short-convolution layers + attention layers
-    "lfm2moe": (lfm2.Lfm2Model, lfm2.expected_tensors),  # the same with leading dense layers, then experts
-    "mistral3": (mistral3.Mistral3Model, mistral3.expected_tensors),  # llama + attention temperature
-    "gemma4": (gemma4.Gemma4Model, gemma4.expected_tensors),  # per-layer shapes, shared K/V, per-layer embeddings
-    "smallthinker": (smallthinker.SmallThinkerModel, smallthinker.expected_tensors),  # ReLU experts, NoPE + SWA
-    "qwen35": (qwen35.Qwen35Model, qwen35.expected_tensors),  # gated delta-net layers + gated attention layers
-    "qwen35moe": (qwen35.Qwen35Model, qwen35.expected_tensors),  # the same with experts and a shared expert
-    "qwen3next": (qwen3next.Qwen3NextModel, qwen3next.expected_tensors),  # qwen35moe with fused projections
-    "nemotron_h": (nemotron_h.NemotronHModel, nemotron_h.expected_tensors),  # Mamba-2 mixers + attention + FFNs
-    "nemotron_h_moe": (nemotron_h.NemotronHModel, nemotron_h.expected_tensors),  # the same, expert FFN layers
-    "mamba2": (nemotron_h.NemotronHModel, nemotron_h.expected_tensors),  # the same with every layer a mixer
-    "granitehybrid": (granite_hybrid.GraniteHybridModel, granite_hybrid.expected_tensors),  # mixers + attention, granite FFNs
-    "falcon-h1": (falcon_h1.FalconH1Model, falcon_h1.expected_tensors),  # attention + Mamba-2 mixer on every layer
-    "gemma3n": (gemma3n.Gemma3nModel, gemma3n.expected_tensors),  # AltUp streams, LAuReL, top-k sparse FFNs
-    "command-r": (cohere.CohereModel, cohere.expected_tensors),  # LayerNorm, parallel attention + FFN, logit scale
-    "cohere2": (cohere.CohereModel, cohere.expected_tensors),  # the same, windowed RoPE layers + NoPE global ones
-    "bailingmoe2": (bailing.BailingMoe2Model, bailing.expected_tensors),  # Ling 2.0: fused QKV, grouped sigmoid experts
-    "afmoe": (afmoe.AfmoeModel, afmoe.expected_tensors),  # Trinity: gated attention, post-norms, SWA + NoPE, experts
-    "minicpm": (minicpm.MiniCPMModel, minicpm.expected_tensors),  # granite's scalars (MiniCPM defaults), LongRoPE
-    "minicpm3": (minicpm.MiniCPM3Model, minicpm.expected_tensors_3),  # deepseek2's MLA, dense FFN, fixed scalars
-    "olmoe": (olmoe.OlmoeModel, olmoe.expected_tensors),  # whole-width Q/K norms, softmax experts
-    "hunyuan-dense": (hunyuan.HunyuanDenseModel, hunyuan.expected_tensors),  # Q/K norms after RoPE
-    "apertus": (apertus.ApertusModel, apertus.expected_tensors),  # Q/K norms, xIELU FFN (ungated)
-    "seed_oss": (seed_oss.SeedOssModel, seed_oss.expected_tensors),  # q/k/v biases, post_attention_norm as FFN norm
-    "llama4": (llama4.Llama4Model, llama4.expected_tensors),  # chunked + NoPE attention, interleaved MoE layers
-    "exaone": (exaone.ExaoneModel, exaone.expected_tensors),  # llama block, NeoX RoPE, optional rope_freqs
-    "internlm2": (internlm2.InternLM2Model, internlm2.expected_tensors),  # llama block, untied head
-    "phi2": (ln_decoder.LnDecoderModel, ln_decoder.expected_tensors),  # LayerNorm + biases, parallel, partial RoPE
-    "stablelm": (ln_decoder.LnDecoderModel, ln_decoder.expected_tensors),  # LayerNorm, SwiGLU, optional Q/K norms
-    "starcoder2": (ln_decoder.LnDecoderModel, ln_decoder.expected_tensors),  # LayerNorm + biases, GELU, sequential
-    "gpt2": (ln_decoder.LnDecoderModel, ln_decoder.expected_tensors),  # starcoder2's block, learned positions, no RoPE
+# arch -> module stem, where several archs share one module (the others: the arch with "-" -> "_")
+ALIASES = {
+    "qwen2moe": "qwen2", "qwen2vl": "qwen2",
+    "qwen3moe": "qwen3", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3",
+    "gemma2": "gemma",
+    "granitemoe": "granite",
+    "ernie4_5-moe": "ernie4_5",
+    "glm4moe": "glm4",
+    "lfm2moe": "lfm2",
+    "qwen35moe": "qwen35",
+    "nemotron_h_moe": "nemotron_h", "mamba2": "nemotron_h",
+    "cohere2": "command_r",
+    "minicpm3": "minicpm",
+    "phi2": "ln_decoder", "stablelm": "ln_decoder", "starcoder2": "ln_decoder", "gpt2": "ln_decoder",
 }
-# families that read PWRI files (predictors, down_t); the qwen2, qwen3 and gemma ones come from
-# `powerinfer train-predictor` (SwiGLU/GeGLU predictors, ffn.py predictor mode)
-_SPARSE_FAMILIES = ("llama", "bamboo", "falcon", "opt", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "lfm2")
+_STEM = re.compile(r"[a-z][a-z0-9_]*\Z")  # a module name an arch string may map to (no dots, no dunders)
+_SPECS: dict[str, ArchSpec | None] = {}
 
 
-def _family(config: ModelConfig):
+def module_for(arch: str):
+    """The module that runs `arch`, or None when models/ has none of that name."""
+    stem = ALIASES.get(arch, arch.replace("-", "_"))
+    if not _STEM.match(stem):
+        return None
+    name = f"{__name__}.{stem}"
     try:
-        return _FAMILIES[config.arch]
-    except KeyError:
-        raise UnsupportedError(f"no model for architecture {config.arch!r}; runnable: "
-                               f"{', '.join(_FAMILIES)}") from None
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name == name:
+            return None
+        raise
 
 
-def build_model(config: ModelConfig, tensors: Mapping[str, Tensor], kernels,
-                sparse: SparseSettings | None = None) -> Model:
+def _module_specs(mod) -> dict[str, ArchSpec]:
+    specs = (getattr(mod, "SPEC", None), *getattr(mod, "VARIANTS", ()))
+    return {s.name: s for s in specs if isinstance(s, ArchSpec)}
+
+
+def find_spec(arch: str) -> ArchSpec | None:
+    """The spec of `arch`, or None when no module of models/ runs it."""
+    if arch not in _SPECS:
+        mod = module_for(arch) if isinstance(arch, str) else None
+        _SPECS[arch] = None if mod is None else _module_specs(mod).get(arch)
+    return _SPECS[arch]
+
+
+def supported_archs() -> tuple[str, ...]:
+    """Every arch some module of models/ runs, sorted (each reached through module_for)."""
+    names = set()
+    for info in pkgutil.iter_modules(__path__):
+        if not info.name.startswith("_"):
+            names.update(_module_specs(importlib.import_module(f"{__name__}.{info.name}")))
+    return tuple(sorted(a for a in names if find_spec(a) is not None))
+
+
+def archs_with(test: Callable[[ArchSpec], bool]) -> list[str]:
+    """The supported archs whose spec passes `test` (for messages that list them); text_of files count as the
+    arch they name, not on their own."""
+    return [a for a in supported_archs() if not find_spec(a).text_of and test(find_spec(a))]
+
+
+def spec_for(arch: str) -> ArchSpec:
+    """The spec of a runnable arch; an UnsupportedError naming the runnable ones otherwise."""
+    spec = find_spec(arch)
+    if spec is None or spec.model is None or spec.text_of:  # (a config's arch is never a text_of one)
+        raise UnsupportedError(f"no model for architecture {arch!r}; runnable: "
+                               f"{', '.join(archs_with(lambda s: s.model is not None))}")
+    return spec
+
+
+def read_config(f) -> ModelConfig:
+    """The ModelConfig of GGUF file `f`; an architecture no module runs is an UnsupportedError."""
+    arch = MetaReader(f).get("general.architecture", kind=str)
+    spec = find_spec(arch)
+    if spec is None:
+        raise UnsupportedError(f"{f.path}: architecture {arch!r} is not supported; supported: "
+                               f"{', '.join(supported_archs())}")
+    return _config.read(f, spec, getattr(module_for(arch), "read_args", None), archs_with)
+
+
+def build_model(config: ModelConfig, tensors, kernels, sparse=None):
     """Every family builds its FFNs from ffn.FFN, so every model accepts the sparse modes its FFN variant
-    supports (ffn.resolve_sparse says which); only the PWRI families read predictor files."""
-    cls = _family(config)[0]
-    if config.is_sparse and config.arch not in _SPARSE_FAMILIES:
+    supports (ffn.resolve_sparse says which); only the PWRI archs (spec.pwri) read predictor files."""
+    spec = spec_for(config.arch)
+    if config.is_sparse and not spec.pwri:
         raise UnsupportedError(f"architecture {config.arch!r} has no PowerInfer (PWRI) variant; PWRI files "
-                               f"exist for {', '.join(_SPARSE_FAMILIES)}")
-    return cls(config, tensors, kernels, sparse)
+                               f"exist for {', '.join(archs_with(lambda s: s.pwri))}")
+    return spec.model(config, tensors, kernels, sparse)
 
 
-def expected_tensors(config: ModelConfig) -> Expected:
-    return _family(config)[1](config)
+def expected_tensors(config: ModelConfig):
+    return spec_for(config.arch).expected(config)
 
 
-__all__ = ["Model", "build_model", "expected_tensors"]
+__all__ = ["ALIASES", "ArchSpec", "archs_with", "build_model", "expected_tensors", "find_spec", "module_for",
+           "read_config", "spec_for", "supported_archs"]

@@ -29,11 +29,13 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
-from ..errors import UnsupportedError
-from ..gguf.types import Tensor
+from ..errors import ModelFileError, UnsupportedError
 from ..layers.cache import KVCache
 from ..layers.moe import MoEFFN
+from ..gguf.types import Tensor
+from .bailingmoe2 import read_args  # noqa: F401
 from .base import Expected, Model, get_tensor, llama_like_expected, norm_weight
+from .spec import ArchSpec
 
 _ATTN_EXTRAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "attn_qkv.weight")
 
@@ -115,3 +117,30 @@ class AfmoeModel(Model):
             x += k.rmsnorm(self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x), L.post_ffw_norm, eps)
         cache.n_past = p0 + n
         return self._head(x, all_logits)
+
+
+AFMOE_SWA_PERIOD = 4  # afmoe: default of {arch}.attention.sliding_window_pattern (3 windowed, 1 global)
+
+
+def afmoe_swa(r, n_layer: int, rope_freq_base: float) -> tuple[int, tuple[bool, ...], float]:
+    """afmoe's (sliding_window, swa_layers, rope_freq_base_swa) (module docstring)."""
+    window = r.get("{arch}.attention.sliding_window", 0)
+    if window <= 0:  # llama.cpp builds the windowed attention inputs whatever the file says, and crashes
+        raise UnsupportedError(f"{r.f.path}: afmoe files without {r.key('{arch}.attention.sliding_window')} > 0 "
+                               "are not supported (llama.cpp cannot run them either)")
+    pattern = r.meta.get(r.key("{arch}.attention.sliding_window_pattern"), AFMOE_SWA_PERIOD)
+    if isinstance(pattern, list):
+        if len(pattern) < n_layer:
+            raise ModelFileError(f"{r.f.path}: {r.key('{arch}.attention.sliding_window_pattern')} has "
+                                 f"{len(pattern)} flags for {n_layer} layers")
+        layers = tuple(bool(p) for p in pattern[:n_layer])
+    elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern >= 0:
+        layers = tuple(pattern == 0 or il % pattern < pattern - 1 for il in range(n_layer))
+    else:
+        raise ModelFileError(f"{r.f.path}: {r.key('{arch}.attention.sliding_window_pattern')} should be a period "
+                             f">= 0 or per-layer flags, got {pattern!r}")
+    return window, layers, r.get("{arch}.rope.freq_base_swa", rope_freq_base, kind=float)
+
+
+SPEC = ArchSpec("afmoe", model=AfmoeModel, expected=expected_tensors, rope_neox=True, moe=True, moe_norm=False,
+                swa=afmoe_swa)

@@ -18,18 +18,27 @@ in f32, in that order. It is not ReLU-family (negative inputs give non-zero outp
 every sparse mode is refused (ffn.resolve_sparse: variant "xielu"); the FFN runs dense, with the FFN observer
 hook (profile) seeing xielu(up·x). The optional attn_q_norm.bias / attn_k_norm.bias that llama.cpp loads it
 does not use, and neither do we. One-token steps run the attention block as one C call (attn_block.c).
+
+Metadata keys (config.read with SPEC and its hooks; defaults are llama.cpp's):
+  apertus (Swiss AI Apertus 8B / 70B): NeoX RoPE (optional rope_freqs.weight: LLaMA 3 scaling); xIELU activation
+          with learned per-layer parameters xielu.alpha_n, xielu.alpha_p, xielu.beta, xielu.eps (keys without
+          the arch prefix, as llama.cpp names them; each an array of n_layer floats or one float for all
+          layers, all required). They are stored raw: models/apertus.py applies the softplus as ggml_xielu does.
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import numpy as np
 
 from ..config import ModelConfig
+from ..errors import ModelFileError
 from ..gguf.types import Tensor
 from .base import Expected, get_tensor
 from .llama import ATTN_BIASES, LAYER_TENSORS, LlamaModel
 from .llama import expected_tensors as llama_expected
+from .spec import ArchSpec
 
 _F32 = np.float32
 
@@ -97,3 +106,31 @@ class ApertusModel(LlamaModel):
 
 
 __all__ = ["ApertusModel", "XieluFFN", "expected_tensors", "xielu"]
+
+
+XIELU_KEYS = ("xielu.alpha_n", "xielu.alpha_p", "xielu.beta", "xielu.eps")
+
+
+def apertus_keys(r, n_layer: int) -> dict:
+    """{"xielu": per layer (alpha_n, alpha_p, beta, eps)} from the four xielu.* keys."""
+    columns = []
+    for key in XIELU_KEYS:
+        value = r.meta.get(key)
+        if value is None:
+            raise ModelFileError(f"{r.f.path}: missing required metadata key {key!r} (the xIELU activation's "
+                                 "per-layer parameters)")
+        values = value if isinstance(value, list) else [value] * n_layer
+        if len(values) != n_layer or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                             and math.isfinite(v) for v in values):
+            raise ModelFileError(f"{r.f.path}: metadata key {key!r} must be one finite number or {n_layer} "
+                                 f"(one per layer), got {value!r}")
+        columns.append([float(v) for v in values])
+    return {"xielu": tuple(zip(*columns))}
+
+
+def read_args(r, d: dict) -> None:
+    d.update(apertus_keys(r, d["n_layer"]))
+
+
+SPEC = ArchSpec("apertus", model=ApertusModel, expected=expected_tensors, rope_neox=True, yarn=True,
+                ffn_variant="xielu")  # xIELU: ungated and not ReLU-family, dense only

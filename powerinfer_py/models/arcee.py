@@ -16,6 +16,10 @@ Sparsity: relu(u)^2 is exactly zero wherever u <= 0, so a neuron is active iff r
 `--sparse exact` computes the up projection densely (it is the gating pre-activation) and the rest only for
 the active neurons, bit for bit the dense result. On a dense GGUF file the down projection stays the dense
 ffn_down matmul of the scattered h (ffn.py explains why), so the saving there is in the element-wise work only.
+
+Metadata keys (config.read with SPEC; defaults are llama.cpp's):
+  arcee   (Arcee AFM) the llama block (normal RoPE, optional rope_freqs.weight, YaRN from the metadata) with an
+          ungated squared-ReLU FFN, relu(up·x)^2 (ffn.py "relu2", whatever powerinfer.hidden_act says)
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from ..config import ModelConfig
 from .base import Expected
 from .llama import LlamaModel
 from .llama import expected_tensors as llama_expected
+from .spec import ArchSpec
 
 
 def expected_tensors(c: ModelConfig) -> Expected:
@@ -38,3 +43,7 @@ class ArceeModel(LlamaModel):
 
 
 __all__ = ["ArceeModel", "expected_tensors"]
+
+
+SPEC = ArchSpec("arcee", model=ArceeModel, expected=expected_tensors, yarn=True, hidden_act="relu",
+                ffn_variant="relu2")

@@ -28,19 +28,36 @@ be transposed; this costs 4 bytes per weight of those tensors).
 ffn_il: SwiGLU (feed_forward_length wide) on the first leading_dense_block_count layers; then moe.MoEFFN with
 softmax or sigmoid router scores, the optional selection bias exp_probs_b.bias, group-limited selection,
 optional renormalization and the routed scale, plus an ungated shared SwiGLU expert (ffn_*_shexp).
+
+Metadata keys (config.read with SPEC and read_args; defaults are llama.cpp's):
+  deepseek2 (DeepSeek-V2/V2-Lite/V3, Moonlight) multi-head latent attention (models/deepseek2.py) plus experts:
+          head_dim is the q/k head width, nope + rope ({arch}.attention.key_length_mla in files with the split
+          attn_k_b/attn_v_b, key_length in older files with attn_kv_b), v_head_dim the value width
+          (value_length_mla / value_length), n_rot = rope.dimension_count the rotated tail of each head (normal
+          layout); {arch}.attention.kv_lora_rank, q_lora_rank (absent or 0: a plain attn_q); n_head_kv is 1 (the
+          cache holds one latent + rope key per token). {arch}.leading_dense_block_count dense layers, then
+          experts with expert_gating_func (absent/1 softmax, 2 sigmoid), expert_weights_norm (default off),
+          expert_weights_scale (absent/0: 1), expert_group_count / expert_group_used_count, and an ungated shared
+          expert expert_shared_count x expert_feed_forward_length wide. YaRN as llama.cpp computes it for this
+          arch: with L = rope.scaling.yarn_log_multiplier / 0.1 (0 when absent) and factor F, the rotated dims are
+          scaled by a = attn_factor (times 1 + 0.1 ln F when L is absent) and attn_scale is
+          (a (1 + 0.1 L ln F))^2 / sqrt(head_dim)
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import numpy as np
 
 from ..config import ModelConfig
+from ..errors import ModelFileError, UnsupportedError
 from ..gguf.types import GGMLType, Tensor
 from ..kernels.ref import dequantize
 from ..layers.cache import KVCache, lazy_zeros
 from ..layers.moe import MoEFFN
 from .base import Expected, Model, ffn_expected, get_tensor, head_expected, norm_weight
+from .spec import ArchSpec
 
 
 def expected_tensors(c: ModelConfig) -> Expected:
@@ -168,3 +185,76 @@ class DeepSeek2Model(Model):
             x += self.ffns[il](k.rmsnorm(x, L.ffn_norm, c.norm_eps), x)
         cache.n_past = p0 + ids.shape[0]
         return self._head(x, all_logits)
+
+
+def _mla(r, d: dict) -> dict:
+    return deepseek2_keys(r, d["n_layer"], d["n_head"])
+
+
+def deepseek2_keys(r, n_layer: int, n_head: int) -> dict:
+    """deepseek2's MLA and routing fields (module docstring) plus "head_dim" (the q/k head width)."""
+    kv_lora = r.positive("{arch}.attention.kv_lora_rank")
+    q_lora = r.get("{arch}.attention.q_lora_rank", 0)
+    split = any(r.key(k) in r.meta for k in ("{arch}.attention.key_length_mla",
+                                                  "{arch}.attention.value_length_mla"))
+    suffix = "_mla" if split else ""
+    head_dim = r.positive("{arch}.attention.key_length" + suffix)
+    v_dim = r.positive("{arch}.attention.value_length" + suffix, None if split else head_dim)
+    lead = r.get("{arch}.leading_dense_block_count", 0)
+    if not 0 <= lead <= n_layer or q_lora < 0:
+        raise ModelFileError(f"{r.f.path}: leading_dense_block_count {lead} must be in 0..{n_layer} and "
+                             f"q_lora_rank {q_lora} >= 0")
+    if r.get("{arch}.attention.temperature_scale", 0.0, kind=float):
+        raise UnsupportedError(f"{r.f.path}: deepseek2 files with attention temperature tuning are not supported")
+    gating = r.get("{arch}.expert_gating_func", 0)
+    if gating == 0:  # older V2 files carry no key: softmax (llama.cpp's GLM-4.7-Flash guess aside)
+        gating = 2 if n_layer in (47, 48) and r.n_vocab() == 154880 else 1
+    if gating not in (1, 2):
+        raise UnsupportedError(f"{r.f.path}: {r.key('{arch}.expert_gating_func')} {gating} is not "
+                               "supported (1 softmax, 2 sigmoid)")
+    norm = r.meta.get(r.key("{arch}.expert_weights_norm"), False)
+    if not isinstance(norm, bool):
+        raise ModelFileError(f"{r.f.path}: {r.key('{arch}.expert_weights_norm')} should be a bool")
+    scale = r.get("{arch}.expert_weights_scale", 0.0, kind=float)
+    groups, used = r.get("{arch}.expert_group_count", 0), r.get("{arch}.expert_group_used_count", 0)
+    n_expert = r.positive("{arch}.expert_count")
+    if groups > 1 and (n_expert % groups or not 0 < used <= groups):
+        raise ModelFileError(f"{r.f.path}: {n_expert} experts in {groups} groups with {used} used is not "
+                             "a valid expert grouping")
+    return {"head_dim": head_dim, "q_lora_rank": q_lora, "kv_lora_rank": kv_lora, "v_head_dim": v_dim,
+            "mla_kv_split": split, "moe_layers": tuple(il >= lead for il in range(n_layer)),
+            "expert_gating": "sigmoid" if gating == 2 else "softmax",
+            "expert_weights_scale": scale if scale else 1.0,
+            "n_expert_groups": groups if groups > 1 else 0, "n_expert_group_used": used if groups > 1 else 0,
+            "_norm": norm, "_n_shared": r.get("{arch}.expert_shared_count", 0)}
+
+
+def deepseek2_yarn(r, head_dim: int, rope_scale: float, yarn: bool) -> tuple[float, float]:
+    """(rope_mscale, attn_scale) of a deepseek2 file: llama.cpp's YaRN for this arch (module docstring)."""
+    if rope_scale != 1.0:
+        raise UnsupportedError(f"{r.f.path}: linear RoPE scaling of a deepseek2 file is not supported")
+    attn_factor = r.get("{arch}.rope.scaling.attn_factor", 1.0, kind=float)
+    if not yarn:
+        return attn_factor, attn_factor * attn_factor / math.sqrt(head_dim)
+    ln_f = math.log(r.get("{arch}.rope.scaling.factor", kind=float))
+    log_mul_key = "{arch}.rope.scaling.yarn_log_multiplier"
+    log_mul = r.get(log_mul_key, 0.0, kind=float) / 0.1  # the converter stores 0.1 * mscale_all_dim
+    a = attn_factor * (1.0 if r.key(log_mul_key) in r.meta else 1.0 + 0.1 * ln_f)
+    m = a * (1.0 + 0.1 * log_mul * ln_f)
+    return a, m * m / math.sqrt(head_dim)
+
+
+def read_args(r, d: dict) -> None:
+    """The renormalization and shared experts from their own keys; llama.cpp's YaRN for this arch."""
+    d.update(expert_weights_norm=d.pop("_norm"), n_ff_shexp=d["n_ff_exp"] * d.pop("_n_shared"))
+    d["rope_mscale"], d["attn_scale"] = deepseek2_yarn(r, d["head_dim"], d["rope_freq_scale"], bool(d["rope_factors"]))
+
+
+def describe(c: dict) -> list[tuple[str, str]]:
+    return [("deepseek2", f"latent attention (MLA): cache {c['kv_lora_rank']} + {c['n_rot']} per token; q rank "
+             f"{c['q_lora_rank'] or 'full'}; router {c['expert_gating']}, x{c['expert_weights_scale']:g}"
+             + (f", {c['n_expert_groups']} groups ({c['n_expert_group_used']} used)" if c["n_expert_groups"] else ""))]
+
+
+SPEC = ArchSpec("deepseek2", model=DeepSeek2Model, expected=expected_tensors, yarn=True, moe=True, moe_norm=False,
+                mla=_mla, describe=describe)  # moe_norm: read from {arch}.expert_weights_norm (read_args)

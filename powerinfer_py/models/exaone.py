@@ -21,6 +21,7 @@ from ..errors import ModelFileError
 from .base import Expected
 from .llama import ATTN_BIASES, LAYER_TENSORS, LlamaModel
 from .llama import expected_tensors as llama_expected
+from .spec import ArchSpec
 
 QKV_BIASES = {k: v for k, v in ATTN_BIASES.items() if k != "bo"}
 
@@ -52,3 +53,6 @@ class ExaoneModel(LlamaModel):
 
 
 __all__ = ["ExaoneModel", "check_full_rotation", "expected_tensors"]
+
+
+SPEC = ArchSpec("exaone", model=ExaoneModel, expected=expected_tensors, rope_neox=True, yarn=True)

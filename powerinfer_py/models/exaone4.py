@@ -13,6 +13,11 @@ The output matrix is optional (tied to token_embd.weight when absent).
 
 One-token steps run each attention block as one C call (attn_block.c) as olmo2's do, with per-head Q/K norms
 and n_rot 0 on the layers without RoPE; same bits as the Python path (tests/test_exaone4.py).
+
+Metadata keys (config.read with SPEC and read_args; defaults are llama.cpp's):
+  exaone4 (EXAONE 4.0 / 4.5) olmo2's block with per-head Q/K norms, rope_freqs.weight factors and NeoX RoPE;
+          64-layer files only (the 32B) get sliding windows (attention.sliding_window, default 4096, pattern as
+          OLMo 3's) and no RoPE on their global layers; nextn_predict_layers trailing blocks are not run
 """
 from __future__ import annotations
 
@@ -20,7 +25,8 @@ from ..config import ModelConfig
 from . import olmo2
 from .base import Expected
 from .llama import rope_factors
-from .olmo2 import Olmo2Model
+from .olmo2 import Olmo2Model, olmo3_swa
+from .spec import ArchSpec
 
 
 def expected_tensors(c: ModelConfig) -> Expected:
@@ -62,3 +68,33 @@ class Exaone4Model(Olmo2Model):
         if c.no_rope_layers and c.no_rope_layers[il]:
             kw["n_rot"] = 0
         return kw
+
+
+EXAONE4_SWA_LAYERS = 64  # exaone4: only files of this depth (32B) get sliding windows in llama.cpp
+EXAONE4_SLIDING_WINDOW = 4096  # their window when no key gives one
+
+
+def exaone4_swa(r, n_layer: int, rope_freq_base: float) -> tuple[int, tuple[bool, ...], float]:
+    """exaone4: llama.cpp gives sliding windows to 64-layer files only (EXAONE 4.0 32B; default 4096 tokens,
+    pattern as OLMo 3's); any other depth attends everywhere whatever the keys say (the 1.2B model)."""
+    if n_layer != EXAONE4_SWA_LAYERS:
+        return 0, (False,) * n_layer, rope_freq_base
+    window, layers, base_swa = olmo3_swa(r, n_layer, rope_freq_base)
+    if not window:  # no key: llama.cpp's default window with the default pattern
+        window = EXAONE4_SLIDING_WINDOW
+        layers = tuple(il % olmo2.OLMO3_SWA_PERIOD != olmo2.OLMO3_SWA_PERIOD - 1 for il in range(n_layer))
+    return window, layers, base_swa
+
+
+def exaone4_no_rope(r, n_layer: int) -> dict:
+    """With windows, the global layers have no RoPE (ModelConfig.no_rope_layers); {} without."""
+    window, layers, _ = exaone4_swa(r, n_layer, 0.0)
+    return {"no_rope_layers": tuple(not swa for swa in layers)} if window else {}
+
+
+def read_args(r, d: dict) -> None:
+    d.update(exaone4_no_rope(r, d["n_layer"]))
+
+
+SPEC = ArchSpec("exaone4", model=Exaone4Model, expected=expected_tensors, rope_neox=True, nextn=True,
+                swa=exaone4_swa)

@@ -8,6 +8,9 @@ Per layer, with x the layer input:
     x = x + Wo · a + ffn(m)       ffn: Wdown · act(Wup · m), act relu (ReluFalcon) or gelu (Falcon)
 Logits: layernorm(x) * output_norm + output_norm_b, then output.weight (token_embd.weight when absent).
 No biases on the projections. In PWRI files the predictor input is x, the layer input (FORMATS.md section 2).
+
+Metadata keys (config.read with SPEC; defaults are llama.cpp's):
+  falcon  LayerNorm with biases, fused attn_qkv, NeoX RoPE, parallel attention + MLP, no ffn_norm
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..layers.cache import KVCache
 from .base import Expected, Model, head_expected, sparsify_expected
+from .spec import ArchSpec
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight", "attn_norm_b": "attn_norm.bias",
@@ -72,3 +76,7 @@ class FalconModel(Model):
 
         cache.n_past = p0 + n
         return self._head(x, all_logits)
+
+
+SPEC = ArchSpec("falcon", model=FalconModel, expected=expected_tensors, rope_neox=True, layer_norm=True,
+                hidden_act="gelu", hidden_act_pwri="relu", ungated_ffn=True, pwri=True)  # PWRI: ReluFalcon

@@ -36,6 +36,8 @@ from ..layers.cache import Mamba2KVCache
 from ..layers.ffn import SparseSettings
 from .base import Expected, Model, get_tensor, head_expected, norm_weight
 from .mamba2_mixer import Mamba2Mixer, mamba2_dims, mamba2_expected, mamba2_tensors
+from .nemotron_h import mamba2_layout
+from .spec import ArchSpec
 
 LAYER_TENSORS = {"attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight",
                  "wv": "attn_v.weight", "wo": "attn_output.weight"}
@@ -101,3 +103,15 @@ class FalconH1Model(Mamba2Mixer, Model):
             x += self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x)
         cache.end(p0 + ids.shape[0])
         return self._head(x, all_logits)
+
+
+def describe(c: dict) -> list[tuple[str, str]]:
+    """Every layer: attention and a mixer side by side, then an FFN."""
+    heads = c["ssm_n_v_heads"]
+    return [("layer kinds", f"every layer: attention + Mamba-2 mixer in parallel, then SwiGLU FFN (mixers: "
+             f"{heads} heads of {c['ssm_d_inner'] // heads}, {c['ssm_n_group']} group(s), state "
+             f"{c['ssm_d_state']}, conv over {c['conv_kernel']} tokens)")]
+
+
+SPEC = ArchSpec("falcon-h1", model=FalconH1Model, expected=expected_tensors, rope_neox=True, layout=mamba2_layout,
+                parallel_mixer=True, describe=describe)

@@ -14,12 +14,22 @@
 GGUF norm weights already include Gemma's "+1" (the converter added it), so every norm is a plain RMSNorm
 multiply. Layers with il % 6 != 5 are sliding-window layers (config.swa_layers). head_dim is its own hparam
 (256 on the 270M model, not n_embd / n_head). No logit soft-capping in Gemma 3.
+
+Metadata keys (config.read with SPEC and read_args; defaults are llama.cpp's):
+  gemma3  NeoX RoPE; layers with il % 6 != 5 attend within a sliding window and use RoPE base 10000 and
+          freq scale 1.0; the other (global) layers use {arch}.rope.freq_base and rope_freq_scale;
+          embeddings scaled by sqrt(n_embd); attn_scale 1/sqrt(head_dim) (27B: 1/sqrt(n_embd/n_head))
 """
 from __future__ import annotations
 
+import math
+
 from ..config import ModelConfig
+from ..errors import ModelFileError
 from .base import Expected, llama_like_expected, sparsify_expected
 from .gemma import Gemma2Model
+from .gemma import wide_attn_scale, window_layers
+from .spec import ArchSpec
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight",
@@ -55,3 +65,31 @@ class Gemma3Model(Gemma2Model):
 
     def attn_plan_kwargs(self, il: int, layer) -> dict:
         return dict(super().attn_plan_kwargs(il, layer), q_norm=layer.q_norm, k_norm=layer.k_norm)
+
+
+SWA_PERIOD = 6  # every 6th layer (il % 6 == 5) is global
+FREQ_BASE_SWA = 10_000.0  # RoPE base of the sliding-window layers
+WIDE_LAYERS = 62  # the 27B model: scores scaled by 1/sqrt(n_embd / n_head)
+
+
+def _swa(r, n_layer: int, rope_freq_base: float) -> tuple[int, tuple[bool, ...], float]:
+    if r.get("{arch}.attention.sliding_window", 0) <= 0:  # gemma3 without windows (as llama.cpp)
+        return r.no_swa(n_layer, rope_freq_base)
+    return window_layers(r, n_layer, None, SWA_PERIOD, FREQ_BASE_SWA)
+
+
+def read_args(r, d: dict) -> None:
+    """The optional final logit soft-cap (llama.cpp: absent or 0 = none; released files have none) and the 27B
+    score scale."""
+    cap = r.get("{arch}.final_logit_softcapping", 0.0, kind=float)
+    if not (math.isfinite(cap) and cap >= 0):
+        raise ModelFileError(f"{r.f.path}: {r.key('{arch}.final_logit_softcapping')} must be a finite "
+                             f"number >= 0, got {cap}")
+    if cap:
+        d["final_softcap"] = cap
+    if d["n_layer"] == WIDE_LAYERS:
+        d["attn_scale"] = wide_attn_scale(d)
+
+
+SPEC = ArchSpec("gemma3", model=Gemma3Model, expected=expected_tensors, rope_neox=True, sqrt_embd_scale=True,
+                ffn_variant="geglu", pwri=True, chat_format="gemma", swa=_swa)

@@ -33,19 +33,32 @@ extra nextn.* tensors) are not run, as llama.cpp skips them; config.n_layer alre
 The fused attn_qkv and ffn_up are split into row views of the same bytes (phi3.row_views), so the kernels, the
 one-call attention step (with biases, Q/K norms and glm4's post-attention norm) and every dense-FFN sparse mode
 take them as they take llama's.
+
+Metadata keys (config.read with SPEC and read_args; defaults are llama.cpp's):
+  glm4, glm4moe  (GLM-4-0414 / GLM-Z1; GLM-4.5 / 4.6 / 4.5-Air) RoPE over the first rope.dimension_count dims of
+          each head (half of them in the real files): normal layout (pairs 2i, 2i+1) for glm4, NeoX for glm4moe, as
+          llama.cpp's rope types; {arch}.nextn_predict_layers trailing blocks (multi-token prediction) are in the
+          file and in block_count but not run: n_layer = block_count - nextn_predict_layers (n_nextn holds the
+          count); files with rope.dimension_sections (M-RoPE, the vision variants) are refused. glm4moe:
+          leading_dense_block_count dense layers (feed_forward_length wide), then experts
+          (expert_feed_forward_length wide) with expert_gating_func (absent/0: sigmoid, 1 softmax, 2 sigmoid), the
+          selection bias exp_probs_b.bias, expert_weights_norm (default off), expert_weights_scale (absent/0: 1) and
+          an ungated shared expert expert_shared_count x expert_feed_forward_length wide; groups are refused
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping
 
 import numpy as np
 
 from ..config import ModelConfig
-from ..errors import ModelFileError
-from ..gguf.types import GGMLType, Tensor
+from ..errors import ModelFileError, UnsupportedError
 from ..layers.moe import MoEFFN
+from ..gguf.types import GGMLType, Tensor
 from .base import Expected, Model, ffn_expected, get_tensor, head_expected, norm_weight
 from .phi3 import row_views
+from .spec import ArchSpec
 
 _QKV = ("attn_q", "attn_k", "attn_v")
 
@@ -159,3 +172,43 @@ class Glm4Model(Model):
         if not self.post_norms:
             return y
         return self.kernels.rmsnorm(y, self.layers[il].post_ffw_norm, self.config.norm_eps)
+
+
+def _layout(r, d: dict) -> None:
+    """M-RoPE files (the vision variants) are refused; glm4moe's per-layer FFN kinds and routing (the
+    renormalization and the shared experts wait in "_norm" / "_n_shared" for read_args)."""
+    sections = r.meta.get(r.key("{arch}.rope.dimension_sections"))
+    if isinstance(sections, list) and any(sections):
+        raise UnsupportedError(f"{r.f.path}: {r.arch} files with rope.dimension_sections (multimodal "
+                               "M-RoPE) are not supported")
+    if r.arch == "glm4":
+        return
+    n_layer = d["n_layer"]
+    lead = r.get("{arch}.leading_dense_block_count", 0)
+    if not 0 <= lead <= n_layer:
+        raise ModelFileError(f"{r.f.path}: {r.key('{arch}.leading_dense_block_count')} {lead} is outside "
+                             f"0..{n_layer} (the layers that run)")
+    gating = r.get("{arch}.expert_gating_func", 0)
+    if gating not in (0, 1, 2):
+        raise UnsupportedError(f"{r.f.path}: {r.key('{arch}.expert_gating_func')} {gating} is not "
+                               "supported (1 softmax, 2 sigmoid)")
+    if r.get("{arch}.expert_group_count", 0) > 1:
+        raise UnsupportedError(f"{r.f.path}: glm4moe files with expert groups are not supported")
+    norm, scale = r.expert_weights()
+    d.update(moe_layers=tuple(il >= lead for il in range(n_layer)),
+             expert_gating="softmax" if gating == 1 else "sigmoid", expert_weights_scale=scale or 1.0,
+             _norm=norm, _n_shared=r.get("{arch}.expert_shared_count", 0))
+
+
+def read_args(r, d: dict) -> None:
+    if r.arch == "glm4moe":  # shared experts of the routed width
+        d.update(expert_weights_norm=d.pop("_norm"), n_ff_shexp=d["n_ff_exp"] * d.pop("_n_shared"))
+
+
+def describe(c: dict) -> list[tuple[str, str]]:
+    return [(c["arch"], "post-attention and post-FFN norms; fused gate+up" if c["arch"] == "glm4" else
+             f"router {c['expert_gating']}, x{c['expert_weights_scale']:g}")]
+
+
+SPEC = ArchSpec("glm4", model=Glm4Model, expected=expected_tensors, nextn=True, layout=_layout, describe=describe)
+VARIANTS = (replace(SPEC, name="glm4moe", rope_neox=True, moe=True, moe_norm=False),)  # leading dense layers, sigmoid experts

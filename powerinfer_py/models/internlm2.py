@@ -21,6 +21,7 @@ from ..config import ModelConfig
 from .base import Expected
 from .exaone import ExaoneModel
 from .exaone import expected_tensors as exaone_expected
+from .spec import ArchSpec
 
 
 def expected_tensors(c: ModelConfig) -> Expected:
@@ -41,3 +42,6 @@ class InternLM2Model(ExaoneModel):
 
 
 __all__ = ["InternLM2Model", "expected_tensors"]
+
+
+SPEC = ArchSpec("internlm2", model=InternLM2Model, expected=expected_tensors, yarn=True)

@@ -26,20 +26,33 @@ The conv state of a layer is s at the last K-1 positions (conv_cache.ConvKVCache
 at n_past continues the convolution exactly where the previous one stopped. The attention layers use the
 base block's _qkv and the attention kernel; in a one-token step (CPU kernels) each of them is one C call
 (kernels.attn_block_decode, as base.Model's decode), with the same bits as the Python path.
+
+Metadata keys (config.read with SPEC; defaults are llama.cpp's):
+  lfm2    (Liquid LFM2) a hybrid: {arch}.attention.head_count_kv is a per-layer array whose 0 entries mark the
+          gated short-convolution layers (conv_layers; the others attend, with that many KV heads, which must be
+          the same on every attention layer); {arch}.shortconv.l_cache (required, >= 2) is the conv kernel length
+          (3 in the real files); NeoX RoPE, per-head Q/K norms; files with {arch}.attention.sliding_window > 0
+          (sliding-window attention layers) are refused. lfm2moe (LFM2-8B-A1B) is lfm2 with
+          {arch}.leading_dense_block_count (default 0) dense layers, then experts (expert_feed_forward_length wide)
+          chosen by expert_gating_func (required: 1 softmax, 2 sigmoid) scores plus the selection bias
+          exp_probs_b.bias, their weights always renormalized (sum clamped at 6.1e-5) and not scaled
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping
 
 import numpy as np
 
 from ..config import ModelConfig
-from ..gguf.types import Tensor
-from ..kernels.ref import dequantize
 from ..layers.cache import ConvKVCache
+from ..errors import ModelFileError, UnsupportedError
+from ..gguf.types import Tensor
 from ..layers.ffn import SparseSettings
+from ..kernels.ref import dequantize
 from ..layers.moe import MoEFFN
 from .base import Expected, Model, ffn_expected, get_tensor, layer_tensors, norm_weight, sparsify_expected
+from .spec import ArchSpec
 
 OUTPUT_NORM = "token_embd_norm.weight"  # llama.cpp's name for lfm2's final norm
 SHARED = {"attn_norm": "attn_norm.weight", "ffn_norm": "ffn_norm.weight"}
@@ -147,3 +160,50 @@ class Lfm2Model(Model):
             z += s[j:j + n] * L.conv_w[:, j]
         cache.set_conv_state(il, s[n:])
         return self.kernels.matmul(L.out_proj, np.ascontiguousarray(gate * z))
+
+
+def _layout(r, d: dict) -> None:
+    d["n_head"] = r.positive("{arch}.attention.head_count")
+    out = lfm2_keys(r, d["n_layer"], d["n_head"])
+    d["n_head_kv"] = out.pop("_n_head_kv")
+    d.update(out)
+
+
+def lfm2_keys(r, n_layer: int, n_head: int) -> dict:
+    """lfm2's layer kinds (module docstring): conv_layers, conv_kernel and "_n_head_kv" (the attention
+    layers' KV heads) for the layout hook."""
+    key = r.key("{arch}.attention.head_count_kv")
+    kv = r.meta.get(key)
+    if not isinstance(kv, list) or len(kv) != n_layer or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in kv):
+        raise ModelFileError(f"{r.f.path}: {key} must be an array of {n_layer} head counts (0 marks a "
+                             f"convolution layer), got {kv!r}")
+    heads = sorted(set(v for v in kv if v))
+    if len(heads) > 1:
+        raise UnsupportedError(f"{r.f.path}: {key} differs between attention layers ({heads})")
+    if heads and n_head % heads[0]:
+        raise ModelFileError(f"{r.f.path}: head_count {n_head} is not a multiple of head_count_kv {heads[0]}")
+    kernel = r.get("{arch}.shortconv.l_cache")
+    if kernel < 2:
+        raise ModelFileError(f"{r.f.path}: {r.key('{arch}.shortconv.l_cache')} must be at least 2 (a "
+                             f"causal convolution over the token and its predecessors), got {kernel}")
+    if r.get("{arch}.attention.sliding_window", 0) > 0:
+        raise UnsupportedError(f"{r.f.path}: lfm2 files with sliding-window attention are not supported")
+    out = {"conv_layers": tuple(v == 0 for v in kv), "conv_kernel": kernel,
+           "_n_head_kv": heads[0] if heads else n_head}
+    if r.arch == "lfm2moe":
+        lead = r.get("{arch}.leading_dense_block_count", 0)
+        if not 0 <= lead <= n_layer:
+            raise ModelFileError(f"{r.f.path}: {r.key('{arch}.leading_dense_block_count')} {lead} is "
+                                 f"outside 0..{n_layer} (block_count)")
+        gating = r.get("{arch}.expert_gating_func")
+        if gating not in (1, 2):
+            raise UnsupportedError(f"{r.f.path}: {r.key('{arch}.expert_gating_func')} {gating} is not "
+                                   "supported (1 softmax, 2 sigmoid)")
+        out.update(moe_layers=tuple(il >= lead for il in range(n_layer)),
+                   expert_gating="sigmoid" if gating == 2 else "softmax")
+    return out
+
+
+SPEC = ArchSpec("lfm2", model=Lfm2Model, expected=expected_tensors, rope_neox=True, pwri=True, layout=_layout)
+VARIANTS = (replace(SPEC, name="lfm2moe", pwri=False, moe=True, moe_norm=True),)  # leading dense layers, experts

@@ -18,6 +18,9 @@ before.
 Biases: llama.cpp's converter writes blk.N.attn_q/k/v.bias and attn_output.bias when the checkpoint has them
 (attention_bias: true, e.g. "llamafied" Qwen models), and llama.cpp adds each one it finds. We add them too
 (q, k, v before RoPE, the output one before the residual add); FFN biases (mlp_bias) are refused, never ignored.
+
+Metadata keys (config.read with SPEC; defaults are llama.cpp's):
+  llama   (LLaMA-2/3, Mistral): normal (interleaved-pair) RoPE, attn_scale 1/sqrt(head_dim), rope base 10000
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import ModelFileError, UnsupportedError
 from .base import Expected, Model, get_tensor, llama_like_expected, norm_weight, sparsify_expected
+from .spec import ArchSpec
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight",
@@ -95,3 +99,7 @@ class LlamaModel(Model):
         if getattr(layer, "bo", None) is not None:
             kw["bo"] = layer.bo
         return kw
+
+
+SPEC = ArchSpec("llama", model=LlamaModel, expected=expected_tensors, yarn=True, hidden_act_pwri="relu", pwri=True,
+                moe_norm=True, expert_width_key="{arch}.feed_forward_length", chat_format="mistral")

@@ -19,6 +19,11 @@ Logits: output · (layernorm(x) * output_norm + output_norm_b) (+ output.bias: p
 when the file has no output.weight (starcoder2 and gpt2; llama.cpp requires it for phi2 and stablelm).
 
 Decode steps take the Python path (the one-call C attention block starts with an RMSNorm).
+
+Metadata keys (config.read with SPEC; defaults are llama.cpp's):
+  phi2, stablelm, starcoder2, gpt2  LayerNorm with biases (layer_norm_epsilon), NeoX RoPE over
+          rope.dimension_count dims (gpt2: learned positions, no RoPE); phi2, starcoder2 and gpt2 default to a GELU
+          FFN with biases, stablelm to SwiGLU (models/ln_decoder.py)
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from ..gguf.types import Tensor
 from ..layers.cache import KVCache
 from .base import Expected, Model, get_tensor, head_expected, norm_weight
 from .phi3 import row_views
+from .spec import ArchSpec
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight", "attn_norm_b": "attn_norm.bias",
@@ -203,3 +209,13 @@ class LnDecoderModel(Model):
         if self.output_b is not None:
             logits += self.output_b
         return logits
+
+
+_LN = dict(model=LnDecoderModel, expected=expected_tensors, layer_norm=True)
+# no SPEC: no arch is named ln_decoder; models/__init__.ALIASES sends these four here
+VARIANTS = (
+    ArchSpec("phi2", **_LN, rope_neox=True, hidden_act="gelu", ungated_ffn=True),  # parallel, partial RoPE
+    ArchSpec("stablelm", **_LN, rope_neox=True),  # SwiGLU, optional Q/K norms
+    ArchSpec("starcoder2", **_LN, rope_neox=True, hidden_act="gelu", ungated_ffn=True),  # sequential
+    ArchSpec("gpt2", **_LN, rope=False, hidden_act="gelu", ungated_ffn=True),  # learned positions
+)

@@ -22,14 +22,22 @@ One-token steps run each attention block as one C call (attn_block.c, as the pre
 three switches it has for this block: no input norm (attn_norm None), whole-width Q/K norms (qk_norm_full) and
 the FFN input left unnormed (ffn_norm None); the post-attention norm is its post_norm. Same bits as the
 Python path of forward() (tests/test_smollm3_olmo2.py).
+
+Metadata keys (config.read with SPEC; defaults are llama.cpp's):
+  olmo2   NeoX RoPE; no pre-norms: RMSNorms of the whole Q and K projections and of the attention and FFN outputs
+          (tensors). OLMo 3 files have attention.sliding_window > 0: window layers per sliding_window_pattern
+          (default: all but every 4th), with plain RoPE at rope.freq_base_swa (default rope.freq_base) while
+          the full layers take the file's YaRN scaling, as llama.cpp runs them
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..config import ModelConfig
+from ..errors import ModelFileError
 from ..layers.cache import KVCache
 from .base import Expected, Model, head_expected
+from .spec import ArchSpec
 
 LAYER_TENSORS = {
     "wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight", "wo": "attn_output.weight",
@@ -116,3 +124,29 @@ class Olmo2Model(Model):
         v = k.matmul(L.wv, h)
         return (q.reshape(n, c.n_head, c.head_dim), kk.reshape(n, c.n_head_kv, c.head_dim),
                 v.reshape(n, c.n_head_kv, c.head_dim))
+
+
+OLMO3_SWA_PERIOD = 4  # olmo2 with a window (OLMo 3): layers with il % 4 == 3 attend to every position
+
+
+def olmo3_swa(r, n_layer: int, rope_freq_base: float) -> tuple[int, tuple[bool, ...], float]:
+    """olmo2 files with attention.sliding_window > 0 (OLMo 3): (window, swa_layers, RoPE base of the window
+    layers). The layers come from attention.sliding_window_pattern (one bool per layer, or a period) and
+    otherwise from llama.cpp's default period of 4 (layer il has the window unless il % 4 == 3)."""
+    window = r.get("{arch}.attention.sliding_window", 0)
+    if window <= 0:
+        return 0, (False,) * n_layer, rope_freq_base
+    pattern = r.meta.get(r.key("{arch}.attention.sliding_window_pattern"))
+    if isinstance(pattern, list):
+        if len(pattern) != n_layer:
+            raise ModelFileError(f"{r.f.path}: {r.key('{arch}.attention.sliding_window_pattern')} has "
+                                 f"{len(pattern)} entries for {n_layer} layers")
+        layers = tuple(bool(v) for v in pattern)
+    else:
+        period = pattern if isinstance(pattern, int) and pattern > 0 else OLMO3_SWA_PERIOD
+        layers = tuple(il % period != period - 1 for il in range(n_layer))
+    return window, layers, r.get("{arch}.rope.freq_base_swa", rope_freq_base, kind=float)
+
+
+SPEC = ArchSpec("olmo2", model=Olmo2Model, expected=expected_tensors, rope_neox=True, yarn=True,
+                swa=olmo3_swa)

@@ -12,6 +12,10 @@ as they are (not renormalized, no scale), SwiGLU experts feed_forward_length wid
 width from that key for this arch). output.weight is required by llama.cpp (no tied head in the real files);
 a file without it would use token_embd.weight here. One-token steps run each attention block as one C call
 (attn_block.c with its whole-width Q/K norm switch), with the Python path's bits.
+
+Metadata keys (config.read with SPEC; defaults are llama.cpp's):
+  olmoe   (OLMoE) the llama block with NeoX RoPE, RMSNorms over the whole Q and K projections (as olmo2) and
+          experts in every layer (feed_forward_length wide, softmax router, weights not renormalized)
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import numpy as np
 from ..config import ModelConfig
 from .base import Expected, Model, llama_like_expected
 from .llama import LAYER_TENSORS
+from .spec import ArchSpec
 
 
 def expected_tensors(c: ModelConfig) -> Expected:
@@ -48,3 +53,7 @@ class OlmoeModel(Model):
     def attn_plan_kwargs(self, il: int, layer) -> dict:
         return dict(super().attn_plan_kwargs(il, layer), q_norm=layer.q_norm, k_norm=layer.k_norm,
                     qk_norm_full=True)
+
+
+SPEC = ArchSpec("olmoe", model=OlmoeModel, expected=expected_tensors, rope_neox=True, moe=True, moe_norm=False,
+                expert_width_key="{arch}.feed_forward_length")

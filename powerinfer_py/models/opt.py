@@ -12,6 +12,9 @@ absolute positions, no RoPE.
   logits = output (tied to token_embd) · (layernorm(x) * output_norm + output_norm_b)
 In PWRI files the predictor input is x after attention, before ffn_norm; the down projection is ffn_down_t
 with its bias ffn_down_t.bias.
+
+Metadata keys (config.read with SPEC; defaults are llama.cpp's):
+  opt     LayerNorm with biases, biases on every projection, learned positions (no RoPE), ReLU FFN
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from ..gguf.types import Tensor
 from ..layers.cache import KVCache
 from ..layers.ffn import SparseSettings
 from .base import Expected, Model, get_tensor, head_expected, sparsify_expected
+from .spec import ArchSpec
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight", "attn_norm_b": "attn_norm.bias",
@@ -88,3 +92,7 @@ class OptModel(Model):
 
         cache.n_past = p0 + n
         return self._head(x, all_logits)
+
+
+SPEC = ArchSpec("opt", model=OptModel, expected=expected_tensors, rope=False, layer_norm=True, hidden_act="relu",
+                ungated_ffn=True, pwri=True)

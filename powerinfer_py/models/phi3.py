@@ -17,9 +17,16 @@ file has one, wins over both). Such files also store rope.scaling.attn_factor (s
 LongRoPE), by which llama.cpp multiplies cos and sin: the rotated dims of q and k (not the others) grow by
 it (the RoPE kernels' mscale, in the one-call decode block too).
 phi3.attention.sliding_window is ignored: llama.cpp switches sliding-window attention off for phi3.
+
+Metadata keys (config.read with SPEC and read_args; defaults are llama.cpp's):
+  phi3    the llama block with fused attn_qkv and gate+up, NeoX RoPE (partial: n_rot < head_dim on Phi-4-mini);
+          long-context files carry rope_factors_long/short (used when n_ctx > rope.scaling.original_context_length
+          / otherwise) and rope.scaling.attn_factor, which scales the rotated dims of q and k (llama.cpp's
+          mscale); phi3.attention.sliding_window is ignored, as llama.cpp does
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -30,6 +37,7 @@ from ..gguf.types import Tensor
 from ..layers.cache import KVCache
 from .base import Expected, Model, get_tensor, llama_like_expected, norm_weight
 from .llama import LAYER_TENSORS
+from .spec import ArchSpec
 
 ROPE_FACTOR_TENSORS = ("rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight")
 
@@ -127,3 +135,20 @@ class Phi3Model(Model):
         self._factor_key = self.rope_factors_for(cache.n_ctx)
         self.rope_freqs = self.rope_table[self._factor_key]
         return super().forward(tokens, cache, all_logits)
+
+
+def phi3_rope(r) -> dict:
+    """phi3's long-context RoPE keys (see the module docstring)."""
+    orig = r.positive("{arch}.rope.scaling.original_context_length", r.positive("{arch}.context_length"))
+    factor = r.get("{arch}.rope.scaling.attn_factor", 1.0, kind=float)
+    if not (math.isfinite(factor) and factor > 0):
+        raise ModelFileError(f"{r.f.path}: {r.key('{arch}.rope.scaling.attn_factor')} must be a "
+                             f"finite number > 0, got {factor}")
+    return {"rope_orig_ctx": orig, "rope_attn_factor": factor}
+
+
+def read_args(r, d: dict) -> None:
+    d.update(phi3_rope(r))
+
+
+SPEC = ArchSpec("phi3", model=Phi3Model, expected=expected_tensors, rope_neox=True, chat_format="phi-3")

@@ -13,11 +13,19 @@ Per layer:  n = rmsnorm(x) * attn_norm
             q = rope(rmsnorm_head(Wq·n) * q_norm);  k = rope(rmsnorm_head(Wk·n) * k_norm);  v = Wv·n
             h = x + Wo · attn(q, k, v)                               (scale 1/sqrt(head_dim))
             y = h + Wdown · (silu(Wgate · m) * (Wup · m))            m = rmsnorm(h) * ffn_norm
+
+Metadata keys (config.read with SPEC; defaults are llama.cpp's):
+  qwen3   NeoX RoPE, no q/k/v biases, per-head RMSNorm of Q and K (tensors); head_dim is {arch}.attention.key_length
+          (Qwen3-0.6B: 128, not n_embd / n_head = 64); rope base default llama.cpp's 10000 (real files carry it)
+  qwen3moe, qwen2moe  qwen3 / qwen2 with a mixture-of-experts FFN (below); qwen2moe adds a shared expert
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..config import ModelConfig
 from .base import Expected, Model, llama_like_expected, sparsify_expected
+from .spec import ArchSpec
 
 LAYER_TENSORS = {
     "attn_norm": "attn_norm.weight",
@@ -40,3 +48,15 @@ class Qwen3Model(Model):
 
     LAYER_TENSORS = LAYER_TENSORS
     QK_NORMS = True
+
+
+SPEC = ArchSpec("qwen3", model=Qwen3Model, expected=expected_tensors, rope_neox=True, yarn=True, pwri=True,
+                chat_format="chatml")
+_MOE = replace(SPEC, name="qwen3moe", pwri=False, moe=True, moe_norm=True)
+VARIANTS = (
+    _MOE,
+    # vision-language files' text models (as qwen2vl in models/qwen2.py), refused where the M-RoPE sections
+    # leave rotated pairs out
+    replace(SPEC, name="qwen3vl", text_of="qwen3", mrope_check=True),
+    replace(_MOE, name="qwen3vlmoe", text_of="qwen3moe", mrope_check=True),
+)

@@ -31,19 +31,34 @@ prompt in chunks of CHUNK tokens in closed form (_chunk); the projections, all t
 kernels.matmul, so quantized files work. A decode token on the C kernels skips the numpy steps: conv, norms,
 gates, recurrence and gated norm are one call (kernels.delta_net_decode, csrc/delta_net.c) that updates the
 cache's states in place; the numpy path stays the specification (tests/test_kernels_delta.py).
+
+Metadata keys (config.read with SPEC; defaults are llama.cpp's):
+  qwen35, qwen35moe  (Qwen3.5) a hybrid: layer il is a gated delta net unless (il + 1) % full_attention_interval
+          == 0 (default 4, as llama.cpp), then gated full attention. ssm.conv_kernel (>= 2), ssm.state_size (the
+          key and value head width), ssm.group_count (key heads), ssm.time_step_rank (value heads, a multiple of the
+          key heads) and ssm.inner_size (= state_size x time_step_rank) are required. rope.dimension_sections (M-RoPE)
+          must sum to at most rope.dimension_count / 2: with text positions (every section at the token's position)
+          llama.cpp's interleaved M-RoPE is NeoX RoPE over the first dimension_count dims. qwen35moe: experts with
+          softmax scores and renormalized weights plus a sigmoid-gated shared expert in every layer.
+          attention.recurrent_layers (one flag per block, or one for all; newer converters) overrides the interval
+          when present; nextn_predict_layers trailing multi-token-prediction blocks are in the file and in
+          block_count but not run (as glm4moe's).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping
 
 import numpy as np
 
 from ..config import ModelConfig
-from ..gguf.types import Tensor
-from ..kernels.ref import dequantize
 from ..layers.cache import DeltaKVCache
+from ..errors import ModelFileError, UnsupportedError
+from ..gguf.types import Tensor
 from ..layers.ffn import SparseSettings
+from ..kernels.ref import dequantize
 from .base import Expected, Model, ffn_expected, get_tensor, head_expected, layer_tensors, norm_weight
+from .spec import ArchSpec
 
 SHARED = {"attn_norm": "attn_norm.weight", "ffn_norm": "post_attention_norm.weight"}
 DELTA = {"wqkv": "attn_qkv.weight", "wz": "attn_gate.weight", "w_beta": "ssm_beta.weight",
@@ -281,3 +296,57 @@ class Qwen35Model(Model):
         cache.set_delta_state(il, S)
         gated = k.rmsnorm(o, L.ssm_norm, c.norm_eps) * k.silu(k.matmul(L.wz, h).reshape(n, hv, d))
         return k.matmul(L.w_out, gated.reshape(n, hv * d))
+
+
+def layout(r, d: dict) -> None:
+    """The delta-net and attention layers and the delta-net sizes (qwen35, qwen35moe, qwen3next)."""
+    d["n_head"] = r.positive("{arch}.attention.head_count")
+    out = qwen35_keys(r, d["n_layer"])
+    d["n_head_kv"] = out.pop("_n_head_kv")
+    d.update(out)
+
+
+def qwen35_keys(r, n_layer: int) -> dict:
+    """qwen35's layer kinds and delta-net sizes (module docstring) for the layout hook."""
+    path, key = r.f.path, r.key
+    interval = r.get("{arch}.full_attention_interval", 4)
+    if interval < 1:
+        raise ModelFileError(f"{path}: {key('{arch}.full_attention_interval')} must be at least 1, got {interval}")
+    kernel = r.get("{arch}.ssm.conv_kernel")
+    if kernel < 2:
+        raise ModelFileError(f"{path}: {key('{arch}.ssm.conv_kernel')} must be at least 2, got {kernel}")
+    d_state, n_k, n_v = (r.positive(f"{{arch}}.ssm.{k}") for k in ("state_size", "group_count", "time_step_rank"))
+    if n_v % n_k:
+        raise ModelFileError(f"{path}: ssm.time_step_rank {n_v} (value heads) is not a multiple of ssm.group_count "
+                             f"{n_k} (key heads)")
+    inner = r.positive("{arch}.ssm.inner_size")
+    if inner != d_state * n_v:
+        raise UnsupportedError(f"{path}: ssm.inner_size {inner} != ssm.state_size {d_state} x time_step_rank {n_v} "
+                               "(value heads as wide as key heads)")
+    sections = r.meta.get(key("{arch}.rope.dimension_sections"), [])
+    n_rot = r.get("{arch}.rope.dimension_count", 0)
+    if not isinstance(sections, list) or sum(int(v) for v in sections) * 2 > n_rot:
+        raise ModelFileError(f"{path}: {key('{arch}.rope.dimension_sections')} {sections!r} must be a list whose "
+                             f"sum is at most rope.dimension_count / 2 = {n_rot // 2}")
+    kv = r.meta.get(key("{arch}.attention.head_count_kv"))
+    if isinstance(kv, list):  # a per-layer array: the attention layers' count (0 or the same on the others)
+        kv = max(kv) if kv else None
+    delta = tuple((il + 1) % interval != 0 for il in range(n_layer))
+    flags = r.meta.get(key("{arch}.attention.recurrent_layers"))  # newer converters; llama.cpp reads it first
+    if flags is not None:
+        n_all = n_layer + r.get("{arch}.nextn_predict_layers", 0)
+        flags = flags if isinstance(flags, list) else [flags] * n_all  # one flag for all blocks
+        if len(flags) != n_all or not all(isinstance(v, (bool, int)) for v in flags):
+            raise ModelFileError(f"{path}: {key('{arch}.attention.recurrent_layers')} must hold one flag per "
+                                 f"block ({n_all}), got {flags!r:.80}")
+        delta = tuple(bool(v) for v in flags[:n_layer])
+        if any(flags[n_layer:]):
+            raise ModelFileError(f"{path}: {key('{arch}.attention.recurrent_layers')} marks a multi-token-"
+                                 "prediction block as recurrent (they are full-attention blocks)")
+    return {"delta_layers": delta, "conv_kernel": kernel,
+            "ssm_d_state": d_state, "ssm_n_k_heads": n_k, "ssm_n_v_heads": n_v,
+            "_n_head_kv": kv if isinstance(kv, int) and kv > 0 else r.positive("{arch}.attention.head_count")}
+
+
+SPEC = ArchSpec("qwen35", model=Qwen35Model, expected=expected_tensors, rope_neox=True, nextn=True, layout=layout)
+VARIANTS = (replace(SPEC, name="qwen35moe", moe=True, moe_norm=True, shared_expert="required"),)

@@ -14,7 +14,7 @@ experts with a sigmoid-gated shared expert in every layer); what llama.cpp's qwe
            them, h mod Hk).
   RoPE     plain NeoX over rope.dimension_count dims (qwen35's text M-RoPE comes to the same; no sections here).
   layers   attention.recurrent_layers (a flag per layer), when the file has it, says which layers are delta nets
-           instead of full_attention_interval (config_archs.qwen35).
+           instead of full_attention_interval (models/qwen35.py: qwen35_keys).
   FFN      always experts (softmax, chosen weights renormalized) plus the shared expert scaled by
            sigmoid(ffn_gate_inp_shexp . m): qwen35moe's.
 
@@ -23,6 +23,10 @@ RMS norms, sigmoid output gate), the conv, l2norm and 1/sqrt(d) scaling, the del
 the gated RMS norm of the output. The fused projections are split once at load (rows picked into qwen35's
 attn_qkv / attn_gate / ssm_beta / ssm_alpha order; rows are whole quantization blocks, so quantized files split
 too), and _key_heads is the one hook overridden; the forward is Qwen35Model's.
+
+Metadata keys (config.read with SPEC; defaults are llama.cpp's):
+  qwen3next  (Qwen3-Next) qwen35moe's keys, layer kinds and MTP blocks, plain NeoX RoPE over rope.dimension_count
+          dims (no sections); always experts with a gated shared expert
 """
 from __future__ import annotations
 
@@ -36,6 +40,8 @@ from ..gguf.types import Tensor
 from .base import Expected, get_tensor
 from .qwen35 import Qwen35Model, delta_dims
 from .qwen35 import expected_tensors as qwen35_expected
+from .qwen35 import layout
+from .spec import ArchSpec
 
 FUSED = {"ssm_in.weight": ("attn_qkv.weight", "attn_gate.weight"),
          "ssm_ba.weight": ("ssm_beta.weight", "ssm_alpha.weight")}
@@ -116,3 +122,7 @@ class Qwen3NextModel(Qwen35Model):
     def _key_heads(self, x: np.ndarray) -> np.ndarray:
         reps = self.config.ssm_n_v_heads // self.config.ssm_n_k_heads
         return np.repeat(x, reps, axis=1) if reps > 1 else x
+
+
+SPEC = ArchSpec("qwen3next", model=Qwen3NextModel, expected=expected_tensors, rope_neox=True, nextn=True, moe=True,
+                moe_norm=True, shared_expert="required", layout=layout)

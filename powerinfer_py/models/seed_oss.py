@@ -12,6 +12,9 @@ Logits: rmsnorm(x) * output_norm, then output.weight (or token_embd.weight when 
 llama.cpp passes no RoPE frequency factors for this arch, so rope_freqs.weight is not read (YaRN from the
 metadata still applies). Everything else is LlamaModel: the biases are optional per layer, one-token steps run
 the attention block as one C call, the FFN is ffn.FFN's SwiGLU (threshold mode after `powerinfer calibrate`).
+
+Metadata keys (config.read with SPEC; defaults are llama.cpp's):
+  seed_oss (ByteDance Seed-OSS-36B): NeoX RoPE; nothing beyond the shared keys.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from ..config import ModelConfig
 from .base import Expected
 from .llama import ATTN_BIASES, LAYER_TENSORS, LlamaModel
 from .llama import expected_tensors as llama_expected
+from .spec import ArchSpec
 
 
 def expected_tensors(c: ModelConfig) -> Expected:
@@ -44,3 +48,6 @@ class SeedOssModel(LlamaModel):
 
 
 __all__ = ["SeedOssModel", "expected_tensors"]
+
+
+SPEC = ArchSpec("seed_oss", model=SeedOssModel, expected=expected_tensors, rope_neox=True, yarn=True)

@@ -16,7 +16,7 @@ moe (moe.MoEFFN with act "reglu" and the precomputed router logits r):
         probs  = softmax(r), or sigmoid(r) (expert_gating_func 2)
         chosen = the n_used experts with the largest probs;  w = probs[chosen] / sum(probs[chosen])
         y      = sum_r w_r * down_e · (relu(gate_e · m) * (up_e · m)),  e = chosen[r]
-The layout (config_archs.py): files without {arch}.attention.sliding_window (or 0) run every layer globally with
+The layout (smallthinker_swa below): files without {arch}.attention.sliding_window (or 0) run every layer globally with
 RoPE; with it, layers il % P != 0 (P = sliding_window_pattern, default 4) use the window and RoPE base
 rope.freq_base_swa, and layers il % 4 == 0 skip RoPE (NoPE). {arch}.expert_weights_scale is ignored, as llama.cpp
 ignores it for this arch. There is no shared expert and no dense layer.
@@ -25,19 +25,31 @@ ReLU experts are sparse inside: most neurons of a chosen expert output exactly 0
 up rows (moe.py); the run's statistics (model.sparsity, `run -v`) count the active neurons of the chosen experts.
 One token runs each attention block as one C call (attn_block.c: n_rot 0 on the NoPE layers), same bits as the
 Python path.
+
+Metadata keys (config.read with SPEC and read_args; defaults are llama.cpp's):
+  smallthinker (PowerInfer's SmallThinker-4B-A0.6B / 21B-A3B) NeoX RoPE over whole heads (rope.dimension_count
+          must equal head_dim, as llama.cpp asserts); every layer has experts (expert_feed_forward_length wide,
+          ReLU-gated), routed by expert_gating_func (required: 1 softmax, 2 sigmoid) with weights always
+          renormalized; {arch}.expert_weights_scale is not read (llama.cpp ignores it for this arch: measured).
+          With {arch}.attention.sliding_window > 0 the window is 4096 whatever the key says (llama.cpp
+          hard-codes it), layers il % P != 0 attend within it (P = attention.sliding_window_pattern, default 4)
+          with RoPE base rope.freq_base_swa (default: the global base), and layers il % 4 == 0 use no RoPE
+          (llama.cpp's fixed no-RoPE step; except in 4-layer files, where llama.cpp's step equals n_layer,
+          its "RoPE everywhere" value); without the key every layer attends globally with RoPE
 """
 from __future__ import annotations
 
 from typing import Mapping
 
 from ..config import ModelConfig
-from ..errors import UnsupportedError
-from ..gguf.types import Tensor
-from ..layers.cache import KVCache
+from ..errors import ModelFileError, UnsupportedError
 from ..layers.ffn import SparsityStats
+from ..layers.cache import KVCache
 from ..layers.moe import MoEFFN
+from ..gguf.types import Tensor
 from .base import Expected, Model, get_tensor, llama_like_expected
 from .llama import LAYER_TENSORS
+from .spec import ArchSpec
 
 _ATTN_EXTRAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "attn_qkv.weight")
 
@@ -108,3 +120,45 @@ class SmallThinkerModel(Model):
             x += moe(m, None, r)
         cache.n_past = p0 + n
         return self._head(x, all_logits)
+
+
+SMALLTHINKER_WINDOW = 4096  # smallthinker: llama.cpp's fixed window whenever a file has sliding_window > 0
+SMALLTHINKER_SWA_PERIOD = 4  # default of {arch}.attention.sliding_window_pattern
+SMALLTHINKER_NO_ROPE_STEP = 4  # smallthinker with a window: layers il % 4 == 0 use no RoPE (no key holds it)
+
+
+def smallthinker_swa(r, n_layer: int, rope_freq_base: float) -> tuple[int, tuple[bool, ...], float]:
+    """smallthinker's (sliding_window, swa_layers, rope_freq_base_swa) (module docstring)."""
+    if r.get("{arch}.attention.sliding_window", 0) <= 0:
+        return 0, (False,) * n_layer, rope_freq_base
+    period = r.get("{arch}.attention.sliding_window_pattern", SMALLTHINKER_SWA_PERIOD)
+    if period < 0:
+        raise ModelFileError(f"{r.f.path}: {r.key('{arch}.attention.sliding_window_pattern')} must be "
+                             f">= 0, got {period}")
+    layers = tuple(period == 0 or il % period != 0 for il in range(n_layer))
+    return SMALLTHINKER_WINDOW, layers, r.get("{arch}.rope.freq_base_swa", rope_freq_base, kind=float)
+
+
+def smallthinker(r, n_layer: int, n_rot: int, head_dim: int) -> dict:
+    """smallthinker's routing and RoPE-less layers as ModelConfig fields."""
+    if n_rot != head_dim:
+        raise UnsupportedError(f"{r.f.path}: smallthinker rotates whole heads; rope.dimension_count {n_rot} "
+                               f"!= head_dim {head_dim} is not supported (llama.cpp refuses it too)")
+    gating = r.get("{arch}.expert_gating_func", 0)
+    if gating not in (1, 2):
+        raise UnsupportedError(f"{r.f.path}: {r.key('{arch}.expert_gating_func')} {gating} is not "
+                               "supported (1 softmax, 2 sigmoid)")
+    # llama.cpp: RoPE unless il % step == 0, where the step is n_layer without a window (RoPE everywhere)
+    # and 4 with one; a step equal to n_layer (a 4-layer file) also means RoPE everywhere
+    nope = r.get("{arch}.attention.sliding_window", 0) > 0 and n_layer != SMALLTHINKER_NO_ROPE_STEP
+    return {"expert_gating": "sigmoid" if gating == 2 else "softmax",
+            "no_rope_layers": tuple(nope and il % SMALLTHINKER_NO_ROPE_STEP == 0 for il in range(n_layer))}
+
+
+def read_args(r, d: dict) -> None:
+    d.update(smallthinker(r, d["n_layer"], d["n_rot"], d["head_dim"]))
+
+
+SPEC = ArchSpec("smallthinker", model=SmallThinkerModel, expected=expected_tensors, rope_neox=True, moe=True,
+                moe_norm=True, ffn_variant="reglu", relu_experts=True,
+                swa=smallthinker_swa)

@@ -4,7 +4,7 @@ The llama block of models/llama.py, except that some layers use no position enco
 layers with (il + 1) % 4 == 0 (il = 3, 7, 11, ...: a quarter of them) q and k go into the attention as the
 projections left them; every other layer rotates them with llama's normal RoPE layout (pairs 2i, 2i + 1, as
 llama.cpp's rope type for smollm3; the converter permutes the Q/K rows as for llama). The step 4 is hard-coded
-in llama.cpp (no GGUF key carries it), config_archs.SMOLLM3_NO_ROPE_STEP here; config.no_rope_layers holds the
+in llama.cpp (no GGUF key carries it), NO_ROPE_STEP here; config.no_rope_layers holds the
 per-layer flags.
 
 Per layer:  n = rmsnorm(x) * attn_norm
@@ -16,12 +16,17 @@ ties them). rope_freqs.weight is not read (llama.cpp's smollm3 graph passes no f
 
 A NoPE layer is a RoPE with n_rot = 0, so both the Python path and the one-call decode step (attn_block.c
 skips RoPE when n_rot is 0) run it without a special case.
+
+Metadata keys (config.read with SPEC and read_args; defaults are llama.cpp's):
+  smollm3 the llama block (normal RoPE) where every 4th layer ((il + 1) % 4 == 0) skips RoPE (no_rope_layers);
+          llama.cpp hard-codes the step 4 (no GGUF key holds it), and so do we
 """
 from __future__ import annotations
 
 from ..config import ModelConfig
 from .base import Expected, Model, llama_like_expected
 from .llama import LAYER_TENSORS
+from .spec import ArchSpec
 
 
 def expected_tensors(c: ModelConfig) -> Expected:
@@ -44,3 +49,13 @@ class SmolLM3Model(Model):
         if self.config.no_rope_layers and self.config.no_rope_layers[il]:
             kw["n_rot"] = 0
         return kw
+
+
+NO_ROPE_STEP = 4  # layers with (il + 1) % 4 == 0 use no RoPE (llama.cpp's n_no_rope_layer_step; no key)
+
+
+def read_args(r, d: dict) -> None:
+    d["no_rope_layers"] = tuple((il + 1) % NO_ROPE_STEP == 0 for il in range(d["n_layer"]))
+
+
+SPEC = ArchSpec("smollm3", model=SmolLM3Model, expected=expected_tensors)

@@ -1,6 +1,6 @@
 """write_ling_trinity: tiny random bailingmoe2 (Ling / Ring 2.0) and afmoe (Trinity) files that llama.cpp loads.
 
-The tensors and keys are those llama.cpp's loaders read (models/bailing.py and models/afmoe.py have the math):
+The tensors and keys are those llama.cpp's loaders read (models/bailingmoe2.py and models/afmoe.py have the math):
 leading_dense_block_count dense SwiGLU layers, then layers with a router (F32, as real files), a selection bias
 exp_probs_b.bias, the 3-D expert stacks and a shared expert. Every matrix is ~ N(0, 1/K) for K inputs so the
 activations stay O(1); the vocabulary is synth.tokenizer_metadata's.

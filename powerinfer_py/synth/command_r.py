@@ -1,6 +1,6 @@
 """write_cohere_model: a tiny random Cohere file (GGUF arch "command-r" or "cohere2") that llama.cpp loads.
 
-The tensors and keys are those llama.cpp's command-r / cohere2 loaders read (models/cohere.py has the math):
+The tensors and keys are those llama.cpp's command-r / cohere2 loaders read (models/command_r.py has the math):
 token_embd (tied head: no output.weight, as the real files), output_norm, and per layer attn_norm, attn_q/k/v/output
 and ffn_gate/up/down; no biases, no ffn_norm. command-r files of 64 or more layers also get the per-head
 attn_q_norm / attn_k_norm (f32 [n_head, head_dim] / [n_head_kv, head_dim]), which llama.cpp requires at that

@@ -1,6 +1,6 @@
 """write_gemma3n_model: a tiny random Gemma 3n (GGUF arch "gemma3n") file that llama.cpp loads and runs.
 
-llama.cpp fixes several Gemma 3n sizes in its code (config_gemma3n.py): 4 AltUp streams, per-layer embeddings
+llama.cpp fixes several Gemma 3n sizes in its code (models/gemma3n.py): 4 AltUp streams, per-layer embeddings
 256 wide, K/V computed by the first 20 layers only, the Gaussian top-k on the first 10. So the file has
 (defaults) 25 layers: sliding-window layers with a full-attention layer every 5th (4, 9, ... 24), layers
 20..24 sharing the K/V of layers 18 (sliding) and 19 (full), top-k FFNs on layers 0..9 and dense ones after.
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFValueType
 
-from ..config_gemma3n import N_EMBD_PER_LAYER, SPARSITY_STD_MUL
+from ..models.gemma3n import N_EMBD_PER_LAYER, SPARSITY_STD_MUL
 from ..gguf import write_gguf
 from .common import DTYPES, _FILE_TYPE, _encode, tokenizer_metadata
 

@@ -250,7 +250,7 @@ class _Spec:
 
 
 def _gptoss_layer(p: str, spec: _Spec, rng: np.random.Generator, linear, norm) -> list[tuple[str, np.ndarray]]:
-    """One gpt-oss layer's tensors in llama.cpp's names (models/gptoss.py has the math). The sinks are large
+    """One gpt-oss layer's tensors in llama.cpp's names (models/gpt_oss.py has the math). The sinks are large
     enough to take a visible share of each softmax, the expert gate and up rows wide enough (std ~3) that some
     values pass swiglu_oai's clamp at 7, and every bias is ~N(0, bias_std^2)."""
     E, hd, (n_exp, _, F, _) = spec.n_embd, spec.head_dim, spec.moe

@@ -1,5 +1,5 @@
 """Tiny random hunyuan-dense, apertus and seed_oss files that llama.cpp loads, for tests and demos;
-synth.write_synthetic_model hands these archs to write_llama_variant (models/hunyuan.py, apertus.py and
+synth.write_synthetic_model hands these archs to write_llama_variant (models/hunyuan_dense.py, apertus.py and
 seed_oss.py have the math).
 
 Shapes as the real models in miniature: heads of 2 * n_embd / n_head dims (wider than n_embd / n_head, as

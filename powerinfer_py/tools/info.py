@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from ..config import KEY_UP_SPARSITY, ModelConfig
+from ..config import KEY_UP_SPARSITY
 from ..errors import PowerInferError
-from ..gguf.load import check_expected, conversion_target
 from ..gguf.reader import open_gguf
-from ..models import expected_tensors
+from ..gguf.load import check_expected, conversion_target
+from ..models import expected_tensors, read_config
 
 
 def model_info(path: str | os.PathLike) -> dict[str, Any]:
@@ -29,7 +29,7 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
     try:
         # A file we cannot run is still worth describing: keep the reason instead of failing.
         try:
-            config = ModelConfig.from_gguf(f)
+            config = read_config(f)
         except PowerInferError as e:
             config, runnable, problem = None, False, str(e)
         else:
@@ -91,8 +91,8 @@ def _rope_scaling(f, config) -> dict[str, Any] | None:
             if config.rope_factors else None)
     longrope = None  # phi3's long-context factors (rope_factors_long/short.weight, picked by n_ctx)
     if "rope_factors_long.weight" in f.tensors and config.rope_orig_ctx:
-        longrope = {"orig_ctx": config.rope_orig_ctx,  # minicpm(3) keep the attn_factor as rope_mscale
-                    "attn_factor": config.rope_attn_factor if config.arch == "phi3" else config.rope_mscale}
+        # phi3 keeps the attn_factor as rope_attn_factor, minicpm(3) as rope_mscale; the other one is 1 there
+        longrope = {"orig_ctx": config.rope_orig_ctx, "attn_factor": config.rope_attn_factor * config.rope_mscale}
     if linear is None and factors is None and yarn is None and longrope is None:
         return None
     return {"linear": linear, "freq_factors": factors, "yarn": yarn, **({"longrope": longrope} if longrope else {})}

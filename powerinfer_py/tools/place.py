@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import ModelConfig
+from ..models import read_config
 from ..gguf import open_gguf
 from ..hybrid.activations import find_activations, load_activations
 from ..hybrid.backend import PROFILE_TOKENS, activation_counts
@@ -21,7 +21,7 @@ def plan_for_file(path, vram_budget: float, n_ctx: int | None = None, activation
     the header when statistics are found; otherwise loads the model on the CPU to profile it."""
     f = open_gguf(path)
     try:
-        c = ModelConfig.from_gguf(f)
+        c = read_config(f)
         n_ctx = n_ctx or min(c.n_ctx_train, DEFAULT_MAX_CTX)
         fp = footprint(c, f.tensors, n_ctx)
         source = Path(activations) if activations is not None else find_activations(path)

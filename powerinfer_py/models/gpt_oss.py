@@ -21,6 +21,13 @@ with swiglu_oai(g, u) = g' * sigmoid(1.702 g') * (u' + 1), g' = min(g, 7), u' = 
 The decode step is one C call per attention block (attn_block.c takes the output bias and the sinks), with the
 same bits as the Python path. Real gpt-oss files store the experts in MXFP4; this module runs whatever weight
 types the kernels read.
+
+Metadata keys (config.read with SPEC; defaults are llama.cpp's):
+  gpt-oss NeoX RoPE (YaRN in the real files), Q/K/V and output biases, attention sinks (tensors); the even layers
+          (il % 2 == 0, llama.cpp's fixed pattern) attend within {arch}.attention.sliding_window (required);
+          attn_scale 1/sqrt(head_dim); experts {arch}.expert_feed_forward_length wide, routed by the top-k
+          biased router logits softmaxed after the selection (moe.py); a rope.freq_base_swa that differs from
+          the global base is refused
 """
 from __future__ import annotations
 
@@ -29,10 +36,12 @@ from typing import Mapping
 import numpy as np
 
 from ..config import ModelConfig
-from ..gguf.types import Tensor
+from ..errors import UnsupportedError
 from ..layers.cache import KVCache
 from ..layers.moe import MoEFFN
+from ..gguf.types import Tensor
 from .base import Expected, Model, get_tensor, head_expected, moe_expected, norm_weight
+from .spec import ArchSpec
 
 
 def expected_tensors(c: ModelConfig) -> Expected:
@@ -118,3 +127,26 @@ class GptOssModel(Model):
             x += self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x)
         cache.n_past = p0 + n
         return self._head(x, all_logits)
+
+
+SWA_PERIOD = 2  # layers il % 2 == 0 attend within the window (llama.cpp hard-codes it)
+
+
+def _swa(r, n_layer: int, rope_freq_base: float) -> tuple[int, tuple[bool, ...], float]:
+    """The even layers attend within {arch}.attention.sliding_window (required); a rope.freq_base_swa that
+    differs from the global base is refused."""
+    base_swa = r.get("{arch}.rope.freq_base_swa", rope_freq_base, kind=float)
+    if base_swa != rope_freq_base:
+        raise UnsupportedError(f"{r.f.path}: a gpt-oss file whose sliding-window layers have their own "
+                               f"RoPE base ({base_swa} vs {rope_freq_base}) is not supported")
+    return (r.positive("{arch}.attention.sliding_window"),
+            tuple(il % SWA_PERIOD != SWA_PERIOD - 1 for il in range(n_layer)), rope_freq_base)
+
+
+def describe(c: dict) -> list[tuple[str, str]]:
+    return [("gpt-oss", f"attention sinks; even layers see the last {c['sliding_window']} tokens; router "
+             "weights softmaxed after top-k; expert biases; swiglu_oai (clamp 7, alpha 1.702)")]
+
+
+SPEC = ArchSpec("gpt-oss", model=GptOssModel, expected=expected_tensors, rope_neox=True, yarn=True, moe=True,
+                moe_norm=False, swa=_swa, describe=describe)  # moe_norm: a softmax over the chosen logits (moe.py)

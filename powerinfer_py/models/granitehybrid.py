@@ -32,7 +32,10 @@ from ..layers.cache import Mamba2KVCache
 from ..layers.ffn import SparseSettings
 from .base import Expected, ffn_expected, head_expected, layer_tensors
 from .granite import GraniteModel
+from .granite import apply_scales, describe
 from .mamba2_mixer import Mamba2Mixer, mamba2_dims, mamba2_expected, mamba2_tensors
+from .nemotron_h import mamba2_layout
+from .spec import ArchSpec
 
 SHARED = {"attn_norm": "attn_norm.weight", "ffn_norm": "ffn_norm.weight"}
 ATTENTION = {"wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight", "wo": "attn_output.weight"}
@@ -100,3 +103,11 @@ class GraniteHybridModel(Mamba2Mixer, GraniteModel):
             x += self._ffn_out(il, self.ffns[il](m, x))  # times residual_scale
         cache.end(p0 + n)
         return self._head(x, all_logits)  # divided by logit_scale
+
+
+def read_args(r, d: dict) -> None:
+    apply_scales(r, d)
+
+
+SPEC = ArchSpec("granitehybrid", model=GraniteHybridModel, expected=expected_tensors, moe_norm=True,
+                expert_width_key="{arch}.feed_forward_length", shared_expert="optional", layout=mamba2_layout, describe=describe)

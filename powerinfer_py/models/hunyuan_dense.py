@@ -10,19 +10,29 @@ Per layer:  n = rmsnorm(x) * attn_norm
 Logits: rmsnorm(x) * output_norm, then output.weight (or token_embd.weight when the file has none).
 
 The norm weights differ per dim, so the order matters (measured in tests/test_hunyuan_dense.py). The RoPE base
-may carry the NTK alpha (config_llama_variants.py). Optional q/k/v biases are added as llama.cpp's loader takes them.
+may carry the NTK alpha (hunyuan_rope_base). Optional q/k/v biases are added as llama.cpp's loader takes them.
 Its own forward pass moves the norms after RoPE (base.Model's come before it); one-token steps run each attention
 block as one C call with the norms after RoPE too (attn_block.c's qk_norm_post_rope), with the same bits. The FFN
 is ffn.FFN's SwiGLU (its one-call C step for single tokens, threshold mode after `powerinfer calibrate`).
+
+Metadata keys (config.read with SPEC and its hooks; defaults are llama.cpp's):
+  hunyuan-dense (Tencent Hunyuan 0.5B / 1.8B / 4B / 7B dense): NeoX RoPE. The NTK "alpha" scaling of the HF
+          checkpoints is usually baked into {arch}.rope.freq_base by the converter; a file that stores
+          {arch}.rope.scaling.alpha instead gets llama.cpp's base * alpha^(d / (d - 2)), d = head_dim. M-RoPE
+          sections (the vision-language variant's XD-RoPE) are refused. An expert_count of 0 or 1 means dense.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from ..config import ModelConfig
+from ..errors import ModelFileError, UnsupportedError
 from ..layers.cache import KVCache
 from .base import Expected, llama_like_expected
 from .llama import ATTN_BIASES, LAYER_TENSORS, LlamaModel, attn_bias_shapes
+from .spec import ArchSpec
 
 
 def expected_tensors(c: ModelConfig) -> Expected:
@@ -75,3 +85,24 @@ class HunyuanDenseModel(LlamaModel):
 
 
 __all__ = ["HunyuanDenseModel", "expected_tensors"]
+
+
+def hunyuan_rope_base(r, freq_base: float, head_dim: int) -> float:
+    """hunyuan-dense's RoPE base: {arch}.rope.scaling.alpha (absent or <= 0: none) scales it by
+    alpha^(head_dim / (head_dim - 2)), as llama.cpp's loader does; M-RoPE sections are refused."""
+    sections = r.meta.get(r.key("{arch}.rope.dimension_sections"))
+    if isinstance(sections, list) and len(sections) >= 2 and sections[0] > 0 and sections[1] > 0:
+        raise UnsupportedError(f"{r.f.path}: a {r.arch} file with M-RoPE sections ({sections}, the "
+                               "vision-language XD-RoPE) is not supported")
+    alpha = r.get("{arch}.rope.scaling.alpha", 0.0, kind=float)
+    if not math.isfinite(alpha):
+        raise ModelFileError(f"{r.f.path}: {r.key('{arch}.rope.scaling.alpha')} must be finite, got {alpha}")
+    if alpha <= 0:
+        return freq_base
+    if head_dim <= 2:
+        raise ModelFileError(f"{r.f.path}: RoPE alpha scaling needs a head width above 2, got {head_dim}")
+    return float(freq_base * alpha ** (head_dim / (head_dim - 2)))
+
+
+SPEC = ArchSpec("hunyuan-dense", model=HunyuanDenseModel, expected=expected_tensors, rope_neox=True, yarn=True,
+                dense_experts_max=1, rope_base_of=hunyuan_rope_base)  # an expert_count of 0 or 1 means dense

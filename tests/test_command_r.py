@@ -21,10 +21,10 @@ from model_checks import batch_and_steps, info_text, load_model, rel_err, rewrit
 
 from powerinfer_py import load
 from powerinfer_py.tools.calibrate import calibrate
-from powerinfer_py.config import ModelConfig
+from powerinfer_py.models import read_config
 from powerinfer_py.errors import ModelFileError, UnsupportedError
 from powerinfer_py.gguf import open_gguf
-from powerinfer_py.models.cohere import CohereModel
+from powerinfer_py.models.command_r import CohereModel
 from powerinfer_py.tools.perplexity import perplexity
 from powerinfer_py.gguf.types import GGMLType, Tensor
 
@@ -82,12 +82,12 @@ class NoQKNorms(CohereModel):
 def test_config_follows_llama_cpp(synthetic_model):
     """LayerNorm eps, normal RoPE, the logit scale (optional for command-r), cohere2's default period 4 and an
     explicit per-layer pattern, NoPE exactly on the global layers."""
-    c = ModelConfig.from_gguf(open_gguf(synthetic_model("cohere2", "f32", **COHERE2)))
+    c = read_config(open_gguf(synthetic_model("cohere2", "f32", **COHERE2)))
     assert c.sliding_window == 4 and c.swa_layers == (True, True, True, False) and not c.rope_neox
     assert c.no_rope_layers == (False, False, False, True) and c.n_rot == 8 and c.logit_mul == 0.25
-    c = ModelConfig.from_gguf(open_gguf(synthetic_model("cohere2", "f32", n_layer=4, swa_pattern=(False, True, False, True))))
+    c = read_config(open_gguf(synthetic_model("cohere2", "f32", n_layer=4, swa_pattern=(False, True, False, True))))
     assert c.swa_layers == (False, True, False, True) and c.no_rope_layers == (True, False, True, False)
-    c = ModelConfig.from_gguf(open_gguf(synthetic_model("command-r", "f32", logit_scale=None)))
+    c = read_config(open_gguf(synthetic_model("command-r", "f32", logit_scale=None)))
     assert c.logit_mul == 1.0 and c.sliding_window == 0 and c.no_rope_layers == () and c.norm_eps == pytest.approx(1e-5)
 
 

@@ -20,9 +20,18 @@ with no gate, present when that key is > 0.
 llama.cpp also adds optional Q/K/V biases (ERNIE 4.5 checkpoints have none) and drops an output bias; a file that
 carries any attention bias is refused rather than run differently. An interleave step other than 1 and RoPE
 on part of a head are refused in config.py.
+
+Metadata keys (config.read with SPEC and read_args; defaults are llama.cpp's):
+  ernie4_5, ernie4_5-moe  (Baidu ERNIE 4.5) the llama block (normal RoPE over the whole head: rope.dimension_count
+          must equal head_dim, as llama.cpp asserts); ernie4_5-moe: {arch}.leading_dense_block_count dense layers
+          (feed_forward_length wide), then experts (expert_feed_forward_length wide; softmax router, top-k chosen
+          on probs + the optional blk.N.exp_probs_b.bias, weights renormalized) with an optional ungated shared
+          expert ({arch}.expert_shared_feed_forward_length); {arch}.interleave_moe_layer_step must be 1 (the
+          published checkpoints' value; llama.cpp's loader knows no other)
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping
 
 from ..config import ModelConfig
@@ -31,6 +40,7 @@ from ..gguf.types import Tensor
 from ..layers.moe import MoEFFN
 from .base import Expected, Model, get_tensor, llama_like_expected, norm_weight
 from .llama import LAYER_TENSORS
+from .spec import ArchSpec
 
 _BIASES = ("attn_q", "attn_k", "attn_v", "attn_output")
 
@@ -62,3 +72,30 @@ class ErnieModel(Model):
                 raise ModelFileError(f"blk.{il}.exp_probs_b.bias has {bias.size} values, expected {moe.n_expert}")
             moe.select_bias = bias
         return moe
+
+
+def ernie(r, n_layer: int, n_rot: int, head_dim: int) -> dict:
+    """ernie4_5(-moe): RoPE over whole heads only; the MoE model's per-layer FFN kinds (moe_layers): dense below
+    {arch}.leading_dense_block_count, experts from there on, with an interleave step of 1 only."""
+    if n_rot != head_dim:
+        raise UnsupportedError(f"{r.f.path}: {r.arch} rotates whole heads; rope.dimension_count {n_rot} "
+                               f"!= head_dim {head_dim} is not supported (llama.cpp refuses it too)")
+    if r.arch == "ernie4_5":
+        return {}
+    step = r.positive("{arch}.interleave_moe_layer_step")
+    if step != 1:
+        raise UnsupportedError(f"{r.f.path}: {r.key('{arch}.interleave_moe_layer_step')} {step} is not "
+                               "supported (only 1: every layer past the leading dense ones has experts)")
+    lead = r.get("{arch}.leading_dense_block_count")
+    if not 0 <= lead <= n_layer:
+        raise ModelFileError(f"{r.f.path}: {r.key('{arch}.leading_dense_block_count')} {lead} is outside "
+                             f"0..{n_layer} (block_count)")
+    return {"moe_layers": tuple(il >= lead for il in range(n_layer))}
+
+
+def read_args(r, d: dict) -> None:
+    d.update(ernie(r, d["n_layer"], d["n_rot"], d["head_dim"]))
+
+
+SPEC = ArchSpec("ernie4_5", model=ErnieModel, expected=expected_tensors)
+VARIANTS = (replace(SPEC, name="ernie4_5-moe", moe=True, moe_norm=True, shared_expert="optional"),)

@@ -20,7 +20,7 @@ import pytest
 from llama_ref import llama_cpp_logits
 
 from powerinfer_py import load
-from powerinfer_py.config import ModelConfig
+from powerinfer_py.models import read_config
 from powerinfer_py.errors import UnsupportedError
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.kernels import ref
@@ -91,7 +91,7 @@ def test_config(tmp_path):
     expert_feed_forward_length; a separate RoPE base for the window layers is refused."""
     path = write_synthetic_model(tmp_path / "g.gguf", "gpt-oss", n_layer=4, n_ff_exp=48, rope_scaling=YARN)
     with open_gguf(path) as f:
-        c = ModelConfig.from_gguf(f)
+        c = read_config(f)
     assert c.swa_layers == (True, False, True, False) and c.sliding_window == 4
     assert c.rope_neox and c.n_expert == 4 and c.n_expert_used == 2 and c.n_ff_exp == 48
     assert c.rope_factors and max(c.rope_factors) == pytest.approx(4.0) and not c.expert_weights_norm
@@ -102,7 +102,7 @@ def test_config(tmp_path):
         tensors = list(f.tensors.values())
         bad = write_gguf(tmp_path / "bad.gguf", meta, tensors)
     with open_gguf(bad) as f, pytest.raises(UnsupportedError, match="freq_base_swa|own RoPE base"):
-        ModelConfig.from_gguf(f)
+        read_config(f)
 
 
 def _ours(path, tokens=TOKENS) -> tuple[np.ndarray, np.ndarray]:

@@ -1,5 +1,5 @@
 """Cohere (GGUF archs "command-r": Command R / R+, Aya 23, Aya Expanse; "cohere2": Command R7B, Command A, Aya
-Vision's text model). Keys: config_cohere.py.
+Vision's text model). Keys: at the end.
 
 Per layer, with x the layer input (llama.cpp's command-r.cpp / cohere2.cpp graphs):
     h = layernorm(x) * attn_norm                         LayerNorm without a bias, eps attention.layer_norm_epsilon
@@ -23,15 +23,35 @@ them) are refused rather than ignored.
 Decode steps take the Python path (no one-call C attention block): that block starts with an RMSNorm and adds
 its output to the residual it was given, while here the input is LayerNormed and the FFN's output must be added
 before the attention's; matching llama.cpp's bits would need a second C variant for one family.
+
+Metadata keys (config.read with SPEC and read_args). Both archs (llama.cpp's loaders, src/models/command-r.cpp and cohere2.cpp):
+  attention.layer_norm_epsilon  LayerNorm eps (no biases anywhere; SPEC.layer_norm)
+  logit_scale                   the logits are MULTIPLIED by it (0 or absent: unscaled); optional for command-r,
+                                required for cohere2, as llama.cpp's get_key calls say
+  RoPE is the normal layout (pairs 2i, 2i+1; llama.cpp's rope type NORM for both; the converter permutes nothing
+  because the HF model rotates interleaved pairs too); rope.dimension_count may be < head_dim (cohere2's
+  rotary_pct).
+cohere2 only:
+  attention.sliding_window          window of the sliding layers (required)
+  attention.sliding_window_pattern  one bool per layer (True = sliding) or a period n (default 4): layer il
+                                    slides when il % n < n - 1, every layer when n is 0 (llama.cpp's
+                                    set_swa_pattern without dense_first)
+  the sliding layers rotate q and k; the global ones use no RoPE at all (no_rope_layers). rope.freq_base_swa is
+  read by llama.cpp but its graph never uses it (every sliding layer rotates with rope.freq_base): ignored here.
+command-r's optional per-head Q/K LayerNorms (Command R+) are tensors (above).
 """
 from __future__ import annotations
+
+import math
+from dataclasses import replace
 
 import numpy as np
 
 from ..config import ModelConfig
-from ..errors import UnsupportedError
+from ..errors import ModelFileError, UnsupportedError
 from ..layers.cache import KVCache
 from .base import Expected, Model, head_expected, sparsify_expected
+from .spec import ArchSpec
 
 LAYER_TENSORS = {"attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight",
                  "wv": "attn_v.weight", "wo": "attn_output.weight",
@@ -130,3 +150,42 @@ class CohereModel(Model):
         if self._logit_mul != 1:
             logits *= self._logit_mul
         return logits
+
+
+COHERE2_SWA_PERIOD = 4  # llama.cpp's default pattern for cohere2: 3 sliding layers, then a global one
+
+
+def cohere2_swa(r, n_layer: int, rope_freq_base: float) -> tuple[int, tuple[bool, ...], float]:
+    """(sliding_window, swa_layers, RoPE base of the sliding layers) of a cohere2 file; r: config.MetaReader."""
+    window = r.positive("{arch}.attention.sliding_window")
+    key = r.key("{arch}.attention.sliding_window_pattern")
+    pattern = r.meta.get(key, COHERE2_SWA_PERIOD)
+    if isinstance(pattern, list):
+        if len(pattern) != n_layer or not all(isinstance(v, (bool, int)) for v in pattern):
+            raise ModelFileError(f"{r.f.path}: {key} must hold one flag per layer ({n_layer}), got {pattern!r:.80}")
+        layers = tuple(bool(v) for v in pattern)
+    elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern >= 0:
+        layers = tuple(pattern == 0 or il % pattern < pattern - 1 for il in range(n_layer))
+    else:
+        raise ModelFileError(f"{r.f.path}: {key} must be a period >= 0 or one flag per layer, got {pattern!r:.80}")
+    return window, layers, rope_freq_base
+
+
+def cohere_keys(r, n_layer: int) -> dict:
+    """ModelConfig fields of a command-r / cohere2 file (logit_mul; cohere2's RoPE-less global layers). r: config.MetaReader."""
+    scale = r.get("{arch}.logit_scale", 0.0 if r.arch == "command-r" else None, kind=float)
+    if not math.isfinite(scale):
+        raise ModelFileError(f"{r.f.path}: {r.key('{arch}.logit_scale')} must be finite, got {scale}")
+    out = {"logit_mul": scale if scale else 1.0}
+    if r.arch == "cohere2":
+        _, layers, _ = cohere2_swa(r, n_layer, 0.0)
+        out["no_rope_layers"] = tuple(not swa for swa in layers)
+    return out
+
+
+def read_args(r, d: dict) -> None:
+    d.update(cohere_keys(r, d["n_layer"]))
+
+
+SPEC = ArchSpec("command-r", model=CohereModel, expected=expected_tensors, layer_norm=True)
+VARIANTS = (replace(SPEC, name="cohere2", swa=cohere2_swa),)  # windowed RoPE layers + NoPE global ones
