@@ -1,0 +1,381 @@
+"""A Jinja sandbox for chat templates that bounds what one render may cost: time, output and value sizes.
+
+jinja2's ImmutableSandboxedEnvironment keeps a template from reaching Python internals, but not from asking for
+a 10 GB string ('x' * 10**10), a tojson indent of 50 million spaces, or 10**10 loop iterations (two nested
+range(100000) loops). A template comes with the model file, so it is input like any other: BoundedEnvironment
+refuses such requests before they run, and stops a render that outlives its time budget.
+
+How, without threads or signals (a render runs in whatever thread asked for it: the server's handlers too):
+  - the template's syntax tree is instrumented before it is compiled (instrument()): every {% for %} iterates
+    through a guard that charges one step per item, every piece of output (top level, macro bodies, {% set %}
+    blocks) goes through a guard that adds its length to the render's total, and `a ~ b` goes through a guard
+    that checks the joined length first. The guards are methods of an extension (_Guards), addressed through
+    environment.extensions[...], so no template variable can shadow them;
+  - the sandbox's own hooks (call, call_binop, the str.format wrapper) charge a step and check, before the
+    operation runs, the size of what it would produce: `*` and `+` on strings/lists/tuples, `**` and `*` on
+    integers (in bits), `%` formatting, and the str/bytes methods that can grow a value (center, ljust,
+    rjust, zfill, expandtabs, replace, join, translate, format);
+  - every filter is wrapped the same way (center, indent, format, join, replace, wordwrap, batch, slice, sum
+    checked before they run; any result too large refused after);
+  - each step compares the clock with the render's deadline.
+A single value may hold MAX_VALUE characters or items, a render may write MAX_WRITTEN characters in all, and
+it may run for the JinjaTemplate's time limit. Real chat templates stay far below all three (a 128k-token
+prompt is about 0.5 M characters).
+"""
+from __future__ import annotations
+
+import re
+import string
+import threading
+import time
+from functools import wraps
+from typing import Any, Callable
+
+from jinja2 import nodes
+from jinja2.ext import Extension
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.visitor import NodeTransformer
+
+MAX_VALUE = 1 << 22      # characters of one string, items of one list/tuple/dict
+MAX_WRITTEN = 1 << 24    # characters one render may output, counting every buffer (macros, {% set %} blocks)
+MAX_INT_BITS = 1 << 16   # bits of an integer built by * or ** (str() of a larger one fails anyway)
+MAX_SMALL_ARG = 64       # tojson indent and separators, lipsum paragraphs
+MAX_SLICES = 10000       # the slice filter's column count
+
+_SIZED = (str, bytes, bytearray, list, tuple)
+_PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[#0 +\-]*(\*|\d*)(?:\.(\*|\d*))?[hlL]?(.)", re.S)
+
+
+class LimitError(Exception):
+    """A render asked for more than the budget allows; JinjaTemplate turns it into a TemplateError."""
+
+
+class Budget:
+    """What one render has used: steps (loop items, calls, operators), characters written, and the clock."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
+        self.written = 0
+
+    def step(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise LimitError(f"rendering took longer than {self.seconds:g} s")
+
+    def write(self, n: int) -> None:
+        self.written += n
+        if self.written > MAX_WRITTEN:
+            raise LimitError(f"the output exceeds {MAX_WRITTEN} characters")
+        self.step()
+
+
+_local = threading.local()  # .budget: the Budget of the render running in this thread, or None
+
+
+def _budget() -> Budget | None:
+    return getattr(_local, "budget", None)
+
+
+class active:
+    """`with active(budget):` makes budget the current render's (renders in other threads have their own)."""
+
+    def __init__(self, budget: Budget):
+        self.budget = budget
+
+    def __enter__(self) -> Budget:
+        self.prev, _local.budget = _budget(), self.budget
+        return self.budget
+
+    def __exit__(self, *exc) -> None:
+        _local.budget = self.prev
+
+
+def _step() -> None:
+    b = _budget()
+    if b is not None:
+        b.step()
+
+
+def _limit(n: int, what: str) -> None:
+    if n > MAX_VALUE:
+        raise LimitError(f"{what} would hold {n} characters or items (at most {MAX_VALUE})")
+
+
+def check_size(value: Any, what: str = "a value") -> Any:
+    if isinstance(value, (_SIZED, dict)):
+        _limit(len(value), what)
+    return value
+
+
+def _int_arg(value: Any, what: str) -> None:
+    if isinstance(value, int) and abs(value) > MAX_VALUE:
+        raise LimitError(f"{what} is {value} (at most {MAX_VALUE})")
+
+
+# -- size estimates, made before an operation runs ------------------------------------------------------
+
+def _check_binop(op: str, left: Any, right: Any) -> None:
+    if op == "*":
+        for seq, n in ((left, right), (right, left)):
+            if isinstance(seq, _SIZED) and isinstance(n, int):
+                _limit(len(seq) * max(n, 0), f"{type(seq).__name__} * {n}")
+        if isinstance(left, int) and isinstance(right, int) \
+                and left.bit_length() + right.bit_length() > MAX_INT_BITS:
+            raise LimitError(f"an integer product of more than {MAX_INT_BITS} bits")
+    elif op == "+":
+        if isinstance(left, _SIZED) and isinstance(right, _SIZED):
+            _limit(len(left) + len(right), f"{type(left).__name__} + {type(right).__name__}")
+    elif op == "**":
+        if isinstance(left, int) and isinstance(right, int) and right > 0 and abs(left) > 1 \
+                and (left.bit_length() - 1) * right > MAX_INT_BITS:
+            raise LimitError(f"a {left.bit_length()}-bit integer ** {right} has more than {MAX_INT_BITS} bits")
+    elif op == "%" and isinstance(left, (str, bytes)):
+        check_percent(left, right)
+
+
+def _arg_len(values) -> int:
+    """The longest str() of the arguments a format may substitute (each field can use any of them)."""
+    longest = 0
+    for v in values:
+        try:
+            longest = max(longest, len(v) if isinstance(v, (str, bytes)) else len(str(v)))
+        except Exception:  # an object whose str() fails fails the format too, later
+            pass
+    return longest
+
+
+def check_percent(fmt: str | bytes, args: Any) -> None:
+    """`fmt % args`: at most len(fmt) + fields * (longest argument) + the widths and precisions written."""
+    text = fmt if isinstance(fmt, str) else fmt.decode("latin-1")
+    values = list(args.values()) if isinstance(args, dict) else list(args) if isinstance(args, tuple) else [args]
+    fields, widths = 0, 0
+    for m in _PERCENT_SPEC.finditer(text):
+        if "*" in (m.group(1), m.group(2)):
+            raise LimitError("'%' formatting with a '*' width is not allowed in a chat template")
+        fields += 1
+        widths += int(m.group(1) or 0) + int(m.group(2) or 0)
+        _limit(widths, "a '%' format's widths")
+    _limit(len(text) + fields * _arg_len(values) + widths, "a '%' formatted string")
+
+
+def check_format(fmt: str, args: tuple, kwargs: dict) -> None:
+    """str.format / format_map: like check_percent; widths computed from other fields ({:{}}) are refused."""
+    fields, widths = 0, 0
+    try:
+        parsed = list(string.Formatter().parse(fmt))
+    except ValueError:
+        return  # str.format raises the same error itself
+    for _, field, spec, _ in parsed:
+        if field is None:
+            continue
+        if spec and "{" in spec:
+            raise LimitError("a format spec built from other fields ({:{}}) is not allowed in a chat template")
+        fields += 1
+        widths += sum(int(d) for d in re.findall(r"\d+", spec or ""))
+        _limit(widths, "a format's widths")
+    _limit(len(fmt) + fields * _arg_len(list(args) + list(kwargs.values())) + widths, "a formatted string")
+
+
+def _joined(sep: Any, items: list) -> None:
+    total = len(sep) * max(len(items) - 1, 0) if isinstance(sep, _SIZED) else 0
+    for item in items:
+        total += len(item) if isinstance(item, (str, bytes)) else len(str(item))
+        _limit(total, "a joined string")
+
+
+def _replaced(s: Any, old: Any, new: Any, count: Any) -> None:
+    if not (isinstance(s, (str, bytes)) and isinstance(old, type(s)) and isinstance(new, type(s))):
+        return
+    n = len(s) + 1 if not old else s.count(old)
+    if isinstance(count, int) and count >= 0:
+        n = min(n, count)
+    _limit(len(s) + n * max(len(new) - len(old), 0), "a replaced string")
+
+
+def _check_method(method: Any, args: tuple, kwargs: dict) -> tuple:
+    """Checks a call of a str/bytes method that can grow its value; returns the arguments to pass (join's
+    iterable comes back as a list, since measuring it consumed it)."""
+    owner, name = getattr(method, "__self__", None), getattr(method, "__name__", "")
+    if not isinstance(owner, (str, bytes, bytearray)):
+        return args
+    if name in ("center", "ljust", "rjust", "zfill") and args:
+        _int_arg(args[0], f"the width of {name}()")
+    elif name == "expandtabs":
+        size = args[0] if args else kwargs.get("tabsize", 8)
+        if isinstance(size, int):
+            _limit(len(owner) + owner.count("\t" if isinstance(owner, str) else b"\t") * max(size, 0),
+                   "expandtabs()")
+    elif name == "replace" and len(args) >= 2:
+        _replaced(owner, args[0], args[1], args[2] if len(args) > 2 else kwargs.get("count", -1))
+    elif name == "join" and len(args) == 1:
+        items = list(args[0])
+        _joined(owner, items)
+        return (items,)
+    elif name == "translate" and args and isinstance(args[0], dict):
+        longest = max((len(v) for v in args[0].values() if isinstance(v, str)), default=1)
+        _limit(len(owner) * max(longest, 1), "translate()")
+    return args
+
+
+# -- filters --------------------------------------------------------------------------------------------
+
+def _filter_checks(name: str, head: tuple, args: tuple, kwargs: dict) -> tuple:
+    """Checks before the built-in filter `name` runs on args (the value first; `head` is the environment or
+    context jinja passes in front of it, if any). Returns the arguments to pass."""
+    def arg(i: int, key: str, default=None):
+        return args[i] if len(args) > i else kwargs.get(key, default)
+
+    value = arg(0, "value")
+    if name == "center":
+        _int_arg(arg(1, "width"), "the center filter's width")
+    elif name == "indent":
+        width = arg(1, "width", 4)
+        pad = len(width) if isinstance(width, str) else width if isinstance(width, int) else 0
+        _int_arg(pad, "the indent filter's width")
+        if isinstance(value, str):
+            _limit(len(value) + (value.count("\n") + 1) * max(pad, 0), "an indented string")
+    elif name == "format" and isinstance(value, str):
+        check_percent(value, kwargs or tuple(args[1:]))
+    elif name == "join" and args:  # (value, d="", attribute=None)
+        items = list(value)
+        _joined(arg(1, "d", ""), items)
+        args = (items,) + tuple(args[1:])
+    elif name == "replace":  # (s, old, new, count=None)
+        _replaced(value, arg(1, "old"), arg(2, "new"), arg(3, "count"))
+    elif name == "wordwrap":  # (s, width, break_long_words, wrapstring, ...)
+        wrap = arg(3, "wrapstring")
+        if isinstance(value, str):
+            _limit(len(value) * (1 + (len(wrap) if isinstance(wrap, str) else 1)), "a wrapped string")
+    elif name == "batch":
+        _int_arg(arg(1, "linecount"), "the batch filter's size")
+    elif name == "slice":
+        n = arg(1, "slices")
+        if isinstance(n, int) and n > MAX_SLICES:
+            raise LimitError(f"the slice filter's count is {n} (at most {MAX_SLICES})")
+    elif name == "sum":  # (iterable, attribute=None, start=0): lists summed take quadratic time
+        if not isinstance(arg(2, "start", 0), (int, float)):
+            raise LimitError("the sum filter adds numbers only in a chat template")
+    elif name == "urlize":  # (value, trim_url_limit, nofollow, target, rel, ...): inserted at every link
+        for key, i in (("target", 3), ("rel", 4)):
+            v = arg(i, key)
+            if isinstance(v, str) and len(v) > 256:
+                raise LimitError(f"the urlize filter's {key} is {len(v)} characters (at most 256)")
+    for v in list(args[1:]) + list(kwargs.values()):
+        _int_arg(v, f"an argument of the {name} filter")
+    return head + tuple(args)
+
+
+def _bounded_filter(name: str, fn: Callable) -> Callable:
+    skip = 1 if getattr(fn, "jinja_pass_arg", None) is not None else 0  # the context jinja passes first
+
+    @wraps(fn)  # keeps jinja's pass_context/pass_environment mark, so jinja passes the same first argument
+    def run(*args, **kwargs):
+        _step()
+        args = _filter_checks(name, args[:skip], args[skip:], kwargs)
+        return check_size(fn(*args, **kwargs), f"the {name} filter's result")
+    return run
+
+
+def bounded_lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:
+    from jinja2.utils import generate_lorem_ipsum
+
+    if not all(isinstance(v, int) for v in (n, min, max)) or n > MAX_SMALL_ARG or max > 1000:
+        raise LimitError(f"lipsum() takes at most {MAX_SMALL_ARG} paragraphs of at most 1000 words")
+    return generate_lorem_ipsum(n, html, min, max)
+
+
+# -- the environment and the instrumented syntax tree ----------------------------------------------------
+
+class _Guards(Extension):
+    """The functions instrumented templates call (as environment.extensions[identifier].NAME)."""
+
+    def iterate(self, iterable):
+        _step()
+        for item in iterable:
+            _step()
+            yield item
+
+    def output(self, value):
+        """One piece of output, written as str(value) by the template code right after."""
+        b = _budget()
+        if b is not None:
+            b.write(len(value) if isinstance(value, str) else len(str(value)))
+        return value
+
+    def concat(self, *values):
+        """`a ~ b ~ ...`: str() of each, joined (what jinja's own concatenation does without autoescape)."""
+        parts = [str(v) for v in values]
+        _limit(sum(len(p) for p in parts), "a '~' concatenation")
+        return "".join(parts)
+
+
+class _Instrument(NodeTransformer):
+    def __init__(self, identifier: str):
+        self.identifier = identifier
+
+    def _call(self, name: str, args: list, lineno: int) -> nodes.Call:
+        return nodes.Call(nodes.ExtensionAttribute(self.identifier, name, lineno=lineno), args, [], None, None,
+                          lineno=lineno)
+
+    def visit_For(self, node: nodes.For) -> nodes.Node:
+        node = self.generic_visit(node)
+        node.iter = self._call("iterate", [node.iter], node.lineno)
+        return node
+
+    def visit_Output(self, node: nodes.Output) -> nodes.Node:
+        node = self.generic_visit(node)
+        node.nodes = [self._call("output", [nodes.Const(n.data, lineno=n.lineno)
+                                            if isinstance(n, nodes.TemplateData) else n], n.lineno)
+                      for n in node.nodes]
+        return node
+
+    def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
+        node = self.generic_visit(node)
+        return self._call("concat", node.nodes, node.lineno)
+
+
+class BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """ImmutableSandboxedEnvironment whose renders stay within a Budget (see the module docstring)."""
+
+    intercepted_binops = frozenset({"*", "+", "**", "%"})
+
+    def __init__(self, **options):
+        options["extensions"] = list(options.get("extensions", ())) + [_Guards]
+        super().__init__(**options)
+        self.filters = {name: _bounded_filter(name, fn) for name, fn in self.filters.items()}
+        self.globals["lipsum"] = bounded_lipsum
+
+    def add_filter(self, name: str, fn: Callable) -> None:
+        self.filters[name] = _bounded_filter(name, fn)
+
+    def compile_bounded(self, source: str):
+        """The Template for `source`, with its loops and outputs guarded."""
+        tree = self.parse(source)
+        tree = _Instrument(_Guards.identifier).visit(tree)
+        tree.set_environment(self)
+        return self.from_string(tree)
+
+    def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
+        _step()
+        _check_binop(operator, left, right)
+        return check_size(super().call_binop(context, operator, left, right), f"the result of {operator!r}")
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's own signature)
+        _step()
+        args = _check_method(__obj, args, kwargs)
+        return check_size(super().call(__context, __obj, *args, **kwargs), "a call's result")
+
+    def wrap_str_format(self, value: Any):
+        wrapper = super().wrap_str_format(value)
+        if wrapper is None:
+            return None
+        fmt, is_map = value.__self__, value.__name__ == "format_map"
+
+        @wraps(wrapper)
+        def checked(*args, **kwargs):
+            if is_map:
+                check_format(fmt, (), dict(args[0]) if len(args) == 1 and isinstance(args[0], dict) else {})
+            else:
+                check_format(fmt, args, kwargs)
+            return wrapper(*args, **kwargs)
+        return checked
