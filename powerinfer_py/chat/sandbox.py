@@ -34,6 +34,7 @@ from typing import Any, Callable
 from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import Namespace
 from jinja2.visitor import NodeTransformer
 
 MAX_VALUE = 1 << 22      # characters of one string, items of one list/tuple/dict
@@ -41,8 +42,14 @@ MAX_WRITTEN = 1 << 24    # characters one render may output, counting every buff
 MAX_INT_BITS = 1 << 16   # bits of an integer built by * or ** (str() of a larger one fails anyway)
 MAX_SMALL_ARG = 64       # tojson indent and separators, lipsum paragraphs
 MAX_SLICES = 10000       # the slice filter's column count
+MAX_TRACKED = 250_000    # lists, tuples, dicts one render may build (each is remembered with its weight)
+MAX_PPRINT = 10_000      # weight of what the pprint filter may lay out (it indents by depth)
 
 _SIZED = (str, bytes, bytearray, list, tuple)
+_PLAIN_SCALARS = frozenset({int, float, bool, type(None)})
+_ITEMS_VIEW = type({}.items())
+# concrete types only: isinstance() against the collections.abc views is slow, and weigh() runs per item
+_CONTAINERS = (list, tuple, dict, set, frozenset, type({}.keys()), type({}.values()), _ITEMS_VIEW)
 _PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[#0 +\-]*(\*|\d*)(?:\.(\*|\d*))?[hlL]?(.)", re.S)
 
 
@@ -51,12 +58,52 @@ class LimitError(Exception):
 
 
 class Budget:
-    """What one render has used: steps (loop items, calls, operators), characters written, and the clock."""
+    """What one render has used: steps (loop items, calls, operators), characters written, and the clock;
+    and the weight of every container the render has seen.
+
+    Weight: a string's length, 1 for another scalar, 1 + the children's weights for a list, tuple, dict, set or
+    dict view: about what str(), tojson, == or hash() walk. Lists of lists can share children ([x, x]
+    doubled 40 times is 41 objects and weighs 2**41), so len() alone does not bound those walks. Every
+    container a template builds is weighed when it is built (literals, operators, calls and filters), from its
+    children's remembered weights; containers cannot change in the immutable sandbox, so a weight stays
+    true. Each is kept referenced for the render, so its id() cannot be reused for another object."""
 
     def __init__(self, seconds: float):
         self.seconds = seconds
         self.deadline = time.monotonic() + seconds
         self.written = 0
+        self.weights: dict[int, tuple[Any, int]] = {}
+
+    def weigh(self, value: Any) -> int:
+        if isinstance(value, (str, bytes, bytearray)):
+            return len(value)
+        if not isinstance(value, _CONTAINERS):
+            return 1
+        known = self.weights.get(id(value))
+        if known is not None and known[0] is value:
+            return known[1]
+        total = 1
+        if isinstance(value, (dict, _ITEMS_VIEW)):
+            pairs = value.items() if isinstance(value, dict) else value
+            for k, v in pairs:
+                total += 1 + self.weigh(k) + self.weigh(v)
+                if total > MAX_VALUE:
+                    break
+        else:
+            weigh = self.weigh
+            for child in value:  # plain strings and numbers inline: a list of a million numbers is quick to make
+                t = type(child)
+                total += len(child) if t is str else 1 if t in _PLAIN_SCALARS else weigh(child)
+                if total > MAX_VALUE:
+                    break
+        _limit(total, f"a {type(value).__name__}")
+        self.remember(value, total)
+        return total
+
+    def remember(self, value: Any, weight: int) -> None:
+        if len(self.weights) >= MAX_TRACKED:
+            raise LimitError(f"the template built more than {MAX_TRACKED} lists, tuples and dicts")
+        self.weights[id(value)] = (value, weight)
 
     def step(self) -> None:
         if time.monotonic() > self.deadline:
@@ -102,9 +149,32 @@ def _limit(n: int, what: str) -> None:
 
 
 def check_size(value: Any, what: str = "a value") -> Any:
-    if isinstance(value, (_SIZED, dict)):
+    """value, once its weight (Budget.weigh; its length outside a render) is known to be within MAX_VALUE."""
+    b = _budget()
+    if b is not None:
+        n = b.weigh(value)
+        if n > MAX_VALUE:
+            raise LimitError(f"{what} would hold {n} characters or items (at most {MAX_VALUE})")
+    elif isinstance(value, (_SIZED, dict)):
         _limit(len(value), what)
     return value
+
+
+def _str_len(value: Any) -> int:
+    """len(str(value)), after checking value's weight (which bounds what str() walks)."""
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    check_size(value)
+    return len(str(value))
+
+
+class BoundedNamespace(Namespace):
+    """namespace() whose repr does not show its attributes: one namespace can hold another, and a printed
+    chain of them (each holding [previous, previous]) would double with every link. Templates print a
+    namespace's attributes, not the namespace."""
+
+    def __repr__(self) -> str:
+        return "<Namespace>"
 
 
 def _int_arg(value: Any, what: str) -> None:
@@ -138,7 +208,9 @@ def _arg_len(values) -> int:
     longest = 0
     for v in values:
         try:
-            longest = max(longest, len(v) if isinstance(v, (str, bytes)) else len(str(v)))
+            longest = max(longest, _str_len(v))
+        except LimitError:
+            raise
         except Exception:  # an object whose str() fails fails the format too, later
             pass
     return longest
@@ -179,7 +251,7 @@ def check_format(fmt: str, args: tuple, kwargs: dict) -> None:
 def _joined(sep: Any, items: list) -> None:
     total = len(sep) * max(len(items) - 1, 0) if isinstance(sep, _SIZED) else 0
     for item in items:
-        total += len(item) if isinstance(item, (str, bytes)) else len(str(item))
+        total += _str_len(item)
         _limit(total, "a joined string")
 
 
@@ -252,6 +324,10 @@ def _filter_checks(name: str, head: tuple, args: tuple, kwargs: dict) -> tuple:
         n = arg(1, "slices")
         if isinstance(n, int) and n > MAX_SLICES:
             raise LimitError(f"the slice filter's count is {n} (at most {MAX_SLICES})")
+    elif name == "pprint":  # lays nested values out one per line, indented by depth
+        b = _budget()
+        if b is not None and b.weigh(value) > MAX_PPRINT:
+            raise LimitError(f"the pprint filter lays out values of weight {MAX_PPRINT} at most")
     elif name == "sum":  # (iterable, attribute=None, start=0): lists summed take quadratic time
         if not isinstance(arg(2, "start", 0), (int, float)):
             raise LimitError("the sum filter adds numbers only in a chat template")
@@ -299,14 +375,20 @@ class _Guards(Extension):
         """One piece of output, written as str(value) by the template code right after."""
         b = _budget()
         if b is not None:
-            b.write(len(value) if isinstance(value, str) else len(str(value)))
+            b.write(_str_len(value))
         return value
 
     def concat(self, *values):
         """`a ~ b ~ ...`: str() of each, joined (what jinja's own concatenation does without autoescape)."""
+        for v in values:
+            check_size(v)
         parts = [str(v) for v in values]
         _limit(sum(len(p) for p in parts), "a '~' concatenation")
         return "".join(parts)
+
+    def built(self, value):
+        """A list, tuple or dict literal just built: weighed (Budget.weigh)."""
+        return check_size(value, f"a {type(value).__name__} literal")
 
 
 class _Instrument(NodeTransformer):
@@ -333,6 +415,14 @@ class _Instrument(NodeTransformer):
         node = self.generic_visit(node)
         return self._call("concat", node.nodes, node.lineno)
 
+    def _literal(self, node: nodes.Node) -> nodes.Node:
+        node = self.generic_visit(node)
+        if getattr(node, "ctx", "load") != "load":  # a tuple assigned to ({% for a, b in ... %}) stays
+            return node
+        return self._call("built", [node], node.lineno)
+
+    visit_List = visit_Tuple = visit_Dict = _literal
+
 
 class BoundedEnvironment(ImmutableSandboxedEnvironment):
     """ImmutableSandboxedEnvironment whose renders stay within a Budget (see the module docstring)."""
@@ -344,6 +434,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         super().__init__(**options)
         self.filters = {name: _bounded_filter(name, fn) for name, fn in self.filters.items()}
         self.globals["lipsum"] = bounded_lipsum
+        self.globals["namespace"] = BoundedNamespace
 
     def add_filter(self, name: str, fn: Callable) -> None:
         self.filters[name] = _bounded_filter(name, fn)
@@ -358,7 +449,20 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
     def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
         _step()
         _check_binop(operator, left, right)
-        return check_size(super().call_binop(context, operator, left, right), f"the result of {operator!r}")
+        result = super().call_binop(context, operator, left, right)
+        b = _budget()
+        if b is not None and operator in ("+", "*") and isinstance(result, (list, tuple)):
+            # the weight follows from the operands' without walking the result: a + b holds both operands'
+            # items, s * n holds s's n times (repeated doubling would otherwise re-walk millions of items)
+            if operator == "+":
+                weight = b.weigh(left) + b.weigh(right) - 1
+            else:
+                seq, n = (left, right) if isinstance(left, (list, tuple)) else (right, left)
+                weight = 1 + max(n, 0) * (b.weigh(seq) - 1)
+            _limit(weight, f"the result of {operator!r}")
+            b.remember(result, weight)
+            return result
+        return check_size(result, f"the result of {operator!r}")
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's own signature)
         _step()

@@ -208,7 +208,7 @@ class JinjaTemplate(ChatTemplate):
             self._template = env.compile_bounded(source)
         except JinjaError as e:
             raise TemplateError(f"{origin} does not parse: {_one_line(e)}") from None
-        except (RecursionError, MemoryError) as e:  # nesting too deep for the parser or compiler
+        except Exception as e:  # too deep for jinja2's parser (RecursionError) or Python's compiler (SyntaxError)
             raise TemplateError(f"{origin} does not parse: {_describe(e)}") from None
         self.stops = tuple(s for s in KNOWN_TURN_ENDS if s in source or s == eos)
 
@@ -264,7 +264,7 @@ def _raise_exception(message: str):
 
 def _tojson(value, indent=None, ensure_ascii=False, separators=None, sort_keys=False):
     """HF's tojson. indent and separators are inserted at every item and level: kept small."""
-    from .sandbox import MAX_SMALL_ARG, LimitError
+    from .sandbox import MAX_SMALL_ARG, MAX_VALUE, LimitError, check_size
 
     if indent is not None and not (isinstance(indent, int) and 0 <= indent <= MAX_SMALL_ARG
                                    or isinstance(indent, str) and len(indent) <= MAX_SMALL_ARG):
@@ -273,8 +273,19 @@ def _tojson(value, indent=None, ensure_ascii=False, separators=None, sort_keys=F
     if separators is not None and not (isinstance(separators, (list, tuple)) and len(separators) == 2 and all(
             isinstance(s, str) and len(s) <= MAX_SMALL_ARG for s in separators)):
         raise LimitError(f"tojson's separators must be two strings of at most {MAX_SMALL_ARG} characters")
-    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii,
-                      separators=tuple(separators) if separators is not None else None, sort_keys=sort_keys)
+    check_size(value, "tojson's value")
+    encoder = json.JSONEncoder(indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys,
+                               separators=tuple(separators) if separators is not None else None)
+    if indent is None:  # no indentation: the text is a few characters per unit of the value's weight
+        return encoder.encode(value)
+    # indented: each item repeats its depth's indentation, so a deep value multiplies it; piece by piece
+    chunks, total = [], 0
+    for chunk in encoder.iterencode(value):
+        total += len(chunk)
+        if total > MAX_VALUE:
+            raise LimitError(f"tojson's text would exceed {MAX_VALUE} characters")
+        chunks.append(chunk)
+    return "".join(chunks)
 
 
 def _short_repr(value, limit: int = 40) -> str:
