@@ -78,7 +78,8 @@ CASES = {
     "nested-loops": ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
                      "rendering took longer than"),
     "nested-loops-output": (LOOPS, "took longer than|the output exceeds"),
-    "nested-loops-in-macro": ("{% macro m() %}" + LOOPS + "{% endmacro %}{{ m() }}", "took longer than|the output exceeds"),
+    "nested-loops-in-macro": ("{% macro m() %}" + LOOPS + "{% endmacro %}{{ m() }}",
+                              "took longer than|the output exceeds"),
     "exponential-macro": ("{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}",
                           "rendering took longer than"),
 }
@@ -276,7 +277,9 @@ TOOLISH = textwrap.dedent("""\
     {%- else -%}{%- set sys = 'You are helpful.' -%}{%- set rest = messages -%}{%- endif -%}
     {{- '<start_of_turn>system\\n' + sys + '\\n' + {'tools': [], 'max': 3} | tojson(indent=4) + '<end_of_turn>\\n' -}}
     {%- for m in rest -%}
-      {%- if (m['role'] == 'user') != (loop.index0 % 2 == 0) -%}{{ raise_exception('turns must alternate') }}{%- endif -%}
+      {%- if (m['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{- raise_exception('turns must alternate') -}}
+      {%- endif -%}
       {%- set role = 'model' if m['role'] == 'assistant' else m['role'] -%}
       {{- '<start_of_turn>' ~ role ~ '\\n' ~ (m['content'] | trim) ~ '<end_of_turn>\\n' -}}
       {%- if loop.last and m.name is defined %}{{ m.name }}{% endif -%}

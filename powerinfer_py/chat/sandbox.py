@@ -6,21 +6,23 @@ range(100000) loops). A template comes with the model file, so it is input like 
 refuses such requests before they run, and stops a render that outlives its time budget.
 
 How, without threads or signals (a render runs in whatever thread asked for it: the server's handlers too):
-  - the template's syntax tree is instrumented before it is compiled (instrument()): every {% for %} iterates
-    through a guard that charges one step per item, every piece of output (top level, macro bodies, {% set %}
-    blocks) goes through a guard that adds its length to the render's total, and `a ~ b` goes through a guard
-    that checks the joined length first. The guards are methods of an extension (_Guards), addressed through
+  - the template's syntax tree is instrumented before it is compiled (_Instrument, compile_bounded): every
+    {% for %} iterates through a guard that charges one step per item, every piece of output (top level,
+    macro bodies, {% set %} blocks) goes through a guard that adds its length to the render's total, `a ~ b`
+    through one that checks the joined length first, and every list, tuple and dict literal through one that
+    weighs it (Budget.weigh). The guards are methods of an extension (_Guards), addressed through
     environment.extensions[...], so no template variable can shadow them;
   - the sandbox's own hooks (call, call_binop, the str.format wrapper) charge a step and check, before the
     operation runs, the size of what it would produce: `*` and `+` on strings/lists/tuples, `**` and `*` on
     integers (in bits), `%` formatting, and the str/bytes methods that can grow a value (center, ljust,
-    rjust, zfill, expandtabs, replace, join, translate, format);
-  - every filter is wrapped the same way (center, indent, format, join, replace, wordwrap, batch, slice, sum
-    checked before they run; any result too large refused after);
+    rjust, zfill, expandtabs, replace, join, translate, format); what they return is weighed;
+  - every filter is wrapped the same way (center, indent, format, join, replace, wordwrap, batch, slice, sum,
+    pprint checked before they run; the result weighed after);
+  - namespace() objects print without their attributes (BoundedNamespace);
   - each step compares the clock with the render's deadline.
-A single value may hold MAX_VALUE characters or items, a render may write MAX_WRITTEN characters in all, and
-it may run for the JinjaTemplate's time limit. Real chat templates stay far below all three (a 128k-token
-prompt is about 0.5 M characters).
+A single value may weigh MAX_VALUE (characters or items, nested ones included), a render may write
+MAX_WRITTEN characters in all, and it may run for the JinjaTemplate's time limit. Real chat templates stay
+far below all three (a 128k-token prompt is about 0.5 M characters).
 """
 from __future__ import annotations
 
