@@ -86,10 +86,17 @@ CASES = {
 SLOW = {"nested-loops", "nested-loops-output", "nested-loops-in-macro", "exponential-macro"}  # stopped by the clock
 
 
+def _time_limit(case: str) -> float:
+    """1 s for the cases the clock stops; plenty for the others, so that their own check is what stops them
+    even on a loaded machine."""
+    return 1.0 if case in SLOW else 60.0
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_hostile_template_is_one_clear_error(case):
     source, says = CASES[case]
-    t = JinjaTemplate(source, origin="the chat template of x.gguf (tokenizer.chat_template)", time_limit=1.0)
+    t = JinjaTemplate(source, origin="the chat template of x.gguf (tokenizer.chat_template)",
+                      time_limit=_time_limit(case))
     t0 = time.monotonic()
     with pytest.raises(TemplateError) as err:
         t.render(MESSAGES)
@@ -98,7 +105,7 @@ def test_a_hostile_template_is_one_clear_error(case):
     assert message.startswith("the chat template of x.gguf (tokenizer.chat_template) failed at line 1: "), message
     assert any(s in message for s in says.split("|")), message
     assert "\n" not in message and len(message) < 500
-    assert elapsed < (6.0 if case in SLOW else 3.0), elapsed  # the clock's cases: the 1 s budget, then out
+    assert elapsed < 10.0, elapsed  # refused within seconds (the clock's cases: the 1 s budget, then out)
 
 
 def test_a_chain_of_namespaces_prints_in_bounded_size():
@@ -138,10 +145,10 @@ from powerinfer_py.chat import JinjaTemplate, TemplateError
 limit = int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 out = {}
-for name, source in json.loads(sys.argv[1]).items():
+for name, (source, seconds) in json.loads(sys.argv[1]).items():
     t0 = time.monotonic()
     try:
-        JinjaTemplate(source, time_limit=1.0).render([{"role": "user", "content": "hi"}])
+        JinjaTemplate(source, time_limit=seconds).render([{"role": "user", "content": "hi"}])
         out[name] = ["rendered", time.monotonic() - t0]
     except TemplateError as e:
         out[name] = [str(e), time.monotonic() - t0]
@@ -152,7 +159,7 @@ print(json.dumps(out))
 def test_memory_stays_bounded_under_an_address_space_limit():
     """Each case in a child process limited to 1 GiB of address space (the unbounded ones asked for 10 GB and
     more): refused by its own size check, not by running out of memory."""
-    sources = {name: src for name, (src, _) in CASES.items()}
+    sources = {name: (src, _time_limit(name)) for name, (src, _) in CASES.items()}
     proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(sources), str(1 << 30)], capture_output=True,
                           text=True,
                           timeout=300, env=dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"))
@@ -160,7 +167,7 @@ def test_memory_stays_bounded_under_an_address_space_limit():
     results = json.loads(proc.stdout)
     for name, (message, seconds) in results.items():
         assert any(s in message for s in CASES[name][1].split("|")), (name, message)
-        assert "out of memory" not in message and seconds < (6.0 if name in SLOW else 3.0), (name, message, seconds)
+        assert "out of memory" not in message and seconds < 10.0, (name, message, seconds)
 
 
 # -- through the CLI and the server, from a model file's tokenizer.chat_template --------------------------------

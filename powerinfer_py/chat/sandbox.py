@@ -118,11 +118,15 @@ class Budget:
         self.step()
 
 
-_local = threading.local()  # .budget: the Budget of the render running in this thread, or None
+class _Local(threading.local):
+    budget: Budget | None = None  # the Budget of the render running in this thread
+
+
+_local = _Local()
 
 
 def _budget() -> Budget | None:
-    return getattr(_local, "budget", None)
+    return _local.budget
 
 
 class active:
