@@ -11,6 +11,10 @@ written once into a cache folder under a name derived from a hash of the metadat
 If llama.cpp does not know the architecture, the copy says general.architecture = "llama": a vocab-only load
 never reads the architecture's hyperparameters, only the tokenizer.ggml.* keys.
 
+llama.cpp trusts the tokenizer.* keys: some crafted values abort the whole process inside its vocab loader or
+tokenizer (an assertion or an uncaught C++ exception: exit 134, no Python error). check_vocabulary() refuses
+those first, each with a message naming the key; see its docstring for the list and why each one is there.
+
 llama.cpp's log output is captured while the vocabulary loads (and shown only in an error), so loading a
 tokenizer prints nothing; the previous log callback is put back afterwards.
 """
@@ -28,6 +32,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .errors import ModelFileError
+from gguf import GGUFValueType
+
 from .gguf import GGUFFile, read_metadata_only, write_gguf
 
 _LOG_ERROR = 4  # ggml_log_level: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
@@ -82,6 +88,156 @@ def _load_vocab_model(path: Path) -> tuple[object | None, list[str]]:
     return (model or None), errors
 
 
+# tokenizer.ggml.model values of the architectures this project runs: SentencePiece ("llama": Llama, Gemma 1-3,
+# Phi-3, MiniCPM, ...), byte-level BPE ("gpt2": Qwen, GPT-OSS, DeepSeek, GLM, OLMo, ...) and Gemma 4's BPE with
+# byte fallback ("gemma4"). llama.cpp knows others (bert, t5, rwkv, plamo2, ...): encoders or models we do not
+# run, and "none"/"no_vocab", which loads but aborts at the first tokenize call.
+TOKENIZER_MODELS = {"llama": "SentencePiece", "gpt2": "byte-level BPE", "gemma4": "Gemma 4 BPE"}
+_NO_VOCAB = ("none", "no_vocab")
+_TOKEN_TYPE_BYTE = 6  # llama_token_type BYTE: a <0xXX> byte-fallback token
+_K = "tokenizer.ggml."
+
+
+def _token_keys(tokens: Sequence[str]) -> list[str]:
+    """The strings llama.cpp files the tokens under: a GGUF string read as a C string (up to its first NUL),
+    an empty one as "[EMPTY_<id>]"."""
+    if "\0" not in "".join(tokens) and all(tokens):  # the usual case, at C speed (262144-token vocabularies)
+        return list(tokens)
+    keys = list(tokens)
+    for i, t in enumerate(keys):
+        if not t or "\0" in t:
+            t = t.split("\0", 1)[0]
+            keys[i] = t or f"[EMPTY_{i}]"
+    return keys
+
+
+def check_vocabulary(f: GGUFFile) -> set[str]:
+    """Refuse tokenizer.* values that make llama.cpp abort the process, or that mean nothing; ModelFileError
+    naming the file and the key. Each was tried with llama.cpp itself (tests/test_hostile_vocab.py):
+      - tokenizer.ggml.model other than those in TOKENIZER_MODELS ("none" and "bert" abort when text is
+        tokenized);
+      - tokenizer.ggml.tokens missing, not strings, empty (aborts), or with the same string twice as llama.cpp
+        reads them (_token_keys; aborts the load: its token -> id map must have one entry per token);
+      - scores / token_type of another type or length than the tokens (shorter is a clean llama.cpp error,
+        longer means nothing), a BYTE token_type on a token that is not <0xXX>;
+      - merges of a BPE vocabulary missing or not strings;
+      - bos/eos ids outside the vocabulary (llama.cpp would silently substitute a default id).
+    Other special ids (padding, unknown, ...) out of range are left to llama.cpp, which disables them with a
+    warning: real files have those. A BOS or EOS the vocabulary must add but lacks is checked after loading
+    (_check_loaded), where llama.cpp's own defaults are known. Returns the tokens as llama.cpp files them."""
+    check = _VocabCheck(f)
+    model = check.model()
+    tokens, keys = check.tokens()
+    check.arrays(tokens)
+    check.merges(model)
+    check.special_ids(len(tokens))
+    return keys
+
+
+class _VocabCheck:
+    """The steps of check_vocabulary, over one file's metadata."""
+
+    def __init__(self, f: GGUFFile):
+        self.path, self.meta, self.types = f.path, f.metadata, f.metadata_types
+
+    def fail(self, key: str, problem: str) -> ModelFileError:
+        return ModelFileError(f"{self.path}: {key} {problem}")
+
+    def is_array(self, key: str, *elements: GGUFValueType) -> bool:
+        vtype, sub = self.types.get(key, (None, None))
+        return vtype == GGUFValueType.ARRAY and sub in elements
+
+    def model(self) -> str:
+        key = _K + "model"
+        model = self.meta.get(key)
+        if model is None:
+            raise self.fail(key, "is missing: the file has no vocabulary to tokenize text with")
+        if not isinstance(model, str):
+            raise self.fail(key, f"must be a string, got {type(model).__name__}")
+        if model in _NO_VOCAB:
+            raise self.fail(key, f"is {model!r}: the file carries no vocabulary, and running a model needs one")
+        if model not in TOKENIZER_MODELS:
+            known = ", ".join(f"{name} ({what})" for name, what in TOKENIZER_MODELS.items())
+            raise self.fail(key, f"is {_short(model)}, a tokenizer this version does not run; supported: {known}")
+        return model
+
+    def tokens(self) -> tuple[Sequence[str], set[str]]:
+        key = _K + "tokens"
+        tokens = self.meta.get(key)
+        if tokens is None:
+            raise self.fail(key, "is missing: the file has no vocabulary")
+        if not self.is_array(key, GGUFValueType.STRING):
+            raise self.fail(key, "must be an array of strings")
+        if len(tokens) == 0:
+            raise self.fail(key, "is empty")
+        keys = _token_keys(tokens)
+        distinct = set(keys)
+        if len(distinct) != len(tokens):
+            seen: dict[str, int] = {}
+            for i, k in enumerate(keys):
+                j = seen.setdefault(k, i)
+                if j != i:
+                    how = "" if tokens[i] == k else " (up to its first NUL byte)" if "\0" in tokens[i] else " (empty)"
+                    raise self.fail(key, f"has the token {_short(k)}{how} twice, ids {j} and {i}: every token "
+                                         "must be distinct")
+        return tokens, distinct
+
+    def arrays(self, tokens: Sequence[str]) -> None:
+        n = len(tokens)
+        for name, elements in (("scores", (GGUFValueType.FLOAT32, GGUFValueType.INT32)),
+                               ("token_type", (GGUFValueType.INT32,))):
+            key = _K + name
+            if key not in self.meta:
+                continue
+            if not self.is_array(key, *elements):
+                raise self.fail(key, f"must be an array of {' or '.join(e.name.lower() for e in elements)}")
+            if len(self.meta[key]) != n:
+                raise self.fail(key, f"has {len(self.meta[key])} entries for {n} tokens")
+        token_types = self.meta.get(_K + "token_type")
+        if token_types is not None:
+            for i in np.flatnonzero(np.asarray(token_types, dtype=np.int64) == _TOKEN_TYPE_BYTE):
+                if not _is_byte_token(tokens[i]):
+                    raise self.fail(_K + "token_type", f"marks token {i} ({_short(tokens[i])}) as a byte token, "
+                                                       "which must read <0x00> to <0xFF>")
+
+    def merges(self, model: str) -> None:
+        key = _K + "merges"
+        if model != "llama" and key not in self.meta and self.meta.get(_K + "pre") != "kimi-k2":
+            raise self.fail(key, f"is missing: a {model} vocabulary needs its BPE merges")
+        if key in self.meta and not self.is_array(key, GGUFValueType.STRING):
+            raise self.fail(key, "must be an array of strings")
+
+    def special_ids(self, n: int) -> None:
+        for name in ("bos_token_id", "eos_token_id"):
+            key = _K + name
+            value = self.meta.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+                raise self.fail(key, f"must be a token id (an integer), got {type(value).__name__}")
+            if not 0 <= value < n:
+                raise self.fail(key, f"is {value}, outside the vocabulary (ids 0 to {n - 1})")
+
+
+def _is_byte_token(text: str) -> bool:
+    return len(text) == 6 and text.startswith("<0x") and text.endswith(">") and all(
+        c in "0123456789ABCDEFabcdef" for c in text[3:5])
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _missing_bytes(keys: set[str]) -> frozenset[int]:
+    """Bytes a SentencePiece vocabulary (its tokens as _token_keys gives them) cannot spell: neither a <0xXX>
+    token nor the byte alone as a token. llama.cpp's SentencePiece tokenizer falls back to those for a
+    character that is not a token, and aborts when both are missing, so encode() refuses such text instead.
+    Empty for real vocabularies."""
+    return frozenset(b for b in range(256) if f"<0x{b:02X}>" not in keys
+                     and bytes([b]).decode("utf-8", "surrogateescape") not in keys)
+
+
 def metadata_hash(f: GGUFFile) -> str:
     """A short content hash of a file's metadata (keys, value types and values), for cache file names."""
     h = hashlib.sha256()
@@ -122,6 +278,7 @@ class Tokenizer:
         f = gguf_file if isinstance(gguf_file, GGUFFile) else read_metadata_only(gguf_file)
         self.path = Path(f.path)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        keys = check_vocabulary(f)
         self.vocab_path, self._model = self._load(f)
         lc = _llama()
         self._vocab = lc.llama_model_get_vocab(self._model)
@@ -130,6 +287,25 @@ class Tokenizer:
         self.eos_id = int(lc.llama_vocab_eos(self._vocab))
         self.add_bos = bool(lc.llama_vocab_get_add_bos(self._vocab))
         self._pieces: dict[tuple[int, bool], bytes] = {}
+        try:
+            self._check_loaded()
+        except ModelFileError:
+            self.close()
+            raise
+        # a SentencePiece vocabulary that cannot spell some bytes keeps its tokens, for _check_spellable
+        self._missing_bytes = _missing_bytes(keys) if f.metadata[_K + "model"] == "llama" else frozenset()
+        self._keys = keys if self._missing_bytes else set()
+        self._space_prefix = f.metadata.get(_K + "add_space_prefix", True) is not False
+
+    def _check_loaded(self) -> None:
+        """llama.cpp asserts, when it tokenizes with special tokens, that a BOS (EOS) it must add exists: with
+        the defaults it applies known only now, refuse a vocabulary where it does not."""
+        lc = _llama()
+        for what, add, tid in (("bos", self.add_bos, self.bos_id),
+                               ("eos", lc.llama_vocab_get_add_eos(self._vocab), self.eos_id)):
+            if add and tid < 0:
+                raise ModelFileError(f"{self.path}: {_K}add_{what}_token: the vocabulary adds a {what.upper()} "
+                                     f"token to every text but has none ({_K}{what}_token_id names no token)")
 
     def _load(self, f: GGUFFile) -> tuple[Path, object]:
         """Try the file itself (GGUF only), then a vocab-only copy, then a copy declaring a known arch.
@@ -171,6 +347,8 @@ class Tokenizer:
         control-token text such as <start_of_turn> into its single id."""
         lc = _llama()
         raw = text.encode("utf-8")
+        if self._missing_bytes:
+            self._check_spellable(text)
         n_max = len(raw) + 8
         while True:
             buf = (lc.llama_token * n_max)()
@@ -180,6 +358,16 @@ class Tokenizer:
             if -n <= n_max:  # a negative count is the size needed; anything else is a failure
                 raise ValueError(f"llama.cpp failed to tokenize {len(raw)} bytes of text")
             n_max = -n
+
+    def _check_spellable(self, text: str) -> None:
+        """For a SentencePiece vocabulary without some byte tokens (_missing_bytes): every character of the
+        text (spaces as U+2581, as llama.cpp escapes them) must be a token or be spelt by byte tokens.
+        Conservative: a character inside special-token text is checked too."""
+        chars = set(text.replace(" ", "\u2581")) | ({"\u2581"} if self._space_prefix else set())
+        for c in sorted(chars):
+            if c not in self._keys and self._missing_bytes.intersection(c.encode("utf-8", "surrogateescape")):
+                raise ModelFileError(f"{self.path}: {_K}tokens has no token for {c!r} and no byte tokens "
+                                     "(<0x00> to <0xFF>) to spell it with, so llama.cpp cannot tokenize this text")
 
     def piece(self, token_id: int, special: bool = False) -> bytes:
         """The bytes token_id stands for. Control tokens (BOS, <end_of_turn>) give b"" unless special."""

@@ -149,14 +149,19 @@ def test_pwri_with_an_architecture_llama_cpp_does_not_know(synthetic_model, tmp_
 def test_a_broken_vocabulary_is_a_clear_error(synthetic_model, tmp_path):
     f = open_gguf(synthetic_model("llama"))
     meta = dict(f.metadata)
-    meta["tokenizer.ggml.model"] = "no-such-tokenizer"
+    meta["tokenizer.ggml.model"] = "no-such-tokenizer"  # refused before llama.cpp sees it (test_hostile_vocab.py)
     bad = write_gguf(tmp_path / "bad.gguf", meta, [], types=f.metadata_types)
-    with pytest.raises(ModelFileError, match="bad.gguf.*cannot load the vocabulary.*no-such-tokenizer"):
+    with pytest.raises(ModelFileError, match="bad.gguf: tokenizer.ggml.model is 'no-such-tokenizer'"):
+        Tokenizer(bad, cache_dir=tmp_path / "cache")
+    # what only llama.cpp refuses (an unknown pre-tokenizer) comes with its own message
+    meta.update({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.merges": ["a b"], "tokenizer.ggml.pre": "no-such-pre"})
+    bad = write_gguf(tmp_path / "bad.gguf", meta, [], types=f.metadata_types)
+    with pytest.raises(ModelFileError, match="bad.gguf.*cannot load the vocabulary.*no-such-pre"):
         Tokenizer(bad, cache_dir=tmp_path / "cache")
     # a PWRI file of an unknown architecture: both copies are tried, and removed again when they fail
     meta["general.architecture"] = "bamboo"
     bad = write_gguf(tmp_path / "bad.pwri", meta, [], types=f.metadata_types, magic="PWRI")
-    with pytest.raises(ModelFileError, match="bad.pwri.*'bamboo'.*architecture 'llama'.*no-such-tokenizer"):
+    with pytest.raises(ModelFileError, match="bad.pwri.*'bamboo'.*architecture 'llama'.*no-such-pre"):
         Tokenizer(bad, cache_dir=tmp_path / "cache")
     assert list((tmp_path / "cache").iterdir()) == []
 

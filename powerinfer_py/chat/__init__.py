@@ -20,7 +20,8 @@ def template_for(llm, name: str | None = None) -> ChatTemplate:
     embedded = metadata.get("tokenizer.chat_template")
     embedded = embedded if isinstance(embedded, str) and embedded.strip() else None
     base = embedded is None and not looks_instruction_tuned(metadata)
-    return choose_template(name, embedded, llm.config.arch, bos, eos, vocab_has, base_model=base)
+    return choose_template(name, embedded, llm.config.arch, bos, eos, vocab_has, base_model=base,
+                           origin=f"the chat template of {llm.path.name} (tokenizer.chat_template)")
 
 
 __all__ = ["BUILTIN", "ChatSession", "ChatTemplate", "JinjaTemplate", "Reply", "StopMatcher", "TemplateError",

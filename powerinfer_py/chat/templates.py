@@ -175,46 +175,123 @@ BUILTIN: dict[str, BuiltinTemplate] = {
 }
 
 
-class JinjaTemplate(ChatTemplate):
-    """A Hugging Face style Jinja chat template (the text of tokenizer.chat_template)."""
+# Where a template came from, for error messages, when the caller does not say.
+DEFAULT_ORIGIN = "the model's chat template (tokenizer.chat_template)"
+RENDER_SECONDS = 3.0  # a render's time budget; real chat templates render in milliseconds
 
-    def __init__(self, source: str, bos: str = "", eos: str = "", name: str = "model"):
+
+class JinjaTemplate(ChatTemplate):
+    """A Hugging Face style Jinja chat template (the text of tokenizer.chat_template).
+
+    The template is input from the model file, so it renders in a bounded sandbox (chat/sandbox.py): at most
+    `time_limit` seconds, and bounded value and output sizes. Every way a render can fail (a Jinja error,
+    a Python exception such as 1/0 or 'a' + 1, an {% include %} without a loader, deep recursion, a budget
+    exceeded) becomes a TemplateError naming `origin`, the template's source ("the chat template of
+    model.gguf (tokenizer.chat_template)").
+    """
+
+    def __init__(self, source: str, bos: str = "", eos: str = "", name: str = "model", *,
+                 origin: str = DEFAULT_ORIGIN, time_limit: float = RENDER_SECONDS):
         try:
             from jinja2 import TemplateError as JinjaError
             from jinja2.ext import loopcontrols
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            from .sandbox import BoundedEnvironment
         except ImportError as e:  # jinja2 is a declared dependency; say so if it went missing
             raise TemplateError(f"the model's chat template needs jinja2, which cannot be imported: {e}") from None
         self.name, self.source, self.bos, self.eos = name, source, bos, eos
-        self._jinja_error = JinjaError
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-        env.filters["tojson"] = _tojson
+        self.origin, self.time_limit = origin, time_limit
+        env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        env.add_filter("tojson", _tojson)
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
         try:
-            self._template = env.from_string(source)
+            self._template = env.compile_bounded(source)
         except JinjaError as e:
-            raise TemplateError(f"the chat template does not parse: {e}") from None
+            raise TemplateError(f"{origin} does not parse: {_one_line(e)}") from None
+        except Exception as e:  # too deep for jinja2's parser (RecursionError) or Python's compiler (SyntaxError)
+            raise TemplateError(f"{origin} does not parse: {_describe(e)}") from None
         self.stops = tuple(s for s in KNOWN_TURN_ENDS if s in source or s == eos)
 
     def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        from .sandbox import Budget, LimitError, active
+
         split_system(messages)  # the same checks as the built-in formats
         try:
-            return self._template.render(messages=[dict(m) for m in messages], bos_token=self.bos,
-                                         eos_token=self.eos, add_generation_prompt=add_generation_prompt)
-        except TemplateError:
-            raise
-        except self._jinja_error as e:
-            raise TemplateError(f"the chat template failed: {e}") from None
+            with active(Budget(self.time_limit)):
+                return self._template.render(messages=[dict(m) for m in messages], bos_token=self.bos,
+                                             eos_token=self.eos, add_generation_prompt=add_generation_prompt)
+        except _Refusal as e:  # raise_exception(): the template's own words
+            raise TemplateError(f"{self.origin} refused the conversation: {_one_line(e)}") from None
+        except Exception as e:  # a budget exceeded, jinja2's errors, whatever Python raised in the template
+            raise TemplateError(f"{self.origin} failed{_where(e)}: {_describe(e, LimitError)}") from None
+
+
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _describe(e: BaseException, *plain: type) -> str:
+    """jinja2's messages (and those of the `plain` types) as they are; other exceptions with their type (a
+    bare "division by zero" or "'x'" says little)."""
+    from jinja2 import TemplateError as JinjaError
+
+    text = _one_line(e)
+    if isinstance(e, (JinjaError, *plain)):
+        return text or type(e).__name__
+    if isinstance(e, MemoryError):
+        return "out of memory"
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _where(e: BaseException) -> str:
+    """' at line N' of the template, from the traceback jinja2 rewrites to point into the template."""
+    tb, line = e.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return f" at line {line}" if line else ""
+
+
+class _Refusal(Exception):
+    """raise_exception() called by a template."""
 
 
 def _raise_exception(message: str):
-    raise TemplateError(f"the chat template refused the conversation: {message}")
+    raise _Refusal(message)
 
 
 def _tojson(value, indent=None, ensure_ascii=False, separators=None, sort_keys=False):
-    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, separators=separators,
-                      sort_keys=sort_keys)
+    """HF's tojson. indent and separators are inserted at every item and level: kept small."""
+    from .sandbox import MAX_SMALL_ARG, MAX_VALUE, LimitError, check_size
+
+    if indent is not None and not (isinstance(indent, int) and 0 <= indent <= MAX_SMALL_ARG
+                                   or isinstance(indent, str) and len(indent) <= MAX_SMALL_ARG):
+        raise LimitError(f"tojson's indent must be a number from 0 to {MAX_SMALL_ARG} or a short string, "
+                         f"got {_short_repr(indent)}")
+    if separators is not None and not (isinstance(separators, (list, tuple)) and len(separators) == 2 and all(
+            isinstance(s, str) and len(s) <= MAX_SMALL_ARG for s in separators)):
+        raise LimitError(f"tojson's separators must be two strings of at most {MAX_SMALL_ARG} characters")
+    check_size(value, "tojson's value")
+    encoder = json.JSONEncoder(indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys,
+                               separators=tuple(separators) if separators is not None else None)
+    if indent is None:  # no indentation: the text is a few characters per unit of the value's weight
+        return encoder.encode(value)
+    # indented: each item repeats its depth's indentation, so a deep value multiplies it; piece by piece
+    chunks, total = [], 0
+    for chunk in encoder.iterencode(value):
+        total += len(chunk)
+        if total > MAX_VALUE:
+            raise LimitError(f"tojson's text would exceed {MAX_VALUE} characters")
+        chunks.append(chunk)
+    return "".join(chunks)
+
+
+def _short_repr(value, limit: int = 40) -> str:
+    text = repr(value) if isinstance(value, (int, float, str)) else type(value).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def default_builtin(arch: str, vocab_has: Callable[[str], bool]) -> str:
@@ -250,10 +327,11 @@ def looks_instruction_tuned(metadata: Mapping[str, object]) -> bool:
 
 
 def choose_template(name: str | None, embedded: str | None, arch: str, bos: str, eos: str,
-                    vocab_has: Callable[[str], bool], base_model: bool = False) -> ChatTemplate:
+                    vocab_has: Callable[[str], bool], base_model: bool = False,
+                    origin: str = DEFAULT_ORIGIN) -> ChatTemplate:
     """--template NAME (a built-in name, or "model" for the file's own), else the file's template, else
     "plain" for a base model (base_model: no instruction tuning, so no chat format to follow), else the
-    built-in chosen by architecture (default_builtin)."""
+    built-in chosen by architecture (default_builtin). `origin` names the embedded template in errors."""
     if name is not None and name not in BUILTIN and name != "model":
         raise TemplateError(f"unknown chat template {name!r}; built-in: {', '.join(BUILTIN)}, or 'model' "
                             "for the one in the model file")
@@ -261,7 +339,7 @@ def choose_template(name: str | None, embedded: str | None, arch: str, bos: str,
         if not embedded:
             raise TemplateError("this model file has no chat template (tokenizer.chat_template); choose a "
                                 f"built-in one with --template ({', '.join(BUILTIN)})")
-        return JinjaTemplate(embedded, bos, eos)
+        return JinjaTemplate(embedded, bos, eos, origin=origin)
     if name is None:
         name = "plain" if base_model else default_builtin(arch, vocab_has)
     return BUILTIN[name].with_tokens(bos, eos)
