@@ -1,4 +1,4 @@
-"""Qwen3.5 decode speed: the delta-net layers' one-token C step (kernels.delta_net_decode) against the numpy path,
+"""Qwen3.5 decode speed: the delta-net layers' one-token C step (kernels.steps.delta_net_decode) against the numpy path,
 in one process, alternating, on the same model and cache shape; also how far apart their logits are.
 
     PYTHONPATH=. python benchmarks/bench_qwen35_decode.py [-m FILE] [-t THREADS] [--reps 5] [--steps 32]
@@ -36,8 +36,8 @@ def run(path: str, threads: int, reps: int, steps: int) -> None:
         if any(p is None for p in plans):
             raise SystemExit("these kernels have no delta-net step (the C kernels are needed)")
         d, hk, hv, _ = delta_dims(m.config)
-        one = [m.kernels.delta_net_plan(d, hk, hv, L.conv_w, L.ssm_a, L.dt_bias, L.ssm_norm, m.config.norm_eps,
-                                        split_heads=False) for L in delta]
+        one = [m.kernels.steps.delta_net_plan(d, hk, hv, L.conv_w, L.ssm_a, L.dt_bias, L.ssm_norm,
+                                              m.config.norm_eps, split_heads=False) for L in delta]
         modes = {"C step": plans, "C step, heads on one thread": one, "numpy": [None] * len(delta)}
         ms: dict[str, list[float]] = {mode: [] for mode in modes}
         cpu: dict[str, list[float]] = {mode: [] for mode in modes}

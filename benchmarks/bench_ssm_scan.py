@@ -1,4 +1,4 @@
-"""One decode token of the Mamba-2 scan: the C step (kernels.ssm_scan_step, csrc/ssm_scan.c) against the numpy
+"""One decode token of the Mamba-2 scan: the C step (kernels.steps.ssm_scan_step, csrc/ssm_scan.c) against the numpy
 scan of models/mamba2_mixer.py, on Nemotron-H 4B's mixer shape (112 heads of 64, 8 groups, state 128: a 3.5 MB
 state per layer). Prints the median ms per mixer layer and token of each and their ratio.
 Run: python benchmarks/bench_ssm_scan.py [THREADS] [ROUNDS]
@@ -13,6 +13,7 @@ from contextlib import closing
 import numpy as np
 
 from powerinfer_py.kernels.cpu import CpuKernels
+from powerinfer_py.kernels.ref import RefKernels
 from powerinfer_py.models.mamba2_mixer import Mamba2Mixer, softplus
 
 H, P, N, G = 112, 64, 128, 8
@@ -20,7 +21,7 @@ H, P, N, G = 112, 64, 128, 8
 
 class _NumpyScan(Mamba2Mixer):
     def __init__(self):
-        self.kernels = object()  # no ssm_scan_step: the numpy path
+        self.kernels = RefKernels()  # no steps: the numpy path
         self.config = type("C", (), {"ssm_n_v_heads": H, "ssm_n_group": G, "ssm_d_state": N, "ssm_d_inner": H * P})()
 
 
@@ -43,7 +44,7 @@ def main() -> None:
             times["numpy"].append((time.perf_counter() - t0) / 20 * 1e3)
             t0 = time.perf_counter()
             for _ in range(20):
-                k.ssm_scan_step(S, x[0], dt[0], A, B[0], C[0])
+                k.steps.ssm_scan_step(S, x[0], dt[0], A, B[0], C[0])
             times["C"].append((time.perf_counter() - t0) / 20 * 1e3)
     med = {name: statistics.median(v) for name, v in times.items()}
     for name, m in med.items():

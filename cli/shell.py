@@ -70,7 +70,7 @@ def print_load_notes(llm, verbose: bool = False) -> None:
         stderr.print(llm.backend.lines()[0], style="dim" if not llm.backend.warn else "yellow")
     if llm.context_note:
         stderr.print(f"warning: {llm.context_note}", style="yellow")
-    n_cpu, n_threads = usable_cpus(), getattr(llm.kernels, "n_threads", 1)
+    n_cpu, n_threads = usable_cpus(), llm.kernels.n_threads  # kernels.Ops: both kernels classes have it
     if n_threads > n_cpu:
         cpus = "1 CPU" if n_cpu == 1 else f"{n_cpu} CPUs"
         stderr.print(f"warning: {n_threads} threads on {cpus}: the threads wait for each other; "

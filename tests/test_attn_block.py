@@ -74,15 +74,15 @@ def test_attn_block_bad_input(synthetic_model):
     cache = model.new_cache(8)
     n_embd = model.config.n_embd
     with pytest.raises(ValueError, match="x must be"):
-        k.attn_block_decode(plan, np.zeros(n_embd + 1, np.float32), 0, cache.k[0], cache.v[0])
+        k.steps.attn_block_decode(plan, np.zeros(n_embd + 1, np.float32), 0, cache.k[0], cache.v[0])
     with pytest.raises(ValueError, match="outside the cache"):
-        k.attn_block_decode(plan, np.zeros(n_embd, np.float32), 8, cache.k[0], cache.v[0])
+        k.steps.attn_block_decode(plan, np.zeros(n_embd, np.float32), 8, cache.k[0], cache.v[0])
     with pytest.raises(ValueError, match="k_cache must be"):
-        k.attn_block_decode(plan, np.zeros(n_embd, np.float32), 0, cache.k[0].astype(np.float32), cache.v[0])
+        k.steps.attn_block_decode(plan, np.zeros(n_embd, np.float32), 0, cache.k[0].astype(np.float32), cache.v[0])
     L = model.layers[0]
     c = model.config
     with pytest.raises(ValueError, match="wk has"):
-        k.attn_block_plan(L.wq, L.wq, L.wv, L.wo, L.attn_norm, L.ffn_norm, n_head=c.n_head, n_head_kv=c.n_head_kv,
-                          head_dim=c.head_dim, n_rot=c.n_rot, rope_base=10000.0, rope_scale=1.0, rope_neox=False,
-                          eps=1e-5, attn_scale=0.125)
+        k.steps.attn_block_plan(L.wq, L.wq, L.wv, L.wo, L.attn_norm, L.ffn_norm, n_head=c.n_head, n_head_kv=c.n_head_kv,
+                                head_dim=c.head_dim, n_rot=c.n_rot, rope_base=10000.0, rope_scale=1.0, rope_neox=False,
+                                eps=1e-5, attn_scale=0.125)
     k.close()

@@ -97,24 +97,24 @@ def test_decode_stack_bad_input(synthetic_model, cpu_kernels):
     cache = model.new_cache(8)
     x = np.zeros(n_embd, np.float32)
     with pytest.raises(ValueError, match="x must be a writable C-contiguous float32 array"):
-        cpu_kernels.decode_stack(stack, np.zeros(n_embd + 1, np.float32), 0, cache.k, cache.v)
+        cpu_kernels.steps.decode_stack(stack, np.zeros(n_embd + 1, np.float32), 0, cache.k, cache.v)
     with pytest.raises(ValueError, match="position 8 is outside the cache"):
-        cpu_kernels.decode_stack(stack, x, 8, cache.k, cache.v)
+        cpu_kernels.steps.decode_stack(stack, x, 8, cache.k, cache.v)
     with pytest.raises(ValueError, match="cache planes for"):
-        cpu_kernels.decode_stack(stack, x, 0, cache.k[:-1], cache.v[:-1])
+        cpu_kernels.steps.decode_stack(stack, x, 0, cache.k[:-1], cache.v[:-1])
     bad_v = list(cache.v)
     bad_v[1] = bad_v[1].astype(np.float32)
     with pytest.raises(ValueError, match="layer 1's v cache plane"):
-        cpu_kernels.decode_stack(stack, x, 0, cache.k, bad_v)
+        cpu_kernels.steps.decode_stack(stack, x, 0, cache.k, bad_v)
     ffns = [f.fused_dense for f in model.ffns]
     with pytest.raises(ValueError, match="one attention plan, FFN plan, kind and post-norm entry per layer"):
-        cpu_kernels.decode_stack_plan(plans, ffns[:-1], [None] * len(plans), 1e-5)
+        cpu_kernels.steps.decode_stack_plan(plans, ffns[:-1], [None] * len(plans), 1e-5)
     with pytest.raises(ValueError, match="layer 0's FFN plan is not a sparse step"):
-        cpu_kernels.decode_stack_plan(plans, ffns, [None] * len(plans), 1e-5, ["sparse"] * len(plans))
+        cpu_kernels.steps.decode_stack_plan(plans, ffns, [None] * len(plans), 1e-5, ["sparse"] * len(plans))
     with pytest.raises(ValueError, match="kind 'relu' is not one of dense, sparse, threshold"):
-        cpu_kernels.decode_stack_plan(plans, ffns, [None] * len(plans), 1e-5, ["relu"] * len(plans))
+        cpu_kernels.steps.decode_stack_plan(plans, ffns, [None] * len(plans), 1e-5, ["relu"] * len(plans))
     with pytest.raises(ValueError, match="post-FFN norm must be float32"):
-        cpu_kernels.decode_stack_plan(plans, ffns, [np.ones(3, np.float32)] * len(plans), 1e-5)
+        cpu_kernels.steps.decode_stack_plan(plans, ffns, [np.ones(3, np.float32)] * len(plans), 1e-5)
 
 
 def test_stack_keeps_no_cache_alive_and_follows_new_caches(synthetic_model, cpu_kernels):
@@ -137,7 +137,7 @@ def test_stack_keeps_no_cache_alive_and_follows_new_caches(synthetic_model, cpu_
     model.forward(TOKENS[:3], small)
     model.forward(TOKENS[3:4], small)
     with pytest.raises(ValueError, match="position 4 is outside the cache"):
-        cpu_kernels.decode_stack(stack, np.zeros(model.config.n_embd, np.float32), 4, small.k, small.v)
+        cpu_kernels.steps.decode_stack(stack, np.zeros(model.config.n_embd, np.float32), 4, small.k, small.v)
 
 
 @pytest.fixture(scope="module")

@@ -136,8 +136,8 @@ def test_bad_input(pools):
         rng = np.random.default_rng(0)
         mk = lambda nm, r, c: Tensor(nm, GGMLType.Q4_0, (r, c),  # noqa: E731
                                      ref.quantize(rng.standard_normal((r, c)).astype(np.float32), GGMLType.Q4_0))
-        k.sparse_ffn_plan("reglu", mk("fc1", 64, 64), mk("fc2", 96, 64), mk("gate", 96, 64), mk("up", 96, 64),
-                          mk("down_t", 96, 64), 0.0, fc2_t=q)
+        k.steps.sparse_ffn_plan("reglu", mk("fc1", 64, 64), mk("fc2", 96, 64), mk("gate", 96, 64), mk("up", 96, 64),
+                                mk("down_t", 96, 64), 0.0, fc2_t=q)
     closed = cpu.CpuKernels(1)
     closed.close()
     with pytest.raises(ValueError, match="closed"):

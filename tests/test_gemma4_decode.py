@@ -83,6 +83,6 @@ def test_plan_refuses_kv_tensors_without_wk(files, kernels):
     kw = dict(n_head=4, n_head_kv=g.n_head_kv[4], head_dim=g.head_dim[4], n_rot=g.n_rot[4], rope_base=1e4,
               rope_scale=1.0, rope_neox=True, eps=1e-6, attn_scale=1.0)
     with pytest.raises(ValueError, match="without wk"):
-        kernels.attn_block_plan(L.wq, None, L0.wv, L.wo, L.attn_norm, L.ffn_norm, **kw)
-    plan = kernels.attn_block_plan(L.wq, None, None, L.wo, L.attn_norm, L.ffn_norm, **kw)
+        kernels.steps.attn_block_plan(L.wq, None, L0.wv, L.wo, L.attn_norm, L.ffn_norm, **kw)
+    plan = kernels.steps.attn_block_plan(L.wq, None, None, L.wo, L.attn_norm, L.ffn_norm, **kw)
     assert plan.desc.wk == cpu.ffi.NULL

@@ -1,4 +1,4 @@
-"""The one-token delta-net step (csrc/delta_net.c, kernels.delta_net_decode) against a numpy reference built from
+"""The one-token delta-net step (csrc/delta_net.c, kernels.steps.delta_net_decode) against a numpy reference built from
 qwen35.py's own steps (l2norm, sigmoid, softplus, Qwen35Model._recur) over several tokens in a row, each token
 continuing the states the kernel left in place; 1 and 2 threads bit-identical; and its use in Qwen35Model.
 
@@ -55,7 +55,8 @@ def reference(hk: int, hv: int, d: int, p: dict) -> list[np.ndarray]:
 def run_kernel(kern: CpuKernels, hk: int, hv: int, d: int, p: dict, split: bool = False):
     plan = delta_net_plan(d, hk, hv, p["conv_w"], p["ssm_a"], p["dt_bias"], p["ssm_norm"], EPS, split_heads=split)
     conv, S = p["conv_state"].copy(), p["state"].copy()
-    outs = [kern.delta_net_decode(plan, t["qkv"], t["z"], t["beta_raw"], t["alpha_raw"], conv, S) for t in p["tokens"]]
+    outs = [kern.steps.delta_net_decode(plan, t["qkv"], t["z"], t["beta_raw"], t["alpha_raw"], conv, S)
+            for t in p["tokens"]]
     return outs, conv, S
 
 
@@ -117,15 +118,15 @@ def test_bad_arguments_are_refused(k12):
     plan = delta_net_plan(d, hk, hv, p["conv_w"], p["ssm_a"], p["dt_bias"], p["ssm_norm"], EPS)
     t = p["tokens"][0]
     with pytest.raises(ValueError, match="state must be a writable"):
-        k12[0].delta_net_decode(plan, t["qkv"], t["z"], t["beta_raw"], t["alpha_raw"], p["conv_state"],
-                                p["state"][:, :, :8].copy())
+        k12[0].steps.delta_net_decode(plan, t["qkv"], t["z"], t["beta_raw"], t["alpha_raw"], p["conv_state"],
+                                      p["state"][:, :, :8].copy())
     frozen = p["conv_state"].copy()
     frozen.flags.writeable = False
     with pytest.raises(ValueError, match="conv_state must be a writable"):
-        k12[0].delta_net_decode(plan, t["qkv"], t["z"], t["beta_raw"], t["alpha_raw"], frozen, p["state"].copy())
+        k12[0].steps.delta_net_decode(plan, t["qkv"], t["z"], t["beta_raw"], t["alpha_raw"], frozen, p["state"].copy())
     with pytest.raises(ValueError, match="qkv must be"):
-        k12[0].delta_net_decode(plan, t["qkv"][:-1], t["z"], t["beta_raw"], t["alpha_raw"], p["conv_state"].copy(),
-                                p["state"].copy())
+        k12[0].steps.delta_net_decode(plan, t["qkv"][:-1], t["z"], t["beta_raw"], t["alpha_raw"],
+                                      p["conv_state"].copy(), p["state"].copy())
 
 
 class OtherRecurrence(Qwen35Model):

@@ -1,4 +1,4 @@
-"""The one-token Mamba-2 scan in C (csrc/ssm_scan.c, kernels.ssm_scan_step) against the numpy scan of
+"""The one-token Mamba-2 scan in C (csrc/ssm_scan.c, kernels.steps.ssm_scan_step) against the numpy scan of
 models/mamba2_mixer.py (its specification), on odd shapes, over several tokens so the state carries, for 1 and 2
 threads; and bad inputs refused on the Python side."""
 from __future__ import annotations
@@ -9,14 +9,15 @@ import numpy as np
 import pytest
 
 from powerinfer_py.kernels.cpu import CpuKernels
+from powerinfer_py.kernels.ref import RefKernels
 from powerinfer_py.models.mamba2_mixer import Mamba2Mixer, softplus
 
 
 class _Numpy(Mamba2Mixer):
-    """The numpy scan alone: kernels without ssm_scan_step, a config with the group count."""
+    """The numpy scan alone: the reference kernels (no steps), a config with the group count."""
 
     def __init__(self, H, G):
-        self.kernels = object()
+        self.kernels = RefKernels()
         self.config = type("C", (), {"ssm_n_v_heads": H, "ssm_n_group": G, "ssm_d_state": 1, "ssm_d_inner": H})()
 
 
@@ -35,7 +36,7 @@ def test_steps_match_the_numpy_scan(H, P, N, G, threads):
     S = S_ref.copy()
     want = _Numpy(H, G)._scan(S_ref, x, dt, A, B, C)  # all 5 tokens, state in place
     with closing(CpuKernels(threads)) as k:
-        got = np.stack([k.ssm_scan_step(S, x[t], dt[t], A, B[t], C[t]) for t in range(5)])
+        got = np.stack([k.steps.ssm_scan_step(S, x[t], dt[t], A, B[t], C[t]) for t in range(5)])
     scale = np.abs(want).max() + 1.0
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * scale)
     np.testing.assert_allclose(S, S_ref, rtol=0, atol=2e-5 * (np.abs(S_ref).max() + 1.0))
@@ -49,7 +50,7 @@ def test_thread_count_does_not_change_the_bits():
     for threads in (1, 2, 3):
         S = S0.copy()
         with closing(CpuKernels(threads)) as k:
-            out.append((k.ssm_scan_step(S, x[0], dt[0], A, B[0], C[0]), S))
+            out.append((k.steps.ssm_scan_step(S, x[0], dt[0], A, B[0], C[0]), S))
     for y, S in out[1:]:
         assert np.array_equal(y, out[0][0]) and np.array_equal(S, out[0][1])
 
@@ -60,12 +61,12 @@ def test_bad_inputs_are_refused():
     S = np.zeros((6, 4, 8), np.float32)
     with closing(CpuKernels(1)) as k:
         with pytest.raises(ValueError, match="x must be"):
-            k.ssm_scan_step(S, x[0].astype(np.float64), dt[0], A, B[0], C[0])
+            k.steps.ssm_scan_step(S, x[0].astype(np.float64), dt[0], A, B[0], C[0])
         frozen = np.zeros((6, 4, 8), np.float32)
         frozen.flags.writeable = False
         with pytest.raises(ValueError, match="S must be a writable"):
-            k.ssm_scan_step(frozen, x[0], dt[0], A, B[0], C[0])
+            k.steps.ssm_scan_step(frozen, x[0], dt[0], A, B[0], C[0])
         with pytest.raises(ValueError, match="cannot share 4 groups"):
-            k.ssm_scan_step(S, x[0], dt[0], A, np.zeros((4, 8), np.float32), np.zeros((4, 8), np.float32))
+            k.steps.ssm_scan_step(S, x[0], dt[0], A, np.zeros((4, 8), np.float32), np.zeros((4, 8), np.float32))
         with pytest.raises(ValueError, match="C must be"):
-            k.ssm_scan_step(S, x[0], dt[0], A, B[0], C[0][:, :4].copy())
+            k.steps.ssm_scan_step(S, x[0], dt[0], A, B[0], C[0][:, :4].copy())

@@ -166,12 +166,12 @@ def test_whole_width_norm_plan_checks_sizes(synthetic_model):
     L, c = model.layers[0], model.config
     shape = dict(n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim, n_rot=c.n_rot, rope_base=1e4,
                  rope_scale=1.0, rope_neox=True, eps=1e-6, attn_scale=0.25)
-    k.attn_block_plan(L.wq, L.wk, L.wv, L.wo, None, None, q_norm=L.q_norm, k_norm=L.k_norm, qk_norm_full=True,
-                      **shape)
+    k.steps.attn_block_plan(L.wq, L.wk, L.wv, L.wo, None, None, q_norm=L.q_norm, k_norm=L.k_norm, qk_norm_full=True,
+                            **shape)
     with pytest.raises(ValueError, match="q_norm must be"):
-        k.attn_block_plan(L.wq, L.wk, L.wv, L.wo, None, None, q_norm=L.q_norm[:c.head_dim].copy(),
-                          k_norm=L.k_norm, qk_norm_full=True, **shape)
+        k.steps.attn_block_plan(L.wq, L.wk, L.wv, L.wo, None, None, q_norm=L.q_norm[:c.head_dim].copy(),
+                                k_norm=L.k_norm, qk_norm_full=True, **shape)
     with pytest.raises(ValueError, match="k_norm must be"):
-        k.attn_block_plan(L.wq, L.wk, L.wv, L.wo, None, None, q_norm=L.q_norm[:c.head_dim].copy(),
-                          k_norm=L.k_norm, **shape)
+        k.steps.attn_block_plan(L.wq, L.wk, L.wv, L.wo, None, None, q_norm=L.q_norm[:c.head_dim].copy(),
+                                k_norm=L.k_norm, **shape)
     k.close()

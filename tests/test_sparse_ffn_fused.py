@@ -89,8 +89,8 @@ def test_fused_equals_separate_kernels(pools, ggml_type, variant):
             logits = k.matmul(w.fc2, np.maximum(k.matmul(w.fc1, p), 0))
             srt = np.sort(logits)
             threshold = float((srt[int(0.7 * N_FF)] + srt[int(0.7 * N_FF) + 1]) / 2)  # ~30% active, no tie
-            plan = k.sparse_ffn_plan(variant, w.fc1, w.fc2, w.gate, w.up, w.down_t, threshold, act_param)
-            y, n_active, n_nonzero = k.sparse_ffn_decode(plan, x, p)
+            plan = k.steps.sparse_ffn_plan(variant, w.fc1, w.fc2, w.gate, w.up, w.down_t, threshold, act_param)
+            y, n_active, n_nonzero = k.steps.sparse_ffn_decode(plan, x, p)
             y_sep, nz_sep = separate_kernels(k, w, variant, x, p, threshold, act_param)
             assert np.array_equal(y.view(np.uint32), y_sep.view(np.uint32)), (n_threads, trial)
             assert n_active == int(np.count_nonzero(logits >= threshold)) and n_nonzero == nz_sep
@@ -156,8 +156,8 @@ def test_fused_with_transposed_fc2(pools, ggml_type):
                 assert np.array_equal(logits.view(np.uint32), dense.view(np.uint32))
             srt = np.sort(logits)
             threshold = float((srt[int(0.7 * N_FF)] + srt[int(0.7 * N_FF) + 1]) / 2)
-            plan = k.sparse_ffn_plan("reglu", w.fc1, w.fc2, w.gate, w.up, w.down_t, threshold, fc2_t=fc2_t)
-            y, n_active, _ = k.sparse_ffn_decode(plan, x, p)
+            plan = k.steps.sparse_ffn_plan("reglu", w.fc1, w.fc2, w.gate, w.up, w.down_t, threshold, fc2_t=fc2_t)
+            y, n_active, _ = k.steps.sparse_ffn_decode(plan, x, p)
             y_sep, _ = separate_kernels(k, w, "reglu", x, p, threshold, 0.0, fc2_t)
             assert np.array_equal(y.view(np.uint32), y_sep.view(np.uint32)), (n_threads, trial)
             assert n_active == int(np.count_nonzero(logits >= threshold))
@@ -168,11 +168,11 @@ def test_fused_edge_cases(pools):
     w = layer(GGMLType.Q4_0, seed=3)
     k = pools[2]
     x = np.ones(N_EMBD, np.float32)
-    none = k.sparse_ffn_plan("reglu", w.fc1, w.fc2, w.gate, w.up, w.down_t, 1e30)  # nothing predicted
-    y, n_active, n_nonzero = k.sparse_ffn_decode(none, x, x)
+    none = k.steps.sparse_ffn_plan("reglu", w.fc1, w.fc2, w.gate, w.up, w.down_t, 1e30)  # nothing predicted
+    y, n_active, n_nonzero = k.steps.sparse_ffn_decode(none, x, x)
     assert (n_active, n_nonzero) == (0, 0) and not y.any()
-    dead = k.sparse_ffn_plan("fatreglu", w.fc1, w.fc2, w.gate, w.up, w.down_t, -1e30, act_param=1e30)
-    y, n_active, n_nonzero = k.sparse_ffn_decode(dead, x, x)  # all predicted, every activation cut to 0
+    dead = k.steps.sparse_ffn_plan("fatreglu", w.fc1, w.fc2, w.gate, w.up, w.down_t, -1e30, act_param=1e30)
+    y, n_active, n_nonzero = k.steps.sparse_ffn_decode(dead, x, x)  # all predicted, every activation cut to 0
     assert (n_active, n_nonzero) == (N_FF, 0) and not y.any()
 
 
@@ -180,14 +180,14 @@ def test_fused_bad_input(pools):
     w = layer(GGMLType.F16)
     k = pools[1]
     with pytest.raises(ValueError, match="fc2 has"):
-        k.sparse_ffn_plan("reglu", w.fc1, w.fc1, w.gate, w.up, w.down_t, 0.0)
+        k.steps.sparse_ffn_plan("reglu", w.fc1, w.fc1, w.gate, w.up, w.down_t, 0.0)
     with pytest.raises(ValueError, match="variant 'swiglu'"):
-        k.sparse_ffn_plan("swiglu", w.fc1, w.fc2, w.gate, w.up, w.down_t, 0.0)
-    plan = k.sparse_ffn_plan("reglu", w.fc1, w.fc2, w.gate, w.up, w.down_t, 0.0)
+        k.steps.sparse_ffn_plan("swiglu", w.fc1, w.fc2, w.gate, w.up, w.down_t, 0.0)
+    plan = k.steps.sparse_ffn_plan("reglu", w.fc1, w.fc2, w.gate, w.up, w.down_t, 0.0)
     with pytest.raises(ValueError, match="x must be"):
-        k.sparse_ffn_decode(plan, np.ones(N_EMBD + 1, np.float32), np.ones(N_EMBD, np.float32))
+        k.steps.sparse_ffn_decode(plan, np.ones(N_EMBD + 1, np.float32), np.ones(N_EMBD, np.float32))
     with pytest.raises(ValueError, match="p must be"):
-        k.sparse_ffn_decode(plan, np.ones(N_EMBD, np.float32), np.ones(N_EMBD, np.float64))
+        k.steps.sparse_ffn_decode(plan, np.ones(N_EMBD, np.float32), np.ones(N_EMBD, np.float64))
 
 
 @pytest.mark.parametrize("ggml_type", (GGMLType.Q8_0, GGMLType.F16, GGMLType.Q4_0), ids=lambda t: t.name)
@@ -256,9 +256,9 @@ def test_dense_step_equals_python_path(pools, ggml_type, variant):
         y_python = ffn(x)
         assert np.array_equal(y_fused.view(np.uint32), y_python.view(np.uint32)) and np.abs(y_python).max() > 0
     with pytest.raises(ValueError, match="transposed"):
-        plan = pools[1].threshold_ffn_plan("silu", w.gate, w.up, weight("ffn_down_t", ggml_type, 256, N_EMBD, rng),
-                                           True, 0.5)
-        pools[1].dense_ffn_decode(plan, np.zeros(N_EMBD, np.float32))
+        plan = pools[1].steps.threshold_ffn_plan("silu", w.gate, w.up,
+                                                 weight("ffn_down_t", ggml_type, 256, N_EMBD, rng), True, 0.5)
+        pools[1].steps.dense_ffn_decode(plan, np.zeros(N_EMBD, np.float32))
 
 
 @pytest.mark.parametrize("ggml_type", (GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0), ids=lambda t: t.name)

@@ -3,7 +3,7 @@
 The numpy path of qwen35.py (_conv, _delta_qkv, _recur, the gated norm) is the specification; for one token it
 spends more time in temporaries and in copying the layer's state S in and out of the cache than in arithmetic.
 The C step updates the cache's conv state and S in place and returns the gated output, the same values to float
-rounding (tests/test_kernels_delta.py). Used through CpuKernels.delta_net_plan / delta_net_decode.
+rounding (tests/test_kernels_delta.py). Used through CpuKernels.steps.delta_net_plan / delta_net_decode (cpu_steps.py).
 """
 from __future__ import annotations
 

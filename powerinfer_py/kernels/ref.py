@@ -561,9 +561,11 @@ def geglu(g, u) -> np.ndarray:
 
 
 class RefKernels:
-    """The numpy kernels in the same shape as cpu.CpuKernels, so a model can run on either."""
+    """The numpy kernels in the same shape as cpu.CpuKernels (kernels.Ops), so a model can run on either. No
+    one-call steps: every layer takes the Python path, the specification the steps are tested against."""
 
     n_threads = 1
+    steps = None
 
     def __getattr__(self, name):
         fn = globals().get(name)

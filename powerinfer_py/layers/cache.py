@@ -182,7 +182,7 @@ class DeltaKVCache(ConvKVCache):
                           positions, [kernel - 1, conv_dim]   (the ConvKVCache part, as lfm2's conv state)
         the delta state   per value head the matrix S [d_v, d_k] that maps keys to values, [n_v_heads, d_v, d_k]
 
-    A decode token on the C kernels (kernels.delta_net_decode) updates both arrays of a layer in place, so they stay
+    A decode token on the C kernels (kernels.steps.delta_net_decode) updates both arrays of a layer in place, so they stay
     writable C-contiguous f32 arrays for the cache's lifetime; a prompt goes through delta_state / set_delta_state.
 
     Attention layers keep their K/V as in KVCache, delta-net layers a zero-size K/V placeholder. Both recurrent

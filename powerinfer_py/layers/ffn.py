@@ -278,23 +278,25 @@ class FFN:
                                                 settings.up_cuts[layer] if settings.up_cuts else None)
         self.observer = None  # callable(layer, x, p, act): see the module docstring
         self.split = None  # hybrid.HybridSplit: predictor mode computes hot neurons on a device (hybrid/)
-        # one-token dense SwiGLU/GeGLU steps in one C call (dense files without biases; kernels that offer it)
+        # tier 2 (kernels.steps; models/base.py): one token of this FFN in one C call, where the step covers it
+        steps = kernels.steps
+        # dense SwiGLU/GeGLU files without biases
         self.fused_dense = None
-        if (variant in ("swiglu", "geglu") and hasattr(kernels, "dense_ffn_decode") and w.down is not None
+        if (steps is not None and variant in ("swiglu", "geglu") and w.down is not None
                 and w.b_up is None and w.b_down is None):
-            self.fused_dense = kernels.dense_ffn_plan("silu" if variant == "swiglu" else "gelu", w.gate, w.up, w.down)
-        # one-token predictor steps in one C call (kernels that offer it; gated ReLU variants without biases)
+            self.fused_dense = steps.dense_ffn_plan("silu" if variant == "swiglu" else "gelu", w.gate, w.up, w.down)
+        # predictor / exact mode: gated ReLU variants without biases
         self.fused = None
-        if (self.mode in ("predictor", "exact") and hasattr(kernels, "sparse_ffn_plan") and w.down_t is not None
-                and variant in kernels.FUSED_VARIANTS and w.b_up is None and w.b_down is None):
-            self.fused = kernels.sparse_ffn_plan(variant, w.fc1, w.fc2, w.gate, w.up, w.down_t,
-                                                 float(self.threshold), float(self.act_param),
-                                                 exact=self.mode == "exact", fc2_t=self.fc2_t)
+        if (steps is not None and self.mode in ("predictor", "exact") and w.down_t is not None
+                and variant in steps.FUSED_VARIANTS and w.b_up is None and w.b_down is None):
+            self.fused = steps.sparse_ffn_plan(variant, w.fc1, w.fc2, w.gate, w.up, w.down_t,
+                                               float(self.threshold), float(self.act_param),
+                                               exact=self.mode == "exact", fc2_t=self.fc2_t)
 
     def step_timing(self) -> np.ndarray | None:
-        """The one-token C step's running sums in predictor / exact mode (kernels.SparseFFNPlan.timing: calls,
-        predictor seconds, step seconds, summed non-zero share of the predictor's hidden units), a live view;
-        None when this FFN has no such step (Python path, other modes, kernels without it)."""
+        """The one-token C step's running sums in predictor / exact mode (kernels.cpu_steps.FfnStepPlan.timing:
+        calls, predictor seconds, step seconds, summed non-zero share of the predictor's hidden units), a live
+        view; None when this FFN has no such step (Python path, other modes, kernels without steps)."""
         return getattr(self.fused, "timing", None) if self.fused is not None else None
 
     def __call__(self, x: np.ndarray, p: np.ndarray | None = None) -> np.ndarray:
@@ -350,7 +352,7 @@ class FFN:
     def _dense(self, x: np.ndarray) -> np.ndarray:
         k, w = self.k, self.w
         if x.shape[0] == 1 and self.fused_dense is not None:  # the same kernels as below, in one C call
-            return k.dense_ffn_decode(self.fused_dense, np.ascontiguousarray(x[0]))[None, :]
+            return k.steps.dense_ffn_decode(self.fused_dense, np.ascontiguousarray(x[0]))[None, :]
         if self.variant in ("swiglu", "geglu"):
             glu = k.swiglu if self.variant == "swiglu" else k.geglu
             return self._down(glu(k.matmul(w.gate, x), k.matmul(w.up, x)), None)
@@ -376,7 +378,7 @@ class FFN:
         n_tok = x.shape[0]
         if n_tok == 1 and self.fused is not None:  # the same steps as below, in C
             x0 = np.ascontiguousarray(x[0])
-            return self._one_token(*self.k.sparse_ffn_decode(self.fused, x0, x0))
+            return self._one_token(*self.k.steps.sparse_ffn_decode(self.fused, x0, x0))
         a = self._gate_act(self._pre(x))
         if n_tok == 1:
             rows = self.k.select_nonzero(a[0])
@@ -395,8 +397,8 @@ class FFN:
         k, w = self.k, self.w
         n_tok = x.shape[0]
         if n_tok == 1 and self.fused is not None and self.split is None:  # the same steps as below, in C
-            return self._one_token(*k.sparse_ffn_decode(self.fused, np.ascontiguousarray(x[0]),
-                                                        np.ascontiguousarray(p[0])))
+            return self._one_token(*k.steps.sparse_ffn_decode(self.fused, np.ascontiguousarray(x[0]),
+                                                              np.ascontiguousarray(p[0])))
         r = k.matmul(w.fc1, p)  # [N, R]
         np.maximum(r, 0, out=r)
         logits = fc2_t_logits(k, self.fc2_t, r) if n_tok == 1 and self.fc2_t is not None else None
@@ -488,13 +490,13 @@ class FFN:
 
 def transposed_predictor(fc2: Tensor | None, kernels=None):
     """fc2 (n_ff, R) transposed to (R, n_ff) with the same values, for float types (FC2_T_TYPES); a Q4_0 / Q8_0
-    fc2's copy by hidden unit (kernels.fc2t_pack: the same codes and scales, one row per unit) when the kernels
-    offer it; else None (other quantized types would need re-quantizing along the other axis: other values)."""
+    fc2's copy by hidden unit (kernels.fc2t_pack, an op of kernels.Ops: the same codes and scales, one row per
+    unit), None without kernels; None for other quantized types (they would need re-quantizing along the other
+    axis: other values)."""
     if fc2 is None:
         return None
     if fc2.type in FC2T_TYPES and len(fc2.shape) == 2 and fc2.shape[1] % 32 == 0:
-        pack = getattr(kernels, "fc2t_pack", None)
-        return pack(fc2) if pack is not None else None
+        return kernels.fc2t_pack(fc2) if kernels is not None else None
     if fc2.type.name not in FC2_T_TYPES:
         return None
     try:  # the C transpose when built: 5-7x numpy's strided copy (F16 7B fc2: 7-10 ms against 48-60)

@@ -161,15 +161,15 @@ class ThresholdPath:
         w = ffn.w
         if self.cut > 0 and w.down is not None and use_transposed(w.down, sparsity, down):
             self.down_t = transposed_copy(w.down)
-        # one token in one C call (kernels that offer it, FFNs without biases): the same kernels, same bits
+        # tier 2 (kernels.steps; models/base.py): one token in one C call (FFNs without biases), same bits
         self.fused = None
-        k = ffn.k
-        if self.cut > 0 and hasattr(k, "threshold_ffn_plan") and w.b_up is None and w.b_down is None and \
+        steps = ffn.k.steps
+        if self.cut > 0 and steps is not None and w.b_up is None and w.b_down is None and \
                 (self.down_t is not None or w.down is not None):
             down_w = self.down_t if self.down_t is not None else w.down
-            self.fused = k.threshold_ffn_plan("silu" if ffn.variant == "swiglu" else "gelu", w.gate, w.up, down_w,
-                                              self.down_t is not None, float(self.cut), self.scale,
-                                              None if self.up_cut is None else float(self.up_cut))
+            self.fused = steps.threshold_ffn_plan("silu" if ffn.variant == "swiglu" else "gelu", w.gate, w.up,
+                                                  down_w, self.down_t is not None, float(self.cut), self.scale,
+                                                  None if self.up_cut is None else float(self.up_cut))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         f, k = self.ffn, self.ffn.k
@@ -181,7 +181,7 @@ class ThresholdPath:
         n_tok = x.shape[0]
         two = self.up_cut is not None
         if n_tok == 1 and self.fused is not None:
-            y, n_kept, nz = k.threshold_ffn_decode(self.fused, np.ascontiguousarray(x[0]))
+            y, n_kept, nz = k.steps.threshold_ffn_decode(self.fused, np.ascontiguousarray(x[0]))
             return f._one_token(y, n_kept, nz, int(self.fused.up_read[0]) if two else None)
         pre = k.matmul(f.w.gate, x)
         a = k.silu(pre) if f.variant == "swiglu" else k.gelu(pre)  # [N, n_ff]

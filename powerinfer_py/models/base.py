@@ -269,15 +269,15 @@ class Model:
             n = rmsnorm(x) * attn_norm;   q, k, v = _qkv(n)          (projections, biases, per-head norms)
             x = x + _attn_out(Wo · attention(rope(q), rope(k), v))   (the layer's RoPE and window)
             x = x + _ffn_out(ffn(rmsnorm(x) * ffn_norm, x))          (the predictor reads the residual x)
-        One token (CPU kernels): each attention block is one C call (_fused_decode), with the same bits."""
+        This loop is tier 1, the spec; one token on kernels with steps takes tier 2 or 3 (kernel tiers, below)."""
         c, k = self.config, self.kernels
         ids, pos, p0 = self._begin(tokens, cache)
         n, eps = ids.shape[0], c.norm_eps
 
         x = self._embed(ids, pos)  # [N, n_embd]
         temp = self.q_temperature(pos)
-        plans = self.attn_plans() if n == 1 and temp is None else None
-        if plans is not None:
+        plans = self.attn_plans() if n == 1 and temp is None else None  # None: tier 1
+        if plans is not None:  # tier 2 or 3
             return self._fused_decode(plans, x, p0, cache, all_logits)
         for il, (L, (window, rope)) in enumerate(zip(self.layers, self.layer_attention())):
             q, kk, v = self._qkv(L, k.rmsnorm(x, L.attn_norm, eps), n)
@@ -327,8 +327,19 @@ class Model:
         """What the attention adds to the residual: its output projection (gemma3 norms it first)."""
         return y
 
-    # ---- one-token steps: each attention block as one C call (kernels/cpu.py attn_block_decode) -------------
-    fused_attention = True  # False: the Python path (the two give the same bits; tests compare them)
+    # ---- kernel tiers: the three ways one layer runs ------------------------------------------------------------
+    # tier 1, ops: forward's loop of per-op kernel calls (kernels.Ops), the specification. Every batch (prefill)
+    #   takes it, and every token on kernels without steps (kernels.steps is None: the numpy reference).
+    # tier 2, one C call per block: one token, kernels.steps present, fused_attention on: attn_plans() describes
+    #   each attention block once and _fused_decode calls steps.attn_block_decode per layer; each FFN takes its
+    #   own step where it made one at load (layers/ffn.py fused_dense / fused, layers/threshold.py fused: the
+    #   variant, mode and biases decide), else its Python path.
+    # tier 3, one C call for the whole stack: tier 2 where every FFN has a step and _ffn_out is at most a norm
+    #   (_decode_stack; steps.decode_stack).
+    # The choice is made per token here: forward -> attn_plans (tier 1 or not) -> _fused_decode -> _decode_stack
+    # (tier 3 or 2). Tiers 2 and 3 give tier 1's bits (tests/test_attn_block.py, test_sparse_ffn_fused.py,
+    # test_decode_stack.py, model_checks.assert_fused_decode_equals_python).
+    fused_attention = True  # False: tier 1 always (the tiers give the same bits; tests compare them)
 
     def attn_plan_kwargs(self, il: int, layer) -> dict:
         """attn_block_plan's RoPE/norm/window arguments for layer il (architectures add their extras)."""
@@ -350,19 +361,19 @@ class Model:
         """One token through every layer of a pre-norm block (attention, then FFN; llama, bamboo, qwen2, qwen3,
         gemma3): x f32 [1, n_embd] the embedded token at position p0. The attention block is one C call, which
         also returns the FFN's normed input."""
-        k = self.kernels
+        steps = self.kernels.steps
         stack = self._decode_stack(plans)
-        if stack is not None:  # the same calls as below in one C call (decode_stack.c)
-            k.decode_stack(stack, x[0], p0, cache.k, cache.v)
+        if stack is not None:  # tier 3: the same calls as below in one C call (decode_stack.c)
+            steps.decode_stack(stack, x[0], p0, cache.k, cache.v)
             for il in stack.counted_layers:  # what FFN._one_token records
                 f = self.ffns[il]
                 if f.stats is not None:
                     tp = f.threshold_path
                     n_up = int(tp.fused.up_read[0]) if tp is not None and tp.up_cut is not None else None
                     f.stats.record(il, 1, int(stack.n_active[il]), int(stack.n_nonzero[il]), n_up)
-        else:
+        else:  # tier 2
             for il, plan in enumerate(plans):
-                m = k.attn_block_decode(plan, x[0], p0, cache.k[il], cache.v[il])
+                m = steps.attn_block_decode(plan, x[0], p0, cache.k[il], cache.v[il])
                 x += self._ffn_out(il, self.ffns[il](m[None, :], x))
         cache.n_past = p0 + 1
         return self._head(x, all_logits)
@@ -383,10 +394,10 @@ class Model:
         return [None if self.FFN_OUT_NORM is None else getattr(L, self.FFN_OUT_NORM) for L in self.layers]
 
     def _decode_stack(self, plans: list):
-        """kernels.DecodeStackPlan for _fused_decode when every layer is an attention block followed by an FFN
-        whose one token is one C call (dense SwiGLU/GeGLU, predictor / exact mode, threshold mode with a cut-off)
-        with no observer or device split, and _ffn_out is at most a norm; else None. The plan is made once per
-        attention plan list; each token checks the FFNs' current state."""
+        """Tier 3's plan (kernels.cpu_steps.DecodeStackPlan) for _fused_decode when every layer is an attention
+        block followed by an FFN whose one token is one C call (dense SwiGLU/GeGLU, predictor / exact mode,
+        threshold mode with a cut-off) with no observer or device split, and _ffn_out is at most a norm; else None
+        (tier 2). The plan is made once per attention plan list; each token checks the FFNs' current state."""
         steps = [_stack_step(f) for f in self.ffns]
         if None in steps:
             return None  # other FFN classes (MoE, xIELU, ...) and the FFN's Python paths
@@ -397,16 +408,18 @@ class Model:
             if len(made) >= 8:  # attn_plans returns cached lists; a model making new ones would not grow this
                 made.clear()
             norms = self.post_ffn_norms()
-            ok = norms is not None and hasattr(self.kernels, "decode_stack_plan") and all(p is not None for p in plans)
-            entry = made[id(plans)] = (plans, self.kernels.decode_stack_plan(
+            ks = self.kernels.steps
+            ok = norms is not None and ks is not None and all(p is not None for p in plans)
+            entry = made[id(plans)] = (plans, ks.decode_stack_plan(
                 plans, [plan for _, plan in steps], norms, self.config.norm_eps, kinds) if ok else None)
         return entry[1]
 
     def attn_plans(self) -> list | None:
-        """Per-layer descriptions of the attention blocks for the one-call decode step, made on first use; None
-        when the kernels have no such step (CUDA) or fused_attention is switched off. Only the forward passes
-        that call it (llama, bamboo, qwen2, qwen3, gemma3) use it."""
-        if not self.fused_attention or not hasattr(self.kernels, "attn_block_plan"):
+        """Per-layer descriptions of the attention blocks for the one-call decode step (tier 2), made on first
+        use; None (tier 1) when the kernels have no steps (kernels.steps is None) or fused_attention is switched
+        off. Only the forward passes that call it (llama, bamboo, qwen2, qwen3, gemma3) use it."""
+        steps = self.kernels.steps
+        if not self.fused_attention or steps is None:
             return None
         plans = self.__dict__.get("_attn_plans")
         if plans is None:
@@ -415,8 +428,8 @@ class Model:
                          rope_neox=c.rope_neox, eps=c.norm_eps, attn_scale=c.attn_scale, attn_softcap=c.attn_softcap)
             # attn_plan_kwargs may override any of these per layer (smollm3: n_rot 0 on its RoPE-less layers)
             plans = self._attn_plans = [
-                self.kernels.attn_block_plan(L.wq, L.wk, L.wv, L.wo, L.attn_norm, L.ffn_norm,
-                                             **{**shape, **self.attn_plan_kwargs(il, L)})
+                steps.attn_block_plan(L.wq, L.wk, L.wv, L.wo, L.attn_norm, L.ffn_norm,
+                                      **{**shape, **self.attn_plan_kwargs(il, L)})
                 if self.has_attention(il) else None
                 for il, L in enumerate(self.layers)]
         return plans

@@ -26,7 +26,7 @@ on). With e = token_embd[ids] * sqrt(n_embd), rms(v) = ||v|| per token (no epsil
 GGUF norm weights already hold Gemma's "+1". `--sparse exact` computes the up rows of the top-k layers only for
 the neurons the top-k keeps (the gate stays dense; the down projection is the dense matmul of h with exact zeros),
 the same bits as `off`. A decode step (one token, CPU kernels) runs each layer's attention block (from the
-normed p_0 to p_0 + rmsnorm(Wo·a) * post_attention_norm) as one C call, kernels.attn_block_decode, with the same
+normed p_0 to p_0 + rmsnorm(Wo·a) * post_attention_norm) as one C call, kernels.steps.attn_block_decode, with the same
 bits as the Python path; AltUp, LAuReL, the FFN and the per-layer inputs stay in Python.
 
 Metadata keys (config.read with SPEC and read_args):
@@ -328,7 +328,7 @@ class Gemma3nModel(Model):
             src = g.kv_source[il]
             if plans is not None:  # one C call: o = act + rmsnorm(Wo·a) * post_attention_norm (act + o, same bits)
                 o = act.copy()  # act may be a view of pred, which altup_correct reads
-                k.attn_block_decode(plans[il], o[0], p0, cache.k[src], cache.v[src])
+                k.steps.attn_block_decode(plans[il], o[0], p0, cache.k[src], cache.v[src])
             else:
                 o = self._attention(il, L, h, pos, p0, cache, window, rope)
                 o += act

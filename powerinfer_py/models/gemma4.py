@@ -28,7 +28,7 @@ layer and token) are, with P = n_embd_per_layer:
   pl = (rmsnorm_P(per_layer_model_proj · e / sqrt(n_embd)) * per_layer_proj_norm
         + per_layer_token_embd[ids] * sqrt(P)) / sqrt(2)
 GGUF norm weights already hold Gemma's "+1". A decode step (one token, CPU kernels) runs each layer's attention
-block as one C call (kernels.attn_block_decode: the layer's own shapes, V norm, K/V sharing), with the same bits
+block as one C call (kernels.steps.attn_block_decode: the layer's own shapes, V norm, K/V sharing), with the same bits
 as the Python path; the FFN, experts and per-layer embeddings stay in Python.
 
 Metadata keys (config.read with SPEC and read_args):
@@ -405,7 +405,7 @@ class Gemma4Model(GemmaModel):
         layer sharing K/V reads its source layer's cache planes, which that layer filled earlier in this step)."""
         k, src = self.kernels, self.config.gemma4.kv_source
         for il, (L, plan) in enumerate(zip(self.layers, plans)):
-            m = k.attn_block_decode(plan, x[0], p0, cache.k[src[il]], cache.v[src[il]])
+            m = k.steps.attn_block_decode(plan, x[0], p0, cache.k[src[il]], cache.v[src[il]])
             x += self.ffn_block(il, L, x, m[None, :])
             self._layer_end(il, L, x, pl)
         cache.n_past = p0 + 1

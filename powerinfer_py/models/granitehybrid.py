@@ -15,7 +15,7 @@ Granite's FFN, with Granite's four scalars (models/granite.py):
   logits = output · (rmsnorm(x) * output_norm) / logit_scale         {arch}.logit_scale (optional here: 1)
 
 Every product is rounded to f32 before its add (GraniteModel's hooks). A one-token step runs each attention
-layer as one C call (kernels.attn_block_decode with the residual scale, as granite), the same bits as the
+layer as one C call (kernels.steps.attn_block_decode with the residual scale, as granite), the same bits as the
 Python path. The cache is mamba2_cache.Mamba2KVCache: K/V on the attention layers, conv and SSM states on the
 mixers. Biases on the attention or FFN (llama.cpp accepts optional ones; no Granite 4.0 checkpoint has them)
 are refused by GraniteModel rather than run without.
@@ -94,7 +94,7 @@ class GraniteHybridModel(Mamba2Mixer, GraniteModel):
         cache.begin(p0)
         for il, L in enumerate(self.layers):
             if plans is not None and plans[il] is not None:  # adds the scaled attention to x, returns the FFN input
-                m = k.attn_block_decode(plans[il], x[0], p0, cache.k[il], cache.v[il])[None, :]
+                m = k.steps.attn_block_decode(plans[il], x[0], p0, cache.k[il], cache.v[il])[None, :]
             else:
                 h = k.rmsnorm(x, L.attn_norm, eps)
                 y = self._mamba2(il, L, h, cache, p0) if c.mamba_layers[il] else self._attend(il, L, h, pos, cache, p0)

@@ -25,7 +25,7 @@ s + exp_probs_b.bias chosen, their weights s / sum(s) over the chosen; no shared
 The conv state of a layer is s at the last K-1 positions (conv_cache.ConvKVCache), so a forward that starts
 at n_past continues the convolution exactly where the previous one stopped. The attention layers use the
 base block's _qkv and the attention kernel; in a one-token step (CPU kernels) each of them is one C call
-(kernels.attn_block_decode, as base.Model's decode), with the same bits as the Python path.
+(kernels.steps.attn_block_decode, as base.Model's decode), with the same bits as the Python path.
 
 Metadata keys (config.read with SPEC; defaults are llama.cpp's):
   lfm2    (Liquid LFM2) a hybrid: {arch}.attention.head_count_kv is a per-layer array whose 0 entries mark the
@@ -130,7 +130,7 @@ class Lfm2Model(Model):
         cache.begin(p0)
         for il, L in enumerate(self.layers):
             if plans is not None and plans[il] is not None:  # adds the attention to x, returns the FFN's input
-                m = k.attn_block_decode(plans[il], x[0], p0, cache.k[il], cache.v[il])
+                m = k.steps.attn_block_decode(plans[il], x[0], p0, cache.k[il], cache.v[il])
                 x += self.ffns[il](m[None, :], x)
                 continue
             h = k.rmsnorm(x, L.attn_norm, eps)

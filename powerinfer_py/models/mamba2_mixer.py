@@ -129,13 +129,14 @@ class Mamba2Mixer:
     def _scan(self, S: np.ndarray, x, dt, A, B, C) -> np.ndarray:
         """Run the scan over n tokens from state S [H, P, N] (updated in place): x [n, H, P], dt [n, H],
         A [H], B and C [n, G, N]; returns y [n, H, P] (without the skip). On the CPU kernels each token is one C
-        call (kernels.ssm_scan_step: one pass over the state), for a prefill as for a decode step, so a prompt fed
+        call (kernels.steps.ssm_scan_step: one pass over the state), for a prefill as for a decode step, so a prompt fed
         in one call or one token at a time goes through the same arithmetic: the K/V cache is f16, and a
         difference in the last bit of an f32 value upstream can round a K/V value to the next f16 step, 4.9e-4
-        of it, far above the f32 rounding the two orders would otherwise differ by. Kernels without the call
-        (the numpy reference, a device backend): the loop below."""
-        step = getattr(self.kernels, "ssm_scan_step", None)
-        if step is not None:  # token by token in C, a prefill too: its arithmetic is then a decode step's
+        of it, far above the f32 rounding the two orders would otherwise differ by. Kernels without steps (the
+        numpy reference): the loop below, the specification of the C step."""
+        steps = self.kernels.steps
+        if steps is not None:
+            step = steps.ssm_scan_step  # token by token in C, a prefill too: its arithmetic is then a decode step's
             c = np.ascontiguousarray
             x, dt, A, B, C = c(x), c(dt), c(A, dtype=np.float32), c(B), c(C)
             return np.stack([step(S, x[t], dt[t], A, B[t], C[t]) for t in range(x.shape[0])])

@@ -29,7 +29,7 @@ The recurrent state of a delta-net layer (the last K-1 conv inputs and S) lives 
 a forward that starts at n_past continues both exactly. The recurrence runs in numpy: one token as written, a
 prompt in chunks of CHUNK tokens in closed form (_chunk); the projections, all tokens at once, go through
 kernels.matmul, so quantized files work. A decode token on the C kernels skips the numpy steps: conv, norms,
-gates, recurrence and gated norm are one call (kernels.delta_net_decode, csrc/delta_net.c) that updates the
+gates, recurrence and gated norm are one call (kernels.steps.delta_net_decode, csrc/delta_net.c) that updates the
 cache's states in place; the numpy path stays the specification (tests/test_kernels_delta.py).
 
 Metadata keys (config.read with SPEC; defaults are llama.cpp's):
@@ -145,7 +145,7 @@ def _chunk(S: np.ndarray, q, k, v, beta, g) -> np.ndarray:
     return o.transpose(1, 0, 2)
 
 
-# the numpy steps of a delta-net layer that the one-token C step (kernels.delta_net_decode) also implements
+# the numpy steps of a delta-net layer that the one-token C step (kernels.steps.delta_net_decode) also implements
 _STEP_METHODS = ("_conv", "_delta_qkv", "_key_heads", "_recur")
 
 
@@ -263,16 +263,16 @@ class Qwen35Model(Model):
         return o
 
     def _delta_plan(self, L):
-        """Layer L's one-token C step (kernels/delta_step.py; made once), or None where the kernels have none
-        (ref, cuda) or a subclass changes one of the numpy steps it implements (_STEP_METHODS)."""
+        """Layer L's one-token C step (tier 2: kernels.steps.delta_net_plan, kernels/delta_step.py; made once), or
+        None where the kernels have no steps (ref) or a subclass changes one of the numpy steps it implements
+        (_STEP_METHODS)."""
         plan = getattr(L, "delta_plan", False)
         if plan is False:
             plan = None
-            if hasattr(self.kernels, "delta_net_plan") and all(
-                    getattr(type(self), m) is getattr(Qwen35Model, m) for m in _STEP_METHODS):
+            steps = self.kernels.steps
+            if steps is not None and all(getattr(type(self), m) is getattr(Qwen35Model, m) for m in _STEP_METHODS):
                 d, hk, hv, _ = delta_dims(self.config)
-                plan = self.kernels.delta_net_plan(d, hk, hv, L.conv_w, L.ssm_a, L.dt_bias, L.ssm_norm,
-                                                   self.config.norm_eps)
+                plan = steps.delta_net_plan(d, hk, hv, L.conv_w, L.ssm_a, L.dt_bias, L.ssm_norm, self.config.norm_eps)
             L.delta_plan = plan
         return plan
 
@@ -285,8 +285,8 @@ class Qwen35Model(Model):
         plan = self._delta_plan(L) if n == 1 and p0 else None
         if plan is not None:  # one token: the steps below in one C call, the cache's states updated in place
             x = h[0]
-            o = k.delta_net_decode(plan, k.matmul(L.wqkv, x), k.matmul(L.wz, x), k.matmul(L.w_beta, x),
-                                   k.matmul(L.w_alpha, x), cache.conv[il], cache.delta[il])
+            o = k.steps.delta_net_decode(plan, k.matmul(L.wqkv, x), k.matmul(L.wz, x), k.matmul(L.w_beta, x),
+                                         k.matmul(L.w_alpha, x), cache.conv[il], cache.delta[il])
             return k.matmul(L.w_out, o)[None]
         q, kk, v = self._delta_qkv(self._conv(il, L, k.matmul(L.wqkv, h), cache, p0))
         beta = sigmoid(k.matmul(L.w_beta, h))  # [N, Hv]

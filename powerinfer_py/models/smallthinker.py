@@ -108,7 +108,7 @@ class SmallThinkerModel(Model):
             moe = self.ffns[il]
             r = k.matmul(moe.router, x)  # the router reads the layer input, before attention and unnormed
             if plans is not None:  # one C call: x += attention, returns rmsnorm(x) * ffn_norm
-                m = k.attn_block_decode(plans[il], x[0], p0, cache.k[il], cache.v[il])[None, :]
+                m = k.steps.attn_block_decode(plans[il], x[0], p0, cache.k[il], cache.v[il])[None, :]
             else:
                 q, kk, v = self._qkv(L, k.rmsnorm(x, L.attn_norm, eps), n)
                 k.rope(q, pos, *rope)
