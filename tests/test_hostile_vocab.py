@@ -20,7 +20,7 @@ from gguf import GGUFValueType as T
 
 from powerinfer_py.errors import ModelFileError
 from powerinfer_py.gguf import open_gguf, write_gguf
-from powerinfer_py.tensor import Tensor
+from powerinfer_py.gguf.types import Tensor
 from powerinfer_py.tokenizer import Tokenizer
 
 K = "tokenizer.ggml."
