@@ -1,4 +1,4 @@
-/* matmul_iq.c: the I-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (layouts in matmul_internal.h): their grids
+/* matmul_iq.c: the I-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (layouts in quants.h): their grids
  * and the portable unpack of one super-block into signed grid values and integer scales.
  *
  * Every weight is d * f * (2 ls + 1) * grid * sign with an unsigned grid value (IQ2: 8, 25, 43; IQ3_XXS: 4..62;
@@ -11,10 +11,10 @@
  * its delta sum (which llama.cpp takes from the Q8_K bsums times +-1 and scales by 1/8 in float): both are exact
  * (|isum| < 2^24), so d_w * d_x * isum / 8 is llama.cpp's d_w * d_x * (sumi + sumi1 / 8) up to the f32 rounding
  * of that last product.
- * Users: pi_unpack_qk (dequantize, sparse.c's AXPY, the scalar dot in matmul_k.c). The AVX-512 unpack, which
+ * Users: pi_unpack_qk (dequantize, axpy.c's AXPY, the scalar dot in matmul_k.c). The AVX-512 unpack, which
  * turns a super-block into grid magnitudes and a sign mask for matmul_k.c's tiles, is in matmul_iq.h.
  */
-#include "matmul_internal.h"
+#include "quants.h"
 
 #include "iq_grids.h"
 

@@ -1,5 +1,5 @@
 /* matmul_k.c: y[t, r] = sum_c w[r, c] * x[t, c] for the K-quants Q2_K ... Q6_K and IQ4_XS (llama.cpp's
- * layouts, see matmul_internal.h), dense (pi_matmul) or on selected rows (pi_matmul_rows).
+ * layouts, see quants.h), dense (pi_matmul) or on selected rows (pi_matmul_rows).
  *
  * As in llama.cpp, each token's activations are first quantized to Q8_K super-blocks of 256:
  *   m = the first element of largest magnitude (sign kept), iscale = -127 / m, q = min(127, round-half-even(
@@ -36,7 +36,7 @@
  *     one permute and one FMA, plus half of a two-token mins (or offset) step; the activation loads are its
  *     largest cost (a microbenchmark of the token loop alone, in L1: 4 maddubs fed from registers 0.5 ns per
  *     token and super-block, from loads that split cache lines 1.3 ns, from aligned loads 0.9 ns). Hence:
- *       - Q8_K blocks are 320 bytes, qs first and 64-byte aligned (matmul_internal.h), so no load splits a
+ *       - Q8_K blocks are 320 bytes, qs first and 64-byte aligned (quants.h), so no load splits a
  *         cache line (the 292-byte layout put every qs load across two lines);
  *       - per span, the tile's d_x and bsums are gathered once for all RB rows (ktile): per row super-block
  *         one multiply gives d_x * d for all KT tokens and one permute spreads a token's product over its
@@ -85,7 +85,7 @@
  * unchanged), by whichever thread, so results are bit-identical across runs, thread counts, decode/prefill
  * and dense/row-gather.
  */
-#include "matmul_internal.h"
+#include "quants.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
 #define MK_AVX512 1

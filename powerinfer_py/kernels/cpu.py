@@ -115,7 +115,7 @@ class SparseFFNPlan:
     buffers it points into, kept alive with it. timing (predictor and exact plans): the step's running sums, f64 [4] =
     calls, seconds in the predictor (fc1, fc2, selection), seconds in the whole step, and the sum over calls of
     the share of the predictor's hidden units that were non-zero (pi_sparse_ffn.timing); None for others.
-    up_read (threshold plans): where each decode call writes how many up rows it read (pi_threshold_ffn.up_read)."""
+    up_read (threshold plans): where each decode call writes how many up rows it read (pi_ffn_step.up_read)."""
     desc: object  # cdata pi_sparse_ffn *
     buffers: tuple
     n_embd: int
@@ -158,7 +158,7 @@ class DecodeStackPlan:
         self.keep = (tuple(attn), tuple(ffn), tuple(n for n in post_norms if n is not None))
         self.attn = ffi.new("pi_attn_block *[]", [p.desc for p in attn])
         self.kind = ffi.new("int32_t[]", [self.KINDS[k] for k in kinds])
-        self.ffn = ffi.new("pi_threshold_ffn *[]", [ffi.NULL if k == "sparse" else p.desc for p, k in zip(ffn, kinds)])
+        self.ffn = ffi.new("pi_ffn_step *[]", [ffi.NULL if k == "sparse" else p.desc for p, k in zip(ffn, kinds)])
         self.sparse = ffi.new("pi_sparse_ffn *[]", [p.desc if k == "sparse" else ffi.NULL for p, k in zip(ffn, kinds)])
         self.post_norms = ffi.new("float *[]", [ffi.NULL if n is None else _fb(_FA, n) for n in post_norms])
         self.post_eps = float(post_eps)
@@ -698,7 +698,7 @@ class CpuKernels:
                 raise ValueError(f"threshold_ffn_plan: {nm} has {info[3]} x {info[4]} values, expected {want[0]} x "
                                  f"{want[1]}")
         buffers = [g[1], u[1], d[1]]
-        desc = ffi.new("pi_threshold_ffn *")
+        desc = ffi.new("pi_ffn_step *")
         desc.act, desc.cut = (1 if act == "gelu" else 0), cut
         desc.scale = ffi.NULL
         desc.refine, desc.up_cut = (0, 0.0) if up_cut is None else (1, up_cut)

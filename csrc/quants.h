@@ -1,5 +1,5 @@
-/* matmul_internal.h: internal (not read by cffi). Block layouts of the quantized types and the pieces that
- * quant.c, matmul.c and matmul_k.c share.
+/* quants.h: internal (not read by cffi). Block layouts of the quantized types and the pieces that the kernel
+ * files share (quant.c, rows.c, matmul.c, matmul_k.c, matmul_iq.c, axpy.c, fc2t.c, act.c).
  *
  * Layouts are llama.cpp's (gguf/quants.py decodes the same bytes). Element order inside a block:
  *   Q4_0/Q4_1/Q5_0/Q5_1 (32): element j < 16 in the low nibble of qs[j], j + 16 in its high nibble; bit 4 of
@@ -46,8 +46,8 @@
  *       the f16 d = the top nibbles of words 0, 1, 2, 3 as its bits 0..3, 4..7, 8..11, 12..15; no d field).
  *   Q8_K (activations only): f32 d, int8 qs[256], int16 bsums[16] (sums of 16 consecutive qs).
  */
-#ifndef PI_MATMUL_INTERNAL_H
-#define PI_MATMUL_INTERNAL_H
+#ifndef PI_QUANTS_H
+#define PI_QUANTS_H
 #include <stdint.h>
 #include <string.h>
 
@@ -106,6 +106,8 @@ _Static_assert(sizeof(block_iq1_m) == 56, "IQ1_M block is 56 bytes");
 _Static_assert(sizeof(block_q8_K) == 320, "Q8_K block is 320 bytes");
 
 uint16_t pi_f32_to_f16(float f); /* round to nearest even (quant.c) */
+void pi_f32_to_f16_row(const float *x, uint16_t *y, int64_t n); /* n values, the same rounding (quant.c) */
+void pi_dequantize_row(int type, const void *src, float *y, int64_t n_cols); /* one row -> f32 (quant.c) */
 
 static inline float pi_h2f(uint16_t h) {
 #if defined(__F16C__)

@@ -1,4 +1,4 @@
-/* sparse.c: the sparse FFN kernels other than the row-gather mat-vec (that one is pi_matmul_rows, matmul.c).
+/* axpy.c: the sparse FFN kernels other than the row-gather mat-vec (that one is pi_matmul_rows, matmul.c).
  *
  *   pi_axpy_rows       y[t, :] = sum_j h[t, j] * w[rows[j], :]   (the down projection over ffn_down_t rows)
  *   pi_select_active   ascending i with logits[i] >= threshold    (predictor mode)
@@ -43,7 +43,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "matmul_internal.h" /* block layouts, pi_h2f, pi_unpack_q32 / pi_unpack_qk (other block types) */
+#include "quants.h" /* block layouts, pi_h2f, pi_unpack_q32 / pi_unpack_qk (other block types) */
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
 #define SP_AVX512 1
