@@ -469,7 +469,7 @@ class CpuKernels:
         return y[0] if h.ndim == 1 else y
 
     def fc2t_pack(self, fc2: Tensor) -> "_ref.FC2T":
-        """The copy by hidden unit of a Q4_0 / Q8_0 predictor fc2 [n_ff, rank] (csrc/fc2_qt.c): the same codes and
+        """The copy by hidden unit of a Q4_0 / Q8_0 predictor fc2 [n_ff, rank] (csrc/fc2t.c): the same codes and
         scales, one row per hidden unit, for fc2t_logits. The buffer is 64-byte aligned (rows are whole lines)."""
         n_ff, rank = _ref.check_fc2t_source(fc2)
         _, wp, ty, _, _ = self._weight(fc2)
@@ -512,7 +512,7 @@ class CpuKernels:
             if len(x) else 0
         return out[:k]
 
-    # ---- one-call decode steps (attn_block.c, sparse_ffn.c): shared checks and scratch ---------------------
+    # ---- one-call decode steps (step_attn.c, step_ffn.c): shared checks and scratch ------------------------
 
     def _step_work(self, n_f32: int, n_i32: int = 0) -> tuple:
         """cdata pointers to this kernels object's step scratch, grown to f32 [n_f32] and int32 [n_i32] (one pair
@@ -532,7 +532,7 @@ class CpuKernels:
             raise ValueError(f"{op}: {name} must be a{' writable' if writable else ''} C-contiguous float32 array of "
                              f"shape ({n},), got {getattr(v, 'dtype', type(v).__name__)} {getattr(v, 'shape', '')}")
 
-    # ---- one decode step of a LLaMA attention block (attn_block.c) -----------------------------------------
+    # ---- one decode step of a LLaMA attention block (step_attn.c) ------------------------------------------
 
     def attn_block_plan(self, wq: Tensor, wk: Tensor, wv: Tensor, wo: Tensor, attn_norm, ffn_norm, *,
                         n_head: int, n_head_kv: int, head_dim: int, n_rot: int, rope_base: float,
@@ -625,7 +625,7 @@ class CpuKernels:
                                  k_cache.shape[1], fwork, _fb(_FA, out))
         return out
 
-    # ---- one token through a stack of layers (decode_stack.c) ------------------------------------------------
+    # ---- one token through a stack of layers (step_stack.c) --------------------------------------------------
 
     def decode_stack_plan(self, attn: list, ffn: list, post_norms: list, post_eps: float,
                           kinds: list | None = None) -> DecodeStackPlan:
@@ -663,7 +663,7 @@ class CpuKernels:
                             plan.post_eps, _fb(_FA, x), pos, kp, vp, ffi.cast("int64_t *", n_ctx.ctypes.data), fwork,
                             plan.attn_work, iwork, *plan._counts)
 
-    # ---- one decode token of a gated delta-net layer (delta_net.c; kernels/delta_step.py) ------------------
+    # ---- one decode token of a gated delta-net layer (step_delta_net.c; kernels/delta_step.py) -------------
 
     def delta_net_plan(self, *args, **kw) -> "_delta_step.DeltaNetPlan":
         """One delta-net layer's constants checked and described to C once (delta_step.delta_net_plan)."""
@@ -681,7 +681,7 @@ class CpuKernels:
             raise ValueError("this CpuKernels has been closed")
         return _ssm_step.ssm_scan_step(self._pool, S, x, dt, A, B, C)
 
-    # ---- one decode step of a threshold-mode SwiGLU/GeGLU FFN (sparse_ffn.c) ------------------------------
+    # ---- one decode step of a threshold-mode SwiGLU/GeGLU FFN (step_ffn.c) --------------------------------
 
     def threshold_ffn_plan(self, act: str, gate: Tensor, up: Tensor, down: Tensor, down_transposed: bool,
                            cut: float, scale=None, up_cut: float | None = None) -> "SparseFFNPlan":
@@ -742,7 +742,7 @@ class CpuKernels:
         lib.pi_dense_ffn_decode(self._pool, plan.desc, _fb(_FA, x), fwork, _fb(_FA, y))
         return y
 
-    # ---- one decode step of a predictor-driven FFN (sparse_ffn.c) -----------------------------------------
+    # ---- one decode step of a predictor-driven FFN (step_ffn.c) -------------------------------------------
     FUSED_VARIANTS = {"reglu": 0, "fatreglu": 1, "dreglu": 2}  # enum pi_ffn_variant
 
     def sparse_ffn_plan(self, variant: str, fc1: Tensor | None, fc2: Tensor | None, gate: Tensor, up: Tensor,
