@@ -27,7 +27,7 @@
  *     sums <= 2 * 127 * 127 (q_x >= -127 in Q8_K).
  *     Prefill (batches of KT = 8 tokens or more) is compute-bound, and unpacking a super-block (nibbles, high
  *     bits, 6-bit scales, scale words) costs about as much as one token's dots on it, so a tile unpacks each
- *     super-block of a row once for KT tokens (ksb below). Rows go in blocks of RB = 16, and each block walks
+ *     super-block of a row once for KT tokens (ksb, kquant_simd.h). Rows go in blocks of RB = 16, and each block walks
  *     its super-blocks in spans of SPAN = 8, all RB rows per span, so the span's activations (KT x SPAN x 320
  *     bytes, 20 KB) are read from L1 by every row: with a row's whole width per tile they came from L2 at
  *     K = 11008 and the tile ran ~30% slower. 4096 x 4096 x 64 tokens, 2 threads, this 2-core Zen 5 host:
@@ -85,23 +85,14 @@
  * unchanged), by whichever thread, so results are bit-identical across runs, thread counts, decode/prefill
  * and dense/row-gather.
  */
-#include "quants.h"
-
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
-#define MK_AVX512 1
-#include <immintrin.h>
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define MK_AVX2 1 /* Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS: matmul_k_avx2.h; the I-quants scalar */
-#endif
+#include "kquant_simd.h"   /* the ISA (MK_AVX512, MK_AVX2), ksb, kacc, scale_words, dot_acc */
+#include "matmul_iq.h"      /* AVX-512: unpack_iq, the I-quants' super-blocks into ksb */
+#include "matmul_iq_tile.h" /* AVX-512: mk_rows_iq, I-quant prefill, each super-block unpacked once per IQ_GROUP tiles */
+#include "matmul_k_avx2.h"  /* AVX2: k2_dot, k2_tile */
 
 #define ROW_BLOCK 16 /* rows per chunk granule */
 #define TOK_BLOCK 16 /* scalar and AVX2: tokens per pass over a row (its super-blocks stay in L1) */
-#ifndef KT
-#define KT 8
-#endif
-#define KT_      /* AVX-512 prefill: tokens per tile (a super-block is unpacked once per KT tokens) */
-#define SPAN 8    /* AVX-512 prefill: super-blocks per span */
-#define RB 16     /* AVX-512 prefill: rows per block */
+#define SPAN 8    /* AVX-512 prefill: super-blocks per span (KT tokens per tile, RB rows per block: kquant_simd.h) */
 #define PF_ROWS 2 /* one-token row gathers: rows requested ahead (1-8 and L2-only hints measured alike) */
 
 typedef struct {
@@ -163,47 +154,12 @@ static void quantize_token(void *ctx, int64_t t, int thread_id) {
 
 /* ==== dot products of one row with one token ========================================================== */
 #if defined(MK_AVX512)
-#define INLINE static inline __attribute__((always_inline))
-
-INLINE __m512i dot_acc(__m512i acc, __m512i p, __m512i sc) { /* acc += pairs of p * sc (int16 -> int32) */
-#if defined(__AVX512VNNI__)
-    return _mm512_dpwssd_epi32(acc, p, sc);
-#else
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(p, sc));
-#endif
-}
-
-/* word w of 64 weights -> the scale of its group: 2 groups of 32 (idx_32) or 4 of 16 (idx_16), base `g` */
-INLINE __m512i scale_words(__m512i s16, int g, int per16) {
-    const __m512i w = _mm512_setr_epi32(0x00000000, 0x00010001, 0x00020002, 0x00030003, 0x00040004, 0x00050005,
-                                        0x00060006, 0x00070007, 0x00080008, 0x00090009, 0x000a000a, 0x000b000b,
-                                        0x000c000c, 0x000d000d, 0x000e000e, 0x000f000f); /* word i = i / 2 */
-    /* idx(word i) = g + i / 16 (groups of 32) or g + i / 8 (groups of 16) */
-    __m512i idx = _mm512_add_epi16(_mm512_srli_epi16(w, per16 ? 2 : 3), _mm512_set1_epi16((short)g));
-    return _mm512_permutexvar_epi16(idx, s16);
-}
-
 INLINE float hsum(__m512 acc, __m256 accm) {
     __m128 m = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
     m = _mm_add_ps(m, _mm_movehl_ps(m, m));
     m = _mm_add_ss(m, _mm_movehdup_ps(m));
     return _mm512_reduce_add_ps(acc) - _mm_cvtss_f32(m);
 }
-
-/* ---- one super-block of one row, unpacked once for every token of a tile ---------------------------------
- * A prefill tile is one row against KT tokens: the weights' bit unpacking (nibbles, high bits, 6-bit scales)
- * is the larger part of a super-block's work, so it is done once per KT tokens. Per token only the integer
- * dots, one convert and one FMA (and the mins / bsum term) remain, in the same order for every token count,
- * so a token's result has the same bits whether it was computed alone (decode) or in a tile (prefill). */
-typedef struct {
-    __m512i z[4];  /* the 256 weights as unsigned bytes, in the order of the activation bytes they multiply */
-    __m512i sw[4]; /* Q4_K/Q5_K/Q6_K: the scale of each int16 pair sum of z[c], one per word;
-                      Q2_K/Q3_K: sw[0], sw[1] the 16 scales arranged for scale_groups16 */
-    __m256i m16;   /* Q4_K/Q5_K/Q2_K: the mins as words, each paired with its bsum; Q6_K/Q3_K: the signed
-                      scales (for the -32 / -4 offset term) */
-    __mmask64 neg[4]; /* IQ4_XS: the weights of z[c] whose level is negative (z holds magnitudes) */
-    float d, dmin;
-} ksb;
 
 /* Q4_K / Q5_K (q5 = 1) */
 INLINE void unpack_q45k(const uint8_t *blk, ksb *s, const int q5) {
@@ -392,8 +348,6 @@ INLINE __m512i isum_iq4xs(const ksb *s, const block_q8_K *x) {
     return isum;
 }
 
-#include "matmul_iq.h" /* unpack_iq: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (their dots: isum_iq4xs) */
-
 INLINE size_t k_block_size(const int type) { /* a compile-time constant where type is one */
     return pi_is_iq_type(type) ? iq_block_size(type) : type == PI_Q4_K ? sizeof(block_q4_K) : type == PI_Q5_K ? sizeof(block_q5_K)
          : type == PI_Q6_K ? sizeof(block_q6_K) : type == PI_Q2_K ? sizeof(block_q2_K)
@@ -442,13 +396,6 @@ INLINE void k_token(const int type, const ksb *s, const block_q8_K *x, __m512 *a
     if (k_has_min(type))
         *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(k_imin(s, x)), _mm256_set1_ps(dx * s->dmin), *accm);
 }
-
-/* Running sums of one row against KT tokens (a prefill tile), kept in memory between spans of super-blocks:
- * acc[t] token t's; accm[p] the mins of tokens 2p (low 8 lanes) and 2p + 1 (high 8 lanes) */
-typedef struct {
-    __m512 acc[KT];
-    __m512 accm[KT / 2];
-} kacc;
 
 /* What a tile's tokens bring to every row, gathered once per span: per super-block their d (0 past nt) and
  * their bsums, two tokens per zmm (zero past nt) */
@@ -610,23 +557,13 @@ static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t 
     }
 }
 
-static void kacc_zero(kacc *a) {
-    for (int t = 0; t < KT; t++) a->acc[t] = _mm512_setzero_ps();
-    for (int p = 0; p < KT / 2; p++) a->accm[p] = _mm512_setzero_ps();
-}
-
 static float kacc_sum(int type, const kacc *a, int t) {
     const __m512 m = a->accm[t / 2];
     const __m256 accm = t % 2 ? _mm512_extractf32x8_ps(m, 1) : _mm512_castps512_ps256(m);
     return k_has_min(type) ? hsum(a->acc[t], accm) : _mm512_reduce_add_ps(a->acc[t]);
 }
 
-#include "matmul_iq_tile.h" /* mk_rows_iq: I-quant prefill, each super-block unpacked once per IQ_GROUP tiles */
-
 #else
-#if defined(MK_AVX2)
-#include "matmul_k_avx2.h"
-#endif
 static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
 #if defined(MK_AVX2)
     switch (type) {

@@ -1,5 +1,6 @@
 /* matmul_k_avx2.h: AVX2 (+ FMA + F16C) dots of Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS and the I-quant rows with Q8_K
- * activations, included by matmul_k.c where AVX-512 is missing (see the variants list at the top of matmul_k.c).
+ * activations, for matmul_k.c where AVX-512 is missing (see the variants list at the top of matmul_k.c); empty
+ * where AVX2, FMA or F16C is missing too (kquant_simd.h: MK_AVX2).
  *
  * A super-block is first unpacked into a k2sb: eight ymm of 32 weights z_k, each byte in the position of the
  * activation byte q_x[32k + l] it multiplies, and eight ymm of scale words sw_k (the scale of each int16 pair
@@ -32,6 +33,10 @@
  * gets the same float operations in the same order: the same bits whichever path, token count or thread
  * computes it. maddubs cannot saturate (|z| <= 32 except IQ4_XS's <= 127, and |q_x| <= 127: pair sums
  * <= 2 * 127 * 127), and the integer sums are exact, so only the f32 FMAs and the final sums fix the result. */
+#ifndef PI_MATMUL_K_AVX2_H
+#define PI_MATMUL_K_AVX2_H
+#include "kquant_simd.h"
+#if defined(MK_AVX2)
 #include <immintrin.h>
 
 #define K2_INLINE static inline __attribute__((always_inline))
@@ -504,3 +509,7 @@ K2_INLINE void k2_tile(const int type, const uint8_t *row, const block_q8_K *x, 
     }
     for (int t = 0; t < nt; t++) y[t * y_stride] = k2_result(type, acc[t], accm[t]);
 }
+
+#endif
+
+#endif
