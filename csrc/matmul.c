@@ -100,12 +100,9 @@ typedef struct {
 #define K_Q51 4
 #define K_IQ4NL 5
 #define K_MXFP4 6
-INLINE int64_t kind_size(int kind) {
-    return kind == K_Q8 ? (int64_t)sizeof(block_q8_0) : kind == K_Q4 ? (int64_t)sizeof(block_q4_0)
-         : kind == K_Q5 ? (int64_t)sizeof(block_q5_0) : kind == K_Q41 ? (int64_t)sizeof(block_q4_1)
-         : kind == K_Q51 ? (int64_t)sizeof(block_q5_1) : kind == K_MXFP4 ? (int64_t)sizeof(block_mxfp4)
-         : (int64_t)sizeof(block_iq4_nl);
-}
+static const int kind_types[] = {PI_Q8_0, PI_Q4_0, PI_Q5_0, PI_Q4_1, PI_Q5_1, PI_IQ4_NL, PI_MXFP4}; /* kind -> type */
+_Static_assert(sizeof(kind_types) / sizeof(kind_types[0]) == K_MXFP4 + 1, "one type per kind");
+INLINE int64_t kind_size(int kind) { return pi_traits[kind_types[kind]].bytes; } /* a constant for a constant kind */
 /* the weight scale d of the block at p: f16, or MXFP4's E8M0 byte (2^(e - 128), see pi_e8m0_half) */
 INLINE float kind_scale(const uint8_t *p, const int kind) {
     uint16_t h;
@@ -113,21 +110,14 @@ INLINE float kind_scale(const uint8_t *p, const int kind) {
     memcpy(&h, p, 2);
     return pi_h2f(h);
 }
-INLINE int kind_min(int kind) { return kind == K_Q41 || kind == K_Q51; }      /* has m: the s_x term */
+INLINE int kind_min(int kind) { return pi_traits[kind_types[kind]].has_min; } /* has m: the s_x term */
 INLINE int kind_uns(int kind) { return kind >= K_Q4 && kind <= K_Q51; }       /* unsigned nibble weights */
 INLINE int kind_qs(int kind) { return kind == K_Q5 ? 6 : kind == K_Q41 ? 4 : kind == K_Q51 ? 8 : kind == K_MXFP4 ? 1 : 2; } /* qs offset */
 INLINE int kind_qh(int kind) { return kind == K_Q5 ? 2 : kind == K_Q51 ? 4 : -1; } /* qh offset, -1: none */
-static int type_kind(int type) {
-    switch (type) {
-    case PI_Q8_0: return K_Q8;
-    case PI_Q4_0: return K_Q4;
-    case PI_Q5_0: return K_Q5;
-    case PI_Q4_1: return K_Q41;
-    case PI_Q5_1: return K_Q51;
-    case PI_IQ4_NL: return K_IQ4NL;
-    case PI_MXFP4: return K_MXFP4;
-    default: return -1;
-    }
+static int type_kind(int type) { /* -1: not one of kind_types (not a 32-element block type) */
+    for (int kind = 0; kind <= K_MXFP4; kind++)
+        if (kind_types[kind] == type) return kind;
+    return -1;
 }
 INLINE const uint8_t *mm_row(const mm_job *j, int64_t i) { return j->w + (j->sel ? j->sel[i] : i) * j->row_bytes; }
 

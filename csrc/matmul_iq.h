@@ -34,12 +34,6 @@
 #include "kquant_simd.h"
 #if defined(MK_AVX512)
 
-INLINE size_t iq_block_size(const int type) {
-    return type == PI_IQ2_XXS ? sizeof(block_iq2_xxs) : type == PI_IQ2_XS ? sizeof(block_iq2_xs)
-         : type == PI_IQ2_S ? sizeof(block_iq2_s) : type == PI_IQ3_XXS ? sizeof(block_iq3_xxs)
-         : type == PI_IQ1_S ? sizeof(block_iq1_s) : type == PI_IQ1_M ? sizeof(block_iq1_m) : sizeof(block_iq3_s);
-}
-
 /* 8 dwords, each 4 sign indices of 7 bits (bits 0..27) -> 4 sign bytes each (pi_iq_signs4 per lane) */
 INLINE __m256i iq_signs32(__m256i a) {
 #if defined(__AVX512VBMI__) /* the four 7-bit fields of each dword to its bytes, then the 128-byte table */

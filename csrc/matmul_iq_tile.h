@@ -81,7 +81,7 @@ static void iq_tile_part(const iqsb *sb, int n, const uint8_t *xu, float (*dx)[1
 }
 
 static void iq_unpack_span(const int type, const uint8_t *row, int64_t i0, int n, iqsb *out) {
-    const size_t size = iq_block_size(type);
+    const size_t size = pi_block_bytes(type);
     for (int i = 0; i < n; i++) {
         ksb s;
         unpack_iq(type, row + (i0 + i) * size, &s);
@@ -144,7 +144,7 @@ static void mk_rows_iq(const int type, const uint8_t *w, int64_t row_bytes, cons
         type == PI_IQ2_XXS ? iq_unpack_iq2xxs : type == PI_IQ2_XS ? iq_unpack_iq2xs : type == PI_IQ2_S ? iq_unpack_iq2s
         : type == PI_IQ3_XXS ? iq_unpack_iq3xxs : type == PI_IQ1_S ? iq_unpack_iq1s : type == PI_IQ1_M ? iq_unpack_iq1m
         : iq_unpack_iq3s;
-    const int64_t size = (int64_t)iq_block_size(type);
+    const int64_t size = (int64_t)pi_block_bytes(type);
     iqsb (*__restrict scr)[IQ_SPAN] = wk->scr;
     kacc (*__restrict a)[IQ_GROUP] = wk->a;
     float (*__restrict dx)[IQ_SPAN][16] = wk->dx;

@@ -348,13 +348,7 @@ INLINE __m512i isum_iq4xs(const ksb *s, const block_q8_K *x) {
     return isum;
 }
 
-INLINE size_t k_block_size(const int type) { /* a compile-time constant where type is one */
-    return pi_is_iq_type(type) ? iq_block_size(type) : type == PI_Q4_K ? sizeof(block_q4_K) : type == PI_Q5_K ? sizeof(block_q5_K)
-         : type == PI_Q6_K ? sizeof(block_q6_K) : type == PI_Q2_K ? sizeof(block_q2_K)
-         : type == PI_IQ4_XS ? sizeof(block_iq4_xs) : sizeof(block_q3_K);
-}
-
-INLINE int k_has_min(const int type) { return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q2_K; }
+INLINE int k_has_min(const int type) { return pi_traits_of(type).has_min; } /* Q4_K, Q5_K, Q2_K */
 
 INLINE void k_unpack(const int type, const uint8_t *blk, ksb *s) {
     if (type == PI_Q4_K || type == PI_Q5_K) unpack_q45k(blk, s, type == PI_Q5_K);
@@ -424,7 +418,7 @@ static void ktile_fill(ktile *tl, const block_q8_K *x, int64_t n_sb, int64_t i0,
  * row's super-blocks run in one span or several, each sum sees the same FMAs in the same order. */
 INLINE void k_span(const int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb, int64_t i0, int64_t i1,
                    const ktile *tl, kacc *a, const int nt) { /* nt <= KT tokens: KT in full tiles (a constant) */
-    const size_t size = k_block_size(type);
+    const size_t size = pi_block_bytes(type);
     __m512 acc[KT], accm[KT / 2];
     for (int t = 0; t < KT; t++) acc[t] = a->acc[t];
     for (int p = 0; p < KT / 2; p++) accm[p] = a->accm[p];
@@ -473,7 +467,7 @@ INLINE void k_stream_prefetch(const uint8_t *p, const size_t size) {
 
 /* One row against one token, all its super-blocks: per token the same FMAs as in k_span; stream: prefetch ahead */
 INLINE float k_dot_pf(const int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb, const int stream) {
-    const size_t size = k_block_size(type);
+    const size_t size = pi_block_bytes(type);
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
     int64_t i = 0;
@@ -772,7 +766,7 @@ static size_t iq_work_bytes(const pi_pool *pool, int type, int64_t n_tok) {
 }
 
 #if defined(MK_AVX2)
-/* Rows r_beg .. r_end - 1 of an AVX2 type (k2_type), the type a constant: one token each row whole (k2_dot), more
+/* Rows r_beg .. r_end - 1 of an AVX2 type (pi_is_k_type), the type a constant: one token each row whole (k2_dot), more
  * tokens TOK_BLOCK at a time per row, in tiles of K2_TILE (the leftover tile smaller); a tile gives each
  * (row, token) the operations of k2_dot, so the same bits */
 #define K2_ROWS_FN(name, TYPE)                                                                                 \

@@ -54,7 +54,27 @@ pi_pool *pi_pool_new(int n_threads);
 void pi_pool_free(pi_pool *pool);
 int pi_pool_n_threads(const pi_pool *pool);
 
-/* ---- types and quantization (quant.c) ------------------------------------------------------------------ */
+/* ---- types and quantization (quant.c) ------------------------------------------------------------------
+ * The facts of each weight type, one row per type id (enum pi_type), in one table that the kernels read
+ * (quants.h: pi_traits) and Python reads through pi_type_traits_table (its twin: TYPE_TRAITS beside the GGMLType
+ * enum, tested against it). Ids the kernels do not take have a zero row (kind PI_KIND_NONE). Kinds:
+ *   PI_KIND_FLOAT   one value per element: F32, F16, BF16;
+ *   PI_KIND_BLOCK   32-element blocks, one scale each: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4;
+ *   PI_KIND_K       256-element super-blocks with a scale per group: Q2_K ... Q6_K, IQ4_XS;
+ *   PI_KIND_IQ      256-element super-blocks of grid entries (matmul_iq.c): IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+ *                   IQ3_S, IQ1_S, IQ1_M. */
+enum pi_type_kind { PI_KIND_NONE = 0, PI_KIND_FLOAT = 1, PI_KIND_BLOCK = 2, PI_KIND_K = 3, PI_KIND_IQ = 4 };
+enum { PI_TYPE_COUNT = 40 };  /* type ids 0 .. PI_TYPE_COUNT - 1 */
+typedef struct {
+    int32_t block;    /* elements per block: 1 (float types), 32 or 256 */
+    int32_t bytes;    /* bytes per block */
+    int32_t kind;     /* enum pi_type_kind */
+    int32_t group;    /* elements per scale: 32 (PI_KIND_BLOCK; Q4_K, Q5_K, IQ4_XS, IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S)
+                         or 16 (Q2_K, Q3_K, Q6_K, IQ2_XS, IQ2_S, IQ1_M); 0 for float types */
+    int32_t has_min;  /* 1: an offset per scale, value = d * q + m (Q4_1, Q5_1) or d * sc * q - dmin * m (Q2_K,
+                         Q4_K, Q5_K) */
+} pi_type_traits;
+const pi_type_traits *pi_type_traits_table(void); /* PI_TYPE_COUNT rows, row i for type id i */
 int64_t pi_block_size(int type);                 /* elements per block: 1 (float types), 32 or 256 (K-quants) */
 int64_t pi_row_size(int type, int64_t n_cols);   /* bytes of one row of n_cols elements */
 /* src f32 [n_rows, n_cols] -> dst rows of `type` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; not K-quants).

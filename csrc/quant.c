@@ -69,45 +69,16 @@ static inline uint16_t f32_to_bf16(float f) {
 
 static inline float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
 
+const pi_type_traits *pi_type_traits_table(void) { return pi_traits; }
+
 int64_t pi_block_size(int type) {
-    switch (type) {
-    case PI_Q8_0: case PI_Q4_0: case PI_Q4_1: case PI_Q5_0: case PI_Q5_1:
-    case PI_IQ4_NL: case PI_MXFP4: return QK;
-    case PI_Q4_K: case PI_Q5_K: case PI_Q6_K: return QK_K;
-    case PI_Q2_K: case PI_Q3_K: case PI_IQ4_XS: return QK_K;
-    case PI_IQ2_XXS: case PI_IQ2_XS: case PI_IQ2_S: case PI_IQ3_XXS: case PI_IQ3_S:
-    case PI_IQ1_S: case PI_IQ1_M: return QK_K;
-    default: return 1;
-    }
+    const pi_type_traits tt = pi_traits_of(type);
+    return tt.block ? tt.block : 1; /* 1 for ids the kernels do not take, as for the float types */
 }
 
 int64_t pi_row_size(int type, int64_t n_cols) {
-    switch (type) {
-    case PI_F32: return 4 * n_cols;
-    case PI_F16:
-    case PI_BF16: return 2 * n_cols;
-    case PI_Q8_0: return n_cols / QK * (int64_t)sizeof(block_q8_0);
-    case PI_Q4_0: return n_cols / QK * (int64_t)sizeof(block_q4_0);
-    case PI_Q4_1: return n_cols / QK * (int64_t)sizeof(block_q4_1);
-    case PI_Q5_0: return n_cols / QK * (int64_t)sizeof(block_q5_0);
-    case PI_Q5_1: return n_cols / QK * (int64_t)sizeof(block_q5_1);
-    case PI_Q2_K: return n_cols / QK_K * (int64_t)sizeof(block_q2_K);
-    case PI_Q3_K: return n_cols / QK_K * (int64_t)sizeof(block_q3_K);
-    case PI_IQ4_NL: return n_cols / QK * (int64_t)sizeof(block_iq4_nl);
-    case PI_MXFP4: return n_cols / QK * (int64_t)sizeof(block_mxfp4);
-    case PI_Q4_K: return n_cols / QK_K * (int64_t)sizeof(block_q4_K);
-    case PI_Q5_K: return n_cols / QK_K * (int64_t)sizeof(block_q5_K);
-    case PI_Q6_K: return n_cols / QK_K * (int64_t)sizeof(block_q6_K);
-    case PI_IQ4_XS: return n_cols / QK_K * (int64_t)sizeof(block_iq4_xs);
-    case PI_IQ2_XXS: return n_cols / QK_K * (int64_t)sizeof(block_iq2_xxs);
-    case PI_IQ2_XS: return n_cols / QK_K * (int64_t)sizeof(block_iq2_xs);
-    case PI_IQ2_S: return n_cols / QK_K * (int64_t)sizeof(block_iq2_s);
-    case PI_IQ3_XXS: return n_cols / QK_K * (int64_t)sizeof(block_iq3_xxs);
-    case PI_IQ3_S: return n_cols / QK_K * (int64_t)sizeof(block_iq3_s);
-    case PI_IQ1_S: return n_cols / QK_K * (int64_t)sizeof(block_iq1_s);
-    case PI_IQ1_M: return n_cols / QK_K * (int64_t)sizeof(block_iq1_m);
-    default: return 0;
-    }
+    const pi_type_traits tt = pi_traits_of(type);
+    return tt.block ? n_cols / tt.block * tt.bytes : 0;
 }
 
 /* round half away from zero, exactly (v - trunc(v) is exact); |v| stays below 2^31 here */
@@ -248,19 +219,19 @@ int64_t pi_quantize(int type, const float *src, void *dst, int64_t n_rows, int64
 
 /* one row of `type` (n_cols elements) -> f32 (also rows.c's embedding lookup) */
 void pi_dequantize_row(int type, const void *src, float *y, int64_t n_cols) {
-    switch (type) {
-    case PI_F32: memcpy(y, src, (size_t)n_cols * 4); break;
-    case PI_F16: f16_to_f32_row(src, y, n_cols); break;
+    switch (type) { /* the types with a loop of their own */
+    case PI_F32: memcpy(y, src, (size_t)n_cols * 4); return;
+    case PI_F16: f16_to_f32_row(src, y, n_cols); return;
     case PI_BF16:
         for (int64_t i = 0; i < n_cols; i++) y[i] = bf16_to_f32(((const uint16_t *)src)[i]);
-        break;
+        return;
     case PI_Q8_0: {
         const block_q8_0 *b = src;
         for (int64_t k = 0; k < n_cols / QK; k++, y += QK) {
             float d = f16_to_f32(b[k].d);
             for (int j = 0; j < QK; j++) y[j] = d * (float)b[k].qs[j];
         }
-        break;
+        return;
     }
     case PI_Q4_0: {
         const block_q4_0 *b = src;
@@ -271,35 +242,27 @@ void pi_dequantize_row(int type, const void *src, float *y, int64_t n_cols) {
                 y[j + QK / 2] = d * (float)((b[k].qs[j] >> 4) - 8);
             }
         }
-        break;
+        return;
     }
-    case PI_Q4_1: case PI_Q5_0: case PI_Q5_1:
-    case PI_IQ4_NL: case PI_MXFP4: {
-        const int64_t size = pi_row_size(type, QK);
+    default: break;
+    }
+    const pi_type_traits tt = pi_traits_of(type); /* the others by their kind */
+    if (tt.kind == PI_KIND_BLOCK) { /* Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 */
         for (int64_t k = 0; k < n_cols / QK; k++, y += QK) {
             int8_t q[QK];
             float d, m;
-            pi_unpack_q32(type, (const uint8_t *)src + k * size, q, &d, &m);
+            pi_unpack_q32(type, (const uint8_t *)src + k * tt.bytes, q, &d, &m);
             for (int j = 0; j < QK; j++) y[j] = d * (float)q[j] + m;
         }
-        break;
-    }
-    case PI_Q2_K: case PI_Q3_K:
-    case PI_Q4_K: case PI_Q5_K: case PI_Q6_K: case PI_IQ4_XS:
-    case PI_IQ2_XXS: case PI_IQ2_XS: case PI_IQ2_S: case PI_IQ3_XXS: case PI_IQ3_S:
-    case PI_IQ1_S: case PI_IQ1_M: {
-        const int64_t size = pi_row_size(type, QK_K);
+    } else if (tt.kind == PI_KIND_K || tt.kind == PI_KIND_IQ) {
         for (int64_t k = 0; k < n_cols / QK_K; k++, y += QK_K) {
             int8_t q[QK_K];
             float dsc[16], dmn[16];
-            pi_unpack_qk(type, (const uint8_t *)src + k * size, q, dsc, dmn);
+            pi_unpack_qk(type, (const uint8_t *)src + k * tt.bytes, q, dsc, dmn);
             /* value = d * sc * q - dmin * m (Q2_K, Q4_K/Q5_K) or d * sc * q (Q3_K, Q6_K; q already centred; IQ4_XS: q the table's levels) */
-            const int g = pi_qk_group(type);
+            const int g = tt.group;
             for (int j = 0; j < QK_K; j++) y[j] = dsc[j / g] * (float)q[j] - dmn[j / g];
         }
-        break;
-    }
-    default: break;
     }
 }
 
