@@ -1,5 +1,5 @@
 """A Q4_0 / Q8_0 predictor's fc2 . r: the dense mat-vec against fc2t_logits on fc2's copy by hidden unit
-(csrc/fc2_qt.c), by the share of the hidden units r that are non-zero.
+(csrc/fc2t.c), by the share of the hidden units r that are non-zero.
 
     python benchmarks/bench_fc2_qt.py [--type Q4_0|Q8_0] [--threads 2] [--n-ff 11008] [--rank 1024] [--rounds 15]
 

@@ -8,7 +8,7 @@ cache), and prints the median tok/s of each and their ratio. The two paths give 
 them), so this isolates what the Python between the attention kernels costs. Works for any architecture whose
 decode step uses attn_plans (llama, gemma3, gemma4, gemma3n, ...).
 --stack compares instead the whole stack of layers in one C call (models/base.py _decode_stack, csrc/
-decode_stack.c) with one C call per attention block and per FFN (the Python loop between them): what the
+step_stack.c) with one C call per attention block and per FFN (the Python loop between them): what the
 interpreter costs per layer.
 """
 from __future__ import annotations

@@ -18,7 +18,7 @@
 
 #include <pthread.h>
 
-#include "matmul_internal.h" /* pi_h2f, pi_f32_to_f16 */
+#include "quants.h" /* pi_h2f, pi_f32_to_f16 */
 #include "pool.h"
 #include "vmath.h"
 

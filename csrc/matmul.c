@@ -1,5 +1,5 @@
 /* matmul.c: y[t, r] = sum_c w[r, c] * x[t, c] for F32/F16/BF16/Q8_0/Q4_0/Q5_0/Q4_1/Q5_1/IQ4_NL/MXFP4 weights
- * (K-quants: matmul_k.c), and the read probe.
+ * (K-quants: matmul_k.c).
  *
  * Variants (chosen at compile time):
  *   - AVX-512 (F + BW + VL): float types 16 lanes with masked column tails. Q8_0: two blocks per zmm; the
@@ -42,7 +42,7 @@
  */
 #include <string.h>
 
-#include "matmul_internal.h"
+#include "quants.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
 #define MM_AVX512 1
@@ -100,12 +100,9 @@ typedef struct {
 #define K_Q51 4
 #define K_IQ4NL 5
 #define K_MXFP4 6
-INLINE int64_t kind_size(int kind) {
-    return kind == K_Q8 ? (int64_t)sizeof(block_q8_0) : kind == K_Q4 ? (int64_t)sizeof(block_q4_0)
-         : kind == K_Q5 ? (int64_t)sizeof(block_q5_0) : kind == K_Q41 ? (int64_t)sizeof(block_q4_1)
-         : kind == K_Q51 ? (int64_t)sizeof(block_q5_1) : kind == K_MXFP4 ? (int64_t)sizeof(block_mxfp4)
-         : (int64_t)sizeof(block_iq4_nl);
-}
+static const int kind_types[] = {PI_Q8_0, PI_Q4_0, PI_Q5_0, PI_Q4_1, PI_Q5_1, PI_IQ4_NL, PI_MXFP4}; /* kind -> type */
+_Static_assert(sizeof(kind_types) / sizeof(kind_types[0]) == K_MXFP4 + 1, "one type per kind");
+INLINE int64_t kind_size(int kind) { return pi_traits[kind_types[kind]].bytes; } /* a constant for a constant kind */
 /* the weight scale d of the block at p: f16, or MXFP4's E8M0 byte (2^(e - 128), see pi_e8m0_half) */
 INLINE float kind_scale(const uint8_t *p, const int kind) {
     uint16_t h;
@@ -113,21 +110,14 @@ INLINE float kind_scale(const uint8_t *p, const int kind) {
     memcpy(&h, p, 2);
     return pi_h2f(h);
 }
-INLINE int kind_min(int kind) { return kind == K_Q41 || kind == K_Q51; }      /* has m: the s_x term */
+INLINE int kind_min(int kind) { return pi_traits[kind_types[kind]].has_min; } /* has m: the s_x term */
 INLINE int kind_uns(int kind) { return kind >= K_Q4 && kind <= K_Q51; }       /* unsigned nibble weights */
 INLINE int kind_qs(int kind) { return kind == K_Q5 ? 6 : kind == K_Q41 ? 4 : kind == K_Q51 ? 8 : kind == K_MXFP4 ? 1 : 2; } /* qs offset */
 INLINE int kind_qh(int kind) { return kind == K_Q5 ? 2 : kind == K_Q51 ? 4 : -1; } /* qh offset, -1: none */
-static int type_kind(int type) {
-    switch (type) {
-    case PI_Q8_0: return K_Q8;
-    case PI_Q4_0: return K_Q4;
-    case PI_Q5_0: return K_Q5;
-    case PI_Q4_1: return K_Q41;
-    case PI_Q5_1: return K_Q51;
-    case PI_IQ4_NL: return K_IQ4NL;
-    case PI_MXFP4: return K_MXFP4;
-    default: return -1;
-    }
+static int type_kind(int type) { /* -1: not one of kind_types (not a 32-element block type) */
+    for (int kind = 0; kind <= K_MXFP4; kind++)
+        if (kind_types[kind] == type) return kind;
+    return -1;
 }
 INLINE const uint8_t *mm_row(const mm_job *j, int64_t i) { return j->w + (j->sel ? j->sel[i] : i) * j->row_bytes; }
 
@@ -1851,115 +1841,4 @@ void pi_matmul_experts(pi_pool *pool, int type, const void *w, int64_t n_rows, i
     g.base.rows_per_chunk = (n_blocks + each - 1) / each * ROW_BLOCK;
     g.chunks_each = (n_rows + g.base.rows_per_chunk - 1) / g.base.rows_per_chunk;
     pi_pool_run(pool, mm_group_chunk, &g, n_group * g.chunks_each);
-}
-
-/* ==== read-bandwidth probe ============================================================================ */
-#define PROBE_MAX_CHUNKS 256
-typedef struct {
-    const uint8_t *buf;
-    int64_t bytes, per_chunk;
-    uint64_t partial[PROBE_MAX_CHUNKS];
-} probe_job;
-
-/* The sum of the 8-byte words of b[0, n) (wrapping), then of its tail bytes: four independent chains keep
- * many loads in flight. pf: when not NULL, the same offsets of another buffer are prefetched as b is read (the
- * rows probe's next row). */
-static uint64_t sum_words(const uint8_t *b, int64_t n, const uint8_t *pf) {
-    uint64_t s = 0;
-    int64_t i = 0;
-#if defined(MM_AVX512)
-    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-    for (; i + 256 <= n; i += 256) {
-        if (pf)
-            for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)pf + i + o, _MM_HINT_T0);
-        a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(b + i));
-        a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(b + i + 64));
-        a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(b + i + 128));
-        a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(b + i + 192));
-    }
-    s = (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
-#elif defined(MM_AVX2)
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-    for (; i + 128 <= n; i += 128) {
-        if (pf)
-            for (int o = 0; o < 128; o += 64) _mm_prefetch((const char *)pf + i + o, _MM_HINT_T0);
-        a0 = _mm256_add_epi64(a0, _mm256_loadu_si256((const __m256i *)(b + i)));
-        a1 = _mm256_add_epi64(a1, _mm256_loadu_si256((const __m256i *)(b + i + 32)));
-        a2 = _mm256_add_epi64(a2, _mm256_loadu_si256((const __m256i *)(b + i + 64)));
-        a3 = _mm256_add_epi64(a3, _mm256_loadu_si256((const __m256i *)(b + i + 96)));
-    }
-    uint64_t l[4];
-    _mm256_storeu_si256((__m256i *)l, _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
-    s = l[0] + l[1] + l[2] + l[3];
-#endif
-    for (; i + 8 <= n; i += 8) {
-        if (pf && !(i & 63)) __builtin_prefetch(pf + i); /* also in scalar builds (no immintrin.h) */
-        uint64_t v;
-        memcpy(&v, b + i, 8);
-        s += v;
-    }
-    for (; i < n; i++) s += b[i];
-    return s;
-}
-
-static void probe_chunk(void *ctx, int64_t c, int thread_id) {
-    (void)thread_id;
-    probe_job *p = ctx;
-    int64_t beg = c * p->per_chunk, end = beg + p->per_chunk < p->bytes ? beg + p->per_chunk : p->bytes;
-    p->partial[c] = sum_words(p->buf + beg, end - beg, NULL);
-}
-
-static double sum_partials(const uint64_t *partial, int64_t n) {
-    uint64_t s = 0;
-    for (int64_t c = 0; c < n; c++) s += partial[c]; /* chunk order: same sum every run */
-    return (double)s;
-}
-
-double pi_read_probe(pi_pool *pool, const void *buf, int64_t bytes) {
-    if (bytes <= 0) return 0.0;
-    probe_job p = {.buf = buf, .bytes = bytes};
-    int64_t n = pi_pool_chunks(pool, (bytes + 4095) / 4096, 16);
-    if (n > PROBE_MAX_CHUNKS) n = PROBE_MAX_CHUNKS;
-    p.per_chunk = ((bytes + n - 1) / n + 63) & ~(int64_t)63; /* whole cache lines per chunk */
-    n = (bytes + p.per_chunk - 1) / p.per_chunk;
-    pi_pool_run(pool, probe_chunk, &p, n);
-    return sum_partials(p.partial, n);
-}
-
-/* ---- the same probe over scattered rows --------------------------------------------------------------------
- * Reads only the listed rows of a row-major matrix, as a sparse kernel's gathers do, but with no arithmetic:
- * what the access pattern itself allows. Threads take equal runs of the list; each row is summed as the
- * probe sums its chunks (sum_words) and, when `ahead` > 0, prefetches the row `ahead` places later at the same offset (the
- * kernels' scheme). Benchmarks print a kernel's GB/s against this beside the sequential probe. */
-typedef struct {
-    const uint8_t *buf;
-    const int32_t *rows;
-    int64_t row_bytes, n_sel, per_chunk;
-    int ahead;
-    uint64_t partial[PROBE_MAX_CHUNKS];
-} rows_probe_job;
-
-static void rows_probe_chunk(void *ctx, int64_t c, int thread_id) {
-    (void)thread_id;
-    rows_probe_job *p = ctx;
-    int64_t beg = c * p->per_chunk, end = beg + p->per_chunk < p->n_sel ? beg + p->per_chunk : p->n_sel;
-    uint64_t s = 0;
-    for (int64_t r = beg; r < end; r++) {
-        const uint8_t *next = p->ahead > 0 && r + p->ahead < p->n_sel
-                              ? p->buf + (int64_t)p->rows[r + p->ahead] * p->row_bytes : NULL;
-        s += sum_words(p->buf + (int64_t)p->rows[r] * p->row_bytes, p->row_bytes, next);
-    }
-    p->partial[c] = s;
-}
-
-double pi_read_rows_probe(pi_pool *pool, const void *buf, int64_t row_bytes, const int32_t *rows, int64_t n_sel,
-                          int ahead) {
-    if (n_sel <= 0 || row_bytes <= 0) return 0.0;
-    rows_probe_job p = {.buf = buf, .rows = rows, .row_bytes = row_bytes, .n_sel = n_sel, .ahead = ahead};
-    int64_t n = pi_pool_chunks(pool, n_sel, 1);
-    if (n > PROBE_MAX_CHUNKS) n = PROBE_MAX_CHUNKS;
-    p.per_chunk = (n_sel + n - 1) / n;
-    n = (n_sel + p.per_chunk - 1) / p.per_chunk;
-    pi_pool_run(pool, rows_probe_chunk, &p, n);
-    return sum_partials(p.partial, n);
 }

@@ -1,4 +1,4 @@
-/* matmul_iq.c: the I-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (layouts in matmul_internal.h): their grids
+/* matmul_iq.c: the I-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (layouts in quants.h): their grids
  * and the portable unpack of one super-block into signed grid values and integer scales.
  *
  * Every weight is d * f * (2 ls + 1) * grid * sign with an unsigned grid value (IQ2: 8, 25, 43; IQ3_XXS: 4..62;
@@ -11,10 +11,10 @@
  * its delta sum (which llama.cpp takes from the Q8_K bsums times +-1 and scales by 1/8 in float): both are exact
  * (|isum| < 2^24), so d_w * d_x * isum / 8 is llama.cpp's d_w * d_x * (sumi + sumi1 / 8) up to the f32 rounding
  * of that last product.
- * Users: pi_unpack_qk (dequantize, sparse.c's AXPY, the scalar dot in matmul_k.c). The AVX-512 unpack, which
+ * Users: pi_unpack_qk (dequantize, axpy.c's AXPY, the scalar dot in matmul_k.c). The AVX-512 unpack, which
  * turns a super-block into grid magnitudes and a sign mask for matmul_k.c's tiles, is in matmul_iq.h.
  */
-#include "matmul_internal.h"
+#include "quants.h"
 
 #include "iq_grids.h"
 
@@ -55,7 +55,7 @@ int pi_iq_unpack(int type, const uint8_t *blk, int8_t *q, uint8_t sc[16], float 
                 put_iq1(q + 32 * s + 8 * l, b->qs[4 * s + l] | ((b->qh[s] >> 3 * l) & 7) << 8, b->qh[s] >> 15);
         }
         *d = d0 * 0.125f;
-        return 32;
+        break;
     }
     case PI_IQ1_M: {
         const block_iq1_m *b = (const block_iq1_m *)blk;
@@ -66,7 +66,7 @@ int pi_iq_unpack(int type, const uint8_t *blk, int8_t *q, uint8_t sc[16], float 
                 put_iq1(q + 8 * i, b->qs[i] | (nib & 7) << 8, nib >> 3);
             }
         *d = pi_h2f(pi_iq1m_d(b)) * 0.125f;
-        return 16;
+        break;
     }
     case PI_IQ2_XXS: {
         const block_iq2_xxs *b = (const block_iq2_xxs *)blk;
@@ -80,7 +80,7 @@ int pi_iq_unpack(int type, const uint8_t *blk, int8_t *q, uint8_t sc[16], float 
                 put_grid8(q + 32 * s + 8 * l, pi_iq2xxs_grid[(a[0] >> 8 * l) & 255], (uint8_t)(signs >> 8 * l));
         }
         *d = d0 * 0.125f;
-        return 32;
+        break;
     }
     case PI_IQ2_XS: {
         const block_iq2_xs *b = (const block_iq2_xs *)blk;
@@ -89,7 +89,7 @@ int pi_iq_unpack(int type, const uint8_t *blk, int8_t *q, uint8_t sc[16], float 
             for (int i = 0; i < 32; i++)
                 put_grid8(q + 8 * i, pi_iq2xs_grid[b->qs[i] & 511], (uint8_t)pi_iq_signs4(b->qs[i] >> 9));
         *d = d0 * 0.125f;
-        return 16;
+        break;
     }
     case PI_IQ2_S: {
         const block_iq2_s *b = (const block_iq2_s *)blk;
@@ -100,7 +100,7 @@ int pi_iq_unpack(int type, const uint8_t *blk, int8_t *q, uint8_t sc[16], float 
                 put_grid8(q + 8 * i, pi_iq2s_grid[idx], b->signs[i]);
             }
         *d = d0 * 0.125f;
-        return 16;
+        break;
     }
     case PI_IQ3_XXS: {
         const block_iq3_xxs *b = (const block_iq3_xxs *)blk;
@@ -115,7 +115,7 @@ int pi_iq_unpack(int type, const uint8_t *blk, int8_t *q, uint8_t sc[16], float 
                           (uint8_t)((signs >> 8 * (i / 2)) >> 4 * (i % 2)) & 15);
         }
         *d = d0 * 0.25f;
-        return 32;
+        break;
     }
     default: { /* PI_IQ3_S */
         const block_iq3_s *b = (const block_iq3_s *)blk;
@@ -126,7 +126,8 @@ int pi_iq_unpack(int type, const uint8_t *blk, int8_t *q, uint8_t sc[16], float 
                 put_grid4(q + 4 * i, pi_iq3s_grid[idx], (uint8_t)(b->signs[i / 2] >> 4 * (i % 2)) & 15);
             }
         *d = d0;
-        return 32;
+        break;
     }
     }
+    return pi_qk_group(type); /* the elements per scale that its case wrote: 32 or 16 (8 or 16 scales) */
 }

@@ -1,5 +1,5 @@
 /* matmul_iq.h: AVX-512 unpack of one I-quant super-block (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M)
- * into matmul_k.c's ksb; included by matmul_k.c inside its AVX-512 part (it uses ksb, INLINE and scale_words).
+ * into a ksb (kquant_simd.h, as are INLINE and scale_words) for matmul_k.c's kernels; empty without AVX-512.
  *
  * As for IQ4_XS ("magnitudes + sign mask"): z[c] holds the 64 weights of chunk c as their unsigned grid values
  * in the activations' order, neg[c] the mask of the negative ones, sw[c] the integer scale 2 ls + 1 of each
@@ -31,12 +31,8 @@
  */
 #ifndef PI_MATMUL_IQ_H
 #define PI_MATMUL_IQ_H
-
-INLINE size_t iq_block_size(const int type) {
-    return type == PI_IQ2_XXS ? sizeof(block_iq2_xxs) : type == PI_IQ2_XS ? sizeof(block_iq2_xs)
-         : type == PI_IQ2_S ? sizeof(block_iq2_s) : type == PI_IQ3_XXS ? sizeof(block_iq3_xxs)
-         : type == PI_IQ1_S ? sizeof(block_iq1_s) : type == PI_IQ1_M ? sizeof(block_iq1_m) : sizeof(block_iq3_s);
-}
+#include "kquant_simd.h"
+#if defined(MK_AVX512)
 
 /* 8 dwords, each 4 sign indices of 7 bits (bits 0..27) -> 4 sign bytes each (pi_iq_signs4 per lane) */
 INLINE __m256i iq_signs32(__m256i a) {
@@ -373,5 +369,7 @@ INLINE void unpack_iq(const int type, const uint8_t *blk, ksb *s) {
     else if (type == PI_IQ1_M) unpack_iq1m(blk, s);
     else unpack_iq3s(blk, s);
 }
+
+#endif
 
 #endif

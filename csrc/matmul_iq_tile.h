@@ -1,6 +1,6 @@
 /* matmul_iq_tile.h: AVX-512 prefill of the I-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) with each
- * super-block unpacked once per IQ_GROUP tiles instead of once per tile; included by matmul_k.c inside its
- * AVX-512 part, after kacc (it uses ksb, kacc, unpack_iq, dot_acc, kacc_zero).
+ * super-block unpacked once per IQ_GROUP tiles instead of once per tile, for matmul_k.c's mk_rows (ksb, kacc,
+ * dot_acc, kacc_zero: kquant_simd.h; unpack_iq: matmul_iq.h); empty without AVX-512.
  *
  * Why: an I-quant super-block's unpack (grid code lookups by permutes, level expansion, sign masks, scales)
  * costs several times a K-quant's, so in k_span's tiles of KT = 8 tokens it was about as much work as the 8
@@ -28,6 +28,9 @@
  */
 #ifndef PI_MATMUL_IQ_TILE_H
 #define PI_MATMUL_IQ_TILE_H
+#include "kquant_simd.h"
+#include "matmul_iq.h"
+#if defined(MK_AVX512)
 
 #ifndef IQ_SPAN
 #define IQ_SPAN 8   /* super-blocks per span */
@@ -78,7 +81,7 @@ static void iq_tile_part(const iqsb *sb, int n, const uint8_t *xu, float (*dx)[1
 }
 
 static void iq_unpack_span(const int type, const uint8_t *row, int64_t i0, int n, iqsb *out) {
-    const size_t size = iq_block_size(type);
+    const size_t size = pi_block_bytes(type);
     for (int i = 0; i < n; i++) {
         ksb s;
         unpack_iq(type, row + (i0 + i) * size, &s);
@@ -141,7 +144,7 @@ static void mk_rows_iq(const int type, const uint8_t *w, int64_t row_bytes, cons
         type == PI_IQ2_XXS ? iq_unpack_iq2xxs : type == PI_IQ2_XS ? iq_unpack_iq2xs : type == PI_IQ2_S ? iq_unpack_iq2s
         : type == PI_IQ3_XXS ? iq_unpack_iq3xxs : type == PI_IQ1_S ? iq_unpack_iq1s : type == PI_IQ1_M ? iq_unpack_iq1m
         : iq_unpack_iq3s;
-    const int64_t size = (int64_t)iq_block_size(type);
+    const int64_t size = (int64_t)pi_block_bytes(type);
     iqsb (*__restrict scr)[IQ_SPAN] = wk->scr;
     kacc (*__restrict a)[IQ_GROUP] = wk->a;
     float (*__restrict dx)[IQ_SPAN][16] = wk->dx;
@@ -207,5 +210,7 @@ static void mk_rows_iq(const int type, const uint8_t *w, int64_t row_bytes, cons
         }
     }
 }
+
+#endif
 
 #endif

@@ -1,5 +1,5 @@
 /* matmul_k.c: y[t, r] = sum_c w[r, c] * x[t, c] for the K-quants Q2_K ... Q6_K and IQ4_XS (llama.cpp's
- * layouts, see matmul_internal.h), dense (pi_matmul) or on selected rows (pi_matmul_rows).
+ * layouts, see quants.h), dense (pi_matmul) or on selected rows (pi_matmul_rows).
  *
  * As in llama.cpp, each token's activations are first quantized to Q8_K super-blocks of 256:
  *   m = the first element of largest magnitude (sign kept), iscale = -127 / m, q = min(127, round-half-even(
@@ -27,7 +27,7 @@
  *     sums <= 2 * 127 * 127 (q_x >= -127 in Q8_K).
  *     Prefill (batches of KT = 8 tokens or more) is compute-bound, and unpacking a super-block (nibbles, high
  *     bits, 6-bit scales, scale words) costs about as much as one token's dots on it, so a tile unpacks each
- *     super-block of a row once for KT tokens (ksb below). Rows go in blocks of RB = 16, and each block walks
+ *     super-block of a row once for KT tokens (ksb, kquant_simd.h). Rows go in blocks of RB = 16, and each block walks
  *     its super-blocks in spans of SPAN = 8, all RB rows per span, so the span's activations (KT x SPAN x 320
  *     bytes, 20 KB) are read from L1 by every row: with a row's whole width per tile they came from L2 at
  *     K = 11008 and the tile ran ~30% slower. 4096 x 4096 x 64 tokens, 2 threads, this 2-core Zen 5 host:
@@ -36,7 +36,7 @@
  *     one permute and one FMA, plus half of a two-token mins (or offset) step; the activation loads are its
  *     largest cost (a microbenchmark of the token loop alone, in L1: 4 maddubs fed from registers 0.5 ns per
  *     token and super-block, from loads that split cache lines 1.3 ns, from aligned loads 0.9 ns). Hence:
- *       - Q8_K blocks are 320 bytes, qs first and 64-byte aligned (matmul_internal.h), so no load splits a
+ *       - Q8_K blocks are 320 bytes, qs first and 64-byte aligned (quants.h), so no load splits a
  *         cache line (the 292-byte layout put every qs load across two lines);
  *       - per span, the tile's d_x and bsums are gathered once for all RB rows (ktile): per row super-block
  *         one multiply gives d_x * d for all KT tokens and one permute spreads a token's product over its
@@ -85,23 +85,14 @@
  * unchanged), by whichever thread, so results are bit-identical across runs, thread counts, decode/prefill
  * and dense/row-gather.
  */
-#include "matmul_internal.h"
-
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
-#define MK_AVX512 1
-#include <immintrin.h>
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define MK_AVX2 1 /* Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS: matmul_k_avx2.h; the I-quants scalar */
-#endif
+#include "kquant_simd.h"   /* the ISA (MK_AVX512, MK_AVX2), ksb, kacc, scale_words, dot_acc */
+#include "matmul_iq.h"      /* AVX-512: unpack_iq, the I-quants' super-blocks into ksb */
+#include "matmul_iq_tile.h" /* AVX-512: mk_rows_iq, I-quant prefill, each super-block unpacked once per IQ_GROUP tiles */
+#include "matmul_k_avx2.h"  /* AVX2: k2_dot, k2_tile */
 
 #define ROW_BLOCK 16 /* rows per chunk granule */
 #define TOK_BLOCK 16 /* scalar and AVX2: tokens per pass over a row (its super-blocks stay in L1) */
-#ifndef KT
-#define KT 8
-#endif
-#define KT_      /* AVX-512 prefill: tokens per tile (a super-block is unpacked once per KT tokens) */
-#define SPAN 8    /* AVX-512 prefill: super-blocks per span */
-#define RB 16     /* AVX-512 prefill: rows per block */
+#define SPAN 8    /* AVX-512 prefill: super-blocks per span (KT tokens per tile, RB rows per block: kquant_simd.h) */
 #define PF_ROWS 2 /* one-token row gathers: rows requested ahead (1-8 and L2-only hints measured alike) */
 
 typedef struct {
@@ -163,47 +154,12 @@ static void quantize_token(void *ctx, int64_t t, int thread_id) {
 
 /* ==== dot products of one row with one token ========================================================== */
 #if defined(MK_AVX512)
-#define INLINE static inline __attribute__((always_inline))
-
-INLINE __m512i dot_acc(__m512i acc, __m512i p, __m512i sc) { /* acc += pairs of p * sc (int16 -> int32) */
-#if defined(__AVX512VNNI__)
-    return _mm512_dpwssd_epi32(acc, p, sc);
-#else
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(p, sc));
-#endif
-}
-
-/* word w of 64 weights -> the scale of its group: 2 groups of 32 (idx_32) or 4 of 16 (idx_16), base `g` */
-INLINE __m512i scale_words(__m512i s16, int g, int per16) {
-    const __m512i w = _mm512_setr_epi32(0x00000000, 0x00010001, 0x00020002, 0x00030003, 0x00040004, 0x00050005,
-                                        0x00060006, 0x00070007, 0x00080008, 0x00090009, 0x000a000a, 0x000b000b,
-                                        0x000c000c, 0x000d000d, 0x000e000e, 0x000f000f); /* word i = i / 2 */
-    /* idx(word i) = g + i / 16 (groups of 32) or g + i / 8 (groups of 16) */
-    __m512i idx = _mm512_add_epi16(_mm512_srli_epi16(w, per16 ? 2 : 3), _mm512_set1_epi16((short)g));
-    return _mm512_permutexvar_epi16(idx, s16);
-}
-
 INLINE float hsum(__m512 acc, __m256 accm) {
     __m128 m = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
     m = _mm_add_ps(m, _mm_movehl_ps(m, m));
     m = _mm_add_ss(m, _mm_movehdup_ps(m));
     return _mm512_reduce_add_ps(acc) - _mm_cvtss_f32(m);
 }
-
-/* ---- one super-block of one row, unpacked once for every token of a tile ---------------------------------
- * A prefill tile is one row against KT tokens: the weights' bit unpacking (nibbles, high bits, 6-bit scales)
- * is the larger part of a super-block's work, so it is done once per KT tokens. Per token only the integer
- * dots, one convert and one FMA (and the mins / bsum term) remain, in the same order for every token count,
- * so a token's result has the same bits whether it was computed alone (decode) or in a tile (prefill). */
-typedef struct {
-    __m512i z[4];  /* the 256 weights as unsigned bytes, in the order of the activation bytes they multiply */
-    __m512i sw[4]; /* Q4_K/Q5_K/Q6_K: the scale of each int16 pair sum of z[c], one per word;
-                      Q2_K/Q3_K: sw[0], sw[1] the 16 scales arranged for scale_groups16 */
-    __m256i m16;   /* Q4_K/Q5_K/Q2_K: the mins as words, each paired with its bsum; Q6_K/Q3_K: the signed
-                      scales (for the -32 / -4 offset term) */
-    __mmask64 neg[4]; /* IQ4_XS: the weights of z[c] whose level is negative (z holds magnitudes) */
-    float d, dmin;
-} ksb;
 
 /* Q4_K / Q5_K (q5 = 1) */
 INLINE void unpack_q45k(const uint8_t *blk, ksb *s, const int q5) {
@@ -392,15 +348,7 @@ INLINE __m512i isum_iq4xs(const ksb *s, const block_q8_K *x) {
     return isum;
 }
 
-#include "matmul_iq.h" /* unpack_iq: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (their dots: isum_iq4xs) */
-
-INLINE size_t k_block_size(const int type) { /* a compile-time constant where type is one */
-    return pi_is_iq_type(type) ? iq_block_size(type) : type == PI_Q4_K ? sizeof(block_q4_K) : type == PI_Q5_K ? sizeof(block_q5_K)
-         : type == PI_Q6_K ? sizeof(block_q6_K) : type == PI_Q2_K ? sizeof(block_q2_K)
-         : type == PI_IQ4_XS ? sizeof(block_iq4_xs) : sizeof(block_q3_K);
-}
-
-INLINE int k_has_min(const int type) { return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q2_K; }
+INLINE int k_has_min(const int type) { return pi_traits_of(type).has_min; } /* Q4_K, Q5_K, Q2_K */
 
 INLINE void k_unpack(const int type, const uint8_t *blk, ksb *s) {
     if (type == PI_Q4_K || type == PI_Q5_K) unpack_q45k(blk, s, type == PI_Q5_K);
@@ -443,13 +391,6 @@ INLINE void k_token(const int type, const ksb *s, const block_q8_K *x, __m512 *a
         *accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(k_imin(s, x)), _mm256_set1_ps(dx * s->dmin), *accm);
 }
 
-/* Running sums of one row against KT tokens (a prefill tile), kept in memory between spans of super-blocks:
- * acc[t] token t's; accm[p] the mins of tokens 2p (low 8 lanes) and 2p + 1 (high 8 lanes) */
-typedef struct {
-    __m512 acc[KT];
-    __m512 accm[KT / 2];
-} kacc;
-
 /* What a tile's tokens bring to every row, gathered once per span: per super-block their d (0 past nt) and
  * their bsums, two tokens per zmm (zero past nt) */
 typedef struct {
@@ -477,7 +418,7 @@ static void ktile_fill(ktile *tl, const block_q8_K *x, int64_t n_sb, int64_t i0,
  * row's super-blocks run in one span or several, each sum sees the same FMAs in the same order. */
 INLINE void k_span(const int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb, int64_t i0, int64_t i1,
                    const ktile *tl, kacc *a, const int nt) { /* nt <= KT tokens: KT in full tiles (a constant) */
-    const size_t size = k_block_size(type);
+    const size_t size = pi_block_bytes(type);
     __m512 acc[KT], accm[KT / 2];
     for (int t = 0; t < KT; t++) acc[t] = a->acc[t];
     for (int p = 0; p < KT / 2; p++) accm[p] = a->accm[p];
@@ -526,7 +467,7 @@ INLINE void k_stream_prefetch(const uint8_t *p, const size_t size) {
 
 /* One row against one token, all its super-blocks: per token the same FMAs as in k_span; stream: prefetch ahead */
 INLINE float k_dot_pf(const int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb, const int stream) {
-    const size_t size = k_block_size(type);
+    const size_t size = pi_block_bytes(type);
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
     int64_t i = 0;
@@ -610,23 +551,13 @@ static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t 
     }
 }
 
-static void kacc_zero(kacc *a) {
-    for (int t = 0; t < KT; t++) a->acc[t] = _mm512_setzero_ps();
-    for (int p = 0; p < KT / 2; p++) a->accm[p] = _mm512_setzero_ps();
-}
-
 static float kacc_sum(int type, const kacc *a, int t) {
     const __m512 m = a->accm[t / 2];
     const __m256 accm = t % 2 ? _mm512_extractf32x8_ps(m, 1) : _mm512_castps512_ps256(m);
     return k_has_min(type) ? hsum(a->acc[t], accm) : _mm512_reduce_add_ps(a->acc[t]);
 }
 
-#include "matmul_iq_tile.h" /* mk_rows_iq: I-quant prefill, each super-block unpacked once per IQ_GROUP tiles */
-
 #else
-#if defined(MK_AVX2)
-#include "matmul_k_avx2.h"
-#endif
 static float dot_row(int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
 #if defined(MK_AVX2)
     switch (type) {
@@ -835,7 +766,7 @@ static size_t iq_work_bytes(const pi_pool *pool, int type, int64_t n_tok) {
 }
 
 #if defined(MK_AVX2)
-/* Rows r_beg .. r_end - 1 of an AVX2 type (k2_type), the type a constant: one token each row whole (k2_dot), more
+/* Rows r_beg .. r_end - 1 of an AVX2 type (pi_is_k_type), the type a constant: one token each row whole (k2_dot), more
  * tokens TOK_BLOCK at a time per row, in tiles of K2_TILE (the leftover tile smaller); a tile gives each
  * (row, token) the operations of k2_dot, so the same bits */
 #define K2_ROWS_FN(name, TYPE)                                                                                 \

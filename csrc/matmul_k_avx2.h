@@ -1,5 +1,6 @@
 /* matmul_k_avx2.h: AVX2 (+ FMA + F16C) dots of Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS and the I-quant rows with Q8_K
- * activations, included by matmul_k.c where AVX-512 is missing (see the variants list at the top of matmul_k.c).
+ * activations, for matmul_k.c where AVX-512 is missing (see the variants list at the top of matmul_k.c); empty
+ * where AVX2, FMA or F16C is missing too (kquant_simd.h: MK_AVX2).
  *
  * A super-block is first unpacked into a k2sb: eight ymm of 32 weights z_k, each byte in the position of the
  * activation byte q_x[32k + l] it multiplies, and eight ymm of scale words sw_k (the scale of each int16 pair
@@ -32,6 +33,10 @@
  * gets the same float operations in the same order: the same bits whichever path, token count or thread
  * computes it. maddubs cannot saturate (|z| <= 32 except IQ4_XS's <= 127, and |q_x| <= 127: pair sums
  * <= 2 * 127 * 127), and the integer sums are exact, so only the f32 FMAs and the final sums fix the result. */
+#ifndef PI_MATMUL_K_AVX2_H
+#define PI_MATMUL_K_AVX2_H
+#include "kquant_simd.h"
+#if defined(MK_AVX2)
 #include <immintrin.h>
 
 #define K2_INLINE static inline __attribute__((always_inline))
@@ -48,11 +53,7 @@ typedef struct {
     float d, dmin;
 } k2sb;
 
-K2_INLINE int k2_type(const int type) {
-    return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q6_K || type == PI_Q2_K || type == PI_Q3_K ||
-           type == PI_IQ4_XS || pi_is_iq_type(type);
-}
-K2_INLINE int k2_has_min(const int type) { return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q2_K; }
+K2_INLINE int k2_has_min(const int type) { return pi_traits_of(type).has_min; } /* Q4_K, Q5_K, Q2_K */
 K2_INLINE int k2_signed(const int type) { return type == PI_IQ4_XS || type == PI_Q6_K || pi_is_iq_type(type); }
 K2_INLINE int k2_has_offset(const int type) { return type == PI_Q3_K; }
 
@@ -448,18 +449,9 @@ K2_INLINE float k2_result(const int type, __m256 acc, __m256 accm) {
     return k2_has_min(type) ? k2_hsum(acc) - k2_hsum(accm) : k2_hsum(acc);
 }
 
-K2_INLINE size_t k2_block_size(const int type) {
-    return type == PI_Q4_K ? sizeof(block_q4_K) : type == PI_Q5_K ? sizeof(block_q5_K)
-         : type == PI_Q6_K ? sizeof(block_q6_K) : type == PI_Q2_K ? sizeof(block_q2_K)
-         : type == PI_Q3_K ? sizeof(block_q3_K) : type == PI_IQ4_XS ? sizeof(block_iq4_xs)
-         : type == PI_IQ2_XXS ? sizeof(block_iq2_xxs) : type == PI_IQ2_XS ? sizeof(block_iq2_xs)
-         : type == PI_IQ2_S ? sizeof(block_iq2_s) : type == PI_IQ3_XXS ? sizeof(block_iq3_xxs)
-         : type == PI_IQ3_S ? sizeof(block_iq3_s) : type == PI_IQ1_S ? sizeof(block_iq1_s) : sizeof(block_iq1_m);
-}
-
 /* One row against one token (decode, gathers, tokens left over by the tiles) */
 K2_INLINE float k2_dot(const int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
-    const size_t size = k2_block_size(type);
+    const size_t size = pi_block_bytes(type);
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < n_sb; i++) {
         k2sb s;
@@ -476,7 +468,7 @@ K2_INLINE float k2_dot(const int type, const uint8_t *row, const block_q8_K *x, 
 #define K2_PF_DIST 4096
 #endif
 K2_INLINE float k2_dot_stream(const int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
-    const size_t size = k2_block_size(type);
+    const size_t size = pi_block_bytes(type);
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < n_sb; i++) {
         const uint8_t *p = row + i * size;
@@ -492,7 +484,7 @@ K2_INLINE float k2_dot_stream(const int type, const uint8_t *row, const block_q8
  * super-block unpacked once; y[t * y_stride] gets token t's sum */
 K2_INLINE void k2_tile(const int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb, float *y,
                        int64_t y_stride, const int nt) {
-    const size_t size = k2_block_size(type);
+    const size_t size = pi_block_bytes(type);
     __m256 acc[K2_TILE], accm[K2_TILE];
     for (int t = 0; t < K2_TILE; t++) acc[t] = accm[t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n_sb; i++) {
@@ -504,3 +496,7 @@ K2_INLINE void k2_tile(const int type, const uint8_t *row, const block_q8_K *x, 
     }
     for (int t = 0; t < nt; t++) y[t * y_stride] = k2_result(type, acc[t], accm[t]);
 }
+
+#endif
+
+#endif

@@ -10,7 +10,7 @@
  *     layout: Q8_0 = {f16 d; int8 qs[32]} (34 B), Q4_0 = {f16 d; uint8 qs[16]} (18 B, element j in the low
  *     nibble of qs[j] for j < 16, element j+16 in the high nibble; value = (nibble - 8) * d); Q4_1, Q5_0,
  *     Q5_1, IQ4_NL, MXFP4 (32 elements) and Q2_K ... Q6_K, IQ4_XS and the I-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (256) are described in
- *     csrc/matmul_internal.h.
+ *     csrc/quants.h.
  *   - C trusts its arguments: Python validates shapes, types, contiguity and bounds before calling.
  *   - Every multi-threaded kernel takes the pool as its first argument; no kernel keeps hidden global state.
  */
@@ -54,7 +54,27 @@ pi_pool *pi_pool_new(int n_threads);
 void pi_pool_free(pi_pool *pool);
 int pi_pool_n_threads(const pi_pool *pool);
 
-/* ---- types and quantization (quant.c) ------------------------------------------------------------------ */
+/* ---- types and quantization (quant.c) ------------------------------------------------------------------
+ * The facts of each weight type, one row per type id (enum pi_type), in one table that the kernels read
+ * (quants.h: pi_traits) and Python reads through pi_type_traits_table (its twin: TYPE_TRAITS beside the GGMLType
+ * enum, tested against it). Ids the kernels do not take have a zero row (kind PI_KIND_NONE). Kinds:
+ *   PI_KIND_FLOAT   one value per element: F32, F16, BF16;
+ *   PI_KIND_BLOCK   32-element blocks, one scale each: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4;
+ *   PI_KIND_K       256-element super-blocks with a scale per group: Q2_K ... Q6_K, IQ4_XS;
+ *   PI_KIND_IQ      256-element super-blocks of grid entries (matmul_iq.c): IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+ *                   IQ3_S, IQ1_S, IQ1_M. */
+enum pi_type_kind { PI_KIND_NONE = 0, PI_KIND_FLOAT = 1, PI_KIND_BLOCK = 2, PI_KIND_K = 3, PI_KIND_IQ = 4 };
+enum { PI_TYPE_COUNT = 40 };  /* type ids 0 .. PI_TYPE_COUNT - 1 */
+typedef struct {
+    int32_t block;    /* elements per block: 1 (float types), 32 or 256 */
+    int32_t bytes;    /* bytes per block */
+    int32_t kind;     /* enum pi_type_kind */
+    int32_t group;    /* elements per scale: 32 (PI_KIND_BLOCK; Q4_K, Q5_K, IQ4_XS, IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S)
+                         or 16 (Q2_K, Q3_K, Q6_K, IQ2_XS, IQ2_S, IQ1_M); 0 for float types */
+    int32_t has_min;  /* 1: an offset per scale, value = d * q + m (Q4_1, Q5_1) or d * sc * q - dmin * m (Q2_K,
+                         Q4_K, Q5_K) */
+} pi_type_traits;
+const pi_type_traits *pi_type_traits_table(void); /* PI_TYPE_COUNT rows, row i for type id i */
 int64_t pi_block_size(int type);                 /* elements per block: 1 (float types), 32 or 256 (K-quants) */
 int64_t pi_row_size(int type, int64_t n_cols);   /* bytes of one row of n_cols elements */
 /* src f32 [n_rows, n_cols] -> dst rows of `type` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; not K-quants).
@@ -62,6 +82,7 @@ int64_t pi_row_size(int type, int64_t n_cols);   /* bytes of one row of n_cols e
 int64_t pi_quantize(int type, const float *src, void *dst, int64_t n_rows, int64_t n_cols);
 /* src rows of `type` -> dst f32 [n_rows, n_cols] */
 void pi_dequantize(int type, const void *src, float *dst, int64_t n_rows, int64_t n_cols);
+/* ---- moving rows (rows.c) ------------------------------------------------------------------------------ */
 /* KV-cache store: x f32 [n_tok, n_head_kv, head_dim] -> cache f16 [n_head_kv, n_ctx, head_dim] at positions
  * p0 .. p0 + n_tok - 1 (round to nearest even, as numpy's astype(float16)). The caller checks the bounds. */
 void pi_store_kv(const float *x, int64_t n_tok, int64_t n_head_kv, int64_t head_dim, uint16_t *cache,
@@ -97,7 +118,7 @@ void pi_matmul_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, cons
 void pi_matmul_experts(pi_pool *pool, int type, const void *w, int64_t n_rows, int64_t n_cols, const int32_t *experts,
                        const int64_t *tok_off, int64_t n_group, const float *x, float *y);
 
-/* Read-bandwidth probe (matmul.c): reads `bytes` bytes of buf on all threads of the pool (a wide sum, so
+/* Read-bandwidth probe (bench.c): reads `bytes` bytes of buf on all threads of the pool (a wide sum, so
  * nothing can be skipped) and returns the sum so the compiler keeps the loads. Used by benchmarks to print
  * kernel GB/s beside what this machine can read. */
 double pi_read_probe(pi_pool *pool, const void *buf, int64_t bytes);
@@ -158,7 +179,7 @@ void pi_gelu(pi_pool *pool, const float *x, float *y, int64_t n);            /* 
 void pi_swiglu(pi_pool *pool, const float *g, const float *u, float *y, int64_t n);  /* silu(g) * u */
 void pi_geglu(pi_pool *pool, const float *g, const float *u, float *y, int64_t n);   /* gelu(g) * u */
 
-/* ---- sparse FFN (sparse.c) -----------------------------------------------------------------------------
+/* ---- sparse FFN (axpy.c) -------------------------------------------------------------------------------
  * AXPY over selected rows of ffn_down_t (rows of n_cols = n_embd values of `type`: F32, F16, BF16, Q8_0, Q4_0
  * with SIMD paths; Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K ... Q6_K, IQ4_XS, IQ2_* / IQ3_* unpacked block by block):
  *   y[t, c] = sum_{j < n_sel, h[t, j] != 0} h[t, j] * w[rows[j], c]
@@ -175,11 +196,11 @@ int64_t pi_select_active(const float *logits, int64_t n, float threshold, int32_
 /* Ascending i < n with x[i] != 0 (NaN selected, -0 not) into out (room for n); returns the count. */
 int64_t pi_select_nonzero(const float *x, int64_t n, int32_t *out);
 
-/* ---- a Q4_0 / Q8_0 predictor fc2 repacked by hidden unit (fc2_qt.c) ---------------------------------------
+/* ---- a Q4_0 / Q8_0 predictor fc2 repacked by hidden unit (fc2t.c) -----------------------------------------
  * fc2 [n_ff, rank] of `type` PI_Q4_0 or PI_Q8_0 (rank a multiple of 32) copied into a layout whose row k holds
  * hidden unit k's codes for every output (the f16 scales apart), the same codes and scales as the file, so
  * that logits = fc2 . r reads only the rows of the units whose Q8_0 code is non-zero (r = relu(fc1 . p) is
- * about half zeros). Layout and arithmetic: fc2_qt.c. pi_fc2t_bytes: the copy's size (-1: bad type or shape);
+ * about half zeros). Layout and arithmetic: fc2t.c. pi_fc2t_bytes: the copy's size (-1: bad type or shape);
  * pi_fc2t_pack: fc2 -> out (pi_fc2t_bytes bytes); pi_fc2t_logits: r f32 [rank] -> logits f32 [n_ff]
  * (overwritten). The logits are the mat-vec's exact block dots summed in another order; bit-identical from
  * run to run for a thread count. Both return 0 (-1: bad type or shape, -2: out of memory). */
@@ -188,7 +209,7 @@ int pi_fc2t_pack(pi_pool *pool, int type, const void *fc2, int64_t n_ff, int64_t
 int pi_fc2t_logits(pi_pool *pool, int type, const void *copy, int64_t n_ff, int64_t rank, const float *r,
                    float *logits);
 
-/* ---- one decode step of a predictor-driven FFN layer (sparse_ffn.c) ------------------------------------
+/* ---- one decode step of a predictor-driven FFN layer (step_ffn.c) --------------------------------------
  * The composition ffn.py runs for one token in predictor mode, in one call (no Python between kernels):
  * r = relu(fc1 . p); rows = ascending i with (fc2 . r)[i] >= threshold; a = act(gate[rows] . x);
  * live = rows with a != 0; h = a * (up[live] . x) (dReLU: a * relu(up . x)); y = AXPY of h over down_t[live].
@@ -220,7 +241,7 @@ typedef struct {
 int64_t pi_sparse_ffn_decode(pi_pool *pool, const pi_sparse_ffn *f, const float *x, const float *p,
                              float *fwork, int32_t *iwork, float *y, int64_t *n_nonzero);
 
-/* ---- one decode step of a LLaMA attention block (attn_block.c) -----------------------------------------
+/* ---- one decode step of a LLaMA attention block (step_attn.c) ------------------------------------------
  * For one token at position pos, with x the residual stream f32 [n_embd] (updated in place):
  *   h = rmsnorm(x) * attn_norm; q, k, v = Wq h, Wk h, Wv h; RoPE on q and k (n_rot dims, if n_rot > 0);
  *   k, v stored at pos in the f16 cache planes [n_head_kv, n_ctx, head_dim]; a = attention over positions
@@ -260,14 +281,15 @@ typedef struct {
 void pi_attn_block_decode(pi_pool *pool, const pi_attn_block *b, float *x, int32_t pos, uint16_t *k_cache,
                           uint16_t *v_cache, int64_t n_ctx, float *work, float *ffn_in);
 
-/* ---- one decode step of a threshold-mode SwiGLU/GeGLU FFN (sparse_ffn.c) -------------------------------
+/* ---- one decode step of a SwiGLU/GeGLU FFN, threshold-mode or dense (step_ffn.c) -----------------------
  * a = act(gate . x); keep i where |a_i| * scale_i >= cut (scale NULL: |a_i|); h = a[kept] * (up[kept] . x);
  * y = AXPY of h over down_t[kept] (down_transposed) or down . h scattered into zeros. Bit-identical to the
  * separate kernels in threshold.py's order. gate/up [n_ff, n_embd]; down [n_embd, n_ff] or down_t
  * [n_ff, n_embd]. fwork: f32 [4 * n_ff]; iwork: int32 [2 * n_ff]; y: f32 [n_embd]. Returns the kept count.
  * refine (two-stage files, threshold.py): the score rule with up_cut picks the candidates whose up row is read;
  * of them only those with |h_j| >= cut are kept (down projection, count); the others count as zero.
- * up_read: NULL, or where each call writes how many up rows it read (the kept count, or refine: the candidates). */
+ * up_read: NULL, or where each call writes how many up rows it read (the kept count, or refine: the candidates).
+ * pi_ffn_step describes one layer for both steps (the dense one reads only its shapes, act and weights). */
 enum pi_act { PI_ACT_SILU = 0, PI_ACT_GELU = 1 };
 typedef struct {
     int act;              /* enum pi_act */
@@ -279,14 +301,14 @@ typedef struct {
     int gate_type, up_type, down_type, down_transposed;
     const void *gate, *up, *down;
     int64_t *up_read;     /* NULL or out, see above */
-} pi_threshold_ffn;
-int64_t pi_threshold_ffn_decode(pi_pool *pool, const pi_threshold_ffn *f, const float *x, float *fwork,
+} pi_ffn_step;
+int64_t pi_threshold_ffn_decode(pi_pool *pool, const pi_ffn_step *f, const float *x, float *fwork,
                                 int32_t *iwork, float *y, int64_t *n_nonzero);
 /* The dense SwiGLU/GeGLU FFN for one token: y = down . (act(gate . x) * (up . x)), with the same description
  * (cut, scale and down_transposed unused; down [n_embd, n_ff]). fwork: f32 [2 * n_ff]. */
-void pi_dense_ffn_decode(pi_pool *pool, const pi_threshold_ffn *f, const float *x, float *fwork, float *y);
+void pi_dense_ffn_decode(pi_pool *pool, const pi_ffn_step *f, const float *x, float *fwork, float *y);
 
-/* ---- one token through a stack of decoder layers (decode_stack.c) -------------------------------------------
+/* ---- one token through a stack of decoder layers (step_stack.c) ---------------------------------------------
  * Per layer l, in order: pi_attn_block_decode(attn[l], x, pos, k_cache[l], v_cache[l], n_ctx[l]) giving the
  * FFN input m; by kind[l]: PI_STACK_DENSE y = pi_dense_ffn_decode(ffn[l], m), PI_STACK_SPARSE y =
  * pi_sparse_ffn_decode(sparse[l], m, x), PI_STACK_THRESHOLD y = pi_threshold_ffn_decode(ffn[l], m) (these two
@@ -296,12 +318,12 @@ void pi_dense_ffn_decode(pi_pool *pool, const pi_threshold_ffn *f, const float *
  * block's work; iwork: int32 [the largest rank + 2 * n_ff (sparse) or 2 * n_ff (threshold)], NULL if neither. */
 enum { PI_STACK_DENSE = 0, PI_STACK_SPARSE = 1, PI_STACK_THRESHOLD = 2 };
 void pi_decode_stack(pi_pool *pool, int64_t n_layer, const pi_attn_block *const *attn, const int32_t *kind,
-                     const pi_threshold_ffn *const *ffn, const pi_sparse_ffn *const *sparse,
+                     const pi_ffn_step *const *ffn, const pi_sparse_ffn *const *sparse,
                      const float *const *post_norm, float post_eps, float *x, int32_t pos, uint16_t *const *k_cache,
                      uint16_t *const *v_cache, const int64_t *n_ctx, float *work, int64_t attn_work, int32_t *iwork,
                      int64_t *n_active, int64_t *n_nonzero);
 
-/* ---- one decode token of a gated delta-net layer (delta_net.c) ------------------------------------------
+/* ---- one decode token of a gated delta-net layer (step_delta_net.c) -------------------------------------
  * Qwen3.5's delta net after its input projections (qwen35.py): qkv f32 [conv_dim] (conv_dim = 2 Hk d + Hv d,
  * rows q | k | v), z f32 [Hv d] (the output gate's projection), beta_raw, alpha_raw f32 [Hv]. The causal conv
  * (conv_w f32 [conv_dim, K], K >= 2) reads conv_state f32 [K-1, conv_dim] (oldest input first) and this token's

@@ -1,4 +1,4 @@
-/* quant.c: weight types, quantization, dequantization and embedding lookup (pi_get_rows).
+/* quant.c: weight types, quantization and dequantization (rows.c moves rows with these conversions).
  *
  * Variants:
  *   - F16 <-> F32: F16C (8 lanes, round to nearest even) when built with __F16C__, else a bit-exact scalar
@@ -10,12 +10,12 @@
  *   - Q5_0: as Q4_0 with d = m / -16, q = min(31, trunc(x / d + 16.5)), bit 4 of element j in bit j of qh.
  *   - Q4_1 / Q5_1: d = (max - min) / 15 (31), m = min, q = min(15 (31), trunc((x - min) / d + 0.5)).
  *   - K-quants (Q2_K ... Q6_K), IQ4_XS and IQ1_* / IQ2_* / IQ3_*: dequantization only (llama.cpp's 256-element super-blocks, see
- *     matmul_internal.h); they are never produced here.
+ *     quants.h); they are never produced here.
  * Quantization is exact integer/IEEE arithmetic, so kernels/ref.py reproduces it byte for byte.
  */
 #include <string.h>
 
-#include "matmul_internal.h"
+#include "quants.h"
 
 #if defined(__F16C__)
 #include <immintrin.h>
@@ -69,45 +69,16 @@ static inline uint16_t f32_to_bf16(float f) {
 
 static inline float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
 
+const pi_type_traits *pi_type_traits_table(void) { return pi_traits; }
+
 int64_t pi_block_size(int type) {
-    switch (type) {
-    case PI_Q8_0: case PI_Q4_0: case PI_Q4_1: case PI_Q5_0: case PI_Q5_1:
-    case PI_IQ4_NL: case PI_MXFP4: return QK;
-    case PI_Q4_K: case PI_Q5_K: case PI_Q6_K: return QK_K;
-    case PI_Q2_K: case PI_Q3_K: case PI_IQ4_XS: return QK_K;
-    case PI_IQ2_XXS: case PI_IQ2_XS: case PI_IQ2_S: case PI_IQ3_XXS: case PI_IQ3_S:
-    case PI_IQ1_S: case PI_IQ1_M: return QK_K;
-    default: return 1;
-    }
+    const pi_type_traits tt = pi_traits_of(type);
+    return tt.block ? tt.block : 1; /* 1 for ids the kernels do not take, as for the float types */
 }
 
 int64_t pi_row_size(int type, int64_t n_cols) {
-    switch (type) {
-    case PI_F32: return 4 * n_cols;
-    case PI_F16:
-    case PI_BF16: return 2 * n_cols;
-    case PI_Q8_0: return n_cols / QK * (int64_t)sizeof(block_q8_0);
-    case PI_Q4_0: return n_cols / QK * (int64_t)sizeof(block_q4_0);
-    case PI_Q4_1: return n_cols / QK * (int64_t)sizeof(block_q4_1);
-    case PI_Q5_0: return n_cols / QK * (int64_t)sizeof(block_q5_0);
-    case PI_Q5_1: return n_cols / QK * (int64_t)sizeof(block_q5_1);
-    case PI_Q2_K: return n_cols / QK_K * (int64_t)sizeof(block_q2_K);
-    case PI_Q3_K: return n_cols / QK_K * (int64_t)sizeof(block_q3_K);
-    case PI_IQ4_NL: return n_cols / QK * (int64_t)sizeof(block_iq4_nl);
-    case PI_MXFP4: return n_cols / QK * (int64_t)sizeof(block_mxfp4);
-    case PI_Q4_K: return n_cols / QK_K * (int64_t)sizeof(block_q4_K);
-    case PI_Q5_K: return n_cols / QK_K * (int64_t)sizeof(block_q5_K);
-    case PI_Q6_K: return n_cols / QK_K * (int64_t)sizeof(block_q6_K);
-    case PI_IQ4_XS: return n_cols / QK_K * (int64_t)sizeof(block_iq4_xs);
-    case PI_IQ2_XXS: return n_cols / QK_K * (int64_t)sizeof(block_iq2_xxs);
-    case PI_IQ2_XS: return n_cols / QK_K * (int64_t)sizeof(block_iq2_xs);
-    case PI_IQ2_S: return n_cols / QK_K * (int64_t)sizeof(block_iq2_s);
-    case PI_IQ3_XXS: return n_cols / QK_K * (int64_t)sizeof(block_iq3_xxs);
-    case PI_IQ3_S: return n_cols / QK_K * (int64_t)sizeof(block_iq3_s);
-    case PI_IQ1_S: return n_cols / QK_K * (int64_t)sizeof(block_iq1_s);
-    case PI_IQ1_M: return n_cols / QK_K * (int64_t)sizeof(block_iq1_m);
-    default: return 0;
-    }
+    const pi_type_traits tt = pi_traits_of(type);
+    return tt.block ? n_cols / tt.block * tt.bytes : 0;
 }
 
 /* round half away from zero, exactly (v - trunc(v) is exact); |v| stays below 2^31 here */
@@ -194,7 +165,8 @@ static void quantize_row_q_1(const float *x, uint16_t *dm, uint8_t *qh_out, uint
     if (qh_out) memcpy(qh_out, &qh, 4);
 }
 
-static void f32_to_f16_row(const float *x, uint16_t *y, int64_t n) {
+/* also rows.c's KV-cache store */
+void pi_f32_to_f16_row(const float *x, uint16_t *y, int64_t n) {
     int64_t i = 0;
 #if defined(__F16C__)
     for (; i + 8 <= n; i += 8)
@@ -204,13 +176,6 @@ static void f32_to_f16_row(const float *x, uint16_t *y, int64_t n) {
 }
 
 uint16_t pi_f32_to_f16(float f) { return f32_to_f16(f); }
-
-void pi_store_kv(const float *x, int64_t n_tok, int64_t n_head_kv, int64_t head_dim, uint16_t *cache,
-                 int64_t n_ctx, int64_t p0) {
-    for (int64_t h = 0; h < n_head_kv; h++)
-        for (int64_t t = 0; t < n_tok; t++)
-            f32_to_f16_row(x + (t * n_head_kv + h) * head_dim, cache + (h * n_ctx + p0 + t) * head_dim, head_dim);
-}
 
 static void f16_to_f32_row(const uint16_t *x, float *y, int64_t n) {
     int64_t i = 0;
@@ -227,7 +192,7 @@ int64_t pi_quantize(int type, const float *src, void *dst, int64_t n_rows, int64
         char *y = (char *)dst + r * rs;
         switch (type) {
         case PI_F32: memcpy(y, x, (size_t)rs); break;
-        case PI_F16: f32_to_f16_row(x, (uint16_t *)y, n_cols); break;
+        case PI_F16: pi_f32_to_f16_row(x, (uint16_t *)y, n_cols); break;
         case PI_BF16:
             for (int64_t i = 0; i < n_cols; i++) ((uint16_t *)y)[i] = f32_to_bf16(x[i]);
             break;
@@ -252,21 +217,21 @@ int64_t pi_quantize(int type, const float *src, void *dst, int64_t n_rows, int64
     return rs * n_rows;
 }
 
-/* one row of `type` (n_cols elements) -> f32 */
-static void dequantize_row(int type, const void *src, float *y, int64_t n_cols) {
-    switch (type) {
-    case PI_F32: memcpy(y, src, (size_t)n_cols * 4); break;
-    case PI_F16: f16_to_f32_row(src, y, n_cols); break;
+/* one row of `type` (n_cols elements) -> f32 (also rows.c's embedding lookup) */
+void pi_dequantize_row(int type, const void *src, float *y, int64_t n_cols) {
+    switch (type) { /* the types with a loop of their own */
+    case PI_F32: memcpy(y, src, (size_t)n_cols * 4); return;
+    case PI_F16: f16_to_f32_row(src, y, n_cols); return;
     case PI_BF16:
         for (int64_t i = 0; i < n_cols; i++) y[i] = bf16_to_f32(((const uint16_t *)src)[i]);
-        break;
+        return;
     case PI_Q8_0: {
         const block_q8_0 *b = src;
         for (int64_t k = 0; k < n_cols / QK; k++, y += QK) {
             float d = f16_to_f32(b[k].d);
             for (int j = 0; j < QK; j++) y[j] = d * (float)b[k].qs[j];
         }
-        break;
+        return;
     }
     case PI_Q4_0: {
         const block_q4_0 *b = src;
@@ -277,96 +242,31 @@ static void dequantize_row(int type, const void *src, float *y, int64_t n_cols) 
                 y[j + QK / 2] = d * (float)((b[k].qs[j] >> 4) - 8);
             }
         }
-        break;
+        return;
     }
-    case PI_Q4_1: case PI_Q5_0: case PI_Q5_1:
-    case PI_IQ4_NL: case PI_MXFP4: {
-        const int64_t size = pi_row_size(type, QK);
+    default: break;
+    }
+    const pi_type_traits tt = pi_traits_of(type); /* the others by their kind */
+    if (tt.kind == PI_KIND_BLOCK) { /* Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 */
         for (int64_t k = 0; k < n_cols / QK; k++, y += QK) {
             int8_t q[QK];
             float d, m;
-            pi_unpack_q32(type, (const uint8_t *)src + k * size, q, &d, &m);
+            pi_unpack_q32(type, (const uint8_t *)src + k * tt.bytes, q, &d, &m);
             for (int j = 0; j < QK; j++) y[j] = d * (float)q[j] + m;
         }
-        break;
-    }
-    case PI_Q2_K: case PI_Q3_K:
-    case PI_Q4_K: case PI_Q5_K: case PI_Q6_K: case PI_IQ4_XS:
-    case PI_IQ2_XXS: case PI_IQ2_XS: case PI_IQ2_S: case PI_IQ3_XXS: case PI_IQ3_S:
-    case PI_IQ1_S: case PI_IQ1_M: {
-        const int64_t size = pi_row_size(type, QK_K);
+    } else if (tt.kind == PI_KIND_K || tt.kind == PI_KIND_IQ) {
         for (int64_t k = 0; k < n_cols / QK_K; k++, y += QK_K) {
             int8_t q[QK_K];
             float dsc[16], dmn[16];
-            pi_unpack_qk(type, (const uint8_t *)src + k * size, q, dsc, dmn);
+            pi_unpack_qk(type, (const uint8_t *)src + k * tt.bytes, q, dsc, dmn);
             /* value = d * sc * q - dmin * m (Q2_K, Q4_K/Q5_K) or d * sc * q (Q3_K, Q6_K; q already centred; IQ4_XS: q the table's levels) */
-            const int g = pi_qk_group(type);
+            const int g = tt.group;
             for (int j = 0; j < QK_K; j++) y[j] = dsc[j / g] * (float)q[j] - dmn[j / g];
         }
-        break;
-    }
-    default: break;
     }
 }
 
 void pi_dequantize(int type, const void *src, float *dst, int64_t n_rows, int64_t n_cols) {
     int64_t rs = pi_row_size(type, n_cols);
-    for (int64_t r = 0; r < n_rows; r++) dequantize_row(type, (const char *)src + r * rs, dst + r * n_cols, n_cols);
-}
-
-/* Strips of 8 source rows walked left to right, so that each row is read as one sequential stream (rows a
- * multiple of 2 KB apart, as fc2's are, share two L1 sets: a square tile of 64 of them evicts itself); 2-byte
- * elements move as 8 x 8 blocks through SSE2 unpacks. numpy's strided copy of an F16 7B fc2 (11008 x 1024)
- * took 56-60 ms. */
-#if defined(__SSE2__)
-#include <emmintrin.h>
-static void tr8x8_u16(const uint16_t *s, int64_t ss, uint16_t *d, int64_t ds) {
-    __m128i r[8], t[8], u[8];
-    for (int i = 0; i < 8; i++) r[i] = _mm_loadu_si128((const __m128i *)(s + i * ss));
-    for (int i = 0; i < 4; i++) { /* pairs of rows interleaved by element */
-        t[i] = _mm_unpacklo_epi16(r[2 * i], r[2 * i + 1]);
-        t[i + 4] = _mm_unpackhi_epi16(r[2 * i], r[2 * i + 1]);
-    }
-    for (int h = 0; h < 2; h++) /* then by element pair: columns 4h .. 4h + 3 of rows 0-3 and of rows 4-7 */
-        for (int i = 0; i < 2; i++) {
-            u[4 * h + i] = _mm_unpacklo_epi32(t[4 * h + 2 * i], t[4 * h + 2 * i + 1]);
-            u[4 * h + i + 2] = _mm_unpackhi_epi32(t[4 * h + 2 * i], t[4 * h + 2 * i + 1]);
-        }
-    for (int h = 0; h < 2; h++) /* rows 0-3 and 4-7 of each column joined */
-        for (int i = 0; i < 2; i++) {
-            const __m128i a = u[4 * h + 2 * i], b = u[4 * h + 2 * i + 1];
-            _mm_storeu_si128((__m128i *)(d + (4 * h + 2 * i) * ds), _mm_unpacklo_epi64(a, b));
-            _mm_storeu_si128((__m128i *)(d + (4 * h + 2 * i + 1) * ds), _mm_unpackhi_epi64(a, b));
-        }
-}
-#endif
-#define TR_LOOP(T, R0, R1, C0, C1)                                                                           \
-    for (int64_t c = (C0); c < (C1); c++)                                                                    \
-        for (int64_t r = (R0); r < (R1); r++) ((T *)dst)[c * rows + r] = ((const T *)src)[r * cols + c];
-static void tr_block(const void *src, void *dst, int64_t rows, int64_t cols, int64_t esize, int64_t r0, int64_t r1,
-                     int64_t c0, int64_t c1) {
-    switch (esize) {
-    case 1: TR_LOOP(uint8_t, r0, r1, c0, c1) break;
-    case 2: TR_LOOP(uint16_t, r0, r1, c0, c1) break;
-    case 4: TR_LOOP(uint32_t, r0, r1, c0, c1) break;
-    default: TR_LOOP(uint64_t, r0, r1, c0, c1) break;
-    }
-}
-void pi_transpose(const void *src, int64_t rows, int64_t cols, int64_t esize, void *dst) {
-    for (int64_t r0 = 0; r0 < rows; r0 += 8) {
-        const int64_t r1 = r0 + 8 < rows ? r0 + 8 : rows;
-        int64_t c0 = 0;
-#if defined(__SSE2__)
-        if (esize == 2 && r1 - r0 == 8)
-            for (; c0 + 8 <= cols; c0 += 8)
-                tr8x8_u16((const uint16_t *)src + r0 * cols + c0, cols, (uint16_t *)dst + c0 * rows + r0, rows);
-#endif
-        tr_block(src, dst, rows, cols, esize, r0, r1, c0, cols);
-    }
-}
-
-void pi_get_rows(int type, const void *w, int64_t n_cols, const int32_t *ids, int64_t n_ids, float *out) {
-    int64_t rs = pi_row_size(type, n_cols);
-    for (int64_t i = 0; i < n_ids; i++)
-        dequantize_row(type, (const char *)w + (int64_t)ids[i] * rs, out + i * n_cols, n_cols);
+    for (int64_t r = 0; r < n_rows; r++) pi_dequantize_row(type, (const char *)src + r * rs, dst + r * n_cols, n_cols);
 }

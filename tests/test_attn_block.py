@@ -1,4 +1,4 @@
-"""The one-call attention block for one-token decode steps (csrc/attn_block.c): bit-identical to the Python
+"""The one-call attention block for one-token decode steps (csrc/step_attn.c): bit-identical to the Python
 paths of models/llama.py, gemma3.py, qwen2.py and qwen3.py (logits and KV cache), and its inputs checked."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One token through the whole stack of layers in one C call (csrc/decode_stack.c, models/base.py _decode_stack):
+"""One token through the whole stack of layers in one C call (csrc/step_stack.c, models/base.py _decode_stack):
 the same logits, KV cache and sparsity counts, bit for bit, as the per-layer C calls and as the Python path;
 taken only where every layer's FFN has a one-call step (dense SwiGLU/GeGLU, predictor / exact, threshold) after
 an attention block; its inputs checked."""

@@ -1,4 +1,4 @@
-"""The copy by hidden unit of a Q4_0 / Q8_0 predictor fc2 (csrc/fc2_qt.c): packing gives the numpy reference's
+"""The copy by hidden unit of a Q4_0 / Q8_0 predictor fc2 (csrc/fc2t.c): packing gives the numpy reference's
 bytes and keeps every code and scale of the file; fc2t_logits equals the mat-vec's value within its rounding
 bound, equals the numpy reference of its own arithmetic bit for bit on one thread, is deterministic for a
 thread count, and refuses what it cannot use."""

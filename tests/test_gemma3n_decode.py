@@ -1,4 +1,4 @@
-"""Gemma 3n's one-token decode step: each attention block one C call (attn_block.c with the weightless V norm and
+"""Gemma 3n's one-token decode step: each attention block one C call (step_attn.c with the weightless V norm and
 the layers sharing K/V; AltUp, LAuReL and the FFN stay in Python), giving the Python path's logits and KV cache
 bit for bit on synth/gemma3n.py's file (25 layers, layers 20..24 sharing K/V), F32 and Q8_0, at 1 and 2 threads,
 with `--sparse exact` too."""

@@ -1,4 +1,4 @@
-"""Gemma 4's one-token decode step: each attention block one C call (attn_block.c with the layer's own head dim,
+"""Gemma 4's one-token decode step: each attention block one C call (step_attn.c with the layer's own head dim,
 heads, KV heads, RoPE and window, the weightless V norm, a layer without attn_v, layers sharing K/V), giving the
 Python path's logits and KV cache bit for bit on the synthetic files of synth/gemma4.py (dense with and without
 per-layer embeddings, F32 and Q8_0, and the mixture-of-experts shape), at 1 and 2 threads."""

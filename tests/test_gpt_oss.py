@@ -131,7 +131,7 @@ def test_logits_match_llama_cpp(tmp_path, dtype, n_layer, tol):
 
 
 def test_fused_decode_is_the_python_path(tmp_path):
-    """attn_block.c with the output bias and the sinks gives the Python path's bits, token after token."""
+    """step_attn.c with the output bias and the sinks gives the Python path's bits, token after token."""
     path = write_synthetic_model(tmp_path / "g.gguf", "gpt-oss", n_layer=4)
     out = {}
     for fused in (True, False):

@@ -1,4 +1,4 @@
-"""The one-token delta-net step (csrc/delta_net.c, kernels.steps.delta_net_decode) against a numpy reference built from
+"""The one-token delta-net step (csrc/step_delta_net.c, kernels.steps.delta_net_decode) against a numpy reference built from
 qwen35.py's own steps (l2norm, sigmoid, softplus, Qwen35Model._recur) over several tokens in a row, each token
 continuing the states the kernel left in place; 1 and 2 threads bit-identical; and its use in Qwen35Model.
 

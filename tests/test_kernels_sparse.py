@@ -1,4 +1,4 @@
-"""Sparse FFN kernels (csrc/sparse.c): AXPY over ffn_down_t rows and active-neuron selection, against
+"""Sparse FFN kernels (csrc/axpy.c): AXPY over ffn_down_t rows and active-neuron selection, against
 kernels/ref.py, a dense product, and themselves across thread counts and repeated runs."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The fused one-token predictor FFN step (csrc/sparse_ffn.c): bit-identical to the separate kernels run in
+"""The fused one-token predictor FFN step (csrc/step_ffn.c): bit-identical to the separate kernels run in
 ffn.py's order, close to the numpy reference of FORMATS.md section 2, and what FFN uses for one token."""
 from __future__ import annotations
 

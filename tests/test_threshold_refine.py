@@ -119,7 +119,7 @@ def test_one_token_step_equals_python_path(ggml_type, variant, down):
             assert 0 < kept < int(np.count_nonzero(score >= up_cut))
             assert list(stats.active[:1]) == [2 * kept]  # both calls counted the same kept neurons
             n_cand = int(np.count_nonzero(score >= up_cut))
-            assert list(stats.up_read[:1]) == [2 * n_cand]  # and the same up rows read (C: pi_threshold_ffn.up_read)
+            assert list(stats.up_read[:1]) == [2 * n_cand]  # and the same up rows read (C: pi_ffn_step.up_read)
         finally:
             k.close()
 

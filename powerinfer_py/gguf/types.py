@@ -11,23 +11,63 @@ ne = [n_cols, n_rows] has shape (n_rows, n_cols). `data` holds the bytes without
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 GGMLType = GGMLQuantizationType
 
-#: Types the C kernels compute on directly; anything else is converted once at load (see convert_for_kernels).
-KERNEL_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0,
-                GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.IQ4_NL,
-                GGMLType.MXFP4,
-                GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
-                GGMLType.Q2_K,
-                GGMLType.Q3_K,
-                GGMLType.IQ4_XS,
-                GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S,
-                GGMLType.IQ1_S, GGMLType.IQ1_M,
-                )
+class TypeKind(IntEnum):
+    """What a weight type's blocks hold; the numbers of csrc/pi.h's enum pi_type_kind."""
+    FLOAT = 1  # one value per element: F32, F16, BF16
+    BLOCK = 2  # 32-element blocks, one scale each: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4
+    K = 3      # 256-element super-blocks with a scale per group: Q2_K ... Q6_K, IQ4_XS
+    IQ = 4     # 256-element super-blocks of grid entries: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M
+
+
+class TypeTraits(NamedTuple):
+    """One row of the type-traits table (csrc/pi.h pi_type_traits, the C kernels' copy)."""
+    block: int     # elements per block: 1 (float types), 32 or 256
+    bytes: int     # bytes per block
+    kind: TypeKind
+    group: int     # elements per scale: 32 or 16 (0 for float types)
+    has_min: bool  # an offset per scale: d * q + m (Q4_1, Q5_1) or d * sc * q - dmin * m (Q2_K, Q4_K, Q5_K)
+
+
+_F, _B, _K, _I = TypeKind.FLOAT, TypeKind.BLOCK, TypeKind.K, TypeKind.IQ
+#: The types the C kernels compute on directly and their facts, the Python twin of C's table (pi_traits in
+#: csrc/quants.h, read through pi_type_traits_table; tests/test_type_traits.py holds the two equal). Anything
+#: else is converted once at load (see convert_for_kernels).
+TYPE_TRAITS: dict[GGMLType, TypeTraits] = {
+    GGMLType.F32: TypeTraits(1, 4, _F, 0, False),
+    GGMLType.F16: TypeTraits(1, 2, _F, 0, False),
+    GGMLType.BF16: TypeTraits(1, 2, _F, 0, False),
+    GGMLType.Q8_0: TypeTraits(32, 34, _B, 32, False),
+    GGMLType.Q4_0: TypeTraits(32, 18, _B, 32, False),
+    GGMLType.Q5_0: TypeTraits(32, 22, _B, 32, False),
+    GGMLType.Q4_1: TypeTraits(32, 20, _B, 32, True),
+    GGMLType.Q5_1: TypeTraits(32, 24, _B, 32, True),
+    GGMLType.IQ4_NL: TypeTraits(32, 18, _B, 32, False),
+    GGMLType.MXFP4: TypeTraits(32, 17, _B, 32, False),
+    GGMLType.Q4_K: TypeTraits(256, 144, _K, 32, True),
+    GGMLType.Q5_K: TypeTraits(256, 176, _K, 32, True),
+    GGMLType.Q6_K: TypeTraits(256, 210, _K, 16, False),
+    GGMLType.Q2_K: TypeTraits(256, 84, _K, 16, True),
+    GGMLType.Q3_K: TypeTraits(256, 110, _K, 16, False),
+    GGMLType.IQ4_XS: TypeTraits(256, 136, _K, 32, False),
+    GGMLType.IQ3_XXS: TypeTraits(256, 98, _I, 32, False),
+    GGMLType.IQ3_S: TypeTraits(256, 110, _I, 32, False),
+    GGMLType.IQ2_XXS: TypeTraits(256, 66, _I, 32, False),
+    GGMLType.IQ2_XS: TypeTraits(256, 74, _I, 16, False),
+    GGMLType.IQ2_S: TypeTraits(256, 82, _I, 16, False),
+    GGMLType.IQ1_S: TypeTraits(256, 50, _I, 32, False),
+    GGMLType.IQ1_M: TypeTraits(256, 56, _I, 16, False),
+}
+
+#: Types the C kernels compute on directly, in TYPE_TRAITS' order
+KERNEL_TYPES = tuple(TYPE_TRAITS)
 
 _FLOAT_DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.BF16: np.uint16}
 

@@ -385,7 +385,7 @@ class CpuKernels:
         return y[0] if h.ndim == 1 else y
 
     def fc2t_pack(self, fc2: Tensor) -> "_ref.FC2T":
-        """The copy by hidden unit of a Q4_0 / Q8_0 predictor fc2 [n_ff, rank] (csrc/fc2_qt.c): the same codes and
+        """The copy by hidden unit of a Q4_0 / Q8_0 predictor fc2 [n_ff, rank] (csrc/fc2t.c): the same codes and
         scales, one row per hidden unit, for fc2t_logits. The buffer is 64-byte aligned (rows are whole lines)."""
         n_ff, rank = _ref.check_fc2t_source(fc2)
         _, wp, ty, _, _ = self._weight(fc2)

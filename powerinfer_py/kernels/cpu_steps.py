@@ -5,11 +5,11 @@ same work for one decode token in one C call, and each is tested bit-identical t
 attention block and the stack) or equal to float rounding (delta net, Mamba-2 scan):
 
     attn_block_plan / attn_block_decode      csrc/attn_block.c    tests/test_attn_block.py
-    dense_ffn_plan / dense_ffn_decode        csrc/sparse_ffn.c    tests/test_sparse_ffn_fused.py
-    sparse_ffn_plan / sparse_ffn_decode      csrc/sparse_ffn.c    tests/test_sparse_ffn_fused.py
-    threshold_ffn_plan / threshold_ffn_decode csrc/sparse_ffn.c   tests/test_threshold.py, test_threshold_refine.py
-    decode_stack_plan / decode_stack         csrc/decode_stack.c  tests/test_decode_stack.py
-    delta_net_plan / delta_net_decode        csrc/delta_net.c     tests/test_kernels_delta.py (kernels/delta_step.py)
+    dense_ffn_plan / dense_ffn_decode        csrc/step_ffn.c    tests/test_sparse_ffn_fused.py
+    sparse_ffn_plan / sparse_ffn_decode      csrc/step_ffn.c    tests/test_sparse_ffn_fused.py
+    threshold_ffn_plan / threshold_ffn_decode csrc/step_ffn.c   tests/test_threshold.py, test_threshold_refine.py
+    decode_stack_plan / decode_stack         csrc/step_stack.c  tests/test_decode_stack.py
+    delta_net_plan / delta_net_decode        csrc/step_delta_net.c     tests/test_kernels_delta.py (kernels/delta_step.py)
     ssm_scan_step                            csrc/ssm_scan.c      tests/test_kernels_ssm_scan.py (kernels/ssm_step.py)
 
 A plan checks one layer's weights once and describes them to C; decode runs one token through it. The steps share
@@ -40,12 +40,12 @@ _SPARSE_DESC = ffi.typeof("pi_sparse_ffn *")
 @dataclass(frozen=True)
 class FfnStepPlan:
     """One FFN layer described to C (CpuSteps.sparse_ffn_plan; threshold_ffn_plan and dense_ffn_plan share the
-    type): the pi_sparse_ffn or pi_threshold_ffn struct and the weight buffers it points into, kept alive with it.
+    type): the pi_sparse_ffn or pi_ffn_step struct and the weight buffers it points into, kept alive with it.
     timing (predictor and exact plans): the step's running sums, f64 [4] = calls, seconds in the predictor (fc1,
     fc2, selection), seconds in the whole step, and the sum over calls of the share of the predictor's hidden
     units that were non-zero (pi_sparse_ffn.timing); None for others. up_read (threshold plans): where each
-    decode call writes how many up rows it read (pi_threshold_ffn.up_read)."""
-    desc: object  # cdata pi_sparse_ffn * (predictor / exact) or pi_threshold_ffn * (threshold, dense)
+    decode call writes how many up rows it read (pi_ffn_step.up_read)."""
+    desc: object  # cdata pi_sparse_ffn * (predictor / exact) or pi_ffn_step * (threshold, dense)
     buffers: tuple
     n_embd: int
     n_ff: int
@@ -87,7 +87,7 @@ class DecodeStackPlan:
         self.keep = (tuple(attn), tuple(ffn), tuple(n for n in post_norms if n is not None))
         self.attn = ffi.new("pi_attn_block *[]", [p.desc for p in attn])
         self.kind = ffi.new("int32_t[]", [self.KINDS[k] for k in kinds])
-        self.ffn = ffi.new("pi_threshold_ffn *[]", [ffi.NULL if k == "sparse" else p.desc for p, k in zip(ffn, kinds)])
+        self.ffn = ffi.new("pi_ffn_step *[]", [ffi.NULL if k == "sparse" else p.desc for p, k in zip(ffn, kinds)])
         self.sparse = ffi.new("pi_sparse_ffn *[]", [p.desc if k == "sparse" else ffi.NULL for p, k in zip(ffn, kinds)])
         self.post_norms = ffi.new("float *[]", [ffi.NULL if n is None else _fb(_FA, n) for n in post_norms])
         self.post_eps = float(post_eps)
@@ -162,7 +162,7 @@ class CpuSteps:
             raise ValueError(f"{op}: {name} must be a{' writable' if writable else ''} C-contiguous float32 array of "
                              f"shape ({n},), got {getattr(v, 'dtype', type(v).__name__)} {getattr(v, 'shape', '')}")
 
-    # ---- one decode step of a LLaMA attention block (attn_block.c) -----------------------------------------
+    # ---- one decode step of a LLaMA attention block (step_attn.c) -----------------------------------------
 
     def attn_block_plan(self, wq: Tensor, wk: Tensor, wv: Tensor, wo: Tensor, attn_norm, ffn_norm, *,
                         n_head: int, n_head_kv: int, head_dim: int, n_rot: int, rope_base: float,
@@ -255,7 +255,7 @@ class CpuSteps:
                                  k_cache.shape[1], fwork, _fb(_FA, out))
         return out
 
-    # ---- one token through a stack of layers (decode_stack.c) ------------------------------------------------
+    # ---- one token through a stack of layers (step_stack.c) ------------------------------------------------
 
     def decode_stack_plan(self, attn: list, ffn: list, post_norms: list, post_eps: float,
                           kinds: list | None = None) -> DecodeStackPlan:
@@ -293,7 +293,7 @@ class CpuSteps:
                             plan.post_eps, _fb(_FA, x), pos, kp, vp, ffi.cast("int64_t *", n_ctx.ctypes.data), fwork,
                             plan.attn_work, iwork, *plan._counts)
 
-    # ---- one decode token of a gated delta-net layer (delta_net.c; kernels/delta_step.py) ------------------
+    # ---- one decode token of a gated delta-net layer (step_delta_net.c; kernels/delta_step.py) ------------------
 
     def delta_net_plan(self, *args, **kw) -> "_delta_step.DeltaNetPlan":
         """One delta-net layer's constants checked and described to C once (delta_step.delta_net_plan)."""
@@ -311,7 +311,7 @@ class CpuSteps:
             raise ValueError("this CpuKernels has been closed")
         return _ssm_step.ssm_scan_step(self._pool, S, x, dt, A, B, C)
 
-    # ---- one decode step of a threshold-mode SwiGLU/GeGLU FFN (sparse_ffn.c) ------------------------------
+    # ---- one decode step of a threshold-mode SwiGLU/GeGLU FFN (step_ffn.c) ------------------------------
 
     def threshold_ffn_plan(self, act: str, gate: Tensor, up: Tensor, down: Tensor, down_transposed: bool,
                            cut: float, scale=None, up_cut: float | None = None) -> FfnStepPlan:
@@ -328,7 +328,7 @@ class CpuSteps:
                 raise ValueError(f"threshold_ffn_plan: {nm} has {info[3]} x {info[4]} values, expected {want[0]} x "
                                  f"{want[1]}")
         buffers = [g[1], u[1], d[1]]
-        desc = ffi.new("pi_threshold_ffn *")
+        desc = ffi.new("pi_ffn_step *")
         desc.act, desc.cut = (1 if act == "gelu" else 0), cut
         desc.scale = ffi.NULL
         desc.refine, desc.up_cut = (0, 0.0) if up_cut is None else (1, up_cut)
@@ -372,7 +372,7 @@ class CpuSteps:
         lib.pi_dense_ffn_decode(self._pool, plan.desc, _fb(_FA, x), fwork, _fb(_FA, y))
         return y
 
-    # ---- one decode step of a predictor-driven FFN (sparse_ffn.c) -----------------------------------------
+    # ---- one decode step of a predictor-driven FFN (step_ffn.c) -----------------------------------------
     FUSED_VARIANTS = {"reglu": 0, "fatreglu": 1, "dreglu": 2}  # enum pi_ffn_variant
 
     def sparse_ffn_plan(self, variant: str, fc1: Tensor | None, fc2: Tensor | None, gate: Tensor, up: Tensor,

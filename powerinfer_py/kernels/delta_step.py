@@ -1,4 +1,4 @@
-"""One decode token of a gated delta-net layer (Qwen3.5) in one C call: csrc/delta_net.c, pi_delta_net_decode.
+"""One decode token of a gated delta-net layer (Qwen3.5) in one C call: csrc/step_delta_net.c, pi_delta_net_decode.
 
 The numpy path of qwen35.py (_conv, _delta_qkv, _recur, the gated norm) is the specification; for one token it
 spends more time in temporaries and in copying the layer's state S in and out of the cache than in arithmetic.
@@ -47,7 +47,7 @@ def delta_net_plan(d: int, n_k_heads: int, n_v_heads: int, conv_w, ssm_a, dt_bia
                    split_heads: bool = True) -> DeltaNetPlan:
     """Checks one layer's constants once: conv_w f32 [conv_dim, K] (K >= 2), ssm_a and dt_bias f32 [Hv], ssm_norm
     f32 [d]; Hv a multiple of Hk. split_heads: run the value heads on all of the pool's threads (the same result;
-    False: all on the calling thread; see csrc/delta_net.c for what each costs)."""
+    False: all on the calling thread; see csrc/step_delta_net.c for what each costs)."""
     if min(d, n_k_heads, n_v_heads) < 1 or n_v_heads % n_k_heads:
         raise ValueError(f"delta_net_plan: {n_v_heads} value heads cannot share {n_k_heads} key heads of width {d}")
     conv_dim = (2 * n_k_heads + n_v_heads) * d

@@ -17,7 +17,7 @@ from ..gguf.types import GGMLType, Tensor
 # uint32 qh + q[16] (22 B), bit 4 of element j in bit j of qh, value (q - 16) * d. Q4_1 / Q5_1 = f16 d, f16 m
 # (+ qh) + q[16] (20 / 24 B), value d * q + m. IQ4_NL = f16 d + q[16] (18 B), value d * IQ4NL_VALUES[nibble].
 # MXFP4 = E8M0 exponent byte e + q[16] (17 B), value 2^(e - 128) * MXFP4_VALUES[nibble] (doubled E2M1 levels).
-# K-quants: csrc/matmul_internal.h.
+# K-quants: csrc/quants.h.
 from ..errors import UnsupportedError  # noqa: E402
 from ..gguf.types import KERNEL_TYPES  # noqa: E402
 from . import ref_iq as _iq  # noqa: E402
@@ -646,7 +646,7 @@ def select_nonzero(x) -> np.ndarray:
     return np.flatnonzero(check_sparse_vector("select_nonzero", "x", x)).astype(np.int32)
 
 
-# ==== a Q4_0 / Q8_0 predictor fc2 repacked by hidden unit (csrc/fc2_qt.c) ================================
+# ==== a Q4_0 / Q8_0 predictor fc2 repacked by hidden unit (csrc/fc2t.c) ================================
 # The predictor's hidden layer r = relu(fc1 . p) is about half zeros, so fc2 . r needs only the fc2 columns of
 # the non-zero r_k. The copy moves a quantized fc2's codes and scales (unchanged) so that each column is one
 # contiguous row, outputs in tiles of 64: Q4_0 uint8 [rank][np / 2] (in tile t's 32 bytes, byte j holds output
@@ -745,7 +745,7 @@ def fc2t_unpack(q: FC2T) -> tuple[np.ndarray, np.ndarray]:
 
 
 def fc2t_logits(q: FC2T, r) -> np.ndarray:
-    """logits f32 [n_ff] = fc2 . r from its copy by hidden unit, by its arithmetic (csrc/fc2_qt.c) on one
+    """logits f32 [n_ff] = fc2 . r from its copy by hidden unit, by its arithmetic (csrc/fc2t.c) on one
     thread: r as Q8_0 blocks (codes qr, scales dr); per block b with some qr != 0, in order, logits =
     fma(f32(d * dr), isum, logits) with isum the exact integer block dot of the weight codes and qr (the fma
     emulated in f64, where the product is exact)."""

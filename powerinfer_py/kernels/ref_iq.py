@@ -1,5 +1,5 @@
 """Numpy reference for the I-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (layouts:
-csrc/matmul_internal.h).
+csrc/quants.h).
 
 Each weight is d * f * (2 ls + 1) * grid * sign: an unsigned grid value, a sign bit, a 4-bit scale ls per group
 (32 or 16 weights) and f = 1/8 (IQ2), 1/4 (IQ3_XXS) or 1 (IQ3_S). The grids are data of the format and come

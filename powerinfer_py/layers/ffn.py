@@ -32,7 +32,7 @@ Modes (FORMATS.md section 2), chosen per model by resolve_sparse():
              p = the predictor input (pre-ffn_norm residual; falcon: the layer input),
              logits = fc2 · relu(fc1 · p) in f32, neuron i active iff logits[i] >= threshold, h computed for
              active neurons only (inactive neurons are exactly 0), then the down projection over them.
-             One token of a gated ReLU-family FFN without biases runs as one C call (sparse_ffn.c, same
+             One token of a gated ReLU-family FFN without biases runs as one C call (step_ffn.c, same
              kernels in the same order, so the same bits) unless a hybrid split or an observer is set;
              so does `exact` on PWRI files.
              Gated ReLU variants gather up rows only where the gate activation is non-zero (h = 0 elsewhere).
@@ -40,7 +40,7 @@ Modes (FORMATS.md section 2), chosen per model by resolve_sparse():
              token with a float fc2 (F32/F16/BF16), fc2 · r is the AXPY over the non-zero r_k of a transposed
              copy fc2_t made at load (same values, another summation order), which reads only their rows; a
              Q4_0 / Q8_0 fc2 gets a copy by hidden unit instead (the same codes and scales moved so that each
-             unit is one row: csrc/fc2_qt.c) read the same way (fc2_t_logits; the C step makes the same choice
+             unit is one row: csrc/fc2t.c) read the same way (fc2_t_logits; the C step makes the same choice
              and calls, so the same bits).
 Batches (prefill, N > 1 tokens) compute the union of the tokens' active sets once for all tokens and then
 zero h[t, i] for the neurons token t did not select, so every token gets exactly its own per-token result;
@@ -525,7 +525,7 @@ def step_timing_sums(ffns) -> np.ndarray | None:
 def fc2_t_logits(k, fc2_t, r: np.ndarray) -> np.ndarray | None:
     """One token's predictor logits f32 [1, n_ff] = fc2 · r as the AXPY over the non-zero r_k of fc2_t (or from
     a quantized fc2's copy by hidden unit: k.fc2t_logits), or None when too many r_k are non-zero for that to pay
-    (then the caller runs the dense mat-vec). The C step (sparse_ffn.c) makes the same choice and calls."""
+    (then the caller runs the dense mat-vec). The C step (step_ffn.c) makes the same choice and calls."""
     rank = r.shape[1]
     nz = k.select_nonzero(r[0])
     if len(nz) * 100 > rank * FC2_AXPY_MAX_PERCENT:

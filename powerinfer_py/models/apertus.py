@@ -17,7 +17,7 @@ xIELU as ggml_xielu computes it from the stored raw parameters (softplus(z) = ln
 in f32, in that order. It is not ReLU-family (negative inputs give non-zero outputs) and the FFN has no gate, so
 every sparse mode is refused (ffn.resolve_sparse: variant "xielu"); the FFN runs dense, with the FFN observer
 hook (profile) seeing xielu(up·x). The optional attn_q_norm.bias / attn_k_norm.bias that llama.cpp loads it
-does not use, and neither do we. One-token steps run the attention block as one C call (attn_block.c).
+does not use, and neither do we. One-token steps run the attention block as one C call (step_attn.c).
 
 Metadata keys (config.read with SPEC and its hooks; defaults are llama.cpp's):
   apertus (Swiss AI Apertus 8B / 70B): NeoX RoPE (optional rope_freqs.weight: LLaMA 3 scaling); xIELU activation

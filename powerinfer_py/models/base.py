@@ -363,7 +363,7 @@ class Model:
         also returns the FFN's normed input."""
         steps = self.kernels.steps
         stack = self._decode_stack(plans)
-        if stack is not None:  # tier 3: the same calls as below in one C call (decode_stack.c)
+        if stack is not None:  # tier 3: the same calls as below in one C call (step_stack.c)
             steps.decode_stack(stack, x[0], p0, cache.k, cache.v)
             for il in stack.counted_layers:  # what FFN._one_token records
                 f = self.ffns[il]

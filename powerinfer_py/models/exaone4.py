@@ -11,7 +11,7 @@ with three differences, all as llama.cpp's exaone4 graph runs them:
 EXAONE 4.5 files end with nextn_predict_layers multi-token-prediction blocks, which are not run (config).
 The output matrix is optional (tied to token_embd.weight when absent).
 
-One-token steps run each attention block as one C call (attn_block.c) as olmo2's do, with per-head Q/K norms
+One-token steps run each attention block as one C call (step_attn.c) as olmo2's do, with per-head Q/K norms
 and n_rot 0 on the layers without RoPE; same bits as the Python path (tests/test_exaone4.py).
 
 Metadata keys (config.read with SPEC and read_args; defaults are llama.cpp's):

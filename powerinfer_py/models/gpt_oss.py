@@ -18,7 +18,7 @@ chosen, their weights softmax(l[chosen]) (after the selection, not before); expe
     down_e · swiglu_oai(gate_e · x + b_gate_e, up_e · x + b_up_e) + b_down_e
 with swiglu_oai(g, u) = g' * sigmoid(1.702 g') * (u' + 1), g' = min(g, 7), u' = clip(u, -7, 7).
 
-The decode step is one C call per attention block (attn_block.c takes the output bias and the sinks), with the
+The decode step is one C call per attention block (step_attn.c takes the output bias and the sinks), with the
 same bits as the Python path. Real gpt-oss files store the experts in MXFP4; this module runs whatever weight
 types the kernels read.
 

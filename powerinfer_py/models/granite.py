@@ -9,7 +9,7 @@ scalars from the metadata (config.py reads them; unset ones are 1 and change not
         x = h + residual_scale * ffn(rmsnorm(h) * ffn_norm)
     logits = (output · (rmsnorm(x) * output_norm)) * (1 / logit_scale)   {arch}.logit_scale
 Each product is rounded to f32 before its add, as llama.cpp's graph does (a scale node, then the add), and the
-one-call decode step (attn_block.c) scales its output the same way, so the two paths give the same bits.
+one-call decode step (step_attn.c) scales its output the same way, so the two paths give the same bits.
 
 granitemoe's FFN is moe.MoEFFN: softmax router, top-k, the chosen experts' weights renormalized (llama.cpp's
 granite graph asks for that), experts {arch}.feed_forward_length wide. Files converted from

@@ -12,7 +12,7 @@ Logits: rmsnorm(x) * output_norm, then output.weight (or token_embd.weight when 
 The norm weights differ per dim, so the order matters (measured in tests/test_hunyuan_dense.py). The RoPE base
 may carry the NTK alpha (hunyuan_rope_base). Optional q/k/v biases are added as llama.cpp's loader takes them.
 Its own forward pass moves the norms after RoPE (base.Model's come before it); one-token steps run each attention
-block as one C call with the norms after RoPE too (attn_block.c's qk_norm_post_rope), with the same bits. The FFN
+block as one C call with the norms after RoPE too (step_attn.c's qk_norm_post_rope), with the same bits. The FFN
 is ffn.FFN's SwiGLU (its one-call C step for single tokens, threshold mode after `powerinfer calibrate`).
 
 Metadata keys (config.read with SPEC and its hooks; defaults are llama.cpp's):

@@ -18,7 +18,7 @@ by default) attend only to the last `sliding_window` positions and rotate with p
 rope.freq_base_swa, no frequency scale, no YaRN factors or magnitude); the others attend to every position with
 the file's RoPE scaling (YaRN on the long-context files), as llama.cpp's graph does.
 
-One-token steps run each attention block as one C call (attn_block.c, as the pre-norm models do) with the
+One-token steps run each attention block as one C call (step_attn.c, as the pre-norm models do) with the
 three switches it has for this block: no input norm (attn_norm None), whole-width Q/K norms (qk_norm_full) and
 the FFN input left unnormed (ffn_norm None); the post-attention norm is its post_norm. Same bits as the
 Python path of forward() (tests/test_smollm3_olmo2.py).

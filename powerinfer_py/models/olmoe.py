@@ -11,7 +11,7 @@ moe: moe.MoEFFN, a softmax router over expert_count experts, top expert_used_cou
 as they are (not renormalized, no scale), SwiGLU experts feed_forward_length wide (llama.cpp reads the experts'
 width from that key for this arch). output.weight is required by llama.cpp (no tied head in the real files);
 a file without it would use token_embd.weight here. One-token steps run each attention block as one C call
-(attn_block.c with its whole-width Q/K norm switch), with the Python path's bits.
+(step_attn.c with its whole-width Q/K norm switch), with the Python path's bits.
 
 Metadata keys (config.read with SPEC; defaults are llama.cpp's):
   olmoe   (OLMoE) the llama block with NeoX RoPE, RMSNorms over the whole Q and K projections (as olmo2) and

@@ -29,7 +29,7 @@ The recurrent state of a delta-net layer (the last K-1 conv inputs and S) lives 
 a forward that starts at n_past continues both exactly. The recurrence runs in numpy: one token as written, a
 prompt in chunks of CHUNK tokens in closed form (_chunk); the projections, all tokens at once, go through
 kernels.matmul, so quantized files work. A decode token on the C kernels skips the numpy steps: conv, norms,
-gates, recurrence and gated norm are one call (kernels.steps.delta_net_decode, csrc/delta_net.c) that updates the
+gates, recurrence and gated norm are one call (kernels.steps.delta_net_decode, csrc/step_delta_net.c) that updates the
 cache's states in place; the numpy path stays the specification (tests/test_kernels_delta.py).
 
 Metadata keys (config.read with SPEC; defaults are llama.cpp's):

@@ -23,7 +23,7 @@ ignores it for this arch. There is no shared expert and no dense layer.
 
 ReLU experts are sparse inside: most neurons of a chosen expert output exactly 0. `--sparse exact` skips their
 up rows (moe.py); the run's statistics (model.sparsity, `run -v`) count the active neurons of the chosen experts.
-One token runs each attention block as one C call (attn_block.c: n_rot 0 on the NoPE layers), same bits as the
+One token runs each attention block as one C call (step_attn.c: n_rot 0 on the NoPE layers), same bits as the
 Python path.
 
 Metadata keys (config.read with SPEC and read_args; defaults are llama.cpp's):

@@ -14,7 +14,7 @@ Per layer:  n = rmsnorm(x) * attn_norm
 Logits: rmsnorm(x) * output_norm, then output.weight, or token_embd.weight when the file has none (the 3B model
 ties them). rope_freqs.weight is not read (llama.cpp's smollm3 graph passes no frequency factors).
 
-A NoPE layer is a RoPE with n_rot = 0, so both the Python path and the one-call decode step (attn_block.c
+A NoPE layer is a RoPE with n_rot = 0, so both the Python path and the one-call decode step (step_attn.c
 skips RoPE when n_rot is 0) run it without a special case.
 
 Metadata keys (config.read with SPEC and read_args; defaults are llama.cpp's):

@@ -1,4 +1,4 @@
-/* attn_block.c: one decode step (one token) of a LLaMA attention block, in one call.
+/* step_attn.c: one decode step (one token) of a LLaMA attention block, in one call.
  *
  *   pi_attn_block_decode   rmsnorm -> Q, K, V mat-vecs [+ biases] [-> per-head Q/K norms] -> RoPE -> KV store ->
  *                          attention [sliding window] -> output mat-vec [-> its norm] -> residual add

@@ -1,4 +1,4 @@
-/* decode_stack.c: one token through a stack of decoder layers in one call.
+/* step_stack.c: one token through a stack of decoder layers in one call.
  *
  * models/base.py's one-token step used to come back to Python twice per layer (the attention block, then the
  * FFN, then the residual add): ~100 us of interpreter work per layer, 1.7-1.9 ms of a 16 ms Gemma 3 270M token
@@ -15,7 +15,7 @@
 #include "pi.h"
 
 void pi_decode_stack(pi_pool *pool, int64_t n_layer, const pi_attn_block *const *attn, const int32_t *kind,
-                     const pi_threshold_ffn *const *ffn, const pi_sparse_ffn *const *sparse,
+                     const pi_ffn_step *const *ffn, const pi_sparse_ffn *const *sparse,
                      const float *const *post_norm, float post_eps, float *x, int32_t pos, uint16_t *const *k_cache,
                      uint16_t *const *v_cache, const int64_t *n_ctx, float *work, int64_t attn_work, int32_t *iwork,
                      int64_t *n_active, int64_t *n_nonzero) {

@@ -1,10 +1,10 @@
-/* sparse_ffn.c: one decode step (one token) of a predictor-driven ReLU-family FFN layer, in one call.
+/* step_ffn.c: one decode step (one token) of a predictor-driven ReLU-family FFN layer, in one call.
  *
  *   pi_sparse_ffn_decode   predictor -> active list -> gate gather -> activation -> up gather (live rows
  *                          only) -> h -> AXPY over ffn_down_t; or (exact mode) the dense gate -> its non-zero
  *                          activations -> the same up gather and AXPY
  *
- * It is a composition of the kernels in matmul.c and sparse.c, called in the order ffn.py calls them for
+ * It is a composition of the kernels in matmul.c and axpy.c, called in the order ffn.py calls them for
  * one token, so its output is bit-identical to that Python path (tests/test_kernels_sparse.py checks it).
  * What it saves is the Python between the kernels: ~10 numpy operations, wrapper checks and array
  * allocations per layer, ~100 us per layer on a 2-core machine, 5-10% of a sparse 7B token. Batches
@@ -121,7 +121,7 @@ int64_t pi_sparse_ffn_decode(pi_pool *pool, const pi_sparse_ffn *f, const float 
  *           with |h_j| >= cut stay in rows and h (compacted in order); the others count as zero
  *   y     = sum_j h_j * down_t[rows[j], :]      (transposed copy), or down . (h scattered into n_ff zeros)
  * The kernels threshold.py calls for one token, in its order: the same bits. */
-int64_t pi_threshold_ffn_decode(pi_pool *pool, const pi_threshold_ffn *f, const float *x, float *fwork,
+int64_t pi_threshold_ffn_decode(pi_pool *pool, const pi_ffn_step *f, const float *x, float *fwork,
                                 int32_t *iwork, float *y, int64_t *n_nonzero) {
     const int64_t n_ff = f->n_ff, n_embd = f->n_embd;
     float *pre = fwork, *a = pre + n_ff, *score = a + n_ff, *u = score + n_ff;
@@ -164,7 +164,7 @@ int64_t pi_threshold_ffn_decode(pi_pool *pool, const pi_threshold_ffn *f, const 
 
 /* ---- one decode step of a dense SwiGLU/GeGLU FFN (ffn.py's `off` path for ordinary GGUF files) ---------------
  *   y = down . (act(gate . x) * (up . x))      pi_matmul x 3 and pi_swiglu / pi_geglu, in ffn.py's order */
-void pi_dense_ffn_decode(pi_pool *pool, const pi_threshold_ffn *f, const float *x, float *fwork, float *y) {
+void pi_dense_ffn_decode(pi_pool *pool, const pi_ffn_step *f, const float *x, float *fwork, float *y) {
     const int64_t n_ff = f->n_ff, n_embd = f->n_embd;
     float *g = fwork, *u = fwork + n_ff;
     pi_matmul(pool, f->gate_type, f->gate, n_ff, n_embd, x, 1, g);

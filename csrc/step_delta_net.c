@@ -1,4 +1,4 @@
-/* delta_net.c: pi_delta_net_decode, one decode token of a gated delta-net layer (Qwen3.5, qwen35.py) after its
+/* step_delta_net.c: pi_delta_net_decode, one decode token of a gated delta-net layer (Qwen3.5, qwen35.py) after its
  * input projections, with the layer's recurrent states updated in place.
  *
  * The numpy path (qwen35.py _conv, _delta_qkv, _recur and the gated norm of _delta_net) spends most of a decode

@@ -1,5 +1,5 @@
-/* matmul_internal.h: internal (not read by cffi). Block layouts of the quantized types and the pieces that
- * quant.c, matmul.c and matmul_k.c share.
+/* quants.h: internal (not read by cffi). Block layouts of the quantized types and the pieces that the kernel
+ * files share (quant.c, rows.c, matmul.c, matmul_k.c, matmul_iq.c, axpy.c, fc2t.c, act.c).
  *
  * Layouts are llama.cpp's (gguf/quants.py decodes the same bytes). Element order inside a block:
  *   Q4_0/Q4_1/Q5_0/Q5_1 (32): element j < 16 in the low nibble of qs[j], j + 16 in its high nibble; bit 4 of
@@ -46,8 +46,8 @@
  *       the f16 d = the top nibbles of words 0, 1, 2, 3 as its bits 0..3, 4..7, 8..11, 12..15; no d field).
  *   Q8_K (activations only): f32 d, int8 qs[256], int16 bsums[16] (sums of 16 consecutive qs).
  */
-#ifndef PI_MATMUL_INTERNAL_H
-#define PI_MATMUL_INTERNAL_H
+#ifndef PI_QUANTS_H
+#define PI_QUANTS_H
 #include <stdint.h>
 #include <string.h>
 
@@ -105,7 +105,55 @@ _Static_assert(sizeof(block_iq1_s) == 50, "IQ1_S block is 50 bytes");
 _Static_assert(sizeof(block_iq1_m) == 56, "IQ1_M block is 56 bytes");
 _Static_assert(sizeof(block_q8_K) == 320, "Q8_K block is 320 bytes");
 
+/* The type-traits table (pi.h: pi_type_traits): one row per type id, zero rows for the ids the kernels do not
+ * take. static const in every file that includes this header, so that a lookup with a type known at compile time
+ * (the kernels' per-type copies) folds to its constant, as the switches it replaced did. */
+static const pi_type_traits pi_traits[PI_TYPE_COUNT] = {
+    [PI_F32] = {1, 4, PI_KIND_FLOAT, 0, 0},
+    [PI_F16] = {1, 2, PI_KIND_FLOAT, 0, 0},
+    [PI_BF16] = {1, 2, PI_KIND_FLOAT, 0, 0},
+    [PI_Q4_0] = {QK, sizeof(block_q4_0), PI_KIND_BLOCK, QK, 0},
+    [PI_Q4_1] = {QK, sizeof(block_q4_1), PI_KIND_BLOCK, QK, 1},
+    [PI_Q5_0] = {QK, sizeof(block_q5_0), PI_KIND_BLOCK, QK, 0},
+    [PI_Q5_1] = {QK, sizeof(block_q5_1), PI_KIND_BLOCK, QK, 1},
+    [PI_Q8_0] = {QK, sizeof(block_q8_0), PI_KIND_BLOCK, QK, 0},
+    [PI_IQ4_NL] = {QK, sizeof(block_iq4_nl), PI_KIND_BLOCK, QK, 0},
+    [PI_MXFP4] = {QK, sizeof(block_mxfp4), PI_KIND_BLOCK, QK, 0},
+    [PI_Q2_K] = {QK_K, sizeof(block_q2_K), PI_KIND_K, 16, 1},
+    [PI_Q3_K] = {QK_K, sizeof(block_q3_K), PI_KIND_K, 16, 0},
+    [PI_Q4_K] = {QK_K, sizeof(block_q4_K), PI_KIND_K, 32, 1},
+    [PI_Q5_K] = {QK_K, sizeof(block_q5_K), PI_KIND_K, 32, 1},
+    [PI_Q6_K] = {QK_K, sizeof(block_q6_K), PI_KIND_K, 16, 0},
+    [PI_IQ4_XS] = {QK_K, sizeof(block_iq4_xs), PI_KIND_K, 32, 0},
+    [PI_IQ2_XXS] = {QK_K, sizeof(block_iq2_xxs), PI_KIND_IQ, 32, 0},
+    [PI_IQ2_XS] = {QK_K, sizeof(block_iq2_xs), PI_KIND_IQ, 16, 0},
+    [PI_IQ2_S] = {QK_K, sizeof(block_iq2_s), PI_KIND_IQ, 16, 0},
+    [PI_IQ3_XXS] = {QK_K, sizeof(block_iq3_xxs), PI_KIND_IQ, 32, 0},
+    [PI_IQ3_S] = {QK_K, sizeof(block_iq3_s), PI_KIND_IQ, 32, 0},
+    [PI_IQ1_S] = {QK_K, sizeof(block_iq1_s), PI_KIND_IQ, 32, 0},
+    [PI_IQ1_M] = {QK_K, sizeof(block_iq1_m), PI_KIND_IQ, 16, 0},
+};
+
+/* type's row; the zero row (PI_KIND_NONE) for any id outside the table (e.g. PI_FC2T + type) */
+static inline pi_type_traits pi_traits_of(int type) {
+    const pi_type_traits none = {0, 0, PI_KIND_NONE, 0, 0};
+    return type >= 0 && type < PI_TYPE_COUNT ? pi_traits[type] : none;
+}
+/* bytes of one block of type */
+static inline size_t pi_block_bytes(int type) { return (size_t)pi_traits_of(type).bytes; }
+/* The I-quants with grids (matmul_iq.c) */
+static inline int pi_is_iq_type(int type) { return pi_traits_of(type).kind == PI_KIND_IQ; }
+/* The 256-element super-block types: the K-quants, IQ4_XS and the I-quants (matmul_k.c) */
+static inline int pi_is_k_type(int type) {
+    const int kind = pi_traits_of(type).kind;
+    return kind == PI_KIND_K || kind == PI_KIND_IQ;
+}
+/* elements per scale group of a K-quant: 32 (Q4_K, Q5_K, IQ4_XS, ...) or 16 (Q2_K, Q3_K, Q6_K, ...) */
+static inline int pi_qk_group(int type) { return pi_traits_of(type).group; }
+
 uint16_t pi_f32_to_f16(float f); /* round to nearest even (quant.c) */
+void pi_f32_to_f16_row(const float *x, uint16_t *y, int64_t n); /* n values, the same rounding (quant.c) */
+void pi_dequantize_row(int type, const void *src, float *y, int64_t n_cols); /* one row -> f32 (quant.c) */
 
 static inline float pi_h2f(uint16_t h) {
 #if defined(__F16C__)
@@ -132,12 +180,6 @@ static inline float pi_e8m0_half(uint8_t e) {
     float f;
     memcpy(&f, &bits, 4);
     return f;
-}
-
-/* The I-quants with grids (matmul_iq.c) */
-static inline int pi_is_iq_type(int type) {
-    return type == PI_IQ2_XXS || type == PI_IQ2_XS || type == PI_IQ2_S || type == PI_IQ3_XXS || type == PI_IQ3_S
-        || type == PI_IQ1_S || type == PI_IQ1_M;
 }
 
 /* Their grids (iq_grids.h) */
@@ -208,19 +250,6 @@ static inline __m256i pi_q3k_scales16(const uint8_t *p) {
     return _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_or_si128(nib, _mm_slli_epi16(top, 4))), _mm256_set1_epi16(32));
 }
 #endif
-
-static inline int pi_is_k_type(int type) {
-    return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q6_K
-        || type == PI_Q2_K
-        || type == PI_Q3_K
-        || type == PI_IQ4_XS || pi_is_iq_type(type);
-}
-
-/* elements per scale group of a K-quant: 32 (Q4_K, Q5_K, IQ4_XS) or 16 (Q2_K, Q3_K, Q6_K) */
-static inline int pi_qk_group(int type) {
-    return type == PI_Q4_K || type == PI_Q5_K || type == PI_IQ4_XS || type == PI_IQ2_XXS || type == PI_IQ3_XXS
-        || type == PI_IQ3_S || type == PI_IQ1_S ? 32 : 16;
-}
 
 /* IQ4_XS: the 8 six-bit sub-block scales of a super-block, minus 32 */
 static inline void pi_iq4xs_scales(const block_iq4_xs *b, int8_t ls[8]) {

@@ -1,4 +1,4 @@
-/* fc2_qt.c: a Q4_0 or Q8_0 predictor's fc2 repacked by hidden unit (a "QT" copy), and fc2 . r reading only the
+/* fc2t.c: a Q4_0 or Q8_0 predictor's fc2 repacked by hidden unit (a "QT" copy), and fc2 . r reading only the
  * rows of the hidden units that are non-zero.
  *
  *   pi_fc2t_bytes    the size of the repacked copy
@@ -9,7 +9,7 @@
  * zero for a token, so fc2 . r only needs the fc2 columns of the others. In the file fc2 is row-major by
  * output neuron (each row a run of blocks along the rank), so a column is scattered over every row; the copy
  * turns each hidden unit's column into one contiguous row of codes, which is then read only when the unit is
- * non-zero. Float fc2 types get a plain transposed copy and the AXPY of sparse.c (ffn.py); a quantized column
+ * non-zero. Float fc2 types get a plain transposed copy and the AXPY of axpy.c (ffn.py); a quantized column
  * cannot be re-quantized along the other axis without changing the values, so the copy keeps every code and
  * scale of the file and only moves them.
  *
@@ -32,7 +32,7 @@
  *
  * Work split. The blocks are cut into P contiguous parts, P = the thread count (at most nb), balanced by their
  * count of non-zero qr, so each thread streams whole rows (row splits read faster than column slices on this
- * class of machine: sparse.c); part p accumulates into its own partial of np floats, and the partials are
+ * class of machine: axpy.c); part p accumulates into its own partial of np floats, and the partials are
  * summed in part order into logits. Bit-identical from run to run for a given thread count.
  *
  * Kernels (AVX2). The rows of a block's non-zero units are walked side by side, 64 outputs at a time, their
@@ -48,7 +48,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "matmul_internal.h" /* block_q4_0, block_q8_0, pi_h2f */
+#include "quants.h" /* block_q4_0, block_q8_0, pi_h2f */
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define QT_AVX2 1

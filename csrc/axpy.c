@@ -1,4 +1,4 @@
-/* sparse.c: the sparse FFN kernels other than the row-gather mat-vec (that one is pi_matmul_rows, matmul.c).
+/* axpy.c: the sparse FFN kernels other than the row-gather mat-vec (that one is pi_matmul_rows, matmul.c).
  *
  *   pi_axpy_rows       y[t, :] = sum_j h[t, j] * w[rows[j], :]   (the down projection over ffn_down_t rows)
  *   pi_select_active   ascending i with logits[i] >= threshold    (predictor mode)
@@ -43,7 +43,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "matmul_internal.h" /* block layouts, pi_h2f, pi_unpack_q32 / pi_unpack_qk (other block types) */
+#include "quants.h" /* block layouts, pi_h2f, pi_unpack_q32 / pi_unpack_qk (other block types) */
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
 #define SP_AVX512 1
@@ -187,10 +187,7 @@ INLINE void axpy_cols_scalar(const int T, const int G, const uint8_t *const *p, 
  * Slices start at a multiple of 64 columns, so tile k of a row starts at byte k * tile_bytes(T) and every
  * offset inside it is a compile-time constant. */
 #define TILE (VL * NV)
-INLINE int64_t tile_bytes(const int T) {
-    return T == PI_Q8_0 ? TILE / QK * (int64_t)sizeof(block_q8_0)
-         : T == PI_Q4_0 ? TILE / QK * (int64_t)sizeof(block_q4_0) : TILE * (T == PI_F32 ? 4 : 2);
-}
+INLINE int64_t tile_bytes(const int T) { return TILE / pi_traits[T].block * pi_traits[T].bytes; }
 /* per-block scales per tile (block types), else 1; the scale of vector v is s[sidx(T, v)] */
 #define NS(T) ((T) == PI_Q8_0 || (T) == PI_Q4_0 ? TILE / QK : 1)
 #define SIDX(T, v) ((T) == PI_Q8_0 || (T) == PI_Q4_0 ? (v) * VL / QK : 0)
