@@ -51,4 +51,4 @@ BACKEND = typer.Option("auto", "--backend", metavar="[auto|cpu|cuda|cpu-emulated
 VRAM_BUDGET = typer.Option(None, "--vram-budget", min=0.0, help=BUDGET_HELP)
 NO_MMAP = typer.Option(False, "--no-mmap", help="Read the weights into memory instead of mapping the file "
                        "(llama.cpp's --no-mmap): RAM for the whole file and a slower start; decodes faster where "
-                       "mapped file pages read slower (README, Performance).")
+                       "mapped file pages read slower (docs/performance.md).")
