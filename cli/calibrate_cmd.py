@@ -44,7 +44,7 @@ def calibrate(
     plain: bool = typer.Option(False, "--plain", help="Cut-offs on |act(gate)| alone, without per-neuron scales "
                                "(the mean |up·x| of each neuron; with them the perplexity cost is lower)."),
     up_sparsity: Optional[float] = typer.Option(None, "--up-sparsity", help="Fraction of ffn_up rows the first "
-                                                "stage skips, below --sparsity (default: half of it; README)."),
+                                                "stage skips, below --sparsity (default: half of it; docs/sparse.md)."),
     one_stage: bool = typer.Option(False, "--one-stage", help="One stage: the scaled |act(gate)| alone picks the "
                                    "computed neurons (up and down rows skipped alike; costs more perplexity)."),
     as_json: bool = typer.Option(False, "--json", help="Print the thresholds as one JSON object."),

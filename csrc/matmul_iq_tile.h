@@ -24,7 +24,7 @@
  *     4096 x 11008 against the step before.
  *   Tried and dropped: prefetching the next tile's activations (0.97-0.99x); offsetting every token's qs once
  *   at quantization into a second buffer that the tiles read in place of the per-tile copy (0.97-0.99x).
- * All steps together (and iq3_values_b's faster unpack), 4096 x 11008, one thread: README "I-quants".
+ * All steps together (and iq3_values_b's faster unpack), 4096 x 11008, one thread: docs/performance.md, "I-quants".
  */
 #ifndef PI_MATMUL_IQ_TILE_H
 #define PI_MATMUL_IQ_TILE_H

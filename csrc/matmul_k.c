@@ -46,7 +46,7 @@
  *       - Q4_K/Q5_K decode their 6-bit scales with two pshufb, one variable shift and masks, and d, dmin with
  *         one vcvtph2ps (scalar shifts and masks with GPR <-> vector moves before).
  *     Measured with benchmarks/bench_prefill_ab.py (the builds in separate processes, alternating, 64 tokens,
- *     one thread, CPU time, medians of 5 rounds on a loaded host; README has all shapes and two threads):
+ *     one thread, CPU time, medians of 5 rounds on a loaded host; docs/performance.md has all shapes and two threads):
  *     4096 x 11008 Q4_K 107 -> 123 GMAC/s, Q5_K 101 -> 112, Q6_K 98 -> 114; Q2_K 1.1x, Q3_K, IQ4_XS ~1.0x.
  *     Tried and dropped: unpacking each span once per 64 tokens into a scratch (ksb arrays, 90 KB) that every
  *     tile of 8 tokens reads (no gain: the ksb loads replace the unpack work, 113 vs 114 GMAC/s; 102-108 with

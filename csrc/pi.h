@@ -3,7 +3,7 @@
  * cffi reads this file with preprocessor lines stripped (csrc/build_ffi.py), so declarations here must be
  * plain C that cffi's parser accepts: no macros in declarations, no inline bodies.
  *
- * Conventions (see DESIGN.md):
+ * Conventions (see docs/DESIGN.md, "Conventions"):
  *   - `pi_<op>_<type>` names; one .c file per op family.
  *   - Shapes are given in elements, row-major, last dimension contiguous. `n_*` are counts, `*_dim` sizes.
  *   - Weight types use ggml's numbering (enum pi_type). Quantized rows are arrays of blocks in llama.cpp's

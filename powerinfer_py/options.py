@@ -112,7 +112,7 @@ class LoadOptions:
     use_mmap: bool = _opt(True, "--no-mmap", cli_name="no_mmap", cli_invert=True,
                           help="Read the weights into memory instead of mapping the file (llama.cpp's --no-mmap): "
                           "RAM for the whole file and a slower start; decodes faster where mapped file pages read "
-                          "slower (README, Performance).")
+                          "slower (docs/performance.md).")
 
     def kwargs(self) -> dict[str, Any]:
         """The fields as keywords for load() / LLM(...)."""

@@ -1,5 +1,5 @@
 """Tiny PowerInfer (PWRI) test models of every sparse architecture, and an independent numpy forward pass of
-FORMATS.md section 2 to check the engine against.
+docs/FORMATS.md section 2 to check the engine against.
 
 write_tiny_sparse(path, arch, ...) writes a PWRI file (ffn_down_t, per-layer predictors fc1/fc2 of the given
 ranks) or, with dense=True, its dense GGUF twin (ffn_down = ffn_down_t transposed, no predictors). `breakage`
@@ -8,7 +8,7 @@ edits the tensor list to make malformed files.
 SparseReference(path) runs the model one token at a time in float64 (K/V rounded to f16 as the engine's cache
 stores them), straight from the formulas: it shares no code with powerinfer_py.models or powerinfer_py.layers.ffn.
 Its `predictor_input` argument exists so a test can show that feeding the predictor anything but the residual
-FORMATS.md names gives different results.
+docs/FORMATS.md names gives different results.
 """
 from __future__ import annotations
 
@@ -163,10 +163,10 @@ def _rope(x, pos, base, neox):
 
 
 class SparseReference:
-    """FORMATS.md section 2, one token at a time, in float64.
+    """docs/FORMATS.md section 2, one token at a time, in float64.
 
     threshold: the predictor threshold (None: dense FFN, every neuron). predictor_input: "formats" (the
-    residual FORMATS.md names), or the wrong ones "normed" (the FFN input x) and "other" (llama/bamboo/opt:
+    residual docs/FORMATS.md names), or the wrong ones "normed" (the FFN input x) and "other" (llama/bamboo/opt:
     the layer input; falcon: the residual after attention)."""
 
     def __init__(self, path, threshold: float | None, predictor_input: str = "formats"):

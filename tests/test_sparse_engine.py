@@ -1,5 +1,5 @@
 """The sparse FFN engine (powerinfer_py/layers/ffn.py + the llama, bamboo, falcon and opt models) on tiny PWRI files
-written by reference_sparse.py, against its independent numpy forward pass of FORMATS.md section 2."""
+written by reference_sparse.py, against its independent numpy forward pass of docs/FORMATS.md section 2."""
 from __future__ import annotations
 
 import json
@@ -130,7 +130,7 @@ def test_predictor_on_ref_backend(tiny):
 
 @pytest.mark.parametrize("arch", ["llama", "bamboo", "falcon", "opt"])
 def test_predictor_input_is_the_formats_residual(tiny, kernels, arch):
-    """Ours matches the reference fed the residual FORMATS.md names (pre-ffn_norm; falcon: layer input), and
+    """Ours matches the reference fed the residual docs/FORMATS.md names (pre-ffn_norm; falcon: layer input), and
     clearly differs from references fed the FFN input or the other residual: the check can fail."""
     path = tiny(arch)
     _, ours = greedy(load(path, kernels), n_gen=2)

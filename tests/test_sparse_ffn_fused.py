@@ -1,5 +1,5 @@
 """The fused one-token predictor FFN step (csrc/step_ffn.c): bit-identical to the separate kernels run in
-ffn.py's order, close to the numpy reference of FORMATS.md section 2, and what FFN uses for one token."""
+ffn.py's order, close to the numpy reference of docs/FORMATS.md section 2, and what FFN uses for one token."""
 from __future__ import annotations
 
 import numpy as np
@@ -65,7 +65,7 @@ def separate_kernels(k, w: FFNWeights, variant, x, p, threshold, act_param, fc2_
 
 
 def reference(w: FFNWeights, variant, x, active, act_param):
-    """FORMATS.md section 2 in numpy (float64 products of the dequantized weights) for the given active set
+    """docs/FORMATS.md section 2 in numpy (float64 products of the dequantized weights) for the given active set
     (the predictor's logits are compared with the kernels' separately: a quantized product may move a
     neuron across the threshold)."""
     d = {nm: ref.dequantize(getattr(w, nm)).astype(np.float64) for nm in ("gate", "up", "down_t")}

@@ -384,4 +384,4 @@ ARCHITECTURES = {
     "ArceeForCausalLM": ("arcee", arcee_hparams, llama_tensors),
     "Glm4ForCausalLM": ("glm4", glm4_hparams, glm4_tensors),
 }
-SPARSE_ARCHS = ("llama", "bamboo", "falcon", "opt")  # what a PWRI file may hold (FORMATS.md §1)
+SPARSE_ARCHS = ("llama", "bamboo", "falcon", "opt")  # what a PWRI file may hold (docs/FORMATS.md §1)

@@ -1,4 +1,4 @@
-"""Hugging Face checkpoint (+ optional PowerInfer predictor) -> GGUF, or PWRI (FORMATS.md §1), streamed.
+"""Hugging Face checkpoint (+ optional PowerInfer predictor) -> GGUF, or PWRI (docs/FORMATS.md §1), streamed.
 
 Architectures (config.json "architectures"[0] -> general.architecture):
   LlamaForCausalLM, MistralForCausalLM  -> llama   hidden_act silu (LLaMA, Mistral) or relu (ReluLLaMA)

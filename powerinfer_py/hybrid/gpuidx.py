@@ -1,4 +1,4 @@
-"""The `.gpuidx` placement sidecar (FORMATS.md section 3), read and written compatibly with PowerInfer.
+"""The `.gpuidx` placement sidecar (docs/FORMATS.md section 3), read and written compatibly with PowerInfer.
 
 A GGUF file with magic PWRI, general.architecture = "generic.gpu_index", generic.gpu_index.block_count (u32)
 and split.vram_capacity (u64: the VRAM bytes the plan was solved for), and 2*L tensors, layers in numeric

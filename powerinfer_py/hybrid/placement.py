@@ -1,6 +1,6 @@
 """Hot/cold neuron placement: which FFN neurons of each layer live in device memory under a VRAM budget.
 
-What lives on the device (FORMATS.md section 3; the issue's hybrid layout):
+What lives on the device (docs/FORMATS.md section 3; the issue's hybrid layout):
   1. first, everything that is not an FFN neuron: attention weights, norms, predictors (fc1/fc2), the output
      head (token_embd too when the head is tied; otherwise the embedding lookup stays on the host), other
      small tensors (biases of ffn_down_t, ...), the f16 KV cache for n_ctx positions, the per-layer index maps

@@ -578,7 +578,7 @@ class RefKernels:
 
 
 # ==== sparse FFN (owner: sparse helper) ==================================================================
-# Semantics: FORMATS.md section 2. `rows` lists neurons (rows of ffn_down_t, n_embd values each) in ascending
+# Semantics: docs/FORMATS.md section 2. `rows` lists neurons (rows of ffn_down_t, n_embd values each) in ascending
 # order; h holds their activations per token. Validation is shared with cpu.py so both raise the same errors.
 
 

@@ -13,7 +13,7 @@ followed by the down projection: ffn_down · h for dense GGUF files, or  y = sum
 AXPY over rows of the transposed matrix) for PWRI files; + b_down for opt. The "gating" pre-activation is
 gate·x for gated variants and up·x + b_up for the others: a neuron whose gating activation is 0 has h = 0.
 
-Modes (FORMATS.md section 2), chosen per model by resolve_sparse():
+Modes (docs/FORMATS.md section 2), chosen per model by resolve_sparse():
   off        everything dense. PWRI files have no ffn_down, so their down projection is the AXPY over every
              row of ffn_down_t (the kernel skips rows whose h is zero for every token; that is what makes
              `exact` bit-identical to `off`).
@@ -52,7 +52,7 @@ split computes the hot neurons' part on a device and the rest here (partial()), 
 
 Observers (profiling, calibration, predictor training): an FFN whose `observer` is set runs the dense path
 and calls observer(layer, x, p, act) before its down projection, with x the normed FFN input, p the predictor
-input (FORMATS.md section 2: the pre-ffn_norm residual; falcon: the layer input) and act f32 [N, n_ff] the
+input (docs/FORMATS.md section 2: the pre-ffn_norm residual; falcon: the layer input) and act f32 [N, n_ff] the
 activated gating values: act(gate·x) for gated variants (silu, gelu, relu, fatrelu; dReLU: relu(gate·x)), or
 act(up·x + b_up) otherwise (relu2: relu(up·x), squared afterwards). A neuron is "active" for a token where act != 0 (ReLU family). The result is the
 dense result, whatever the mode; the observer must not modify its arguments.

@@ -12,7 +12,7 @@ text (normalized to mean 1 per layer, which changes nothing but the units of t_l
 a_i * (up_i·x), and up_i·x is unknown before the neuron is computed, so its typical size stands in for it: a
 neuron whose up value is usually large is worth keeping at a smaller |a_i|. On Gemma 3 270M (40% skipped,
 perplexity on text the calibration never saw, windows of 256) this cut the increase from +14.2% (plain |a_i|)
-to +7.9%; also weighting by the down column's norm did worse (README: the criteria tried). Files calibrated
+to +7.9%; also weighting by the down column's norm did worse (docs/sparse.md: the criteria tried). Files calibrated
 without scales (or with `calibrate --plain`) use c_i = 1. Cost at run time: one multiply of |a| by the scale
 vector per token and layer.
 Two-stage files (`calibrate`'s default since the single rule's cost was measured, or `--up-sparsity U`;
@@ -21,7 +21,7 @@ read (skipping the fraction U of up rows, by default half the sparsity); a candi
 its down row, only if its exact |h_i| = |a_i * (up_i·x)| >= t_l, which skips the (larger) fraction `sparsity`
 of the down rows. The guess c_i of up_i·x is what costs the single-stage rule its perplexity; the second stage
 ranks by the true contribution among the candidates. On Gemma 3 270M (`powerinfer perplexity`, evaluation
-text, windows of 512; README): 40% skipped, up 20%: +3.8%, against +8.6% for the single rule at 40% and +5.0%
+text, windows of 512; docs/sparse.md): 40% skipped, up 20%: +3.8%, against +8.6% for the single rule at 40% and +5.0%
 at 30% (the same up + down bytes as 20% + 40%). Another sparsity at run time interpolates the file's two
 tables (calibrate.two_stage_rows), keeping its ratio of up rows to neurons skipped.
 A layer whose cut-off is <= 0 keeps every neuron and runs the dense FFN itself, so sparsity 0 is bit-for-bit

@@ -7,7 +7,7 @@ Per layer, with x the layer input:
     a = attention(rope_neox(q), rope_neox(k), v)                  grouped-query, 1/sqrt(head_dim)
     x = x + Wo · a + ffn(m)       ffn: Wdown · act(Wup · m), act relu (ReluFalcon) or gelu (Falcon)
 Logits: layernorm(x) * output_norm + output_norm_b, then output.weight (token_embd.weight when absent).
-No biases on the projections. In PWRI files the predictor input is x, the layer input (FORMATS.md section 2).
+No biases on the projections. In PWRI files the predictor input is x, the layer input (docs/FORMATS.md section 2).
 
 Metadata keys (config.read with SPEC; defaults are llama.cpp's):
   falcon  LayerNorm with biases, fused attn_qkv, NeoX RoPE, parallel attention + MLP, no ffn_norm

@@ -18,7 +18,7 @@ candidate cut-off u_l is the U quantile of that score; the cut-off t_l is then t
 `sparsity` of neurons is skipped (down rows) and U of them are never read from ffn_up. Its quantile table holds,
 for each grid sparsity s, the same two cut-offs for s and U * s / sparsity (two_stage_rows), so a run may ask for
 another sparsity with the file's ratio of up rows to neurons skipped. one_stage=True keeps the single rule (the
-score's own cut-off and quantile table). Why two stages by default: on Gemma 3 270M (README) 40% of the neurons
+score's own cut-off and quantile table). Why two stages by default: on Gemma 3 270M (docs/sparse.md) 40% of the neurons
 skipped cost +3.8% perplexity with 20% of the up rows skipped, against +8.6% for the single rule, and at equal
 bytes skipped (20% + 40% against 30% + 30% of up + down rows) +3.8% against +5.0%.
 

@@ -1,4 +1,4 @@
-"""The PowerInfer model repositories we know by short name (FORMATS.md §4), for `-m bamboo-7b:q4_0` and
+"""The PowerInfer model repositories we know by short name (docs/FORMATS.md §4), for `-m bamboo-7b:q4_0` and
 `powerinfer models`.
 
 A short name stands for a ready-made PowerInfer GGUF repository; `name:q4_0` / `name:f16` picks the

@@ -1,6 +1,6 @@
 """Fitting one layer's activation predictor: logits = fc2 · relu(fc1 · p), trained to say which neurons fire.
 
-The data: p f32 [T, n_embd] (the exact predictor input of FORMATS.md section 2, as the FFN observer sees it) and
+The data: p f32 [T, n_embd] (the exact predictor input of docs/FORMATS.md section 2, as the FFN observer sees it) and
 the labels y bool [T, n_ff] (neuron active on that token). The model has no biases, as PowerInfer's files have
 none; it is evaluated exactly as ffn.py's predictor mode runs it: neuron i is predicted active iff its logit
 is >= the threshold (0, i.e. sigmoid >= 0.5, unless told otherwise).

@@ -2,7 +2,7 @@
 
 write_pwri(src, predictors, out): the source model's tensors, in its order, with per layer N
   - blk.N.ffn_down.weight (dense files) replaced by blk.N.ffn_down_t.weight, its transpose [n_ff, n_embd]
-    (FORMATS.md section 1: row i is neuron i's down column), re-encoded because quantized blocks run along the
+    (docs/FORMATS.md section 1: row i is neuron i's down column), re-encoded because quantized blocks run along the
     other axis: F32/F16 stay as they are, Q4_0 stays Q4_0, every other type becomes Q8_0 (F16 when n_embd is
     not a multiple of 32); PWRI sources keep their ffn_down_t bytes unchanged. ffn_down.bias -> ffn_down_t.bias.
   - blk.N.fc1.weight [R_N, n_embd] and blk.N.fc2.weight [n_ff, R_N] (replacing any the source had), placed

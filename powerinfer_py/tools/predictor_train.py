@@ -3,7 +3,7 @@
     powerinfer train-predictor -m MODEL --text FILE [--rank R | --rank auto] -o OUT [--format pwri|pt]
 
 1. collect(): the model runs densely over the calibration tokens (observe.py); for every layer and text token
-   the FFN observer gives p, the exact predictor input of FORMATS.md section 2 (pre-ffn_norm residual; falcon:
+   the FFN observer gives p, the exact predictor input of docs/FORMATS.md section 2 (pre-ffn_norm residual; falcon:
    the layer input), and act, the activated gating values. Label: neuron active iff act != 0, which is what
    the sparse engine skips on (ReLU-family FFNs: reglu, fatreglu, dreglu, relu). SwiGLU/GeGLU FFNs (llama with
    silu, qwen2, gemma3) have no exact zeros: their label is threshold mode's keep rule |act| * c >= the
