@@ -317,7 +317,7 @@ def test_copy_read_up_to_the_bound(pools):
         r[0, rng.permutation(RANK)[:round(RANK * (1 - share))]] = 0
         for ty in (GGMLType.Q4_0, GGMLType.Q8_0):
             fc2_t = transposed_predictor(layer(ty).fc2, k)
-            got = ffn_module.fc2_t_logits(k, fc2_t, r)
+            got = ffn_module.predictor_logits(k, fc2_t, r)
             assert (got is not None) == used, (share, ty.name)
             if used:
                 assert np.array_equal(got[0], k.fc2t_logits(fc2_t, r[0]))

@@ -653,7 +653,7 @@ def select_nonzero(x) -> np.ndarray:
 # 64 t + j in its low nibble and 64 t + 32 + j in its high one), Q8_0 int8 [rank][np]; then the f16 scales
 # [rank / 32][np] (0 in padding); np = n_ff rounded up to 64.
 FC2T_TILE = 64
-FC2T_TYPES = (GGMLType.Q4_0, GGMLType.Q8_0)
+FC2T_QUANT_TYPES = (GGMLType.Q4_0, GGMLType.Q8_0)
 
 
 @dataclass(frozen=True)
@@ -681,7 +681,7 @@ def fc2t_bytes(ggml_type, n_ff: int, rank: int) -> int:
 
 def check_fc2t_source(fc2: Tensor) -> tuple[int, int]:
     """(n_ff, rank) of a tensor fc2t_pack accepts: Q4_0 or Q8_0, 2-D, the rank a multiple of 32."""
-    if fc2.type not in FC2T_TYPES or len(fc2.shape) != 2:
+    if fc2.type not in FC2T_QUANT_TYPES or len(fc2.shape) != 2:
         raise ValueError(f"fc2t_pack: {fc2.name} must be a 2-D Q4_0 or Q8_0 tensor, got {fc2.type.name} {fc2.shape}")
     n_ff, rank = fc2.shape
     if n_ff < 1 or rank < QK or rank % QK:
@@ -694,8 +694,8 @@ def check_fc2t_copy(q) -> None:
     if not isinstance(q, FC2T):
         raise ValueError(f"fc2t_logits: expected an FC2T (fc2t_pack), got {type(q).__name__}")
     d = q.data
-    if (q.type not in FC2T_TYPES or not isinstance(d, np.ndarray) or d.dtype != np.uint8 or not d.flags.c_contiguous
-            or q.rank % QK or q.rank < QK or q.n_ff < 1 or d.size != fc2t_bytes(q.type, q.n_ff, q.rank)):
+    if (q.type not in FC2T_QUANT_TYPES or not isinstance(d, np.ndarray) or d.dtype != np.uint8
+            or not d.flags.c_contiguous or q.rank % QK or q.rank < QK or q.n_ff < 1 or d.size != fc2t_bytes(q.type, q.n_ff, q.rank)):
         raise ValueError(f"fc2t_logits: {q.name} does not hold a copy of a {q.n_ff} x {q.rank} "
                          f"{getattr(q.type, 'name', q.type)} fc2")
 

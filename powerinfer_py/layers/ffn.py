@@ -40,7 +40,7 @@ Modes (docs/FORMATS.md section 2), chosen per model by resolve_sparse():
              token with a float fc2 (F32/F16/BF16), fc2 · r is the AXPY over the non-zero r_k of a transposed
              copy fc2_t made at load (same values, another summation order), which reads only their rows; a
              Q4_0 / Q8_0 fc2 gets a copy by hidden unit instead (the same codes and scales moved so that each
-             unit is one row: csrc/fc2t.c) read the same way (fc2_t_logits; the C step makes the same choice
+             unit is one row: csrc/fc2t.c) read the same way (predictor_logits; the C step makes the same choice
              and calls, so the same bits).
 Batches (prefill, N > 1 tokens) compute the union of the tokens' active sets once for all tokens and then
 zero h[t, i] for the neurons token t did not select, so every token gets exactly its own per-token result;
@@ -68,13 +68,13 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import PowerInferError, UnsupportedError
-from ..kernels.ref import FC2T, FC2T_TYPES
+from ..kernels.ref import FC2T, FC2T_QUANT_TYPES
 from ..models import archs_with, spec_for
 from ..gguf.types import Tensor
 
 MODES = ("predictor", "exact", "threshold", "off")
 THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"
-FC2_T_TYPES = ("F32", "F16", "BF16")  # fc2 types whose transposed copy holds the same values
+FC2T_FLOAT_TYPES = ("F32", "F16", "BF16")  # fc2 types whose transposed copy holds the same values
 DENSE_FALLBACK = 0.5  # batches whose union of active neurons exceeds this fraction use the dense gate/up
 RELU_FAMILY = ("reglu", "fatreglu", "dreglu", "relu", "relu2")
 PREDICTED_GLU = ("swiglu", "geglu")  # non-ReLU FFNs that predictor mode also runs (trained predictors skip the gate)
@@ -401,7 +401,7 @@ class FFN:
                                                               np.ascontiguousarray(p[0])))
         r = k.matmul(w.fc1, p)  # [N, R]
         np.maximum(r, 0, out=r)
-        logits = fc2_t_logits(k, self.fc2_t, r) if n_tok == 1 and self.fc2_t is not None else None
+        logits = predictor_logits(k, self.fc2_t, r) if n_tok == 1 and self.fc2_t is not None else None
         if logits is None:
             logits = k.matmul(w.fc2, r)  # [N, n_ff]
         if n_tok == 1:
@@ -489,15 +489,15 @@ class FFN:
 
 
 def transposed_predictor(fc2: Tensor | None, kernels=None):
-    """fc2 (n_ff, R) transposed to (R, n_ff) with the same values, for float types (FC2_T_TYPES); a Q4_0 / Q8_0
+    """fc2 (n_ff, R) transposed to (R, n_ff) with the same values, for float types (FC2T_FLOAT_TYPES); a Q4_0 / Q8_0
     fc2's copy by hidden unit (kernels.fc2t_pack, an op of kernels.Ops: the same codes and scales, one row per
     unit), None without kernels; None for other quantized types (they would need re-quantizing along the other
     axis: other values)."""
     if fc2 is None:
         return None
-    if fc2.type in FC2T_TYPES and len(fc2.shape) == 2 and fc2.shape[1] % 32 == 0:
+    if fc2.type in FC2T_QUANT_TYPES and len(fc2.shape) == 2 and fc2.shape[1] % 32 == 0:
         return kernels.fc2t_pack(fc2) if kernels is not None else None
-    if fc2.type.name not in FC2_T_TYPES:
+    if fc2.type.name not in FC2T_FLOAT_TYPES:
         return None
     try:  # the C transpose when built: 5-7x numpy's strided copy (F16 7B fc2: 7-10 ms against 48-60)
         from ..kernels.cpu import transpose
@@ -522,7 +522,7 @@ def step_timing_sums(ffns) -> np.ndarray | None:
     return np.sum(parts, axis=0) if parts else None
 
 
-def fc2_t_logits(k, fc2_t, r: np.ndarray) -> np.ndarray | None:
+def predictor_logits(k, fc2_t, r: np.ndarray) -> np.ndarray | None:
     """One token's predictor logits f32 [1, n_ff] = fc2 · r as the AXPY over the non-zero r_k of fc2_t (or from
     a quantized fc2's copy by hidden unit: k.fc2t_logits), or None when too many r_k are non-zero for that to pay
     (then the caller runs the dense mat-vec). The C step (step_ffn.c) makes the same choice and calls."""
