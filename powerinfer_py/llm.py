@@ -57,8 +57,9 @@ class LLM:
         self.path = Path(path)
         self.file = open_gguf(self.path, use_mmap=use_mmap)
         try:
-            weights = load_weights(self.file, expected=models.expected_tensors)
-            self.config = weights.config
+            # file -> config (the arch's module reads its keys) -> checked weights -> model
+            self.config = models.read_config(self.file)
+            weights = load_weights(self.file, expected=models.expected_tensors, config=self.config)
             self.conversions = weights.conversions
             if n_ctx is not None and n_ctx < 1:
                 raise ValueError(f"n_ctx must be at least 1, got {n_ctx}")
