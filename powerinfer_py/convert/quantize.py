@@ -21,18 +21,17 @@ from gguf import quants as gguf_quants
 
 from ..errors import UnsupportedError
 from ..gguf import GGUFFile, open_gguf
-from ..gguf.types import GGMLType, Tensor
+from ..gguf.types import INTEGER_TYPES, GGMLType, Tensor
 from .output import QUANTIZED, Block, TensorPlan, check_target, write_streamed
 from .plan import BLOCK_ELEMS, FILE_TYPES
 
 QUANTIZE_TYPES = {"f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
 _FLOAT_SOURCES = {GGMLType.F32: "F32", GGMLType.F16: "F16", GGMLType.BF16: "BF16"}
-_INTEGER_TYPES = {GGMLType.I8, GGMLType.I16, GGMLType.I32, GGMLType.I64}
 
 
 def _target(t: Tensor, outtype: GGMLType) -> GGMLType | None:
     """The new type of `t`, or None to copy it unchanged."""
-    if len(t.shape) < 2 or t.type in _INTEGER_TYPES or t.type == GGMLType.F64:
+    if len(t.shape) < 2 or t.type in INTEGER_TYPES or t.type == GGMLType.F64:
         return None
     if outtype in QUANTIZED and t.shape[-1] % 32:
         return GGMLType.F16

@@ -22,10 +22,9 @@ from ..config import ModelConfig
 from ..errors import ModelFileError
 from .reader import GGUFFile
 from ..models import read_config
-from .types import KERNEL_TYPES, GGMLType, Tensor
+from .types import INTEGER_TYPES, KERNEL_TYPES, GGMLType, Tensor
 
 Q8_0_BLOCK = GGML_QUANT_SIZES[GGMLType.Q8_0][0]
-_INTEGER_TYPES = (GGMLType.I8, GGMLType.I16, GGMLType.I32, GGMLType.I64)
 _CHUNK_ELEMS = 1 << 22  # convert ~4M weights at a time: bounds the f32 scratch to 16 MB per step
 
 ExpectedFn = Callable[[ModelConfig], "dict[str, tuple[tuple[int, ...], bool]]"]
@@ -48,7 +47,7 @@ class LoadedWeights:
 
 def conversion_target(t: Tensor) -> GGMLType | None:
     """The type load_weights converts `t` to, or None if the kernels take it as it is."""
-    if t.type in KERNEL_TYPES or t.type in _INTEGER_TYPES:
+    if t.type in KERNEL_TYPES or t.type in INTEGER_TYPES:
         return None
     if len(t.shape) >= 2 and t.shape[-1] % Q8_0_BLOCK == 0:
         return GGMLType.Q8_0

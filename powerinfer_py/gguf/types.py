@@ -69,7 +69,10 @@ TYPE_TRAITS: dict[GGMLType, TypeTraits] = {
 #: Types the C kernels compute on directly, in TYPE_TRAITS' order
 KERNEL_TYPES = tuple(TYPE_TRAITS)
 
-_FLOAT_DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.BF16: np.uint16}
+#: The float types' numpy views of their data (BF16: the raw 16 bits, as uint16)
+FLOAT_DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.BF16: np.uint16}
+#: Integer tensors: kept as they are (neither kernel weights nor converted)
+INTEGER_TYPES = (GGMLType.I8, GGMLType.I16, GGMLType.I32, GGMLType.I64)
 
 
 def row_bytes(ggml_type: GGMLType, n_cols: int) -> int:
@@ -91,8 +94,8 @@ class Tensor:
     def from_bytes(cls, name: str, ggml_type: GGMLType, shape: tuple[int, ...], buf: np.ndarray) -> "Tensor":
         """Wrap a flat uint8 buffer (a slice of a memory map) as a tensor without copying."""
         shape = tuple(int(s) for s in shape)
-        if ggml_type in _FLOAT_DTYPES:
-            data = buf.view(_FLOAT_DTYPES[ggml_type]).reshape(shape)
+        if ggml_type in FLOAT_DTYPES:
+            data = buf.view(FLOAT_DTYPES[ggml_type]).reshape(shape)
         else:
             data = buf.reshape(*shape[:-1], row_bytes(ggml_type, shape[-1]))
         return cls(name, GGMLType(ggml_type), shape, data)

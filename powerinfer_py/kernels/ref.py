@@ -19,12 +19,11 @@ from ..gguf.types import GGMLType, Tensor
 # MXFP4 = E8M0 exponent byte e + q[16] (17 B), value 2^(e - 128) * MXFP4_VALUES[nibble] (doubled E2M1 levels).
 # K-quants: csrc/quants.h.
 from ..errors import UnsupportedError  # noqa: E402
-from ..gguf.types import KERNEL_TYPES  # noqa: E402
+from ..gguf.types import FLOAT_DTYPES as _FLOAT_DTYPES, KERNEL_TYPES  # noqa: E402
 from . import ref_iq as _iq  # noqa: E402
 
 QK = 32  # elements per Q8_0 / Q4_0 / Q5_0 block
 QK_K = 256  # elements per K-quant super-block (and per Q8_K activation block)
-_FLOAT_DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.BF16: np.uint16}
 _Q32_TYPES = (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.IQ4_NL,
               GGMLType.MXFP4)
 _MIN_TYPES = (GGMLType.Q4_1, GGMLType.Q5_1)  # value d * q + m: the activations' Q8_1 sum s enters (see matmul)
