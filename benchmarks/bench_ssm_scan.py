@@ -1,5 +1,5 @@
 """One decode token of the Mamba-2 scan: the C step (kernels.steps.ssm_scan_step, csrc/ssm_scan.c) against the numpy
-scan of models/mamba2_mixer.py, on Nemotron-H 4B's mixer shape (112 heads of 64, 8 groups, state 128: a 3.5 MB
+scan of layers/mamba2_mixer.py, on Nemotron-H 4B's mixer shape (112 heads of 64, 8 groups, state 128: a 3.5 MB
 state per layer). Prints the median ms per mixer layer and token of each and their ratio.
 Run: python benchmarks/bench_ssm_scan.py [THREADS] [ROUNDS]
 """
@@ -14,7 +14,7 @@ import numpy as np
 
 from powerinfer_py.kernels.cpu import CpuKernels
 from powerinfer_py.kernels.ref import RefKernels
-from powerinfer_py.models.mamba2_mixer import Mamba2Mixer, softplus
+from powerinfer_py.layers.mamba2_mixer import Mamba2Mixer, softplus
 
 H, P, N, G = 112, 64, 128, 8
 

@@ -29,7 +29,7 @@ from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.layers.cache import Mamba2KVCache
 from powerinfer_py.models import expected_tensors
 from powerinfer_py.models.falcon_h1 import FalconH1Model
-from powerinfer_py.models.mamba2_mixer import mamba2_dims
+from powerinfer_py.layers.mamba2_mixer import mamba2_dims
 from powerinfer_py.gguf.types import GGMLType, Tensor
 
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322, 300, 301, 302, 303], dtype=np.int32)

@@ -1,5 +1,5 @@
 """The one-token Mamba-2 scan in C (csrc/ssm_scan.c, kernels.steps.ssm_scan_step) against the numpy scan of
-models/mamba2_mixer.py (its specification), on odd shapes, over several tokens so the state carries, for 1 and 2
+layers/mamba2_mixer.py (its specification), on odd shapes, over several tokens so the state carries, for 1 and 2
 threads; and bad inputs refused on the Python side."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from powerinfer_py.kernels.cpu import CpuKernels
 from powerinfer_py.kernels.ref import RefKernels
-from powerinfer_py.models.mamba2_mixer import Mamba2Mixer, softplus
+from powerinfer_py.layers.mamba2_mixer import Mamba2Mixer, softplus
 
 
 class _Numpy(Mamba2Mixer):

@@ -26,7 +26,7 @@ from powerinfer_py.layers.ffn import resolve_sparse
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.gguf.load import load_weights
 from powerinfer_py.models import expected_tensors
-from powerinfer_py.models.nemotron_moe import NemotronMoE
+from powerinfer_py.layers.nemotron_moe import NemotronMoE
 
 TOKENS = np.array([1, 332, 292, 263, 270, 270, 273, 455, 276, 270, 262, 322, 300, 301, 302, 303], dtype=np.int32)
 OPTS = {"moe_latent": 32, "n_nextn": 1, "seed": 1}

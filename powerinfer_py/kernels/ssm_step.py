@@ -1,6 +1,6 @@
 """One decode token of the Mamba-2 selective scan in one C call: csrc/ssm_scan.c, pi_ssm_scan_step.
 
-The numpy scan of models/mamba2_mixer.py (Mamba2Mixer._scan) is the specification; for one token it makes three
+The numpy scan of layers/mamba2_mixer.py (Mamba2Mixer._scan) is the specification; for one token it makes three
 passes over the layer's state and two temporaries of its size. The C step reads and writes each state value once,
 updating the cache's state in place, and gives the same values to float rounding (only the sum S . C runs in
 another order; tests/test_kernels_ssm_scan.py). Used through CpuKernels.steps.ssm_scan_step (cpu_steps.py).

@@ -78,7 +78,7 @@ def require_dense_ffn(config, what: str) -> None:
 
 def usage_note(config, ffns) -> str:
     """One line on how a run spread its tokens over the experts (for `run -v` and `info -v`)."""
-    ffns = [getattr(f, "experts", f) for f in ffns]  # nemotron_h_moe wraps its MoEFFN (models/nemotron_moe.py)
+    ffns = [getattr(f, "experts", f) for f in ffns]  # nemotron_h_moe wraps its MoEFFN (layers/nemotron_moe.py)
     counts = [f.counts for f in ffns if isinstance(f, MoEFFN)]
     busiest = float(np.mean([c.max() / max(1, c.sum()) for c in counts])) if counts else 0.0
     note = (f"a mixture of experts: each token runs {config.n_expert_used} of {config.n_expert} experts per layer; "

@@ -10,19 +10,17 @@ kernel calls and almost nothing else.
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Mapping
 
 import numpy as np
 
 from ..config import ModelConfig
-from ..errors import ModelFileError
 from ..gguf.types import Tensor
 from ..layers.cache import KVCache
 from ..layers.ffn import FFN, FFNWeights, SparseSettings, SparsityStats, ffn_variant, resolve_sparse
 from ..layers.moe import MoEFFN
+from ..layers.weights import Expected, get_tensor, layer_tensors, norm_weight  # noqa: F401 (the arch modules' imports)
 
-Expected = dict[str, tuple[tuple[int, ...], bool]]  # name -> (shape in numpy order, required)
 
 
 def head_expected(c: ModelConfig, layer_norm: bool = False) -> Expected:
@@ -97,33 +95,6 @@ def sparsify_expected(c: ModelConfig, e: Expected) -> Expected:
         e[p + "fc1.weight"] = ((rank, c.n_embd), True)
         e[p + "fc2.weight"] = ((c.n_ff, rank), True)
     return e
-
-
-def get_tensor(tensors: Mapping[str, Tensor], name: str, required: bool = True) -> Tensor | None:
-    t = tensors.get(name)
-    if t is None and required:
-        raise ModelFileError(f"missing required tensor {name!r}")
-    return t
-
-
-def norm_weight(t: Tensor | None) -> np.ndarray | None:
-    """A norm weight or bias as the f32 [D] array the kernels take (these are F32 in every GGUF we read;
-    an F16 one is converted once here)."""
-    if t is None:
-        return None
-    return np.ascontiguousarray(t.data, dtype=np.float32).reshape(-1)
-
-
-def layer_tensors(tensors: Mapping[str, Tensor], il: int, names: Mapping[str, str],
-                  optional: tuple[str, ...] = ()) -> SimpleNamespace:
-    """Layer il's tensors as attributes: names maps attribute -> tensor suffix ("attn_q.weight").
-    Suffixes ending in "norm.weight", "norm_2.weight" or ".bias" become f32 arrays; the rest stay Tensors for
-    matmul."""
-    out = {}
-    for attr, suffix in names.items():
-        t = get_tensor(tensors, f"blk.{il}.{suffix}", required=attr not in optional)
-        out[attr] = norm_weight(t) if suffix.endswith(("norm.weight", "norm_2.weight", ".bias")) else t
-    return SimpleNamespace(**out)
 
 
 def _stack_step(f) -> tuple[str, object] | None:

@@ -35,7 +35,7 @@ from ..gguf.types import Tensor
 from ..layers.cache import Mamba2KVCache
 from ..layers.ffn import SparseSettings
 from .base import Expected, Model, get_tensor, head_expected, norm_weight
-from .mamba2_mixer import Mamba2Mixer, mamba2_dims, mamba2_expected, mamba2_tensors
+from ..layers.mamba2_mixer import Mamba2Mixer, mamba2_dims, mamba2_expected, mamba2_tensors
 from .nemotron_h import mamba2_layout
 from .spec import ArchSpec
 

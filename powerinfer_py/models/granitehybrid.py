@@ -33,7 +33,7 @@ from ..layers.ffn import SparseSettings
 from .base import Expected, ffn_expected, head_expected, layer_tensors
 from .granite import GraniteModel
 from .granite import apply_scales, describe
-from .mamba2_mixer import Mamba2Mixer, mamba2_dims, mamba2_expected, mamba2_tensors
+from ..layers.mamba2_mixer import Mamba2Mixer, mamba2_dims, mamba2_expected, mamba2_tensors
 from .nemotron_h import mamba2_layout
 from .spec import ArchSpec
 

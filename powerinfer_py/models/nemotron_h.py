@@ -15,7 +15,7 @@ The FFN is ffn.py's "relu2" variant, a ReLU-family FFN: `--sparse exact` compute
 neurons with relu(up·n) > 0 only, and gives `off`'s bits (tests/test_nemotron_h.py checks it).
 
 nemotron_h_moe (Nemotron 3 Nano 30B-A3B): the same stack with every FFN layer a mixture of squared-ReLU experts
-plus a shared expert (models/nemotron_moe.py); its trailing MTP block is not run (config.n_nextn).
+plus a shared expert (layers/nemotron_moe.py); its trailing MTP block is not run (config.n_nextn).
 
 Metadata keys (config.read with SPEC and read_args):
 Read by mamba2_keys (granitehybrid.py and falcon_h1.py use it too, through mamba2_layout).
@@ -64,8 +64,8 @@ from ..layers.ffn import FFN, FFNWeights, SparseSettings, SparsityStats
 from ..layers.cache import Mamba2KVCache
 from ..gguf.types import Tensor
 from .base import Expected, Model, get_tensor, head_expected, layer_tensors, norm_weight
-from .mamba2_mixer import Mamba2Mixer, mamba2_dims, mamba2_expected, mamba2_tensors
-from .nemotron_moe import NemotronMoE, nemotron_moe_expected
+from ..layers.mamba2_mixer import Mamba2Mixer, mamba2_dims, mamba2_expected, mamba2_tensors
+from ..layers.nemotron_moe import NemotronMoE, nemotron_moe_expected
 from .spec import ArchSpec
 
 ATTENTION = {"wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight", "wo": "attn_output.weight",

@@ -22,9 +22,9 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import ModelFileError
 from ..gguf.types import Tensor
-from ..layers.ffn import FFN, FFNWeights, SparseSettings
-from ..layers.moe import MoEFFN
-from .base import Expected, get_tensor, norm_weight
+from .ffn import FFN, FFNWeights, SparseSettings
+from .moe import MoEFFN
+from .weights import Expected, get_tensor, norm_weight
 
 
 def moe_width(c: ModelConfig) -> int:

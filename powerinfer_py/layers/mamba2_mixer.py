@@ -34,7 +34,7 @@ import numpy as np
 
 from ..gguf.types import Tensor
 from ..kernels.ref import dequantize
-from .base import Expected, get_tensor, norm_weight
+from .weights import Expected, get_tensor, norm_weight
 
 SOFTPLUS_LINEAR = 20.0  # above this softplus(v) is v (ggml's cut-off)
 
