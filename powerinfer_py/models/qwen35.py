@@ -61,7 +61,7 @@ from .base import Expected, Model, ffn_expected, get_tensor, head_expected, laye
 from .spec import ArchSpec
 
 SHARED = {"attn_norm": "attn_norm.weight", "ffn_norm": "post_attention_norm.weight"}
-DELTA = {"wqkv": "attn_qkv.weight", "wz": "attn_gate.weight", "w_beta": "ssm_beta.weight",
+DELTA = {"wqkv": "attn_qkv.weight", "wg": "attn_gate.weight", "w_beta": "ssm_beta.weight",
          "w_alpha": "ssm_alpha.weight", "dt_bias": "ssm_dt.bias", "ssm_norm": "ssm_norm.weight", "w_out": "ssm_out.weight"}
 ATTENTION = {"wq": "attn_q.weight", "wk": "attn_k.weight", "wv": "attn_v.weight", "wo": "attn_output.weight",
              "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight"}
@@ -285,7 +285,7 @@ class Qwen35Model(Model):
         plan = self._delta_plan(L) if n == 1 and p0 else None
         if plan is not None:  # one token: the steps below in one C call, the cache's states updated in place
             x = h[0]
-            o = k.steps.delta_net_decode(plan, k.matmul(L.wqkv, x), k.matmul(L.wz, x), k.matmul(L.w_beta, x),
+            o = k.steps.delta_net_decode(plan, k.matmul(L.wqkv, x), k.matmul(L.wg, x), k.matmul(L.w_beta, x),
                                          k.matmul(L.w_alpha, x), cache.conv[il], cache.delta[il])
             return k.matmul(L.w_out, o)[None]
         q, kk, v = self._delta_qkv(self._conv(il, L, k.matmul(L.wqkv, h), cache, p0))
@@ -294,7 +294,7 @@ class Qwen35Model(Model):
         S = cache.delta_state(il, p0)  # [Hv, d_v, d_k]
         o = self._recur(S, q, kk, v, beta, g)
         cache.set_delta_state(il, S)
-        gated = k.rmsnorm(o, L.ssm_norm, c.norm_eps) * k.silu(k.matmul(L.wz, h).reshape(n, hv, d))
+        gated = k.rmsnorm(o, L.ssm_norm, c.norm_eps) * k.silu(k.matmul(L.wg, h).reshape(n, hv, d))
         return k.matmul(L.w_out, gated.reshape(n, hv * d))
 
 
