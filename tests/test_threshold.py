@@ -176,6 +176,10 @@ def test_calibrate_and_threshold_errors(synthetic_model, tmp_path):
     assert not (tmp_path / "x.gguf").exists()
     with pytest.raises(UnsupportedError, match="SwiGLU"):
         load(relu, threads=1, sparse="threshold")
+    # mixer-only layers (mamba2) have no FFN to calibrate: a named error, not an AttributeError
+    with pytest.raises(UnsupportedError, match="mamba2 model has none in 2 of its 2 layers"):
+        calibrate(synthetic_model("mamba2", "f32", n_layer=2), tmp_path / "x.gguf", 0.4, text=TEXT)
+    assert not (tmp_path / "x.gguf").exists()
 
 
 def test_corrupt_calibration_metadata(synthetic_model, tmp_path):

@@ -272,6 +272,11 @@ def calibrate(model: str | os.PathLike, out: str | os.PathLike, sparsity: float,
         from ..layers.moe import require_dense_ffn
 
         require_dense_ffn(llm.config, "calibrate")
+        plain = [il for il, f in enumerate(llm.model.ffns) if f is None]
+        if plain:  # (mamba2: mixer-only layers; gemma3n: its own top-k FFN) no FFN object to calibrate there
+            raise UnsupportedError(f"calibrate needs a plain SwiGLU/GeGLU FFN in every layer; this "
+                                   f"{llm.config.arch} model has none in {len(plain)} of its {len(llm.model.ffns)} "
+                                   f"layers (e.g. layer {plain[0]})")
         variant = ffn_variant(llm.config)
         if variant not in THRESHOLD_VARIANTS:
             raise UnsupportedError(f"calibrate is for SwiGLU/GeGLU models; this {llm.config.arch} model's FFN is "
