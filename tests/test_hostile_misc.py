@@ -313,3 +313,63 @@ def test_server_json_body_deep_or_huge_integer_is_a_400(body, words):
     with pytest.raises(api.ApiError) as err:
         api.parse_body(body.encode())
     assert err.value.status == 400 and words in str(err.value)
+
+
+# ---- statistics and session files: zip bombs and deep JSON ------------------------------------------------------
+
+def test_activation_npz_zip_bomb_is_refused_before_it_is_inflated(tmp_path):
+    """A .npz whose member inflates to 1 GiB (a few MB on disk) is refused from the sizes the archive declares,
+    in a child under an address-space limit far below what inflating it would take."""
+    import zipfile
+
+    bomb = tmp_path / "stats.npz"
+    header = b"\x93NUMPY\x01\x00" + struct.pack("<H", 118) + (
+        b"{'descr': '<f8', 'fortran_order': False, 'shape': (2, 67108864), }".ljust(117) + b"\n")
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        with z.open("arr_0.npy", "w", force_zip64=True) as f:
+            f.write(header)
+            zeros = bytes(1 << 20)
+            for _ in range(1024):
+                f.write(zeros)
+    assert bomb.stat().st_size < 8 << 20
+    code = ("import resource, sys\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (768 << 20, 768 << 20))\n"
+            "from powerinfer_py.errors import PowerInferError\n"
+            "from powerinfer_py.hybrid.activations import load_activations\n"
+            "try:\n    load_activations(sys.argv[1], 2, 512)\n"
+            "except PowerInferError as e:\n    print('refused:', e)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(bomb)], capture_output=True, text=True, timeout=120,
+                          env=_env())
+    assert proc.returncode == 0 and proc.stdout.startswith("refused:"), proc.stdout + proc.stderr
+    assert "more than counts for 2 x 512 neurons take" in proc.stdout
+
+
+def test_activation_npz_that_fits_still_reads(tmp_path):
+    from powerinfer_py.hybrid.activations import load_activations
+
+    counts = np.arange(2 * 16, dtype=np.float64).reshape(2, 16)
+    np.savez(tmp_path / "ok.npz", counts)
+    got = load_activations(tmp_path / "ok.npz", 2, 16)
+    assert [g.tolist() for g in got] == counts.tolist()
+
+
+def test_deep_or_huge_json_in_statistics_profile_and_session_files(tmp_path, llama):
+    from powerinfer_py import load
+    from powerinfer_py.chat import ChatSession, template_for
+    from powerinfer_py.errors import PowerInferError
+    from powerinfer_py.hybrid.activations import load_activations
+    from powerinfer_py.tools.profile import load_profile
+
+    for text, words in ((DEEP, "nested too deeply"), ('{"layers": ' + HUGE_INT + "}", "digits")):
+        (tmp_path / "stats.json").write_text(text)
+        with pytest.raises(PowerInferError, match=words):
+            load_activations(tmp_path / "stats.json", 2, 16)
+        (tmp_path / "prof").mkdir(exist_ok=True)
+        (tmp_path / "prof" / "profile.json").write_text(text)
+        with pytest.raises(PowerInferError, match=words):
+            load_profile(tmp_path / "prof")
+        session = tmp_path / "chat.json"  # what chat's /load reads
+        session.write_text(text)
+        with load(llama, threads=1, n_ctx=64) as llm:
+            with pytest.raises(PowerInferError, match="chat.json is not a saved conversation"):
+                ChatSession(llm, template_for(llm)).load(session)

@@ -137,6 +137,10 @@ class ChatSession:
             raise PowerInferError(f"cannot read {path}: {e.strerror or e}") from None
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise PowerInferError(f"{path} is not a saved conversation (not JSON: {e})") from None
+        except RecursionError:
+            raise PowerInferError(f"{path} is not a saved conversation (JSON nested too deeply)") from None
+        except ValueError:  # an integer past Python's digit limit
+            raise PowerInferError(f"{path} is not a saved conversation (an integer with too many digits)") from None
         if not isinstance(data, dict) or data.get("format") != SAVE_FORMAT:
             raise PowerInferError(f"{path} is not a saved conversation (no \"format\": \"{SAVE_FORMAT}\")")
         messages, system = data.get("messages"), data.get("system")

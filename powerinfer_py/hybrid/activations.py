@@ -12,9 +12,9 @@ profile_activations() measures them instead: it runs the model's dense FFN path 
 """
 from __future__ import annotations
 
-import json
 import os
 import re
+import zipfile
 from pathlib import Path
 from typing import Sequence
 
@@ -41,7 +41,7 @@ def load_activations(source: str | os.PathLike, n_layer: int, n_ff: int) -> list
     elif not path.exists():
         raise PowerInferError(f"{path}: no such activation statistics file or folder")
     elif path.suffix == ".npz":
-        counts = _from_npz(path)
+        counts = _from_npz(path, n_layer, n_ff)
     elif path.suffix == ".json":
         counts = _from_json(path)
     elif path.suffix in (".pt", ".bin"):
@@ -92,7 +92,22 @@ def _from_folder(folder: Path, n_layer: int, n_ff: int) -> list[np.ndarray]:
     return out
 
 
-def _from_npz(path: Path) -> list[np.ndarray]:
+def _from_npz(path: Path, n_layer: int, n_ff: int) -> list[np.ndarray]:
+    # np.load inflates a member whole when it is read: refuse members larger than counts for the whole model
+    # (float64 [n_layer, n_ff] plus a .npy header) before that, from the sizes the archive declares (zipfile
+    # never reads a member past its declared size)
+    limit = 8 * n_layer * n_ff + (1 << 16)
+    try:
+        with zipfile.ZipFile(path) as zf:
+            members = zf.infolist()
+    except (zipfile.BadZipFile, OSError) as e:
+        raise PowerInferError(f"{path}: not a .npz archive ({e})") from None
+    if len(members) > n_layer + 1:
+        raise PowerInferError(f"{path}: {len(members)} arrays for a model of {n_layer} layers")
+    for m in members:
+        if m.file_size > limit:
+            raise PowerInferError(f"{path}: array {m.filename[:80]!r} holds {m.file_size} bytes, more than counts "
+                                  f"for {n_layer} x {n_ff} neurons take ({limit})")
     with np.load(path, allow_pickle=False) as z:
         keyed = {int(m.group(1)): k for k in z.files if (m := _NPZ_KEY.fullmatch(k))}
         if keyed:
@@ -103,9 +118,11 @@ def _from_npz(path: Path) -> list[np.ndarray]:
 
 
 def _from_json(path: Path) -> list[np.ndarray]:
+    from ..convert.safetensors import parse_json
+
     try:
-        obj = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
+        obj = parse_json(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:  # parse_json: deep nesting and huge integers too
         raise PowerInferError(f"{path}: not valid JSON: {e}") from None
     layers = obj.get("layers") if isinstance(obj, dict) else obj
     if not isinstance(layers, list):

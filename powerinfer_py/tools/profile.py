@@ -221,9 +221,11 @@ def load_profile(folder: str | os.PathLike) -> dict:
     path = Path(folder) / JSON_NAME
     if not path.is_file():
         raise PowerInferError(f"{folder}: no {JSON_NAME} (not a folder written by `powerinfer profile`)")
+    from ..convert.safetensors import parse_json
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
+        data = parse_json(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:  # parse_json: deep nesting and huge integers too
         raise PowerInferError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(data, dict) or not isinstance(data.get("layers"), list):
         raise PowerInferError(f"{path}: not a profile summary (no 'layers' list)")
