@@ -202,3 +202,11 @@ def test_plain_mamba2_needs_its_state(synthetic_model, cpu_kernels):
     for s in cache.ssm:
         s[...] = 0
     assert rel_err(model.forward(TOKENS[6:], cache, all_logits=True), ref[6:]) > MISTAKE
+
+
+def test_sparse_modes_on_a_model_without_ffns_say_so(synthetic_model):
+    """mamba2: every layer is a mixer, so no sparse mode has an FFN to work on; the error says that (not that the
+    FFN it lacks is SwiGLU)."""
+    path = synthetic_model("mamba2", "f32")
+    with pytest.raises(UnsupportedError, match="this mamba2 model has none .* use 'off'"):
+        load(path, threads=1, sparse="exact")

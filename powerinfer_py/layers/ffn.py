@@ -155,6 +155,9 @@ def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: floa
         return SparseSettings(mode, 0.0, float(target), cuts, scales=config.ffn_neuron_scales, up_cuts=up_cuts)
     if (mode != "off" and variant not in RELU_FAMILY and not (mode == "predictor" and variant in PREDICTED_GLU)
             and not (mode == "exact" and spec.topk_ffn)):
+        if config.ffn_layers and not any(config.ffn_layers):  # (mamba2: every layer a mixer, no FFN at all)
+            raise UnsupportedError(f"sparse mode {mode!r} sparsifies FFNs; this {config.arch} model has none (its "
+                                   f"{config.n_layer} layers are mixer or attention layers): use 'off'")
         hint = ("'threshold' (after `powerinfer calibrate`) or 'off'" if variant in ("swiglu", "geglu") else "'off'")
         raise UnsupportedError(f"sparse mode {mode!r} needs a ReLU-family FFN; this {config.arch} model's FFN "
                                f"is {variant}: use {hint}")
