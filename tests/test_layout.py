@@ -22,9 +22,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"powerinfer_py": ROOT / "powerinfer_py", "powerinfer_cli": ROOT / "cli"}
 MAX_TOP_MODULES = 16  # .py files at powerinfer_py/'s top level besides __init__.py
 MAX_TOP_ENTRIES = 20  # .py files (with __init__.py) and subpackages
-# Being dissolved into models/<arch>.py (issue 34, point 3); not counted until they are gone. Do not add to it.
-DISSOLVING = {"config_archs.py", "config_bailing.py", "config_cohere.py", "config_gemma3n.py", "config_gemma4.py",
-              "config_llama4.py", "config_llama_variants.py", "config_mamba2.py", "config_minicpm.py"}
 NOT_RUNTIME = ("powerinfer_py.synth", "powerinfer_py.tools", "powerinfer_py.convert")
 
 
@@ -216,7 +213,7 @@ def test_synth_is_imported_only_by_synth_inside_the_package():
 
 def test_top_level_stays_small():
     top = ROOT / "powerinfer_py"
-    modules = sorted(p.name for p in top.glob("*.py") if p.name not in DISSOLVING)
+    modules = sorted(p.name for p in top.glob("*.py"))
     packages = sorted(p.name for p in top.iterdir() if (p / "__init__.py").is_file())
     besides_init = [m for m in modules if m != "__init__.py"]
     assert len(besides_init) <= MAX_TOP_MODULES, (
