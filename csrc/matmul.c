@@ -716,7 +716,9 @@ INLINE fv fv_fma(fv a, fv b, fv c) { return _mm256_fmadd_ps(a, b, c); }
 #if defined(MM_AVX512) || defined(MM_AVX2)
 INLINE fv xf_shared(const float *p, const int tail, lanemask m) {
     fv v = xf_load(p, tail, m);
-#if defined(MM_AVX2)
+#if defined(MM_AVX512)
+    __asm__("" : "+v"(v)); /* "v": any of the 32 zmm */
+#else
     __asm__("" : "+x"(v));
 #endif
     return v;
@@ -1432,51 +1434,76 @@ TILE_FN(tile_rt, RP, TP)  /* prefill tile */
 TILE_FN(tile_r1, RP, 1)   /* prefill, leftover tokens */
 TILE_FN(tile_1t, 1, TP)   /* prefill, leftover rows */
 TILE_FN(tile_11, 1, 1)
-#if defined(MM_AVX2)
-/* float types, AVX2 prefill: RP rows x TPF tokens = 12 accumulators (of 16 ymm) per tile, where the RP x TP tiles
- * hold 8: more fmas per converted weight vector. Same chains per output element, so the same bits. With the
- * padded x copy in mm_run, 128 tokens, 2 threads on the AVX2 EPYC, three alternating runs: F16 11008 x 4096
- * 60-82 -> 112-127 GFLOP/s, 4096 x 11008 104-122 -> 114-130; F32 11008 x 4096 73-78 -> 83-121. */
+#if defined(MM_AVX512) || defined(MM_AVX2)
+/* Float-type prefill: tiles of RPF rows x TPF tokens, in column blocks (rows_f_kblocked below).
+ * AVX2: RPF = RP = 2 rows x 6 tokens = 12 accumulators (of 16 ymm), where the RP x TP tiles hold 8: more fmas
+ * per converted weight vector. With the padded x copy in mm_run, 128 tokens, 2 threads on the AVX2 EPYC, three
+ * alternating runs: F16 11008 x 4096 60-82 -> 112-127 GFLOP/s, 4096 x 11008 104-122 -> 114-130; F32 11008 x 4096
+ * 73-78 -> 83-121.
+ * AVX-512: 4 rows x 6 tokens = 24 accumulators + 4 converted weight vectors + 1 x vector = 29 of the 32 zmm:
+ * one weight conversion per 6 fmas (the 4 x 4 tiles: per 4) and one x load per 4. Without the column blocks
+ * the 4 x 4 tiles took each token's whole x from L2 or beyond (64 tokens x 16 KB at K = 4096 is 1 MB, an L2 of
+ * Zen 4), 4 x 16 KB per 4 rows. Derivation of the sizes from the machine: a tile's accumulators + the weight
+ * vectors of one column step + one x vector must fit the register file (32 zmm / 16 ymm); the x block of the
+ * TPF tokens (TPF x FKB x 4 bytes = 12 KB) plus the RPF weight rows' block (<= 4 x FKB x 4 = 8 KB) must fit
+ * L1d (32-48 KB on the hosts seen) with room to spare; the ROW_BLOCK rows' blocks (<= 32 KB) stay in L2 while
+ * the tile columns pass. Same chains per output element as the decode path, so the same bits. */
+#if defined(MM_AVX512)
+#define RPF 4
+#else
+#define RPF RP
+#endif
 #define TPF 6
 INLINE void tile_f_any(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T) {
     if (j->type == PI_F16) tile_f(j, r0, t0, R, T, PI_F16);
     else if (j->type == PI_BF16) tile_f(j, r0, t0, R, T, PI_BF16);
     else tile_f(j, r0, t0, R, T, PI_F32);
 }
-/* The RP x TPF tiles of rows [rb, re) (at most ROW_BLOCK) against tokens t0.., in column blocks of FKB: one
- * block of the TPF tokens' x (12 KB of f32) stays in L1 while every row pair of the block passes it, and the
- * pairs' accumulators wait in a 3 KB buffer between blocks. Over whole rows the 6 tokens' x is 96 KB at
- * K = 4096 (from L2) and 264 KB at K = 11008, more than this EPYC's 512 KB L2 holds beside the rows: that is
- * where the blocks pay. Every lane sees the same fmas in the same order: the same bits.
+/* The RPF x TPF tiles of rows [rb, re) (at most ROW_BLOCK) against tokens t0.., in column blocks of FKB: one
+ * block of the TPF tokens' x (12 KB of f32) stays in L1 while every row group of the block passes it, and the
+ * groups' accumulators wait in a buffer (4 KB AVX2, 8 KB AVX-512) between blocks. Over whole rows the 6 tokens'
+ * x is 96 KB at K = 4096 (from L2) and 264 KB at K = 11008, more than an L2 of 512 KB - 1 MB holds beside the
+ * rows: that is where the blocks pay. Every lane sees the same fmas in the same order (AVX-512: the masked
+ * column tail last, as in tile_f): the same bits.
  * `bench_prefill_ab.py OLD NEW --types F16 --n-tok 128 --threads 2` on the AVX2 EPYC, three runs: 4096 x 11008
- * 1.08-1.25x, 11008 x 4096 0.98-1.06x (FKB 256 and 1024 no better). Returns the rows done (whole pairs). */
+ * 1.08-1.25x, 11008 x 4096 0.98-1.06x (FKB 256 and 1024 no better). Returns the rows done (whole groups). */
 #define FKB 512
 INLINE int64_t rows_f_kblocked(const mm_job *j, int64_t rb, int64_t re, int64_t t0, const int type) {
-    fv buf[ROW_BLOCK / RP][RP][8];
-    const int64_t npair = (re - rb) / RP, kfull = j->n_cols / FL * FL;
-    for (int64_t p = 0; p < npair; p++)
-        for (int r = 0; r < RP; r++)
+    fv buf[ROW_BLOCK / RPF][RPF][8]; /* [8]: tile_f_store takes acc[][8] */
+    const int64_t ngrp = (re - rb) / RPF, K = j->n_cols, kfull = K / FL * FL;
+    for (int64_t p = 0; p < ngrp; p++)
+        for (int r = 0; r < RPF; r++)
             for (int t = 0; t < TPF; t++) buf[p][r][t] = fv_zero();
     for (int64_t kb = 0; kb < kfull; kb += FKB) {
         const int64_t ke = kb + FKB < kfull ? kb + FKB : kfull;
-        for (int64_t p = 0; p < npair; p++) {
-            const uint8_t *rows[RP];
-            fv acc[RP][8];
-            for (int r = 0; r < RP; r++) {
-                rows[r] = mm_row(j, rb + p * RP + r);
+        for (int64_t p = 0; p < ngrp; p++) {
+            const uint8_t *rows[RPF];
+            fv acc[RPF][8];
+            for (int r = 0; r < RPF; r++) {
+                rows[r] = mm_row(j, rb + p * RPF + r);
                 for (int t = 0; t < TPF; t++) acc[r][t] = buf[p][r][t];
             }
-            for (int64_t k = kb; k < ke; k += FL) tile_f_step(j, rows, t0, k, acc, RP, TPF, type, 0, 0);
-            for (int r = 0; r < RP; r++)
+            for (int64_t k = kb; k < ke; k += FL) tile_f_step(j, rows, t0, k, acc, RPF, TPF, type, 0, 0);
+            for (int r = 0; r < RPF; r++)
                 for (int t = 0; t < TPF; t++) buf[p][r][t] = acc[r][t];
         }
     }
-    for (int64_t p = 0; p < npair; p++) {
-        const uint8_t *rows[RP];
-        for (int r = 0; r < RP; r++) rows[r] = mm_row(j, rb + p * RP + r);
-        tile_f_store(j, rows, rb + p * RP, t0, buf[p], RP, TPF, type);
+    for (int64_t p = 0; p < ngrp; p++) {
+        const uint8_t *rows[RPF];
+        for (int r = 0; r < RPF; r++) rows[r] = mm_row(j, rb + p * RPF + r);
+#if defined(MM_AVX512)
+        if (kfull < K) {
+            fv acc[RPF][8];
+            for (int r = 0; r < RPF; r++)
+                for (int t = 0; t < TPF; t++) acc[r][t] = buf[p][r][t];
+            tile_f_step(j, rows, t0, kfull, acc, RPF, TPF, type, 1, (lanemask)((1u << (K - kfull)) - 1));
+            for (int r = 0; r < RPF; r++)
+                for (int t = 0; t < TPF; t++) buf[p][r][t] = acc[r][t];
+        }
+#endif
+        tile_f_store(j, rows, rb + p * RPF, t0, buf[p], RPF, TPF, type);
     }
-    return npair * RP;
+    return ngrp * RPF;
 }
 static int64_t rows_fw(const mm_job *j, int64_t rb, int64_t re, int64_t t0) {
     if (j->type == PI_F16) return rows_f_kblocked(j, rb, re, t0, PI_F16);
@@ -1538,9 +1565,9 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
         return;
     }
     /* TOK_BLOCK tokens' activations stay in L2 while the chunk's rows pass by in blocks of ROW_BLOCK rows,
-     * which stay in L1/L2 for all of those tokens. AVX2 float types take 66 (11 x TPF): only the last block
+     * which stay in L1/L2 for all of those tokens. Vector builds take 66 (11 x TPF) for float types: only the last block
      * can then leave tokens to the smaller tiles, where 64 left 4 in every block. */
-#if defined(MM_AVX2)
+#if defined(MM_AVX512) || defined(MM_AVX2)
     const int64_t tok_block = type_kind(j->type) < 0 ? 11 * TPF : TOK_BLOCK;
 #else
     const int64_t tok_block = TOK_BLOCK;
@@ -1550,7 +1577,7 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
         for (int64_t rb = r_beg; rb < r_end; rb += ROW_BLOCK) {
             const int64_t re = rb + ROW_BLOCK < r_end ? rb + ROW_BLOCK : r_end;
             int64_t t = tb, r;
-#if defined(MM_AVX2)
+#if defined(MM_AVX512) || defined(MM_AVX2)
             if (j->type == PI_F16 || j->type == PI_BF16 || j->type == PI_F32) /* TPF tokens: see rows_f_kblocked */
                 for (; t + TPF <= te; t += TPF) {
                     for (r = rb + rows_fw(j, rb, re, t); r < re; r++) tile_1t(j, r, t), tile_1t2(j, r, t + TP);
@@ -1748,8 +1775,8 @@ static void mm_run(pi_pool *pool, int type, const void *w, int64_t n_cols, const
                 .n_tok = n_tok, .x = x, .sel = sel, .y = y,
                 .stream = !sel || is_stream(sel, n_out)};
     mm_quantize(pool, &j);
-#if defined(MM_AVX2)
-    /* float-type prefill on rows a multiple of 4 KB long: the tiles read RP weight rows and TPF token rows at
+#if defined(MM_AVX512) || defined(MM_AVX2)
+    /* float-type prefill on rows a multiple of 4 KB long: the tiles read RPF weight rows and TPF token rows at
      * the same column, all at one offset mod 4 KB, so they share L1 sets and evict each other. The tokens' x
      * go to a copy whose rows are 64 bytes longer (measured on 11008 x 4096 F16, 128 tokens, 2 threads). */
     if (type_kind(type) < 0 && n_tok >= TPF && (n_cols * 4) % 4096 == 0) {
