@@ -41,6 +41,7 @@
  * to run and across thread counts.
  */
 #include <string.h>
+#include <unistd.h>
 
 #include "quants.h"
 
@@ -73,6 +74,7 @@ typedef struct {
     int64_t row_bytes, n_rows, n_cols, n_tok;
     const float *x;      /* float types: f32 [n_tok, n_cols] */
     int64_t xstride;     /* float types: floats from one token's x to the next (0: n_cols) */
+    int64_t fkb;         /* float-type prefill: columns per block (fkb_for) */
     const int8_t *xq;    /* block types: int8 [n_tok, nbp * 32] quantized activations (AVX-512: Q4_0 quad order, Q5_0 pair order) */
     const float *xd;     /* f32 [n_tok, nbp] block scales */
     const int32_t *xc;   /* int32 [n_tok, nbp] correction: -128 * sum(q) (Q8_0, IQ4_NL, VNNI), -8 * sum(q) (Q4_0),
@@ -1441,13 +1443,23 @@ TILE_FN(tile_11, 1, 1)
  * alternating runs: F16 11008 x 4096 60-82 -> 112-127 GFLOP/s, 4096 x 11008 104-122 -> 114-130; F32 11008 x 4096
  * 73-78 -> 83-121.
  * AVX-512: 4 rows x 6 tokens = 24 accumulators + 4 converted weight vectors + 1 x vector = 29 of the 32 zmm:
- * one weight conversion per 6 fmas (the 4 x 4 tiles: per 4) and one x load per 4. Without the column blocks
- * the 4 x 4 tiles took each token's whole x from L2 or beyond (64 tokens x 16 KB at K = 4096 is 1 MB, an L2 of
- * Zen 4), 4 x 16 KB per 4 rows. Derivation of the sizes from the machine: a tile's accumulators + the weight
- * vectors of one column step + one x vector must fit the register file (32 zmm / 16 ymm); the x block of the
- * TPF tokens (TPF x FKB x 4 bytes = 12 KB) plus the RPF weight rows' block (<= 4 x FKB x 4 = 8 KB) must fit
- * L1d (32-48 KB on the hosts seen) with room to spare; the ROW_BLOCK rows' blocks (<= 32 KB) stay in L2 while
- * the tile columns pass. Same chains per output element as the decode path, so the same bits. */
+ * one weight conversion per 6 fmas (the 4 x 4 tiles: per 4) and one x load per 4 (the loads folded into the
+ * fmas as memory operands made it 24 x loads per step, more than the load ports serve beside the fmas; see
+ * xf_shared). On the 2-core Zen 4 host (AVX-512 + VNNI + BF16), `bench_prefill_ab.py OLD NEW --types
+ * F16,BF16,F32 --shapes 11008x4096,4096x11008 --threads 2 --n-tok 128`, CPU-time GMAC/s against the 4 x 4 tiles
+ * over whole rows: F16 57.5 -> 81.8 and 52.3 -> 86.8, BF16 49.6 -> 73.2 and 49.8 -> 79.6, F32 32.9 -> 71.7 and
+ * 33.6 -> 72.8 (same bits).
+ * How the sizes follow from the machine (vector width and register count from the ISA the build targets, the
+ * L1d size read at run time, fkb_for below):
+ *   - registers: RPF x TPF accumulators + RPF weight vectors + 1 x vector <= the register file, with TPF >= RPF
+ *     so that a weight conversion (the costlier operand) is shared by the most fmas: 32 zmm -> 4 x 6 (29),
+ *     16 ymm -> 2 x 6 (15);
+ *   - L1d: a column block holds TPF tokens' x (TPF x FKB x 4 bytes) and the RPF weight rows' block (RPF x FKB x
+ *     element size); both must stay in L1 for the tile's whole pass, so they get half of L1d (the rest: the
+ *     next rows streaming in, the accumulator buffer). FKB = the largest power of two (in 128..2048) that fits:
+ *     32 KB L1d gives 512 for F16/BF16 and 256 for F32; 48 KB gives 512 and 512;
+ *   - L2: the ROW_BLOCK rows' blocks (16 x FKB x element size <= 32 KB) and the token block's x slice (66 x FKB
+ *     x 4 <= 528 KB at FKB 2048, 132 KB at 512) stay in L2 while the tiles pass them. */
 #if defined(MM_AVX512)
 #define RPF 4
 #else
@@ -1459,23 +1471,23 @@ INLINE void tile_f_any(const mm_job *j, int64_t r0, int64_t t0, const int R, con
     else if (j->type == PI_BF16) tile_f(j, r0, t0, R, T, PI_BF16);
     else tile_f(j, r0, t0, R, T, PI_F32);
 }
-/* The RPF x TPF tiles of rows [rb, re) (at most ROW_BLOCK) against tokens t0.., in column blocks of FKB: one
- * block of the TPF tokens' x (12 KB of f32) stays in L1 while every row group of the block passes it, and the
- * groups' accumulators wait in a buffer (4 KB AVX2, 8 KB AVX-512) between blocks. Over whole rows the 6 tokens'
- * x is 96 KB at K = 4096 (from L2) and 264 KB at K = 11008, more than an L2 of 512 KB - 1 MB holds beside the
- * rows: that is where the blocks pay. Every lane sees the same fmas in the same order (AVX-512: the masked
- * column tail last, as in tile_f): the same bits.
- * `bench_prefill_ab.py OLD NEW --types F16 --n-tok 128 --threads 2` on the AVX2 EPYC, three runs: 4096 x 11008
- * 1.08-1.25x, 11008 x 4096 0.98-1.06x (FKB 256 and 1024 no better). Returns the rows done (whole groups). */
-#define FKB 512
+/* The RPF x TPF tiles of rows [rb, re) (at most ROW_BLOCK) against tokens t0.., in column blocks of j->fkb: one
+ * block of the TPF tokens' x stays in L1 while every row group of the block passes it, and the groups'
+ * accumulators wait in a buffer (4 KB AVX2, 8 KB AVX-512) between blocks. Over whole rows the 6 tokens' x is
+ * 96 KB at K = 4096 (from L2) and 264 KB at K = 11008, more than an L2 of 512 KB - 1 MB holds beside the rows:
+ * that is where the blocks pay. Every lane sees the same fmas in the same order (AVX-512: the masked column
+ * tail last, as in tile_f): the same bits, whatever the block size.
+ * `bench_prefill_ab.py OLD NEW --types F16 --n-tok 128 --threads 2` on the AVX2 EPYC (32 KB L1d), three runs:
+ * 4096 x 11008 1.08-1.25x, 11008 x 4096 0.98-1.06x (FKB 256 and 1024 no better than 512). Returns the rows done
+ * (whole groups). */
 INLINE int64_t rows_f_kblocked(const mm_job *j, int64_t rb, int64_t re, int64_t t0, const int type) {
     fv buf[ROW_BLOCK / RPF][RPF][8]; /* [8]: tile_f_store takes acc[][8] */
     const int64_t ngrp = (re - rb) / RPF, K = j->n_cols, kfull = K / FL * FL;
     for (int64_t p = 0; p < ngrp; p++)
         for (int r = 0; r < RPF; r++)
             for (int t = 0; t < TPF; t++) buf[p][r][t] = fv_zero();
-    for (int64_t kb = 0; kb < kfull; kb += FKB) {
-        const int64_t ke = kb + FKB < kfull ? kb + FKB : kfull;
+    for (int64_t kb = 0; kb < kfull; kb += j->fkb) {
+        const int64_t ke = kb + j->fkb < kfull ? kb + j->fkb : kfull;
         for (int64_t p = 0; p < ngrp; p++) {
             const uint8_t *rows[RPF];
             fv acc[RPF][8];
@@ -1763,6 +1775,30 @@ static int is_stream(const int32_t *sel, int64_t n) {
     return breaks <= max_breaks;
 }
 
+#if defined(MM_AVX512) || defined(MM_AVX2)
+/* The L1d size in bytes as the C library reports it (sysconf; 0 or less where it does not know: 32 KB assumed,
+ * the smallest seen on x86 hosts with AVX2), read once. */
+static int64_t l1d_bytes(void) {
+    static int64_t cached;
+    if (!cached) {
+        long v = -1;
+#if defined(_SC_LEVEL1_DCACHE_SIZE)
+        v = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+#endif
+        cached = v >= 8192 && v <= (1L << 22) ? (int64_t)v : 32768;
+    }
+    return cached;
+}
+/* float-type prefill column block (see the derivation above rows_f_kblocked): the largest power of two in
+ * 128..2048 whose TPF tokens' x and RPF weight rows fit in half of L1d */
+static int64_t fkb_for(int type) {
+    const int64_t per_col = TPF * 4 + RPF * (type == PI_F32 ? 4 : 2), budget = l1d_bytes() / 2;
+    int64_t fkb = 2048;
+    while (fkb > 128 && fkb * per_col > budget) fkb /= 2;
+    return fkb;
+}
+#endif
+
 /* y [n_tok, n_out] from output row i = weight row (sel ? sel[i] : i); the chunks split the output rows */
 static void mm_run(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *sel, int64_t n_out,
                    const float *x, int64_t n_tok, float *y) {
@@ -1779,6 +1815,7 @@ static void mm_run(pi_pool *pool, int type, const void *w, int64_t n_cols, const
     /* float-type prefill on rows a multiple of 4 KB long: the tiles read RPF weight rows and TPF token rows at
      * the same column, all at one offset mod 4 KB, so they share L1 sets and evict each other. The tokens' x
      * go to a copy whose rows are 64 bytes longer (measured on 11008 x 4096 F16, 128 tokens, 2 threads). */
+    if (type_kind(type) < 0 && n_tok > 1) j.fkb = fkb_for(type);
     if (type_kind(type) < 0 && n_tok >= TPF && (n_cols * 4) % 4096 == 0) {
         const int64_t xs = n_cols + 16;
         float *xp = pi_pool_scratch(pool, (size_t)(n_tok * xs) * sizeof(float));
