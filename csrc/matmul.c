@@ -445,14 +445,45 @@ INLINE void tile_q_step(const mm_job *j, const uint8_t **rows, int64_t t0, int64
 /* MXFP4 takes the quads with and without VNNI: its doubled levels -12..12 plus MXFP4_OFF are unsigned bytes
  * 0..24 (the -12 * sum(x) correction in lane 4k), small enough for maddubs's int16 pairs (2 * 24 * 127). */
 #define MXFP4_OFF 12
+/* Q8_0 (34-byte blocks) takes the quads with VNNI (Q8_QUADS): the 4 blocks' first 16 bytes are its "lo", the last
+ * 16 its "hi", each + 128 as unsigned bytes (the -128 * sum(x) correction in lane 4k), so one convert, one scale
+ * product and one FMA serve 4 blocks where the pair tiles spent a convert, a permute and an FMA per 2. Measured
+ * on the 2-core Zen 4 host (`bench_prefill_ab.py OLD NEW --types Q8_0 --n-tok 128 --threads 2`, CPU-time
+ * GMAC/s): see docs/performance.md. Without VNNI it keeps the pair tiles (maddubs takes |w| and sign(w)). */
+#ifndef Q8_QUADS
+#define Q8_QUADS 1
+#endif
+#if defined(__AVX512VNNI__) && Q8_QUADS
+#define Q8_IN_QUADS 1
+#endif
 #if defined(__AVX512VNNI__)
-INLINE int kind_quad(int kind) { return kind == K_Q4 || kind == K_Q41 || kind == K_Q51 || kind == K_IQ4NL || kind == K_MXFP4; }
+INLINE int kind_quad(int kind) {
+    return kind == K_Q4 || kind == K_Q41 || kind == K_Q51 || kind == K_IQ4NL || kind == K_MXFP4 || (Q8_QUADS && kind == K_Q8);
+}
 #else
 INLINE int kind_quad(int kind) { return kind == K_Q4 || kind == K_Q41 || kind == K_Q51 || kind == K_MXFP4; }
 #endif
 typedef struct { __m512i lo, hi; __m512 d, m; } wquad;
 INLINE wquad quad_load(const uint8_t *p, const int kind) { /* p: the quad's first byte (4 blocks) */
     const int64_t size = kind_size(kind), qo = kind_qs(kind);
+    if (kind == K_Q8) { /* [b0 | b1] and [b2 | b3] qs, then their 16-byte halves regrouped: lo, hi */
+        const __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 2))),
+                                              _mm256_loadu_si256((const __m256i *)(p + size + 2)), 1);
+        const __m512i cd = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 2 * size + 2))),
+                                              _mm256_loadu_si256((const __m256i *)(p + 3 * size + 2)), 1);
+        const __m512i sign = _mm512_set1_epi8((char)0x80);
+        wquad q;
+        q.lo = _mm512_xor_si512(_mm512_permutex2var_epi64(ab, _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), cd), sign);
+        q.hi = _mm512_xor_si512(_mm512_permutex2var_epi64(ab, _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15), cd), sign);
+        /* block k's f16 d is word 17k of the quad's first 128 bytes: words 0, 17 of a, 34 - 32, 51 - 32 of b2 */
+        const __m512i a64 = _mm512_loadu_si512(p), b64 = _mm512_loadu_si512(p + 64);
+        const __m512i dw = _mm512_permutex2var_epi16(a64, _mm512_setr_epi32(0, 0, 17 | 17 << 16, 17 | 17 << 16,
+                                                     34 | 34 << 16, 34 | 34 << 16, 51 | 51 << 16, 51 | 51 << 16,
+                                                     0, 0, 0, 0, 0, 0, 0, 0), b64);
+        q.d = _mm512_cvtph_ps(_mm512_castsi512_si256(dw));
+        q.m = _mm512_setzero_ps();
+        return q;
+    }
     __m512i raw = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + qo)));
     raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i *)(p + qo + size)), 1);
     raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i *)(p + qo + 2 * size)), 2);
@@ -594,7 +625,7 @@ INLINE void tile_quad(const mm_job *j, const uint8_t **rows, int64_t r0, int64_t
         tile_quad_step(j, wp, t0, b, acc, R, T, kind);
     }
     if (nq < nb) { /* the last 1-3 blocks: copied into zeroed quads (zero d, zero x: adds exact zeros) */
-        _Alignas(64) uint8_t buf[8][128];
+        _Alignas(64) uint8_t buf[8][144]; /* the largest quad: Q8_0, 4 x 34 bytes */
         memset(buf, 0, sizeof(buf));
         for (int r = 0; r < R; r++) {
             memcpy(buf[r], rows[r] + nq * size, (size_t)((nb - nq) * size));
@@ -1333,11 +1364,12 @@ INLINE void quad_decode_rows(const mm_job *j, int64_t r0, int64_t r1, const int 
         __m512 acc = _mm512_setzero_ps();
         pf_stream ahead = pf_start(j, r, Q4_ROW_PF_DIST);
         for (int64_t b = 0; b < nq; b += QB) {
-            pf_step(j, &ahead, r1, QB * size);
+            pf_step(j, &ahead, r1, QB * size / 2); /* two per quad: Q8_0's 136 bytes span 3 lines */
+            pf_step(j, &ahead, r1, QB * size - QB * size / 2);
             acc = q4_row_quad(j, row + b * size, b, xcv, xdv, xsv, acc, kind);
         }
         if (nq < nb) { /* the last 1-3 blocks in a zeroed quad, as tile_quad does */
-            _Alignas(64) uint8_t buf[128];
+            _Alignas(64) uint8_t buf[144];
             memset(buf, 0, sizeof(buf));
             memcpy(buf, row + nq * size, (size_t)((nb - nq) * size));
             acc = q4_row_quad(j, buf, nq, xcv, xdv, xsv, acc, kind);
@@ -1351,6 +1383,9 @@ static void q4_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
     case PI_Q4_1: quad_decode_rows(j, r0, r1, K_Q41); break;
     case PI_Q5_1: quad_decode_rows(j, r0, r1, K_Q51); break;
     case PI_MXFP4: quad_decode_rows(j, r0, r1, K_MXFP4); break;
+#if defined(__AVX512VNNI__) && Q8_QUADS
+    case PI_Q8_0: quad_decode_rows(j, r0, r1, K_Q8); break;
+#endif
     default: quad_decode_rows(j, r0, r1, K_IQ4NL); break;
     }
 }
@@ -1550,10 +1585,11 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
                 case PI_Q4_1: tile_q(j, r, 0, DQ, 1, K_Q41); break;
                 case PI_Q5_1: tile_q(j, r, 0, DQ, 1, K_Q51); break;
                 case PI_MXFP4: tile_q(j, r, 0, DQ, 1, K_MXFP4); break;
+                case PI_Q8_0: tile_q(j, r, 0, DQ, 1, K_Q8); break;
                 default: tile_q(j, r, 0, DQ, 1, K_IQ4NL); break;
                 }
 #endif
-#if defined(Q8_ROW_DECODE)
+#if defined(Q8_ROW_DECODE) && !defined(Q8_IN_QUADS) /* with VNNI Q8_0 decodes as quads (above) */
         if (j->type == PI_Q8_0 && q8_row_path(j)) {
             q8_decode_rows(j, r, r_end);
             return;
