@@ -59,6 +59,7 @@ def run(
     sparse: Optional[str] = O.flag("sparse"),
     sparsity: Optional[float] = O.flag("sparsity"),
     sparse_threshold: Optional[float] = O.flag("sparse_threshold"),
+    predictor_dtype: str = O.flag("predictor_dtype"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
     backend: str = O.flag("backend"),
     vram_budget: Optional[float] = O.flag("vram_budget"),

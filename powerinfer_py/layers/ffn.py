@@ -70,9 +70,15 @@ from ..config import ModelConfig
 from ..errors import PowerInferError, UnsupportedError
 from ..kernels.ref import FC2T, FC2T_QUANT_TYPES
 from ..models import archs_with, spec_for
-from ..gguf.types import Tensor
+from ..gguf.types import GGMLType, Tensor
 
 MODES = ("predictor", "exact", "threshold", "off")
+# how predictor mode stores a float (F32/F16/BF16) predictor: "exact" as the file has it, "q8_0" / "q4_0" a copy
+# quantized at load (predictor_copy); "auto" is PREDICTOR_AUTO. Quantized predictors in the file stay as they are.
+PREDICTOR_TYPES = ("auto", "exact", "q8_0", "q4_0")
+# PREDICTOR_AUTO_NOTE: what the default rests on (docs/sparse.md, "Quantized predictor copy", has the table and the
+# commands)
+PREDICTOR_AUTO = "q8_0"
 THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"
 FC2T_FLOAT_TYPES = ("F32", "F16", "BF16")  # fc2 types whose transposed copy holds the same values
 DENSE_FALLBACK = 0.5  # batches whose union of active neurons exceeds this fraction use the dense gate/up
@@ -105,6 +111,7 @@ class SparseSettings:
     down: str = "auto"  # threshold mode: down projection of dense files (threshold.DOWN_CHOICES)
     scales: tuple[tuple[float, ...], ...] = ()  # threshold mode: per-layer neuron scales of the score; () none
     up_cuts: tuple[float, ...] = ()  # threshold mode, two-stage files: per-layer candidate cut-offs; () one stage
+    predictor: str = "exact"  # predictor mode: how float predictors are stored (PREDICTOR_TYPES less "auto")
 
 
 def default_mode(config: ModelConfig) -> str:
@@ -120,18 +127,37 @@ def default_mode(config: ModelConfig) -> str:
     return "off"
 
 
+def resolve_predictor(predictor: str | None, mode: str) -> str:
+    """The predictor storage a model runs with (PREDICTOR_TYPES less "auto"): None and "auto" give PREDICTOR_AUTO
+    in predictor mode; another explicit choice is refused outside predictor mode (it would change nothing)."""
+    if predictor is None:
+        predictor = "auto"
+    if not isinstance(predictor, str) or predictor.lower() not in PREDICTOR_TYPES:
+        raise PowerInferError(f"unknown predictor dtype {predictor!r}; one of {', '.join(PREDICTOR_TYPES)}")
+    predictor = predictor.lower()
+    if predictor != "auto" and mode != "predictor":
+        raise PowerInferError(f"a predictor dtype ({predictor!r}) applies to sparse mode 'predictor' only; this "
+                              f"model runs in {mode!r}")
+    if mode != "predictor":
+        return "exact"
+    return PREDICTOR_AUTO if predictor == "auto" else predictor
+
+
 def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: float | None = None,
-                   environ: Mapping[str, str] | None = None, sparsity: float | None = None) -> SparseSettings:
+                   environ: Mapping[str, str] | None = None, sparsity: float | None = None,
+                   predictor: str | None = None) -> SparseSettings:
     """The sparse mode and threshold a model runs with.
 
     mode None: default_mode(config): "predictor" for PWRI files, "threshold" for SwiGLU/GeGLU files that
     `powerinfer calibrate` wrote, "off" otherwise. threshold: the explicit value, else
     $LLAMA_SPARSE_PRED_THRESHOLD from `environ` (the runtime passes os.environ; None reads no environment),
-    else the file's powerinfer.sparse_threshold. sparsity: threshold mode only (None: the file's calibration)."""
+    else the file's powerinfer.sparse_threshold. sparsity: threshold mode only (None: the file's calibration).
+    predictor: how predictor mode stores a float predictor (resolve_predictor; None: "auto")."""
     if mode is None:
         mode = default_mode(config)
     if mode not in MODES:
         raise UnsupportedError(f"unknown sparse mode {mode!r}; one of {', '.join(MODES)}")
+    predictor = resolve_predictor(predictor, mode)
     spec = spec_for(config.arch)
     if config.n_expert and mode != "off" and not (mode == "exact" and spec.relu_experts):
         raise UnsupportedError(f"sparse mode {mode!r} is for dense FFNs; this {config.arch} model is a mixture of "
@@ -172,13 +198,13 @@ def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: floa
     threshold = float(threshold)
     if math.isnan(threshold):
         raise PowerInferError("the sparse threshold must be a number, got NaN")
-    return SparseSettings(mode, threshold)
+    return SparseSettings(mode, threshold, predictor=predictor)
 
 
 def runtime_sparse(config: ModelConfig, mode: str | None, threshold: float | None,
-                   sparsity: float | None = None) -> SparseSettings:
+                   sparsity: float | None = None, predictor: str | None = None) -> SparseSettings:
     """resolve_sparse with this process's environment (what LLM/load use)."""
-    return resolve_sparse(config, mode, threshold, os.environ, sparsity)
+    return resolve_sparse(config, mode, threshold, os.environ, sparsity, predictor)
 
 
 class SparsityStats:
@@ -268,9 +294,13 @@ class FFN:
             raise ValueError(f"layer {layer}: the FFN needs exactly one of ffn_down and ffn_down_t")
         if self.mode == "predictor" and (w.fc1 is None or w.fc2 is None):
             raise ValueError(f"layer {layer}: predictor mode without fc1/fc2")
+        # the predictor this FFN runs: the file's fc1/fc2, or (settings.predictor q8_0 / q4_0) a quantized copy of
+        # a float one made here (predictor_copy)
+        self.fc1, self.fc2 = (predictor_copy(w.fc1, w.fc2, settings.predictor) if self.mode == "predictor"
+                              else (w.fc1, w.fc2))
         # fc2 transposed (rank, n_ff) or a Q4_0 / Q8_0 fc2's copy by hidden unit: one token's fc2 · r reads only
         # the rows of the predictor's non-zero hidden units
-        self.fc2_t = transposed_predictor(w.fc2, kernels) if self.mode == "predictor" else None
+        self.fc2_t = transposed_predictor(self.fc2, kernels) if self.mode == "predictor" else None
         self.all_rows = np.arange(self.n_ff, dtype=np.int32)
         self.threshold_path = None
         if self.mode == "threshold":
@@ -292,7 +322,7 @@ class FFN:
         self.fused = None
         if (steps is not None and self.mode in ("predictor", "exact") and w.down_t is not None
                 and variant in steps.FUSED_VARIANTS and w.b_up is None and w.b_down is None):
-            self.fused = steps.sparse_ffn_plan(variant, w.fc1, w.fc2, w.gate, w.up, w.down_t,
+            self.fused = steps.sparse_ffn_plan(variant, self.fc1, self.fc2, w.gate, w.up, w.down_t,
                                                float(self.threshold), float(self.act_param),
                                                exact=self.mode == "exact", fc2_t=self.fc2_t)
 
@@ -397,16 +427,12 @@ class FFN:
         return self._down(h, rows)
 
     def _predictor(self, x: np.ndarray, p: np.ndarray) -> np.ndarray:
-        k, w = self.k, self.w
+        k = self.k
         n_tok = x.shape[0]
         if n_tok == 1 and self.fused is not None and self.split is None:  # the same steps as below, in C
             return self._one_token(*k.steps.sparse_ffn_decode(self.fused, np.ascontiguousarray(x[0]),
                                                               np.ascontiguousarray(p[0])))
-        r = k.matmul(w.fc1, p)  # [N, R]
-        np.maximum(r, 0, out=r)
-        logits = predictor_logits(k, self.fc2_t, r) if n_tok == 1 and self.fc2_t is not None else None
-        if logits is None:
-            logits = k.matmul(w.fc2, r)  # [N, n_ff]
+        logits = self.predict(p)
         if n_tok == 1:
             rows = k.select_active(logits[0], float(self.threshold))
             mask, n_active = None, len(rows)
@@ -423,6 +449,18 @@ class FFN:
         if self.stats is not None:
             self.stats.record(self.layer, n_tok, n_active, n_nonzero)
         return y
+
+    def predict(self, p: np.ndarray) -> np.ndarray:
+        """The predictor logits f32 [N, n_ff] = fc2 · relu(fc1 · p) for p f32 [N, n_embd], computed as predictor
+        mode computes them (one token: from fc2_t where that pays, predictor_logits); neuron i is predicted
+        active for token t iff logits[t, i] >= self.threshold."""
+        k = self.k
+        r = k.matmul(self.fc1, p)  # [N, R]
+        np.maximum(r, 0, out=r)
+        logits = predictor_logits(k, self.fc2_t, r) if p.shape[0] == 1 and self.fc2_t is not None else None
+        if logits is None:
+            logits = k.matmul(self.fc2, r)  # [N, n_ff]
+        return logits
 
     def partial(self, x: np.ndarray, rows: np.ndarray, keep: np.ndarray | None, dense: bool,
                 bias: bool = True) -> tuple[np.ndarray, int]:
@@ -489,6 +527,29 @@ class FFN:
         if bias and w.b_down is not None:
             y += w.b_down
         return y
+
+
+def predictor_copy(fc1: Tensor | None, fc2: Tensor | None, kind: str) -> tuple[Tensor | None, Tensor | None]:
+    """(fc1, fc2) as predictor mode runs them for `kind` (PREDICTOR_TYPES less "auto"): "exact" the file's
+    tensors; "q8_0" / "q4_0" a copy of each float (F32/F16/BF16) one quantized to that type (rows of a multiple
+    of 32 values; others stay as they are), so that fc1 · p and fc2 · r run the quantized mat-vec and the
+    fc2 copy by hidden unit (fc2t.c) instead of reading 16 or 32 bits per weight. A predictor quantized in the
+    file is kept: re-quantizing it would only add error. Cost at load (F16, 7B layer shape, rank 1024):
+    dequantize + quantize of 15.5 M values per layer; the copies replace the F16 transposed fc2 in memory."""
+    if kind not in ("q8_0", "q4_0"):
+        return fc1, fc2
+    try:  # the C codecs when built; the numpy ones otherwise (the same values)
+        from ..kernels.cpu import dequantize, quantize
+    except ImportError:  # pragma: no cover - only without a built extension
+        from ..kernels.ref import dequantize, quantize
+    ty = GGMLType.Q8_0 if kind == "q8_0" else GGMLType.Q4_0
+
+    def copy(t: Tensor | None) -> Tensor | None:
+        if t is None or t.type.name not in FC2T_FLOAT_TYPES or len(t.shape) != 2 or t.shape[1] % 32:
+            return t
+        return Tensor(t.name, ty, t.shape, quantize(dequantize(t), ty))
+
+    return copy(fc1), copy(fc2)
 
 
 def transposed_predictor(fc2: Tensor | None, kernels=None):
