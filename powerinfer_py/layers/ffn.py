@@ -129,13 +129,14 @@ def default_mode(config: ModelConfig) -> str:
 
 def resolve_predictor(predictor: str | None, mode: str) -> str:
     """The predictor storage a model runs with (PREDICTOR_TYPES less "auto"): None and "auto" give PREDICTOR_AUTO
-    in predictor mode; another explicit choice is refused outside predictor mode (it would change nothing)."""
+    in predictor mode; "exact" (the predictors as stored) fits every mode, while a quantized copy asked for
+    outside predictor mode is refused (no predictor would run)."""
     if predictor is None:
         predictor = "auto"
     if not isinstance(predictor, str) or predictor.lower() not in PREDICTOR_TYPES:
         raise PowerInferError(f"unknown predictor dtype {predictor!r}; one of {', '.join(PREDICTOR_TYPES)}")
     predictor = predictor.lower()
-    if predictor != "auto" and mode != "predictor":
+    if predictor not in ("auto", "exact") and mode != "predictor":
         raise PowerInferError(f"a predictor dtype ({predictor!r}) applies to sparse mode 'predictor' only; this "
                               f"model runs in {mode!r}")
     if mode != "predictor":
