@@ -191,8 +191,10 @@ def _json_result(text: str, tokens: list[int], stats, reason: str, load_s: float
 
 
 def _sparsity_json(llm) -> dict:
-    """Sparse mode, threshold and (ReLU-family models) the per-layer fraction of active neurons per token."""
+    """Sparse mode, threshold (predictor mode: and the predictor dtype) and (ReLU-family models) the per-layer fraction of active neurons per token."""
     out = {"mode": llm.sparse.mode, "threshold": llm.sparse.threshold}
+    if llm.sparse.mode == "predictor":
+        out["predictor_dtype"] = llm.sparse.predictor
     if llm.sparse.mode == "threshold":
         out["sparsity"] = llm.sparse.sparsity
     st = llm.sparsity_stats
@@ -206,7 +208,7 @@ def _print_sparsity(llm) -> None:
     st = llm.sparsity_stats
     mode = f"sparse mode: {llm.sparse.mode}"
     if llm.sparse.mode == "predictor":
-        mode += f", threshold {llm.sparse.threshold:g}"
+        mode += f", threshold {llm.sparse.threshold:g}, predictor dtype {llm.sparse.predictor}"
     if llm.sparse.mode == "threshold":
         mode += f", target sparsity {llm.sparse.sparsity:g}"
     if llm.config.n_expert:

@@ -50,8 +50,8 @@ class LLM:
                  placement: str | os.PathLike | None = None, use_mmap: bool = True):
         from . import models
         from .gguf import open_gguf
-        from .gguf.load import load_weights
-        from .layers.ffn import runtime_sparse
+        from .gguf.load import Conversion, load_weights
+        from .layers.ffn import predictor_copies, runtime_sparse
         from .tokenizer import Tokenizer
 
         self.path = Path(path)
@@ -68,6 +68,9 @@ class LLM:
                                          predictor_dtype)
             self.kernels = _make_kernels(backend, threads)
             self.model = models.build_model(self.config, weights.tensors, self.kernels, self.sparse)
+            # the predictors copied into another type at load (--predictor-dtype) count as conversions too
+            self.conversions = self.conversions + [
+                Conversion(new.name, old.type, new.type) for old, new in predictor_copies(self.model)]
             self.backend = None
             if backend != "ref":  # what runs where (hybrid/backend.py); .lines() explains it
                 from .hybrid import attach_backend

@@ -225,6 +225,12 @@ def test_cli_flag_and_its_refusal(tiny_f16):
     res = CliRunner().invoke(app, ["run", "-m", str(tiny_f16), "hello", "-n", "1", "--predictor-dtype", "int3"])
     assert res.exit_code != 0
     assert "unknown predictor dtype 'int3'; one of auto, exact, q8_0, q4_0" in res.output + (res.stderr or "")
+    for flag, note in ((["--predictor-dtype", "q4_0"], "converted at load: 4 tensors F16 -> Q4_0"),
+                       (["--predictor-dtype", "exact"], None)):
+        res = CliRunner().invoke(app, ["run", "-m", str(tiny_f16), "hello", "-n", "2", "--temp", "0", "-v"] + flag)
+        assert res.exit_code == 0, res.stderr
+        assert f"predictor dtype {flag[1]}" in res.stderr
+        assert (note in res.stderr) if note else ("converted at load" not in res.stderr)
 
 
 def test_default_is_documented():

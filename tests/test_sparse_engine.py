@@ -305,6 +305,7 @@ def test_cli_run_sparse_options(tiny):
                               "--sparse-threshold", "0.25"])
     assert res.exit_code == 0, res.stderr
     assert "sparse mode: predictor, threshold 0.25" in res.stderr and "active % per layer: 0:" in res.stderr
+    assert f"predictor dtype {PREDICTOR_AUTO}" in res.stderr
     res = runner.invoke(app, ["run", "-m", path, "Hello world", "-n", "4", "--temp", "0", "-t", "1", "--json",
                               "--sparse", "exact"])
     assert res.exit_code == 0, res.stderr

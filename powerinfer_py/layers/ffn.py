@@ -553,6 +553,19 @@ def predictor_copy(fc1: Tensor | None, fc2: Tensor | None, kind: str) -> tuple[T
     return copy(fc1), copy(fc2)
 
 
+def predictor_copies(model) -> list[tuple[Tensor, Tensor]]:
+    """(file tensor, the copy that runs) for every predictor tensor of a model's FFNs that predictor_copy
+    replaced; [] for a model without (exact predictors, other modes)."""
+    out = []
+    for f in getattr(model, "ffns", ()):
+        w = getattr(f, "w", None)
+        for old, new in ((getattr(w, "fc1", None), getattr(f, "fc1", None)),
+                         (getattr(w, "fc2", None), getattr(f, "fc2", None))):
+            if old is not None and new is not None and new is not old:
+                out.append((old, new))
+    return out
+
+
 def transposed_predictor(fc2: Tensor | None, kernels=None):
     """fc2 (n_ff, R) transposed to (R, n_ff) with the same values, for float types (FC2T_FLOAT_TYPES); a Q4_0 / Q8_0
     fc2's copy by hidden unit (kernels.fc2t_pack, an op of kernels.Ops: the same codes and scales, one row per
