@@ -189,7 +189,8 @@ def speed(llms: dict, prompt: list[int], a: argparse.Namespace) -> dict:
         calls, pred_s, _, hidden, wall = timed[name]
         out[name] = dict(decode_tok_s=len(r) / sum(1 / x for x in r), turn_min=min(r), turn_max=max(r),
                          paired=statistics.median(x / y for x, y in zip(r, rates[first])),
-                         predictor_share=pred_s / wall, hidden_nonzero=hidden / calls if calls else float("nan"))
+                         predictor_share=pred_s / wall, hidden_nonzero=hidden / calls if calls else float("nan"),
+                         predictor_us=1e6 * pred_s / calls if calls else float("nan"))
     return out
 
 
@@ -291,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             s = sp[k]
             print(f"  {k:6} decode {s['decode_tok_s']:6.2f} tok/s ({s['turn_min']:.2f}-{s['turn_max']:.2f}), "
                   f"paired vs {kinds[0]} {s['paired']:.3f}x, predictor {s['predictor_share']:.1%} of the decode "
-                  f"(hidden units {s['hidden_nonzero']:.1%} non-zero)")
+                  f"({s['predictor_us']:.0f} us per layer and token; hidden units {s['hidden_nonzero']:.1%} non-zero)")
     for llm in llms.values():
         llm.close()
     if a.json:
