@@ -3,7 +3,7 @@
 
     python benchmarks/bench_predictor_quant.py --model FILE.pwri [--text benchmarks/data/evaluation.txt]
         [--kinds exact,q8_0,q4_0] [--tokens 256] [--forced 128] [--greedy 64] [-t 2]
-        [--reps 3] [-n 64] [--interleave 16] [--skip-speed] [--json OUT]
+        [--reps 3] [-n 64] [--interleave 16] [--skip-speed] [--load-reps N] [--json OUT]
     python benchmarks/bench_predictor_quant.py --e2e-layers 4 ...   # the F16 7B-shape file of bench_sparse_e2e.py
 
 1. Selection, per layer and over all layers: the text's first --tokens tokens go through the model densely (an
@@ -235,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", "--n-gen", type=int, default=64)
     ap.add_argument("--interleave", type=int, default=16)
     ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--load-reps", type=int, default=0, metavar="N",
+                    help="also load the file N more times per kind, alternating kinds, and print the median load time")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     kinds = [k for k in a.kinds.split(",") if k]
@@ -295,6 +297,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"({s['predictor_us']:.0f} us per layer and token; hidden units {s['hidden_nonzero']:.1%} non-zero)")
     for llm in llms.values():
         llm.close()
+    if a.load_reps:
+        times: dict[str, list[float]] = {k: [] for k in kinds}
+        for rep in range(a.load_reps):
+            for kind in kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]:
+                llm, t = _load(a.model, kind, a.threads, 64)
+                llm.close()
+                times[kind].append(t)
+        res["load_median_s"] = {k: statistics.median(v) for k, v in times.items()}
+        print(f"\nload time, median of {a.load_reps} alternating loads: "
+              + ", ".join(f"{k} {statistics.median(v):.2f} s" for k, v in times.items()))
     if a.json:
         a.json.write_text(json.dumps(res, indent=1, default=float))
     return 0

@@ -81,6 +81,18 @@ def test_copy_is_the_file_values_quantized(kind, src_type):
         assert err.max() > 0 and (err <= _weight_error(kind, values.astype(np.float64)) + 1e-12).all()
 
 
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
+def test_copy_in_pieces_on_threads_gives_the_same_bytes(kind):
+    """A tensor of several pieces (predictor_copy's _COPY_PIECE_VALUES), the last one short: the bytes of the
+    codec on the whole tensor, whatever the thread count."""
+    rng = np.random.default_rng(3)
+    big = _float_tensor("blk.0.fc2.weight", GGMLType.F16, rng.standard_normal((2500, 96)).astype(np.float32))
+    want = cpu.quantize(cpu.dequantize(big), QUANT[kind])
+    for threads in (1, 2, 3):
+        _, got = predictor_copy(None, big, kind, threads)
+        assert got.type == QUANT[kind] and np.array_equal(got.data, want), threads
+
+
 def test_copy_keeps_exact_and_quantized_and_unfit_predictors():
     w = _weights()
     assert predictor_copy(w.fc1, w.fc2, "exact") == (w.fc1, w.fc2)

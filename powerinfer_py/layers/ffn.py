@@ -297,8 +297,8 @@ class FFN:
             raise ValueError(f"layer {layer}: predictor mode without fc1/fc2")
         # the predictor this FFN runs: the file's fc1/fc2, or (settings.predictor q8_0 / q4_0) a quantized copy of
         # a float one made here (predictor_copy)
-        self.fc1, self.fc2 = (predictor_copy(w.fc1, w.fc2, settings.predictor) if self.mode == "predictor"
-                              else (w.fc1, w.fc2))
+        self.fc1, self.fc2 = (predictor_copy(w.fc1, w.fc2, settings.predictor, getattr(kernels, "n_threads", 1))
+                              if self.mode == "predictor" else (w.fc1, w.fc2))
         # fc2 transposed (rank, n_ff) or a Q4_0 / Q8_0 fc2's copy by hidden unit: one token's fc2 · r reads only
         # the rows of the predictor's non-zero hidden units
         self.fc2_t = transposed_predictor(self.fc2, kernels) if self.mode == "predictor" else None
@@ -530,13 +530,19 @@ class FFN:
         return y
 
 
-def predictor_copy(fc1: Tensor | None, fc2: Tensor | None, kind: str) -> tuple[Tensor | None, Tensor | None]:
+# rows per piece of predictor_copy: a piece's f32 values (at most 64 K of them) stay in the core's L2 between the
+# dequantize and the quantize
+_COPY_PIECE_VALUES = 1 << 16
+
+
+def predictor_copy(fc1: Tensor | None, fc2: Tensor | None, kind: str,
+                   threads: int = 1) -> tuple[Tensor | None, Tensor | None]:
     """(fc1, fc2) as predictor mode runs them for `kind` (PREDICTOR_TYPES less "auto"): "exact" the file's
     tensors; "q8_0" / "q4_0" a copy of each float (F32/F16/BF16) one quantized to that type (rows of a multiple
     of 32 values; others stay as they are), so that fc1 · p and fc2 · r run the quantized mat-vec and the
     fc2 copy by hidden unit (fc2t.c) instead of reading 16 or 32 bits per weight. A predictor quantized in the
-    file is kept: re-quantizing it would only add error. Cost at load (F16, 7B layer shape, rank 1024):
-    dequantize + quantize of 15.5 M values per layer; the copies replace the F16 transposed fc2 in memory."""
+    file is kept: re-quantizing it would only add error. The copy is made in pieces of rows on `threads` threads
+    (the C codecs release the GIL); its bytes do not depend on the thread count."""
     if kind not in ("q8_0", "q4_0"):
         return fc1, fc2
     try:  # the C codecs when built; the numpy ones otherwise (the same values)
@@ -548,7 +554,25 @@ def predictor_copy(fc1: Tensor | None, fc2: Tensor | None, kind: str) -> tuple[T
     def copy(t: Tensor | None) -> Tensor | None:
         if t is None or t.type.name not in FC2T_FLOAT_TYPES or len(t.shape) != 2 or t.shape[1] % 32:
             return t
-        return Tensor(t.name, ty, t.shape, quantize(dequantize(t), ty))
+        n_rows, n_cols = t.shape
+        data = np.asarray(t.data).reshape(n_rows, -1)
+        step = max(1, _COPY_PIECE_VALUES // n_cols)
+        pieces = [(r, min(n_rows, r + step)) for r in range(0, n_rows, step)]
+        out = np.empty((n_rows, n_cols // 32 * (34 if ty == GGMLType.Q8_0 else 18)), np.uint8)
+
+        def piece(bounds: tuple[int, int]) -> None:
+            r0, r1 = bounds
+            out[r0:r1] = quantize(dequantize(Tensor(t.name, t.type, (r1 - r0, n_cols), data[r0:r1])), ty)
+
+        if threads > 1 and len(pieces) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(min(threads, len(pieces))) as pool:
+                list(pool.map(piece, pieces))
+        else:
+            for b in pieces:
+                piece(b)
+        return Tensor(t.name, ty, t.shape, out)
 
     return copy(fc1), copy(fc2)
 
