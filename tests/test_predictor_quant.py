@@ -237,6 +237,8 @@ def test_cli_flag_and_its_refusal(tiny_f16):
     res = CliRunner().invoke(app, ["run", "-m", str(tiny_f16), "hello", "-n", "1", "--predictor-dtype", "int3"])
     assert res.exit_code != 0
     assert "unknown predictor dtype 'int3'; one of auto, exact, q8_0, q4_0" in res.output + (res.stderr or "")
+    res = CliRunner().invoke(app, ["bench", "-m", str(tiny_f16), "--predictor-dtype", "q2"])
+    assert res.exit_code != 0 and "unknown predictor dtype 'q2'" in res.output + (res.stderr or "")
     for flag, note in ((["--predictor-dtype", "q4_0"], "converted at load: 4 tensors F16 -> Q4_0"),
                        (["--predictor-dtype", "exact"], None)):
         res = CliRunner().invoke(app, ["run", "-m", str(tiny_f16), "hello", "-n", "2", "--temp", "0", "-v"] + flag)
