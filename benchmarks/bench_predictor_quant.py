@@ -110,24 +110,20 @@ def _log_softmax(z: np.ndarray) -> np.ndarray:
 
 
 def forced(llms: dict, ids: list[int]) -> dict:
-    """Teacher-forced decode of ids by every kind: per kind argmax agreement with the first kind, mean KL(first ||
-    kind), perplexity of ids[1:]."""
-    logps: dict[str, list[np.ndarray]] = {}
-    for kind, llm in llms.items():
-        net = llm.model
-        cache = net.new_cache(len(ids) + 1)
-        rows = []
-        for t in ids[:-1]:
-            rows.append(_log_softmax(net.forward(np.asarray([t], np.int32), cache)))
-        logps[kind] = rows
-    first = next(iter(logps))
-    out = {}
-    for kind, rows in logps.items():
-        agree = np.mean([int(np.argmax(a)) == int(np.argmax(b)) for a, b in zip(logps[first], rows)])
-        kl = np.mean([float(np.sum(np.exp(a) * (a - b))) for a, b in zip(logps[first], rows)])
-        nll = -np.mean([row[t] for row, t in zip(rows, ids[1:])])
-        out[kind] = dict(argmax_agree=float(agree), kl=float(kl), ppl=float(math.exp(nll)), n=len(rows))
-    return out
+    """Teacher-forced decode of ids by every kind, in step (one position for every kind, then the next): per
+    kind argmax agreement with the first kind, mean KL(first || kind), perplexity of ids[1:]."""
+    kinds = list(llms)
+    caches = {k: llm.model.new_cache(len(ids) + 1) for k, llm in llms.items()}
+    agree, kl, nll = ({k: 0.0 for k in kinds} for _ in range(3))
+    for pos, t in enumerate(ids[:-1]):
+        rows = {k: _log_softmax(llm.model.forward(np.asarray([t], np.int32), caches[k])) for k, llm in llms.items()}
+        ref = rows[kinds[0]]
+        for k, row in rows.items():
+            agree[k] += int(np.argmax(ref)) == int(np.argmax(row))
+            kl[k] += float(np.sum(np.exp(ref) * (ref - row)))
+            nll[k] -= row[ids[pos + 1]]
+    n = len(ids) - 1
+    return {k: dict(argmax_agree=agree[k] / n, kl=kl[k] / n, ppl=float(math.exp(nll[k] / n)), n=n) for k in kinds}
 
 
 def greedy(llms: dict, prompt: list[int], n: int) -> dict:
