@@ -42,9 +42,18 @@ from powerinfer_py.layers.ffn import FFN, step_timing_sums  # noqa: E402
 HERE = Path(__file__).resolve().parent
 
 
+def parse_kind(kind: str, threads: int) -> tuple[str, str, int]:
+    """(sparse mode, predictor dtype, threads) of a --kinds entry: a predictor dtype (exact, q8_0, q4_0), or
+    "dense" (the FFN without predictor: --sparse off), optionally ":T" for T threads instead of -t (exact:1 shows
+    what a change of thread count alone does to the output)."""
+    name, _, t = kind.partition(":")
+    return ("off", "exact", int(t or threads)) if name == "dense" else ("predictor", name, int(t or threads))
+
+
 def _load(path: Path, kind: str, threads: int, n_ctx: int):
+    mode, dtype, n_threads = parse_kind(kind, threads)
     t0 = time.perf_counter()
-    llm = load(path, threads=threads, n_ctx=n_ctx, sparse="predictor", predictor_dtype=kind)
+    llm = load(path, threads=n_threads, n_ctx=n_ctx, sparse=mode, predictor_dtype=dtype)
     return llm, time.perf_counter() - t0
 
 
@@ -82,6 +91,8 @@ def selection(llm, kinds: list[str], inputs) -> dict:
     out: dict[str, dict] = {}
     exact_picks = None
     for kind in kinds:
+        if ":" in kind or kind == "dense":  # the picks of another thread count or of no predictor: not measured here
+            continue
         settings = dataclasses.replace(net.sparse, predictor=kind)
         per_layer, layer_picks = [], []
         for il, (f, (p, true)) in enumerate(zip(net.ffns, inputs)):
@@ -176,7 +187,8 @@ def speed(llms: dict, prompt: list[int], a: argparse.Namespace) -> dict:
                 step(name)
             wall = time.perf_counter() - t0
             rates[name].append(a.interleave / wall)
-            timed[name] += np.append(step_timing_sums(state[name][0].ffns) - before, wall)
+            if before is not None:  # layers with the one-token C step (its timers): the predictor's share
+                timed[name] += np.append(step_timing_sums(state[name][0].ffns) - before, wall)
         print(f"  round {turn + 1}/{n_turns}: " + "  ".join(f"{n} {rates[n][-1]:.2f}" for n in names), flush=True)
     first = names[0]
     out = {}
@@ -185,7 +197,8 @@ def speed(llms: dict, prompt: list[int], a: argparse.Namespace) -> dict:
         calls, pred_s, _, hidden, wall = timed[name]
         out[name] = dict(decode_tok_s=len(r) / sum(1 / x for x in r), turn_min=min(r), turn_max=max(r),
                          paired=statistics.median(x / y for x, y in zip(r, rates[first])),
-                         predictor_share=pred_s / wall, hidden_nonzero=hidden / calls if calls else float("nan"),
+                         predictor_share=pred_s / wall if wall else float("nan"),
+                         hidden_nonzero=hidden / calls if calls else float("nan"),
                          predictor_us=1e6 * pred_s / calls if calls else float("nan"))
     return out
 
@@ -208,7 +221,7 @@ def selection_table(res: dict, first, kinds: list[str], ids: list[int], a: argpa
           f"(truly active: {sel[kinds[0]]['true_active']:.2%} of the neurons)")
     print(f"  {'kind':6} {'picked':>8} {'recall(true)':>13} {'recall(exact)':>14} {'extra':>8}   per layer "
           f"recall(exact)")
-    for k in kinds:
+    for k in sel:
         s = sel[k]
         lay = " ".join(f"{x['recall_exact']:.4f}" for x in s["layers"])
         print(f"  {k:6} {s['picked']:8.2%} {s['recall_true']:13.4f} {s['recall_exact']:14.4f} {s['extra']:8.2%}   {lay}")
