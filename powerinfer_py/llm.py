@@ -228,8 +228,9 @@ def load(path: str | os.PathLike, *args, **options) -> LLM:
     neurons whose |act(gate)| is below the per-layer cut-off; sparsity: the fraction to skip (default: the
     calibrated one).
     predictor_dtype: how predictor mode runs a float (F32/F16/BF16) predictor: "exact" as stored, "q8_0" or
-    "q4_0" a copy quantized at load; "auto" (the default) is ffn.PREDICTOR_AUTO (docs/sparse.md has the
-    measurements behind it). Quantized predictors run as stored.
+    "q4_0" a copy quantized at load; "auto" (the default): "q8_0" for ReLU-family models, "exact" for SwiGLU/GeGLU
+    models with trained predictors (ffn.resolve_predictor; docs/sparse.md has the measurements behind it).
+    Quantized predictors run as stored.
     use_mmap=False reads the file into memory instead of mapping it (llama.cpp's --no-mmap; see open_gguf).
     """
     return LLM(path, *args, **options)

@@ -90,10 +90,9 @@ SPARSE_HELP = ('FFN mode: "predictor" (default for PowerInfer/PWRI files: only p
                '"off" (dense; default for other GGUF files).')
 
 PREDICTOR_HELP = ('--sparse predictor on a file with F32/F16/BF16 predictors: "exact" runs them as stored; "q8_0" '
-                  '(what "auto", the default, picks) or "q4_0" runs a copy quantized at load, which reads 2-4x fewer '
-                  'predictor bytes per token (docs/sparse.md measures what it changes). Quantized predictors run as '
-                  'stored.')
-
+                  'or "q4_0" runs a copy quantized at load, which reads 2-4x fewer predictor bytes per token. "auto" '
+                  '(the default) picks "q8_0" for ReLU-family models and "exact" for SwiGLU/GeGLU models with trained '
+                  'predictors (docs/sparse.md measures why). Quantized predictors run as stored.')
 
 @dataclass(frozen=True)
 class LoadOptions:

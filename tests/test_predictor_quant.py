@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from powerinfer_py.errors import PowerInferError
 from powerinfer_py.gguf.types import GGMLType, Tensor
 from powerinfer_py.kernels import ref
-from powerinfer_py.layers.ffn import (FFN, PREDICTOR_AUTO, PREDICTOR_TYPES, FFNWeights, SparseSettings,
+from powerinfer_py.layers.ffn import (FFN, PREDICTOR_AUTO, PREDICTOR_AUTO_GLU, PREDICTOR_TYPES, FFNWeights, SparseSettings,
                                       predictor_copy, predictor_logits, resolve_predictor, transposed_predictor)
 from powerinfer_py.options import PREDICTOR_HELP, LoadOptions, cli_default
 
@@ -184,6 +184,11 @@ def test_exact_keeps_todays_tensors_and_bits(pools):
 def test_choices_resolve_and_bad_ones_are_refused():
     assert PREDICTOR_TYPES == ("auto", "exact", "q8_0", "q4_0")
     assert resolve_predictor(None, "predictor") == resolve_predictor("auto", "predictor") == PREDICTOR_AUTO
+    for variant in ("reglu", "fatreglu", "dreglu", "relu"):
+        assert resolve_predictor("auto", "predictor", variant) == PREDICTOR_AUTO == "q8_0"
+    for variant in ("swiglu", "geglu"):  # trained predictors of gated non-ReLU FFNs: as stored by default
+        assert resolve_predictor("auto", "predictor", variant) == PREDICTOR_AUTO_GLU == "exact"
+        assert resolve_predictor("q8_0", "predictor", variant) == "q8_0"
     assert resolve_predictor("Q4_0", "predictor") == "q4_0"
     assert resolve_predictor("exact", "off") == resolve_predictor("auto", "exact") == "exact"
     for bad in ("q5_k", "f16", "", 8):
@@ -249,6 +254,8 @@ def test_cli_flag_and_its_refusal(tiny_f16):
 
 def test_default_is_documented():
     """The default the code resolves "auto" to is the one the option's help and docs/sparse.md state."""
-    assert f'"{PREDICTOR_AUTO}" (what "auto", the default, picks)' in PREDICTOR_HELP
-    doc = (ROOT / "docs" / "sparse.md").read_text(encoding="utf-8")
-    assert f"`--predictor-dtype auto` (the default) is `{PREDICTOR_AUTO}`" in doc
+    assert (f'"auto" (the default) picks "{PREDICTOR_AUTO}" for ReLU-family models and "{PREDICTOR_AUTO_GLU}" for '
+            'SwiGLU/GeGLU models') in PREDICTOR_HELP
+    doc = " ".join((ROOT / "docs/sparse.md").read_text(encoding="utf-8").split())
+    assert (f"`--predictor-dtype auto` (the default) is `{PREDICTOR_AUTO}` for ReLU-family models and "
+            f"`{PREDICTOR_AUTO_GLU}` for SwiGLU/GeGLU models") in doc

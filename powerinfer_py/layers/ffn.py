@@ -74,15 +74,22 @@ from ..gguf.types import GGMLType, Tensor
 
 MODES = ("predictor", "exact", "threshold", "off")
 # how predictor mode stores a float (F32/F16/BF16) predictor: "exact" as the file has it, "q8_0" / "q4_0" a copy
-# quantized at load (predictor_copy); "auto" is PREDICTOR_AUTO. Quantized predictors in the file stay as they are.
+# quantized at load (predictor_copy); "auto" is PREDICTOR_AUTO or PREDICTOR_AUTO_GLU (resolve_predictor).
+# Quantized predictors in the file stay as they are.
 PREDICTOR_TYPES = ("auto", "exact", "q8_0", "q4_0")
-# "auto" is Q8_0 because of what it measurably changes (benchmarks/bench_predictor_quant.py on held-out text,
-# benchmarks/data/evaluation.txt; docs/sparse.md has the tables and commands). On the synthetic F16 7B-shape file
-# (4 layers, rank 1024): 99.58% of the exact predictor's picks kept and 0.41% extra, the active fraction 11.72%
-# and the recall of the truly active neurons 0.9006 -> 0.9005 unchanged; the argmax moved at 2 of 256
-# teacher-forced positions (KL 1.1e-5 nats), no greedy token of 128 changed; the predictor's share of the decode
-# 9.0% -> 4.9%. Q4_0 kept only 95.6% of the picks and its greedy run diverged after 53 tokens: opt-in.
-PREDICTOR_AUTO = "q8_0"
+# What "auto" picks, from what each choice measurably changes (benchmarks/bench_predictor_quant.py on held-out
+# text, benchmarks/data/evaluation.txt; docs/sparse.md has the tables and commands):
+#   ReLU-family FFNs: Q8_0. On the synthetic F16 7B-shape file (rank 1024) it kept 99.58% of the exact
+#   predictor's picks with 0.41% extra (active fraction 11.72% and recall of the truly active neurons 0.9006 ->
+#   0.9005), moved the argmax at 2 of 256 teacher-forced positions (KL 1.1e-5 nats) and no greedy token of 128,
+#   and took the predictor from 10.5% to 5.4% of an 8-layer decode (9.0% -> 4.9% on 4 layers). Q4_0 kept
+#   95.6% of the picks and its greedy run diverged after 53 tokens: opt-in.
+#   SwiGLU/GeGLU FFNs with trained predictors: exact. On Gemma 3 270M with an F16 rank-128 predictor from
+#   `powerinfer train-predictor`, Q8_0 kept 97.75% of the picks (2.4% extra), perplexity 76.78 -> 77.37 (+0.8%,
+#   KL 0.071 nats; a thread count of 1 instead of 2 moves it by 0.05% at KL 0.019) and decoded 0.90x as fast:
+#   a flip there drops a non-zero activation, and the predictor is a small part of that model's bytes.
+PREDICTOR_AUTO = "q8_0"  # ReLU family
+PREDICTOR_AUTO_GLU = "exact"  # PREDICTED_GLU
 THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"
 FC2T_FLOAT_TYPES = ("F32", "F16", "BF16")  # fc2 types whose transposed copy holds the same values
 DENSE_FALLBACK = 0.5  # batches whose union of active neurons exceeds this fraction use the dense gate/up
@@ -131,10 +138,11 @@ def default_mode(config: ModelConfig) -> str:
     return "off"
 
 
-def resolve_predictor(predictor: str | None, mode: str) -> str:
-    """The predictor storage a model runs with (PREDICTOR_TYPES less "auto"): None and "auto" give PREDICTOR_AUTO
-    in predictor mode; "exact" (the predictors as stored) fits every mode, while a quantized copy asked for
-    outside predictor mode is refused (no predictor would run)."""
+def resolve_predictor(predictor: str | None, mode: str, variant: str | None = None) -> str:
+    """The predictor storage a model runs with (PREDICTOR_TYPES less "auto"): None and "auto" give, in predictor
+    mode, PREDICTOR_AUTO_GLU for the SwiGLU/GeGLU variants and PREDICTOR_AUTO otherwise (ReLU family; variant
+    None); "exact" (the predictors as stored) fits every mode, while a quantized copy asked for outside predictor
+    mode is refused (no predictor would run)."""
     if predictor is None:
         predictor = "auto"
     if not isinstance(predictor, str) or predictor.lower() not in PREDICTOR_TYPES:
@@ -145,7 +153,9 @@ def resolve_predictor(predictor: str | None, mode: str) -> str:
                               f"model runs in {mode!r}")
     if mode != "predictor":
         return "exact"
-    return PREDICTOR_AUTO if predictor == "auto" else predictor
+    if predictor != "auto":
+        return predictor
+    return PREDICTOR_AUTO_GLU if variant in PREDICTED_GLU else PREDICTOR_AUTO
 
 
 def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: float | None = None,
@@ -162,7 +172,7 @@ def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: floa
         mode = default_mode(config)
     if mode not in MODES:
         raise UnsupportedError(f"unknown sparse mode {mode!r}; one of {', '.join(MODES)}")
-    predictor = resolve_predictor(predictor, mode)
+    resolve_predictor(predictor, mode)  # a bad choice is refused before anything else is checked
     spec = spec_for(config.arch)
     if config.n_expert and mode != "off" and not (mode == "exact" and spec.relu_experts):
         raise UnsupportedError(f"sparse mode {mode!r} is for dense FFNs; this {config.arch} model is a mixture of "
@@ -170,6 +180,7 @@ def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: floa
                                f"{config.n_expert} experts): use 'off' ('exact' also runs the ReLU experts of "
                                f"{', '.join(archs_with(lambda s: s.relu_experts))})")
     variant = ffn_variant(config)
+    predictor = resolve_predictor(predictor, mode, variant)
     if mode == "predictor" and not config.is_sparse:
         raise UnsupportedError("sparse mode 'predictor' needs a PowerInfer (PWRI) file with predictors; this "
                                "is a dense GGUF file: use 'exact' (ReLU models) or 'off'")
