@@ -42,6 +42,9 @@ Modes (docs/FORMATS.md section 2), chosen per model by resolve_sparse():
              Q4_0 / Q8_0 fc2 gets a copy by hidden unit instead (the same codes and scales moved so that each
              unit is one row: csrc/fc2t.c) read the same way (predictor_logits; the C step makes the same choice
              and calls, so the same bits).
+             A float fc1/fc2 may run from a Q8_0 / Q4_0 copy made at load instead (predictor_copy, the
+             predictor_dtype load option; by default Q8_0 on ReLU-family files, the file's own on SwiGLU/GeGLU
+             ones: resolve_predictor), which then takes the quantized paths above.
 Batches (prefill, N > 1 tokens) compute the union of the tokens' active sets once for all tokens and then
 zero h[t, i] for the neurons token t did not select, so every token gets exactly its own per-token result;
 when the union exceeds DENSE_FALLBACK of the neurons, the gated rows come from the dense matmul instead of the
@@ -70,7 +73,7 @@ from ..config import ModelConfig
 from ..errors import PowerInferError, UnsupportedError
 from ..kernels.ref import FC2T, FC2T_QUANT_TYPES
 from ..models import archs_with, spec_for
-from ..gguf.types import GGMLType, Tensor
+from ..gguf.types import GGMLType, Tensor, row_bytes
 
 MODES = ("predictor", "exact", "threshold", "off")
 # how predictor mode stores a float (F32/F16/BF16) predictor: "exact" as the file has it, "q8_0" / "q4_0" a copy
@@ -573,7 +576,7 @@ def predictor_copy(fc1: Tensor | None, fc2: Tensor | None, kind: str,
         data = np.asarray(t.data).reshape(n_rows, -1)
         step = max(1, _COPY_PIECE_VALUES // n_cols)
         pieces = [(r, min(n_rows, r + step)) for r in range(0, n_rows, step)]
-        out = np.empty((n_rows, n_cols // 32 * (34 if ty == GGMLType.Q8_0 else 18)), np.uint8)
+        out = np.empty((n_rows, row_bytes(ty, n_cols)), np.uint8)
 
         def piece(bounds: tuple[int, int]) -> None:
             r0, r1 = bounds
