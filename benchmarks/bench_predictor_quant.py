@@ -3,7 +3,7 @@
 
     python benchmarks/bench_predictor_quant.py --model FILE.pwri [--text benchmarks/data/evaluation.txt]
         [--kinds exact,q8_0,q4_0] [--tokens 256] [--forced 128] [--greedy 64] [-t 2]
-        [--reps 3] [-n 64] [--interleave 16] [--skip-speed] [--load-reps N] [--json OUT]
+        [--reps 3] [-n 64] [--interleave 16] [--skip-speed] [--predict-reps N] [--load-reps N] [--json OUT]
     python benchmarks/bench_predictor_quant.py --e2e-layers 4 ...   # the F16 7B-shape file of bench_sparse_e2e.py
 
 1. Selection, per layer and over all layers: the text's first --tokens tokens go through the model densely (an
@@ -212,8 +212,27 @@ def predictor_bytes(llm) -> dict:
                 type=llm.model.ffns[0].fc1.type.name)
 
 
-def selection_table(res: dict, first, kinds: list[str], ids: list[int], a: argparse.Namespace) -> None:
-    """Part 1: measure and print the selection figures (into res["selection"])."""
+def predict_time(llms: dict, inputs, reps: int) -> dict[str, float]:
+    """Median over `reps` alternating rounds of the time of one FFN.predict (one token: the decode path's
+    kernels) on the middle layer, over the first 8 captured predictor inputs, per predictor kind."""
+    il = len(inputs) // 2
+    ps = [np.ascontiguousarray(inputs[il][0][t:t + 1]) for t in range(min(8, len(inputs[il][0])))]
+    kinds = [k for k in llms if k != "dense"]
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    for rep in range(reps):
+        for k in kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]:
+            f = llms[k].model.ffns[il]
+            t0 = time.perf_counter()
+            for p in ps:
+                f.predict(p)
+            times[k].append((time.perf_counter() - t0) / len(ps))
+    return {k: 1e6 * statistics.median(v) for k, v in times.items()}
+
+
+def selection_table(res: dict, first, kinds: list[str], ids: list[int], a: argparse.Namespace,
+                    llms: dict | None = None) -> None:
+    """Part 1: measure and print the selection figures (into res["selection"]); with --predict-reps also the
+    time of the predictor alone (res["predict_us"])."""
     inputs = capture(first, ids[:a.tokens])
     sel = selection(first, kinds, inputs)
     res["selection"] = sel
@@ -225,6 +244,11 @@ def selection_table(res: dict, first, kinds: list[str], ids: list[int], a: argpa
         s = sel[k]
         lay = " ".join(f"{x['recall_exact']:.4f}" for x in s["layers"])
         print(f"  {k:6} {s['picked']:8.2%} {s['recall_true']:13.4f} {s['recall_exact']:14.4f} {s['extra']:8.2%}   {lay}")
+    if a.predict_reps and llms:
+        us = predict_time(llms, inputs, a.predict_reps)
+        res["predict_us"] = us
+        print(f"  the predictor alone (FFN.predict, one token, layer {len(inputs) // 2}, median of {a.predict_reps} "
+              "alternating rounds): " + ", ".join(f"{k} {v:.1f} us" for k, v in us.items()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", "--n-gen", type=int, default=64)
     ap.add_argument("--interleave", type=int, default=16)
     ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--predict-reps", type=int, default=0, metavar="N",
+                    help="with --tokens: also time the predictor alone, N alternating rounds (median)")
     ap.add_argument("--load-reps", type=int, default=0, metavar="N",
                     help="also load the file N more times per kind, alternating kinds, and print the median load time")
     ap.add_argument("--json", type=Path)
@@ -278,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{b['fc2_mb']:.1f} MB, fc2 copy {b['fc2_copy_mb']:.1f} MB")
 
     if a.tokens:
-        selection_table(res, first, kinds, ids, a)
+        selection_table(res, first, kinds, ids, a, llms)
     if a.forced:
         f = forced(llms, ids[:a.forced + 1])
         res["forced"] = f

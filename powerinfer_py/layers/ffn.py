@@ -89,8 +89,9 @@ PREDICTOR_TYPES = ("auto", "exact", "q8_0", "q4_0")
 #   95.6% of the picks and its greedy run diverged after 53 tokens: opt-in.
 #   SwiGLU/GeGLU FFNs with trained predictors: exact. On Gemma 3 270M with an F16 rank-128 predictor from
 #   `powerinfer train-predictor`, Q8_0 kept 97.75% of the picks (2.4% extra), perplexity 76.78 -> 77.37 (+0.8%,
-#   KL 0.071 nats; a thread count of 1 instead of 2 moves it by 0.05% at KL 0.019) and decoded 0.90x as fast:
-#   a flip there drops a non-zero activation, and the predictor is a small part of that model's bytes.
+#   KL 0.071 nats; a thread count of 1 instead of 2 moves it by 0.05% at KL 0.019) for about 1% of a token's
+#   time (no decode speed-up measurable): a flip there drops a non-zero activation, and the predictor is a small
+#   part of that model's bytes.
 PREDICTOR_AUTO = "q8_0"  # ReLU family
 PREDICTOR_AUTO_GLU = "exact"  # PREDICTED_GLU
 THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"
