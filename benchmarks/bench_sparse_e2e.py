@@ -3,7 +3,7 @@ model against llama.cpp on its dense GGUF twin, same run, same threads, same tok
 
     python benchmarks/bench_sparse_e2e.py [--dir /tmp/powerinfer-sparse-e2e] [--layers 8] [--dtypes q4_0,f16]
         [--modes predictor,exact,off] [--reps 3] [-n 128] [-p 16] [-t 2] [--interleave 16] [--active 0.1] [--recall 0.9]
-        [--rank 1024] [--regen] [--json FILE]
+        [--rank 1024] [--predictor-dtype auto|exact|q8_0|q4_0] [--regen] [--json FILE]
 
 The models (powerinfer_py.synth.sparse: d 4096, n_ff 11008, 32 heads, vocab 32000, rank-1024 predictors,
 10% of neurons active on average, predictor recall 0.9) are written once into --dir and reused while their
@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the source tr
 
 from powerinfer_py.synth import sparse as synth_sparse  # noqa: E402
 from powerinfer_py.tools.bench import BENCH_TEXT, LlamaCppRef, _fit_tokens, run_child  # noqa: E402
-from powerinfer_py.layers.ffn import FC2_AXPY_MAX_PERCENT, step_timing_sums  # noqa: E402
+from powerinfer_py.layers.ffn import FC2_AXPY_MAX_PERCENT, PREDICTOR_AUTO, step_timing_sums  # noqa: E402
+from powerinfer_py.gguf.types import GGMLType, row_bytes  # noqa: E402
 from powerinfer_py.gguf import open_gguf  # noqa: E402
 
 FFN = ("ffn_gate", "ffn_up", "ffn_down_t", "ffn_down")
@@ -70,9 +71,12 @@ def ensure_model(folder: Path, dtype: str, a: argparse.Namespace) -> tuple[Path,
     return pwri, dense
 
 
-def byte_budget(pwri: Path) -> dict[str, int]:
+def byte_budget(pwri: Path, predictor_dtype: str = "auto") -> dict[str, int]:
     """Bytes read per decoded token by kind: other (attention, norms, output head, one embedding row),
-    gate, up_down, predictor."""
+    gate, up_down, predictor. The predictor counts as it runs: a float one in the type of its load-time copy
+    when --predictor-dtype (auto: ffn.PREDICTOR_AUTO, these files being ReLU models) asks for one."""
+    copy = {"q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}.get(PREDICTOR_AUTO if predictor_dtype == "auto"
+                                                              else predictor_dtype)
     f = open_gguf(pwri)  # tensor views on a memory map: nothing is read
     out = dict(other=0, gate=0, up_down=0, predictor=0, fc1=0, fc2=0, fc2_type="")
     for name, t in f.tensors.items():
@@ -84,10 +88,13 @@ def byte_budget(pwri: Path) -> dict[str, int]:
         elif kind in FFN:
             out["up_down"] += t.nbytes
         elif kind in PREDICTOR:
-            out["predictor"] += t.nbytes
-            out[kind] += t.nbytes
+            ty = copy if copy is not None and t.type.name in ("F32", "F16", "BF16") and t.shape[-1] % 32 == 0 \
+                else t.type
+            n = t.nbytes if ty == t.type else t.shape[0] * row_bytes(ty, t.shape[-1])
+            out["predictor"] += n
+            out[kind] += n
             if kind == "fc2":
-                out["fc2_type"] = t.type.name
+                out["fc2_type"] = ty.name
         else:
             out["other"] += t.nbytes
     f.close()
@@ -129,13 +136,14 @@ def _fraction(run) -> float:
 
 def bench_dtype(dtype: str, a: argparse.Namespace) -> dict:
     pwri, dense = ensure_model(Path(a.dir), dtype, a)
-    info, budget = synth_sparse.synth_info(pwri), byte_budget(pwri)
+    info, budget = synth_sparse.synth_info(pwri), byte_budget(pwri, a.predictor_dtype)
     configs = [("llamacpp", dense, None)] + [("ours", pwri, m) for m in a.modes]
     runs: dict[str, list] = {("llama.cpp" if e == "llamacpp" else m): [] for e, _, m in configs}
     for rep in range(a.reps):
         k = rep % len(configs)
         for engine, path, mode in configs[k:] + configs[:k]:  # rotate the order rep by rep
-            r = run_child(engine, path, a.n_prompt, a.n_gen, a.threads, sparse=mode)
+            r = run_child(engine, path, a.n_prompt, a.n_gen, a.threads, sparse=mode,
+                          predictor_dtype=a.predictor_dtype if engine == "ours" and mode == "predictor" else "auto")
             runs["llama.cpp" if engine == "llamacpp" else mode].append(r)
             act = _fraction(r)
             print(f"  rep {rep + 1} {engine:8} {mode or 'dense':9} decode {r.decode_tok_s:6.2f} tok/s"
@@ -162,7 +170,8 @@ class _Ours:
     def __init__(self, path: Path, mode: str, ids: list[int], a: argparse.Namespace, n_ctx: int):
         from powerinfer_py import load
 
-        self.llm = load(path, threads=a.threads, n_ctx=n_ctx, sparse=mode, use_mmap=not a.no_mmap)
+        self.llm = load(path, threads=a.threads, n_ctx=n_ctx, sparse=mode, use_mmap=not a.no_mmap,
+                        predictor_dtype=a.predictor_dtype if mode == "predictor" else "auto")
         self.net = self.llm.model
         self.cache = self.net.new_cache(n_ctx)
         self.logits = self.net.forward(np.asarray(ids, dtype=np.int32), self.cache)  # the prompt, untimed
@@ -214,7 +223,7 @@ def bench_dtype_interleaved(dtype: str, a: argparse.Namespace) -> dict:
     every configuration alike, where one process per configuration lets a minute of drift between runs skew
     the ratios."""
     pwri, dense = ensure_model(Path(a.dir), dtype, a)
-    info, budget = synth_sparse.synth_info(pwri), byte_budget(pwri)
+    info, budget = synth_sparse.synth_info(pwri), byte_budget(pwri, a.predictor_dtype)
     n_turns = max(1, -(-a.n_gen // a.interleave)) * a.reps
     n_ctx = a.n_prompt + n_turns * (a.interleave + 1) + 8
     engines: dict[str, object] = {}
@@ -319,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--regen", action="store_true", help="rewrite the models even if cached")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--predictor-dtype", default="auto", choices=("auto", "exact", "q8_0", "q4_0"),
+                    help="our predictor mode's --predictor-dtype (auto: the engine's default for these ReLU files)")
     ap.add_argument("--no-mmap", action="store_true", help="our modes read the model into memory instead of "
                     "mapping it (powerinfer's --no-mmap; llama.cpp keeps its default)")
     a = ap.parse_args(argv)

@@ -41,6 +41,7 @@ def bench(
     sparse_threshold: Optional[float] = O.flag("sparse_threshold",
                                                help="Our predictor threshold (default: the file's)."),
     sparsity: Optional[float] = O.flag("sparsity"),
+    predictor_dtype: str = O.flag("predictor_dtype", help="Our predictor's storage (see `powerinfer run --help`)."),
     llamacpp_model: Optional[str] = typer.Option(None, "--llamacpp-model", help="The file llama.cpp runs (default: "
                                                  "MODEL; for a PWRI model, its dense GGUF twin)."),
     backend: str = O.flag("backend", help="Our backend (see `powerinfer run --help`)."),

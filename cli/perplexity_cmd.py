@@ -34,6 +34,7 @@ def perplexity(
     threads: Optional[int] = O.flag("threads"),
     sparse: Optional[str] = O.flag("sparse"),
     sparsity: Optional[float] = O.flag("sparsity"),
+    predictor_dtype: str = O.flag("predictor_dtype"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Perplexity of MODEL over a text file, in any sparse mode."""

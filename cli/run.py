@@ -59,6 +59,7 @@ def run(
     sparse: Optional[str] = O.flag("sparse"),
     sparsity: Optional[float] = O.flag("sparsity"),
     sparse_threshold: Optional[float] = O.flag("sparse_threshold"),
+    predictor_dtype: str = O.flag("predictor_dtype"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
     backend: str = O.flag("backend"),
     vram_budget: Optional[float] = O.flag("vram_budget"),
@@ -190,8 +191,10 @@ def _json_result(text: str, tokens: list[int], stats, reason: str, load_s: float
 
 
 def _sparsity_json(llm) -> dict:
-    """Sparse mode, threshold and (ReLU-family models) the per-layer fraction of active neurons per token."""
+    """Sparse mode, threshold (predictor mode: and the predictor dtype) and (ReLU-family models) the per-layer fraction of active neurons per token."""
     out = {"mode": llm.sparse.mode, "threshold": llm.sparse.threshold}
+    if llm.sparse.mode == "predictor":
+        out["predictor_dtype"] = llm.sparse.predictor
     if llm.sparse.mode == "threshold":
         out["sparsity"] = llm.sparse.sparsity
     st = llm.sparsity_stats
@@ -205,7 +208,7 @@ def _print_sparsity(llm) -> None:
     st = llm.sparsity_stats
     mode = f"sparse mode: {llm.sparse.mode}"
     if llm.sparse.mode == "predictor":
-        mode += f", threshold {llm.sparse.threshold:g}"
+        mode += f", threshold {llm.sparse.threshold:g}, predictor dtype {llm.sparse.predictor}"
     if llm.sparse.mode == "threshold":
         mode += f", target sparsity {llm.sparse.sparsity:g}"
     if llm.config.n_expert:

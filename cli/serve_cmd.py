@@ -69,6 +69,7 @@ def serve(
     sparse: Optional[str] = O.flag("sparse"),
     sparse_threshold: Optional[float] = O.flag("sparse_threshold"),
     sparsity: Optional[float] = O.flag("sparsity"),
+    predictor_dtype: str = O.flag("predictor_dtype"),
     backend: str = O.flag("backend"),
     vram_budget: Optional[float] = O.flag("vram_budget"),
     no_mmap: bool = O.flag("use_mmap"),

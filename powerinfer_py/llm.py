@@ -46,12 +46,12 @@ class LLM:
     def __init__(self, path: str | os.PathLike, threads: int | None = None, n_ctx: int | None = None, *,
                  backend: str = "cpu", cache_dir: str | os.PathLike | None = None, sparse: str | None = None,
                  sparse_threshold: float | None = None, sparsity: float | None = None,
-                 vram_budget: float | None = None,
+                 predictor_dtype: str = "auto", vram_budget: float | None = None,
                  placement: str | os.PathLike | None = None, use_mmap: bool = True):
         from . import models
         from .gguf import open_gguf
-        from .gguf.load import load_weights
-        from .layers.ffn import runtime_sparse
+        from .gguf.load import Conversion, load_weights
+        from .layers.ffn import predictor_copies, runtime_sparse
         from .tokenizer import Tokenizer
 
         self.path = Path(path)
@@ -64,9 +64,13 @@ class LLM:
             if n_ctx is not None and n_ctx < 1:
                 raise ValueError(f"n_ctx must be at least 1, got {n_ctx}")
             self.n_ctx = int(n_ctx) if n_ctx else min(self.config.n_ctx_train, DEFAULT_MAX_CTX)
-            self.sparse = runtime_sparse(self.config, sparse, sparse_threshold, sparsity)  # mode + threshold
+            self.sparse = runtime_sparse(self.config, sparse, sparse_threshold, sparsity,  # mode + threshold
+                                         predictor_dtype)
             self.kernels = _make_kernels(backend, threads)
             self.model = models.build_model(self.config, weights.tensors, self.kernels, self.sparse)
+            # the predictors copied into another type at load (--predictor-dtype) count as conversions too
+            self.conversions = self.conversions + [
+                Conversion(new.name, old.type, new.type) for old, new in predictor_copies(self.model)]
             self.backend = None
             if backend != "ref":  # what runs where (hybrid/backend.py); .lines() explains it
                 from .hybrid import attach_backend
@@ -223,6 +227,10 @@ def load(path: str | os.PathLike, *args, **options) -> LLM:
     sparse="threshold" (SwiGLU/GeGLU models with `powerinfer calibrate` metadata, and their default) skips the
     neurons whose |act(gate)| is below the per-layer cut-off; sparsity: the fraction to skip (default: the
     calibrated one).
+    predictor_dtype: how predictor mode runs a float (F32/F16/BF16) predictor: "exact" as stored, "q8_0" or
+    "q4_0" a copy quantized at load; "auto" (the default): "q8_0" for ReLU-family models, "exact" for SwiGLU/GeGLU
+    models with trained predictors (ffn.resolve_predictor; docs/sparse.md has the measurements behind it).
+    Quantized predictors run as stored.
     use_mmap=False reads the file into memory instead of mapping it (llama.cpp's --no-mmap; see open_gguf).
     """
     return LLM(path, *args, **options)

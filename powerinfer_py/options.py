@@ -89,6 +89,10 @@ SPARSE_HELP = ('FFN mode: "predictor" (default for PowerInfer/PWRI files: only p
                'calibrated by `powerinfer calibrate`: skip neurons with small |act(gate)|; default for such files) or '
                '"off" (dense; default for other GGUF files).')
 
+PREDICTOR_HELP = ('--sparse predictor on a file with F32/F16/BF16 predictors: "exact" runs them as stored; "q8_0" '
+                  'or "q4_0" runs a copy quantized at load, which reads 2-4x fewer predictor bytes per token. "auto" '
+                  '(the default) picks "q8_0" for ReLU-family models and "exact" for SwiGLU/GeGLU models with trained '
+                  'predictors (docs/sparse.md measures why). Quantized predictors run as stored.')
 
 @dataclass(frozen=True)
 class LoadOptions:
@@ -106,6 +110,8 @@ class LoadOptions:
         "this (default: the file's powerinfer.sparse_threshold, or $LLAMA_SPARSE_PRED_THRESHOLD).")
     sparsity: float | None = _opt(None, "--sparsity", help="--sparse threshold: fraction of FFN neurons to skip, "
                                   "in [0, 1) (default: the sparsity the file was calibrated for; 0 = dense).")
+    predictor_dtype: str = _opt("auto", "--predictor-dtype", cli={"metavar": "[auto|exact|q8_0|q4_0]"},
+                                help=PREDICTOR_HELP)
     vram_budget: float | None = _opt(None, "--vram-budget", cli={"min": 0.0},
                                      help="GiB of GPU memory for the hybrid backend (default: 90% of the free memory).")
     placement: str | os.PathLike | None = None

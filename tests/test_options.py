@@ -73,7 +73,7 @@ def test_cli_flags_are_built_from_the_knobs(command):
             if (command, f.name) not in {("chat", "max_tokens"), ("perplexity", "n_ctx")}:  # their own defaults
                 assert param.default == cli_default(cls, f.name), f.name
                 assert param.help == k.help or command == "bench", f.name
-    assert checked == {"run": 19, "chat": 18, "serve": 16, "bench": 7, "perplexity": 4}[command]
+    assert checked == {"run": 20, "chat": 19, "serve": 17, "bench": 8, "perplexity": 5}[command]
 
 
 def test_cli_values_map_flags_back_to_fields():

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import powerinfer_py
 from powerinfer_py.config import ModelConfig
 from powerinfer_py.errors import ModelFileError, UnsupportedError
-from powerinfer_py.layers.ffn import THRESHOLD_ENV, SparseSettings, resolve_sparse
+from powerinfer_py.layers.ffn import PREDICTOR_AUTO, THRESHOLD_ENV, SparseSettings, resolve_sparse
 from powerinfer_py.gguf import open_gguf
 from powerinfer_py.kernels import ref
 from powerinfer_py.gguf.load import load_weights
@@ -53,8 +53,10 @@ def tiny(tmp_path_factory):
 
 
 def load(path, kernels, mode=None, threshold=None):
+    """The model of a file in a sparse mode, with its predictors as stored (predictor "exact": the reference
+    computes with the file's values; the quantized copies have tests of their own, test_predictor_quant.py)."""
     w = load_weights(open_gguf(path), expected_tensors)
-    settings = resolve_sparse(w.config, mode, threshold)
+    settings = resolve_sparse(w.config, mode, threshold, predictor="exact")
     return build_model(w.config, w.tensors, kernels, settings)
 
 
@@ -191,7 +193,7 @@ def _config(path) -> ModelConfig:
 
 def test_mode_defaults_and_refusals(tiny, synthetic_model):
     sparse_cfg = _config(tiny("llama"))
-    assert resolve_sparse(sparse_cfg) == SparseSettings("predictor", 0.5)
+    assert resolve_sparse(sparse_cfg) == SparseSettings("predictor", 0.5, predictor=PREDICTOR_AUTO)
     dense_relu = _config(tiny("llama", dense=True, hidden_act="relu"))
     assert resolve_sparse(dense_relu).mode == "off"
     assert resolve_sparse(dense_relu, "exact").mode == "exact"
@@ -223,7 +225,7 @@ def test_threshold_override_changes_the_active_set(tiny, monkeypatch):
     monkeypatch.delenv(THRESHOLD_ENV, raising=False)
     with powerinfer_py.load(path, threads=1) as llm:
         base = _active_counts(llm)
-        assert llm.sparse == SparseSettings("predictor", 0.5)
+        assert llm.sparse == SparseSettings("predictor", 0.5, predictor=PREDICTOR_AUTO)
         assert base == _active_counts(llm)  # stats are per generation, not cumulative
     with powerinfer_py.load(path, threads=1, sparse_threshold=1.0) as llm:
         higher = _active_counts(llm)
@@ -303,6 +305,7 @@ def test_cli_run_sparse_options(tiny):
                               "--sparse-threshold", "0.25"])
     assert res.exit_code == 0, res.stderr
     assert "sparse mode: predictor, threshold 0.25" in res.stderr and "active % per layer: 0:" in res.stderr
+    assert f"predictor dtype {PREDICTOR_AUTO}" in res.stderr
     res = runner.invoke(app, ["run", "-m", path, "Hello world", "-n", "4", "--temp", "0", "-t", "1", "--json",
                               "--sparse", "exact"])
     assert res.exit_code == 0, res.stderr

@@ -42,6 +42,9 @@ Modes (docs/FORMATS.md section 2), chosen per model by resolve_sparse():
              Q4_0 / Q8_0 fc2 gets a copy by hidden unit instead (the same codes and scales moved so that each
              unit is one row: csrc/fc2t.c) read the same way (predictor_logits; the C step makes the same choice
              and calls, so the same bits).
+             A float fc1/fc2 may run from a Q8_0 / Q4_0 copy made at load instead (predictor_copy, the
+             predictor_dtype load option; by default Q8_0 on ReLU-family files, the file's own on SwiGLU/GeGLU
+             ones: resolve_predictor), which then takes the quantized paths above.
 Batches (prefill, N > 1 tokens) compute the union of the tokens' active sets once for all tokens and then
 zero h[t, i] for the neurons token t did not select, so every token gets exactly its own per-token result;
 when the union exceeds DENSE_FALLBACK of the neurons, the gated rows come from the dense matmul instead of the
@@ -70,9 +73,27 @@ from ..config import ModelConfig
 from ..errors import PowerInferError, UnsupportedError
 from ..kernels.ref import FC2T, FC2T_QUANT_TYPES
 from ..models import archs_with, spec_for
-from ..gguf.types import Tensor
+from ..gguf.types import GGMLType, Tensor, row_bytes
 
 MODES = ("predictor", "exact", "threshold", "off")
+# how predictor mode stores a float (F32/F16/BF16) predictor: "exact" as the file has it, "q8_0" / "q4_0" a copy
+# quantized at load (predictor_copy); "auto" is PREDICTOR_AUTO or PREDICTOR_AUTO_GLU (resolve_predictor).
+# Quantized predictors in the file stay as they are.
+PREDICTOR_TYPES = ("auto", "exact", "q8_0", "q4_0")
+# What "auto" picks, from what each choice measurably changes (benchmarks/bench_predictor_quant.py on held-out
+# text, benchmarks/data/evaluation.txt; docs/sparse.md has the tables and commands):
+#   ReLU-family FFNs: Q8_0. On the synthetic F16 7B-shape file (rank 1024) it kept 99.58% of the exact
+#   predictor's picks with 0.41% extra (active fraction 11.72% and recall of the truly active neurons 0.9006 ->
+#   0.9005), moved the argmax at 2 of 256 teacher-forced positions (KL 1.1e-5 nats) and no greedy token of 128,
+#   and took the predictor from 10.5% to 5.4% of an 8-layer decode (9.0% -> 4.9% on 4 layers). Q4_0 kept
+#   95.6% of the picks and its greedy run diverged after 53 tokens: opt-in.
+#   SwiGLU/GeGLU FFNs with trained predictors: exact. On Gemma 3 270M with an F16 rank-128 predictor from
+#   `powerinfer train-predictor`, Q8_0 kept 97.75% of the picks (2.4% extra), perplexity 76.78 -> 77.37 (+0.8%,
+#   KL 0.071 nats; a thread count of 1 instead of 2 moves it by 0.05% at KL 0.019) for about 1% of a token's
+#   time (no decode speed-up measurable): a flip there drops a non-zero activation, and the predictor is a small
+#   part of that model's bytes.
+PREDICTOR_AUTO = "q8_0"  # ReLU family
+PREDICTOR_AUTO_GLU = "exact"  # PREDICTED_GLU
 THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"
 FC2T_FLOAT_TYPES = ("F32", "F16", "BF16")  # fc2 types whose transposed copy holds the same values
 DENSE_FALLBACK = 0.5  # batches whose union of active neurons exceeds this fraction use the dense gate/up
@@ -105,6 +126,7 @@ class SparseSettings:
     down: str = "auto"  # threshold mode: down projection of dense files (threshold.DOWN_CHOICES)
     scales: tuple[tuple[float, ...], ...] = ()  # threshold mode: per-layer neuron scales of the score; () none
     up_cuts: tuple[float, ...] = ()  # threshold mode, two-stage files: per-layer candidate cut-offs; () one stage
+    predictor: str = "exact"  # predictor mode: how float predictors are stored (PREDICTOR_TYPES less "auto")
 
 
 def default_mode(config: ModelConfig) -> str:
@@ -120,18 +142,41 @@ def default_mode(config: ModelConfig) -> str:
     return "off"
 
 
+def resolve_predictor(predictor: str | None, mode: str, variant: str | None = None) -> str:
+    """The predictor storage a model runs with (PREDICTOR_TYPES less "auto"): None and "auto" give, in predictor
+    mode, PREDICTOR_AUTO_GLU for the SwiGLU/GeGLU variants and PREDICTOR_AUTO otherwise (ReLU family; variant
+    None); "exact" (the predictors as stored) fits every mode, while a quantized copy asked for outside predictor
+    mode is refused (no predictor would run)."""
+    if predictor is None:
+        predictor = "auto"
+    if not isinstance(predictor, str) or predictor.lower() not in PREDICTOR_TYPES:
+        raise PowerInferError(f"unknown predictor dtype {predictor!r}; one of {', '.join(PREDICTOR_TYPES)}")
+    predictor = predictor.lower()
+    if predictor not in ("auto", "exact") and mode != "predictor":
+        raise PowerInferError(f"a predictor dtype ({predictor!r}) applies to sparse mode 'predictor' only; this "
+                              f"model runs in {mode!r}")
+    if mode != "predictor":
+        return "exact"
+    if predictor != "auto":
+        return predictor
+    return PREDICTOR_AUTO_GLU if variant in PREDICTED_GLU else PREDICTOR_AUTO
+
+
 def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: float | None = None,
-                   environ: Mapping[str, str] | None = None, sparsity: float | None = None) -> SparseSettings:
+                   environ: Mapping[str, str] | None = None, sparsity: float | None = None,
+                   predictor: str | None = None) -> SparseSettings:
     """The sparse mode and threshold a model runs with.
 
     mode None: default_mode(config): "predictor" for PWRI files, "threshold" for SwiGLU/GeGLU files that
     `powerinfer calibrate` wrote, "off" otherwise. threshold: the explicit value, else
     $LLAMA_SPARSE_PRED_THRESHOLD from `environ` (the runtime passes os.environ; None reads no environment),
-    else the file's powerinfer.sparse_threshold. sparsity: threshold mode only (None: the file's calibration)."""
+    else the file's powerinfer.sparse_threshold. sparsity: threshold mode only (None: the file's calibration).
+    predictor: how predictor mode stores a float predictor (resolve_predictor; None: "auto")."""
     if mode is None:
         mode = default_mode(config)
     if mode not in MODES:
         raise UnsupportedError(f"unknown sparse mode {mode!r}; one of {', '.join(MODES)}")
+    resolve_predictor(predictor, mode)  # a bad choice is refused before anything else is checked
     spec = spec_for(config.arch)
     if config.n_expert and mode != "off" and not (mode == "exact" and spec.relu_experts):
         raise UnsupportedError(f"sparse mode {mode!r} is for dense FFNs; this {config.arch} model is a mixture of "
@@ -139,6 +184,7 @@ def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: floa
                                f"{config.n_expert} experts): use 'off' ('exact' also runs the ReLU experts of "
                                f"{', '.join(archs_with(lambda s: s.relu_experts))})")
     variant = ffn_variant(config)
+    predictor = resolve_predictor(predictor, mode, variant)
     if mode == "predictor" and not config.is_sparse:
         raise UnsupportedError("sparse mode 'predictor' needs a PowerInfer (PWRI) file with predictors; this "
                                "is a dense GGUF file: use 'exact' (ReLU models) or 'off'")
@@ -172,13 +218,13 @@ def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: floa
     threshold = float(threshold)
     if math.isnan(threshold):
         raise PowerInferError("the sparse threshold must be a number, got NaN")
-    return SparseSettings(mode, threshold)
+    return SparseSettings(mode, threshold, predictor=predictor)
 
 
 def runtime_sparse(config: ModelConfig, mode: str | None, threshold: float | None,
-                   sparsity: float | None = None) -> SparseSettings:
+                   sparsity: float | None = None, predictor: str | None = None) -> SparseSettings:
     """resolve_sparse with this process's environment (what LLM/load use)."""
-    return resolve_sparse(config, mode, threshold, os.environ, sparsity)
+    return resolve_sparse(config, mode, threshold, os.environ, sparsity, predictor)
 
 
 class SparsityStats:
@@ -268,9 +314,13 @@ class FFN:
             raise ValueError(f"layer {layer}: the FFN needs exactly one of ffn_down and ffn_down_t")
         if self.mode == "predictor" and (w.fc1 is None or w.fc2 is None):
             raise ValueError(f"layer {layer}: predictor mode without fc1/fc2")
+        # the predictor this FFN runs: the file's fc1/fc2, or (settings.predictor q8_0 / q4_0) a quantized copy of
+        # a float one made here (predictor_copy)
+        self.fc1, self.fc2 = (predictor_copy(w.fc1, w.fc2, settings.predictor, getattr(kernels, "n_threads", 1))
+                              if self.mode == "predictor" else (w.fc1, w.fc2))
         # fc2 transposed (rank, n_ff) or a Q4_0 / Q8_0 fc2's copy by hidden unit: one token's fc2 · r reads only
         # the rows of the predictor's non-zero hidden units
-        self.fc2_t = transposed_predictor(w.fc2, kernels) if self.mode == "predictor" else None
+        self.fc2_t = transposed_predictor(self.fc2, kernels) if self.mode == "predictor" else None
         self.all_rows = np.arange(self.n_ff, dtype=np.int32)
         self.threshold_path = None
         if self.mode == "threshold":
@@ -292,7 +342,7 @@ class FFN:
         self.fused = None
         if (steps is not None and self.mode in ("predictor", "exact") and w.down_t is not None
                 and variant in steps.FUSED_VARIANTS and w.b_up is None and w.b_down is None):
-            self.fused = steps.sparse_ffn_plan(variant, w.fc1, w.fc2, w.gate, w.up, w.down_t,
+            self.fused = steps.sparse_ffn_plan(variant, self.fc1, self.fc2, w.gate, w.up, w.down_t,
                                                float(self.threshold), float(self.act_param),
                                                exact=self.mode == "exact", fc2_t=self.fc2_t)
 
@@ -397,16 +447,12 @@ class FFN:
         return self._down(h, rows)
 
     def _predictor(self, x: np.ndarray, p: np.ndarray) -> np.ndarray:
-        k, w = self.k, self.w
+        k = self.k
         n_tok = x.shape[0]
         if n_tok == 1 and self.fused is not None and self.split is None:  # the same steps as below, in C
             return self._one_token(*k.steps.sparse_ffn_decode(self.fused, np.ascontiguousarray(x[0]),
                                                               np.ascontiguousarray(p[0])))
-        r = k.matmul(w.fc1, p)  # [N, R]
-        np.maximum(r, 0, out=r)
-        logits = predictor_logits(k, self.fc2_t, r) if n_tok == 1 and self.fc2_t is not None else None
-        if logits is None:
-            logits = k.matmul(w.fc2, r)  # [N, n_ff]
+        logits = self.predict(p)
         if n_tok == 1:
             rows = k.select_active(logits[0], float(self.threshold))
             mask, n_active = None, len(rows)
@@ -423,6 +469,18 @@ class FFN:
         if self.stats is not None:
             self.stats.record(self.layer, n_tok, n_active, n_nonzero)
         return y
+
+    def predict(self, p: np.ndarray) -> np.ndarray:
+        """The predictor logits f32 [N, n_ff] = fc2 · relu(fc1 · p) for p f32 [N, n_embd], computed as predictor
+        mode computes them (one token: from fc2_t where that pays, predictor_logits); neuron i is predicted
+        active for token t iff logits[t, i] >= self.threshold."""
+        k = self.k
+        r = k.matmul(self.fc1, p)  # [N, R]
+        np.maximum(r, 0, out=r)
+        logits = predictor_logits(k, self.fc2_t, r) if p.shape[0] == 1 and self.fc2_t is not None else None
+        if logits is None:
+            logits = k.matmul(self.fc2, r)  # [N, n_ff]
+        return logits
 
     def partial(self, x: np.ndarray, rows: np.ndarray, keep: np.ndarray | None, dense: bool,
                 bias: bool = True) -> tuple[np.ndarray, int]:
@@ -489,6 +547,66 @@ class FFN:
         if bias and w.b_down is not None:
             y += w.b_down
         return y
+
+
+# rows per piece of predictor_copy: a piece's f32 values (at most 64 K of them) stay in the core's L2 between the
+# dequantize and the quantize
+_COPY_PIECE_VALUES = 1 << 16
+
+
+def predictor_copy(fc1: Tensor | None, fc2: Tensor | None, kind: str,
+                   threads: int = 1) -> tuple[Tensor | None, Tensor | None]:
+    """(fc1, fc2) as predictor mode runs them for `kind` (PREDICTOR_TYPES less "auto"): "exact" the file's
+    tensors; "q8_0" / "q4_0" a copy of each float (F32/F16/BF16) one quantized to that type (rows of a multiple
+    of 32 values; others stay as they are), so that fc1 · p and fc2 · r run the quantized mat-vec and the
+    fc2 copy by hidden unit (fc2t.c) instead of reading 16 or 32 bits per weight. A predictor quantized in the
+    file is kept: re-quantizing it would only add error. The copy is made in pieces of rows on `threads` threads
+    (the C codecs release the GIL); its bytes do not depend on the thread count."""
+    if kind not in ("q8_0", "q4_0"):
+        return fc1, fc2
+    try:  # the C codecs when built; the numpy ones otherwise (the same values)
+        from ..kernels.cpu import dequantize, quantize
+    except ImportError:  # pragma: no cover - only without a built extension
+        from ..kernels.ref import dequantize, quantize
+    ty = GGMLType.Q8_0 if kind == "q8_0" else GGMLType.Q4_0
+
+    def copy(t: Tensor | None) -> Tensor | None:
+        if t is None or t.type.name not in FC2T_FLOAT_TYPES or len(t.shape) != 2 or t.shape[1] % 32:
+            return t
+        n_rows, n_cols = t.shape
+        data = np.asarray(t.data).reshape(n_rows, -1)
+        step = max(1, _COPY_PIECE_VALUES // n_cols)
+        pieces = [(r, min(n_rows, r + step)) for r in range(0, n_rows, step)]
+        out = np.empty((n_rows, row_bytes(ty, n_cols)), np.uint8)
+
+        def piece(bounds: tuple[int, int]) -> None:
+            r0, r1 = bounds
+            out[r0:r1] = quantize(dequantize(Tensor(t.name, t.type, (r1 - r0, n_cols), data[r0:r1])), ty)
+
+        if threads > 1 and len(pieces) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(min(threads, len(pieces))) as pool:
+                list(pool.map(piece, pieces))
+        else:
+            for b in pieces:
+                piece(b)
+        return Tensor(t.name, ty, t.shape, out)
+
+    return copy(fc1), copy(fc2)
+
+
+def predictor_copies(model) -> list[tuple[Tensor, Tensor]]:
+    """(file tensor, the copy that runs) for every predictor tensor of a model's FFNs that predictor_copy
+    replaced; [] for a model without (exact predictors, other modes)."""
+    out = []
+    for f in getattr(model, "ffns", ()):
+        w = getattr(f, "w", None)
+        for old, new in ((getattr(w, "fc1", None), getattr(f, "fc1", None)),
+                         (getattr(w, "fc2", None), getattr(f, "fc2", None))):
+            if old is not None and new is not None and new is not old:
+                out.append((old, new))
+    return out
 
 
 def transposed_predictor(fc2: Tensor | None, kernels=None):

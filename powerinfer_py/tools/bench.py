@@ -38,7 +38,7 @@ import numpy as np
 
 from ..errors import PowerInferError
 from ..kernels.cpus import usable_cpus
-from ..layers.ffn import MODES as SPARSE_MODES
+from ..layers.ffn import MODES as SPARSE_MODES, PREDICTOR_TYPES
 
 ENGINES = ("ours", "llamacpp")
 RSS_SLACK_BYTES = 200 * 1024 * 1024  # the issue's memory budget: file size + KV cache + 200 MB
@@ -117,12 +117,14 @@ def _peak_rss_bytes() -> int:
 def _child_ours(model: Path, n_prompt: int, n_gen: int, threads: int, sparse: str | None = None,
                 sparse_threshold: float | None = None, sparsity: float | None = None,
                 backend: str = "cpu",
-                vram_budget: float | None = None, use_mmap: bool = True) -> EngineRun:
+                vram_budget: float | None = None, use_mmap: bool = True,
+                predictor_dtype: str = "auto") -> EngineRun:
     from .. import load
 
     t0 = time.perf_counter()
     llm = load(model, threads=threads, n_ctx=n_prompt + n_gen, sparse=sparse, sparse_threshold=sparse_threshold,
-               sparsity=sparsity, backend=backend, vram_budget=vram_budget, use_mmap=use_mmap)
+               sparsity=sparsity, backend=backend, vram_budget=vram_budget, use_mmap=use_mmap,
+               predictor_dtype=predictor_dtype)
     load_s = time.perf_counter() - t0
     net, tok = llm.model, llm.tokenizer
     ids = _fit_tokens(tok.encode(BENCH_TEXT, add_bos=False), n_prompt, tok.bos_id)
@@ -335,7 +337,7 @@ class BenchReport:
 
 def run_child(engine: str, model: Path, n_prompt: int, n_gen: int, threads: int, sparse: str | None = None,
               sparse_threshold: float | None = None, sparsity: float | None = None, backend: str = "cpu",
-              vram_budget: float | None = None, use_mmap: bool = True) -> EngineRun:
+              vram_budget: float | None = None, use_mmap: bool = True, predictor_dtype: str = "auto") -> EngineRun:
     """Run one measurement in a fresh interpreter and parse its JSON line."""
     cmd = [sys.executable, "-m", "powerinfer_py.tools.bench", "--engine", engine, "--model", str(model),
            "-p", str(n_prompt), "-n", str(n_gen), "-t", str(threads)]
@@ -348,6 +350,7 @@ def run_child(engine: str, model: Path, n_prompt: int, n_gen: int, threads: int,
     if engine == "ours":
         cmd += ["--backend", backend] + (["--vram-budget", repr(float(vram_budget))] if vram_budget is not None else [])
         cmd += [] if use_mmap else ["--no-mmap"]
+        cmd += [] if predictor_dtype == "auto" else ["--predictor-dtype", predictor_dtype]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -365,15 +368,18 @@ def run_bench(model: str | os.PathLike, n_gen: int = 128, n_prompt: int = 128, t
               sparse_threshold: float | None = None,
               llamacpp_model: str | os.PathLike | None = None, sparsity: float | None = None,
               backend: str = "cpu",
-              vram_budget: float | None = None, use_mmap: bool = True) -> BenchReport:
+              vram_budget: float | None = None, use_mmap: bool = True,
+              predictor_dtype: str = "auto") -> BenchReport:
     """Alternate the engines `reps` times (order swapped every rep), each run in its own process.
-    sparse / sparse_threshold / sparsity / use_mmap go to our engine; llama.cpp runs llamacpp_model (default: the
+    sparse / sparse_threshold / sparsity / use_mmap / predictor_dtype go to our engine; llama.cpp runs llamacpp_model (default: the
     same file) with its defaults."""
     path = Path(model)
     if not path.is_file():
         raise PowerInferError(f"model file not found: {path}")
     if sparse is not None and sparse not in SPARSE_MODES:
         raise PowerInferError(f"unknown sparse mode {sparse!r}; one of {', '.join(SPARSE_MODES)}")
+    if not isinstance(predictor_dtype, str) or predictor_dtype.lower() not in PREDICTOR_TYPES:
+        raise PowerInferError(f"unknown predictor dtype {predictor_dtype!r}; one of {', '.join(PREDICTOR_TYPES)}")
     ref_path = Path(llamacpp_model) if llamacpp_model is not None else path
     if not ref_path.is_file():
         raise PowerInferError(f"llama.cpp model file not found: {ref_path}")
@@ -391,7 +397,7 @@ def run_bench(model: str | os.PathLike, n_gen: int = 128, n_prompt: int = 128, t
         for engine in order:
             run = run_child(engine, path if engine == "ours" else ref_path, n_prompt, n_gen, threads,
                             sparse=sparse, sparse_threshold=sparse_threshold, sparsity=sparsity, backend=backend,
-                            vram_budget=vram_budget, use_mmap=use_mmap)
+                            vram_budget=vram_budget, use_mmap=use_mmap, predictor_dtype=predictor_dtype)
             report.runs.append(run)
             if on_run is not None:
                 on_run(run)
@@ -418,10 +424,11 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--vram-budget", type=float, default=None)
     ap.add_argument("--no-mmap", action="store_true")
+    ap.add_argument("--predictor-dtype", default="auto")
     a = ap.parse_args(argv)
     if a.engine == "ours":
         run = _child_ours(a.model, a.n_prompt, a.n_gen, a.threads, a.sparse, a.sparse_threshold, a.sparsity,
-                          a.backend, a.vram_budget, use_mmap=not a.no_mmap)
+                          a.backend, a.vram_budget, use_mmap=not a.no_mmap, predictor_dtype=a.predictor_dtype)
     else:
         run = _child_llamacpp(a.model, a.n_prompt, a.n_gen, a.threads)
     print(json.dumps(asdict(run)), flush=True)
