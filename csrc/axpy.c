@@ -58,6 +58,21 @@
 #define MIN_SLICE_BYTES 1024  /* preferred contiguous run per row and chunk */
 #define MIN_SLICE_FLOOR 256   /* accepted when fewer chunks than threads would leave cores idle */
 #define L2_Y_BYTES (256 * 1024) /* y[:, sub-slice] budget for n_tok > 1 */
+#ifndef Q8S
+#define Q8S 1
+#endif
+#ifndef PF_HINT
+#define PF_HINT _MM_HINT_T1
+#endif
+#ifndef PF_MODE
+#define PF_MODE 0
+#endif
+#ifndef PF_DIST
+#define PF_DIST 1024
+#endif
+#ifndef PARTS_PER_THREAD
+#define PARTS_PER_THREAD 4
+#endif
 #define MIN_PART_ROWS 16        /* decode: fewer live rows per thread than this are not worth a partial */
 
 static inline float sp_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -212,7 +227,7 @@ INLINE void q4_tile_avx2(const uint8_t *pt, vf *q) {
  * prefetch per 64 bytes from the tile's start. Successive prefetch addresses along a row are never more than
  * 64 bytes apart (the next tile starts tile_bytes on), so every line of the row slice is requested. */
 INLINE void prefetch_tile(const int T, const uint8_t *pt) {
-    for (int64_t o = 0; o < tile_bytes(T); o += 64) _mm_prefetch((const char *)pt + o, _MM_HINT_T0);
+    for (int64_t o = 0; o < tile_bytes(T); o += 64) _mm_prefetch((const char *)pt + o, PF_HINT);
 }
 #endif
 
@@ -223,8 +238,18 @@ INLINE void decode_group(const int T, const int G, const uint8_t *const *p, cons
     int64_t c = c0;
 #if VL > 1
     const int64_t tb = tile_bytes(T);
+#if PF_MODE == 1
+    const int64_t end = c1 / TILE * tb; /* bytes of whole tiles in [0, c1) */
+#endif
     for (int64_t off = c0 / TILE * tb; c + TILE <= c1; c += TILE, off += tb) {
+#if PF_MODE == 1
+        if (PN) for (int r = 0; r < G; r++) {
+            const int64_t o = off + PF_DIST;
+            prefetch_tile(T, o < end ? p[r] + o : pn[r] + (o - end));
+        }
+#elif PF_MODE == 0
         for (int r = 0; r < PN; r++) prefetch_tile(T, pn[r] + off);
+#endif
         vf acc[NV];
         for (int v = 0; v < NV; v++) acc[v] = V_LOAD(y + c + v * VL);
         for (int r = 0; r < G; r++) {
@@ -236,8 +261,9 @@ INLINE void decode_group(const int T, const int G, const uint8_t *const *p, cons
                  * 42-44% against 36-39% of the read probe at 95% sparsity, 75-81% against 53-73% at 0% (three
                  * alternating runs); Q8_0 (half the blocks per byte) ran 2-3 points better with the vector form. */
                 for (int b = 0; b < NS(T); b++)
-                    s[b] = T == PI_Q4_0
-                        ? _mm512_set1_ps(hs[r] * _cvtsh_ss(((const block_q4_0 *)pt)[b].d))
+                    s[b] = T == PI_Q4_0 || Q8S
+                        ? _mm512_set1_ps(hs[r] * _cvtsh_ss(T == PI_Q4_0 ? ((const block_q4_0 *)pt)[b].d
+                                                                         : ((const block_q8_0 *)pt)[b].d))
                         : _mm512_mul_ps(_mm512_set1_ps(hs[r]),
                                         _mm512_cvtph_ps(_mm256_set1_epi16((short)((const block_q8_0 *)pt)[b].d)));
                 for (int v = 0; v < NV; v++) acc[v] = V_FMA(s[SIDX(T, v)], vq(T, pt, v * VL), acc[v]);
@@ -473,21 +499,24 @@ static void axpy_chunk_blocks(const axpy_job *j, int64_t c0, int64_t c1) {
 }
 
 /* ---- decode: one part = a contiguous run [a0, a1) of the live list, every column ---------------------- */
+#ifndef DEC_G
+#define DEC_G 8
+#endif
 INLINE void decode_part_t(const int T, const axpy_job *j, int64_t a0, int64_t a1, float *y) {
     const int64_t n_cols = j->n_cols, rb = j->row_bytes;
     const int32_t *act = j->act;
-    const uint8_t *p[4], *pn[4];
-    float hs[4];
+    const uint8_t *p[DEC_G], *pn[DEC_G];
+    float hs[DEC_G];
     memset(y, 0, (size_t)n_cols * sizeof(float));
     int64_t a = a0;
-    for (; a + 4 <= a1; a += 4) {
-        for (int r = 0; r < 4; r++) {
+    for (; a + DEC_G <= a1; a += DEC_G) {
+        for (int r = 0; r < DEC_G; r++) {
             p[r] = j->w + (int64_t)j->rows[act[a + r]] * rb;
             hs[r] = j->h[act[a + r]];
         }
-        for (int r = 0; r < 4; r++) /* past the end: the last rows again (cached, harmless) */
-            pn[r] = j->w + (int64_t)j->rows[act[a + 4 + r < a1 ? a + 4 + r : a1 - 1]] * rb;
-        decode_group(T, 4, p, hs, pn, 4, y, 0, n_cols);
+        for (int r = 0; r < DEC_G; r++) /* past the end: the last rows again (cached, harmless) */
+            pn[r] = j->w + (int64_t)j->rows[act[a + DEC_G + r < a1 ? a + DEC_G + r : a1 - 1]] * rb;
+        decode_group(T, DEC_G, p, hs, pn, DEC_G, y, 0, n_cols);
     }
     for (; a < a1; a++) {
         p[0] = j->w + (int64_t)j->rows[act[a]] * rb;
@@ -560,6 +589,18 @@ static void axpy_chunk(void *ctx, int64_t chunk, int thread_id) {
     }
 }
 
+/* decode: y += partial 1, partial 2, ... in that order for the columns of one chunk */
+static void reduce_parts(void *ctx, int64_t chunk, int thread_id) {
+    (void)thread_id;
+    const axpy_job *j = ctx;
+    const int64_t c0 = chunk * j->cols_per_chunk;
+    const int64_t c1 = c0 + j->cols_per_chunk < j->n_cols ? c0 + j->cols_per_chunk : j->n_cols;
+    for (int64_t k = 1; k < j->n_part; k++) {
+        const float *pk = j->partial + (k - 1) * j->n_cols;
+        for (int64_t c = c0; c < c1; c++) j->y[c] += pk[c];
+    }
+}
+
 void pi_axpy_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *rows, const float *h,
                   int64_t n_sel, int64_t n_tok, float *y) {
     if (n_tok <= 0 || n_cols <= 0) return;
@@ -567,7 +608,8 @@ void pi_axpy_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, const 
     const int fast = type == PI_F32 || type == PI_F16 || type == PI_BF16 || type == PI_Q8_0 || type == PI_Q4_0;
     /* scratch: the live list (int32 [n_sel]), then for decode by rows the partials f32 [n_threads - 1, n_cols] */
     const size_t act_bytes = ((size_t)(n_sel > 0 ? n_sel : 1) * sizeof(int32_t) + 63) & ~(size_t)63;
-    const size_t part_bytes = n_tok == 1 && fast ? (size_t)(n_threads - 1) * (size_t)n_cols * sizeof(float) : 0;
+    const int64_t max_part = n_threads > 1 ? (int64_t)n_threads * PARTS_PER_THREAD : 1;
+    const size_t part_bytes = n_tok == 1 && fast ? (size_t)(max_part - 1) * (size_t)n_cols * sizeof(float) : 0;
 #if VL > 1
     const int panel = fast && n_tok >= PANEL_MIN_TOK;
 #else
@@ -596,15 +638,16 @@ void pi_axpy_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, const 
     const int64_t row_bytes = pi_row_size(type, n_cols);
     if (n_tok == 1 && fast) { /* decode: parts of the live list, whole rows (see the header) */
         int64_t n_part = n_act / MIN_PART_ROWS;
-        if (n_part > n_threads) n_part = n_threads;
+        if (n_part > max_part) n_part = max_part;
         if (n_part < 1) n_part = 1;
         axpy_job job = {.type = type, .w = w, .row_bytes = row_bytes, .n_cols = n_cols, .n_sel = n_sel,
                         .n_tok = 1, .rows = rows, .h = h, .act = act, .n_act = n_act, .y = y,
                         .n_part = n_part, .partial = (float *)(scratch + act_bytes)};
         pi_pool_run(pool, decode_part, &job, n_part);
-        for (int64_t k = 1; k < n_part; k++) { /* fixed order: ((y + partial 1) + partial 2) + ... */
-            const float *pk = job.partial + (k - 1) * n_cols;
-            for (int64_t c = 0; c < n_cols; c++) y[c] += pk[c];
+        if (n_part > 1) {
+            job.cols_per_chunk = (n_cols + n_threads - 1) / n_threads;
+            job.cols_per_chunk = (job.cols_per_chunk + 15) / 16 * 16;
+            pi_pool_run(pool, reduce_parts, &job, (n_cols + job.cols_per_chunk - 1) / job.cols_per_chunk);
         }
         return;
     }
