@@ -58,21 +58,8 @@
 #define MIN_SLICE_BYTES 1024  /* preferred contiguous run per row and chunk */
 #define MIN_SLICE_FLOOR 256   /* accepted when fewer chunks than threads would leave cores idle */
 #define L2_Y_BYTES (256 * 1024) /* y[:, sub-slice] budget for n_tok > 1 */
-#ifndef Q8S
-#define Q8S 1
-#endif
-#ifndef PF_HINT
-#define PF_HINT _MM_HINT_T1
-#endif
-#ifndef PF_MODE
-#define PF_MODE 0
-#endif
-#ifndef PF_DIST
-#define PF_DIST 1024
-#endif
-#ifndef PARTS_PER_THREAD
-#define PARTS_PER_THREAD 4
-#endif
+#define DEC_ROWS 8          /* decode: live rows per group (one load and store of each y tile per group) */
+#define PARTS_PER_THREAD 2  /* decode with > 1 thread: parts of the live list per thread (see the header) */
 #define MIN_PART_ROWS 16        /* decode: fewer live rows per thread than this are not worth a partial */
 
 static inline float sp_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -225,9 +212,12 @@ INLINE void q4_tile_avx2(const uint8_t *pt, vf *q) {
 
 /* The hardware prefetcher cannot guess the next active row: fetch the next group's tile a group ahead, one
  * prefetch per 64 bytes from the tile's start. Successive prefetch addresses along a row are never more than
- * 64 bytes apart (the next tile starts tile_bytes on), so every line of the row slice is requested. */
+ * 64 bytes apart (the next tile starts tile_bytes on), so every line of the row slice is requested.
+ * Into L2 (T1), not L1: a group ahead is a whole pass over DEC_ROWS rows (8 x 8-44 KB here), far more than L1
+ * holds, so lines sent to L1 were evicted before use and took L1 fill slots from the demand loads; see the
+ * header for what the change gave. */
 INLINE void prefetch_tile(const int T, const uint8_t *pt) {
-    for (int64_t o = 0; o < tile_bytes(T); o += 64) _mm_prefetch((const char *)pt + o, PF_HINT);
+    for (int64_t o = 0; o < tile_bytes(T); o += 64) _mm_prefetch((const char *)pt + o, _MM_HINT_T1);
 }
 #endif
 
@@ -238,18 +228,8 @@ INLINE void decode_group(const int T, const int G, const uint8_t *const *p, cons
     int64_t c = c0;
 #if VL > 1
     const int64_t tb = tile_bytes(T);
-#if PF_MODE == 1
-    const int64_t end = c1 / TILE * tb; /* bytes of whole tiles in [0, c1) */
-#endif
     for (int64_t off = c0 / TILE * tb; c + TILE <= c1; c += TILE, off += tb) {
-#if PF_MODE == 1
-        if (PN) for (int r = 0; r < G; r++) {
-            const int64_t o = off + PF_DIST;
-            prefetch_tile(T, o < end ? p[r] + o : pn[r] + (o - end));
-        }
-#elif PF_MODE == 0
         for (int r = 0; r < PN; r++) prefetch_tile(T, pn[r] + off);
-#endif
         vf acc[NV];
         for (int v = 0; v < NV; v++) acc[v] = V_LOAD(y + c + v * VL);
         for (int r = 0; r < G; r++) {
@@ -257,15 +237,14 @@ INLINE void decode_group(const int T, const int G, const uint8_t *const *p, cons
 #if defined(SP_AVX512)
             if (T == PI_Q8_0 || T == PI_Q4_0) { /* h * d in all lanes: broadcast the f16, convert 16 at once */
                 __m512 s[TILE / QK];
-                /* s = h * d (one f32 rounding either way). Q4_0: a scalar product, broadcast once: measured
+                /* s = h * d (one f32 rounding either way), a scalar product broadcast once. Q4_0: measured
                  * 42-44% against 36-39% of the read probe at 95% sparsity, 75-81% against 53-73% at 0% (three
-                 * alternating runs); Q8_0 (half the blocks per byte) ran 2-3 points better with the vector form. */
+                 * alternating runs) over the vector form. Q8_0 had kept the vector form (2-3 points better with
+                 * 4 rows per group); with 8 rows per group the scalar form converted ~5-10% more weights per
+                 * second with rows in L1 (two alternating runs, 1 thread). */
                 for (int b = 0; b < NS(T); b++)
-                    s[b] = T == PI_Q4_0 || Q8S
-                        ? _mm512_set1_ps(hs[r] * _cvtsh_ss(T == PI_Q4_0 ? ((const block_q4_0 *)pt)[b].d
-                                                                         : ((const block_q8_0 *)pt)[b].d))
-                        : _mm512_mul_ps(_mm512_set1_ps(hs[r]),
-                                        _mm512_cvtph_ps(_mm256_set1_epi16((short)((const block_q8_0 *)pt)[b].d)));
+                    s[b] = _mm512_set1_ps(hs[r] * _cvtsh_ss(T == PI_Q4_0 ? ((const block_q4_0 *)pt)[b].d
+                                                                          : ((const block_q8_0 *)pt)[b].d));
                 for (int v = 0; v < NV; v++) acc[v] = V_FMA(s[SIDX(T, v)], vq(T, pt, v * VL), acc[v]);
                 continue;
             }
@@ -499,24 +478,21 @@ static void axpy_chunk_blocks(const axpy_job *j, int64_t c0, int64_t c1) {
 }
 
 /* ---- decode: one part = a contiguous run [a0, a1) of the live list, every column ---------------------- */
-#ifndef DEC_G
-#define DEC_G 8
-#endif
 INLINE void decode_part_t(const int T, const axpy_job *j, int64_t a0, int64_t a1, float *y) {
     const int64_t n_cols = j->n_cols, rb = j->row_bytes;
     const int32_t *act = j->act;
-    const uint8_t *p[DEC_G], *pn[DEC_G];
-    float hs[DEC_G];
+    const uint8_t *p[DEC_ROWS], *pn[DEC_ROWS];
+    float hs[DEC_ROWS];
     memset(y, 0, (size_t)n_cols * sizeof(float));
     int64_t a = a0;
-    for (; a + DEC_G <= a1; a += DEC_G) {
-        for (int r = 0; r < DEC_G; r++) {
+    for (; a + DEC_ROWS <= a1; a += DEC_ROWS) {
+        for (int r = 0; r < DEC_ROWS; r++) {
             p[r] = j->w + (int64_t)j->rows[act[a + r]] * rb;
             hs[r] = j->h[act[a + r]];
         }
-        for (int r = 0; r < DEC_G; r++) /* past the end: the last rows again (cached, harmless) */
-            pn[r] = j->w + (int64_t)j->rows[act[a + DEC_G + r < a1 ? a + DEC_G + r : a1 - 1]] * rb;
-        decode_group(T, DEC_G, p, hs, pn, DEC_G, y, 0, n_cols);
+        for (int r = 0; r < DEC_ROWS; r++) /* past the end: the last rows again (cached, harmless) */
+            pn[r] = j->w + (int64_t)j->rows[act[a + DEC_ROWS + r < a1 ? a + DEC_ROWS + r : a1 - 1]] * rb;
+        decode_group(T, DEC_ROWS, p, hs, pn, DEC_ROWS, y, 0, n_cols);
     }
     for (; a < a1; a++) {
         p[0] = j->w + (int64_t)j->rows[act[a]] * rb;
