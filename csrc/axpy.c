@@ -8,13 +8,15 @@
  * depends only on that list of live rows and the thread count, so `exact` mode (which passes only live rows)
  * and `off` (every row, zeros included) get the same split and the same bits.
  *   - one token (decode): by ROWS. The live list is cut into n_part contiguous parts of equal row counts
- *     (n_part = the thread count, fewer when there are few rows: MIN_PART_ROWS each), so threads stay balanced
- *     whatever neurons cluster. Part 0 accumulates into y, part k into its own partial of n_cols floats
- *     (pool scratch); afterwards y += partial 1, partial 2, ... in that order. Each part streams whole rows
- *     (a contiguous 2.3 KB per LLaMA-7B Q4_0 row), which the memory system serves faster than the half-rows
- *     a column split gives each of two threads: on the real active sets of a 32-layer 7B-shape model, cold,
- *     the row split read 16.7 GB/s where column slices read 13.4 (and column slices with the arithmetic
- *     removed, loads only, 14.8: the column split was bound by its access pattern, not by arithmetic).
+ *     (one part with one thread; else PARTS_PER_THREAD parts per thread, fewer when there are few rows:
+ *     MIN_PART_ROWS each). Threads claim parts from the pool's counter, so a thread the OS preempts on a
+ *     shared host leaves its second part to the other one. Part 0 accumulates into y, part k into its own
+ *     partial of n_cols floats (pool scratch); afterwards y += partial 1, partial 2, ... in that order, the
+ *     columns of y split among the threads (reduce_parts). Each part streams whole rows, which the memory
+ *     system serves faster than the half-rows a column split gives each of two threads: on the real active
+ *     sets of a 32-layer 7B-shape model, cold, the row split read 16.7 GB/s where column slices read 13.4 (and
+ *     column slices with the arithmetic removed, loads only, 14.8). Inside a part the rows go DEC_ROWS (8) at a
+ *     time over the tiles of y: a y tile is loaded and stored once per 8 rows (it was 4).
  *     Bits: y = fma(s_j, q_j, .) over each part's rows in list order, then the fixed-order sum of the parts;
  *     deterministic for a given thread count (one part, e.g. one thread, is the plain chain over all rows).
  *   - batches (n_tok > 1): by OUTPUT COLUMNS. Each chunk owns a column slice [c0, c1) of y for all tokens
@@ -23,7 +25,34 @@
  *     order, so a batch gives the bits of a one-part decode of each of its tokens, for any thread count.
  *     Slices are kept >= 1 KB of a row when the thread count allows it and never below 256 B.
  * The next row group is software-prefetched in both splits, since the hardware prefetcher cannot guess which
- * row comes next.
+ * row comes next (decode: into L2, see prefetch_tile).
+ *
+ * Decode, measured for the model-wide mode (w = a stored transpose: 4096 x 12288 q|k|v, 4096 x 22016 gate|up,
+ * 11008 x 4096 down; random rows dropped, cold) on the 2-core Zen 4 host (AVX-512) while three other sessions'
+ * jobs ran on it (load average ~6, so every figure moves by tens of percent from call to call):
+ *   python benchmarks/bench_kernels.py --axpy --types T --repeat 9 --prefill-tok 0
+ * run type by type alternately with the previous axpy.c (4 rows per group, prefetch into L1, vector Q8_0
+ * scale, one part per thread) and this one. Touched-bytes GB/s against the probe over as many bytes
+ * ("same" column); median over the 3 shapes x 40/50/60% (range), 1 thread / 2 threads:
+ *   F16   before 59% (35-67) / 58% (29-79)    after 83% (61-93) / 76% (47-98)
+ *   BF16  before 52% (31-76) / 58% (22-94)    after 88% (46-154) / 84% (29-215)
+ *   Q8_0  before 52% (28-61) / 51% (30-205)   after 65% (33-77) / 62% (27-116)
+ *   F32   before 63% (24-78) / 65% (51-88)    after 94% (43-118) / 91% (74-113)
+ * (ratios above 100% are calls that ran while the probe of the same round was preempted.) In a quieter
+ * moment, Q8_0 4096 x 12288, 1 thread, after: 74% at 0%, 79% at 1%, 81% at 40% dropped. Q8_0 is bound by its
+ * arithmetic on one thread (each 16 weights: a sign extension, a conversion and an fma, plus the block scale):
+ * with rows in L1 it converts ~20 G weights/s per thread, about what one thread reads from memory here.
+ * Tried and not kept (differences within the noise): prefetching 1-8 KB ahead along the current rows instead
+ * of the next group at the same offset, no software prefetch (better for F16, worse for Q8_0), 4 or 8 parts
+ * per thread, 4 rows per group with the new prefetch, 256-bit vectors for Q8_0 on the AVX-512 host.
+ *
+ * Prefill on the same layout, 128 tokens, 2 threads, every row live, against the dense pi_matmul on the
+ * original layout of the same matrix (the --prefill-tok 128 part of the command above; batch code unchanged):
+ * dense/axpy time F16 1.54 / 0.95 / 1.59, BF16 1.01 / 1.74 / 0.99, F32 1.82 / 2.11 / 2.00, Q8_0 0.48 / 0.86 / 0.77
+ * (shapes in the order above; an earlier run: Q8_0 0.73 / 0.71 / 0.64, F16 1.05-1.25). Q8_0 is below 0.9: the dense
+ * Q8_0 prefill multiplies in int8 (VNNI dot products on quantized activations) while this path converts the
+ * weights to f32 and keeps the decode's bits (fma(h * d, q, y) row after row, which the tests pin); both reach
+ * ~45-55 GFLOP/s per f32 fma here.
  *
  * For n_tok > 1 a slice is cut into sub-slices so that y[:, sub-slice] stays in L2 (each weight byte is
  * still read exactly once). From PANEL_MIN_TOK tokens on (vector builds, the types above) the live rows go
