@@ -9,6 +9,20 @@ figure of merit, >= 80% is the target). Prefill (n_tok tokens at once) should be
 Each figure is the median of --repeat runs (best GB/s: the fastest run, a hint when other work shares the cores); every weight matrix is a fresh random one of 4096 x 11008 and
 11008 x 4096 (LLaMA-7B FFN shapes). The row-gather figures are GB/s on the bytes of the selected rows only
 (gather 10% / 50%), beside the dense mat-vec's GB/s: equal figures mean skipped rows cost nothing.
+
+    python benchmarks/bench_kernels.py --axpy [--types F16,BF16,Q8_0,F32] [--axpy-threads 1,2]
+        [--sparsity 0,0.4,0.5,0.6] [--shapes 4096x12288,4096x22016,11008x4096] [--prefill-tok 128]
+
+--axpy: instead, the column-sparse mat-vec of the model-wide sparse mode, pi_axpy_rows over the rows of a stored
+transpose w_t [n_in, n_out] (4096 x 12288: q|k|v side by side, 4096 x 22016: gate|up, 11008 x 4096: down), one
+token, with the given fraction of rows dropped (random rows, ascending). GB/s is on the touched bytes (kept rows x
+row bytes), set against pi_read_probe with the same thread count, timed round-robin with it (one call each per
+round, every thread count and sparsity of a matrix in the same rounds): over 256 MiB, and over as many bytes as
+the call touches ("same"; the ratio that counts: on a host shared with other work a 256 MiB probe spans several
+scheduler time slices where a 2 ms call often spans none, which flatters a short call against the long probe). Every call starts cold: a buffer of 4x
+the L3 is read before it. Then (--prefill-tok > 0, all threads) the batch path on the same layout, every row
+live, against the dense prefill pi_matmul on the original layout of the same matrix, w [n_out, n_in]: their
+time ratio (>= 0.9 is the target).
 """
 from __future__ import annotations
 
@@ -82,14 +96,132 @@ def random_weight(ggml_type: GGMLType, n_rows: int, n_cols: int, rng) -> Tensor:
     return Tensor(f"w_{ggml_type.name}", ggml_type, (n_rows, n_cols), np.concatenate(parts))
 
 
+def transposed_pair(ggml_type: GGMLType, n_in: int, n_out: int, rng, with_dense: bool) -> tuple[Tensor, Tensor | None]:
+    """One random matrix W [n_out, n_in] stored as its transpose w_t [n_in, n_out] (the AXPY's layout) and, with
+    with_dense, also as w [n_out, n_in] (the dense mat-vec's), both quantized from the same f32 values."""
+    wf = rng.standard_normal((n_out, n_in), dtype=np.float32)
+    wt = np.concatenate([cpu.quantize(np.ascontiguousarray(wf[:, r:r + 1024].T), ggml_type)
+                         for r in range(0, n_in, 1024)])
+    dense = None
+    if with_dense:
+        dense = Tensor("w", ggml_type, (n_out, n_in),
+                       np.concatenate([cpu.quantize(wf[r:r + 1024], ggml_type) for r in range(0, n_out, 1024)]))
+    return Tensor("w_t", ggml_type, (n_in, n_out), wt), dense
+
+
+def axpy_table(args) -> None:
+    """The --axpy table (see the module docstring)."""
+    lib, ffi = cpu.lib, cpu.ffi
+    rng = np.random.default_rng(0)
+    threads = [int(v) for v in args.axpy_threads.split(",")]
+    pools = {n: cpu.CpuKernels(n) for n in threads}
+    probe = np.ones(256 << 20, dtype=np.uint8)
+    probe_p = ffi.from_buffer(probe)
+    flush = np.ones(4 * args.l3_mib << 20, dtype=np.uint8)
+    big = pools[max(threads)]
+    sparsities = [float(v) for v in args.sparsity.split(",")]
+    shapes = [tuple(int(d) for d in v.split("x")) for v in args.shapes.split(",")]
+    types = [GGMLType[t.strip().upper()] for t in (args.types or "F16,BF16,Q8_0,F32").split(",")]
+    print(f"pi_axpy_rows, one token, cold weights; median of {args.repeat} interleaved rounds; "
+          f"GB/s on the touched bytes; probe = pi_read_probe with the same thread count in the same rounds")
+    print("probe: 256 MiB; same: the probe over the bytes the call touches (the ratio that counts, see below)")
+    print(f"{'type':<5} {'n_in x n_out':>12} {'thr':>3} {'dropped':>7} {'us':>9} {'GB/s':>6} {'probe':>6} {'ratio':>6} "
+          f"{'same':>6} {'ratio':>6}")
+    summary = []
+    for ty in types:
+        for n_in, n_out in shapes:
+            w_t, _ = transposed_pair(ty, n_in, n_out, rng, False)
+            rb = w_t.data.nbytes // n_in
+            wp = ffi.from_buffer(w_t.data)
+            fns, touched = {}, {}
+            for n, k in pools.items():
+                fns[("probe", n)] = lambda k=k: lib.pi_timed_read_probe(k._pool, probe_p, probe.nbytes)
+            # the probe over as many bytes as each call touches, cold as well: a call of the same length is
+            # exposed to the same preemptions on a shared host (a 256 MiB probe takes several time slices,
+            # a 2 ms kernel call often none), so this is the ratio's denominator
+            need = max(n_in * rb, probe.nbytes)
+            same = probe if need <= probe.nbytes else np.ones(need, dtype=np.uint8)
+            same_p = ffi.from_buffer(same)
+            for s in sparsities:
+                keep = n_in - int(round(s * n_in))
+                rows = np.sort(rng.choice(n_in, keep, replace=False)).astype(np.int32)
+                h = (rng.standard_normal(keep, dtype=np.float32) + np.float32(0.01))
+                h[h == 0] = 1.0
+                touched[s] = keep * rb
+                for n, k in pools.items():
+                    fns[("same", s, n)] = (lambda k=k, nb=keep * rb: lib.pi_timed_read_probe(k._pool, same_p, nb))
+                y = np.empty(n_out, np.float32)
+                for n, k in pools.items():
+                    fns[(s, n)] = (lambda k=k, rows=rows, h=h, y=y: lib.pi_timed_axpy_rows(
+                        k._pool, int(ty), wp, n_out, ffi.from_buffer("int32_t[]", rows),
+                        ffi.from_buffer("float[]", h), len(rows), 1, ffi.from_buffer("float[]", y)))
+            med = {key: statistics.median(t) for key, t in
+                   round_robin(fns, args.repeat, lambda: big.read_probe(flush), self_timed=True).items()}
+            for n in threads:
+                probe_gbs = probe.nbytes / med[("probe", n)] / 1e9
+                for s in sparsities:
+                    gbs = touched[s] / med[(s, n)] / 1e9
+                    same_gbs = touched[s] / med[("same", s, n)] / 1e9
+                    summary.append((ty.name, n_in, n_out, n, s, gbs, same_gbs))
+                    print(f"{ty.name:<5} {f'{n_in}x{n_out}':>12} {n:>3} {s:>7.0%} {med[(s, n)] * 1e6:>9.1f} "
+                          f"{gbs:>6.1f} {probe_gbs:>6.1f} {gbs / probe_gbs:>6.0%} {same_gbs:>6.1f} "
+                          f"{gbs / same_gbs:>6.0%}", flush=True)
+            del w_t, wp, same, same_p
+    if args.prefill_tok > 0:
+        k = big
+        n_tok = args.prefill_tok
+        print(f"prefill, {n_tok} tokens, {k.n_threads} threads, warm; median of {max(3, args.repeat // 3)} "
+              f"interleaved rounds: pi_axpy_rows on w_t (every row live) vs pi_matmul on w")
+        print(f"{'type':<5} {'n_in x n_out':>12} {'axpy ms':>8} {'GFLOP/s':>8} {'dense ms':>9} {'GFLOP/s':>8} "
+              f"{'dense/axpy':>10}")
+        for ty in types:
+            for n_in, n_out in shapes:
+                w_t, w = transposed_pair(ty, n_in, n_out, rng, True)
+                x = rng.standard_normal((n_tok, n_in), dtype=np.float32)
+                rows = np.arange(n_in, dtype=np.int32)
+                y1, y2 = np.empty((n_tok, n_out), np.float32), np.empty((n_tok, n_out), np.float32)
+                wtp, wdp = ffi.from_buffer(w_t.data), ffi.from_buffer(w.data)
+                xp, rp = ffi.from_buffer("float[]", x), ffi.from_buffer("int32_t[]", rows)
+                fns = {"axpy": lambda: lib.pi_timed_axpy_rows(k._pool, int(ty), wtp, n_out, rp, xp, n_in, n_tok,
+                                                              ffi.from_buffer("float[]", y1)),
+                       "dense": lambda: lib.pi_timed_matmul(k._pool, int(ty), wdp, n_out, n_in, xp, n_tok,
+                                                            ffi.from_buffer("float[]", y2))}
+                med = {key: statistics.median(t) for key, t in
+                       round_robin(fns, max(3, args.repeat // 3), None, self_timed=True).items()}
+                fl = 2.0 * n_in * n_out * n_tok / 1e9
+                print(f"{ty.name:<5} {f'{n_in}x{n_out}':>12} {med['axpy'] * 1e3:>8.1f} {fl / med['axpy']:>8.1f} "
+                      f"{med['dense'] * 1e3:>9.1f} {fl / med['dense']:>8.1f} {med['dense'] / med['axpy']:>10.2f}",
+                      flush=True)
+                del w_t, w, wtp, wdp
+    worst = {}
+    for name, _, _, n, s, gbs, probe_gbs in summary:
+        if s > 0:
+            key = (name, n)
+            worst[key] = min(worst.get(key, 9.0), gbs / probe_gbs)
+    print("lowest ratio to the same-size probe at the sparsities > 0: " + ", ".join(f"{name} {n}t {r:.0%}" for (name, n), r in worst.items()))
+    for k in pools.values():
+        k.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=None, help="threads (default: all cores)")
     ap.add_argument("--repeat", type=int, default=15, help="timed runs per figure (median)")
     ap.add_argument("--n-tok", type=int, default=64, help="tokens in the prefill matmul")
     ap.add_argument("--probe-mib", type=int, default=1024, help="size of the bandwidth probe buffer")
-    ap.add_argument("--types", default=",".join(t.name for t in TYPES), help="comma-separated weight types")
+    ap.add_argument("--types", default=None, help="comma-separated weight types (default: all; with --axpy "
+                    "F16,BF16,Q8_0,F32)")
+    ap.add_argument("--axpy", action="store_true", help="instead: the column-sparse AXPY table (module docstring)")
+    ap.add_argument("--axpy-threads", default="1,2", help="--axpy: thread counts, comma-separated")
+    ap.add_argument("--sparsity", default="0,0.4,0.5,0.6", help="--axpy: fractions of rows dropped")
+    ap.add_argument("--shapes", default="4096x12288,4096x22016,11008x4096", help="--axpy: n_in x n_out of w_t")
+    ap.add_argument("--prefill-tok", type=int, default=128, help="--axpy: tokens of the prefill comparison (0: none)")
+    ap.add_argument("--l3-mib", type=int, default=32, help="--axpy: last-level cache size (evicted between calls)")
     args = ap.parse_args()
+    if args.axpy:
+        return axpy_table(args)
+    if args.types is None:
+        args.types = ",".join(t.name for t in TYPES)
 
     k = cpu.CpuKernels(args.threads)
     rng = np.random.default_rng(0)

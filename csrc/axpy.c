@@ -8,13 +8,15 @@
  * depends only on that list of live rows and the thread count, so `exact` mode (which passes only live rows)
  * and `off` (every row, zeros included) get the same split and the same bits.
  *   - one token (decode): by ROWS. The live list is cut into n_part contiguous parts of equal row counts
- *     (n_part = the thread count, fewer when there are few rows: MIN_PART_ROWS each), so threads stay balanced
- *     whatever neurons cluster. Part 0 accumulates into y, part k into its own partial of n_cols floats
- *     (pool scratch); afterwards y += partial 1, partial 2, ... in that order. Each part streams whole rows
- *     (a contiguous 2.3 KB per LLaMA-7B Q4_0 row), which the memory system serves faster than the half-rows
- *     a column split gives each of two threads: on the real active sets of a 32-layer 7B-shape model, cold,
- *     the row split read 16.7 GB/s where column slices read 13.4 (and column slices with the arithmetic
- *     removed, loads only, 14.8: the column split was bound by its access pattern, not by arithmetic).
+ *     (one part with one thread; else PARTS_PER_THREAD parts per thread, fewer when there are few rows:
+ *     MIN_PART_ROWS each). Threads claim parts from the pool's counter, so a thread the OS preempts on a
+ *     shared host leaves its second part to the other one. Part 0 accumulates into y, part k into its own
+ *     partial of n_cols floats (pool scratch); afterwards y += partial 1, partial 2, ... in that order, the
+ *     columns of y split among the threads (reduce_parts). Each part streams whole rows, which the memory
+ *     system serves faster than the half-rows a column split gives each of two threads: on the real active
+ *     sets of a 32-layer 7B-shape model, cold, the row split read 16.7 GB/s where column slices read 13.4 (and
+ *     column slices with the arithmetic removed, loads only, 14.8). Inside a part the rows go DEC_ROWS (8) at a
+ *     time over the tiles of y: a y tile is loaded and stored once per 8 rows (it was 4).
  *     Bits: y = fma(s_j, q_j, .) over each part's rows in list order, then the fixed-order sum of the parts;
  *     deterministic for a given thread count (one part, e.g. one thread, is the plain chain over all rows).
  *   - batches (n_tok > 1): by OUTPUT COLUMNS. Each chunk owns a column slice [c0, c1) of y for all tokens
@@ -23,7 +25,34 @@
  *     order, so a batch gives the bits of a one-part decode of each of its tokens, for any thread count.
  *     Slices are kept >= 1 KB of a row when the thread count allows it and never below 256 B.
  * The next row group is software-prefetched in both splits, since the hardware prefetcher cannot guess which
- * row comes next.
+ * row comes next (decode: into L2, see prefetch_tile).
+ *
+ * Decode, measured for the model-wide mode (w = a stored transpose: 4096 x 12288 q|k|v, 4096 x 22016 gate|up,
+ * 11008 x 4096 down; random rows dropped, cold) on the 2-core Zen 4 host (AVX-512) while three other sessions'
+ * jobs ran on it (load average ~6, so every figure moves by tens of percent from call to call):
+ *   python benchmarks/bench_kernels.py --axpy --types T --repeat 9 --prefill-tok 0
+ * run type by type alternately with the previous axpy.c (4 rows per group, prefetch into L1, vector Q8_0
+ * scale, one part per thread) and this one. Touched-bytes GB/s against the probe over as many bytes
+ * ("same" column); median over the 3 shapes x 40/50/60% (range), 1 thread / 2 threads:
+ *   F16   before 59% (35-67) / 58% (29-79)    after 83% (61-93) / 76% (47-98)
+ *   BF16  before 52% (31-76) / 58% (22-94)    after 88% (46-154) / 84% (29-215)
+ *   Q8_0  before 52% (28-61) / 51% (30-205)   after 65% (33-77) / 62% (27-116)
+ *   F32   before 63% (24-78) / 65% (51-88)    after 94% (43-118) / 91% (74-113)
+ * (ratios above 100% are calls that ran while the probe of the same round was preempted.) In a quieter
+ * moment, Q8_0 4096 x 12288, 1 thread, after: 74% at 0%, 79% at 1%, 81% at 40% dropped. Q8_0 is bound by its
+ * arithmetic on one thread (each 16 weights: a sign extension, a conversion and an fma, plus the block scale):
+ * with rows in L1 it converts ~20 G weights/s per thread, about what one thread reads from memory here.
+ * Tried and not kept (differences within the noise): prefetching 1-8 KB ahead along the current rows instead
+ * of the next group at the same offset, no software prefetch (better for F16, worse for Q8_0), 4 or 8 parts
+ * per thread, 4 rows per group with the new prefetch, 256-bit vectors for Q8_0 on the AVX-512 host.
+ *
+ * Prefill on the same layout, 128 tokens, 2 threads, every row live, against the dense pi_matmul on the
+ * original layout of the same matrix (the --prefill-tok 128 part of the command above; batch code unchanged):
+ * dense/axpy time F16 1.54 / 0.95 / 1.59, BF16 1.01 / 1.74 / 0.99, F32 1.82 / 2.11 / 2.00, Q8_0 0.48 / 0.86 / 0.77
+ * (shapes in the order above; an earlier run: Q8_0 0.73 / 0.71 / 0.64, F16 1.05-1.25). Q8_0 is below 0.9: the dense
+ * Q8_0 prefill multiplies in int8 (VNNI dot products on quantized activations) while this path converts the
+ * weights to f32 and keeps the decode's bits (fma(h * d, q, y) row after row, which the tests pin); both reach
+ * ~45-55 GFLOP/s per f32 fma here.
  *
  * For n_tok > 1 a slice is cut into sub-slices so that y[:, sub-slice] stays in L2 (each weight byte is
  * still read exactly once). From PANEL_MIN_TOK tokens on (vector builds, the types above) the live rows go
@@ -58,6 +87,8 @@
 #define MIN_SLICE_BYTES 1024  /* preferred contiguous run per row and chunk */
 #define MIN_SLICE_FLOOR 256   /* accepted when fewer chunks than threads would leave cores idle */
 #define L2_Y_BYTES (256 * 1024) /* y[:, sub-slice] budget for n_tok > 1 */
+#define DEC_ROWS 8          /* decode: live rows per group (one load and store of each y tile per group) */
+#define PARTS_PER_THREAD 2  /* decode with > 1 thread: parts of the live list per thread (see the header) */
 #define MIN_PART_ROWS 16        /* decode: fewer live rows per thread than this are not worth a partial */
 
 static inline float sp_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -210,9 +241,12 @@ INLINE void q4_tile_avx2(const uint8_t *pt, vf *q) {
 
 /* The hardware prefetcher cannot guess the next active row: fetch the next group's tile a group ahead, one
  * prefetch per 64 bytes from the tile's start. Successive prefetch addresses along a row are never more than
- * 64 bytes apart (the next tile starts tile_bytes on), so every line of the row slice is requested. */
+ * 64 bytes apart (the next tile starts tile_bytes on), so every line of the row slice is requested.
+ * Into L2 (T1), not L1: a group ahead is a whole pass over DEC_ROWS rows (8 x 8-44 KB here), far more than L1
+ * holds, so lines sent to L1 were evicted before use and took L1 fill slots from the demand loads; see the
+ * header for what the change gave. */
 INLINE void prefetch_tile(const int T, const uint8_t *pt) {
-    for (int64_t o = 0; o < tile_bytes(T); o += 64) _mm_prefetch((const char *)pt + o, _MM_HINT_T0);
+    for (int64_t o = 0; o < tile_bytes(T); o += 64) _mm_prefetch((const char *)pt + o, _MM_HINT_T1);
 }
 #endif
 
@@ -232,14 +266,14 @@ INLINE void decode_group(const int T, const int G, const uint8_t *const *p, cons
 #if defined(SP_AVX512)
             if (T == PI_Q8_0 || T == PI_Q4_0) { /* h * d in all lanes: broadcast the f16, convert 16 at once */
                 __m512 s[TILE / QK];
-                /* s = h * d (one f32 rounding either way). Q4_0: a scalar product, broadcast once: measured
+                /* s = h * d (one f32 rounding either way), a scalar product broadcast once. Q4_0: measured
                  * 42-44% against 36-39% of the read probe at 95% sparsity, 75-81% against 53-73% at 0% (three
-                 * alternating runs); Q8_0 (half the blocks per byte) ran 2-3 points better with the vector form. */
+                 * alternating runs) over the vector form. Q8_0 had kept the vector form (2-3 points better with
+                 * 4 rows per group); with 8 rows per group the scalar form converted ~5-10% more weights per
+                 * second with rows in L1 (two alternating runs, 1 thread). */
                 for (int b = 0; b < NS(T); b++)
-                    s[b] = T == PI_Q4_0
-                        ? _mm512_set1_ps(hs[r] * _cvtsh_ss(((const block_q4_0 *)pt)[b].d))
-                        : _mm512_mul_ps(_mm512_set1_ps(hs[r]),
-                                        _mm512_cvtph_ps(_mm256_set1_epi16((short)((const block_q8_0 *)pt)[b].d)));
+                    s[b] = _mm512_set1_ps(hs[r] * _cvtsh_ss(T == PI_Q4_0 ? ((const block_q4_0 *)pt)[b].d
+                                                                          : ((const block_q8_0 *)pt)[b].d));
                 for (int v = 0; v < NV; v++) acc[v] = V_FMA(s[SIDX(T, v)], vq(T, pt, v * VL), acc[v]);
                 continue;
             }
@@ -476,18 +510,18 @@ static void axpy_chunk_blocks(const axpy_job *j, int64_t c0, int64_t c1) {
 INLINE void decode_part_t(const int T, const axpy_job *j, int64_t a0, int64_t a1, float *y) {
     const int64_t n_cols = j->n_cols, rb = j->row_bytes;
     const int32_t *act = j->act;
-    const uint8_t *p[4], *pn[4];
-    float hs[4];
+    const uint8_t *p[DEC_ROWS], *pn[DEC_ROWS];
+    float hs[DEC_ROWS];
     memset(y, 0, (size_t)n_cols * sizeof(float));
     int64_t a = a0;
-    for (; a + 4 <= a1; a += 4) {
-        for (int r = 0; r < 4; r++) {
+    for (; a + DEC_ROWS <= a1; a += DEC_ROWS) {
+        for (int r = 0; r < DEC_ROWS; r++) {
             p[r] = j->w + (int64_t)j->rows[act[a + r]] * rb;
             hs[r] = j->h[act[a + r]];
         }
-        for (int r = 0; r < 4; r++) /* past the end: the last rows again (cached, harmless) */
-            pn[r] = j->w + (int64_t)j->rows[act[a + 4 + r < a1 ? a + 4 + r : a1 - 1]] * rb;
-        decode_group(T, 4, p, hs, pn, 4, y, 0, n_cols);
+        for (int r = 0; r < DEC_ROWS; r++) /* past the end: the last rows again (cached, harmless) */
+            pn[r] = j->w + (int64_t)j->rows[act[a + DEC_ROWS + r < a1 ? a + DEC_ROWS + r : a1 - 1]] * rb;
+        decode_group(T, DEC_ROWS, p, hs, pn, DEC_ROWS, y, 0, n_cols);
     }
     for (; a < a1; a++) {
         p[0] = j->w + (int64_t)j->rows[act[a]] * rb;
@@ -560,6 +594,18 @@ static void axpy_chunk(void *ctx, int64_t chunk, int thread_id) {
     }
 }
 
+/* decode: y += partial 1, partial 2, ... in that order for the columns of one chunk */
+static void reduce_parts(void *ctx, int64_t chunk, int thread_id) {
+    (void)thread_id;
+    const axpy_job *j = ctx;
+    const int64_t c0 = chunk * j->cols_per_chunk;
+    const int64_t c1 = c0 + j->cols_per_chunk < j->n_cols ? c0 + j->cols_per_chunk : j->n_cols;
+    for (int64_t k = 1; k < j->n_part; k++) {
+        const float *pk = j->partial + (k - 1) * j->n_cols;
+        for (int64_t c = c0; c < c1; c++) j->y[c] += pk[c];
+    }
+}
+
 void pi_axpy_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *rows, const float *h,
                   int64_t n_sel, int64_t n_tok, float *y) {
     if (n_tok <= 0 || n_cols <= 0) return;
@@ -567,7 +613,8 @@ void pi_axpy_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, const 
     const int fast = type == PI_F32 || type == PI_F16 || type == PI_BF16 || type == PI_Q8_0 || type == PI_Q4_0;
     /* scratch: the live list (int32 [n_sel]), then for decode by rows the partials f32 [n_threads - 1, n_cols] */
     const size_t act_bytes = ((size_t)(n_sel > 0 ? n_sel : 1) * sizeof(int32_t) + 63) & ~(size_t)63;
-    const size_t part_bytes = n_tok == 1 && fast ? (size_t)(n_threads - 1) * (size_t)n_cols * sizeof(float) : 0;
+    const int64_t max_part = n_threads > 1 ? (int64_t)n_threads * PARTS_PER_THREAD : 1;
+    const size_t part_bytes = n_tok == 1 && fast ? (size_t)(max_part - 1) * (size_t)n_cols * sizeof(float) : 0;
 #if VL > 1
     const int panel = fast && n_tok >= PANEL_MIN_TOK;
 #else
@@ -596,15 +643,16 @@ void pi_axpy_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, const 
     const int64_t row_bytes = pi_row_size(type, n_cols);
     if (n_tok == 1 && fast) { /* decode: parts of the live list, whole rows (see the header) */
         int64_t n_part = n_act / MIN_PART_ROWS;
-        if (n_part > n_threads) n_part = n_threads;
+        if (n_part > max_part) n_part = max_part;
         if (n_part < 1) n_part = 1;
         axpy_job job = {.type = type, .w = w, .row_bytes = row_bytes, .n_cols = n_cols, .n_sel = n_sel,
                         .n_tok = 1, .rows = rows, .h = h, .act = act, .n_act = n_act, .y = y,
                         .n_part = n_part, .partial = (float *)(scratch + act_bytes)};
         pi_pool_run(pool, decode_part, &job, n_part);
-        for (int64_t k = 1; k < n_part; k++) { /* fixed order: ((y + partial 1) + partial 2) + ... */
-            const float *pk = job.partial + (k - 1) * n_cols;
-            for (int64_t c = 0; c < n_cols; c++) y[c] += pk[c];
+        if (n_part > 1) {
+            job.cols_per_chunk = (n_cols + n_threads - 1) / n_threads;
+            job.cols_per_chunk = (job.cols_per_chunk + 15) / 16 * 16;
+            pi_pool_run(pool, reduce_parts, &job, (n_cols + job.cols_per_chunk - 1) / job.cols_per_chunk);
         }
         return;
     }
