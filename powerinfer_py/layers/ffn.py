@@ -72,7 +72,7 @@ from ..kernels.ref import FC2T, FC2T_QUANT_TYPES
 from ..models import archs_with, spec_for
 from ..gguf.types import Tensor
 
-MODES = ("predictor", "exact", "threshold", "off")
+MODES = ("predictor", "exact", "threshold", "wide", "off")
 THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"
 FC2T_FLOAT_TYPES = ("F32", "F16", "BF16")  # fc2 types whose transposed copy holds the same values
 DENSE_FALLBACK = 0.5  # batches whose union of active neurons exceeds this fraction use the dense gate/up
@@ -105,6 +105,7 @@ class SparseSettings:
     down: str = "auto"  # threshold mode: down projection of dense files (threshold.DOWN_CHOICES)
     scales: tuple[tuple[float, ...], ...] = ()  # threshold mode: per-layer neuron scales of the score; () none
     up_cuts: tuple[float, ...] = ()  # threshold mode, two-stage files: per-layer candidate cut-offs; () one stage
+    wide_cuts: tuple[float, ...] = ()  # wide mode: cut-offs per layer and input, n_layer * 4 (layers/wide.py)
 
 
 def default_mode(config: ModelConfig) -> str:
@@ -113,6 +114,8 @@ def default_mode(config: ModelConfig) -> str:
     calibrated it to run sparse, so it does, and `--sparse off` still runs it dense); anything else is dense."""
     if config.is_sparse:
         return "predictor"
+    if config.wide_meta:  # a file `powerinfer calibrate --wide` wrote (layers/wide.py)
+        return "wide"
     from .threshold import THRESHOLD_VARIANTS  # threshold.py builds on this module: imported when needed
 
     if config.calibrated_sparsity is not None and ffn_variant(config) in THRESHOLD_VARIANTS:
@@ -142,8 +145,22 @@ def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: floa
     if mode == "predictor" and not config.is_sparse:
         raise UnsupportedError("sparse mode 'predictor' needs a PowerInfer (PWRI) file with predictors; this "
                                "is a dense GGUF file: use 'exact' (ReLU models) or 'off'")
-    if sparsity is not None and mode != "threshold":
-        raise PowerInferError("a target sparsity applies to sparse mode 'threshold' only")
+    if sparsity is not None and mode not in ("threshold", "wide"):
+        raise PowerInferError("a target sparsity applies to sparse modes 'threshold' and 'wide' only")
+    if mode == "wide":
+        from . import wide
+
+        wide.check_wide_config(config, variant)
+        if sparsity is not None:
+            wide.check_sparsity(sparsity)
+        if not config.wide_meta:
+            raise PowerInferError(
+                "this model file has no model-wide calibration (powerinfer.wide.*): run `powerinfer calibrate -m "
+                f"MODEL --wide --sparsity {sparsity if sparsity is not None else 0.4} -o wide.gguf` once and run the "
+                "calibrated file")
+        cal = wide.parse_calibration(dict(config.wide_meta), config.n_layer, wide.layer_widths(config))
+        target = sparsity if sparsity is not None else cal.sparsity
+        return SparseSettings(mode, 0.0, float(target), wide_cuts=tuple(float(v) for v in cal.cuts(sparsity).reshape(-1)))
     if mode == "threshold":
         from .threshold import THRESHOLD_VARIANTS, layer_cuts
 

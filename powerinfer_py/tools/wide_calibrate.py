@@ -1,0 +1,333 @@
+"""`powerinfer calibrate --wide`: calibrate the model-wide sparse mode (layers/wide.py) and write a copy of the
+model whose seven projections per layer are stored transposed, with the cut-offs and tables in its metadata.
+
+Steps:
+ 1. Load the source densely, build each layer's four transposed tensors (q|k|v, o, gate|up, down; float types
+    keep their values, quantized types become Q8_0) and switch the model to the wide forward with every cut-off
+    at 0: the dense product through the new layout.
+ 2. Run that dense forward over the calibration text (perplexity.py's windows, BOS rows left out) and keep a
+    uniform sample of at most MAX_ROWS token rows of every (layer, input) vector.
+ 3. From the samples, per input: the quantiles of the plain score |x_i| and of the WINA score |x_i| * ||W_t[i]||
+    (the norm of the weights that input i multiplies), on the 101-point grid.
+ 4. Three criteria, each a (score, allocation) pair; the allocation maps a model-wide target S (the fraction of
+    the seven projections' weight bytes not read per token) to per-input sparsities:
+      plain   |x|,        every input at sparsity S
+      wina    |x| * norm, every input at sparsity S
+      greedy  |x| * norm, per-input sparsities chosen greedily (as TEAL does): starting from 0, repeatedly raise
+              by GREEDY_STEP the sparsity of the input whose measured output error grows least per byte saved,
+              the error of an input being ||W (x - x_cut)||^2 / ||W x||^2 over the sampled rows; the states the
+              path goes through give the allocation for every S.
+ 5. `criterion="auto"` measures the perplexity of each at the target S on the calibration tokens and keeps the
+    lowest (the three numbers are returned and printed); otherwise the one asked for.
+ 6. Write the copy (atomically): every other tensor unchanged, the transposed tensors instead of the seven, the
+    keys of docs/FORMATS.md section 5b; threshold-mode keys of the source are dropped (its tensors are gone).
+
+Memory: the samples take at most MAX_VALUES floats in all (fewer rows for wide models); the greedy's errors use
+at most GREEDY_ROWS of them. The transposed tensors are built in memory before the file is written.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..config import KEY_FFN_NEURON_SCALES, KEY_SPARSITY, KEY_WIDE_PREFIX
+from ..errors import PowerInferError
+from ..layers import wide as W
+from .perplexity import DEFAULT_BATCH, windows
+
+MAX_ROWS = 768  # sampled token rows per (layer, input)
+MAX_VALUES = 1 << 26  # floats of samples in all (256 MiB)
+GREEDY_ROWS = 128
+GREEDY_STEP = 0.05
+SELECT_TOKENS = 1024  # calibration tokens scored per criterion by criterion="auto"
+CRITERION_CHOICES = ("auto", *W.CRITERIA)
+
+
+@dataclass
+class WideResult:
+    path: Path
+    sparsity: float
+    criterion: str
+    n_tokens: int
+    text_source: str
+    selection: dict = field(default_factory=dict)  # criterion -> perplexity on the calibration tokens (auto)
+    selection_tokens: int = 0
+    input_skipped: list = field(default_factory=list)  # [n_layer][4] fraction below the cut-off on the samples
+    source_types: str = ""
+    stored_types: str = ""
+    n_weights: int = 0  # elements of the seven projections, all layers
+    source_bytes: int = 0
+    stored_bytes: int = 0
+
+    @property
+    def source_bpw(self) -> float:
+        return 8.0 * self.source_bytes / max(1, self.n_weights)
+
+    @property
+    def stored_bpw(self) -> float:
+        return 8.0 * self.stored_bytes / max(1, self.n_weights)
+
+    def to_json(self) -> dict:
+        return {"path": str(self.path), "sparsity": self.sparsity, "criterion": self.criterion,
+                "n_tokens": self.n_tokens, "text_source": self.text_source, "selection_perplexity": self.selection,
+                "selection_tokens": self.selection_tokens, "inputs": list(W.INPUTS),
+                "input_skipped": self.input_skipped, "source_types": self.source_types,
+                "stored_types": self.stored_types, "source_bits_per_weight": self.source_bpw,
+                "stored_bits_per_weight": self.stored_bpw, "source_bytes": self.source_bytes,
+                "stored_bytes": self.stored_bytes}
+
+
+def build_transposed(model) -> tuple[list[list], list[list[np.ndarray]], set, int, int]:
+    """(per layer the four transposed tensors, their row norms, the source types, elements, source bytes)."""
+    weights, norms, types, n_el, n_bytes = [], [], set(), 0, 0
+    for il in range(model.config.n_layer):
+        groups = W.source_tensors(model, il)
+        ws, ns = [], []
+        for name, src in zip(W.WIDE_TENSORS, groups):
+            t, nrm = W.transposed(f"blk.{il}.{name}.weight", src)
+            ws.append(t)
+            ns.append(nrm)
+            for s in src:
+                types.add(s.type.name)
+                n_el += int(np.prod(s.shape))
+                n_bytes += W.tensor_bytes(s)
+        weights.append(ws)
+        norms.append(ns)
+    return weights, norms, types, n_el, n_bytes
+
+
+class _Sampler:
+    """observer(il, j, x) of WideLayer: keeps a uniform sample of the rows (BOS rows left out)."""
+
+    def __init__(self, n_layer: int, keep: float, seed: int = 0):
+        self.rows = [[[] for _ in W.INPUTS] for _ in range(n_layer)]
+        self.keep, self.rng = keep, np.random.default_rng(seed)
+        self.skip_first = False
+        self._pick = None
+
+    def __call__(self, il: int, j: int, x: np.ndarray) -> None:
+        if il == 0 and j == 0:  # one choice of rows per forward call, the same for every input
+            n = x.shape[0]
+            pick = np.flatnonzero(self.rng.random(n) < self.keep)
+            self._pick = pick[pick >= 1] if self.skip_first else pick
+        if len(self._pick):
+            self.rows[il][j].append(x[self._pick].copy())
+
+    def samples(self) -> list[list[np.ndarray]]:
+        return [[np.concatenate(r) if r else np.zeros((0, 0), np.float32) for r in lay] for lay in self.rows]
+
+
+def _quantiles(x: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
+    s = np.abs(x) if scale is None else np.abs(x) * scale
+    return np.quantile(s.astype(np.float64).reshape(-1), W.GRID).astype(np.float32)
+
+
+def error_curve(x: np.ndarray, w: np.ndarray, scale: np.ndarray, qrow: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """Relative output error ||(x - x_cut) w||^2 / ||x w||^2 of one input at each sparsity of `levels`, x f32
+    [T, n_in] sampled rows, w f32 [n_in, n_out] the transposed weights, cut-offs from the quantile row."""
+    score = np.abs(x) * scale
+    ref = float(np.square(x @ w, dtype=np.float64).sum()) or 1.0
+    out = np.zeros(len(levels))
+    for k, s in enumerate(levels):
+        if s <= 0:
+            continue
+        drop = np.where(score < np.float32(W.cut_at(qrow, float(s))), x, np.float32(0))
+        out[k] = float(np.square(drop @ w, dtype=np.float64).sum()) / ref
+    return out
+
+
+def greedy_alloc(errors: np.ndarray, nbytes: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """alloc f32 [101, n_layer, 4] from per-input error curves errors [n_layer, 4, len(levels)] and byte sizes
+    [n_layer, 4]: the greedy path (module docstring, step 4) read at each grid S."""
+    n_layer, n_in, n_lv = errors.shape
+    frac = nbytes / nbytes.sum()
+    at = np.zeros((n_layer, n_in), dtype=np.int64)
+    states_s, states_a = [0.0], [np.zeros((n_layer, n_in))]
+    total = 0.0
+    while True:
+        nxt = np.minimum(at + 1, n_lv - 1)
+        gain = (levels[nxt] - levels[at]) * frac
+        cost = np.take_along_axis(errors, nxt[..., None], 2)[..., 0] - np.take_along_axis(errors, at[..., None], 2)[..., 0]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(gain > 0, np.maximum(cost, 0) / gain, np.inf)
+        best = np.unravel_index(int(np.argmin(ratio)), ratio.shape)
+        if not np.isfinite(ratio[best]):
+            break
+        total += float(gain[best])
+        at[best] += 1
+        states_s.append(total)
+        states_a.append(levels[at].astype(np.float64))
+    s_arr, a_arr = np.asarray(states_s), np.stack(states_a)
+    out = np.zeros((len(W.GRID), n_layer, n_in), dtype=np.float32)
+    for g, s in enumerate(W.GRID):
+        k = int(np.searchsorted(s_arr, s, side="right")) - 1
+        if k >= len(s_arr) - 1:
+            out[g] = a_arr[-1]
+            continue
+        lo, hi = s_arr[k], s_arr[k + 1]
+        t = 0.0 if hi <= lo else (s - lo) / (hi - lo)
+        out[g] = a_arr[k] + t * (a_arr[k + 1] - a_arr[k])
+    return out
+
+
+def uniform_alloc(n_layer: int) -> np.ndarray:
+    return np.broadcast_to(np.minimum(W.GRID, W.MAX_SPARSITY)[:, None, None].astype(np.float32),
+                           (len(W.GRID), n_layer, len(W.INPUTS))).copy()
+
+
+def cutoffs(alloc: np.ndarray, quantiles: np.ndarray, sparsity: float) -> np.ndarray:
+    """f32 [n_layer, 4] cut-offs at model-wide `sparsity` (wide.WideCalibration.cuts' rule)."""
+    cal = W.WideCalibration(-1.0, "plain", np.zeros(quantiles.shape[:2], np.float32), quantiles, alloc, None)
+    return cal.cuts(sparsity)
+
+
+def calibrate_wide(model: str | os.PathLike, out: str | os.PathLike, sparsity: float, text: str | None = None,
+                   n_tokens: int = 1024, ctx: int = 256, threads: int | None = None,
+                   on_progress: Callable[[str], None] | None = None, criterion: str = "auto",
+                   select_tokens: int = SELECT_TOKENS, batch: int = DEFAULT_BATCH) -> WideResult:
+    """Calibrate `model` for model-wide `sparsity` (in [0, 0.95]) on `text` (None: sampled from the model) and
+    write the copy `out` (module docstring)."""
+    from ..gguf import open_gguf
+    from ..gguf.writer import check_free_space, write_gguf
+    from ..layers.ffn import ffn_variant
+    from ..llm import load
+    from ..models.base import Model
+    from .calibrate import sample_text
+    from .perplexity import perplexity
+
+    sparsity = W.check_sparsity(sparsity)
+    if criterion not in CRITERION_CHOICES:
+        raise PowerInferError(f"--criterion must be one of {', '.join(CRITERION_CHOICES)}, got {criterion!r}")
+    if n_tokens < 1:
+        raise PowerInferError(f"--tokens must be at least 1, got {n_tokens}")
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise PowerInferError(f"output folder does not exist: {out.parent}")
+    if out.is_dir():
+        raise PowerInferError(f"output path is a folder: {out}")
+    say = on_progress or (lambda msg: None)
+    with load(model, threads=threads, n_ctx=max(ctx, 2), sparse="off") as llm:
+        c, net = llm.config, llm.model
+        if W.is_wide_file(c):
+            raise PowerInferError(f"{model} is already a wide-calibrated file (its projections are stored "
+                                  "transposed): calibrate its source file")
+        variant = ffn_variant(c)
+        W.check_wide_config(c, variant, "calibrate --wide")
+        W.check_wide_model(net, Model, variant)
+        check_free_space(out, int(1.1 * Path(model).stat().st_size))
+        say("building the transposed projections")
+        weights, norms, src_types, n_el, src_bytes = build_transposed(net)
+        layers = W.attach(net, Model, variant, weights)
+        if text is None:
+            say(f"no --text: sampling {n_tokens} calibration tokens from the model itself")
+            ids, source = sample_text(llm, n_tokens), "sampled from the model"
+        else:
+            ids, source = llm.tokenize(text, add_bos=False, special=False)[:n_tokens], "file"
+            if not ids:
+                raise PowerInferError("the calibration text is empty")
+        say(f"calibrating on {len(ids)} tokens ({source})")
+        width = sum(w.shape[0] for w in weights[0])
+        rows = max(16, min(MAX_ROWS, MAX_VALUES // max(1, width * c.n_layer)))
+        sampler = _Sampler(c.n_layer, min(1.0, rows / max(1, len(ids))))
+        bos = llm.tokenizer.bos_id if llm.tokenizer.bos_id is not None and llm.tokenizer.bos_id >= 0 else None
+        for lay in layers:
+            lay.observer = sampler
+        try:
+            cache = net.new_cache(min(ctx, llm.n_ctx))
+            for w in windows(ids, min(ctx, llm.n_ctx), bos):
+                cache.clear()
+                arr = np.asarray(w, dtype=np.int32)
+                for s in range(0, len(arr), batch):
+                    sampler.skip_first = s == 0 and bos is not None
+                    net.forward(arr[s:s + batch], cache)
+        finally:
+            for lay in layers:
+                lay.observer = None
+        samples = sampler.samples()
+        if samples[0][0].shape[0] == 0:
+            raise PowerInferError("no activations were sampled: give a longer calibration text (--tokens)")
+        q_plain = np.stack([[_quantiles(samples[il][j], None) for j in range(4)] for il in range(c.n_layer)])
+        q_wina = np.stack([[_quantiles(samples[il][j], norms[il][j]) for j in range(4)] for il in range(c.n_layer)])
+        uni = uniform_alloc(c.n_layer)
+        want = list(W.CRITERIA) if criterion == "auto" else [criterion]
+        if sparsity == 0.0:
+            want = [criterion if criterion != "auto" else "plain"]
+        candidates = {}
+        for crit in want:
+            if crit == "greedy":
+                say("greedy allocation: measuring each input's output error")
+                levels = np.round(np.arange(0.0, W.MAX_SPARSITY + 1e-9, GREEDY_STEP), 6)
+                nbytes = np.array([[W.tensor_bytes(w) for w in ws] for ws in weights], dtype=np.float64)
+                dequantize = W._codecs()[0]
+                errs = np.zeros((c.n_layer, 4, len(levels)))
+                for il in range(c.n_layer):
+                    for j in range(4):
+                        wf = np.asarray(dequantize(weights[il][j]), dtype=np.float32).reshape(weights[il][j].shape)
+                        x = samples[il][j][:GREEDY_ROWS]
+                        errs[il, j] = error_curve(x, wf, norms[il][j], q_wina[il, j], levels)
+                candidates[crit] = (q_wina, greedy_alloc(errs, nbytes, levels), norms)
+            else:
+                candidates[crit] = (q_plain if crit == "plain" else q_wina, uni, None if crit == "plain" else norms)
+        selection, n_sel = {}, 0
+        if len(candidates) > 1:
+            sel_ids = ids[:select_tokens]
+            for crit, (q, alloc, nrm) in candidates.items():
+                cuts = cutoffs(alloc, q, sparsity)
+                for il, lay in enumerate(layers):
+                    lay.set_cuts(cuts[il], None if nrm is None else nrm[il])
+                res = perplexity(llm, sel_ids, ctx=min(ctx, llm.n_ctx), batch=batch)
+                selection[crit], n_sel = float(np.exp(res.nll)), res.n_tokens
+                say(f"criterion {crit}: perplexity {selection[crit]:.4f} on {res.n_tokens} calibration tokens "
+                    f"at sparsity {sparsity:g}")
+            chosen = min(selection, key=selection.get)
+        else:
+            chosen = want[0]
+        q, alloc, nrm = candidates[chosen]
+        cuts = cutoffs(alloc, q, sparsity)
+        skipped = []
+        for il in range(c.n_layer):
+            row = []
+            for j in range(4):
+                sc = np.abs(samples[il][j]) * (1.0 if nrm is None else nrm[il][j])
+                row.append(float(np.mean(sc < cuts[il, j])) if cuts[il, j] > 0 else 0.0)
+            skipped.append(row)
+        del samples
+    stored_types = sorted({w.type.name for ws in weights for w in ws})
+    stored_bytes = sum(W.tensor_bytes(w) for ws in weights for w in ws)
+    with open_gguf(model) as src:
+        meta = dict(src.metadata)
+        types = dict(src.metadata_types)
+        from ..config import (KEY_FFN_QUANTILES, KEY_FFN_THRESHOLDS, KEY_FFN_UP_QUANTILES, KEY_FFN_UP_THRESHOLDS,
+                              KEY_UP_SPARSITY)
+
+        drop = [k for k in meta if k.startswith((KEY_WIDE_PREFIX, KEY_FFN_NEURON_SCALES))]
+        for key in (KEY_SPARSITY, KEY_FFN_THRESHOLDS, KEY_FFN_QUANTILES, KEY_UP_SPARSITY, KEY_FFN_UP_THRESHOLDS,
+                    KEY_FFN_UP_QUANTILES, *drop):
+            meta.pop(key, None)
+            types.pop(key, None)
+        meta[W.KEY_SPARSITY] = np.float32(sparsity)
+        meta[W.KEY_CRITERION] = chosen
+        meta[W.KEY_CUTOFFS] = cuts.astype(np.float32).reshape(-1)
+        meta[W.KEY_QUANTILES] = q.astype(np.float32).reshape(-1)
+        meta[W.KEY_ALLOC] = alloc.astype(np.float32).reshape(-1)
+        meta[W.KEY_SOURCE_TYPES] = ",".join(sorted(src_types))
+        if nrm is not None:
+            for il in range(c.n_layer):
+                meta[f"{W.KEY_COL_NORMS}{il}"] = np.concatenate(nrm[il]).astype(np.float32)
+        replaced = {f"blk.{il}.{r}.weight": il for il in range(c.n_layer) for r in W.REPLACED}
+        tensors, placed = [], set()
+        for name, t in src.tensors.items():
+            il = replaced.get(name)
+            if il is None:
+                tensors.append(t)
+            elif il not in placed:
+                tensors.extend(weights[il])
+                placed.add(il)
+        write_gguf(out, meta, tensors, types=types, magic=src.magic, alignment=src.alignment)
+    say(f"wrote {out}")
+    return WideResult(out, sparsity, chosen, len(ids), source, selection, n_sel, skipped, ",".join(sorted(src_types)),
+                      ",".join(stored_types), n_el, src_bytes, stored_bytes)
