@@ -13,17 +13,21 @@ Steps:
     the seven projections' weight bytes not read per token) to per-input sparsities:
       plain   |x|,        every input at sparsity S
       wina    |x| * norm, every input at sparsity S
-      greedy  |x| * norm, per-input sparsities chosen greedily (as TEAL does): starting from 0, repeatedly raise
-              by GREEDY_STEP the sparsity of the input whose measured output error grows least per byte saved,
-              the error of an input being ||W (x - x_cut)||^2 / ||W x||^2 over the sampled rows; the states the
-              path goes through give the allocation for every S.
+      greedy  |x|,        per-kind sparsities chosen greedily (as TEAL does, here on the model's loss): the mean
+              NLL on GREEDY_TOKENS calibration tokens is measured with one input kind (attn_in, attn_out,
+              ffn_in or ffn_mid, in every layer) cut to each of GREEDY_LEVELS; then, from 0, the sparsity of
+              the kind whose loss grows least per byte saved is raised 1% at a time; the path gives the
+              allocation for every S (the same in every layer). An earlier version ranked inputs by their own
+              output error ||W (x - x_cut)||^2 / ||W x||^2 instead: it under-rated the normed hidden states
+              and cost much more perplexity (docs/sparse.md).
  5. `criterion="auto"` measures the perplexity of each at the target S on the calibration tokens and keeps the
     lowest (the three numbers are returned and printed); otherwise the one asked for.
  6. Write the copy (atomically): every other tensor unchanged, the transposed tensors instead of the seven, the
     keys of docs/FORMATS.md section 5b; threshold-mode keys of the source are dropped (its tensors are gone).
 
-Memory: the samples take at most MAX_VALUES floats in all (fewer rows for wide models); the greedy's errors use
-at most GREEDY_ROWS of them. The transposed tensors are built in memory before the file is written.
+Memory: the samples take at most MAX_VALUES floats in all (fewer rows for wide models). The transposed tensors
+are built in memory before the file is written. Time: the dense pass, plus for the greedy 1 + 4 * 4 perplexity
+runs of GREEDY_TOKENS tokens, plus for auto three of SELECT_TOKENS.
 """
 from __future__ import annotations
 
@@ -41,8 +45,8 @@ from .perplexity import DEFAULT_BATCH, windows
 
 MAX_ROWS = 768  # sampled token rows per (layer, input)
 MAX_VALUES = 1 << 26  # floats of samples in all (256 MiB)
-GREEDY_ROWS = 128
-GREEDY_STEP = 0.05
+GREEDY_LEVELS = (0.25, 0.5, 0.75, 0.95)  # sparsities at which the greedy measures each input kind's loss
+GREEDY_TOKENS = 384  # calibration tokens behind each of those measurements
 SELECT_TOKENS = 1024  # calibration tokens scored per criterion by criterion="auto"
 CRITERION_CHOICES = ("auto", *W.CRITERIA)
 
@@ -56,6 +60,7 @@ class WideResult:
     text_source: str
     selection: dict = field(default_factory=dict)  # criterion -> perplexity on the calibration tokens (auto)
     selection_tokens: int = 0
+    greedy_curves: list | None = None  # [4][1 + len(GREEDY_LEVELS)] NLL increase per input kind (greedy only)
     input_skipped: list = field(default_factory=list)  # [n_layer][4] fraction below the cut-off on the samples
     source_types: str = ""
     stored_types: str = ""
@@ -75,6 +80,7 @@ class WideResult:
         return {"path": str(self.path), "sparsity": self.sparsity, "criterion": self.criterion,
                 "n_tokens": self.n_tokens, "text_source": self.text_source, "selection_perplexity": self.selection,
                 "selection_tokens": self.selection_tokens, "inputs": list(W.INPUTS),
+                "greedy_levels": list(GREEDY_LEVELS), "greedy_curves": self.greedy_curves,
                 "input_skipped": self.input_skipped, "source_types": self.source_types,
                 "stored_types": self.stored_types, "source_bits_per_weight": self.source_bpw,
                 "stored_bits_per_weight": self.stored_bpw, "source_bytes": self.source_bytes,
@@ -126,51 +132,49 @@ def _quantiles(x: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
     return np.quantile(s.astype(np.float64).reshape(-1), W.GRID).astype(np.float32)
 
 
-def error_curve(x: np.ndarray, w: np.ndarray, scale: np.ndarray, qrow: np.ndarray, levels: np.ndarray) -> np.ndarray:
-    """Relative output error ||(x - x_cut) w||^2 / ||x w||^2 of one input at each sparsity of `levels`, x f32
-    [T, n_in] sampled rows, w f32 [n_in, n_out] the transposed weights, cut-offs from the quantile row."""
-    score = np.abs(x) * scale
-    ref = float(np.square(x @ w, dtype=np.float64).sum()) or 1.0
-    out = np.zeros(len(levels))
-    for k, s in enumerate(levels):
-        if s <= 0:
-            continue
-        drop = np.where(score < np.float32(W.cut_at(qrow, float(s))), x, np.float32(0))
-        out[k] = float(np.square(drop @ w, dtype=np.float64).sum()) / ref
+def loss_curves(eval_nll: Callable[[np.ndarray], float], quantiles: np.ndarray,
+                levels: tuple[float, ...] = GREEDY_LEVELS) -> np.ndarray:
+    """f [4, 1 + len(levels)]: the increase of the mean NLL on calibration tokens when only input kind j (in
+    every layer) is cut to each sparsity of `levels` (column 0: sparsity 0, no increase). eval_nll(cuts) runs
+    the model with cut-offs f32 [n_layer, 4]."""
+    n_layer = quantiles.shape[0]
+    base = eval_nll(np.zeros((n_layer, len(W.INPUTS)), np.float32))
+    out = np.zeros((len(W.INPUTS), 1 + len(levels)))
+    for j in range(len(W.INPUTS)):
+        for k, lv in enumerate(levels):
+            cuts = np.zeros((n_layer, len(W.INPUTS)), np.float32)
+            cuts[:, j] = [W.cut_at(quantiles[il, j], lv) for il in range(n_layer)]
+            out[j, k + 1] = eval_nll(cuts) - base
     return out
 
 
-def greedy_alloc(errors: np.ndarray, nbytes: np.ndarray, levels: np.ndarray) -> np.ndarray:
-    """alloc f32 [101, n_layer, 4] from per-input error curves errors [n_layer, 4, len(levels)] and byte sizes
-    [n_layer, 4]: the greedy path (module docstring, step 4) read at each grid S."""
-    n_layer, n_in, n_lv = errors.shape
-    frac = nbytes / nbytes.sum()
-    at = np.zeros((n_layer, n_in), dtype=np.int64)
-    states_s, states_a = [0.0], [np.zeros((n_layer, n_in))]
+def greedy_alloc(curves: np.ndarray, kind_bytes: np.ndarray, n_layer: int,
+                 levels: tuple[float, ...] = GREEDY_LEVELS) -> np.ndarray:
+    """alloc f32 [101, n_layer, 4] from the loss curves of the four input kinds (loss_curves) and their bytes
+    [4]: starting from 0, repeatedly raise by 1% the sparsity of the kind whose (interpolated, made
+    non-decreasing) loss grows least per byte saved; the path read at each grid S, the same for every layer."""
+    fine = np.round(np.arange(0.0, W.MAX_SPARSITY + 1e-9, 0.01), 6)
+    xs = np.array([0.0, *levels])
+    f = np.stack([np.interp(fine, xs, np.maximum.accumulate(np.maximum(c, 0.0))) for c in curves])
+    frac = np.asarray(kind_bytes, dtype=np.float64) / float(np.sum(kind_bytes))
+    at = np.zeros(len(W.INPUTS), dtype=np.int64)
+    states_s, states_a = [0.0], [np.zeros(len(W.INPUTS))]
     total = 0.0
-    while True:
-        nxt = np.minimum(at + 1, n_lv - 1)
-        gain = (levels[nxt] - levels[at]) * frac
-        cost = np.take_along_axis(errors, nxt[..., None], 2)[..., 0] - np.take_along_axis(errors, at[..., None], 2)[..., 0]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(gain > 0, np.maximum(cost, 0) / gain, np.inf)
-        best = np.unravel_index(int(np.argmin(ratio)), ratio.shape)
-        if not np.isfinite(ratio[best]):
-            break
-        total += float(gain[best])
-        at[best] += 1
+    while np.any(at < len(fine) - 1):
+        room = at < len(fine) - 1
+        nxt = np.minimum(at + 1, len(fine) - 1)
+        cost = f[np.arange(len(W.INPUTS)), nxt] - f[np.arange(len(W.INPUTS)), at]
+        ratio = np.where(room, cost / np.maximum(frac * 0.01, 1e-12), np.inf)
+        j = int(np.argmin(np.where(ratio == ratio.min(), -frac, np.inf)))  # ties: the kind with more bytes
+        total += 0.01 * frac[j]
+        at[j] += 1
         states_s.append(total)
-        states_a.append(levels[at].astype(np.float64))
+        states_a.append(fine[at].copy())
     s_arr, a_arr = np.asarray(states_s), np.stack(states_a)
-    out = np.zeros((len(W.GRID), n_layer, n_in), dtype=np.float32)
+    out = np.zeros((len(W.GRID), n_layer, len(W.INPUTS)), dtype=np.float32)
     for g, s in enumerate(W.GRID):
-        k = int(np.searchsorted(s_arr, s, side="right")) - 1
-        if k >= len(s_arr) - 1:
-            out[g] = a_arr[-1]
-            continue
-        lo, hi = s_arr[k], s_arr[k + 1]
-        t = 0.0 if hi <= lo else (s - lo) / (hi - lo)
-        out[g] = a_arr[k] + t * (a_arr[k + 1] - a_arr[k])
+        for j in range(len(W.INPUTS)):
+            out[g, :, j] = np.interp(s, s_arr, a_arr[:, j])
     return out
 
 
@@ -256,20 +260,22 @@ def calibrate_wide(model: str | os.PathLike, out: str | os.PathLike, sparsity: f
         want = list(W.CRITERIA) if criterion == "auto" else [criterion]
         if sparsity == 0.0:
             want = [criterion if criterion != "auto" else "plain"]
-        candidates = {}
+        candidates, greedy_curves = {}, None
         for crit in want:
             if crit == "greedy":
-                say("greedy allocation: measuring each input's output error")
-                levels = np.round(np.arange(0.0, W.MAX_SPARSITY + 1e-9, GREEDY_STEP), 6)
-                nbytes = np.array([[W.tensor_bytes(w) for w in ws] for ws in weights], dtype=np.float64)
-                dequantize = W._codecs()[0]
-                errs = np.zeros((c.n_layer, 4, len(levels)))
-                for il in range(c.n_layer):
-                    for j in range(4):
-                        wf = np.asarray(dequantize(weights[il][j]), dtype=np.float32).reshape(weights[il][j].shape)
-                        x = samples[il][j][:GREEDY_ROWS]
-                        errs[il, j] = error_curve(x, wf, norms[il][j], q_wina[il, j], levels)
-                candidates[crit] = (q_wina, greedy_alloc(errs, nbytes, levels), norms)
+                say(f"greedy allocation: {1 + 4 * len(GREEDY_LEVELS)} perplexity runs on "
+                    f"{min(GREEDY_TOKENS, len(ids))} calibration tokens")
+                g_ids = ids[:GREEDY_TOKENS]
+
+                def eval_nll(cuts: np.ndarray) -> float:
+                    for il, lay in enumerate(layers):
+                        lay.set_cuts(cuts[il])
+                    return perplexity(llm, g_ids, ctx=min(ctx, llm.n_ctx), batch=batch).nll
+
+                curves = loss_curves(eval_nll, q_plain)
+                kind_bytes = np.array([[W.tensor_bytes(w) for w in ws] for ws in weights], dtype=np.float64).sum(0)
+                candidates[crit] = (q_plain, greedy_alloc(curves, kind_bytes, c.n_layer), None)
+                greedy_curves = curves
             else:
                 candidates[crit] = (q_plain if crit == "plain" else q_wina, uni, None if crit == "plain" else norms)
         selection, n_sel = {}, 0
@@ -329,5 +335,6 @@ def calibrate_wide(model: str | os.PathLike, out: str | os.PathLike, sparsity: f
                 placed.add(il)
         write_gguf(out, meta, tensors, types=types, magic=src.magic, alignment=src.alignment)
     say(f"wrote {out}")
-    return WideResult(out, sparsity, chosen, len(ids), source, selection, n_sel, skipped, ",".join(sorted(src_types)),
+    return WideResult(out, sparsity, chosen, len(ids), source, selection, n_sel,
+                      None if greedy_curves is None else greedy_curves.tolist(), skipped, ",".join(sorted(src_types)),
                       ",".join(stored_types), n_el, src_bytes, stored_bytes)
