@@ -91,7 +91,9 @@ def test_relu_pwri_file_is_refused_naming_the_arch(tmp_path):
 @pytest.mark.parametrize("arch,words", [("qwen2moe", ("qwen2moe", "mixture of experts")),
                                         ("mamba2", ("mamba2",)),
                                         ("phi3", ("phi3",)),
-                                        ("arcee", ("arcee", "relu2"))])
+                                        ("arcee", ("arcee", "relu2")),
+                                        ("glm4", ("glm4", "blk.0.attn_q.weight")),
+                                        ("olmo2", ("olmo2", "own forward"))])
 def test_models_the_mode_does_not_cover_are_refused_naming_the_arch(synthetic_model, tmp_path, arch, words):
     src = synthetic_model(arch, "f32")
     res = invoke("calibrate", "-m", src, "--wide", "--sparsity", "0.3", "--text", _text(tmp_path),

@@ -82,8 +82,8 @@ def check_wide_config(config, variant: str, what: str = "sparse mode 'wide'") ->
         raise UnsupportedError(f"{what} needs an attention block and a gated FFN in every layer; this {arch} model "
                                "has layers without an FFN: use 'off'")
     if variant not in WIDE_VARIANTS:
-        raise UnsupportedError(f"{what} is for SwiGLU/GeGLU models; this {arch} model's FFN is {variant} "
-                               "(ReLU-family models: use 'exact')")
+        raise UnsupportedError(f"{what} is for SwiGLU/GeGLU models; this {arch} model's FFN is {variant}: use "
+                               "'off' (or 'exact' where the FFN is ReLU-family)")
 
 
 def check_wide_model(model, base: type, variant: str) -> None:
@@ -183,6 +183,16 @@ def parse_calibration(meta: Mapping, n_layer: int, widths: list[tuple[int, int, 
 
 def is_wide_file(config) -> bool:
     return bool(getattr(config, "wide_meta", ()))
+
+
+def check_source_tensors(names, config) -> None:
+    """Refuse a source file that lacks one of the seven projections of some layer (a fused attn_qkv or
+    gate|up tensor, an ungated FFN), naming the arch and the tensor."""
+    for il in range(config.n_layer):
+        for r in REPLACED:
+            if f"blk.{il}.{r}.weight" not in names:
+                raise UnsupportedError(f"calibrate --wide covers separate q/k/v/o projections and a gated FFN; this "
+                                       f"{config.arch} file has no blk.{il}.{r}.weight")
 
 
 def wide_expected(config, e: dict) -> dict:

@@ -222,6 +222,7 @@ def calibrate_wide(model: str | os.PathLike, out: str | os.PathLike, sparsity: f
         variant = ffn_variant(c)
         W.check_wide_config(c, variant, "calibrate --wide")
         W.check_wide_model(net, Model, variant)
+        W.check_source_tensors(llm.file.tensors, c)
         check_free_space(out, int(1.1 * Path(model).stat().st_size))
         say("building the transposed projections")
         weights, norms, src_types, n_el, src_bytes = build_transposed(net)
