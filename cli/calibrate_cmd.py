@@ -60,6 +60,9 @@ def calibrate(
                               "thresholded; --sparsity is the fraction of the layers' weight bytes skipped, at most 0.95)."),
     criterion: str = typer.Option("auto", "--criterion", help="--wide: auto, plain, wina or greedy (auto: the lowest "
                                   "perplexity on the calibration text)."),
+    rotate: Optional[bool] = typer.Option(None, "--rotate/--no-rotate", help="--wide: store the normed hidden "
+                                          "states' inputs rotated into their principal directions (default: for "
+                                          "quantized sources; float sources then keep their exact values)."),
     as_json: bool = typer.Option(False, "--json", help="Print the thresholds as one JSON object."),
 ) -> None:
     """Calibrate threshold sparsity: run MODEL densely over text, pick per-layer cut-offs (on |act(gate)| times
@@ -83,11 +86,11 @@ def calibrate(
 
             res = calibrate_wide(model_path(model), out, sparsity, text=body, n_tokens=tokens, ctx=ctx_size,
                                  threads=threads, on_progress=lambda m: stderr.print(m, style="dim"),
-                                 criterion=criterion)
+                                 criterion=criterion, rotate=rotate)
             _print_wide(res, as_json)
             return
-        if criterion != "auto":
-            raise PowerInferError("--criterion applies to --wide only")
+        if criterion != "auto" or rotate is not None:
+            raise PowerInferError("--criterion and --rotate apply to --wide only")
         result = run_calibration(model_path(model), out, sparsity, text=body, n_tokens=tokens, ctx=ctx_size,
                                  threads=threads, on_progress=lambda m: stderr.print(m, style="dim"),
                                  scales=not plain, up_sparsity=up_sparsity, one_stage=one_stage)
@@ -116,11 +119,14 @@ def _print_wide(res, as_json: bool) -> None:
     if res.selection:
         print("criteria (perplexity on " + f"{res.selection_tokens} calibration tokens): " +
               ", ".join(f"{k} {v:.3f}" for k, v in res.selection.items()))
+    rot = (f", {res.rotation_bytes / 2**20:.1f} MiB of them the attn_in/ffn_in rotations (read on every token)"
+           if res.rotated else "")
     print(f"projections: {res.source_types} -> {res.stored_types}, {res.source_bpw:.2f} -> {res.stored_bpw:.2f} "
-          f"bits per weight ({res.source_bytes / 2**20:.1f} -> {res.stored_bytes / 2**20:.1f} MiB)")
+          f"bits per weight ({res.source_bytes / 2**20:.1f} -> {res.stored_bytes / 2**20:.1f} MiB{rot})")
     if res.stored_bytes > res.source_bytes:
         print(f"note: the transposed copy reads {res.stored_bytes / res.source_bytes:.2f}x the source's projection "
-              "bytes at sparsity 0 (quantized sources are re-encoded as Q8_0, 8.5 bits per weight); it reads fewer "
+              "bytes at sparsity 0 (quantized sources are re-encoded as Q8_0, 8.5 bits per weight, plus any "
+              "rotations); it reads fewer "
               f"only above a model-wide sparsity of {1 - res.source_bytes / res.stored_bytes:.2f}")
     print("layer  " + "  ".join(f"{n:>8}" for n in INPUTS) + "   (skipped on the text)")
     for il, row in enumerate(res.input_skipped):

@@ -73,7 +73,7 @@ def test_threshold_only_options_do_not_go_with_wide(synthetic_model, tmp_path):
     assert_user_error(res, "not of --wide")
     res = invoke("calibrate", "-m", synthetic_model("llama", "f32"), "--sparsity", "0.3", "--criterion", "wina",
                  "--text", _text(tmp_path), "-o", tmp_path / "w.gguf")
-    assert_user_error(res, "--criterion applies to --wide only")
+    assert_user_error(res, "--criterion and --rotate apply to --wide only")
     assert not (tmp_path / "w.gguf").exists()
 
 
@@ -157,3 +157,19 @@ def test_calibrating_a_calibrated_file_is_refused(calibrated, tmp_path):
     with pytest.raises(PowerInferError, match="already a wide-calibrated file"):
         calibrate_wide(calibrated[1], tmp_path / "x.gguf", 0.3, text=TEXT, n_tokens=40, ctx=32, threads=1)
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_rotated_file_without_its_rotation_or_with_a_bad_rotated_key(synthetic_model, tmp_path):
+    cal = tmp_path / "r.gguf"
+    calibrate_wide(synthetic_model("llama", "q8_0"), cal, 0.3, text=TEXT, n_tokens=120, ctx=64, threads=1,
+                   criterion="plain")
+    with open_gguf(cal) as f:
+        assert f.metadata[W.KEY_ROTATED] == "attn_in,ffn_in" and "blk.1.attn_in_rot.weight" in f.tensors
+    bad = _rewrite(cal, tmp_path / "bad.gguf", drop={"blk.0.ffn_in_rot.weight"})
+    with pytest.raises(ModelFileError, match="missing required tensor 'blk.0.ffn_in_rot.weight'"):
+        powerinfer_py.load(bad)
+
+    def edit(meta, types):
+        meta[W.KEY_ROTATED] = "attn_in,ffn_mid"
+    with pytest.raises(ModelFileError, match="names 'ffn_mid'"):
+        powerinfer_py.load(_rewrite(cal, tmp_path / "bad2.gguf", meta_edit=edit))

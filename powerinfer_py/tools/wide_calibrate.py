@@ -67,6 +67,8 @@ class WideResult:
     n_weights: int = 0  # elements of the seven projections, all layers
     source_bytes: int = 0
     stored_bytes: int = 0
+    rotated: bool = False
+    rotation_bytes: int = 0  # included in stored_bytes
 
     @property
     def source_bpw(self) -> float:
@@ -84,7 +86,7 @@ class WideResult:
                 "input_skipped": self.input_skipped, "source_types": self.source_types,
                 "stored_types": self.stored_types, "source_bits_per_weight": self.source_bpw,
                 "stored_bits_per_weight": self.stored_bpw, "source_bytes": self.source_bytes,
-                "stored_bytes": self.stored_bytes}
+                "stored_bytes": self.stored_bytes, "rotated": self.rotated, "rotation_bytes": self.rotation_bytes}
 
 
 def build_transposed(model) -> tuple[list[list], list[list[np.ndarray]], set, int, int]:
@@ -107,10 +109,14 @@ def build_transposed(model) -> tuple[list[list], list[list[np.ndarray]], set, in
 
 
 class _Sampler:
-    """observer(il, j, x) of WideLayer: keeps a uniform sample of the rows (BOS rows left out)."""
+    """observer(il, j, x) of WideLayer: keeps a uniform sample of the rows (BOS rows left out) and, for the
+    inputs in `cov_inputs`, the sum of x^T x over every row (the covariance behind a rotation)."""
 
-    def __init__(self, n_layer: int, keep: float, seed: int = 0):
+    def __init__(self, n_layer: int, keep: float, seed: int = 0, cov_inputs: tuple[int, ...] = ()):
         self.rows = [[[] for _ in W.INPUTS] for _ in range(n_layer)]
+        self.cov_inputs = cov_inputs
+        self.cov = [[None] * len(W.INPUTS) for _ in range(n_layer)]
+        self.n_cov = np.zeros(n_layer, dtype=np.int64)
         self.keep, self.rng = keep, np.random.default_rng(seed)
         self.skip_first = False
         self._pick = None
@@ -122,6 +128,12 @@ class _Sampler:
             self._pick = pick[pick >= 1] if self.skip_first else pick
         if len(self._pick):
             self.rows[il][j].append(x[self._pick].copy())
+        if j in self.cov_inputs:
+            xs = x[1:] if self.skip_first else x
+            xtx = xs.T @ xs
+            self.cov[il][j] = xtx if self.cov[il][j] is None else self.cov[il][j] + xtx
+            if j == self.cov_inputs[0]:
+                self.n_cov[il] += xs.shape[0]
 
     def samples(self) -> list[list[np.ndarray]]:
         return [[np.concatenate(r) if r else np.zeros((0, 0), np.float32) for r in lay] for lay in self.rows]
@@ -183,6 +195,18 @@ def uniform_alloc(n_layer: int) -> np.ndarray:
                            (len(W.GRID), n_layer, len(W.INPUTS))).copy()
 
 
+def shift_alloc(alloc: np.ndarray, shift: float) -> np.ndarray:
+    """The allocation for net model-wide targets when every token also reads `shift` (a fraction of the
+    projection bytes: the rotations): row S holds the rows' allocation at S + shift."""
+    if shift <= 0:
+        return alloc
+    out = np.empty_like(alloc)
+    for il in range(alloc.shape[1]):
+        for j in range(alloc.shape[2]):
+            out[:, il, j] = np.interp(np.minimum(W.GRID + shift, 1.0), W.GRID, alloc[:, il, j])
+    return out
+
+
 def cutoffs(alloc: np.ndarray, quantiles: np.ndarray, sparsity: float) -> np.ndarray:
     """f32 [n_layer, 4] cut-offs at model-wide `sparsity` (wide.WideCalibration.cuts' rule)."""
     cal = W.WideCalibration(-1.0, "plain", np.zeros(quantiles.shape[:2], np.float32), quantiles, alloc, None)
@@ -192,9 +216,11 @@ def cutoffs(alloc: np.ndarray, quantiles: np.ndarray, sparsity: float) -> np.nda
 def calibrate_wide(model: str | os.PathLike, out: str | os.PathLike, sparsity: float, text: str | None = None,
                    n_tokens: int = 1024, ctx: int = 256, threads: int | None = None,
                    on_progress: Callable[[str], None] | None = None, criterion: str = "auto",
-                   select_tokens: int = SELECT_TOKENS, batch: int = DEFAULT_BATCH) -> WideResult:
+                   select_tokens: int = SELECT_TOKENS, batch: int = DEFAULT_BATCH,
+                   rotate: bool | None = None) -> WideResult:
     """Calibrate `model` for model-wide `sparsity` (in [0, 0.95]) on `text` (None: sampled from the model) and
-    write the copy `out` (module docstring)."""
+    write the copy `out` (module docstring). rotate: store attn_in and ffn_in rotated (None: when the source's
+    projections are quantized, since they are re-encoded anyway; float sources keep their exact values)."""
     from ..gguf import open_gguf
     from ..gguf.writer import check_free_space, write_gguf
     from ..layers.ffn import ffn_variant
@@ -225,7 +251,11 @@ def calibrate_wide(model: str | os.PathLike, out: str | os.PathLike, sparsity: f
         W.check_source_tensors(llm.file.tensors, c)
         check_free_space(out, int(1.1 * Path(model).stat().st_size))
         say("building the transposed projections")
+        groups = [W.source_tensors(net, il) for il in range(c.n_layer)]  # (attach replaces net.ffns)
         weights, norms, src_types, n_el, src_bytes = build_transposed(net)
+        if rotate is None:
+            rotate = not src_types <= {"F32", "F16", "BF16"}
+        rot_j = tuple(W.INPUTS.index(r) for r in W.ROTATABLE) if rotate else ()
         layers = W.attach(net, Model, variant, weights)
         if text is None:
             say(f"no --text: sampling {n_tokens} calibration tokens from the model itself")
@@ -237,7 +267,7 @@ def calibrate_wide(model: str | os.PathLike, out: str | os.PathLike, sparsity: f
         say(f"calibrating on {len(ids)} tokens ({source})")
         width = sum(w.shape[0] for w in weights[0])
         rows = max(16, min(MAX_ROWS, MAX_VALUES // max(1, width * c.n_layer)))
-        sampler = _Sampler(c.n_layer, min(1.0, rows / max(1, len(ids))))
+        sampler = _Sampler(c.n_layer, min(1.0, rows / max(1, len(ids))), cov_inputs=rot_j)
         bos = llm.tokenizer.bos_id if llm.tokenizer.bos_id is not None and llm.tokenizer.bos_id >= 0 else None
         for lay in layers:
             lay.observer = sampler
@@ -255,9 +285,28 @@ def calibrate_wide(model: str | os.PathLike, out: str | os.PathLike, sparsity: f
         samples = sampler.samples()
         if samples[0][0].shape[0] == 0:
             raise PowerInferError("no activations were sampled: give a longer calibration text (--tokens)")
+        rotations = None
+        if rot_j:
+            say("rotating attn_in and ffn_in into their principal directions")
+            rotations = [[None] * 4 for _ in range(c.n_layer)]
+            for il in range(c.n_layer):
+                for j in rot_j:
+                    _, vec = np.linalg.eigh(sampler.cov[il][j].astype(np.float64) / max(1, sampler.n_cov[il]))
+                    r = np.ascontiguousarray(vec[:, ::-1])  # columns by falling variance
+                    t, norms[il][j] = W.transposed(weights[il][j].name, groups[il][j], r)
+                    weights[il][j] = layers[il].w[j] = t
+                    rotations[il][j] = layers[il].rot[j] = W.rotation_tensor(
+                        f"blk.{il}.{W.INPUTS[j]}_rot.weight", r, t)
+                    samples[il][j] = (samples[il][j].astype(np.float64) @ r).astype(np.float32)
+            layers[0].stats.fixed_bytes = np.array([sum(W.tensor_bytes(x) for x in rs if x is not None)
+                                                    for rs in rotations], dtype=np.float64)
+            sampler.cov = None
+        proj_bytes = sum(W.tensor_bytes(w) for ws in weights for w in ws)
+        rot_bytes = 0 if rotations is None else sum(W.tensor_bytes(x) for rs in rotations for x in rs if x is not None)
+        shift = rot_bytes / proj_bytes  # the rotations are read on every token: skip that much more to break even
         q_plain = np.stack([[_quantiles(samples[il][j], None) for j in range(4)] for il in range(c.n_layer)])
         q_wina = np.stack([[_quantiles(samples[il][j], norms[il][j]) for j in range(4)] for il in range(c.n_layer)])
-        uni = uniform_alloc(c.n_layer)
+        uni = shift_alloc(uniform_alloc(c.n_layer), shift)
         want = list(W.CRITERIA) if criterion == "auto" else [criterion]
         if sparsity == 0.0:
             want = [criterion if criterion != "auto" else "plain"]
@@ -275,7 +324,7 @@ def calibrate_wide(model: str | os.PathLike, out: str | os.PathLike, sparsity: f
 
                 curves = loss_curves(eval_nll, q_plain)
                 kind_bytes = np.array([[W.tensor_bytes(w) for w in ws] for ws in weights], dtype=np.float64).sum(0)
-                candidates[crit] = (q_plain, greedy_alloc(curves, kind_bytes, c.n_layer), None)
+                candidates[crit] = (q_plain, shift_alloc(greedy_alloc(curves, kind_bytes, c.n_layer), shift), None)
                 greedy_curves = curves
             else:
                 candidates[crit] = (q_plain if crit == "plain" else q_wina, uni, None if crit == "plain" else norms)
@@ -304,7 +353,7 @@ def calibrate_wide(model: str | os.PathLike, out: str | os.PathLike, sparsity: f
             skipped.append(row)
         del samples
     stored_types = sorted({w.type.name for ws in weights for w in ws})
-    stored_bytes = sum(W.tensor_bytes(w) for ws in weights for w in ws)
+    stored_bytes = proj_bytes + rot_bytes
     with open_gguf(model) as src:
         meta = dict(src.metadata)
         types = dict(src.metadata_types)
@@ -322,6 +371,8 @@ def calibrate_wide(model: str | os.PathLike, out: str | os.PathLike, sparsity: f
         meta[W.KEY_QUANTILES] = q.astype(np.float32).reshape(-1)
         meta[W.KEY_ALLOC] = alloc.astype(np.float32).reshape(-1)
         meta[W.KEY_SOURCE_TYPES] = ",".join(sorted(src_types))
+        if rotations is not None:
+            meta[W.KEY_ROTATED] = ",".join(W.ROTATABLE)
         if nrm is not None:
             for il in range(c.n_layer):
                 meta[f"{W.KEY_COL_NORMS}{il}"] = np.concatenate(nrm[il]).astype(np.float32)
@@ -333,9 +384,11 @@ def calibrate_wide(model: str | os.PathLike, out: str | os.PathLike, sparsity: f
                 tensors.append(t)
             elif il not in placed:
                 tensors.extend(weights[il])
+                if rotations is not None:
+                    tensors.extend(x for x in rotations[il] if x is not None)
                 placed.add(il)
         write_gguf(out, meta, tensors, types=types, magic=src.magic, alignment=src.alignment)
     say(f"wrote {out}")
     return WideResult(out, sparsity, chosen, len(ids), source, selection, n_sel,
                       None if greedy_curves is None else greedy_curves.tolist(), skipped, ",".join(sorted(src_types)),
-                      ",".join(stored_types), n_el, src_bytes, stored_bytes)
+                      ",".join(stored_types), n_el, src_bytes, stored_bytes, rotations is not None, rot_bytes)
