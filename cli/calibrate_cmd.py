@@ -60,8 +60,8 @@ def calibrate(
                               "thresholded; --sparsity is the fraction of the layers' weight bytes skipped, at most 0.95)."),
     criterion: str = typer.Option("auto", "--criterion", help="--wide: auto, plain, wina or greedy (auto: the lowest "
                                   "perplexity on the calibration text)."),
-    rotate: Optional[bool] = typer.Option(None, "--rotate/--no-rotate", help="--wide: store the normed hidden "
-                                          "states' inputs rotated into their principal directions (default: for "
+    rotate: Optional[bool] = typer.Option(None, "--rotate/--no-rotate", help="--wide: store the FFN's normed input "
+                                          "(ffn_in) rotated into its principal directions (default: for "
                                           "quantized sources; float sources then keep their exact values)."),
     as_json: bool = typer.Option(False, "--json", help="Print the thresholds as one JSON object."),
 ) -> None:
@@ -119,7 +119,7 @@ def _print_wide(res, as_json: bool) -> None:
     if res.selection:
         print("criteria (perplexity on " + f"{res.selection_tokens} calibration tokens): " +
               ", ".join(f"{k} {v:.3f}" for k, v in res.selection.items()))
-    rot = (f", {res.rotation_bytes / 2**20:.1f} MiB of them the attn_in/ffn_in rotations (read on every token)"
+    rot = (f", {res.rotation_bytes / 2**20:.1f} MiB of them the ffn_in rotations (read on every token)"
            if res.rotated else "")
     print(f"projections: {res.source_types} -> {res.stored_types}, {res.source_bpw:.2f} -> {res.stored_bpw:.2f} "
           f"bits per weight ({res.source_bytes / 2**20:.1f} -> {res.stored_bytes / 2**20:.1f} MiB{rot})")

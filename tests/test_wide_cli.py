@@ -45,7 +45,7 @@ def test_calibrate_wide_json_and_the_reencoding_note(synthetic_model, files, tmp
                  files[2], "--tokens", "100", "-c", "64", "-t", "1", "--criterion", "plain", "-o",
                  tmp_path / "q4.gguf")
     assert res.exit_code == 0, res.stderr
-    assert "note: the transposed copy reads" in res.stdout and "attn_in/ffn_in rotations" in res.stdout
+    assert "note: the transposed copy reads" in res.stdout and "ffn_in rotations" in res.stdout
     res = invoke("calibrate", "-m", synthetic_model("llama", "q4_0"), "--wide", "--sparsity", "0.2", "--text",
                  files[2], "--tokens", "100", "-c", "64", "-t", "1", "--criterion", "plain", "-o",
                  tmp_path / "q4b.gguf", "--json", "--no-rotate")
@@ -53,12 +53,12 @@ def test_calibrate_wide_json_and_the_reencoding_note(synthetic_model, files, tmp
     assert out["criterion"] == "plain" and out["source_types"] == "Q4_0" and out["stored_types"] == "Q8_0"
     assert out["source_bits_per_weight"] == pytest.approx(4.5) and out["stored_bits_per_weight"] == pytest.approx(8.5)
     assert len(out["input_skipped"]) == 2 and len(out["input_skipped"][0]) == 4 and not out["rotated"]
-    # rotated (the default for quantized sources): two n_embd x n_embd Q8_0 matrices per layer on top
+    # rotated (the default for quantized sources): one n_embd x n_embd Q8_0 matrix per layer on top
     res = invoke("calibrate", "-m", synthetic_model("llama", "q4_0"), "--wide", "--sparsity", "0.2", "--text",
                  files[2], "--tokens", "100", "-c", "64", "-t", "1", "--criterion", "plain", "-o",
                  tmp_path / "q4c.gguf", "--json")
     rot = json.loads(res.stdout)
-    assert rot["rotated"] and rot["rotation_bytes"] == 2 * 2 * 64 * 64 * 34 // 32
+    assert rot["rotated"] and rot["rotation_bytes"] == 2 * 64 * 64 * 34 // 32
     assert rot["stored_bytes"] == out["stored_bytes"] + rot["rotation_bytes"]
 
 

@@ -164,12 +164,13 @@ def test_rotated_file_without_its_rotation_or_with_a_bad_rotated_key(synthetic_m
     calibrate_wide(synthetic_model("llama", "q8_0"), cal, 0.3, text=TEXT, n_tokens=120, ctx=64, threads=1,
                    criterion="plain")
     with open_gguf(cal) as f:
-        assert f.metadata[W.KEY_ROTATED] == "attn_in,ffn_in" and "blk.1.attn_in_rot.weight" in f.tensors
+        assert f.metadata[W.KEY_ROTATED] == "ffn_in" and "blk.1.ffn_in_rot.weight" in f.tensors
+        assert "blk.1.attn_in_rot.weight" not in f.tensors
     bad = _rewrite(cal, tmp_path / "bad.gguf", drop={"blk.0.ffn_in_rot.weight"})
     with pytest.raises(ModelFileError, match="missing required tensor 'blk.0.ffn_in_rot.weight'"):
         powerinfer_py.load(bad)
 
     def edit(meta, types):
-        meta[W.KEY_ROTATED] = "attn_in,ffn_mid"
+        meta[W.KEY_ROTATED] = "ffn_in,ffn_mid"
     with pytest.raises(ModelFileError, match="names 'ffn_mid'"):
         powerinfer_py.load(_rewrite(cal, tmp_path / "bad2.gguf", meta_edit=edit))

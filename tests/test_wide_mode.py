@@ -109,7 +109,7 @@ def _reference_logits(src, calibrated, tokens):
 @pytest.mark.parametrize("arch,criterion,dtype", [("llama", "wina", "f32"), ("gemma3", "plain", "f32"),
                                                   ("qwen2", "greedy", "f32"), ("qwen3", "wina", "f32"),
                                                   ("gemma2", "wina", "f32"), ("llama", "plain", "q8_0"),
-                                                  ("gemma3", "wina", "q4_0"), ("llama", "wina", "bf16")])
+                                                  ("qwen3", "wina", "q4_0"), ("llama", "wina", "bf16")])
 def test_wide_forward_equals_numpy_with_the_same_inputs_zeroed(wide_file, arch, criterion, dtype):
     """The reference multiplies the stored transposed weights (dequantized; the source's own values for float
     types, test_off_on_a_float_file_is_the_source_model) by x with the same inputs zeroed."""
@@ -119,14 +119,20 @@ def test_wide_forward_equals_numpy_with_the_same_inputs_zeroed(wide_file, arch, 
     got, st, sparse = _logits(cal, PROMPT, backend="ref")
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
     np.testing.assert_array_equal(st.kept, ref_kept)
-    # the C kernels: other summation orders, the same kept inputs; a quantized output head (the tied Q4_0
-    # embeddings) quantizes its input to 8 bits, where a last-bit difference can move a value one step
-    tol = 5e-4 if dtype in ("f32", "bf16", "q8_0") else 5e-3
+    # the C kernels: other summation orders. Float files: the same kept inputs. Quantized ones are rotated
+    # (ffn_in) by a Q8_0 mat-vec, which quantizes its input to 8 bits: a last-bit difference upstream can move a
+    # value one step and an element near its cut-off to the other side, so there the bound is looser
+    exact = dtype in ("f32", "bf16")
     for threads in (1, 2):
         got, st, sparse = _logits(cal, PROMPT, threads=threads)
         assert sparse.mode == "wide"
-        np.testing.assert_allclose(got, ref, rtol=1e-3, atol=tol * float(np.abs(ref).max()))
-        np.testing.assert_array_equal(st.kept, ref_kept)
+        if exact:
+            np.testing.assert_allclose(got, ref, rtol=1e-3, atol=5e-4 * float(np.abs(ref).max()))
+            np.testing.assert_array_equal(st.kept, ref_kept)
+        else:
+            rel = float(np.sqrt(np.mean((got - ref) ** 2) / np.mean(ref ** 2)))
+            assert rel < 0.02, rel
+            assert np.all(np.abs(st.kept - ref_kept) <= 0.01 * ref_kept + 2)
     rows_read = (st.kept * st.row_bytes).sum() / (st.tokens[:, None] * st.widths * st.row_bytes).sum()
     assert 0.15 < 1 - rows_read < 0.8  # about the calibrated 40% (+ the rotations' share where rotated), other text
     assert (st.fixed_bytes > 0).all() == (dtype in ("q8_0", "q4_0"))  # quantized sources are rotated by default

@@ -49,6 +49,10 @@ GREEDY_LEVELS = (0.25, 0.5, 0.75, 0.95)  # sparsities at which the greedy measur
 GREEDY_TOKENS = 384  # calibration tokens behind each of those measurements
 SELECT_TOKENS = 1024  # calibration tokens scored per criterion by criterion="auto"
 CRITERION_CHOICES = ("auto", *W.CRITERIA)
+# the inputs --rotate rotates: ffn_in only. A rotation costs an n_embd x n_embd mat-vec per token, which pays
+# where the input feeds many bytes (gate|up: 2 n_ff columns); rotating attn_in too (q|k|v, fewer columns) read
+# more bytes than its extra sparsity saved on Gemma 3 270M (docs/sparse.md)
+ROTATE_DEFAULT = ("ffn_in",)
 
 
 @dataclass
@@ -219,7 +223,7 @@ def calibrate_wide(model: str | os.PathLike, out: str | os.PathLike, sparsity: f
                    select_tokens: int = SELECT_TOKENS, batch: int = DEFAULT_BATCH,
                    rotate: bool | None = None) -> WideResult:
     """Calibrate `model` for model-wide `sparsity` (in [0, 0.95]) on `text` (None: sampled from the model) and
-    write the copy `out` (module docstring). rotate: store attn_in and ffn_in rotated (None: when the source's
+    write the copy `out` (module docstring). rotate: store ffn_in rotated (ROTATE_DEFAULT; None: when the source's
     projections are quantized, since they are re-encoded anyway; float sources keep their exact values)."""
     from ..gguf import open_gguf
     from ..gguf.writer import check_free_space, write_gguf
@@ -255,7 +259,7 @@ def calibrate_wide(model: str | os.PathLike, out: str | os.PathLike, sparsity: f
         weights, norms, src_types, n_el, src_bytes = build_transposed(net)
         if rotate is None:
             rotate = not src_types <= {"F32", "F16", "BF16"}
-        rot_j = tuple(W.INPUTS.index(r) for r in W.ROTATABLE) if rotate else ()
+        rot_j = tuple(W.INPUTS.index(r) for r in ROTATE_DEFAULT) if rotate else ()
         layers = W.attach(net, Model, variant, weights)
         if text is None:
             say(f"no --text: sampling {n_tokens} calibration tokens from the model itself")
@@ -287,7 +291,7 @@ def calibrate_wide(model: str | os.PathLike, out: str | os.PathLike, sparsity: f
             raise PowerInferError("no activations were sampled: give a longer calibration text (--tokens)")
         rotations = None
         if rot_j:
-            say("rotating attn_in and ffn_in into their principal directions")
+            say(f"rotating {', '.join(ROTATE_DEFAULT)} into its principal directions")
             rotations = [[None] * 4 for _ in range(c.n_layer)]
             for il in range(c.n_layer):
                 for j in rot_j:
@@ -372,7 +376,7 @@ def calibrate_wide(model: str | os.PathLike, out: str | os.PathLike, sparsity: f
         meta[W.KEY_ALLOC] = alloc.astype(np.float32).reshape(-1)
         meta[W.KEY_SOURCE_TYPES] = ",".join(sorted(src_types))
         if rotations is not None:
-            meta[W.KEY_ROTATED] = ",".join(W.ROTATABLE)
+            meta[W.KEY_ROTATED] = ",".join(ROTATE_DEFAULT)
         if nrm is not None:
             for il in range(c.n_layer):
                 meta[f"{W.KEY_COL_NORMS}{il}"] = np.concatenate(nrm[il]).astype(np.float32)
