@@ -60,9 +60,9 @@ def calibrate(
                               "thresholded; --sparsity is the fraction of the layers' weight bytes skipped, at most 0.95)."),
     criterion: str = typer.Option("auto", "--criterion", help="--wide: auto, plain, wina or greedy (auto: the lowest "
                                   "perplexity on the calibration text)."),
-    rotate: Optional[bool] = typer.Option(None, "--rotate/--no-rotate", help="--wide: store the FFN's normed input "
-                                          "(ffn_in) rotated into its principal directions (default: for "
-                                          "quantized sources; float sources then keep their exact values)."),
+    rotate: bool = typer.Option(False, "--rotate", help="--wide: store the FFN's normed input (ffn_in) rotated into "
+                                "its principal directions (reads one n_embd x n_embd matrix more per layer; pays only "
+                                "at high sparsities on the demo model, docs/sparse.md)."),
     as_json: bool = typer.Option(False, "--json", help="Print the thresholds as one JSON object."),
 ) -> None:
     """Calibrate threshold sparsity: run MODEL densely over text, pick per-layer cut-offs (on |act(gate)| times
@@ -89,7 +89,7 @@ def calibrate(
                                  criterion=criterion, rotate=rotate)
             _print_wide(res, as_json)
             return
-        if criterion != "auto" or rotate is not None:
+        if criterion != "auto" or rotate:
             raise PowerInferError("--criterion and --rotate apply to --wide only")
         result = run_calibration(model_path(model), out, sparsity, text=body, n_tokens=tokens, ctx=ctx_size,
                                  threads=threads, on_progress=lambda m: stderr.print(m, style="dim"),

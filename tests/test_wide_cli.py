@@ -25,7 +25,7 @@ def files(synthetic_model, tmp_path_factory):
     src = synthetic_model("llama", "q8_0")
     out = d / "w.gguf"
     res = invoke("calibrate", "-m", src, "--wide", "--sparsity", "0.4", "--text", d / "t.txt", "--tokens", "150",
-                 "-c", "64", "-t", "1", "--criterion", "greedy", "--no-rotate", "-o", out)
+                 "-c", "64", "-t", "1", "--criterion", "greedy", "-o", out)
     assert res.exit_code == 0, res.stderr
     return src, out, d / "t.txt", res.stdout
 
@@ -43,20 +43,20 @@ def test_calibrate_wide_prints_the_criterion_types_and_the_per_input_table(files
 def test_calibrate_wide_json_and_the_reencoding_note(synthetic_model, files, tmp_path):
     res = invoke("calibrate", "-m", synthetic_model("llama", "q4_0"), "--wide", "--sparsity", "0.2", "--text",
                  files[2], "--tokens", "100", "-c", "64", "-t", "1", "--criterion", "plain", "-o",
-                 tmp_path / "q4.gguf")
+                 tmp_path / "q4.gguf", "--rotate")
     assert res.exit_code == 0, res.stderr
     assert "note: the transposed copy reads" in res.stdout and "ffn_in rotations" in res.stdout
     res = invoke("calibrate", "-m", synthetic_model("llama", "q4_0"), "--wide", "--sparsity", "0.2", "--text",
                  files[2], "--tokens", "100", "-c", "64", "-t", "1", "--criterion", "plain", "-o",
-                 tmp_path / "q4b.gguf", "--json", "--no-rotate")
+                 tmp_path / "q4b.gguf", "--json")
     out = json.loads(res.stdout)
     assert out["criterion"] == "plain" and out["source_types"] == "Q4_0" and out["stored_types"] == "Q8_0"
     assert out["source_bits_per_weight"] == pytest.approx(4.5) and out["stored_bits_per_weight"] == pytest.approx(8.5)
     assert len(out["input_skipped"]) == 2 and len(out["input_skipped"][0]) == 4 and not out["rotated"]
-    # rotated (the default for quantized sources): one n_embd x n_embd Q8_0 matrix per layer on top
+    # rotated: one n_embd x n_embd Q8_0 matrix per layer on top
     res = invoke("calibrate", "-m", synthetic_model("llama", "q4_0"), "--wide", "--sparsity", "0.2", "--text",
                  files[2], "--tokens", "100", "-c", "64", "-t", "1", "--criterion", "plain", "-o",
-                 tmp_path / "q4c.gguf", "--json")
+                 tmp_path / "q4c.gguf", "--json", "--rotate")
     rot = json.loads(res.stdout)
     assert rot["rotated"] and rot["rotation_bytes"] == 2 * 64 * 64 * 34 // 32
     assert rot["stored_bytes"] == out["stored_bytes"] + rot["rotation_bytes"]

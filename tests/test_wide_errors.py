@@ -162,7 +162,7 @@ def test_calibrating_a_calibrated_file_is_refused(calibrated, tmp_path):
 def test_rotated_file_without_its_rotation_or_with_a_bad_rotated_key(synthetic_model, tmp_path):
     cal = tmp_path / "r.gguf"
     calibrate_wide(synthetic_model("llama", "q8_0"), cal, 0.3, text=TEXT, n_tokens=120, ctx=64, threads=1,
-                   criterion="plain")
+                   criterion="plain", rotate=True)
     with open_gguf(cal) as f:
         assert f.metadata[W.KEY_ROTATED] == "ffn_in" and "blk.1.ffn_in_rot.weight" in f.tensors
         assert "blk.1.attn_in_rot.weight" not in f.tensors

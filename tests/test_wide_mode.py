@@ -22,12 +22,13 @@ def wide_file(synthetic_model, tmp_path_factory):
     """(source, calibrated) per (arch, dtype, criterion), written once per module."""
     made = {}
 
-    def make(arch="llama", dtype="f32", criterion="wina", sparsity=0.4, **kw):
-        key = (arch, dtype, criterion, sparsity, tuple(sorted(kw.items())))
+    def make(arch="llama", dtype="f32", criterion="wina", sparsity=0.4, rotate=False, **kw):
+        key = (arch, dtype, criterion, sparsity, rotate, tuple(sorted(kw.items())))
         if key not in made:
             src = synthetic_model(arch, dtype, **kw)
             out = tmp_path_factory.mktemp("wide") / f"{arch}-{dtype}-{criterion}.gguf"
-            calibrate_wide(src, out, sparsity, text=TEXT, n_tokens=160, ctx=64, threads=1, criterion=criterion)
+            calibrate_wide(src, out, sparsity, text=TEXT, n_tokens=160, ctx=64, threads=1, criterion=criterion,
+                           rotate=rotate)
             made[key] = (src, out)
         return made[key]
 
@@ -106,23 +107,23 @@ def _reference_logits(src, calibrated, tokens):
         return np.vstack([first, last[None]]), np.stack([r.kept for r in refs])
 
 
-@pytest.mark.parametrize("arch,criterion,dtype", [("llama", "wina", "f32"), ("gemma3", "plain", "f32"),
-                                                  ("qwen2", "greedy", "f32"), ("qwen3", "wina", "f32"),
-                                                  ("gemma2", "wina", "f32"), ("llama", "plain", "q8_0"),
-                                                  ("qwen3", "wina", "q4_0"), ("llama", "wina", "bf16")])
-def test_wide_forward_equals_numpy_with_the_same_inputs_zeroed(wide_file, arch, criterion, dtype):
+@pytest.mark.parametrize("arch,criterion,dtype,rotate", [
+    ("llama", "wina", "f32", False), ("gemma3", "plain", "f32", False), ("qwen2", "greedy", "f32", False),
+    ("qwen3", "wina", "f32", False), ("gemma2", "wina", "f32", False), ("llama", "plain", "q8_0", False),
+    ("qwen3", "wina", "q4_0", True), ("llama", "plain", "q8_0", True), ("llama", "wina", "bf16", False)])
+def test_wide_forward_equals_numpy_with_the_same_inputs_zeroed(wide_file, arch, criterion, dtype, rotate):
     """The reference multiplies the stored transposed weights (dequantized; the source's own values for float
     types, test_off_on_a_float_file_is_the_source_model) by x with the same inputs zeroed."""
-    src, cal = wide_file(arch, dtype, criterion)
+    src, cal = wide_file(arch, dtype, criterion, rotate=rotate)
     ref, ref_kept = _reference_logits(src, cal, PROMPT)
     # the wide code path on the numpy backend: the reference to float64-accumulation rounding
     got, st, sparse = _logits(cal, PROMPT, backend="ref")
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
     np.testing.assert_array_equal(st.kept, ref_kept)
-    # the C kernels: other summation orders. Float files: the same kept inputs. Quantized ones are rotated
-    # (ffn_in) by a Q8_0 mat-vec, which quantizes its input to 8 bits: a last-bit difference upstream can move a
-    # value one step and an element near its cut-off to the other side, so there the bound is looser
-    exact = dtype in ("f32", "bf16")
+    # the C kernels: other summation orders, the same kept inputs. A rotated file rotates ffn_in by a Q8_0
+    # mat-vec, which quantizes its input to 8 bits: a last-bit difference upstream can move a value one step and
+    # an element near its cut-off to the other side, so there the bound is looser
+    exact = not rotate
     for threads in (1, 2):
         got, st, sparse = _logits(cal, PROMPT, threads=threads)
         assert sparse.mode == "wide"
@@ -135,7 +136,7 @@ def test_wide_forward_equals_numpy_with_the_same_inputs_zeroed(wide_file, arch, 
             assert np.all(np.abs(st.kept - ref_kept) <= 0.01 * ref_kept + 2)
     rows_read = (st.kept * st.row_bytes).sum() / (st.tokens[:, None] * st.widths * st.row_bytes).sum()
     assert 0.15 < 1 - rows_read < 0.8  # about the calibrated 40% (+ the rotations' share where rotated), other text
-    assert (st.fixed_bytes > 0).all() == (dtype in ("q8_0", "q4_0"))  # quantized sources are rotated by default
+    assert (st.fixed_bytes > 0).all() == rotate  # the rotations' bytes count as read
 
 
 def test_off_on_a_float_file_is_the_source_model(wide_file):
@@ -165,8 +166,13 @@ def test_off_on_a_float_file_is_the_source_model(wide_file):
 @pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
 def test_off_on_a_quantized_file_is_the_source_within_the_reencoding(wide_file, dtype):
     """Quantized sources are re-encoded as Q8_0 (transpose of the dequantized matrix): `off` stays within that
-    re-encoding's error of the source (a few percent of the logits' size on these random weights)."""
-    src, cal = wide_file("llama", dtype)
+    re-encoding's error of the source (a few percent of the logits' size on these random weights), rotated or not."""
+    for rotate in (False, True):
+        _check_quantized_off(wide_file, dtype, rotate)
+
+
+def _check_quantized_off(wide_file, dtype, rotate):
+    src, cal = wide_file("llama", dtype, rotate=rotate)
     with open_gguf(cal) as c:
         t = c.tensors["blk.0.ffn_gate_up_t.weight"]
         assert t.type == GGMLType.Q8_0 and t.shape == (64, 256)

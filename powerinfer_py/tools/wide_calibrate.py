@@ -221,10 +221,11 @@ def calibrate_wide(model: str | os.PathLike, out: str | os.PathLike, sparsity: f
                    n_tokens: int = 1024, ctx: int = 256, threads: int | None = None,
                    on_progress: Callable[[str], None] | None = None, criterion: str = "auto",
                    select_tokens: int = SELECT_TOKENS, batch: int = DEFAULT_BATCH,
-                   rotate: bool | None = None) -> WideResult:
+                   rotate: bool = False) -> WideResult:
     """Calibrate `model` for model-wide `sparsity` (in [0, 0.95]) on `text` (None: sampled from the model) and
-    write the copy `out` (module docstring). rotate: store ffn_in rotated (ROTATE_DEFAULT; None: when the source's
-    projections are quantized, since they are re-encoded anyway; float sources keep their exact values)."""
+    write the copy `out` (module docstring). rotate: store ffn_in rotated (ROTATE_DEFAULT; off by default: on the
+    demo's evaluation text it lost to the unrotated file up to ~40%, docs/sparse.md; float sources then no longer
+    keep their exact values)."""
     from ..gguf import open_gguf
     from ..gguf.writer import check_free_space, write_gguf
     from ..layers.ffn import ffn_variant
@@ -257,8 +258,6 @@ def calibrate_wide(model: str | os.PathLike, out: str | os.PathLike, sparsity: f
         say("building the transposed projections")
         groups = [W.source_tensors(net, il) for il in range(c.n_layer)]  # (attach replaces net.ffns)
         weights, norms, src_types, n_el, src_bytes = build_transposed(net)
-        if rotate is None:
-            rotate = not src_types <= {"F32", "F16", "BF16"}
         rot_j = tuple(W.INPUTS.index(r) for r in ROTATE_DEFAULT) if rotate else ()
         layers = W.attach(net, Model, variant, weights)
         if text is None:
