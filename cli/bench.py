@@ -56,6 +56,11 @@ def bench(
         active = f", active {100 * r.active_fraction:.1f}%" if r.active_fraction is not None else ""
         if r.predictor_share is not None:
             active += f", predictor {100 * r.predictor_share:.1f}% of decode"
+        if r.wide_skipped is not None:  # wide mode: the share of projection bytes read, and per input skipped
+            from powerinfer_py.layers.wide import INPUTS
+
+            active += " of projection bytes; skipped " + ", ".join(
+                f"{n} {100 * v:.1f}%" for n, v in zip(INPUTS, r.wide_skipped))
         stderr.print(f"  {r.engine:>8}: prompt {r.prompt_tok_s:8.1f} tok/s, decode {r.decode_tok_s:7.1f} tok/s, "
                      f"peak RSS {r.peak_rss / _MIB:.0f} MiB{active}", style="dim")
 
@@ -81,6 +86,8 @@ def _table(s: dict) -> Table:
             frac, share = m.get("active_fraction"), m.get("predictor_share")
             name += f" ({m['sparse']}" + (f", {100 * frac:.1f}% active" if frac is not None else "")
             name += (f", predictor {100 * share:.1f}% of decode)" if share is not None else ")")
+            if m.get("wide_layers") is not None:  # wide mode: "active" is the share of projection bytes read
+                name += " per layer skipped % " + " ".join(f"{il}:{100 * v:.0f}" for il, v in enumerate(m["wide_layers"]))
         t.add_row(name, f"{m['prompt_tok_s']:.1f}", f"{m['decode_tok_s']:.1f}", f"{m['load_s']:.2f}",
                   f"{m['peak_rss'] / _MIB:.0f} MiB")
     if s["ratio"]:

@@ -188,6 +188,11 @@ def _table(f: dict) -> Table:
             t.add_row("experts run", f"{a['note']} ({a['tokens']} tokens of sample text)")
         elif "note" in a:
             t.add_row("active neurons", f"all ({a['note']}; {a['tokens']} tokens run)")
+        elif "wide" in a:  # the model-wide mode: skipped bytes per layer and projection input
+            t.add_row("model-wide sparsity", f"mode {a['mode']}, target {a['sparsity']:g} ({a['tokens']} tokens of "
+                      "sample text)")
+            for line in a["wide_lines"]:
+                t.add_row("", line.strip())
         else:
             what = {"predictor": "predicted active", "threshold": "computed (above the cut-off)"}.get(a["mode"], "non-zero")
             t.add_row("active neurons", f"{100 * a['active_fraction']:.1f}% {what} per token, mode {a['mode']} "

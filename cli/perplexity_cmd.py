@@ -54,13 +54,20 @@ def perplexity(
             skipped = st.skipped_fraction if st is not None and st.tokens.any() else None
             up_read = st.up_read_fraction if st is not None else None  # two-stage threshold files
             mode = llm.sparse.mode
+            wide = st.to_json() if st is not None and st.mode == "wide" and st.tokens.any() else None
+            wide_lines = st.lines() if wide is not None else []
     out = result.to_json()
     out.update(sparse=mode, skipped_fraction=skipped, up_read_fraction=up_read)
+    if wide is not None:
+        out["wide"] = wide
     if as_json:
         print(json.dumps(out))
         return
-    extra = f", skipped {100 * skipped:.1f}% of FFN neurons" if skipped is not None and mode != "off" else ""
+    what = "of the projection weight bytes (model-wide)" if wide is not None else "of FFN neurons"
+    extra = f", skipped {100 * skipped:.1f}% {what}" if skipped is not None and mode != "off" else ""
     if extra and up_read is not None:
         extra += f" ({100 * (1 - up_read):.1f}% of ffn_up rows: two stages)"
     print(f"perplexity {result.perplexity:.4f} (nll {result.nll:.5f}) over {result.n_tokens} tokens in "
           f"{result.n_windows} windows of {result.ctx}, sparse mode {mode}{extra}")
+    for line in wide_lines:  # per layer and projection input
+        print(line)

@@ -195,12 +195,14 @@ def _sparsity_json(llm) -> dict:
     out = {"mode": llm.sparse.mode, "threshold": llm.sparse.threshold}
     if llm.sparse.mode == "predictor":
         out["predictor_dtype"] = llm.sparse.predictor
-    if llm.sparse.mode == "threshold":
+    if llm.sparse.mode in ("threshold", "wide"):
         out["sparsity"] = llm.sparse.sparsity
     st = llm.sparsity_stats
     if st is not None and st.tokens.any():
         out["active_fraction"] = st.mean_fraction
         out["layers"] = st.fractions
+        if st.mode == "wide":  # per layer and projection input (layers/wide.py)
+            out["wide"] = st.to_json()
     return out
 
 
@@ -209,7 +211,7 @@ def _print_sparsity(llm) -> None:
     mode = f"sparse mode: {llm.sparse.mode}"
     if llm.sparse.mode == "predictor":
         mode += f", threshold {llm.sparse.threshold:g}, predictor dtype {llm.sparse.predictor}"
-    if llm.sparse.mode == "threshold":
+    if llm.sparse.mode in ("threshold", "wide"):
         mode += f", target sparsity {llm.sparse.sparsity:g}"
     if llm.config.n_expert:
         from powerinfer_py.layers.moe import usage_note
@@ -218,6 +220,11 @@ def _print_sparsity(llm) -> None:
         return
     if st is None or not st.tokens.any():
         stderr.print(mode + " (no ReLU-family FFN: nothing to count)" if st is None else mode, style="dim")
+        return
+    if st.mode == "wide":  # the model-wide mode: bytes skipped per layer and projection input
+        stderr.print(mode, style="dim")
+        for line in st.lines():
+            stderr.print(line, style="dim")
         return
     what = {"predictor": "predicted active", "threshold": "computed (above the cut-off)"}.get(st.mode, "non-zero")
     up = st.up_read_fraction

@@ -56,6 +56,7 @@ KEY_UP_SPARSITY = "powerinfer.up_sparsity"
 KEY_FFN_UP_THRESHOLDS = "powerinfer.ffn_up_thresholds"
 KEY_FFN_UP_QUANTILES = "powerinfer.ffn_up_threshold_quantiles"
 MAX_BLOCKS = 512  # llama.cpp's LLAMA_MAX_LAYERS: a larger block_count needs the tensors to back it
+KEY_WIDE_PREFIX = "powerinfer.wide."  # model-wide sparsity calibration (layers/wide.py reads the keys)
 QUANTILE_STEPS = 100  # quantile grid of KEY_FFN_QUANTILES: 101 points per layer
 
 
@@ -136,6 +137,7 @@ class ModelConfig:
     gemma3n: Gemma3nLayout | None = None  # gemma3n: AltUp, K/V sharing, top-k sparsity (models/gemma3n.py)
     xielu: tuple[tuple[float, float, float, float], ...] = ()  # apertus: per layer xIELU (alpha_n, alpha_p, beta, eps)
     llama4: Llama4Layout | None = None  # llama4: chunked / NoPE layers, q/k norm, temperature (models/llama4.py)
+    wide_meta: tuple = ()  # (key, value) of every KEY_WIDE_PREFIX key: a wide-calibrated file (layers/wide.py)
 
     def is_moe_layer(self, il: int) -> bool:
         """Whether layer il's FFN is a mixture of experts (ernie4_5-moe's leading layers are dense)."""
@@ -508,3 +510,4 @@ def _file_fields(r: MetaReader, spec, d: dict) -> None:
     d["ffn_neuron_scales"] = r.neuron_scales(n_layer, widths) if calibrated else ()
     d["ffn_up_thresholds"] = r.up_thresholds(n_layer) if calibrated else ()
     d["ffn_up_quantiles"] = r.up_quantiles(n_layer) if calibrated else ()
+    d["wide_meta"] = tuple((k, v) for k, v in f.metadata.items() if k.startswith(KEY_WIDE_PREFIX))

@@ -9,7 +9,9 @@
 PowerInfer (PWRI) files run in sparse mode "predictor" by default; load(..., sparse="exact" | "off") picks
 another mode and sparse_threshold (or $LLAMA_SPARSE_PRED_THRESHOLD) overrides the file's threshold (ffn.py).
 SwiGLU/GeGLU models calibrated by `powerinfer calibrate` run with sparse="threshold" by default (and
-optionally sparsity=S, default the calibrated one; threshold.py); sparse="off" runs them dense.
+optionally sparsity=S, default the calibrated one; threshold.py); sparse="off" runs them dense. Files written by
+`powerinfer calibrate --wide` run with sparse="wide" by default (sparsity=S: the model-wide share of projection
+bytes skipped, in [0, 0.95]; layers/wide.py).
 
 load()'s keywords are options.LoadOptions' fields, generate()'s SamplingParams'; stream() takes a
 SamplingParams and yields generate.TextPieces (text, token ids, the stop reason), the stream generate() reads.

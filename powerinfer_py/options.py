@@ -86,8 +86,9 @@ BACKEND_HELP = ('"auto": hot FFN neurons of a PWRI model on the GPU when one is 
                 '"cuda"; "cpu-emulated": the hybrid executor on the CPU kernels (testing).')
 SPARSE_HELP = ('FFN mode: "predictor" (default for PowerInfer/PWRI files: only predicted-active neurons), '
                '"exact" (ReLU models: only non-zero neurons, bit-for-bit dense), "threshold" (SwiGLU/GeGLU models '
-               'calibrated by `powerinfer calibrate`: skip neurons with small |act(gate)|; default for such files) or '
-               '"off" (dense; default for other GGUF files).')
+               'calibrated by `powerinfer calibrate`: skip neurons with small |act(gate)|; default for such files), '
+               '"wide" (files from `powerinfer calibrate --wide`: every projection skips the weights of its small '
+               'inputs; default for such files) or "off" (dense; default for other GGUF files).')
 
 PREDICTOR_HELP = ('--sparse predictor on a file with F32/F16/BF16 predictors: "exact" runs them as stored; "q8_0" '
                   'or "q4_0" runs a copy quantized at load, which reads 2-4x fewer predictor bytes per token. "auto" '
@@ -104,12 +105,13 @@ class LoadOptions:
     backend: str = _opt("cpu", "--backend", cli={"metavar": "[auto|cpu|cuda|cpu-emulated]"}, cli_default="auto",
                         help=BACKEND_HELP)
     cache_dir: str | os.PathLike | None = None
-    sparse: str | None = _opt(None, "--sparse", cli={"metavar": "[predictor|exact|threshold|off]"}, help=SPARSE_HELP)
+    sparse: str | None = _opt(None, "--sparse", cli={"metavar": "[predictor|exact|threshold|wide|off]"}, help=SPARSE_HELP)
     sparse_threshold: float | None = _opt(
         None, "--sparse-threshold", help="Predictor threshold: a neuron is active when its predictor logit is >= "
         "this (default: the file's powerinfer.sparse_threshold, or $LLAMA_SPARSE_PRED_THRESHOLD).")
     sparsity: float | None = _opt(None, "--sparsity", help="--sparse threshold: fraction of FFN neurons to skip, "
-                                  "in [0, 1) (default: the sparsity the file was calibrated for; 0 = dense).")
+                                  "in [0, 1); --sparse wide: fraction of the layers' projection weight bytes to skip, "
+                                  "in [0, 0.95] (default: the sparsity the file was calibrated for; 0 = dense).")
     predictor_dtype: str = _opt("auto", "--predictor-dtype", cli={"metavar": "[auto|exact|q8_0|q4_0]"},
                                 help=PREDICTOR_HELP)
     vram_budget: float | None = _opt(None, "--vram-budget", cli={"min": 0.0},

@@ -75,7 +75,7 @@ from ..kernels.ref import FC2T, FC2T_QUANT_TYPES
 from ..models import archs_with, spec_for
 from ..gguf.types import GGMLType, Tensor, row_bytes
 
-MODES = ("predictor", "exact", "threshold", "off")
+MODES = ("predictor", "exact", "threshold", "wide", "off")
 # how predictor mode stores a float (F32/F16/BF16) predictor: "exact" as the file has it, "q8_0" / "q4_0" a copy
 # quantized at load (predictor_copy); "auto" is PREDICTOR_AUTO or PREDICTOR_AUTO_GLU (resolve_predictor).
 # Quantized predictors in the file stay as they are.
@@ -127,6 +127,7 @@ class SparseSettings:
     scales: tuple[tuple[float, ...], ...] = ()  # threshold mode: per-layer neuron scales of the score; () none
     up_cuts: tuple[float, ...] = ()  # threshold mode, two-stage files: per-layer candidate cut-offs; () one stage
     predictor: str = "exact"  # predictor mode: how float predictors are stored (PREDICTOR_TYPES less "auto")
+    wide_cuts: tuple[float, ...] = ()  # wide mode: cut-offs per layer and input, n_layer * 4 (layers/wide.py)
 
 
 def default_mode(config: ModelConfig) -> str:
@@ -135,6 +136,8 @@ def default_mode(config: ModelConfig) -> str:
     calibrated it to run sparse, so it does, and `--sparse off` still runs it dense); anything else is dense."""
     if config.is_sparse:
         return "predictor"
+    if config.wide_meta:  # a file `powerinfer calibrate --wide` wrote (layers/wide.py)
+        return "wide"
     from .threshold import THRESHOLD_VARIANTS  # threshold.py builds on this module: imported when needed
 
     if config.calibrated_sparsity is not None and ffn_variant(config) in THRESHOLD_VARIANTS:
@@ -188,8 +191,22 @@ def resolve_sparse(config: ModelConfig, mode: str | None = None, threshold: floa
     if mode == "predictor" and not config.is_sparse:
         raise UnsupportedError("sparse mode 'predictor' needs a PowerInfer (PWRI) file with predictors; this "
                                "is a dense GGUF file: use 'exact' (ReLU models) or 'off'")
-    if sparsity is not None and mode != "threshold":
-        raise PowerInferError("a target sparsity applies to sparse mode 'threshold' only")
+    if sparsity is not None and mode not in ("threshold", "wide"):
+        raise PowerInferError("a target sparsity applies to sparse modes 'threshold' and 'wide' only")
+    if mode == "wide":
+        from . import wide
+
+        wide.check_wide_config(config, variant)
+        if sparsity is not None:
+            wide.check_sparsity(sparsity)
+        if not config.wide_meta:
+            raise PowerInferError(
+                "this model file has no model-wide calibration (powerinfer.wide.*): run `powerinfer calibrate -m "
+                f"MODEL --wide --sparsity {sparsity if sparsity is not None else 0.4} -o wide.gguf` once and run the "
+                "calibrated file")
+        cal = wide.parse_calibration(dict(config.wide_meta), config.n_layer, wide.layer_widths(config))
+        target = sparsity if sparsity is not None else cal.sparsity
+        return SparseSettings(mode, 0.0, float(target), wide_cuts=tuple(float(v) for v in cal.cuts(sparsity).reshape(-1)))
     if mode == "threshold":
         from .threshold import THRESHOLD_VARIANTS, layer_cuts
 

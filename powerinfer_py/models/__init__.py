@@ -119,7 +119,10 @@ def build_model(config: ModelConfig, tensors, kernels, sparse=None):
 
 
 def expected_tensors(config: ModelConfig):
-    return spec_for(config.arch).expected(config)
+    """The arch's table; for a wide-calibrated file its transposed projections in place of the dense ones."""
+    from ..layers.wide import wide_expected
+
+    return wide_expected(config, spec_for(config.arch).expected(config))
 
 
 __all__ = ["ALIASES", "ArchSpec", "archs_with", "build_model", "expected_tensors", "find_spec", "module_for",

@@ -19,6 +19,7 @@ from ..gguf.types import Tensor
 from ..layers.cache import KVCache
 from ..layers.ffn import FFN, FFNWeights, SparseSettings, SparsityStats, ffn_variant, resolve_sparse
 from ..layers.moe import MoEFFN
+from ..layers import wide as _wide
 from ..layers.weights import Expected, get_tensor, layer_tensors, norm_weight  # noqa: F401 (the arch modules' imports)
 
 
@@ -137,9 +138,17 @@ class Model:
         output = get_tensor(tensors, "output.weight", required=False)
         self.output = output if output is not None else self.token_embd  # tied head
         self.n_vocab = self.output.shape[0]
-        self.layers = [layer_tensors(tensors, il, self.LAYER_TENSORS, optional=self.OPTIONAL_TENSORS)
+        # a wide-calibrated file (layers/wide.py) holds the projections transposed instead of attn_q/k/v/output
+        wide_file = _wide.is_wide_file(config)
+        replaced = tuple(a for a, suffix in self.LAYER_TENSORS.items()
+                         if suffix.split(".")[0] in _wide.REPLACED) if wide_file else ()
+        self.layers = [layer_tensors(tensors, il, self.LAYER_TENSORS, optional=self.OPTIONAL_TENSORS + replaced)
                        for il in range(config.n_layer)]
-        self.ffns = self.build_ffns(tensors, biases=self.FFN_BIASES)
+        self.wide: list | None = None  # per layer a wide.WideLayer in the model-wide mode (and `off` on its files)
+        if wide_file:
+            _wide.attach_from_file(self, Model, ffn_variant(config), tensors, self.sparse)
+        else:
+            self.ffns = self.build_ffns(tensors, biases=self.FFN_BIASES)
         # RoPE beyond base and linear scale (llama, qwen2, qwen3 pass them on): per-pair divisors of the
         # frequencies (YaRN from the metadata; llama multiplies in its rope_freqs.weight) and a scale of the
         # rotated dims (YaRN)
@@ -258,7 +267,8 @@ class Model:
                 q *= temp[:, None, None]
             self._store_kv(cache, il, p0, kk, v)
             a = k.attention(q, cache.k[il], cache.v[il], p0, window, c.attn_scale, c.attn_softcap)  # [N, H, hd]
-            x += self._attn_out(il, k.matmul(L.wo, a.reshape(n, c.n_head * c.head_dim)))
+            a = a.reshape(n, c.n_head * c.head_dim)
+            x += self._attn_out(il, L.wide.o(a) if self.wide is not None else k.matmul(L.wo, a))
             x += self._ffn_out(il, self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x))
 
         cache.n_past = p0 + n
@@ -281,7 +291,10 @@ class Model:
         """q f32 [N, n_head, head_dim] and k, v [N, n_head_kv, head_dim] of layer L's normed input h, before
         RoPE: the projections, plus the biases (QKV_BIASES), then the per-head norms of q and k (QK_NORMS)."""
         c, k = self.config, self.kernels
-        q, kk, v = k.matmul(L.wq, h), k.matmul(L.wk, h), k.matmul(L.wv, h)
+        if self.wide is not None:  # the model-wide sparse mode: one AXPY over the kept rows of q|k|v transposed
+            q, kk, v = L.wide.qkv(h)
+        else:
+            q, kk, v = k.matmul(L.wq, h), k.matmul(L.wk, h), k.matmul(L.wv, h)
         if self.QKV_BIASES:  # broadcast over the N rows (matmul returns fresh arrays, so += is safe)
             q += L.bq
             kk += L.bk
@@ -390,7 +403,7 @@ class Model:
         use; None (tier 1) when the kernels have no steps (kernels.steps is None) or fused_attention is switched
         off. Only the forward passes that call it (llama, bamboo, qwen2, qwen3, gemma3) use it."""
         steps = self.kernels.steps
-        if not self.fused_attention or steps is None:
+        if not self.fused_attention or steps is None or self.wide is not None:  # (wide mode: tier 1 only)
             return None
         plans = self.__dict__.get("_attn_plans")
         if plans is None:

@@ -75,6 +75,8 @@ class EngineRun:
     sparse: str = ""  # our sparse mode ("" for llama.cpp)
     active_fraction: float | None = None  # ours, ReLU-family models: mean fraction of active neurons in decode
     predictor_share: float | None = None  # ours, predictor mode in its C step: the predictor's share of decode time
+    wide_skipped: list | None = None  # ours, wide mode: per projection input the fraction skipped in decode
+    wide_layers: list | None = None  # ours, wide mode: per layer the fraction of projection bytes skipped in decode
 
     @property
     def prompt_tok_s(self) -> float:
@@ -146,10 +148,12 @@ def _child_ours(model: Path, n_prompt: int, n_gen: int, threads: int, sparse: st
         logits = net.forward(step, cache)
     t2 = time.perf_counter()
     active = net.sparsity.mean_fraction if net.sparsity is not None else None
+    wide = net.sparsity.to_json() if net.sparsity is not None and net.sparsity.mode == "wide" else None
     pred_s = predictor_seconds(net) - before
     return EngineRun("ours", n_prompt, n_gen, threads, load_s, t1 - t0, t2 - t1, _peak_rss_bytes(),
                      int(cache.nbytes), model.stat().st_size, _digest(ids), llm.sparse.mode, active,
-                     pred_s / (t2 - t1) if pred_s > 0 and t2 > t1 else None)
+                     pred_s / (t2 - t1) if pred_s > 0 and t2 > t1 else None,
+                     wide["input_skipped"] if wide else None, wide["layers_skipped"] if wide else None)
 
 
 def predictor_seconds(net) -> float:
@@ -314,6 +318,9 @@ class BenchReport:
             eng["ours"]["active_fraction"] = statistics.median(fractions) if fractions else None
             shares = [r.predictor_share for r in ours_runs if r.predictor_share is not None]
             eng["ours"]["predictor_share"] = statistics.median(shares) if shares else None
+            if ours_runs[0].wide_skipped is not None:  # wide mode: the last run's per-input and per-layer shares
+                eng["ours"]["wide_skipped"] = ours_runs[-1].wide_skipped
+                eng["ours"]["wide_layers"] = ours_runs[-1].wide_layers
         ratios = {}
         if len(eng) == 2:
             for k in ("prompt_tok_s", "decode_tok_s"):

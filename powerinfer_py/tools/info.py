@@ -180,6 +180,10 @@ def measure_activity(path: str | os.PathLike, threads: int | None = None, n_deco
         if st is None:
             out["note"] = "the FFN is not ReLU-family: every neuron is computed for every token"
             return out
+        if st.mode == "wide":  # model-wide mode: the bytes read of every projection (layers/wide.py)
+            out.update(active_fraction=st.mean_fraction, layers=st.fractions, sparsity=llm.sparse.sparsity,
+                       wide=st.to_json(), wide_lines=st.lines())
+            return out
         out.update(active_fraction=st.mean_fraction, layers=st.fractions,
                    nonzero_fraction=float(st.nonzero.sum()) / max(1.0, float(st.tokens.sum()) * st.n_ff),
                    nonzero_layers=st.nonzero_fractions, up_read_fraction=st.up_read_fraction)
