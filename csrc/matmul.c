@@ -1936,6 +1936,9 @@ void pi_matmul_experts(pi_pool *pool, int type, const void *w, int64_t n_rows, i
     mm_group_job g = {.base = {.type = type, .w = w, .row_bytes = pi_row_size(type, n_cols), .n_rows = n_rows,
                                .n_cols = n_cols, .n_tok = n_tok, .x = x, .y = y, .stream = 1},
                       .experts = experts, .tok_off = tok_off};
+#if defined(MM_AVX512) || defined(MM_AVX2)
+    if (type_kind(type) < 0) g.base.fkb = fkb_for(type); /* the float prefill tiles' column block (mm_run) */
+#endif
     mm_quantize(pool, &g.base);
     const int64_t n_blocks = (n_rows + ROW_BLOCK - 1) / ROW_BLOCK;
     int64_t each = pi_expert_chunks(pool, n_rows, n_group);
