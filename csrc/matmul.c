@@ -1427,7 +1427,10 @@ static void q5_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
  * while x stays in L1 (F_ROW_MAX_COLS f32); past that the 4-row tiles, which load each x vector once for 4 rows,
  * stay faster (measured at 4096 x 11008: -1..5%). Each row is one FMA chain in column order, as in tile_f:
  * the same bits. Measured cold, two threads, F16 against the 4-row tiles: 4096 x 4096 +19%, 11008 x 4096
- * +13-17%. */
+ * +13-17%. Four FMA chains per row (vectors k, k+1, k+2, k+3 of each step, summed at the end) measured faster
+ * on the 2-core Zen 5 host (`bench_prefill_ab.py --types F16 --n-tok 1 --threads 2 --rounds 15`, wall GMAC/s:
+ * 4096 x 4096 17.4 -> 21.5, 11008 x 4096 17.6 -> 19.9) but is not taken: a decode must give the prefill tiles'
+ * bits (tests/test_kernels_matmul.py), so the tiles would need the same four strided chains first. */
 #if defined(MM_AVX512)
 #define F_ROW_DECODE 1
 #define F_ROW_MAX_COLS 8192
@@ -1489,7 +1492,8 @@ TILE_FN(tile_11, 1, 1)
  * L1d size read at run time, fkb_for below):
  *   - registers: RPF x TPF accumulators + RPF weight vectors + 1 x vector <= the register file, with TPF >= RPF
  *     so that a weight conversion (the costlier operand) is shared by the most fmas: 32 zmm -> 4 x 6 (29),
- *     16 ymm -> 2 x 6 (15);
+ *     16 ymm -> 2 x 6 (15). Fewer conversions per fma lost on the 2-core Zen 5 host (same command, F16,
+ *     --rounds 5 --reps 3, wall GMAC/s against 4 x 6): 2 x 8 0.76x / 0.87x, 3 x 8 0.90x / 0.83x;
  *   - L1d: a column block holds TPF tokens' x (TPF x FKB x 4 bytes) and the RPF weight rows' block (RPF x FKB x
  *     element size); both must stay in L1 for the tile's whole pass, so they get half of L1d (the rest: the
  *     next rows streaming in, the accumulator buffer). FKB = the largest power of two (in 128..2048) that fits:
