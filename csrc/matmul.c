@@ -1431,14 +1431,14 @@ static void q5_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
  * on the 2-core Zen 5 host (`bench_prefill_ab.py --types F16 --n-tok 1 --threads 2 --rounds 15`, wall GMAC/s:
  * 4096 x 4096 17.4 -> 21.5, 11008 x 4096 17.6 -> 19.9) but is not taken: a decode must give the prefill tiles'
  * bits (tests/test_kernels_matmul.py), so the tiles would need the same four strided chains first. Two ways of
- * giving the tiles those chains were built and measured (same host, `bench_prefill_ab.py OLD NEW --types F16,BF16,F32
- * --threads 2`, --n-tok 1 --rounds 7 and --n-tok 128 --rounds 3 --reps 3), both dropped:
+ * giving the tiles those chains were built and measured (same host, `bench_prefill_ab.py OLD NEW --types
+ * F16,BF16,F32 --threads 2`, --n-tok 1 --rounds 7 and --n-tok 128 --rounds 3 --reps 3), both dropped:
  *   - all four chains in the prefill tile's registers (2 rows x 3 tokens x 4 chains = 24 zmm): decode 4096 x 4096
  *     1.21-1.23x, 11008 x 4096 1.02-1.07x, but prefill 0.49-0.78x (five loads per six fmas where 4 x 6 has ten
  *     per 24);
  *   - chains over segments of FSEG columns (segment i to chain i % 4), the 4 x 6 tile keeping one chain in
- *     registers and the others in the block buffer: FSEG 128 decode 1.40x / 1.20x (4096 x 11008: 0.76x) but prefill 0.60-0.77x (the
- *     buffer round trip per segment); FSEG 512 prefill 0.89-0.93x and the decode gain gone (1.00x / 0.93x: four
+ *     registers and the others in the block buffer: FSEG 128 decode 1.40x / 1.20x (4096 x 11008: 0.76x) but
+ *     prefill 0.60-0.77x (the buffer round trip per segment); FSEG 512 prefill 0.89-0.93x and the decode gain gone (1.00x / 0.93x: four
  *     streams 1 KB apart); one chain per quarter row (streams 2 KB apart) decoded at 0.72-0.82x.
  * Two or four rows at once per thread, one chain each (the same bits as now), prefetching the next rows at the
  * offset reached: 4096 x 4096 (in L3) 1.17-1.75x, but 11008 x 4096 (from DRAM) 0.94-1.09x over runs, so not taken
