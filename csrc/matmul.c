@@ -1630,10 +1630,16 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
         return;
     }
     /* TOK_BLOCK tokens' activations stay in L2 while the chunk's rows pass by in blocks of ROW_BLOCK rows,
-     * which stay in L1/L2 for all of those tokens. Vector builds take 66 (11 x TPF) for float types: only the last block
-     * can then leave tokens to the smaller tiles, where 64 left 4 in every block. */
+     * which stay in L1/L2 for all of those tokens. Float types on vector builds take 132 (22 x TPF): their
+     * tiles block the columns (rows_f_kblocked), so a token block's x need only stay in L3 (2.1 MB at K = 4096,
+     * 5.8 MB at 11008, shared by the threads), and each row block then comes from DRAM once per 22 token groups
+     * instead of 11. A multiple of TPF, so only the last block leaves tokens to the smaller tiles. Measured on the
+     * 2-core Zen 5 host, `bench_prefill_ab.py OLD NEW --types F16,BF16,F32 --shapes 11008x4096,4096x11008
+     * --threads 2`, wall GMAC/s against 66: 128 tokens (--rounds 7) F16 1.13x / 1.06x, F32 1.06x / 1.07x, BF16
+     * (--rounds 5) 1.04x / 1.13x; 512 tokens (--rounds 3) F16 1.12x / 1.05x, BF16 1.12x / 1.13x. Larger blocks at
+     * 512 tokens lost on the long rows: 264 tokens 1.02x / 0.75x, 528 1.02x / 0.78x; 30 and 42 lost at 128. */
 #if defined(MM_AVX512) || defined(MM_AVX2)
-    const int64_t tok_block = type_kind(j->type) < 0 ? 11 * TPF : TOK_BLOCK;
+    const int64_t tok_block = type_kind(j->type) < 0 ? 22 * TPF : TOK_BLOCK;
 #else
     const int64_t tok_block = TOK_BLOCK;
 #endif
