@@ -1509,7 +1509,8 @@ TILE_FN(tile_11, 1, 1)
  *   - L1d: a column block holds TPF tokens' x (TPF x FKB x 4 bytes) and the RPF weight rows' block (RPF x FKB x
  *     element size); both must stay in L1 for the tile's whole pass, so they get half of L1d (the rest: the
  *     next rows streaming in, the accumulator buffer). FKB = the largest power of two (in 128..2048) that fits:
- *     32 KB L1d gives 512 for F16/BF16 and 256 for F32; 48 KB gives 512 and 512;
+ *     32 KB L1d gives 512 for F16/BF16 and 256 for F32; 48 KB gives 512 and 512 (three quarters of L1d, 1024 for
+ *     F16/BF16 at 48 KB, measured 0.99-1.03x on the Zen 5 host, 128 tokens, --rounds 6: no gain);
  *   - L2: the ROW_BLOCK rows' blocks (16 x FKB x element size <= 32 KB) and the token block's x slice (66 x FKB
  *     x 4 <= 528 KB at FKB 2048, 132 KB at 512) stay in L2 while the tiles pass them. */
 #if defined(MM_AVX512)
