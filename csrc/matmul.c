@@ -1577,6 +1577,25 @@ static int64_t rows_fw(const mm_job *j, int64_t rb, int64_t re, int64_t t0) {
 }
 /* one row, the TPF - TP tokens after a TP-token tile_1t */
 static void tile_1t2(const mm_job *j, int64_t r0, int64_t t0) { tile_f_any(j, r0, t0, 1, TPF - TP); }
+/* The 2..TPF-1 tokens left after a block's last TPF group (128 tokens leave 2), R = RP or 1 rows at a time: one
+ * pass over the rows for all of them, where the one-token tiles made one pass per token. */
+#if TPF != 6
+#error "tile_f_left covers 2..5 leftover tokens"
+#endif
+static void tile_f_left(const mm_job *j, int64_t r0, int64_t t0, const int R, int64_t n) {
+    if (R == RP) switch (n) {
+        case 2: tile_f_any(j, r0, t0, RP, 2); return;
+        case 3: tile_f_any(j, r0, t0, RP, 3); return;
+        case 4: tile_f_any(j, r0, t0, RP, 4); return;
+        default: tile_f_any(j, r0, t0, RP, 5); return;
+        }
+    switch (n) {
+    case 2: tile_f_any(j, r0, t0, 1, 2); return;
+    case 3: tile_f_any(j, r0, t0, 1, 3); return;
+    case 4: tile_f_any(j, r0, t0, 1, 4); return;
+    default: tile_f_any(j, r0, t0, 1, 5); return;
+    }
+}
 #endif
 
 static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
@@ -1651,9 +1670,16 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
             int64_t t = tb, r;
 #if defined(MM_AVX512) || defined(MM_AVX2)
             if (j->type == PI_F16 || j->type == PI_BF16 || j->type == PI_F32) /* TPF tokens: see rows_f_kblocked */
+            {
                 for (; t + TPF <= te; t += TPF) {
                     for (r = rb + rows_fw(j, rb, re, t); r < re; r++) tile_1t(j, r, t), tile_1t2(j, r, t + TP);
                 }
+                if (te - t >= 2) {
+                    for (r = rb; r + RP <= re; r += RP) tile_f_left(j, r, t, RP, te - t);
+                    for (; r < re; r++) tile_f_left(j, r, t, 1, te - t);
+                    t = te;
+                }
+            }
 #endif
             for (; t + TP <= te; t += TP) {
                 for (r = rb; r + RP <= re; r += RP) tile_rt(j, r, t);

@@ -259,13 +259,16 @@ def test_k_quant_prefill_tiles_give_decode_bits(kernels, ggml_type):
 
 @pytest.mark.parametrize("ggml_type", FLOAT_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("n_cols", [1029, 2048])
-def test_float_prefill_blocks_give_decode_bits(kernels, ggml_type, n_cols):
-    """Float prefill (AVX2) runs row pairs against 6 tokens in column blocks of 512, the running sums kept
-    between blocks (matmul.c rows_f_kblocked); rows a multiple of 4 KB get their tokens' x copied to padded
-    rows. Partial row blocks, several column blocks with a short last one and a scalar tail (1029), the padded
-    copy (2048) and tokens left over after the 6-token tiles (6 + 6 + 4 + 1) must give every (row, token) the
-    bits of the one-token call, dense and gathered."""
-    n_rows, n_tok = 37, 17
+@pytest.mark.parametrize("n_tok", [13, 14, 15, 16, 17])
+def test_float_prefill_blocks_give_decode_bits(kernels, ggml_type, n_cols, n_tok):
+    """Float prefill runs groups of rows (2 on AVX2, 4 on AVX-512) against 6 tokens in column blocks sized
+    from L1d, the running sums kept between blocks (matmul.c rows_f_kblocked); rows a multiple of 4 KB get
+    their tokens' x copied to padded rows; the 2-5 tokens left after the 6-token groups take one pass
+    (tile_f_left), a single one the one-token tiles. Partial row blocks, several column blocks with a short
+    last one and a tail past the last full vector (1029), the padded copy (2048) and every leftover count
+    (13-17 tokens: 1 to 5 left) must give every (row, token) the bits of the one-token call, dense and
+    gathered."""
+    n_rows = 37
     w = make_weight(ggml_type, n_rows, n_cols, seed=5)
     x = np.random.default_rng(6).standard_normal((n_tok, n_cols), dtype=np.float32)
     y = kernels.matmul(w, x)
