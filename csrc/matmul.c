@@ -1487,6 +1487,12 @@ TILE_FN(tile_rt, RP, TP)  /* prefill tile */
 TILE_FN(tile_r1, RP, 1)   /* prefill, leftover tokens */
 TILE_FN(tile_1t, 1, TP)   /* prefill, leftover rows */
 TILE_FN(tile_11, 1, 1)
+#if TP == 4 /* the 2 or 3 tokens left after the TP-token tiles, in one pass over the rows (see mm_chunk) */
+TILE_FN(tile_r2, RP, 2)
+TILE_FN(tile_r3, RP, 3)
+TILE_FN(tile_12, 1, 2)
+TILE_FN(tile_13, 1, 3)
+#endif
 #if defined(MM_AVX512) || defined(MM_AVX2)
 /* Float-type prefill: tiles of RPF rows x TPF tokens, in column blocks (rows_f_kblocked below).
  * AVX2: RPF = RP = 2 rows x 6 tokens = 12 accumulators (of 16 ymm), where the RP x TP tiles hold 8: more fmas
@@ -1685,6 +1691,14 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
                 for (r = rb; r + RP <= re; r += RP) tile_rt(j, r, t);
                 for (; r < re; r++) tile_1t(j, r, t);
             }
+#if TP == 4
+            if (te - t >= 2) { /* one pass over the rows for the 2 or 3 left, not one per token */
+                const int two = te - t == 2;
+                for (r = rb; r + RP <= re; r += RP) two ? tile_r2(j, r, t) : tile_r3(j, r, t);
+                for (; r < re; r++) two ? tile_12(j, r, t) : tile_13(j, r, t);
+                t = te;
+            }
+#endif
             for (; t < te; t++) {
                 for (r = rb; r + RP <= re; r += RP) tile_r1(j, r, t);
                 for (; r < re; r++) tile_11(j, r, t);

@@ -92,7 +92,7 @@ def test_kernel_types_are_tested():
 
 
 @pytest.mark.parametrize("ggml_type", FLOAT_TYPES + BLOCK_TYPES + K_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("n_tok", [1, 3, 17])
+@pytest.mark.parametrize("n_tok", [1, 3, 17, 18, 19])  # 18, 19: 2 and 3 left after the 4-token tiles
 def test_matmul_matches_ref(kernels, ggml_type, n_tok):
     shapes = SHAPES[ggml_type]
     rng = np.random.default_rng(n_tok)
