@@ -805,8 +805,10 @@ INLINE void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
         for (int t = 0; t < T; t++) acc[r][t] = fv_zero();
     }
     const int64_t K = j->n_cols, kfull = K / FL * FL;
-    if (T == 1 && j->sel) { /* gathered rows are scattered: fetch the next tile's rows at this tile's offset, as
-                               the Q4_0 quads do (+5-12% at 50-95% sparsity, F16 7B shape, cold) */
+    if (T == 1) { /* fetch the next tile's rows at this tile's offset, as the Q4_0 quads do: gathered rows are
+                     scattered (+5-12% at 50-95% sparsity, F16 7B shape, cold), and dense decode rows past
+                     F_ROW_MAX_COLS come here too (4096 x 11008, 2 threads, `bench_prefill_ab.py --n-tok 1
+                     --rounds 11`, two runs: F16 1.05x / 1.07x, BF16 1.20x / 1.05x wall; same bits) */
         const int64_t esz = type == PI_F32 ? 4 : 2;
         const uint8_t *next[4];
         for (int r = 0; r < R; r++) next[r] = mm_row(j, r0 + R + r < j->n_rows ? r0 + R + r : j->n_rows - 1);
