@@ -1440,8 +1440,8 @@ static void q5_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
  *     per 24);
  *   - chains over segments of FSEG columns (segment i to chain i % 4), the 4 x 6 tile keeping one chain in
  *     registers and the others in the block buffer: FSEG 128 decode 1.40x / 1.20x (4096 x 11008: 0.76x) but
- *     prefill 0.60-0.77x (the buffer round trip per segment); FSEG 512 prefill 0.89-0.93x and the decode gain gone (1.00x / 0.93x: four
- *     streams 1 KB apart); one chain per quarter row (streams 2 KB apart) decoded at 0.72-0.82x.
+ *     prefill 0.60-0.77x (the buffer round trip per segment); FSEG 512 prefill 0.89-0.93x and the decode gain
+ *     gone (1.00x / 0.93x: four streams 1 KB apart); one chain per quarter row (streams 2 KB apart) decoded at 0.72-0.82x.
  * Two or four rows at once per thread, one chain each (the same bits as now), prefetching the next rows at the
  * offset reached: 4096 x 4096 (in L3) 1.17-1.75x, but 11008 x 4096 (from DRAM) 0.94-1.09x over runs, so not taken
  * either: the DRAM-bound shapes are the ones a real model decodes. */
@@ -1519,8 +1519,9 @@ TILE_FN(tile_13, 1, 3)
  *     next rows streaming in, the accumulator buffer). FKB = the largest power of two (in 128..2048) that fits:
  *     32 KB L1d gives 512 for F16/BF16 and 256 for F32; 48 KB gives 512 and 512 (three quarters of L1d, 1024 for
  *     F16/BF16 at 48 KB, measured 0.99-1.03x on the Zen 5 host, 128 tokens, --rounds 6: no gain);
- *   - L2: the ROW_BLOCK rows' blocks (16 x FKB x element size <= 32 KB) and the token block's x slice (66 x FKB
- *     x 4 <= 528 KB at FKB 2048, 132 KB at 512) stay in L2 while the tiles pass them. */
+ *   - L2: the ROW_BLOCK rows' blocks (16 x FKB x element size <= 32 KB) and the token block's x slice (132 x FKB
+ *     x 4: 264 KB at FKB 512) stay in L2 while the tiles pass them; the whole token block's x only in L3 (see
+ *     mm_chunk). */
 #if defined(MM_AVX512)
 #define RPF 4
 #else
@@ -1585,25 +1586,6 @@ static int64_t rows_fw(const mm_job *j, int64_t rb, int64_t re, int64_t t0) {
 }
 /* one row, the TPF - TP tokens after a TP-token tile_1t */
 static void tile_1t2(const mm_job *j, int64_t r0, int64_t t0) { tile_f_any(j, r0, t0, 1, TPF - TP); }
-/* The 2..TPF-1 tokens left after a block's last TPF group (128 tokens leave 2), R = RP or 1 rows at a time: one
- * pass over the rows for all of them, where the one-token tiles made one pass per token. */
-#if TPF != 6
-#error "tile_f_left covers 2..5 leftover tokens"
-#endif
-static void tile_f_left(const mm_job *j, int64_t r0, int64_t t0, const int R, int64_t n) {
-    if (R == RP) switch (n) {
-        case 2: tile_f_any(j, r0, t0, RP, 2); return;
-        case 3: tile_f_any(j, r0, t0, RP, 3); return;
-        case 4: tile_f_any(j, r0, t0, RP, 4); return;
-        default: tile_f_any(j, r0, t0, RP, 5); return;
-        }
-    switch (n) {
-    case 2: tile_f_any(j, r0, t0, 1, 2); return;
-    case 3: tile_f_any(j, r0, t0, 1, 3); return;
-    case 4: tile_f_any(j, r0, t0, 1, 4); return;
-    default: tile_f_any(j, r0, t0, 1, 5); return;
-    }
-}
 #endif
 
 static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
@@ -1678,23 +1660,16 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
             int64_t t = tb, r;
 #if defined(MM_AVX512) || defined(MM_AVX2)
             if (j->type == PI_F16 || j->type == PI_BF16 || j->type == PI_F32) /* TPF tokens: see rows_f_kblocked */
-            {
                 for (; t + TPF <= te; t += TPF) {
                     for (r = rb + rows_fw(j, rb, re, t); r < re; r++) tile_1t(j, r, t), tile_1t2(j, r, t + TP);
                 }
-                if (te - t >= 2) {
-                    for (r = rb; r + RP <= re; r += RP) tile_f_left(j, r, t, RP, te - t);
-                    for (; r < re; r++) tile_f_left(j, r, t, 1, te - t);
-                    t = te;
-                }
-            }
 #endif
             for (; t + TP <= te; t += TP) {
                 for (r = rb; r + RP <= re; r += RP) tile_rt(j, r, t);
                 for (; r < re; r++) tile_1t(j, r, t);
             }
 #if TP == 4
-            if (te - t >= 2) { /* one pass over the rows for the 2 or 3 left, not one per token */
+            if (te - t >= 2) { /* one pass over the rows for the 2 or 3 left, not one per token (every type) */
                 const int two = te - t == 2;
                 for (r = rb; r + RP <= re; r += RP) two ? tile_r2(j, r, t) : tile_r3(j, r, t);
                 for (; r < re; r++) two ? tile_12(j, r, t) : tile_13(j, r, t);

@@ -263,8 +263,8 @@ def test_k_quant_prefill_tiles_give_decode_bits(kernels, ggml_type):
 def test_float_prefill_blocks_give_decode_bits(kernels, ggml_type, n_cols, n_tok):
     """Float prefill runs groups of rows (2 on AVX2, 4 on AVX-512) against 6 tokens in column blocks sized
     from L1d, the running sums kept between blocks (matmul.c rows_f_kblocked); rows a multiple of 4 KB get
-    their tokens' x copied to padded rows; the 2-5 tokens left after the 6-token groups take one pass
-    (tile_f_left), a single one the one-token tiles. Partial row blocks, several column blocks with a short
+    their tokens' x copied to padded rows; the 1-5 tokens left after the 6-token groups take the shared
+    leftover tiles (4 tokens, then 2-3 in one pass, or 1). Partial row blocks, several column blocks with a short
     last one and a tail past the last full vector (1029), the padded copy (2048) and every leftover count
     (13-17 tokens: 1 to 5 left) must give every (row, token) the bits of the one-token call, dense and
     gathered."""
