@@ -1441,7 +1441,8 @@ static void q5_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
  *   - chains over segments of FSEG columns (segment i to chain i % 4), the 4 x 6 tile keeping one chain in
  *     registers and the others in the block buffer: FSEG 128 decode 1.40x / 1.20x (4096 x 11008: 0.76x) but
  *     prefill 0.60-0.77x (the buffer round trip per segment); FSEG 512 prefill 0.89-0.93x and the decode gain
- *     gone (1.00x / 0.93x: four streams 1 KB apart); one chain per quarter row (streams 2 KB apart) decoded at 0.72-0.82x.
+ *     gone (1.00x / 0.93x: four streams 1 KB apart); one chain per quarter row (streams 2 KB apart) decoded
+ *     at 0.72-0.82x.
  * Two or four rows at once per thread, one chain each (the same bits as now), prefetching the next rows at the
  * offset reached: 4096 x 4096 (in L3) 1.17-1.75x, but 11008 x 4096 (from DRAM) 0.94-1.09x over runs, so not taken
  * either: the DRAM-bound shapes are the ones a real model decodes. */
