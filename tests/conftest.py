@@ -17,6 +17,38 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _reference_llama_cpp_without_amx() -> None:
+    """On hosts with AMX (Intel Sapphire Rapids and later) llama.cpp moves Q8_0 / Q4_0 / K-quant weights into its
+    AMX buffers, and on a 2-core VM of that kind that path segfaulted in llama_decode (the demo model, an
+    8-expert Q8_0 MoE file), killing the whole pytest process. The references only need llama.cpp's arithmetic,
+    not its fastest buffers, so there every llama.cpp the tests open, in this process or in a child, loads with
+    use_extra_bufts off (llama.cpp's --no-repack: its plain CPU kernels). Elsewhere nothing changes."""
+    try:
+        import llama_cpp
+    except ImportError:  # the tests that need it fail on their own import
+        return
+    if b"AMX_INT8 = 1" not in llama_cpp.llama_print_system_info():
+        return
+    from powerinfer_py.tools.bench import LLAMACPP_REPACK_ENV
+
+    os.environ[LLAMACPP_REPACK_ENV] = "0"  # LlamaCppRef, here and in the CLI children the tests start
+    import llama_cpp.llama_cpp as lib  # the module Llama() reads its default model parameters from
+    default = lib.llama_model_default_params
+    if getattr(default, "_no_extra_bufts", False):
+        return
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    params._no_extra_bufts = True
+    lib.llama_model_default_params = params
+
+
+_reference_llama_cpp_without_amx()
+
+
 @pytest.fixture(scope="session")
 def real_model() -> Path:
     """Gemma 3 270M (the demo model): $POWERINFER_TEST_MODEL if set, else assembled from the demo package into

@@ -48,3 +48,53 @@ def test_child_reports_the_predictor_share(tmp_path):
     assert 0 < pred.predictor_share < 1, pred
     for mode in ("exact", "off"):
         assert run_child("ours", path, 8, 6, 1, sparse=mode, backend="cpu").predictor_share is None
+
+
+def test_llama_cpp_crash_with_repacked_buffers_is_measured_again_without_them(synthetic_model, monkeypatch):
+    """llama.cpp's AMX buffers crashed it on an AMX host (SIGSEGV): bench measures it again with repacking off,
+    keeps it off for the later reps and says so; a crash without repacking, or of our engine, is an error."""
+    from powerinfer_py.errors import PowerInferError
+    from powerinfer_py.tools import bench
+
+    path = synthetic_model("llama", "q8_0")
+    calls, crash_always = [], []
+
+    def fake(engine, model, n_prompt, n_gen, threads, llamacpp_repack=None, **kw):
+        calls.append((engine, llamacpp_repack))
+        if engine == "llamacpp" and (llamacpp_repack or crash_always):
+            raise bench.ChildCrashed("bench: the llamacpp run failed (exit -11): (no output)", 11)
+        return bench.EngineRun(engine, n_prompt, n_gen, threads, 0.1, 0.5, 0.5, 1, 0, 1, 0)
+
+    monkeypatch.delenv(bench.LLAMACPP_REPACK_ENV, raising=False)
+    monkeypatch.setattr(bench, "run_child", fake)
+    report = bench.run_bench(path, n_gen=4, n_prompt=8, threads=1, reps=2)
+    assert calls == [("ours", True), ("llamacpp", True), ("llamacpp", False), ("llamacpp", False), ("ours", False)]
+    assert [r.engine for r in report.runs] == ["ours", "llamacpp", "llamacpp", "ours"]
+    assert any("signal 11" in w and "--no-repack" in w for w in report.warnings), report.warnings
+
+    monkeypatch.setenv(bench.LLAMACPP_REPACK_ENV, "0")  # already off: the crash is llama.cpp's own, reported
+    crash_always.append(True)
+    with pytest.raises(PowerInferError, match="exit -11"):
+        bench.run_bench(path, n_gen=4, n_prompt=8, threads=1, reps=1)
+
+
+def test_llama_cpp_ref_can_load_without_repacked_buffers(synthetic_model, monkeypatch):
+    """repack=False, or POWERINFER_LLAMACPP_REPACK=0, loads llama.cpp without its repacked buffers (decoding
+    with them is not tried here: that is what crashed on an AMX host)."""
+    import numpy as np
+
+    from powerinfer_py.tools.bench import LLAMACPP_REPACK_ENV, LlamaCppRef
+
+    path = synthetic_model("llama", "q8_0")
+    for env, repack, want in ((None, False, False), ("0", None, False), (None, None, True), ("0", True, True)):
+        if env is None:
+            monkeypatch.delenv(LLAMACPP_REPACK_ENV, raising=False)
+        else:
+            monkeypatch.setenv(LLAMACPP_REPACK_ENV, env)
+        ref = LlamaCppRef(path, n_ctx=32, threads=1, repack=repack)
+        try:
+            assert ref.repack is want, (env, repack)
+            if not want:
+                assert np.isfinite(ref.decode([1, 2, 3, 4])).all()
+        finally:
+            ref.close()

@@ -167,14 +167,27 @@ def predictor_seconds(net) -> float:
 
 # ---- child: llama.cpp through llama-cpp-python's low-level API ----------------------------------------------
 
+# llama.cpp moves some weight types into repacked buffers at load (its CPU_REPACK and, on CPUs with AMX, its
+# AMX buffers). On a 2-core Sapphire Rapids class VM its AMX path crashed (SIGSEGV in llama_decode) on the demo
+# model and on a Q8_0 MoE file, so whether llama.cpp repacks can be chosen: per LlamaCppRef, or for every one a
+# process and its children open with POWERINFER_LLAMACPP_REPACK=0 (the test suite sets it on AMX hosts).
+LLAMACPP_REPACK_ENV = "POWERINFER_LLAMACPP_REPACK"
+
+
+def llamacpp_repack_default() -> bool:
+    """Whether llama.cpp loads with its repacked weight buffers (its default) unless told otherwise."""
+    return os.environ.get(LLAMACPP_REPACK_ENV, "1").strip() != "0"
+
+
 class LlamaCppRef:
     """A llama.cpp model + context on one file (llama-cpp-python's C API, no high-level wrapper), with the
     calls a benchmark or a reference test needs: tokenize, decode a batch, read logits. close() frees both."""
 
     def __init__(self, model: str | os.PathLike, n_ctx: int, threads: int, n_batch: int = 512,
-                 flash_attn: bool | None = None):
+                 flash_attn: bool | None = None, repack: bool | None = None):
         """flash_attn: None keeps llama.cpp's default (auto: on for the CPU); False/True force its plain or
-        flash attention path (they round differently: the reference tests compare both)."""
+        flash attention path (they round differently: the reference tests compare both). repack: False loads
+        the weights without llama.cpp's repacked buffers (its --no-repack); None: llamacpp_repack_default()."""
         import llama_cpp as L
 
         self._L = L
@@ -182,6 +195,12 @@ class LlamaCppRef:
         L.llama_backend_init()
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = 0
+        if not (llamacpp_repack_default() if repack is None else repack):
+            if not hasattr(mp, "use_extra_bufts"):
+                raise PowerInferError("this llama-cpp-python cannot load without repacked buffers "
+                                      "(llama_model_params has no use_extra_bufts)")
+            mp.use_extra_bufts = False
+        self.repack = bool(getattr(mp, "use_extra_bufts", True))
         self.model = L.llama_model_load_from_file(os.fsencode(str(model)), mp)
         if not self.model:
             raise PowerInferError(f"llama.cpp could not load {model}")
@@ -271,9 +290,9 @@ def _quiet_llama_log(L) -> None:
         L.llama_log_set(_LOG_CB, None)
 
 
-def _child_llamacpp(model: Path, n_prompt: int, n_gen: int, threads: int) -> EngineRun:
+def _child_llamacpp(model: Path, n_prompt: int, n_gen: int, threads: int, repack: bool | None = None) -> EngineRun:
     t0 = time.perf_counter()
-    ref = LlamaCppRef(model, n_ctx=n_prompt + n_gen + 8, threads=threads, n_batch=max(n_prompt, 32))
+    ref = LlamaCppRef(model, n_ctx=n_prompt + n_gen + 8, threads=threads, n_batch=max(n_prompt, 32), repack=repack)
     load_s = time.perf_counter() - t0
     ids = _fit_tokens(ref.tokenize(BENCH_TEXT, add_bos=False), n_prompt, ref.bos_id)
 
@@ -342,12 +361,24 @@ class BenchReport:
         return out
 
 
+class ChildCrashed(PowerInferError):
+    """A measurement's process was killed by a signal (e.g. llama.cpp's SIGSEGV)."""
+
+    def __init__(self, message: str, signal_number: int):
+        super().__init__(message)
+        self.signal_number = signal_number
+
+
 def run_child(engine: str, model: Path, n_prompt: int, n_gen: int, threads: int, sparse: str | None = None,
               sparse_threshold: float | None = None, sparsity: float | None = None, backend: str = "cpu",
-              vram_budget: float | None = None, use_mmap: bool = True, predictor_dtype: str = "auto") -> EngineRun:
-    """Run one measurement in a fresh interpreter and parse its JSON line."""
+              vram_budget: float | None = None, use_mmap: bool = True, predictor_dtype: str = "auto",
+              llamacpp_repack: bool | None = None) -> EngineRun:
+    """Run one measurement in a fresh interpreter and parse its JSON line. llamacpp_repack: see LlamaCppRef's
+    repack (None: the child's llamacpp_repack_default())."""
     cmd = [sys.executable, "-m", "powerinfer_py.tools.bench", "--engine", engine, "--model", str(model),
            "-p", str(n_prompt), "-n", str(n_gen), "-t", str(threads)]
+    if engine == "llamacpp" and llamacpp_repack is not None:
+        cmd += ["--repack" if llamacpp_repack else "--no-repack"]
     if engine == "ours" and sparse is not None:
         cmd += ["--sparse", sparse]
     if engine == "ours" and sparse_threshold is not None:
@@ -364,7 +395,10 @@ def run_child(engine: str, model: Path, n_prompt: int, n_gen: int, threads: int,
         raise PowerInferError(f"bench: the {engine} run took more than {CHILD_TIMEOUT_S} s") from None
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise PowerInferError(f"bench: the {engine} run failed (exit {proc.returncode}): {tail}")
+        message = f"bench: the {engine} run failed (exit {proc.returncode}): {tail}"
+        if proc.returncode < 0:
+            raise ChildCrashed(message, -proc.returncode)
+        raise PowerInferError(message)
     fields = json.loads(proc.stdout.strip().splitlines()[-1])
     return EngineRun(**fields)
 
@@ -399,12 +433,26 @@ def run_bench(model: str | os.PathLike, n_gen: int = 128, n_prompt: int = 128, t
         raise PowerInferError("bench needs at least 4 prompt tokens, 1 generated token and 1 repetition")
     threads = threads or usable_cpus()
     report = BenchReport(str(path), threads, n_prompt, n_gen, warnings=warnings)
+    repack = llamacpp_repack_default()
     for rep in range(reps):
         order = engines if rep % 2 == 0 else tuple(reversed(engines))
         for engine in order:
-            run = run_child(engine, path if engine == "ours" else ref_path, n_prompt, n_gen, threads,
-                            sparse=sparse, sparse_threshold=sparse_threshold, sparsity=sparsity, backend=backend,
-                            vram_budget=vram_budget, use_mmap=use_mmap, predictor_dtype=predictor_dtype)
+            def measure():
+                return run_child(engine, path if engine == "ours" else ref_path, n_prompt, n_gen, threads,
+                                 sparse=sparse, sparse_threshold=sparse_threshold, sparsity=sparsity,
+                                 backend=backend, vram_budget=vram_budget, use_mmap=use_mmap,
+                                 predictor_dtype=predictor_dtype, llamacpp_repack=repack)
+            try:
+                run = measure()
+            except ChildCrashed as e:
+                if engine != "llamacpp" or not repack:
+                    raise
+                # llama.cpp's repacked (AMX) buffers crash on some hosts: measure it without them, and say so
+                repack = False
+                run = measure()
+                report.warnings.append(
+                    f"llama.cpp died by signal {e.signal_number} with its repacked weight buffers (CPU_REPACK / "
+                    f"AMX); it was measured without them (its --no-repack), which may be slower than its default")
             report.runs.append(run)
             if on_run is not None:
                 on_run(run)
@@ -432,12 +480,14 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vram-budget", type=float, default=None)
     ap.add_argument("--no-mmap", action="store_true")
     ap.add_argument("--predictor-dtype", default="auto")
+    ap.add_argument("--repack", action=argparse.BooleanOptionalAction, default=None,
+                    help="llama.cpp: load with (or without) its repacked weight buffers")
     a = ap.parse_args(argv)
     if a.engine == "ours":
         run = _child_ours(a.model, a.n_prompt, a.n_gen, a.threads, a.sparse, a.sparse_threshold, a.sparsity,
                           a.backend, a.vram_budget, use_mmap=not a.no_mmap, predictor_dtype=a.predictor_dtype)
     else:
-        run = _child_llamacpp(a.model, a.n_prompt, a.n_gen, a.threads)
+        run = _child_llamacpp(a.model, a.n_prompt, a.n_gen, a.threads, a.repack)
     print(json.dumps(asdict(run)), flush=True)
     return 0
 
