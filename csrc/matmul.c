@@ -1423,9 +1423,11 @@ static void q5_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
 }
 #endif
 
-/* ==== F16 / BF16 decode on AVX-512: one row at a time, for rows whose activations fit in L1 ====================
- * One sequential stream per thread, as for Q4_0 and Q8_0 above, software-prefetched F_ROW_PF_DIST bytes ahead
- * (the tiles prefetch nothing for float types). The activations are re-read once per row, so this pays only
+/* ==== F16 / BF16 decode on AVX-512, for rows whose activations fit in L1 ========================================
+ * History first: this began as one row at a time, one sequential stream per thread, as for Q4_0 and Q8_0 above,
+ * software-prefetched F_ROW_PF_DIST bytes ahead (the tiles prefetched nothing for float types then); its rows
+ * are now decoded four at a time (the last paragraph), and only the rows left over go one at a time.
+ * The activations are re-read once per row, so one row at a time paid only
  * while x stays in L1 (F_ROW_MAX_COLS f32); past that the 4-row tiles, which load each x vector once for 4 rows,
  * stay faster (measured at 4096 x 11008: -1..5%). Each row is one FMA chain in column order, as in tile_f:
  * the same bits. Measured cold, two threads, F16 against the 4-row tiles: 4096 x 4096 +19%, 11008 x 4096
@@ -1443,15 +1445,28 @@ static void q5_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
  *     prefill 0.60-0.77x (the buffer round trip per segment); FSEG 512 prefill 0.89-0.93x and the decode gain
  *     gone (1.00x / 0.93x: four streams 1 KB apart); one chain per quarter row (streams 2 KB apart) decoded
  *     at 0.72-0.82x.
- * Two or four rows at once per thread, one chain each (the same bits as now), prefetching the next rows at the
- * offset reached: 4096 x 4096 (in L3) 1.17-1.75x, but 11008 x 4096 (from DRAM) 0.94-1.09x over runs, so not taken
- * either: the DRAM-bound shapes are the ones a real model decodes. */
+ * Four rows at once per thread, one chain each (the same bits as one row at a time: each row's chain is
+ * unchanged), the next four rows prefetched at the offset reached (F_DEC_ROWS): one row's chain is one FMA per
+ * 4-cycle latency, 8 bytes of F16 per cycle, which on a ~2 GHz core is less than its share of DRAM bandwidth.
+ * On the 2-core Zen 5 host (~3.3 GHz+) two or four rows gave 4096 x 4096 (in L3) 1.17-1.75x and 11008 x 4096
+ * (DRAM) 0.94-1.09x over runs, so they were not taken there; on a 2-core Intel host with AMX and AVX512-FP16
+ * (2.0 GHz TSC, 48 KB L1d, 2 MB L2), `bench_prefill_ab.py OLD NEW --types F16,BF16 --shapes
+ * 4096x4096,11008x4096 --threads 2 --n-tok 1 --rounds 7 --reps 5`, wall GMAC/s against one row: four rows
+ * (a loop of their own) F16 1.16x / 1.47x (11008 x 4096: 9.5 -> 14.0), BF16 1.16x / 1.34x; two rows F16
+ * 1.06x / 1.25x, BF16 1.51x / 1.18x. Four rows were never slower where measured, so they are taken, as
+ * tile_f's one-token 4-row tiles (the same loop: one x load per four rows, the next rows prefetched; a second
+ * run of the same command: F16 1.38x / 1.31x, BF16 1.23x / 1.33x). End to end (`powerinfer bench -m FILE -t 2
+ * -p 16 -n 32 -r 3`, 8-layer 7B-shape files, two alternating rounds on that host): F16 decode 0.84x / 0.95x
+ * llama.cpp before, 1.10x / 1.05x after; BF16 1.18x / 1.02x before, 1.32x / 1.52x after. */
 #if defined(MM_AVX512)
 #define F_ROW_DECODE 1
 #define F_ROW_MAX_COLS 8192
 #define F_ROW_PF_DIST 4096
+#define F_DEC_ROWS 4 /* rows decoded at once, each its own chain (see above) */
 static void f_decode_rows(const mm_job *j, int64_t r0, int64_t r1, const int type) {
     const int64_t K = j->n_cols, kfull = K / FL * FL;
+    /* tile_f's one-token tiles: each x vector loaded once for the four rows, the next rows prefetched */
+    for (; r0 + F_DEC_ROWS <= r1; r0 += F_DEC_ROWS) tile_f(j, r0, 0, F_DEC_ROWS, 1, type);
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *row = mm_row(j, r);
         fv acc = fv_zero();
