@@ -43,7 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the source tree, unless installed
 
 from powerinfer_py.synth import sparse as synth_sparse  # noqa: E402
-from powerinfer_py.tools.bench import BENCH_TEXT, LlamaCppRef, _fit_tokens, run_child  # noqa: E402
+from powerinfer_py.tools.bench import BENCH_TEXT, LlamaCppRef, _fit_tokens, llamacpp_amx_risk, run_child  # noqa: E402
 from powerinfer_py.layers.ffn import FC2_AXPY_MAX_PERCENT, PREDICTOR_AUTO, step_timing_sums  # noqa: E402
 from powerinfer_py.gguf.types import GGMLType, row_bytes  # noqa: E402
 from powerinfer_py.gguf import open_gguf  # noqa: E402
@@ -336,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     a.modes = [m for m in a.modes.split(",") if m]
     a.rank = a.rank or synth_sparse.SHAPES[a.shape]["rank"]
     Path(a.dir).mkdir(parents=True, exist_ok=True)
+    risk = llamacpp_amx_risk()
+    if risk:
+        print(f"warning: {risk}", flush=True)
     results = []
     for dtype in a.dtypes.split(","):
         results.append(bench_dtype_interleaved(dtype, a) if a.interleave else bench_dtype(dtype, a))

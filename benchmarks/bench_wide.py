@@ -52,7 +52,7 @@ from powerinfer_py.gguf import read_metadata_only  # noqa: E402
 from powerinfer_py.gguf.types import GGMLType  # noqa: E402
 from powerinfer_py.synth.generic import _Spec  # noqa: E402
 from powerinfer_py.synth.sparse import CHUNK, _StreamedFile  # noqa: E402
-from powerinfer_py.tools.bench import BENCH_TEXT, LlamaCppRef, _fit_tokens  # noqa: E402
+from powerinfer_py.tools.bench import BENCH_TEXT, LlamaCppRef, _fit_tokens, llamacpp_amx_risk  # noqa: E402
 
 SHAPE = dict(n_embd=4096, n_ff=11008, n_head=32, n_vocab=32000)
 DTYPES = {"f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "f32": GGMLType.F32, "bf16": GGMLType.BF16}
@@ -288,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     a.sparsities = [float(v) for v in a.sparsities.split(",") if v]
     a.interleave = max(1, a.interleave)
     Path(a.dir).mkdir(parents=True, exist_ok=True)
+    risk = llamacpp_amx_risk()
+    if risk:
+        print(f"warning: {risk}", flush=True)
     results = []
     for dtype in a.dtypes.split(","):
         results.append(bench_dtype(dtype, a))

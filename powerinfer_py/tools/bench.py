@@ -179,6 +179,20 @@ def llamacpp_repack_default() -> bool:
     return os.environ.get(LLAMACPP_REPACK_ENV, "1").strip() != "0"
 
 
+def llamacpp_amx_risk() -> str | None:
+    """For benchmarks that open llama.cpp in their own process (a crash there cannot be retried): a warning to
+    print where llama.cpp reports AMX and would repack, else None."""
+    if not llamacpp_repack_default():
+        return None
+    import llama_cpp as L
+
+    if b"AMX_INT8 = 1" not in L.llama_print_system_info():
+        return None
+    return (f"llama.cpp reports AMX_INT8 here, and its repacked (AMX) weight buffers have crashed it (SIGSEGV) on "
+            f"such hosts; if this run dies, run it again with {LLAMACPP_REPACK_ENV}=0 (llama.cpp is then slower "
+            f"than at its default, so its ratios flatter us)")
+
+
 class LlamaCppRef:
     """A llama.cpp model + context on one file (llama-cpp-python's C API, no high-level wrapper), with the
     calls a benchmark or a reference test needs: tokenize, decode a batch, read logits. close() frees both."""
