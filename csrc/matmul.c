@@ -806,9 +806,10 @@ INLINE void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
     }
     const int64_t K = j->n_cols, kfull = K / FL * FL;
     if (T == 1) { /* fetch the next tile's rows at this tile's offset, as the Q4_0 quads do: gathered rows are
-                     scattered (+5-12% at 50-95% sparsity, F16 7B shape, cold), and dense decode rows past
-                     F_ROW_MAX_COLS come here too (4096 x 11008, 2 threads, `bench_prefill_ab.py --n-tok 1
-                     --rounds 11`, two runs: F16 1.05x / 1.07x, BF16 1.20x / 1.05x wall; same bits) */
+                     scattered (+5-12% at 50-95% sparsity, F16 7B shape, cold), and every dense float decode
+                     comes here too (measured first for rows past 8192 columns, 4096 x 11008, 2 threads,
+                     `bench_prefill_ab.py --n-tok 1 --rounds 11`, two runs: F16 1.05x / 1.07x, BF16 1.20x /
+                     1.05x wall; same bits; the rest: the F16 / BF16 decode note above tile_dec) */
         const int64_t esz = type == PI_F32 ? 4 : 2;
         const uint8_t *next[4];
         for (int r = 0; r < R; r++) next[r] = mm_row(j, r0 + R + r < j->n_rows ? r0 + R + r : j->n_rows - 1);
@@ -1423,20 +1424,26 @@ static void q5_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
 }
 #endif
 
-/* ==== F16 / BF16 decode on AVX-512, for rows whose activations fit in L1 ========================================
- * History first: this began as one row at a time, one sequential stream per thread, as for Q4_0 and Q8_0 above,
- * software-prefetched F_ROW_PF_DIST bytes ahead (the tiles prefetched nothing for float types then); its rows
- * are now decoded four at a time (the last paragraph), and only the rows left over go one at a time.
- * The activations are re-read once per row, so one row at a time paid only
- * while x stays in L1 (F_ROW_MAX_COLS f32); past that the 4-row tiles, which load each x vector once for 4 rows,
- * stay faster (measured at 4096 x 11008: -1..5%). Each row is one FMA chain in column order, as in tile_f:
- * the same bits. Measured cold, two threads, F16 against the 4-row tiles: 4096 x 4096 +19%, 11008 x 4096
- * +13-17%. Four FMA chains per row (vectors k, k+1, k+2, k+3 of each step, summed at the end) measured faster
- * on the 2-core Zen 5 host (`bench_prefill_ab.py --types F16 --n-tok 1 --threads 2 --rounds 15`, wall GMAC/s:
- * 4096 x 4096 17.4 -> 21.5, 11008 x 4096 17.6 -> 19.9) but is not taken: a decode must give the prefill tiles'
- * bits (tests/test_kernels_matmul.py), so the tiles would need the same four strided chains first. Two ways of
- * giving the tiles those chains were built and measured (same host, `bench_prefill_ab.py OLD NEW --types
- * F16,BF16,F32 --threads 2`, --n-tok 1 --rounds 7 and --n-tok 128 --rounds 3 --reps 3), both dropped:
+/* ==== F16 / BF16 decode on AVX-512: the one-token 4-row tiles (tile_dec), and what was tried instead ===========
+ * A float decode takes tile_f with R = RD = 4 rows, T = 1: each x vector is loaded once for the four rows, each
+ * row is one FMA chain in column order (so a decode gives the prefill tiles' bits, tests/test_kernels_matmul.py),
+ * and the next four rows are prefetched at the offset reached (tile_f's T == 1 branch).
+ * Until 2026-12-02 rows of at most 8192 columns took a path of their own instead, one row at a time as one
+ * software-prefetched stream per thread (measured then, before the tiles prefetched: 4096 x 4096 +19%,
+ * 11008 x 4096 +13-17% over the 4-row tiles). One row's chain is one FMA per 4-cycle latency, 8 bytes of F16 per
+ * cycle, less than a ~2 GHz core's share of DRAM bandwidth: on a 2-core Intel host with AMX and AVX512-FP16
+ * (2.0 GHz TSC, 48 KB L1d, 2 MB L2), `bench_prefill_ab.py OLD NEW --types F16,BF16 --shapes 4096x4096,11008x4096
+ * --threads 2 --n-tok 1 --rounds 7 --reps 5`, wall GMAC/s, the 4-row tiles against it: F16 1.38x / 1.31x, BF16
+ * 1.23x / 1.33x (two rows at a time: F16 1.06x / 1.25x, BF16 1.51x / 1.18x); end to end (`powerinfer bench -m
+ * FILE -t 2 -p 16 -n 32 -r 3`, 8-layer 7B-shape files, two alternating rounds) F16 decode 0.84x / 0.95x
+ * llama.cpp before, 1.10x / 1.05x after, BF16 1.18x / 1.02x before, 1.32x / 1.52x after. On the 2-core Zen 5 host
+ * (~3.3 GHz+) the same grouping had measured 0.94-1.09x on 11008 x 4096 (DRAM, noise) and 1.17-1.75x on
+ * 4096 x 4096 (in L3). So the path was removed.
+ * Four FMA chains per row (vectors k, k+1, k+2, k+3 of each step, summed at the end) decoded faster on the
+ * Zen 5 host (`bench_prefill_ab.py --types F16 --n-tok 1 --threads 2 --rounds 15`, wall GMAC/s: 4096 x 4096
+ * 17.4 -> 21.5, 11008 x 4096 17.6 -> 19.9) but are not taken: the prefill tiles would need the same four strided
+ * chains. Two ways of giving the tiles those chains were built and measured (same host, `bench_prefill_ab.py OLD
+ * NEW --types F16,BF16,F32 --threads 2`, --n-tok 1 --rounds 7 and --n-tok 128 --rounds 3 --reps 3), both dropped:
  *   - all four chains in the prefill tile's registers (2 rows x 3 tokens x 4 chains = 24 zmm): decode 4096 x 4096
  *     1.21-1.23x, 11008 x 4096 1.02-1.07x, but prefill 0.49-0.78x (five loads per six fmas where 4 x 6 has ten
  *     per 24);
@@ -1444,45 +1451,7 @@ static void q5_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
  *     registers and the others in the block buffer: FSEG 128 decode 1.40x / 1.20x (4096 x 11008: 0.76x) but
  *     prefill 0.60-0.77x (the buffer round trip per segment); FSEG 512 prefill 0.89-0.93x and the decode gain
  *     gone (1.00x / 0.93x: four streams 1 KB apart); one chain per quarter row (streams 2 KB apart) decoded
- *     at 0.72-0.82x.
- * Four rows at once per thread, one chain each (the same bits as one row at a time: each row's chain is
- * unchanged), the next four rows prefetched at the offset reached (F_DEC_ROWS): one row's chain is one FMA per
- * 4-cycle latency, 8 bytes of F16 per cycle, which on a ~2 GHz core is less than its share of DRAM bandwidth.
- * On the 2-core Zen 5 host (~3.3 GHz+) two or four rows gave 4096 x 4096 (in L3) 1.17-1.75x and 11008 x 4096
- * (DRAM) 0.94-1.09x over runs, so they were not taken there; on a 2-core Intel host with AMX and AVX512-FP16
- * (2.0 GHz TSC, 48 KB L1d, 2 MB L2), `bench_prefill_ab.py OLD NEW --types F16,BF16 --shapes
- * 4096x4096,11008x4096 --threads 2 --n-tok 1 --rounds 7 --reps 5`, wall GMAC/s against one row: four rows
- * (a loop of their own) F16 1.16x / 1.47x (11008 x 4096: 9.5 -> 14.0), BF16 1.16x / 1.34x; two rows F16
- * 1.06x / 1.25x, BF16 1.51x / 1.18x. Four rows were never slower where measured, so they are taken, as
- * tile_f's one-token 4-row tiles (the same loop: one x load per four rows, the next rows prefetched; a second
- * run of the same command: F16 1.38x / 1.31x, BF16 1.23x / 1.33x). End to end (`powerinfer bench -m FILE -t 2
- * -p 16 -n 32 -r 3`, 8-layer 7B-shape files, two alternating rounds on that host): F16 decode 0.84x / 0.95x
- * llama.cpp before, 1.10x / 1.05x after; BF16 1.18x / 1.02x before, 1.32x / 1.52x after. */
-#if defined(MM_AVX512)
-#define F_ROW_DECODE 1
-#define F_ROW_MAX_COLS 8192
-#define F_ROW_PF_DIST 4096
-#define F_DEC_ROWS 4 /* rows decoded at once, each its own chain (see above) */
-static void f_decode_rows(const mm_job *j, int64_t r0, int64_t r1, const int type) {
-    const int64_t K = j->n_cols, kfull = K / FL * FL;
-    /* tile_f's one-token tiles: each x vector loaded once for the four rows, the next rows prefetched */
-    for (; r0 + F_DEC_ROWS <= r1; r0 += F_DEC_ROWS) tile_f(j, r0, 0, F_DEC_ROWS, 1, type);
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *row = mm_row(j, r);
-        fv acc = fv_zero();
-        pf_stream ahead = pf_start(j, r, F_ROW_PF_DIST);
-        for (int64_t k = 0; k < kfull; k += FL) {
-            if (!(k & 31)) pf_step(j, &ahead, r1, 64); /* one prefetch per 64 bytes of the 2-byte types */
-            acc = fv_fma(wf_load(type, row, k, 0, 0), xf_load(j->x + k, 0, 0), acc);
-        }
-        if (kfull < K) {
-            const lanemask m = (lanemask)((1u << (K - kfull)) - 1);
-            acc = fv_fma(wf_load(type, row, kfull, 1, m), xf_load(j->x + kfull, 1, m), acc);
-        }
-        j->y[r] = fv_sum(acc);
-    }
-}
-#endif
+ *     at 0.72-0.82x. */
 
 /* ==== tile instances and the row-chunk driver ========================================================= */
 #define TILE_FN(name, R, T)                                                                                  \
@@ -1641,13 +1610,6 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
 #if defined(Q5_ROW_DECODE)
         if (type_kind(j->type) >= K_Q5 && !kind_quad(type_kind(j->type)) && j->stream) {
             q5_decode_rows(j, r, r_end);
-            return;
-        }
-#endif
-#if defined(F_ROW_DECODE)
-        if ((j->type == PI_F16 || j->type == PI_BF16) && j->stream && j->n_cols <= F_ROW_MAX_COLS) {
-            if (j->type == PI_F16) f_decode_rows(j, r, r_end, PI_F16);
-            else f_decode_rows(j, r, r_end, PI_BF16);
             return;
         }
 #endif

@@ -24,12 +24,13 @@ def _reference_llama_cpp_without_amx() -> None:
     not its fastest buffers, so there every llama.cpp the tests open, in this process or in a child, loads with
     use_extra_bufts off (llama.cpp's --no-repack: its plain CPU kernels). Elsewhere nothing changes."""
     try:
-        import llama_cpp
+        import llama_cpp  # noqa: F401  (only: is it installed)
     except ImportError:  # the tests that need it fail on their own import
         return
-    if b"AMX_INT8 = 1" not in llama_cpp.llama_print_system_info():
+    from powerinfer_py.tools.bench import LLAMACPP_REPACK_ENV, llamacpp_reports_amx
+
+    if not llamacpp_reports_amx():
         return
-    from powerinfer_py.tools.bench import LLAMACPP_REPACK_ENV
 
     os.environ[LLAMACPP_REPACK_ENV] = "0"  # LlamaCppRef, here and in the CLI children the tests start
     import llama_cpp.llama_cpp as lib  # the module Llama() reads its default model parameters from

@@ -101,14 +101,12 @@ def test_llama_cpp_ref_can_load_without_repacked_buffers(synthetic_model, monkey
 
 
 def test_amx_warning_follows_llama_cpp_and_the_switch(monkeypatch):
-    import llama_cpp
-
-    from powerinfer_py.tools.bench import LLAMACPP_REPACK_ENV, llamacpp_amx_risk
+    from powerinfer_py.tools.bench import LLAMACPP_REPACK_ENV, llamacpp_amx_risk, llamacpp_reports_amx
 
     monkeypatch.setenv(LLAMACPP_REPACK_ENV, "0")
     assert llamacpp_amx_risk() is None  # repacking already off: nothing to warn of
     monkeypatch.setenv(LLAMACPP_REPACK_ENV, "1")
-    amx = b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
+    amx = llamacpp_reports_amx()
     risk = llamacpp_amx_risk()
     assert (risk is not None) == amx
     if amx:

@@ -179,14 +179,17 @@ def llamacpp_repack_default() -> bool:
     return os.environ.get(LLAMACPP_REPACK_ENV, "1").strip() != "0"
 
 
+def llamacpp_reports_amx() -> bool:
+    """Whether this llama.cpp build says it runs AMX kernels (its system info line)."""
+    import llama_cpp as L
+
+    return b"AMX_INT8 = 1" in L.llama_print_system_info()
+
+
 def llamacpp_amx_risk() -> str | None:
     """For benchmarks that open llama.cpp in their own process (a crash there cannot be retried): a warning to
     print where llama.cpp reports AMX and would repack, else None."""
-    if not llamacpp_repack_default():
-        return None
-    import llama_cpp as L
-
-    if b"AMX_INT8 = 1" not in L.llama_print_system_info():
+    if not llamacpp_repack_default() or not llamacpp_reports_amx():
         return None
     return (f"llama.cpp reports AMX_INT8 here, and its repacked (AMX) weight buffers have crashed it (SIGSEGV) on "
             f"such hosts; if this run dies, run it again with {LLAMACPP_REPACK_ENV}=0 (llama.cpp is then slower "
@@ -447,23 +450,24 @@ def run_bench(model: str | os.PathLike, n_gen: int = 128, n_prompt: int = 128, t
         raise PowerInferError("bench needs at least 4 prompt tokens, 1 generated token and 1 repetition")
     threads = threads or usable_cpus()
     report = BenchReport(str(path), threads, n_prompt, n_gen, warnings=warnings)
+    def measure(engine: str, repack: bool) -> EngineRun:
+        return run_child(engine, path if engine == "ours" else ref_path, n_prompt, n_gen, threads,
+                         sparse=sparse, sparse_threshold=sparse_threshold, sparsity=sparsity, backend=backend,
+                         vram_budget=vram_budget, use_mmap=use_mmap, predictor_dtype=predictor_dtype,
+                         llamacpp_repack=repack)
+
     repack = llamacpp_repack_default()
     for rep in range(reps):
         order = engines if rep % 2 == 0 else tuple(reversed(engines))
         for engine in order:
-            def measure():
-                return run_child(engine, path if engine == "ours" else ref_path, n_prompt, n_gen, threads,
-                                 sparse=sparse, sparse_threshold=sparse_threshold, sparsity=sparsity,
-                                 backend=backend, vram_budget=vram_budget, use_mmap=use_mmap,
-                                 predictor_dtype=predictor_dtype, llamacpp_repack=repack)
             try:
-                run = measure()
+                run = measure(engine, repack)
             except ChildCrashed as e:
                 if engine != "llamacpp" or not repack:
                     raise
                 # llama.cpp's repacked (AMX) buffers crash on some hosts: measure it without them, and say so
                 repack = False
-                run = measure()
+                run = measure(engine, repack)
                 report.warnings.append(
                     f"llama.cpp died by signal {e.signal_number} with its repacked weight buffers (CPU_REPACK / "
                     f"AMX); it was measured without them (its --no-repack), which may be slower than its default")
