@@ -88,6 +88,8 @@
  * unchanged), by whichever thread, so results are bit-identical across runs, thread counts, decode/prefill
  * and dense/row-gather.
  */
+#define _GNU_SOURCE /* syscall (matmul_k_amx.h) */
+#include <math.h>
 #include "kquant_simd.h"   /* the ISA (MK_AVX512, MK_AVX2), ksb, kacc, scale_words, dot_acc */
 #include "matmul_iq.h"      /* AVX-512: unpack_iq, the I-quants' super-blocks into ksb */
 #include "matmul_iq_tile.h" /* AVX-512: mk_rows_iq, I-quant prefill, each super-block unpacked once per IQ_GROUP tiles */
@@ -106,7 +108,9 @@ typedef struct {
     const float *x;         /* f32 [n_tok, n_sb * 256] */
     block_q8_K *xq;         /* [n_tok, n_sb] */
     float *y;               /* f32 [n_tok, n_out] */
-    uint8_t *work;          /* AVX-512 I-quant prefill: one iq_work per thread (NULL where unused) */
+    uint8_t *work;          /* AVX-512 I-quant prefill: one iq_work per thread; AMX: one A area per thread */
+    int amx;                /* AMX prefill for this call (matmul_k_amx.h); then decode sums as it does (`full`) */
+    const void *amx_x;      /* AMX: the B tiles of the tokens (amx_xsb) */
 } mk_job;
 
 /* ==== activation quantization (llama.cpp quantize_row_q8_K_ref) ======================================= */
@@ -469,8 +473,23 @@ INLINE void k_stream_prefetch(const uint8_t *p, const size_t size) {
 }
 
 /* One row against one token, all its super-blocks: per token the same FMAs as in k_span; stream: prefetch ahead */
-INLINE float k_dot_pf(const int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb, const int stream) {
+INLINE float k_dot_pf(const int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb, const int stream,
+                      const int full) {
     const size_t size = pi_block_bytes(type);
+    if (full && (type == PI_Q4_K || type == PI_Q5_K)) {
+        /* the sums of the AMX path (matmul_k_amx.h): each super-block's integers whole, then scalar FMAs */
+        float acc = 0.0f, accm = 0.0f;
+        for (int64_t i = 0; i < n_sb; i++) {
+            if (stream) k_stream_prefetch(row + i * size, size);
+            ksb s;
+            k_unpack(type, row + i * size, &s);
+            const int isum = _mm512_reduce_add_epi32(isum_q45k(&s, x + i));
+            const int imin = _mm512_reduce_add_epi32(_mm512_zextsi256_si512(k_imin(&s, x + i)));
+            acc = fmaf((float)isum, x[i].d * s.d, acc);
+            accm = fmaf((float)imin, x[i].d * s.dmin, accm);
+        }
+        return acc - accm;
+    }
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
     int64_t i = 0;
@@ -492,7 +511,7 @@ INLINE float k_dot_pf(const int type, const uint8_t *row, const block_q8_K *x, i
     return k_has_min(type) ? hsum(acc, accm) : _mm512_reduce_add_ps(acc);
 }
 INLINE float k_dot(const int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb) {
-    return k_dot_pf(type, row, x, n_sb, 0);
+    return k_dot_pf(type, row, x, n_sb, 0, 0);
 }
 
 #define K_SPAN_FN(name, dname, TYPE)                                                                           \
@@ -674,12 +693,12 @@ static inline void prefetch_row(const mk_job *j, int64_t i) {
     static void name(const mk_job *j, int64_t r_beg, int64_t r_end) {                                         \
         if (!j->sel) {                                                                                        \
             for (int64_t o = r_beg; o < r_end; o++)                                                           \
-                j->y[o] = k_dot_pf(TYPE, j->w + o * j->row_bytes, j->xq, j->n_sb, 1);                         \
+                j->y[o] = k_dot_pf(TYPE, j->w + o * j->row_bytes, j->xq, j->n_sb, 1, j->amx);                 \
             return;                                                                                           \
         }                                                                                                     \
         for (int64_t o = r_beg; o < r_end; o++) {                                                             \
             if (o + PF_ROWS < r_end) prefetch_row(j, j->sel[o + PF_ROWS]);                                    \
-            j->y[o] = k_dot(TYPE, j->w + j->sel[o] * j->row_bytes, j->xq, j->n_sb);                           \
+            j->y[o] = k_dot_pf(TYPE, j->w + j->sel[o] * j->row_bytes, j->xq, j->n_sb, 0, j->amx);             \
         }                                                                                                     \
     }
 K_DECODE_FN(decode_q2k, PI_Q2_K)
@@ -714,7 +733,17 @@ static void mk_decode(const mk_job *j, int64_t r_beg, int64_t r_end) {
     }
 }
 
+#include "matmul_k_amx.h" /* Q4_K / Q5_K prefill with AMX tiles, where the build and the process have them */
+
 static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end, int thread_id) {
+#if defined(MK_AMX)
+    if (j->amx && j->n_tok > 1) {
+        amx_rows(j->type, j->w, j->row_bytes, j->sel, j->n_sb, j->n_tok, j->amx_x,
+                 (amx_wsb *)(j->work + (size_t)thread_id * (size_t)j->n_sb * sizeof(amx_wsb)), j->y, j->n_out, r_beg,
+                 r_end);
+        return;
+    }
+#endif
     /* Tiles take every token of a batch, the last one fewer than KT if need be (a mixture-of-experts layer gives
      * each expert a few tokens): measured 3-6 tokens at 4096 x 4096, two threads, one build per process, 1.2-2.3x
      * the one-token path for Q4_K, Q5_K, Q3_K and IQ4_XS, about even for Q2_K, but 0.5-0.9x for Q6_K, whose
@@ -852,16 +881,75 @@ static void mk_chunk(void *ctx, int64_t chunk, int thread_id) {
     mk_rows(j, r_beg, r_beg + j->rows_per_chunk < j->n_out ? r_beg + j->rows_per_chunk : j->n_out, thread_id);
 }
 
+/* Whether a call takes the AMX prefill (and decode its sums): Q4_K / Q5_K where the build and process have AMX */
+static int k_use_amx(int type, int64_t n_tok) {
+#if defined(MK_AMX)
+    (void)n_tok;
+    return amx_type(type) && mk_amx_enabled();
+#else
+    (void)type, (void)n_tok;
+    return 0;
+#endif
+}
+
+#if defined(MK_AMX)
+/* The AMX work area: one A area (amx_wsb per super-block) per thread, then the tokens' B tiles */
+static size_t amx_work_bytes(const pi_pool *pool, int64_t n_sb, int64_t n_tiles) {
+    return (size_t)pi_pool_n_threads(pool) * (size_t)n_sb * sizeof(amx_wsb) + (size_t)(n_tiles * n_sb) * sizeof(amx_xsb);
+}
+static amx_xsb *amx_x_area(const pi_pool *pool, uint8_t *work, int64_t n_sb) {
+    return (amx_xsb *)(work + (size_t)pi_pool_n_threads(pool) * (size_t)n_sb * sizeof(amx_wsb));
+}
+typedef struct {
+    const block_q8_K *xq;
+    int64_t n_sb, n_tok;
+    const int64_t *tok_off; /* experts: token ranges */
+    amx_xsb *out;
+} amx_fill_job;
+static void amx_fill_tile(void *ctx, int64_t tb, int thread_id) {
+    (void)thread_id;
+    const amx_fill_job *f = ctx;
+    const int64_t t0 = tb * AMX_TOK, nt = f->n_tok - t0 < AMX_TOK ? f->n_tok - t0 : AMX_TOK;
+    amx_fill_tokens(f->xq + t0 * f->n_sb, f->n_sb, nt, f->out + tb * f->n_sb);
+}
+static int64_t amx_tile_base(const int64_t *tok_off, int64_t e) {
+    int64_t n = 0;
+    for (int64_t k = 0; k < e; k++) n += amx_tiles(tok_off[k + 1] - tok_off[k]);
+    return n;
+}
+static void amx_fill_expert(void *ctx, int64_t e, int thread_id) {
+    (void)thread_id;
+    const amx_fill_job *f = ctx;
+    const int64_t t0 = f->tok_off[e], n = f->tok_off[e + 1] - t0;
+    if (n > 0) amx_fill_tokens(f->xq + t0 * f->n_sb, f->n_sb, n, f->out + amx_tile_base(f->tok_off, e) * f->n_sb);
+}
+#else
+static size_t amx_work_bytes(const pi_pool *pool, int64_t n_sb, int64_t n_tiles) {
+    (void)pool, (void)n_sb, (void)n_tiles;
+    return 0;
+}
+static int64_t amx_tiles(int64_t n_tok) { return n_tok; }
+#endif
+
 void pi_matmul_k(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *rows, int64_t n_rows,
                  const float *x, int64_t n_tok, float *y) {
     if (n_rows <= 0 || n_tok <= 0) return;
     mk_job j = {.type = type, .w = w, .row_bytes = pi_row_size(type, n_cols), .n_sb = n_cols / QK_K,
                 .n_out = n_rows, .n_tok = n_tok, .sel = rows, .x = x, .y = y};
     const size_t xq_bytes = ((size_t)(n_tok * j.n_sb) * sizeof(block_q8_K) + 63) & ~(size_t)63;
-    const size_t work_bytes = iq_work_bytes(pool, type, n_tok);
+    j.amx = k_use_amx(type, n_tok);
+    const size_t work_bytes = j.amx ? (n_tok > 1 ? amx_work_bytes(pool, j.n_sb, amx_tiles(n_tok)) : 0)
+                                    : iq_work_bytes(pool, type, n_tok);
     j.xq = pi_pool_scratch(pool, xq_bytes + work_bytes);
     j.work = work_bytes ? (uint8_t *)j.xq + xq_bytes : NULL;
     pi_pool_run(pool, quantize_token, &j, n_tok);
+#if defined(MK_AMX)
+    if (j.amx && n_tok > 1) {
+        amx_fill_job f = {.xq = j.xq, .n_sb = j.n_sb, .n_tok = n_tok, .out = amx_x_area(pool, j.work, j.n_sb)};
+        j.amx_x = f.out;
+        pi_pool_run(pool, amx_fill_tile, &f, amx_tiles(n_tok));
+    }
+#endif
     const int64_t n_blocks = (n_rows + ROW_BLOCK - 1) / ROW_BLOCK;
     int64_t n_chunks = pi_pool_chunks(pool, n_blocks, 1);
     j.rows_per_chunk = (n_blocks + n_chunks - 1) / n_chunks * ROW_BLOCK;
@@ -875,6 +963,7 @@ typedef struct {
     const int32_t *experts;
     const int64_t *tok_off;
     int64_t chunks_each;
+    const void *amx_x; /* AMX: B tiles of all experts, expert e's after those of experts 0 .. e - 1 */
 } mk_group_job;
 
 static void mk_group_chunk(void *ctx, int64_t chunk, int thread_id) {
@@ -887,6 +976,9 @@ static void mk_group_chunk(void *ctx, int64_t chunk, int thread_id) {
     j.x += t0 * j.n_sb * QK_K;
     j.xq += t0 * j.n_sb;
     j.y += t0 * j.n_out;
+#if defined(MK_AMX)
+    if (j.amx) j.amx_x = (const amx_xsb *)g->amx_x + amx_tile_base(g->tok_off, e) * j.n_sb;
+#endif
     mk_chunk(&j, chunk % g->chunks_each, thread_id);
 }
 
@@ -897,10 +989,21 @@ void pi_matmul_k_experts(pi_pool *pool, int type, const void *w, int64_t n_rows,
                                .n_out = n_rows, .n_tok = n_tok, .x = x, .y = y},
                       .experts = experts, .tok_off = tok_off};
     const size_t xq_bytes = ((size_t)(n_tok * g.base.n_sb) * sizeof(block_q8_K) + 63) & ~(size_t)63;
-    const size_t work_bytes = iq_work_bytes(pool, type, n_tok);
+    g.base.amx = k_use_amx(type, n_tok);
+    /* AMX: each expert's tokens get B tiles of their own, at most one partial tile per expert more in all */
+    const size_t work_bytes = g.base.amx ? (n_tok > 1 ? amx_work_bytes(pool, g.base.n_sb, amx_tiles(n_tok) + n_group) : 0)
+                                         : iq_work_bytes(pool, type, n_tok);
     g.base.xq = pi_pool_scratch(pool, xq_bytes + work_bytes);
     g.base.work = work_bytes ? (uint8_t *)g.base.xq + xq_bytes : NULL;
     pi_pool_run(pool, quantize_token, &g.base, n_tok);
+#if defined(MK_AMX)
+    if (g.base.amx && n_tok > 1) {
+        amx_fill_job f = {.xq = g.base.xq, .n_sb = g.base.n_sb, .tok_off = tok_off,
+                          .out = amx_x_area(pool, g.base.work, g.base.n_sb)};
+        g.amx_x = f.out;
+        pi_pool_run(pool, amx_fill_expert, &f, n_group);
+    }
+#endif
     const int64_t n_blocks = (n_rows + ROW_BLOCK - 1) / ROW_BLOCK;
     const int64_t each = pi_expert_chunks(pool, n_rows, n_group);
     g.base.rows_per_chunk = (n_blocks + each - 1) / each * ROW_BLOCK;
