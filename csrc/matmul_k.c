@@ -478,17 +478,25 @@ INLINE float k_dot_pf(const int type, const uint8_t *row, const block_q8_K *x, i
     const size_t size = pi_block_bytes(type);
     if (full && (type == PI_Q4_K || type == PI_Q5_K)) {
         /* the sums of the AMX path (matmul_k_amx.h): each super-block's integers whole, then scalar FMAs */
-        float acc = 0.0f, accm = 0.0f;
+        /* lane 0 carries isum and its sum, lane 8 imin and its sum: one reduction and one FMA for both (each
+         * lane's convert and FMA is the scalar one) */
+        __m512 acc = _mm512_setzero_ps();
         for (int64_t i = 0; i < n_sb; i++) {
             if (stream) k_stream_prefetch(row + i * size, size);
             ksb s;
             k_unpack(type, row + i * size, &s);
-            const int isum = _mm512_reduce_add_epi32(isum_q45k(&s, x + i));
-            const int imin = _mm512_reduce_add_epi32(_mm512_zextsi256_si512(k_imin(&s, x + i)));
-            acc = fmaf((float)isum, x[i].d * s.d, acc);
-            accm = fmaf((float)imin, x[i].d * s.dmin, accm);
+            const __m512i v = isum_q45k(&s, x + i);
+            __m512i z = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1))),
+                k_imin(&s, x + i), 1);
+            z = _mm512_add_epi32(z, _mm512_shuffle_i32x4(z, z, 0xb1));
+            z = _mm512_add_epi32(z, _mm512_shuffle_epi32(z, (_MM_PERM_ENUM)0x4e));
+            z = _mm512_add_epi32(z, _mm512_shuffle_epi32(z, (_MM_PERM_ENUM)0xb1));
+            const __m512 dd = _mm512_mul_ps(_mm512_set1_ps(x[i].d),
+                                            _mm512_insertf32x8(_mm512_set1_ps(s.d), _mm256_set1_ps(s.dmin), 1));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(z), dd, acc);
         }
-        return acc - accm;
+        return _mm512_cvtss_f32(acc) - _mm512_cvtss_f32(_mm512_shuffle_f32x4(acc, acc, 0x02));
     }
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
