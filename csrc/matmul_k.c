@@ -476,7 +476,7 @@ INLINE void k_stream_prefetch(const uint8_t *p, const size_t size) {
 INLINE float k_dot_pf(const int type, const uint8_t *row, const block_q8_K *x, int64_t n_sb, const int stream,
                       const int full) {
     const size_t size = pi_block_bytes(type);
-    if (full && (type == PI_Q4_K || type == PI_Q5_K)) {
+    if (full && (type == PI_Q4_K || type == PI_Q5_K || type == PI_Q6_K)) {
         /* the sums of the AMX path (matmul_k_amx.h): each super-block's integers whole, then scalar FMAs */
         /* lane 0 carries isum and its sum, lane 8 imin and its sum: one reduction and one FMA for both (each
          * lane's convert and FMA is the scalar one) */
@@ -485,15 +485,19 @@ INLINE float k_dot_pf(const int type, const uint8_t *row, const block_q8_K *x, i
             if (stream) k_stream_prefetch(row + i * size, size);
             ksb s;
             k_unpack(type, row + i * size, &s);
-            const __m512i v = isum_q45k(&s, x + i);
+            const __m512i v = type == PI_Q6_K ? isum_q6k(&s, x + i, _mm512_sub_epi32(_mm512_setzero_si512(),
+                                                       _mm512_zextsi256_si512(k_offset(type, s.m16,
+                                                           _mm256_load_si256((const __m256i *)x[i].bsums)))))
+                                              : isum_q45k(&s, x + i);
             __m512i z = _mm512_inserti64x4(
                 _mm512_castsi256_si512(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1))),
-                k_imin(&s, x + i), 1);
+                type == PI_Q6_K ? _mm256_setzero_si256() : k_imin(&s, x + i), 1);
             z = _mm512_add_epi32(z, _mm512_shuffle_i32x4(z, z, 0xb1));
             z = _mm512_add_epi32(z, _mm512_shuffle_epi32(z, (_MM_PERM_ENUM)0x4e));
             z = _mm512_add_epi32(z, _mm512_shuffle_epi32(z, (_MM_PERM_ENUM)0xb1));
             const __m512 dd = _mm512_mul_ps(_mm512_set1_ps(x[i].d),
-                                            _mm512_insertf32x8(_mm512_set1_ps(s.d), _mm256_set1_ps(s.dmin), 1));
+                                            _mm512_insertf32x8(_mm512_set1_ps(s.d),
+                                                               _mm256_set1_ps(type == PI_Q6_K ? 0.0f : s.dmin), 1));
             acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(z), dd, acc);
         }
         return _mm512_cvtss_f32(acc) - _mm512_cvtss_f32(_mm512_shuffle_f32x4(acc, acc, 0x02));
@@ -909,6 +913,7 @@ static amx_xsb *amx_x_area(const pi_pool *pool, uint8_t *work, int64_t n_sb) {
     return (amx_xsb *)(work + (size_t)pi_pool_n_threads(pool) * (size_t)n_sb * sizeof(amx_wsb));
 }
 typedef struct {
+    int type;
     const block_q8_K *xq;
     int64_t n_sb, n_tok;
     const int64_t *tok_off; /* experts: token ranges */
@@ -918,7 +923,7 @@ static void amx_fill_tile(void *ctx, int64_t tb, int thread_id) {
     (void)thread_id;
     const amx_fill_job *f = ctx;
     const int64_t t0 = tb * AMX_TOK, nt = f->n_tok - t0 < AMX_TOK ? f->n_tok - t0 : AMX_TOK;
-    amx_fill_tokens(f->xq + t0 * f->n_sb, f->n_sb, nt, f->out + tb * f->n_sb);
+    amx_fill_tokens(f->type, f->xq + t0 * f->n_sb, f->n_sb, nt, f->out + tb * f->n_sb);
 }
 static int64_t amx_tile_base(const int64_t *tok_off, int64_t e) {
     int64_t n = 0;
@@ -929,7 +934,7 @@ static void amx_fill_expert(void *ctx, int64_t e, int thread_id) {
     (void)thread_id;
     const amx_fill_job *f = ctx;
     const int64_t t0 = f->tok_off[e], n = f->tok_off[e + 1] - t0;
-    if (n > 0) amx_fill_tokens(f->xq + t0 * f->n_sb, f->n_sb, n, f->out + amx_tile_base(f->tok_off, e) * f->n_sb);
+    if (n > 0) amx_fill_tokens(f->type, f->xq + t0 * f->n_sb, f->n_sb, n, f->out + amx_tile_base(f->tok_off, e) * f->n_sb);
 }
 #else
 static size_t amx_work_bytes(const pi_pool *pool, int64_t n_sb, int64_t n_tiles) {
@@ -953,7 +958,7 @@ void pi_matmul_k(pi_pool *pool, int type, const void *w, int64_t n_cols, const i
     pi_pool_run(pool, quantize_token, &j, n_tok);
 #if defined(MK_AMX)
     if (j.amx && n_tok > 1) {
-        amx_fill_job f = {.xq = j.xq, .n_sb = j.n_sb, .n_tok = n_tok, .out = amx_x_area(pool, j.work, j.n_sb)};
+        amx_fill_job f = {.type = type, .xq = j.xq, .n_sb = j.n_sb, .n_tok = n_tok, .out = amx_x_area(pool, j.work, j.n_sb)};
         j.amx_x = f.out;
         pi_pool_run(pool, amx_fill_tile, &f, amx_tiles(n_tok));
     }
@@ -1006,7 +1011,7 @@ void pi_matmul_k_experts(pi_pool *pool, int type, const void *w, int64_t n_rows,
     pi_pool_run(pool, quantize_token, &g.base, n_tok);
 #if defined(MK_AMX)
     if (g.base.amx && n_tok > 1) {
-        amx_fill_job f = {.xq = g.base.xq, .n_sb = g.base.n_sb, .tok_off = tok_off,
+        amx_fill_job f = {.type = type, .xq = g.base.xq, .n_sb = g.base.n_sb, .tok_off = tok_off,
                           .out = amx_x_area(pool, g.base.work, g.base.n_sb)};
         g.amx_x = f.out;
         pi_pool_run(pool, amx_fill_expert, &f, n_group);

@@ -42,13 +42,15 @@
 typedef struct __attribute__((aligned(64))) {
     int8_t b[4][16][64]; /* chunk c, row k4: bytes 4 k4 .. 4 k4 + 3 of chunk c of tokens 0..15 */
     float dx[AMX_TOK];   /* the tokens' Q8_K scales (0 past the last token) */
-    int32_t bsp[4][AMX_TOK]; /* pair p: sub-block 2p's bsum (low word) and 2p + 1's (high word) of each token */
+    int32_t bsp[8][AMX_TOK]; /* Q4_K/Q5_K: pair p < 4: sub-block 2p's bsum (low word) and 2p + 1's (high word)
+                                of each token; Q6_K: pair p < 8: its bsums 2p and 2p + 1 (groups of 16) */
 } amx_xsb;
 
 typedef struct __attribute__((aligned(64))) {
     uint8_t a[4][2][AMX_TOK][64]; /* chunk c, low (0) / high (1) byte of q_w * sc, row r */
     float d[AMX_TOK], dmin[AMX_TOK];
-    int32_t mp[4][AMX_TOK]; /* pair p of row r: m_2p (low word), m_2p+1 (high word) */
+    int32_t mp[8][AMX_TOK]; /* pair p of row r: Q4_K/Q5_K m_2p (low word), m_2p+1 (high word), p < 4;
+                               Q6_K the scales sc_2p, sc_2p+1 of groups 2p, 2p + 1, p < 8 */
 } amx_wsb;
 
 typedef struct __attribute__((packed, aligned(64))) {
@@ -69,11 +71,11 @@ static int mk_amx_enabled(void) {
     return on;
 }
 
-static inline int amx_type(int type) { return type == PI_Q4_K || type == PI_Q5_K; }
+static inline int amx_type(int type) { return type == PI_Q4_K || type == PI_Q5_K || type == PI_Q6_K; }
 static inline int64_t amx_tiles(int64_t n_tok) { return (n_tok + AMX_TOK - 1) / AMX_TOK; }
 
 /* B tiles of the tokens xq[0 .. n_tok - 1] (each n_sb super-blocks): amx_tiles(n_tok) * n_sb of them */
-static void amx_fill_tokens(const block_q8_K *xq, int64_t n_sb, int64_t n_tok, amx_xsb *out) {
+static void amx_fill_tokens(int type, const block_q8_K *xq, int64_t n_sb, int64_t n_tok, amx_xsb *out) {
     for (int64_t tb = 0; tb < amx_tiles(n_tok); tb++) {
         const int nt = n_tok - tb * AMX_TOK < AMX_TOK ? (int)(n_tok - tb * AMX_TOK) : AMX_TOK;
         for (int64_t i = 0; i < n_sb; i++) {
@@ -84,8 +86,9 @@ static void amx_fill_tokens(const block_q8_K *xq, int64_t n_sb, int64_t n_tok, a
                 for (int c = 0; c < 4; c++)
                     for (int k4 = 0; k4 < 16; k4++) memcpy(&s->b[c][k4][4 * t], x->qs + 64 * c + 4 * k4, 4);
                 s->dx[t] = x->d;
-                for (int p = 0; p < 4; p++) {
-                    const int b0 = x->bsums[4 * p] + x->bsums[4 * p + 1], b1 = x->bsums[4 * p + 2] + x->bsums[4 * p + 3];
+                for (int p = 0; p < (type == PI_Q6_K ? 8 : 4); p++) {
+                    const int b0 = type == PI_Q6_K ? x->bsums[2 * p] : x->bsums[4 * p] + x->bsums[4 * p + 1];
+                    const int b1 = type == PI_Q6_K ? x->bsums[2 * p + 1] : x->bsums[4 * p + 2] + x->bsums[4 * p + 3];
                     s->bsp[p][t] = (int32_t)((uint32_t)(uint16_t)b0 | (uint32_t)(uint16_t)b1 << 16);
                 }
             }
@@ -93,14 +96,37 @@ static void amx_fill_tokens(const block_q8_K *xq, int64_t n_sb, int64_t n_tok, a
     }
 }
 
+/* Chunk c of Q6_K's weights times their group scales: two zmm of words (groups 4c, 4c + 1 and 4c + 2, 4c + 3),
+ * split into the unsigned low bytes and the signed high bytes (v = 256 hi + lo, |v| <= 63 * 128) */
+INLINE void amx_q6k_chunk(const ksb *k, const int8_t *sc, int c, uint8_t *lo, uint8_t *hi) {
+    for (int h = 0; h < 2; h++) {
+        const __m512i sw = _mm512_inserti64x4(_mm512_set1_epi16(sc[4 * c + 2 * h]), _mm256_set1_epi16(sc[4 * c + 2 * h + 1]), 1);
+        const __m256i q = h ? _mm512_extracti64x4_epi64(k->z[c], 1) : _mm512_castsi512_si256(k->z[c]);
+        const __m512i v = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(q), sw);
+        _mm256_store_si256((__m256i *)(lo + 32 * h), _mm512_cvtepi16_epi8(v));
+        _mm256_store_si256((__m256i *)(hi + 32 * h), _mm512_cvtepi16_epi8(_mm512_srai_epi16(v, 8)));
+    }
+}
+
 /* A blocks of rows rows[0 .. nr - 1] (weight row pointers), all their super-blocks; rows past nr are zero */
-static void amx_fill_rows(const uint8_t *const rows[AMX_TOK], int nr, int64_t n_sb, int q5, amx_wsb *wa) {
-    const size_t size = q5 ? sizeof(block_q5_K) : sizeof(block_q4_K);
+static void amx_fill_rows(int type, const uint8_t *const rows[AMX_TOK], int nr, int64_t n_sb, amx_wsb *wa) {
+    const size_t size = pi_block_bytes(type);
+    const int q5 = type == PI_Q5_K;
     for (int64_t i = 0; i < n_sb; i++) {
         amx_wsb *s = wa + i;
         if (nr < AMX_TOK) memset(s, 0, sizeof *s);
         for (int r = 0; r < nr; r++) {
             const uint8_t *blk = rows[r] + i * size;
+            if (type == PI_Q6_K) {
+                const block_q6_K *b = (const block_q6_K *)blk;
+                ksb k;
+                unpack_q6k(blk, &k);
+                for (int c = 0; c < 4; c++) amx_q6k_chunk(&k, b->scales, c, s->a[c][0][r], s->a[c][1][r]);
+                s->d[r] = k.d;
+                for (int p = 0; p < 8; p++)
+                    s->mp[p][r] = (int32_t)((uint32_t)(uint16_t)b->scales[2 * p] | (uint32_t)(uint16_t)b->scales[2 * p + 1] << 16);
+                continue;
+            }
             ksb k;
             unpack_q45k(blk, &k, q5);
             uint8_t sc[8], mn[8];
@@ -130,13 +156,14 @@ static void amx_rows(int type, const uint8_t *w, int64_t row_bytes, const int32_
     cfg.palette = 1;
     for (int i = 0; i < 5; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
     _tile_loadconfig(&cfg); /* tmm0, tmm1: isum low / high; tmm2, tmm3: A low / high; tmm4: B */
+    const int q6 = type == PI_Q6_K;
     int32_t cl[AMX_TOK][AMX_TOK] __attribute__((aligned(64))), ch[AMX_TOK][AMX_TOK] __attribute__((aligned(64)));
     float acc[AMX_TOK][AMX_TOK] __attribute__((aligned(64))), accm[AMX_TOK][AMX_TOK] __attribute__((aligned(64)));
     for (int64_t rb = r_beg; rb < r_end; rb += AMX_TOK) {
         const int nr = r_end - rb < AMX_TOK ? (int)(r_end - rb) : AMX_TOK;
         const uint8_t *rows[AMX_TOK];
         for (int r = 0; r < nr; r++) rows[r] = w + (sel ? sel[rb + r] : rb + r) * row_bytes;
-        amx_fill_rows(rows, nr, n_sb, type == PI_Q5_K, wa);
+        amx_fill_rows(type, rows, nr, n_sb, wa);
         for (int64_t tb = 0; tb < amx_tiles(n_tok); tb++) {
             const int nt = n_tok - tb * AMX_TOK < AMX_TOK ? (int)(n_tok - tb * AMX_TOK) : AMX_TOK;
             const amx_xsb *xt = xb + tb * n_sb;
@@ -152,11 +179,26 @@ static void amx_rows(int type, const uint8_t *w, int64_t row_bytes, const int32_
                     _tile_loadd(2, s->a[c][0], 64);
                     _tile_loadd(3, s->a[c][1], 64);
                     _tile_dpbusd(0, 2, 4);
-                    _tile_dpbusd(1, 3, 4);
+                    if (q6) _tile_dpbssd(1, 3, 4); /* Q6_K's high bytes are signed */
+                    else _tile_dpbusd(1, 3, 4);
                 }
                 _tile_stored(0, cl, 64);
                 _tile_stored(1, ch, 64);
                 const __m512 dxv = _mm512_load_ps(xt[i].dx);
+                if (q6) { /* isum = lo + 256 hi - 32 sum_g sc_g bsum_g; no mins */
+                    for (int r = 0; r < nr; r++) {
+                        __m512i off = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                        for (int p = 0; p < 8; p++)
+                            off = _mm512_dpwssd_epi32(off, _mm512_load_si512(xt[i].bsp[p]), _mm512_set1_epi32(s->mp[p][r]));
+                        const __m512i is = _mm512_sub_epi32(
+                            _mm512_add_epi32(_mm512_load_si512(cl[r]), _mm512_slli_epi32(_mm512_load_si512(ch[r]), 8)),
+                            _mm512_slli_epi32(off, 5));
+                        _mm512_store_ps(acc[r], _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dxv, _mm512_set1_ps(s->d[r])),
+                                                                _mm512_load_ps(acc[r])));
+                    }
+                    continue;
+                }
                 for (int r = 0; r < nr; r++) {
                     const __m512i is = _mm512_add_epi32(_mm512_load_si512(cl[r]), _mm512_slli_epi32(_mm512_load_si512(ch[r]), 8));
                     _mm512_store_ps(acc[r], _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dxv, _mm512_set1_ps(s->d[r])),
