@@ -944,6 +944,8 @@ static size_t amx_work_bytes(const pi_pool *pool, int64_t n_sb, int64_t n_tiles)
 static int64_t amx_tiles(int64_t n_tok) { return n_tok; }
 #endif
 
+int pi_k_amx(void) { return k_use_amx(PI_Q4_K, 2); }
+
 void pi_matmul_k(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *rows, int64_t n_rows,
                  const float *x, int64_t n_tok, float *y) {
     if (n_rows <= 0 || n_tok <= 0) return;

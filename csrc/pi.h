@@ -117,6 +117,10 @@ void pi_matmul_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, cons
  * [tok_off[n_group], n_rows]). Each value has the bits pi_matmul gives that expert and group of tokens. */
 void pi_matmul_experts(pi_pool *pool, int type, const void *w, int64_t n_rows, int64_t n_cols, const int32_t *experts,
                        const int64_t *tok_off, int64_t n_group, const float *x, float *y);
+/* 1 where Q4_K / Q5_K / Q6_K products take the AMX-INT8 tiles in this process (a build for such a CPU, the
+ * kernel's tile permission granted, POWERINFER_AMX not 0), else 0. Those sums then run in another order of f32
+ * additions than the AVX-512 tiles' (each path gives decode and prefill the same bits). */
+int pi_k_amx(void);
 
 /* Read-bandwidth probe (bench.c): reads `bytes` bytes of buf on all threads of the pool (a wide sum, so
  * nothing can be skipped) and returns the sum so the compiler keeps the loads. Used by benchmarks to print

@@ -591,3 +591,66 @@ def test_real_model_tensors(kernels, real_model):
             assert (err <= error_bound(part, x)).all(), t.name
     finally:
         f.close()
+
+
+_AMX_CHILD = """
+import hashlib, sys
+import numpy as np
+from powerinfer_py.kernels import cpu
+from powerinfer_py.gguf.types import GGMLType, Tensor
+sys.path.insert(0, sys.argv[1])
+from test_kernels_matmul import make_weight
+k = cpu.CpuKernels(2)
+out = [str(cpu.lib.pi_k_amx())]
+for name in ("Q4_K", "Q5_K", "Q6_K"):
+    w = make_weight(GGMLType[name], 37, 3 * 256, seed=5)
+    x = np.random.default_rng(6).standard_normal((19, 3 * 256), dtype=np.float32)
+    out.append(hashlib.sha256(k.matmul(w, x).tobytes()).hexdigest())
+k.close()
+print(" ".join(out))
+"""
+
+
+def _amx_child(amx: str) -> list[str]:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, POWERINFER_AMX=amx)
+    run = subprocess.run([sys.executable, "-c", _AMX_CHILD, str(Path(__file__).parent)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    return run.stdout.split()
+
+
+def test_k_quant_amx_switch():
+    """POWERINFER_AMX=0 turns the AMX prefill (matmul_k_amx.h) off. Where this process takes it, the other path
+    (the AVX-512 tiles, another order of f32 additions) must give other bits for Q4_K / Q5_K / Q6_K; where it
+    does not (no AMX in the build or the CPU), the variable changes nothing."""
+    on, off = _amx_child("1"), _amx_child("0")
+    assert off[0] == "0"
+    assert on[0] == str(cpu.lib.pi_k_amx())
+    if on[0] == "1":
+        assert all(a != b for a, b in zip(on[1:], off[1:]))
+    else:
+        assert on[1:] == off[1:]
+
+
+@pytest.mark.parametrize("ggml_type", (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K), ids=lambda t: t.name)
+def test_k_quant_without_amx_gives_decode_bits(ggml_type):
+    """The AVX-512 tiles, as an AMX host runs them with POWERINFER_AMX=0: the prefill, the gathered rows and the
+    expert groups still give each (row, token) its one-token bits, within the reference's error bound (the
+    checks of test_k_quant_prefill_tiles_give_decode_bits, in a child process where the variable is read)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    env = dict(os.environ, POWERINFER_AMX="0")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here / "test_kernels_matmul.py"),
+                          "-k", f"prefill_tiles_give_decode_bits and {ggml_type.name}"],
+                         env=env, capture_output=True, text=True, timeout=600, cwd=here.parent)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert " passed" in run.stdout and " failed" not in run.stdout
