@@ -52,6 +52,7 @@ typedef struct {
                       scales (for the -32 / -4 offset term) */
     __mmask64 neg[4]; /* IQ4_XS: the weights of z[c] whose level is negative (z holds magnitudes) */
     float d, dmin;
+    __m128 dm;     /* Q4_K/Q5_K: d, dmin in lanes 0, 1; Q6_K: d, 0 (matmul_k.c's `full` sums) */
 } ksb;
 
 /* Running sums of one row against KT tokens (a prefill tile), kept in memory between spans of super-blocks:
