@@ -93,12 +93,12 @@
  * unchanged), by whichever thread, so results are bit-identical across runs, thread counts, decode/prefill
  * and dense/row-gather.
  */
-#define _GNU_SOURCE /* syscall (matmul_k_amx.h) */
 #include <math.h>
 #include "kquant_simd.h"   /* the ISA (MK_AVX512, MK_AVX2), ksb, kacc, scale_words, dot_acc */
 #include "matmul_iq.h"      /* AVX-512: unpack_iq, the I-quants' super-blocks into ksb */
 #include "matmul_iq_tile.h" /* AVX-512: mk_rows_iq, I-quant prefill, each super-block unpacked once per IQ_GROUP tiles */
 #include "matmul_k_avx2.h"  /* AVX2: k2_dot, k2_tile */
+#include "matmul_k_amx.h"   /* AMX-INT8: amx_rows, Q4_K / Q5_K / Q6_K prefill on tiles */
 
 #define ROW_BLOCK 16 /* rows per chunk granule */
 #define TOK_BLOCK 16 /* scalar and AVX2: tokens per pass over a row (its super-blocks stay in L1) */
@@ -173,76 +173,12 @@ INLINE float hsum(__m512 acc, __m256 accm) {
     return _mm512_reduce_add_ps(acc) - _mm_cvtss_f32(m);
 }
 
-/* Q4_K / Q5_K (q5 = 1) */
-INLINE void unpack_q45k(const uint8_t *blk, ksb *s, const int q5) {
-    const block_q4_K *b = (const block_q4_K *)blk;
-    const uint8_t *qs = q5 ? ((const block_q5_K *)b)->qs : b->qs;
-    /* the block's first 16 bytes: d, dmin (f16), then the 12 scale bytes s[0..11]; bytes of scm: sc 0..7, m 0..7
-     * sc j < 4: s[j] & 63, sc j >= 4: (s[j + 4] & 15) | (s[j - 4] >> 6) << 4,
-     * m j < 4: s[j + 4] & 63, m j >= 4: (s[j + 4] >> 4) | (s[j] >> 6) << 4 */
-    const __m128i v = _mm_loadu_si128((const __m128i *)blk);
-    const __m128i lo = _mm_shuffle_epi8(v, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
-    const __m128i hi = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
-    const __m128i scm = _mm_or_si128(
-        _mm_and_si128(_mm_srlv_epi16(lo, _mm_setr_epi16(0, 0, 0, 0, 0, 0, 4, 4)),
-                      _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15)),
-        _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30)));
-    const __m128 dm = _mm_cvtph_ps(v); /* d, dmin */
-    const __m512i s16 = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(scm)); /* words 0..7 sc, 8..15 m */
-    __m256i hb = _mm256_setzero_si256();
-    if (q5) hb = _mm256_loadu_si256((const __m256i *)((const block_q5_K *)b)->qh);
-    const __m512i h = _mm512_broadcast_i64x4(hb);
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) { /* 64 weights: sub-block 2c (low nibbles), 2c + 1 (high nibbles) */
-        __m512i z = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * c)));
-        z = _mm512_and_si512(_mm512_mask_srli_epi16(z, 0xffff0000u, z, 4), _mm512_set1_epi8(0x0f));
-        if (q5) {
-            const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * c))),
-                                                   _mm256_set1_epi8((char)(1 << (2 * c + 1))), 1);
-            z = _mm512_mask_add_epi8(z, _mm512_test_epi8_mask(h, bit), z, _mm512_set1_epi8(16));
-        }
-        s->z[c] = z;
-        s->sw[c] = scale_words(s16, 2 * c, 0);
-    }
-    /* mins: word k of the bsums pairs with m_(k / 2) */
-    s->m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_srli_si128(scm, 8), _mm_srli_si128(scm, 8)));
-    s->d = _mm_cvtss_f32(dm);
-    s->dmin = _mm_cvtss_f32(_mm_movehdup_ps(dm));
-    s->dm = dm;
-}
-
 INLINE __m512i isum_q45k(const ksb *s, const block_q8_K *x) {
     __m512i isum = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int c = 0; c < 4; c++)
         isum = dot_acc(isum, _mm512_maddubs_epi16(s->z[c], _mm512_load_si512(x->qs + 64 * c)), s->sw[c]);
     return isum;
-}
-
-/* Q6_K: z[2 hf] the 6-bit values of the low nibbles of ql[64 hf ..], z[2 hf + 1] of the high nibbles */
-INLINE void unpack_q6k(const uint8_t *blk, ksb *s) {
-    const block_q6_K *b = (const block_q6_K *)blk;
-    const __m512i c02 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-    const __m512i c46 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
-    const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
-    const __m512i s16 = _mm512_zextsi256_si512(sc);
-#pragma GCC unroll 2
-    for (int hf = 0; hf < 2; hf++) {
-        const __m512i l = _mm512_loadu_si512(b->ql + 64 * hf);
-        const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * hf)));
-        const __m512i lo = _mm512_and_si512(l, _mm512_set1_epi8(0x0f));
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(l, 4), _mm512_set1_epi8(0x0f));
-        /* bits 2i..2i+1 of qh -> bits 4..5 of the byte (shifts within 16-bit words; the mask drops spill) */
-        const __m512i h0 = _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(h, c02), 4), _mm512_set1_epi8(0x30));
-        const __m512i h1 = _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi16(h, c46), 4), _mm512_set1_epi8(0x30));
-        s->z[2 * hf] = _mm512_or_si512(lo, h0);
-        s->z[2 * hf + 1] = _mm512_or_si512(hi, h1);
-        s->sw[2 * hf] = scale_words(s16, 8 * hf, 1);
-        s->sw[2 * hf + 1] = scale_words(s16, 8 * hf + 4, 1);
-    }
-    s->m16 = sc;
-    s->d = pi_h2f(b->d);
-    s->dm = _mm_set_ss(s->d);
 }
 
 INLINE __m512i isum_q6k(const ksb *s, const block_q8_K *x, __m512i isum) { /* isum: the -32 term */
@@ -798,8 +734,6 @@ static void mk_decode(const mk_job *j, int64_t r_beg, int64_t r_end) {
     default: decode_q4k(j, r_beg, r_end); return;
     }
 }
-
-#include "matmul_k_amx.h" /* Q4_K / Q5_K prefill with AMX tiles, where the build and the process have them */
 
 static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end, int thread_id) {
 #if defined(MK_AMX)

@@ -31,11 +31,10 @@
  * process asks the kernel for the tile state once (arch_prctl ARCH_REQ_XCOMP_PERM); where that fails, off. */
 #ifndef PI_MATMUL_K_AMX_H
 #define PI_MATMUL_K_AMX_H
+#include "kquant_simd.h" /* MK_AVX512, ksb, unpack_q45k, unpack_q6k, INLINE; quants.h: blocks, pi_k_scale_min */
 #if defined(MK_AVX512) && defined(__AVX512VNNI__) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
 #define MK_AMX 1
 #include <stdlib.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #define AMX_TOK 16 /* tokens per B tile (its N), rows per A tile (its M) */
 
@@ -65,8 +64,12 @@ static int mk_amx_enabled(void) {
     int s = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
     if (s) return s > 0;
     const char *env = getenv("POWERINFER_AMX");
-    const int on = !(env && env[0] == '0') &&
-                   syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+    long ret = -1;
+#if defined(__linux__) && defined(__x86_64__)
+    if (!(env && env[0] == '0')) /* arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), x86-64 Linux system call 158 */
+        __asm__ volatile("syscall" : "=a"(ret) : "a"(158L), "D"(0x1023L), "S"(18L) : "rcx", "r11", "memory");
+#endif
+    const int on = ret == 0;
     __atomic_store_n(&state, on ? 1 : -1, __ATOMIC_RELEASE);
     return on;
 }

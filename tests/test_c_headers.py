@@ -2,8 +2,9 @@
 first, and no code fragment is #included in the middle of a file that defines the names it uses.
 
 Each csrc/*.h is compiled on its own (`gcc -fsyntax-only -include csrc/<name>.h` of an empty file; included
-twice, so that its include guard is tested too), for the native ISA and, on x86-64, for an AVX2 and an AVX-512
-CPU: the SIMD parts of a header (kquant_simd.h, matmul_iq.h, matmul_iq_tile.h, matmul_k_avx2.h) are compiled
+twice, so that its include guard is tested too), for the native ISA and, on x86-64, for an AVX2, an AVX-512 and
+an AVX-512 + AMX CPU: the SIMD parts of a header (kquant_simd.h, matmul_iq.h, matmul_iq_tile.h, matmul_k_avx2.h,
+matmul_k_amx.h) are compiled
 only where the ISA has them, so each of those builds must find what it needs in the header's own includes
 (and the SIMD headers must not come out empty there).
 """
@@ -19,7 +20,7 @@ import pytest
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 HEADERS = sorted(p.name for p in CSRC.glob("*.h"))
-MARCHES = ["native"] + (["haswell", "skylake-avx512"] if platform.machine().lower() in ("x86_64", "amd64") else [])
+MARCHES = ["native"] + (["haswell", "skylake-avx512", "sapphirerapids"] if platform.machine().lower() in ("x86_64", "amd64") else [])
 
 
 def test_the_headers_are_found():
@@ -41,7 +42,8 @@ def test_header_compiles_alone(header, march):
 # A SIMD header and, for the ISA it is written for, a name it must define when read alone (it is empty on
 # other ISAs, so an include it lacks could otherwise go unseen)
 SIMD_HEADERS = {"kquant_simd.h": ("skylake-avx512", "scale_words"), "matmul_iq.h": ("skylake-avx512", "unpack_iq"),
-                "matmul_iq_tile.h": ("skylake-avx512", "mk_rows_iq"), "matmul_k_avx2.h": ("haswell", "k2_dot")}
+                "matmul_iq_tile.h": ("skylake-avx512", "mk_rows_iq"), "matmul_k_avx2.h": ("haswell", "k2_dot"),
+                "matmul_k_amx.h": ("sapphirerapids", "amx_rows")}
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc to compile with")
