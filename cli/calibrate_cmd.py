@@ -32,9 +32,10 @@ powerinfer.up_sparsity, powerinfer.ffn_up_thresholds and powerinfer.ffn_up_thres
 
 [bold]Model-wide sparsity[/] (--wide): --sparsity S in [0, 0.95] is then the fraction of the weight bytes of every
 layer's q, k, v, o, gate, up and down projections not read per token. The copy stores those seven tensors
-transposed (float types as they are, quantized ones as Q8_0) with per-input cut-offs and tables
-(powerinfer.wide.*); --criterion auto measures plain |x|, WINA (|x| times the weight column norms) and a
-greedy per-input allocation on the calibration text and keeps the one with the lowest perplexity.
+transposed (float types as they are, quantized ones as Q8 tiles: int8 codes with a scale per 32 x 32 tile) with
+per-input cut-offs and tables (powerinfer.wide.*); --criterion auto measures plain |x|, WINA (|x| times the
+weight column norms) and a greedy per-input allocation on the calibration text and keeps the one with the lowest
+perplexity.
 
   powerinfer calibrate -m demo --wide --sparsity 0.4 --text corpus.txt -o gemma-270m.w40.gguf
   powerinfer run -m gemma-270m.w40.gguf "Once upon a time" -v --sparsity 0.25
@@ -125,7 +126,7 @@ def _print_wide(res, as_json: bool) -> None:
           f"bits per weight ({res.source_bytes / 2**20:.1f} -> {res.stored_bytes / 2**20:.1f} MiB{rot})")
     if res.stored_bytes > res.source_bytes:
         print(f"note: the transposed copy reads {res.stored_bytes / res.source_bytes:.2f}x the source's projection "
-              "bytes at sparsity 0 (quantized sources are re-encoded as Q8_0, 8.5 bits per weight, plus any "
+              "bytes at sparsity 0 (quantized sources are re-encoded as Q8 tiles, 8.03 bits per weight, plus any "
               "rotations); it reads fewer "
               f"only above a model-wide sparsity of {1 - res.source_bytes / res.stored_bytes:.2f}")
     print("layer  " + "  ".join(f"{n:>8}" for n in INPUTS) + "   (skipped on the text)")

@@ -34,7 +34,8 @@ def test_calibrate_wide_prints_the_criterion_types_and_the_per_input_table(files
     _, out, _, stdout = files
     assert out.is_file()
     assert "model-wide sparsity 0.4, criterion greedy" in stdout
-    assert "Q8_0 -> Q8_0, 8.50 -> 8.50 bits per weight" in stdout  # a Q8_0 source reads the same bytes at S = 0
+    # Q8 tiles: 8 bits a code and a 4-byte scale per 32 x 32 tile; a Q8_0 source reads fewer bytes at S = 0
+    assert "Q8_0 -> Q8_TILES, 8.50 -> 8.03 bits per weight" in stdout
     assert "note:" not in stdout
     header = next(line for line in stdout.splitlines() if line.startswith("layer"))
     assert all(name in header for name in INPUTS)
@@ -50,8 +51,9 @@ def test_calibrate_wide_json_and_the_reencoding_note(synthetic_model, files, tmp
                  files[2], "--tokens", "100", "-c", "64", "-t", "1", "--criterion", "plain", "-o",
                  tmp_path / "q4b.gguf", "--json")
     out = json.loads(res.stdout)
-    assert out["criterion"] == "plain" and out["source_types"] == "Q4_0" and out["stored_types"] == "Q8_0"
-    assert out["source_bits_per_weight"] == pytest.approx(4.5) and out["stored_bits_per_weight"] == pytest.approx(8.5)
+    assert out["criterion"] == "plain" and out["source_types"] == "Q4_0" and out["stored_types"] == "Q8_TILES"
+    assert out["source_bits_per_weight"] == pytest.approx(4.5)
+    assert out["stored_bits_per_weight"] == pytest.approx(8 + 32 / 1024)  # every dimension a multiple of 32
     assert len(out["input_skipped"]) == 2 and len(out["input_skipped"][0]) == 4 and not out["rotated"]
     # rotated: one n_embd x n_embd Q8_0 matrix per layer on top
     res = invoke("calibrate", "-m", synthetic_model("llama", "q4_0"), "--wide", "--sparsity", "0.2", "--text",

@@ -174,3 +174,82 @@ def test_rotated_file_without_its_rotation_or_with_a_bad_rotated_key(synthetic_m
         meta[W.KEY_ROTATED] = "ffn_in,ffn_mid"
     with pytest.raises(ModelFileError, match="names 'ffn_mid'"):
         powerinfer_py.load(_rewrite(cal, tmp_path / "bad2.gguf", meta_edit=edit))
+
+
+@pytest.fixture(scope="module")
+def tiled(synthetic_model, tmp_path_factory):
+    """A wide file of a quantized source: its transposes in Q8 tiles (I8 .weight + F32 .scale)."""
+    src = synthetic_model("llama", "q4_0")
+    out = tmp_path_factory.mktemp("wide_tiles") / "w.gguf"
+    calibrate_wide(src, out, 0.3, text=TEXT, n_tokens=120, ctx=64, threads=1, criterion="plain")
+    with open_gguf(out) as f:
+        assert f.tensors["blk.0.attn_qkv_t.weight"].type == GGMLType.I8
+        assert f.tensors["blk.0.attn_qkv_t.scale"].shape == (2, 4)
+    return src, out
+
+
+def _scale(tiled, name="blk.0.attn_qkv_t.scale"):
+    with open_gguf(tiled[1]) as f:
+        return np.array(f.tensors[name].data, np.float32)
+
+
+def test_the_tiled_file_itself_runs(tiled):
+    """(The cases below break this file one tensor at a time.)"""
+    res = invoke("run", "-m", tiled[1], "the little boat", "-n", "3", "--temp", "0", "-t", "1")
+    assert res.exit_code == 0, res.stderr
+
+
+def test_i8_weight_without_its_scale(tiled, tmp_path):
+    bad = _rewrite(tiled[1], tmp_path / "bad.gguf", drop={"blk.1.ffn_down_t.scale"})
+    with pytest.raises(ModelFileError, match="'blk.1.ffn_down_t.weight' is I8 .* no 'blk.1.ffn_down_t.scale'"):
+        powerinfer_py.load(bad)
+    assert_user_error(invoke("run", "-m", bad, "hi", "-n", "1", "--sparse", "off"), "blk.1.ffn_down_t.scale")
+
+
+def test_tile_scale_of_the_wrong_shape(tiled, tmp_path):
+    d = np.ones((2, 3), np.float32)
+    name = "blk.0.attn_qkv_t.scale"
+    bad = _rewrite(tiled[1], tmp_path / "bad.gguf", replace={name: Tensor(name, GGMLType.F32, d.shape, d)})
+    with pytest.raises(ModelFileError, match=r"'blk.0.attn_qkv_t.scale' has shape \(2, 3\), expected \(2, 4\)"):
+        powerinfer_py.load(bad)
+
+
+def test_tile_scale_of_the_wrong_type(tiled, tmp_path):
+    name = "blk.0.attn_qkv_t.scale"
+    d = _scale(tiled).astype(np.float16)
+    bad = _rewrite(tiled[1], tmp_path / "bad.gguf", replace={name: Tensor(name, GGMLType.F16, d.shape, d)})
+    with pytest.raises(ModelFileError, match="'blk.0.attn_qkv_t.scale' .* must be F32, got F16"):
+        powerinfer_py.load(bad)
+
+
+@pytest.mark.parametrize("value,words", [(np.nan, "not finite"), (np.inf, "not finite"), (-0.01, "negative scale")])
+def test_tile_scale_not_finite_or_negative(tiled, tmp_path, value, words):
+    name = "blk.1.ffn_gate_up_t.scale"
+    d = _scale(tiled, name)
+    d[1, 5] = value
+    bad = _rewrite(tiled[1], tmp_path / "bad.gguf", replace={name: Tensor(name, GGMLType.F32, d.shape, d)})
+    with pytest.raises(ModelFileError, match=f"'blk.1.ffn_gate_up_t.scale' .* {words}"):
+        powerinfer_py.load(bad)
+    assert_user_error(invoke("run", "-m", bad, "hi", "-n", "1"), "blk.1.ffn_gate_up_t.scale", words)
+
+
+def test_i8_weight_of_the_wrong_shape(tiled, tmp_path):
+    name = "blk.0.ffn_gate_up_t.weight"
+    q = np.zeros((64, 224), np.int8)  # its scale (2, 8) would fit 225..256 columns: the weight's shape is checked
+    bad = _rewrite(tiled[1], tmp_path / "bad.gguf", replace={name: Tensor(name, GGMLType.I8, q.shape, q)})
+    with pytest.raises(ModelFileError,
+                       match=r"'blk.0.ffn_gate_up_t.weight' has shape \(64, 224\), expected \(64, 256\)"):
+        powerinfer_py.load(bad)
+
+
+def test_a_tile_scale_beside_a_weight_that_is_not_i8(tiled, calibrated, tmp_path):
+    """A .scale tensor next to a float transpose: the file mixes layouts, refused naming both tensors."""
+    with open_gguf(calibrated[1]) as f:
+        meta, types = dict(f.metadata), dict(f.metadata_types)
+        tensors = list(f.tensors.values())
+        d = np.ones((2, 4), np.float32)
+        tensors.append(Tensor("blk.0.attn_qkv_t.scale", GGMLType.F32, d.shape, d))
+        write_gguf(tmp_path / "bad.gguf", meta, tensors, types=types, magic=f.magic, alignment=f.alignment)
+    with pytest.raises(ModelFileError, match="'blk.0.attn_qkv_t.scale' holds Q8 tile scales, but "
+                                             "'blk.0.attn_qkv_t.weight' is F32, not I8"):
+        powerinfer_py.load(tmp_path / "bad.gguf")

@@ -384,6 +384,28 @@ class CpuKernels:
                              ffi.from_buffer("float[]", h2), n_sel, n_tok, ffi.from_buffer("float[]", y))
         return y[0] if h.ndim == 1 else y
 
+    def axpy_tiles(self, w: "_ref.Q8Tiles", rows, h) -> np.ndarray:
+        """axpy_rows for a matrix in Q8 tiles (ref.Q8Tiles: int8 codes [n_in, n_cols], one f32 scale per 32 x 32
+        tile; csrc/axpy_q8t.c, ref.axpy_tiles is the spec): h is quantized per token and per 32-input tile row, and
+        each tile row's sum over its kept inputs is an exact integer. rows int32 [n_sel] ascending; h f32 [n_sel]
+        -> y [n_cols], or [n_tok, n_sel] -> [n_tok, n_cols]."""
+        w = _ref.check_q8_tiles(w)
+        if self._pool is None:
+            raise ValueError("this CpuKernels has been closed")
+        what = f"axpy_tiles {w.name}"
+        r = _ref.check_sparse_rows(what, rows, w.n_rows)
+        h2 = _ref.check_sparse_h(what, h, len(r))
+        n_tok, n_sel = h2.shape
+        n_in, n_cols = w.shape
+        y = np.empty((n_tok, n_cols), dtype=np.float32)
+        if n_sel == 0:
+            y[:] = 0
+        elif n_tok and n_cols:
+            lib.pi_axpy_q8t(self._pool, ffi.from_buffer("int8_t[]", w.q), ffi.from_buffer("float[]", w.d), n_in,
+                            n_cols, ffi.from_buffer("int32_t[]", r), ffi.from_buffer("float[]", h2), n_sel, n_tok,
+                            ffi.from_buffer("float[]", y))
+        return y[0] if h.ndim == 1 else y
+
     def fc2t_pack(self, fc2: Tensor) -> "_ref.FC2T":
         """The copy by hidden unit of a Q4_0 / Q8_0 predictor fc2 [n_ff, rank] (csrc/fc2t.c): the same codes and
         scales, one row per hidden unit, for fc2t_logits. The buffer is 64-byte aligned (rows are whole lines)."""

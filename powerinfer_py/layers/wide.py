@@ -11,9 +11,9 @@ Every projection of a layer reads only the weight columns of the inputs that sur
 Per token, input element i of input j is kept iff score_i = |x_i| * c_i >= t_j (c_i = 1 for the plain criterion;
 the norm of row i of the transposed matrix, i.e. of W's column i, for the WINA-style criteria), and
   y = sum_{kept i} x_i * W_t[i, :]
-which is pi_axpy_rows over the kept rows: a row of the stored transpose is one input's contiguous weights, so
-every skipped input is a skipped row of bytes. q|k|v and gate|up share their input and sit side by side in one
-row, so one AXPY serves each shared input with longer contiguous rows. A batch (prefill) takes the union of its
+which is an AXPY over the kept rows (pi_axpy_rows, or pi_axpy_q8t for Q8 tiles): a row of the stored transpose
+is one input's contiguous weights, so every skipped input is a skipped row of bytes. q|k|v and gate|up share
+their input and sit side by side in one row, so one AXPY serves each shared input with longer contiguous rows. A batch (prefill) takes the union of its
 tokens' kept rows and zeroes each token's own skipped inputs, so every token gets its one-token result. An
 input whose cut-off is <= 0 keeps every element: the dense product through the same layout (`--sparse off` on
 a calibrated file, and sparsity 0).
@@ -23,8 +23,12 @@ metadata (docs/FORMATS.md section 5b) per layer and input the quantiles of the s
 a table that maps a model-wide target S (the fraction of these layers' weight bytes not read per token) to a
 per-input sparsity; another S at run time is interpolated from both tables. The file holds the transposed
 tensors instead of attn_q/k/v/output and ffn_gate/up/down: float sources keep their type (the same values),
-quantized ones become Q8_0 (the dequantized matrix transposed and quantized again; F32 where a row is not a
-multiple of 32 long).
+quantized ones become Q8 tiles (kernels/ref.py's Q8Tiles: the dequantized matrix transposed, as int8 codes
+blk.N.<name>.weight (I8) with one f32 scale per tile of 32 inputs x 32 outputs in blk.N.<name>.scale (F32), 8.03
+bits per weight; any row length). A scale shared by 32 inputs lets a tile row's products be summed in integers
+(the activations quantized per token and per 32 inputs), so a batch sums over inputs as a dense prefill does.
+Files written before the tiles hold Q8_0 transposes (one f16 scale per row and block of 32 outputs): they still
+load and run through pi_axpy_rows.
 
 Rotation (LaRoSA-style, `calibrate --rotate`, the default for quantized sources): the normed hidden states
 attn_in and ffn_in are Gaussian-like, so dropping their small elements loses much of their energy. A file may
@@ -51,9 +55,12 @@ import numpy as np
 from ..config import KEY_WIDE_PREFIX, QUANTILE_STEPS
 from ..errors import ModelFileError, PowerInferError, UnsupportedError
 from ..gguf.types import GGMLType, Tensor
+from ..kernels.ref import Q8Tiles, q8_tiles_shape, quantize_q8_tiles
 
 INPUTS = ("attn_in", "attn_out", "ffn_in", "ffn_mid")  # the order of every per-input table
 WIDE_TENSORS = ("attn_qkv_t", "attn_output_t", "ffn_gate_up_t", "ffn_down_t")  # blk.N.<name>.weight, by input
+# a Q8 tile matrix is blk.N.<name>.weight (I8 codes, rows = inputs) with its scales in blk.N.<name>.scale (F32)
+TILES_TYPE_NAME = "Q8_TILES"  # the stored type of a Q8 tile matrix in reports (calibrate's stored_types)
 REPLACED = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")  # not in a wide file
 WIDE_VARIANTS = ("swiglu", "geglu")
 MAX_SPARSITY = 0.95
@@ -226,6 +233,7 @@ def wide_expected(config, e: dict) -> dict:
         (nq, d), (nk, _), (nv, _), _, (n_ff, _), _, _ = (e.pop(n)[0] for n in names)
         for name, shape in zip(WIDE_TENSORS, ((d, nq + nk + nv), (nq, d), (d, 2 * n_ff), (n_ff, d))):
             e[f"{p}{name}.weight"] = (shape, True)
+            e[f"{p}{name}.scale"] = (q8_tiles_shape(*shape), False)  # Q8 tiles only (required for an I8 weight)
         for r in rotated_inputs(config):
             e[f"{p}{r}_rot.weight"] = ((d, d), True)
     return e
@@ -245,13 +253,13 @@ def layer_widths(config) -> list[tuple[int, int, int, int]]:
 
 # ---- transposed layouts ----------------------------------------------------------------------------------
 
-def transposed_type(sources: list[Tensor], n_cols: int) -> GGMLType:
+def transposed_type(sources: list[Tensor]) -> GGMLType:
     """The type of a transposed tensor made of `sources`: their float type when they share one (the same
-    values), F32 for mixed float types, else Q8_0 (F32 where a row of n_cols is not a whole number of blocks)."""
+    values), F32 for mixed float types, else I8: Q8 tiles (int8 codes with their f32 tile scales)."""
     types = {t.type for t in sources}
     if types <= set(_SAME_TYPE):
         return types.pop() if len(types) == 1 else GGMLType.F32
-    return GGMLType.Q8_0 if n_cols % 32 == 0 else GGMLType.F32
+    return GGMLType.I8
 
 
 def _codecs():
@@ -262,28 +270,34 @@ def _codecs():
     return dequantize, quantize, transpose
 
 
-def transposed(name: str, sources: list[Tensor], rotation: np.ndarray | None = None) -> tuple[Tensor, np.ndarray]:
+def transposed(name: str, sources: list[Tensor],
+               rotation: np.ndarray | None = None) -> tuple[Tensor | Q8Tiles, np.ndarray]:
     """(the transposed tensor of the row-wise concatenation of `sources` (each (m_i, K)), its row norms f32
     [K]): the matrix [W_1; W_2; ...] (sum m_i, K) becomes K rows of sum m_i values; with `rotation` R f32
-    [K, K] (orthogonal) the rows are those of R^T W_t."""
+    [K, K] (orthogonal) the rows are those of R^T W_t. Quantized sources give Q8 tiles (a Q8Tiles named
+    `name`), float ones a Tensor (transposed_type). The row norms are those of the float matrix."""
     dequantize, quantize, transpose = _codecs()
     full = np.concatenate([np.asarray(dequantize(t), dtype=np.float32).reshape(t.shape) for t in sources], axis=0)
     t = transpose(np.ascontiguousarray(full))
     if rotation is not None:
         t = np.ascontiguousarray((rotation.T.astype(np.float64) @ t).astype(np.float32))
     norms = np.sqrt(np.einsum("ij,ij->i", t, t, dtype=np.float64)).astype(np.float32)
-    ty = transposed_type(sources, t.shape[1])
+    ty = transposed_type(sources)
+    if ty == GGMLType.I8:
+        return quantize_q8_tiles(t, name), norms
     data = t if ty == GGMLType.F32 else quantize(t, ty)
     return Tensor(name, ty, t.shape, data), norms
 
 
-def rotation_tensor(name: str, rotation: np.ndarray, like: Tensor) -> Tensor:
-    """R (orthogonal f32 [K, K]) stored for matmul as the rows of R^T, in the type `like` (the rotated weights')."""
+def rotation_tensor(name: str, rotation: np.ndarray, like: Tensor | Q8Tiles) -> Tensor:
+    """R (orthogonal f32 [K, K]) stored for matmul as the rows of R^T, in the type `like` (the rotated weights'):
+    Q8_0 where those are Q8 tiles (a quantized source; R is applied by a mat-vec, which takes no tiles)."""
     _, quantize, _ = _codecs()
     rt = np.ascontiguousarray(rotation.T, dtype=np.float32)
-    if like.type == GGMLType.F32:
+    ty = GGMLType.Q8_0 if isinstance(like, Q8Tiles) else like.type
+    if ty == GGMLType.F32:
         return Tensor(name, GGMLType.F32, rt.shape, rt)
-    return Tensor(name, like.type, rt.shape, quantize(rt, like.type))
+    return Tensor(name, ty, rt.shape, quantize(rt, ty))
 
 
 def source_tensors(model, il: int) -> list[list[Tensor]]:
@@ -292,8 +306,62 @@ def source_tensors(model, il: int) -> list[list[Tensor]]:
     return [[L.wq, L.wk, L.wv], [L.wo], [w.gate, w.up], [w.down]]
 
 
-def tensor_bytes(t: Tensor) -> int:
+def tensor_bytes(t: Tensor | Q8Tiles) -> int:
+    """The bytes a stored weight occupies (Q8 tiles: the codes and the scales)."""
+    if isinstance(t, Q8Tiles):
+        return t.nbytes
     return int(np.asarray(t.data).nbytes)
+
+
+def stored_type_name(t: Tensor | Q8Tiles) -> str:
+    return TILES_TYPE_NAME if isinstance(t, Q8Tiles) else t.type.name
+
+
+def scale_name(weight_name: str) -> str:
+    """blk.N.<name>.weight -> blk.N.<name>.scale (the tile scales of a Q8 tile matrix)."""
+    return weight_name[:-len(".weight")] + ".scale" if weight_name.endswith(".weight") else weight_name + ".scale"
+
+
+def file_tensors(t: Tensor | Q8Tiles) -> list[Tensor]:
+    """The GGUF tensors of a stored weight: a Tensor as it is; Q8 tiles as the I8 codes blk.N.<name>.weight
+    [n_in, n_cols] and the F32 scales blk.N.<name>.scale [ceil(n_in / 32), ceil(n_cols / 32)]."""
+    if not isinstance(t, Q8Tiles):
+        return [t]
+    return [Tensor(t.name, GGMLType.I8, t.shape, t.q), Tensor(scale_name(t.name), GGMLType.F32, t.d.shape, t.d)]
+
+
+def tiles_from_file(tensors: Mapping[str, Tensor], name: str) -> Tensor | Q8Tiles:
+    """The stored weight `name` of a wide file: an I8 tensor and its `.scale` tensor as Q8 tiles (checked: the
+    scale present, F32, of the tile grid's shape, finite and >= 0), any other type as its Tensor. A scale
+    tensor next to a weight that is not I8 is refused too. ModelFileError naming the tensor otherwise."""
+    from .weights import get_tensor
+
+    t = get_tensor(tensors, name)
+    sname = scale_name(name)
+    s = tensors.get(sname)
+    if t.type != GGMLType.I8:
+        if s is not None:
+            raise ModelFileError(f"tensor {sname!r} holds Q8 tile scales, but {name!r} is {t.type.name}, not I8: "
+                                 "the file is inconsistent")
+        return t
+    if len(t.shape) != 2:
+        raise ModelFileError(f"tensor {name!r} (I8, Q8 tile codes) must be 2-D, got shape {t.shape}")
+    want = q8_tiles_shape(*t.shape)
+    if s is None:
+        raise ModelFileError(f"tensor {name!r} is I8 (Q8 tile codes) but the file has no {sname!r} (its F32 tile "
+                             f"scales, shape {want})")
+    if s.type != GGMLType.F32:
+        raise ModelFileError(f"tensor {sname!r} (the tile scales of {name!r}) must be F32, got {s.type.name}")
+    if tuple(s.shape) != want:
+        raise ModelFileError(f"tensor {sname!r} has shape {tuple(s.shape)}, expected {want} for the "
+                             f"{t.shape[0]} x {t.shape[1]} codes of {name!r}")
+    d = np.ascontiguousarray(s.data, dtype=np.float32).reshape(want)
+    if not np.all(np.isfinite(d)):
+        raise ModelFileError(f"tensor {sname!r} (the tile scales of {name!r}) holds a value that is not finite")
+    if np.any(d < 0):
+        raise ModelFileError(f"tensor {sname!r} (the tile scales of {name!r}) holds a negative scale")
+    q = np.ascontiguousarray(np.asarray(t.data).view(np.int8).reshape(t.shape))
+    return Q8Tiles(name, q, d)
 
 
 # ---- the runtime ---------------------------------------------------------------------------------------------
@@ -374,7 +442,7 @@ class WideStats:
 class WideLayer:
     """One layer's four column-sparse projections (the module docstring)."""
 
-    def __init__(self, kernels, il: int, weights: list[Tensor], q_split: tuple[int, int, int], n_ff: int,
+    def __init__(self, kernels, il: int, weights: list[Tensor | Q8Tiles], q_split: tuple[int, int, int], n_ff: int,
                  variant: str, stats: WideStats | None):
         self.k, self.il, self.w, self.variant, self.stats = kernels, il, weights, variant, stats
         self.q_split, self.n_ff = q_split, n_ff
@@ -416,7 +484,10 @@ class WideLayer:
             self.stats.record(self.il, j, n, n_kept)
         if len(rows) == 0:
             return np.zeros((n, self.w[j].shape[1]), dtype=np.float32)
-        return k.axpy_rows(self.w[j], rows, np.ascontiguousarray(h, dtype=np.float32))
+        h = np.ascontiguousarray(h, dtype=np.float32)
+        if isinstance(self.w[j], Q8Tiles):
+            return k.axpy_tiles(self.w[j], rows, h)
+        return k.axpy_rows(self.w[j], rows, h)
 
     def qkv(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         y = self.project(0, h)
@@ -482,7 +553,8 @@ def attach_from_file(model, base: type, variant: str, tensors: Mapping[str, Tens
 
     c = model.config
     cal = parse_calibration(dict(c.wide_meta), c.n_layer, layer_widths(c))
-    weights = [[get_tensor(tensors, f"blk.{il}.{name}.weight") for name in WIDE_TENSORS] for il in range(c.n_layer)]
+    weights = [[tiles_from_file(tensors, f"blk.{il}.{name}.weight") for name in WIDE_TENSORS]
+               for il in range(c.n_layer)]
     cuts = np.asarray(settings.wide_cuts, dtype=np.float32).reshape(c.n_layer, len(INPUTS)) \
         if settings.mode == "wide" else None
     rot = [[get_tensor(tensors, f"blk.{il}.{n}_rot.weight") if n in cal.rotated else None for n in INPUTS]

@@ -3,8 +3,8 @@ model whose seven projections per layer are stored transposed, with the cut-offs
 
 Steps:
  1. Load the source densely, build each layer's four transposed tensors (q|k|v, o, gate|up, down; float types
-    keep their values, quantized types become Q8_0) and switch the model to the wide forward with every cut-off
-    at 0: the dense product through the new layout.
+    keep their values, quantized types become Q8 tiles: int8 codes, one f32 scale per 32 x 32 tile) and switch
+    the model to the wide forward with every cut-off at 0: the dense product through the new layout.
  2. Run that dense forward over the calibration text (perplexity.py's windows, BOS rows left out) and keep a
     uniform sample of at most MAX_ROWS token rows of every (layer, input) vector.
  3. From the samples, per input: the quantiles of the plain score |x_i| and of the WINA score |x_i| * ||W_t[i]||
@@ -22,8 +22,9 @@ Steps:
               and cost much more perplexity (docs/sparse.md).
  5. `criterion="auto"` measures the perplexity of each at the target S on the calibration tokens and keeps the
     lowest (the three numbers are returned and printed); otherwise the one asked for.
- 6. Write the copy (atomically): every other tensor unchanged, the transposed tensors instead of the seven, the
-    keys of docs/FORMATS.md section 5b; threshold-mode keys of the source are dropped (its tensors are gone).
+ 6. Write the copy (atomically): every other tensor unchanged, the transposed tensors instead of the seven (a Q8
+    tile matrix as its I8 codes .weight and F32 scales .scale), the keys of docs/FORMATS.md section 5b;
+    threshold-mode keys of the source are dropped (its tensors are gone).
 
 Memory: the samples take at most MAX_VALUES floats in all (fewer rows for wide models). The transposed tensors
 are built in memory before the file is written. Time: the dense pass, plus for the greedy 1 + 4 * 4 perplexity
@@ -94,7 +95,8 @@ class WideResult:
 
 
 def build_transposed(model) -> tuple[list[list], list[list[np.ndarray]], set, int, int]:
-    """(per layer the four transposed tensors, their row norms, the source types, elements, source bytes)."""
+    """(per layer the four transposed tensors (Tensor or, for quantized sources, wide.Q8Tiles), their row norms,
+    the source types, elements, source bytes)."""
     weights, norms, types, n_el, n_bytes = [], [], set(), 0, 0
     for il in range(model.config.n_layer):
         groups = W.source_tensors(model, il)
@@ -355,7 +357,7 @@ def calibrate_wide(model: str | os.PathLike, out: str | os.PathLike, sparsity: f
                 row.append(float(np.mean(sc < cuts[il, j])) if cuts[il, j] > 0 else 0.0)
             skipped.append(row)
         del samples
-    stored_types = sorted({w.type.name for ws in weights for w in ws})
+    stored_types = sorted({W.stored_type_name(w) for ws in weights for w in ws})
     stored_bytes = proj_bytes + rot_bytes
     with open_gguf(model) as src:
         meta = dict(src.metadata)
@@ -386,7 +388,7 @@ def calibrate_wide(model: str | os.PathLike, out: str | os.PathLike, sparsity: f
             if il is None:
                 tensors.append(t)
             elif il not in placed:
-                tensors.extend(weights[il])
+                tensors.extend(x for w in weights[il] for x in W.file_tensors(w))
                 if rotations is not None:
                     tensors.extend(x for x in rotations[il] if x is not None)
                 placed.add(il)
