@@ -195,6 +195,15 @@ void pi_geglu(pi_pool *pool, const float *g, const float *u, float *y, int64_t n
  * columns, each y element one fixed fma chain over j (bit-identical across thread counts too). */
 void pi_axpy_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *rows, const float *h,
                   int64_t n_sel, int64_t n_tok, float *y);
+/* AXPY over selected rows of a matrix in Q8 tiles (axpy_q8t.c; kernels/ref.py's axpy_tiles is the spec):
+ * q int8 [n_in, n_cols] row-major, d f32 [ceil(n_in/32), ceil(n_cols/32)], w[i, c] ~ d[i/32, c/32] * q[i, c].
+ * Per token t and tile row B (the rows[j] with rows[j] / 32 == B): a = max |h[t, j]|, dx = a / 127,
+ * xq = rint(h * (1 / dx)); isum[c] = sum_j xq * q[rows[j], c] exactly; y[t, c] = fma(dx * d[B, c/32], isum[c], y)
+ * over B ascending from 0 (a = 0: nothing). rows ascending, in range; y f32 [n_tok, n_cols], overwritten.
+ * A batch gives each token the bits of its one-token result on one thread; one token on n threads splits the
+ * tile rows into parts summed in a fixed order (bit-identical from run to run for a thread count). */
+void pi_axpy_q8t(pi_pool *pool, const int8_t *q, const float *d, int64_t n_in, int64_t n_cols, const int32_t *rows,
+                 const float *h, int64_t n_sel, int64_t n_tok, float *y);
 /* Ascending i < n with logits[i] >= threshold (NaN: not selected) into out (room for n); returns the count. */
 int64_t pi_select_active(const float *logits, int64_t n, float threshold, int32_t *out);
 /* Ascending i < n with x[i] != 0 (NaN selected, -0 not) into out (room for n); returns the count. */

@@ -758,3 +758,134 @@ def fc2t_logits(q: FC2T, r) -> np.ndarray:
         dd = (d[:, b] * np.float32(dr[b])).astype(np.float32)
         out = (dd.astype(np.float64) * isum[:, b] + out).astype(np.float32)
     return out
+
+
+# ==== Q8 tiles: the int8 layout of a quantized source's stored transpose (the model-wide mode) ===========
+# A transposed matrix w_t [n_in, n_cols] (rows = inputs) is stored as int8 codes q [n_in, n_cols] and one f32
+# scale per tile of 32 inputs x 32 outputs, d [ceil(n_in / 32), ceil(n_cols / 32)] (edge tiles are partial):
+# w_t[i, c] ~ d[i // 32, c // 32] * q[i, c]. A row is still one input's contiguous weights (the AXPY skips its
+# bytes), and because the scale is shared by 32 inputs, 32 consecutive inputs can be summed in integers: the
+# activations are quantized per token and per 32-input tile row (as a Q8_0 activation block is), and
+#   y[t, c] = sum over tiles B, ascending, of fma(dx[t, B] * d[B, c // 32], isum[t, B, c], .)
+#   isum[t, B, c] = sum_{j: rows[j] in B} xq[t, j] * q[rows[j], c]        (an exact integer)
+# with a[t, B] = max |h[t, j]| over the tile's selected inputs, dx = a / 127, xq = rint(h * (1 / dx)) (f32
+# arithmetic, ties to even); a tile with a = 0 adds nothing. Every order of the integer sum gives the same isum,
+# so a batch (whatever rows its other tokens keep) gives each token its one-token result.
+Q8T = 32  # inputs and outputs per scale tile
+
+
+@dataclass(frozen=True)
+class Q8Tiles:
+    """A stored transpose in Q8 tiles: q int8 [n_in, n_cols], d f32 [ceil(n_in / 32), ceil(n_cols / 32)]."""
+    name: str
+    q: np.ndarray
+    d: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.q.shape)
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.q.shape[0])
+
+    @property
+    def n_cols(self) -> int:
+        return int(self.q.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.q.nbytes + self.d.nbytes)
+
+
+def q8_tiles_shape(n_in: int, n_cols: int) -> tuple[int, int]:
+    """The shape of the scale array of an n_in x n_cols Q8 tile matrix."""
+    return -(-n_in // Q8T), -(-n_cols // Q8T)
+
+
+def check_q8_tiles(w, what: str = "axpy_tiles") -> Q8Tiles:
+    """w if it is a consistent Q8Tiles (int8 2-D codes, f32 scales of the tile grid's shape), else ValueError."""
+    if not isinstance(w, Q8Tiles):
+        raise ValueError(f"{what}: expected Q8 tiles, got {type(w).__name__}")
+    q, d = w.q, w.d
+    if not isinstance(q, np.ndarray) or q.dtype != np.int8 or q.ndim != 2 or not q.flags.c_contiguous:
+        raise ValueError(f"{what}: {w.name} codes must be a C-contiguous 2-D int8 array")
+    want = q8_tiles_shape(*q.shape)
+    if not isinstance(d, np.ndarray) or d.dtype != np.float32 or d.shape != want or not d.flags.c_contiguous:
+        raise ValueError(f"{what}: {w.name} scales must be a C-contiguous float32 array of shape {want} for "
+                         f"{q.shape[0]} x {q.shape[1]} codes, got {getattr(d, 'dtype', '?')} {getattr(d, 'shape', '?')}")
+    return w
+
+
+def _tiles_padded(x: np.ndarray, fill=0) -> np.ndarray:
+    n, m = x.shape
+    nb, mb = q8_tiles_shape(n, m)
+    out = np.full((nb * Q8T, mb * Q8T), fill, dtype=x.dtype)
+    out[:n, :m] = x
+    return out.reshape(nb, Q8T, mb, Q8T)
+
+
+def quantize_q8_tiles(w_t: np.ndarray, name: str = "w_t") -> Q8Tiles:
+    """Q8 tiles of a float matrix w_t [n_in, n_cols]: per tile d = max |w| / 127, q = rint(w / d) (0 where d = 0)."""
+    w = np.ascontiguousarray(w_t, dtype=np.float32)
+    if w.ndim != 2:
+        raise ValueError(f"quantize_q8_tiles: {name} must be 2-D, got shape {w.shape}")
+    if not np.all(np.isfinite(w)):
+        raise ValueError(f"quantize_q8_tiles: {name} holds a value that is not finite")
+    n, m = w.shape
+    t = _tiles_padded(w)
+    amax = np.abs(t).max(axis=(1, 3))  # [nb, mb]
+    d = (amax / np.float32(127)).astype(np.float32)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
+    q = np.clip(np.rint(t * inv[:, None, :, None]), -127, 127).astype(np.int8)
+    q = q.reshape(t.shape[0] * Q8T, t.shape[2] * Q8T)[:n, :m]
+    return Q8Tiles(name, np.ascontiguousarray(q), d)
+
+
+def dequantize_q8_tiles(w: Q8Tiles) -> np.ndarray:
+    """f32 [n_in, n_cols]: d[i // 32, c // 32] * q[i, c]."""
+    w = check_q8_tiles(w, "dequantize_q8_tiles")
+    n, m = w.shape
+    dd = np.repeat(np.repeat(w.d, Q8T, axis=0), Q8T, axis=1)[:n, :m]
+    return (dd * w.q.astype(np.float32)).astype(np.float32)
+
+
+def quantize_tile_activations(h2: np.ndarray, tile: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(xq int32 [n_tok, n_sel], dx f32 [n_tok, n_sel]: the scale of each entry's tile) of h2 [n_tok, n_sel],
+    where tile[j] = rows[j] // 32 (ascending): per token and tile a = max |h|, dx = a / 127, xq = rint(h / dx)."""
+    n_tok, n_sel = h2.shape
+    xq = np.zeros((n_tok, n_sel), dtype=np.int32)
+    dx = np.zeros((n_tok, n_sel), dtype=np.float32)
+    if n_sel == 0:
+        return xq, dx
+    starts = np.flatnonzero(np.r_[True, tile[1:] != tile[:-1]])
+    amax = np.maximum.reduceat(np.abs(h2), starts, axis=1)  # [n_tok, n_tiles]
+    counts = np.diff(np.r_[starts, n_sel])
+    a = np.repeat(amax, counts, axis=1)
+    d = (a / np.float32(127)).astype(np.float32)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0).astype(np.float32)
+    xq[:] = np.rint((h2 * inv).astype(np.float32)).astype(np.int32)
+    dx[:] = d
+    return xq, dx
+
+
+def axpy_tiles(w: Q8Tiles, rows, h) -> np.ndarray:
+    """The AXPY over the listed rows of Q8 tiles (the section comment above): h f32 [n_sel] -> y [n_cols], or
+    [n_tok, n_sel] -> [n_tok, n_cols]; rows int32 ascending. The fused multiply-add of each tile is evaluated in
+    f64 and rounded to f32 (the C kernel rounds once per fma: they can differ in the last bit)."""
+    w = check_q8_tiles(w)
+    what = f"axpy_tiles {w.name}"
+    r = check_sparse_rows(what, rows, w.n_rows)
+    h2 = check_sparse_h(what, h, len(r))
+    n_tok = h2.shape[0]
+    tile = r // Q8T
+    xq, dx = quantize_tile_activations(h2, tile)
+    y = np.zeros((n_tok, w.n_cols), dtype=np.float32)
+    col_tile = np.arange(w.n_cols) // Q8T
+    for b in np.unique(tile):
+        sel = np.flatnonzero(tile == b)
+        isum = xq[:, sel].astype(np.int64) @ w.q[r[sel]].astype(np.int64)  # [n_tok, n_cols], exact
+        s = (dx[:, sel[0]][:, None] * w.d[b][col_tile][None, :]).astype(np.float32)  # [n_tok, n_cols]
+        live = dx[:, sel[0]] > 0
+        y[live] = (s[live].astype(np.float64) * isum[live] + y[live]).astype(np.float32)
+    return y[0] if np.ndim(h) == 1 else y
