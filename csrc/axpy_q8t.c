@@ -413,7 +413,10 @@ void pi_axpy_q8t(pi_pool *pool, const int8_t *q, const float *d, int64_t n_in, i
         int8_t *qt = xq + t * n_sel;
         for (int64_t G = 0; G < n_g; G++) {
             float a = 0.0f;
-            for (int64_t s = sg[G]; s < sg[G + 1]; s++) a = fmaxf(a, fabsf(ht[s]));
+            for (int64_t s = sg[G]; s < sg[G + 1]; s++) { /* (a NaN is passed over, as fmaxf would; no call) */
+                const float v = fabsf(ht[s]);
+                a = v > a ? v : a;
+            }
             const float dx = a / 127.0f, id = dx > 0.0f ? 1.0f / dx : 0.0f;
             dxa[t * n_g + G] = dx;
             for (int64_t s = sg[G]; s < sg[G + 1]; s++) {
