@@ -10,11 +10,12 @@ Each figure is the median of --repeat runs (best GB/s: the fastest run, a hint w
 11008 x 4096 (LLaMA-7B FFN shapes). The row-gather figures are GB/s on the bytes of the selected rows only
 (gather 10% / 50%), beside the dense mat-vec's GB/s: equal figures mean skipped rows cost nothing.
 
-    python benchmarks/bench_kernels.py --axpy [--types F16,BF16,Q8_0,F32] [--axpy-threads 1,2]
+    python benchmarks/bench_kernels.py --axpy [--types F16,BF16,Q8_0,Q8T,F32] [--axpy-threads 1,2]
         [--sparsity 0,0.4,0.5,0.6] [--shapes 4096x12288,4096x22016,11008x4096] [--prefill-tok 128]
 
 --axpy: instead, the column-sparse mat-vec of the model-wide sparse mode, pi_axpy_rows over the rows of a stored
-transpose w_t [n_in, n_out] (4096 x 12288: q|k|v side by side, 4096 x 22016: gate|up, 11008 x 4096: down), one
+transpose w_t [n_in, n_out] (Q8T: pi_axpy_q8t over the Q8 tiles that quantized sources become, int8 codes and one
+f32 scale per 32 x 32 tile, set against the dense Q8_0 prefill of the same matrix) (4096 x 12288: q|k|v side by side, 4096 x 22016: gate|up, 11008 x 4096: down), one
 token, with the given fraction of rows dropped (random rows, ascending). GB/s is on the touched bytes (kept rows x
 row bytes), set against pi_read_probe with the same thread count, timed round-robin with it (one call each per
 round, every thread count and sparsity of a matrix in the same rounds): over 256 MiB, and over as many bytes as
@@ -38,7 +39,7 @@ from gguf import GGML_QUANT_SIZES
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the source tree, unless installed
 
-from powerinfer_py.kernels import cpu  # noqa: E402
+from powerinfer_py.kernels import cpu, ref  # noqa: E402
 from powerinfer_py.kernels.ref_iq import put_iq1m_d  # noqa: E402
 from powerinfer_py.gguf.types import GGMLType, Tensor  # noqa: E402
 from roundrobin import round_robin  # noqa: E402  (benchmarks/, beside this script)
@@ -109,6 +110,38 @@ def transposed_pair(ggml_type: GGMLType, n_in: int, n_out: int, rng, with_dense:
     return Tensor("w_t", ggml_type, (n_in, n_out), wt), dense
 
 
+class AxpyWeight:
+    """The stored transpose one --axpy row times, and how to call its kernel in C: a GGML type through
+    pi_axpy_rows, or "Q8T" (the Q8 tiles that calibrate --wide writes for quantized sources) through pi_axpy_q8t,
+    whose dense counterpart is the Q8_0 matrix it would be calibrated from."""
+
+    def __init__(self, name: str, n_in: int, n_out: int, rng, with_dense: bool):
+        self.name, self.n_in, self.n_out = name, n_in, n_out
+        lib, ffi = cpu.lib, cpu.ffi
+        if name == "Q8T":
+            wf = rng.standard_normal((n_out, n_in), dtype=np.float32)
+            tiles = ref.quantize_q8_tiles(wf.T)
+            dense = None
+            self._keep = (tiles.q, tiles.d)
+            qp, dp = ffi.from_buffer("int8_t[]", tiles.q), ffi.from_buffer("float[]", tiles.d)
+            self.nbytes = tiles.q.nbytes + tiles.d.nbytes
+            self.call = lambda k, rp, hp, n_sel, n_tok, yp: lib.pi_timed_axpy_q8t(
+                k._pool, qp, dp, n_in, n_out, rp, hp, n_sel, n_tok, yp)
+            if with_dense:
+                dense = Tensor("w", GGMLType.Q8_0, (n_out, n_in), np.concatenate(
+                    [cpu.quantize(np.ascontiguousarray(wf[r:r + 1024]), GGMLType.Q8_0) for r in range(0, n_out, 1024)]))
+        else:
+            ty = GGMLType[name]
+            w_t, dense = transposed_pair(ty, n_in, n_out, rng, with_dense)
+            self._keep = w_t.data
+            wp = ffi.from_buffer(w_t.data)
+            self.nbytes = w_t.data.nbytes
+            self.call = lambda k, rp, hp, n_sel, n_tok, yp: lib.pi_timed_axpy_rows(
+                k._pool, int(ty), wp, n_out, rp, hp, n_sel, n_tok, yp)
+        self.row_bytes = self.nbytes // n_in  # (Q8T: the codes and the row's share of the tile scales)
+        self.dense = dense
+
+
 def axpy_table(args) -> None:
     """The --axpy table (see the module docstring)."""
     lib, ffi = cpu.lib, cpu.ffi
@@ -121,8 +154,11 @@ def axpy_table(args) -> None:
     big = pools[max(threads)]
     sparsities = [float(v) for v in args.sparsity.split(",")]
     shapes = [tuple(int(d) for d in v.split("x")) for v in args.shapes.split(",")]
-    types = [GGMLType[t.strip().upper()] for t in (args.types or "F16,BF16,Q8_0,F32").split(",")]
-    print(f"pi_axpy_rows, one token, cold weights; median of {args.repeat} interleaved rounds; "
+    types = [t.strip().upper() for t in (args.types or "F16,BF16,Q8_0,Q8T,F32").split(",")]
+    for t in types:
+        if t != "Q8T" and t not in GGMLType.__members__:
+            raise SystemExit(f"--types: unknown weight type {t!r} (a GGML type name, or Q8T for the Q8 tiles)")
+    print(f"pi_axpy_rows (Q8T: pi_axpy_q8t), one token, cold weights; median of {args.repeat} interleaved rounds; "
           f"GB/s on the touched bytes; probe = pi_read_probe with the same thread count in the same rounds")
     print("probe: 256 MiB; same: the probe over the bytes the call touches (the ratio that counts, see below)")
     print(f"{'type':<5} {'n_in x n_out':>12} {'thr':>3} {'dropped':>7} {'us':>9} {'GB/s':>6} {'probe':>6} {'ratio':>6} "
@@ -130,9 +166,8 @@ def axpy_table(args) -> None:
     summary = []
     for ty in types:
         for n_in, n_out in shapes:
-            w_t, _ = transposed_pair(ty, n_in, n_out, rng, False)
-            rb = w_t.data.nbytes // n_in
-            wp = ffi.from_buffer(w_t.data)
+            aw = AxpyWeight(ty, n_in, n_out, rng, False)
+            rb = aw.row_bytes
             fns, touched = {}, {}
             for n, k in pools.items():
                 fns[("probe", n)] = lambda k=k: lib.pi_timed_read_probe(k._pool, probe_p, probe.nbytes)
@@ -152,9 +187,9 @@ def axpy_table(args) -> None:
                     fns[("same", s, n)] = (lambda k=k, nb=keep * rb: lib.pi_timed_read_probe(k._pool, same_p, nb))
                 y = np.empty(n_out, np.float32)
                 for n, k in pools.items():
-                    fns[(s, n)] = (lambda k=k, rows=rows, h=h, y=y: lib.pi_timed_axpy_rows(
-                        k._pool, int(ty), wp, n_out, ffi.from_buffer("int32_t[]", rows),
-                        ffi.from_buffer("float[]", h), len(rows), 1, ffi.from_buffer("float[]", y)))
+                    fns[(s, n)] = (lambda k=k, rows=rows, h=h, y=y: aw.call(
+                        k, ffi.from_buffer("int32_t[]", rows), ffi.from_buffer("float[]", h), len(rows), 1,
+                        ffi.from_buffer("float[]", y)))
             med = {key: statistics.median(t) for key, t in
                    round_robin(fns, args.repeat, lambda: big.read_probe(flush), self_timed=True).items()}
             for n in threads:
@@ -162,11 +197,11 @@ def axpy_table(args) -> None:
                 for s in sparsities:
                     gbs = touched[s] / med[(s, n)] / 1e9
                     same_gbs = touched[s] / med[("same", s, n)] / 1e9
-                    summary.append((ty.name, n_in, n_out, n, s, gbs, same_gbs))
-                    print(f"{ty.name:<5} {f'{n_in}x{n_out}':>12} {n:>3} {s:>7.0%} {med[(s, n)] * 1e6:>9.1f} "
+                    summary.append((ty, n_in, n_out, n, s, gbs, same_gbs))
+                    print(f"{ty:<5} {f'{n_in}x{n_out}':>12} {n:>3} {s:>7.0%} {med[(s, n)] * 1e6:>9.1f} "
                           f"{gbs:>6.1f} {probe_gbs:>6.1f} {gbs / probe_gbs:>6.0%} {same_gbs:>6.1f} "
                           f"{gbs / same_gbs:>6.0%}", flush=True)
-            del w_t, wp, same, same_p
+            del aw, same, same_p
     if args.prefill_tok > 0:
         k = big
         n_tok = args.prefill_tok
@@ -176,23 +211,23 @@ def axpy_table(args) -> None:
               f"{'dense/axpy':>10}")
         for ty in types:
             for n_in, n_out in shapes:
-                w_t, w = transposed_pair(ty, n_in, n_out, rng, True)
+                aw = AxpyWeight(ty, n_in, n_out, rng, True)
+                w = aw.dense
                 x = rng.standard_normal((n_tok, n_in), dtype=np.float32)
                 rows = np.arange(n_in, dtype=np.int32)
                 y1, y2 = np.empty((n_tok, n_out), np.float32), np.empty((n_tok, n_out), np.float32)
-                wtp, wdp = ffi.from_buffer(w_t.data), ffi.from_buffer(w.data)
+                wdp = ffi.from_buffer(w.data)
                 xp, rp = ffi.from_buffer("float[]", x), ffi.from_buffer("int32_t[]", rows)
-                fns = {"axpy": lambda: lib.pi_timed_axpy_rows(k._pool, int(ty), wtp, n_out, rp, xp, n_in, n_tok,
-                                                              ffi.from_buffer("float[]", y1)),
-                       "dense": lambda: lib.pi_timed_matmul(k._pool, int(ty), wdp, n_out, n_in, xp, n_tok,
+                fns = {"axpy": lambda: aw.call(k, rp, xp, n_in, n_tok, ffi.from_buffer("float[]", y1)),
+                       "dense": lambda: lib.pi_timed_matmul(k._pool, int(w.type), wdp, n_out, n_in, xp, n_tok,
                                                             ffi.from_buffer("float[]", y2))}
                 med = {key: statistics.median(t) for key, t in
                        round_robin(fns, max(3, args.repeat // 3), None, self_timed=True).items()}
                 fl = 2.0 * n_in * n_out * n_tok / 1e9
-                print(f"{ty.name:<5} {f'{n_in}x{n_out}':>12} {med['axpy'] * 1e3:>8.1f} {fl / med['axpy']:>8.1f} "
+                print(f"{ty:<5} {f'{n_in}x{n_out}':>12} {med['axpy'] * 1e3:>8.1f} {fl / med['axpy']:>8.1f} "
                       f"{med['dense'] * 1e3:>9.1f} {fl / med['dense']:>8.1f} {med['dense'] / med['axpy']:>10.2f}",
                       flush=True)
-                del w_t, w, wtp, wdp
+                del aw, w, wdp
     worst = {}
     for name, _, _, n, s, gbs, probe_gbs in summary:
         if s > 0:
@@ -210,7 +245,7 @@ def main() -> None:
     ap.add_argument("--n-tok", type=int, default=64, help="tokens in the prefill matmul")
     ap.add_argument("--probe-mib", type=int, default=1024, help="size of the bandwidth probe buffer")
     ap.add_argument("--types", default=None, help="comma-separated weight types (default: all; with --axpy "
-                    "F16,BF16,Q8_0,F32)")
+                    "F16,BF16,Q8_0,Q8T,F32; Q8T = the Q8 tiles)")
     ap.add_argument("--axpy", action="store_true", help="instead: the column-sparse AXPY table (module docstring)")
     ap.add_argument("--axpy-threads", default="1,2", help="--axpy: thread counts, comma-separated")
     ap.add_argument("--sparsity", default="0,0.4,0.5,0.6", help="--axpy: fractions of rows dropped")

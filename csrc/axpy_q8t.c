@@ -18,7 +18,14 @@
  * the same bits run to run for a thread count, one part on one thread. Inside a tile row, for each tile of
  * 64 (AVX-512) or 32 (AVX2) columns the live rows are widened to f32 and multiplied by their codes into
  * register accumulators, which enter y with one fma per vector: y is loaded and stored once per tile row and
- * column tile, and the next bytes of every row are software-prefetched (the rows are up to 32 streams).
+ * column tile. The hardware prefetcher cannot guess which row comes next, so while a tile row is summed the
+ * next live tile row of the part is prefetched into L2 at the same columns (one prefetch per 64 bytes of each
+ * of its rows), as axpy.c does for its row groups. The version before prefetched 1 KB ahead along the current
+ * rows into L1: it never fetched a row's first 1 KB, a quarter of a down-projection row of 4096 bytes. Cold
+ * calls, 11008 x 4096 (the down transpose), 40-60% of the rows dropped, touched bytes against the probe over as
+ * many bytes (`python benchmarks/bench_kernels.py --axpy --types Q8T --shapes 11008x4096,4096x12288
+ * --prefill-tok 0 --repeat 7`, two rounds alternating with the old build, Intel AMX host): 1 thread 59-67% ->
+ * 80-86%, 2 threads 44-58% -> 63-82%; 4096 x 12288 unchanged (1 thread 79-94% either way).
  *
  * Batches (n_tok > 1): the threads split the columns (chunks of 64), so each y element is one fma chain over the
  * tile rows in order, the bits of the one-token result on one thread, for any thread count. Within a chunk,
@@ -61,7 +68,6 @@
 #define MIN_PART_ROWS 16      /* decode: fewer live rows per part than this are not worth a partial */
 #define CHUNK_UNIT 64         /* batch: column chunks are multiples of this */
 #define SUB_COLS 256          /* batch: columns per panel */
-#define PF_DIST 1024          /* decode: prefetch distance along each row, bytes */
 #define SLOT_ALIGN 4          /* slots per tile row: a multiple of this */
 
 typedef struct {
@@ -91,25 +97,28 @@ typedef struct {
 } q8t_job;
 
 /* ---- decode -------------------------------------------------------------------------------------------- */
-static void decode_group(const q8t_job *j, int64_t g, float *y) {
+/* group g into y; gn: the next group of the same part (its rows are prefetched at the same columns), or -1 */
+static void decode_group(const q8t_job *j, int64_t g, int64_t gn, float *y) {
     const int64_t e0 = j->gent[g], m = j->gent[g + 1] - e0, n_cols = j->n_cols;
     const float dx = j->gdx[g];
     const float *dB = j->d + (int64_t)j->gtile[g] * j->nbc;
-    const int8_t *p[QT];
+    const int8_t *p[QT], *pn[QT];
     float xf[QT];
     for (int64_t e = 0; e < m; e++) {
         p[e] = j->q + (int64_t)j->erow[e0 + e] * n_cols;
         xf[e] = j->exq[e0 + e];
     }
+    const int64_t mn = gn < 0 ? 0 : j->gent[gn + 1] - j->gent[gn];
+    for (int64_t e = 0; e < mn; e++) pn[e] = j->q + (int64_t)j->erow[j->gent[gn] + e] * n_cols;
     int64_t c = 0;
 #if defined(QT_DEC512)
 #define CVT16(ptr) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(ptr))))
     for (; c + 64 <= n_cols; c += 64) {
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t e = 0; e < mn; e++) _mm_prefetch((const char *)(pn[e] + c), _MM_HINT_T1);
         for (int64_t e = 0; e < m; e++) {
             const int8_t *pe = p[e] + c;
             const __m512 xv = _mm512_set1_ps(xf[e]);
-            _mm_prefetch((const char *)(pe + PF_DIST), _MM_HINT_T0);
             a0 = _mm512_fmadd_ps(xv, CVT16(pe), a0);
             a1 = _mm512_fmadd_ps(xv, CVT16(pe + 16), a1);
             a2 = _mm512_fmadd_ps(xv, CVT16(pe + 32), a2);
@@ -131,10 +140,11 @@ static void decode_group(const q8t_job *j, int64_t g, float *y) {
 #define CVT8(ptr) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(ptr))))
     for (; c + 32 <= n_cols; c += 32) {
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        if ((c & 63) == 0)
+            for (int64_t e = 0; e < mn; e++) _mm_prefetch((const char *)(pn[e] + c), _MM_HINT_T1);
         for (int64_t e = 0; e < m; e++) {
             const int8_t *pe = p[e] + c;
             const __m256 xv = _mm256_set1_ps(xf[e]);
-            _mm_prefetch((const char *)(pe + PF_DIST), _MM_HINT_T0);
             a0 = _mm256_fmadd_ps(xv, CVT8(pe), a0);
             a1 = _mm256_fmadd_ps(xv, CVT8(pe + 8), a1);
             a2 = _mm256_fmadd_ps(xv, CVT8(pe + 16), a2);
@@ -165,7 +175,8 @@ static void decode_part(void *ctx, int64_t part, int thread_id) {
     const q8t_job *j = ctx;
     float *y = part == 0 ? j->y : j->partial + (part - 1) * j->n_cols;
     memset(y, 0, (size_t)j->n_cols * sizeof(float));
-    for (int64_t g = j->pgrp[part]; g < j->pgrp[part + 1]; g++) decode_group(j, g, y);
+    const int64_t g1 = j->pgrp[part + 1];
+    for (int64_t g = j->pgrp[part]; g < g1; g++) decode_group(j, g, g + 1 < g1 ? g + 1 : -1, y);
 }
 
 static void reduce_parts(void *ctx, int64_t chunk, int thread_id) {

@@ -52,6 +52,11 @@ double pi_timed_axpy_rows(pi_pool *pool, int type, const void *w, int64_t n_cols
     TIMED(pi_axpy_rows(pool, type, w, n_cols, rows, h, n_sel, n_tok, y));
 }
 
+double pi_timed_axpy_q8t(pi_pool *pool, const int8_t *q, const float *d, int64_t n_in, int64_t n_cols,
+                         const int32_t *rows, const float *h, int64_t n_sel, int64_t n_tok, float *y) {
+    TIMED(pi_axpy_q8t(pool, q, d, n_in, n_cols, rows, h, n_sel, n_tok, y));
+}
+
 /* the probes' sums are dropped: their loads cannot be skipped anyway (each returns its sum to its caller) */
 double pi_timed_read_probe(pi_pool *pool, const void *buf, int64_t bytes) {
     volatile double sink;

@@ -140,6 +140,8 @@ double pi_timed_matmul_rows(pi_pool *pool, int type, const void *w, int64_t n_co
                             int64_t n_sel, const float *x, int64_t n_tok, float *y);
 double pi_timed_axpy_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, const int32_t *rows,
                           const float *h, int64_t n_sel, int64_t n_tok, float *y);
+double pi_timed_axpy_q8t(pi_pool *pool, const int8_t *q, const float *d, int64_t n_in, int64_t n_cols,
+                         const int32_t *rows, const float *h, int64_t n_sel, int64_t n_tok, float *y);
 double pi_timed_read_probe(pi_pool *pool, const void *buf, int64_t bytes);
 double pi_timed_read_rows_probe(pi_pool *pool, const void *buf, int64_t row_bytes, const int32_t *rows,
                                 int64_t n_sel, int ahead);
