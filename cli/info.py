@@ -91,6 +91,16 @@ def _calibration_text(cal: dict) -> str:
     return f"{what}; {', '.join(how)}; run with --sparse threshold"
 
 
+def _wide_text(w: dict) -> str:
+    """One line for a wide-calibrated file: its target, how the inputs were scored, what --sparsity may ask."""
+    parts = [f"target {w['sparsity']:g} of the projection weight bytes skipped per token",
+             f"criterion {w['criterion'] or '?'}"]
+    if w["rotated"]:
+        parts.append(f"rotated inputs: {', '.join(w['rotated'])}")
+    parts.append("--sparsity may ask for another fraction" if w["other_sparsities"] else "one sparsity only")
+    return "; ".join(parts)
+
+
 def _table(f: dict) -> Table:
     from powerinfer_py.models import find_spec
 
@@ -99,7 +109,9 @@ def _table(f: dict) -> Table:
     t.add_column()
     t.add_row("architecture", f"{f['arch']}" + (f"  ({f['name']})" if f["name"] else ""))
     t.add_row("format", f"{f['magic']} v{f['gguf_version']}, {_size(f['file_size'])}")
-    t.add_row("sparse", "yes (PowerInfer PWRI)" if f["sparse"] else "no (dense)")
+    wide = f.get("wide")
+    t.add_row("sparse", "yes (PowerInfer PWRI)" if f["sparse"] else
+              "model-wide calibration (calibrate --wide): run with --sparse wide" if wide else "no (dense)")
     t.add_row("runnable", "yes" if f["runnable"] else f"[red]no[/]: {f['problem']}")
     t.add_row("tokenizer", str(f["tokenizer"]))
     c = f["config"]
@@ -174,6 +186,8 @@ def _table(f: dict) -> Table:
         cal = f.get("calibration")
         if cal:
             t.add_row("threshold sparsity", _calibration_text(cal))
+        if wide:
+            t.add_row("model-wide sparsity", _wide_text(wide))
         if f["predictor_ranks"]:
             t.add_row("predictor ranks", ", ".join(map(str, f["predictor_ranks"])))
     t.add_row("tensors", f"{f['n_tensors']} ({f['n_params'] / 1e6:.1f} M parameters)")

@@ -112,6 +112,21 @@ def test_info_verbose_and_perplexity_report_the_model_wide_sparsity(files):
     assert len(data["wide"]["input_skipped"]) == 4
 
 
+def test_info_names_the_wide_calibration(files):
+    src, out, _, _ = files
+    res = invoke("info", str(out))
+    assert res.exit_code == 0, res.stderr
+    text = " ".join(res.stdout.split())  # the table wraps long cells
+    assert "no (dense)" not in text and "run with --sparse wide" in text
+    assert "target 0.4 of the projection weight bytes" in text and "criterion greedy" in text
+    assert "--sparsity may ask for another fraction" in text
+    data = json.loads(invoke("info", str(out), "--json").stdout)
+    assert data["wide"] == {"sparsity": 0.4, "criterion": "greedy", "rotated": [], "other_sparsities": True}
+    src_data = json.loads(invoke("info", str(src), "--json").stdout)
+    assert src_data["wide"] is None
+    assert "no (dense)" in invoke("info", str(src)).stdout
+
+
 def test_bench_child_reports_the_per_input_and_per_layer_shares(files):
     from powerinfer_py.tools.bench import run_child
 

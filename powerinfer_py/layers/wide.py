@@ -30,8 +30,9 @@ bits per weight; any row length). A scale shared by 32 inputs lets a tile row's 
 Files written before the tiles hold Q8_0 transposes (one f16 scale per row and block of 32 outputs): they still
 load and run through pi_axpy_rows.
 
-Rotation (LaRoSA-style, `calibrate --rotate`, the default for quantized sources): the normed hidden states
-attn_in and ffn_in are Gaussian-like, so dropping their small elements loses much of their energy. A file may
+Rotation (LaRoSA-style, `calibrate --rotate`; off by default, since on the demo model it lost at equal bytes
+read, docs/sparse.md): the normed hidden states attn_in and ffn_in are Gaussian-like, so dropping their small
+elements loses much of their energy. A file may
 store per layer an orthogonal matrix R_j (the principal directions of input j on calibration text, by falling
 variance) as blk.N.attn_in_rot.weight / blk.N.ffn_in_rot.weight (rows = columns of R_j, so matmul gives
 x' = R_j^T x) and the transposed weights already multiplied by it (W_t' = R_j^T W_t, so x'·W_t' = x·W_t). In the

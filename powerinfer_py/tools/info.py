@@ -68,6 +68,7 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
             "conversions": [{"from": a, "to": b, "count": n} for (a, b), n in sorted(planned.items())],
             "rope_scaling": _rope_scaling(f, config),
             "calibration": _calibration(f, config),
+            "wide": _wide_calibration(f),
             "cuda": _cuda(),
         }
         return info
@@ -123,6 +124,24 @@ def _calibration(f, config) -> dict[str, Any] | None:
         # two-stage files need both tables (files written before the up table run at their one sparsity)
         "other_sparsities": bool(config.ffn_quantiles) and (not config.ffn_up_thresholds
                                                             or bool(config.ffn_up_quantiles)),
+    }
+
+
+def _wide_calibration(f) -> dict[str, Any] | None:
+    """What `powerinfer calibrate --wide` stored for `--sparse wide` (layers/wide.py reads it): {sparsity (the
+    model-wide target of the stored cut-offs), criterion, rotated (the inputs stored rotated), other_sparsities
+    (whether the tables let --sparsity ask for another fraction)}; None for a file without it."""
+    from ..layers.wide import KEY_ALLOC, KEY_CRITERION, KEY_QUANTILES, KEY_ROTATED, KEY_SPARSITY
+
+    m = f.metadata
+    if KEY_SPARSITY not in m:
+        return None
+    rotated = m.get(KEY_ROTATED)
+    return {
+        "sparsity": round(float(m[KEY_SPARSITY]), 6),  # stored as f32
+        "criterion": str(m.get(KEY_CRITERION, "")),
+        "rotated": [r for r in str(rotated).split(",") if r] if rotated else [],
+        "other_sparsities": KEY_QUANTILES in m and KEY_ALLOC in m,
     }
 
 
