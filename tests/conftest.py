@@ -83,3 +83,14 @@ def cpu_kernels():
     k = CpuKernels(n_threads=2)
     yield k
     k.close()
+
+
+@pytest.fixture(scope="module")
+def pools():
+    """CpuKernels with 1, 2 and 3 threads, {n: kernels}, shared by one module's tests: the sparse kernels' thread
+    splits (and so their bits) depend on the thread count, so their tests run each count."""
+    from powerinfer_py.kernels.cpu import CpuKernels
+    ks = {n: CpuKernels(n) for n in (1, 2, 3)}
+    yield ks
+    for k in ks.values():
+        k.close()

@@ -18,14 +18,6 @@ TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0
 COUNTS = (1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 95, 129)
 
 
-@pytest.fixture(scope="module")
-def pools():
-    ks = {n: cpu.CpuKernels(n) for n in (1, 2, 3)}
-    yield ks
-    for k in ks.values():
-        k.close()
-
-
 def weight(ggml_type: GGMLType, n_rows: int, n_cols: int, seed: int) -> Tensor:
     w = np.random.default_rng(seed).standard_normal((n_rows, n_cols), dtype=np.float32)
     return Tensor("w_t", ggml_type, (n_rows, n_cols), ref.quantize(w, ggml_type))

@@ -16,14 +16,6 @@ cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not b
 SHAPES = ((1, 1), (5, 7), (33, 40), (64, 64), (70, 100), (96, 257), (130, 515), (64, 1040), (300, 63))
 
 
-@pytest.fixture(scope="module")
-def pools():
-    ks = {n: cpu.CpuKernels(n) for n in (1, 2, 3)}
-    yield ks
-    for k in ks.values():
-        k.close()
-
-
 def tiles(n_in: int, n_cols: int, seed: int) -> ref.Q8Tiles:
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((n_in, n_cols), dtype=np.float32) * rng.uniform(0.1, 3, (n_in, 1)).astype(np.float32)

@@ -19,14 +19,6 @@ K_TYPES = tuple(t for t in KERNEL_TYPES if t.name.endswith("_K") or t in (GGMLTy
 RANDOM_TYPES = K_TYPES + (GGMLType.IQ4_NL, GGMLType.MXFP4)  # computed on, not produced by quantize(): random bytes
 
 
-@pytest.fixture(scope="module")
-def pools():
-    ks = {n: cpu.CpuKernels(n) for n in (1, 2, 3)}
-    yield ks
-    for k in ks.values():
-        k.close()
-
-
 # byte offsets of the f16 scales in a K-quant block: random bytes elsewhere make a valid block
 K_F16_FIELDS = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),
                 GGMLType.Q2_K: (80, 82),
