@@ -74,6 +74,42 @@ def test_batch_gives_each_token_its_one_token_bits(pools, shape):
         assert np.array_equal(batch[n].view(np.uint32), batch[1].view(np.uint32)), f"{n} threads"
 
 
+def test_one_token_codes_equal_the_batch_codes_on_edge_values(pools):
+    """Decode quantizes its token on its own path (vectorized where the build has AVX-512): the same codes as a
+    batch's on rounding ties, signed zeros, values that clamp, NaN (code 0, passed over by the maximum), and
+    tile rows of every length 1-32."""
+    w = tiles(300, 100, seed=9)
+    rng = np.random.default_rng(10)
+    rows = np.flatnonzero(rng.random(300) < 0.7).astype(np.int32)
+    n = rows.size
+    h = rng.standard_normal((2, n), dtype=np.float32)
+    tile_start = np.flatnonzero(np.r_[True, rows[1:] // 32 != rows[:-1] // 32])
+    h[0, tile_start] = 127.0  # each tile row's maximum: dx = 1, so k + 0.5 are rounding ties
+    ties = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -126.5], np.float32)
+    for i, st in enumerate(tile_start[:-1]):
+        if st + 1 < n and rows[st + 1] // 32 == rows[st] // 32:
+            h[0, st + 1] = ties[i % len(ties)]
+    h[0, 5], h[0, 6], h[0, 40] = -0.0, np.nan, -0.0
+    h[1, :] = h[0, :] * np.float32(3.0)
+    h[1, 7] = np.nan
+    batch = pools[1].axpy_tiles(w, rows, h)
+    for t in range(2):
+        for k in pools.values():
+            y1 = k.axpy_tiles(w, rows, np.ascontiguousarray(h[t]))
+            if k is pools[1]:
+                assert np.array_equal(y1.view(np.uint32), batch[t].view(np.uint32)), f"token {t}"
+        want = ref.axpy_tiles(w, rows, np.nan_to_num(h[t:t + 1], nan=0.0))[0]
+        assert np.allclose(batch[t], want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
+    # every tile-row length: rows 0 .. L-1 of one tile row, then a token through both paths
+    for L in range(1, 33):
+        r = np.arange(L, dtype=np.int32)
+        hh = rng.standard_normal((2, L), dtype=np.float32)
+        b = pools[1].axpy_tiles(w, r, hh)
+        for t in range(2):
+            assert np.array_equal(pools[1].axpy_tiles(w, r, np.ascontiguousarray(hh[t])).view(np.uint32),
+                                  b[t].view(np.uint32)), f"length {L}, token {t}"
+
+
 def test_decode_repeats_itself_for_a_thread_count(pools):
     w = tiles(1000, 700, seed=5)
     rows, h = selection(1000, 1, 0.7, seed=6)
