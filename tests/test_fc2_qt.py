@@ -11,7 +11,6 @@ from powerinfer_py.kernels import ref
 from powerinfer_py.gguf.types import GGMLType, Tensor
 
 cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not built", exc_type=ImportError)
-from test_kernels_sparse import pools  # noqa: E402, F401 (fixture: CpuKernels on 1, 2 and 3 threads)
 
 TYPES = (GGMLType.Q4_0, GGMLType.Q8_0)
 # n_ff: below, at and past one 64-output tile, not a multiple of 64, the 7B shape / 8; rank: 1 to 32 blocks

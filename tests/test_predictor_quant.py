@@ -19,7 +19,6 @@ from powerinfer_py.layers.ffn import (FFN, PREDICTOR_AUTO, PREDICTOR_AUTO_GLU, P
 from powerinfer_py.options import PREDICTOR_HELP, LoadOptions, cli_default
 
 cpu = pytest.importorskip("powerinfer_py.kernels.cpu", reason="C extension not built", exc_type=ImportError)
-from test_kernels_sparse import pools  # noqa: E402, F401 (fixture: CpuKernels on 1, 2 and 3 threads)
 
 ROOT = Path(__file__).resolve().parent.parent
 N_EMBD, N_FF, RANK = 128, 200, 64
