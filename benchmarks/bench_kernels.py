@@ -103,11 +103,13 @@ def transposed_pair(ggml_type: GGMLType, n_in: int, n_out: int, rng, with_dense:
     wf = rng.standard_normal((n_out, n_in), dtype=np.float32)
     wt = np.concatenate([cpu.quantize(np.ascontiguousarray(wf[:, r:r + 1024].T), ggml_type)
                          for r in range(0, n_in, 1024)])
-    dense = None
-    if with_dense:
-        dense = Tensor("w", ggml_type, (n_out, n_in),
-                       np.concatenate([cpu.quantize(wf[r:r + 1024], ggml_type) for r in range(0, n_out, 1024)]))
-    return Tensor("w_t", ggml_type, (n_in, n_out), wt), dense
+    return Tensor("w_t", ggml_type, (n_in, n_out), wt), dense_weight(wf, ggml_type) if with_dense else None
+
+
+def dense_weight(wf: np.ndarray, ggml_type: GGMLType) -> Tensor:
+    """wf [n_out, n_in] quantized to ggml_type in its own (dense mat-vec) layout, 1024 rows at a time."""
+    return Tensor("w", ggml_type, wf.shape, np.concatenate(
+        [cpu.quantize(np.ascontiguousarray(wf[r:r + 1024]), ggml_type) for r in range(0, wf.shape[0], 1024)]))
 
 
 class AxpyWeight:
@@ -121,15 +123,12 @@ class AxpyWeight:
         if name == "Q8T":
             wf = rng.standard_normal((n_out, n_in), dtype=np.float32)
             tiles = ref.quantize_q8_tiles(wf.T)
-            dense = None
             self._keep = (tiles.q, tiles.d)
             qp, dp = ffi.from_buffer("int8_t[]", tiles.q), ffi.from_buffer("float[]", tiles.d)
             self.nbytes = tiles.q.nbytes + tiles.d.nbytes
             self.call = lambda k, rp, hp, n_sel, n_tok, yp: lib.pi_timed_axpy_q8t(
                 k._pool, qp, dp, n_in, n_out, rp, hp, n_sel, n_tok, yp)
-            if with_dense:
-                dense = Tensor("w", GGMLType.Q8_0, (n_out, n_in), np.concatenate(
-                    [cpu.quantize(np.ascontiguousarray(wf[r:r + 1024]), GGMLType.Q8_0) for r in range(0, n_out, 1024)]))
+            dense = dense_weight(wf, GGMLType.Q8_0) if with_dense else None
         else:
             ty = GGMLType[name]
             w_t, dense = transposed_pair(ty, n_in, n_out, rng, with_dense)

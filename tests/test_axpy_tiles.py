@@ -76,8 +76,8 @@ def test_batch_gives_each_token_its_one_token_bits(pools, shape):
 
 def test_one_token_codes_equal_the_batch_codes_on_edge_values(pools):
     """Decode quantizes its token on its own path (vectorized where the build has AVX-512): the same codes as a
-    batch's on rounding ties, signed zeros, values that clamp, NaN (code 0, passed over by the maximum), and
-    tile rows of every length 1-32."""
+    batch's on rounding ties, signed zeros, each tile row's maximum (code 127), NaN (code 0, passed over by the
+    maximum), and tile rows of every length 1-32."""
     w = tiles(300, 100, seed=9)
     rng = np.random.default_rng(10)
     rows = np.flatnonzero(rng.random(300) < 0.7).astype(np.int32)
@@ -94,12 +94,13 @@ def test_one_token_codes_equal_the_batch_codes_on_edge_values(pools):
     h[1, 7] = np.nan
     batch = pools[1].axpy_tiles(w, rows, h)
     for t in range(2):
-        for k in pools.values():
-            y1 = k.axpy_tiles(w, rows, np.ascontiguousarray(h[t]))
-            if k is pools[1]:
-                assert np.array_equal(y1.view(np.uint32), batch[t].view(np.uint32)), f"token {t}"
+        y1 = pools[1].axpy_tiles(w, rows, np.ascontiguousarray(h[t]))
+        assert np.array_equal(y1.view(np.uint32), batch[t].view(np.uint32)), f"token {t}"
+        # the numpy spec with NaN as 0 (its code), on every thread count's split
         want = ref.axpy_tiles(w, rows, np.nan_to_num(h[t:t + 1], nan=0.0))[0]
-        assert np.allclose(batch[t], want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
+        for k in pools.values():
+            y = k.axpy_tiles(w, rows, np.ascontiguousarray(h[t]))
+            assert np.allclose(y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max()), f"token {t}, {k.n_threads} threads"
     # every tile-row length: rows 0 .. L-1 of one tile row, then a token through both paths
     for L in range(1, 33):
         r = np.arange(L, dtype=np.int32)
