@@ -639,7 +639,70 @@ INLINE void tile_quad(const mm_job *j, const uint8_t **rows, int64_t r0, int64_t
 }
 #endif
 
+#if defined(MM_AVX2)
+/* Q8_0 prefill on AVX2 (R <= 2 rows x T <= 4 tokens). On AVX2 every other 32-element kind prefills through the
+ * 8-block groups (g8_chunk), so this is tile_q's only prefill user there. It does tile_q_step's arithmetic for
+ * K_Q8, operation for operation per (row, token, block): the integer dot (dot_q), one convert, the scale d_w * d_x
+ * as one f32 product and one FMA into the pair's 8-lane accumulator, so the bits are the other tiles' and
+ * decode's. What differs is where the work sits:
+ *   - the R x T scale products of a block come from one vector multiply, stored to a small buffer that each FMA
+ *     reads as a broadcast from memory: a load-port operation. The generic tile's broadcast and multiply per pair
+ *     took one of the six vector-ALU operations per (row, token, block) on the two FMA-capable ports, which
+ *     bound the loop; llama.cpp's AVX2 Q8_0 GEMM likewise keeps its scale off those ports;
+ *   - the per-token activation pointers are formed once per tile (tile_q_step re-derives them from the job,
+ *     with a multiply, per token and block) and the accumulators are plain locals (acc[8][4] went to the stack).
+ * Measured in docs/performance.md ("AVX2 Q8_0 prefill tile"). */
+INLINE void q8_tile(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T) {
+    const int64_t nb = j->n_cols / QK, nbp = j->nbp;
+    const block_q8_0 *w[2];
+    const int8_t *xq[4];
+    const float *xd[4];
+    const int32_t *xc[4];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++) w[r] = (const block_q8_0 *)mm_row(j, r0 + r);
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        xq[t] = j->xq + (t0 + t) * nbp * QK;
+        xd[t] = j->xd + (t0 + t) * nbp;
+        xc[t] = j->xc + (t0 + t) * nbp;
+    }
+    fv acc[2][4]; /* every loop over it unrolled, so that it lives in registers */
+#pragma GCC unroll 2
+    for (int r = 0; r < 2; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) acc[r][t] = fv_zero();
+    float sc[8] __attribute__((aligned(32))); /* sc[4 r + t] = d_w(r) * d_x(t) of the current block */
+    for (int64_t b = 0; b < nb; b++) {
+        wvec wv[2];
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) wv[r] = w_load_q8(w[r] + b, 1);
+        const __m128 dx = _mm_setr_ps(xd[0][b], T > 1 ? xd[1][b] : 0.0f, T > 2 ? xd[2][b] : 0.0f, T > 3 ? xd[3][b] : 0.0f);
+        const uint32_t dd = (uint32_t)w[0][b].d | (R > 1 ? (uint32_t)w[R - 1][b].d << 16 : 0u);
+        const __m256 dw = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dd))),
+                                                   _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+        _mm256_store_ps(sc, _mm256_mul_ps(dw, _mm256_set_m128(dx, dx)));
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const qv xv = x_load(xq[t] + b * QK), c = x_corr(xc[t] + b, 0);
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++)
+                acc[r][t] = fv_acc(acc[r][t], dot_q(wv[r], xv, c, 0), _mm256_broadcast_ss(&sc[4 * r + t]));
+        }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) j->y[(t0 + t) * j->n_rows + r0 + r] = fv_sum(acc[r][t]);
+}
+#endif
+
 INLINE void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T, const int kind) {
+#if defined(MM_AVX2)
+    if (kind == K_Q8 && T > 1 && R <= 2) {
+        q8_tile(j, r0, t0, R, T);
+        return;
+    }
+#endif
     fv acc[8][4]; /* R <= 4, or <= 8 with T == 1 (quad decode) */
     const uint8_t *rows[8];
     mvec accm[4];
