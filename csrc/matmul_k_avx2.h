@@ -492,7 +492,8 @@ K2_INLINE float k2_dot_stream(const int type, const uint8_t *row, const block_q8
  * K2_TILE tokens where k2_token spends them per token:
  *   dx:   the tokens' d (0 past the tile's last token); one multiply by the row's d (or dmin) gives all 8
  *         products d_x * d, the same f32 products as k2_token's scalar one, and each FMA reads its token's
- *         product back as a broadcast load (a load port, not a vector-ALU one);
+ *         product back as a broadcast load (a load port, not a vector-ALU one): every type but Q2_K (Q6_K,
+ *         Q3_K, IQ4_XS 1.02-1.14x at 128 tokens, 9 rounds, noisy);
  *   spair (Q4_K / Q5_K): words 2t and 2t + 1 of spair[i] token t's S_2i and S_2i+1, S_j = bsums 2j + 2j + 1 (the
  *         Q8_K sum of sub-block j; |S_j| <= 32 * 127 fits a word), so one madd with the row's mins 2i, 2i + 1
  *         gives all tokens' imin lane i: the integer k2_token's hadd leaves in lane i, so one FMA per lane i
@@ -527,14 +528,14 @@ static inline void k2_fill_tile(const int type, const block_q8_K *x, int64_t n_s
 K2_INLINE void k2_tile(const int type, const uint8_t *row, const block_q8_K *x, const k2xt *xt, int64_t n_sb,
                        float *y, int64_t y_stride, const int nt) {
     const size_t size = pi_block_bytes(type);
-    const int q45 = type == PI_Q4_K || type == PI_Q5_K; /* the mins across tokens; Q2_K keeps k2_token's */
+    const int q45 = type == PI_Q4_K || type == PI_Q5_K; /* the mins across tokens; Q2_K keeps k2_token whole */
     __m256 acc[K2_TILE], accm[K2_TILE], accq[4];
     for (int t = 0; t < K2_TILE; t++) acc[t] = accm[t] = _mm256_setzero_ps();
     for (int c = 0; c < 4; c++) accq[c] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n_sb; i++) {
         k2sb s;
         k2_unpack(type, row + i * size, &s);
-        if (!q45) {
+        if (k2_has_min(type) && !q45) { /* Q2_K */
 #pragma GCC unroll 4
             for (int t = 0; t < K2_TILE; t++)
                 if (t < nt) k2_token(type, &s, x + t * n_sb + i, &acc[t], &accm[t]);
@@ -544,7 +545,7 @@ K2_INLINE void k2_tile(const int type, const uint8_t *row, const block_q8_K *x, 
         const __m256 dx = _mm256_load_ps(e->dx);
         float dd[K2_TILE] __attribute__((aligned(32)));
         _mm256_store_ps(dd, _mm256_mul_ps(dx, _mm256_set1_ps(s.d)));
-        {
+        if (q45) {
             int32_t mp[4] __attribute__((aligned(16)));
             _mm_store_si128((__m128i *)mp, s.mins);
             const __m256 dm = _mm256_mul_ps(dx, _mm256_set1_ps(s.dmin));
