@@ -68,9 +68,9 @@
  *     one convert and one FMA into 8 f32 lanes, the mins (Q4_K/Q5_K/Q2_K) one madd of the bsums, one convert
  *     and one FMA (in a prefill tile Q4_K/Q5_K's mins go across its 8 tokens instead, one madd, convert and
  *     FMA per lane for all 8: k2xt; 1.12-1.32x at 128 tokens); Q6_K and IQ4_XS keep signed weights and move
- *     their signs onto the activations (psignb; tried and dropped for a Q6_K prefill tile: unsigned weights with
- *     the -32 taken per int32 lane from per-token sums of 4 activations, the same integers, 8 psignb traded for 4
- *     madd per token and super-block, ran 0.88-0.89x, 128 tokens, 7 rounds), so
+ *     their signs onto the activations (psignb; a Q6_K prefill tile instead offsets the activations by 128 and
+ *     takes the signed weights as they are, k2_tile_q6k, 0.97-1.12x, median 1.08x; tried and dropped: unsigned
+ *     weights with the -32 taken per int32 lane from per-token sums of 4 activations, 0.88-0.89x), so
  *     Q6_K's -32 needs no bsums term; Q3_K's -4 is one bsums madd. Decode (k2_dot) runs one row whole (a dense
  *     matrix row after row as one stream, prefetched K2_PF_DIST = 4 KB ahead: k2_dot_stream); prefill
  *     (n_tok > 1) takes each row against tiles of K2_TILE = 8 tokens, TOK_BLOCK tokens per pass over the row,

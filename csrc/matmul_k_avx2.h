@@ -523,10 +523,59 @@ static inline void k2_fill_tile(const int type, const block_q8_K *x, int64_t n_s
     }
 }
 
+/* Q6_K prefill with the roles of maddubs' operands swapped: k2_token's lane L of isum is
+ *   sum_k sc(k, L) * sum_b w_b * x_b          (w_b = q_b - 32 signed, b: bytes 4L' .. 4L' + 3 of chunk k, L' = L
+ *                                               mod 4, sc(k, L) the scale of their group of 16)
+ * = sum_k sc(k, L) * sum_b w_b * (x_b + 128)  -  128 * sum_k sc(k, L) * sum_b w_b,
+ * the same integer, so the same bits. x_b + 128 is unsigned (0..255: one xor of the sign bit, off the multiply
+ * ports), so maddubs takes it as its unsigned operand and the signed weights as they are (pair sums <= 2 * 255 *
+ * 32: no saturation), and the second term depends on the row alone: made once per super-block for all tokens.
+ * Per token and super-block: 8 maddubs, 8 madd, a convert and an FMA on the multiply ports, where k2_token adds 8
+ * psignb to them. */
+K2_INLINE void k2_tile_q6k(const uint8_t *row, const block_q8_K *x, const k2xt *xt, int64_t n_sb, float *y,
+                           int64_t y_stride, const int nt) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi8(1);
+    __m256 acc[K2_TILE];
+    for (int t = 0; t < K2_TILE; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n_sb; i++) {
+        k2sb s;
+        k2_unpack_q6k(row + i * sizeof(block_q6_K), &s);
+        __m256i c0 = _mm256_setzero_si256(), c1 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int k = 0; k < 8; k += 2) {
+            c0 = _mm256_add_epi32(c0, _mm256_madd_epi16(_mm256_maddubs_epi16(ones, s.sg[k]), s.sw[k]));
+            c1 = _mm256_add_epi32(c1, _mm256_madd_epi16(_mm256_maddubs_epi16(ones, s.sg[k + 1]), s.sw[k + 1]));
+        }
+        const __m256i corr = _mm256_slli_epi32(_mm256_add_epi32(c0, c1), 7);
+        float dd[K2_TILE] __attribute__((aligned(32)));
+        _mm256_store_ps(dd, _mm256_mul_ps(_mm256_load_ps(xt[i].dx), _mm256_set1_ps(s.d)));
+#pragma GCC unroll 4
+        for (int t = 0; t < K2_TILE; t++) {
+            if (t >= nt) break;
+            const block_q8_K *b = x + t * n_sb + i;
+            __m256i i0 = _mm256_setzero_si256(), i1 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int k = 0; k < 8; k += 2) {
+                const __m256i u0 = _mm256_xor_si256(_mm256_load_si256((const __m256i *)(b->qs + 32 * k)), flip);
+                const __m256i u1 = _mm256_xor_si256(_mm256_load_si256((const __m256i *)(b->qs + 32 * k + 32)), flip);
+                i0 = _mm256_add_epi32(i0, _mm256_madd_epi16(_mm256_maddubs_epi16(u0, s.sg[k]), s.sw[k]));
+                i1 = _mm256_add_epi32(i1, _mm256_madd_epi16(_mm256_maddubs_epi16(u1, s.sg[k + 1]), s.sw[k + 1]));
+            }
+            const __m256i isum = _mm256_sub_epi32(_mm256_add_epi32(i0, i1), corr);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_broadcast_ss(dd + t), acc[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) y[t * y_stride] = k2_hsum(acc[t]);
+}
+
 /* One row against nt <= K2_TILE tokens (x: token 0's super-blocks, each next token n_sb later; xt: their k2xt),
  * each super-block unpacked once; y[t * y_stride] gets token t's sum, with the bits of k2_dot */
 K2_INLINE void k2_tile(const int type, const uint8_t *row, const block_q8_K *x, const k2xt *xt, int64_t n_sb,
                        float *y, int64_t y_stride, const int nt) {
+    if (type == PI_Q6_K) {
+        k2_tile_q6k(row, x, xt, n_sb, y, y_stride, nt);
+        return;
+    }
     const size_t size = pi_block_bytes(type);
     const int q45 = type == PI_Q4_K || type == PI_Q5_K; /* the mins across tokens; Q2_K keeps k2_token whole */
     __m256 acc[K2_TILE], accm[K2_TILE], accq[4];
