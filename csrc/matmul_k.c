@@ -948,6 +948,11 @@ int pi_k_amx(void) { return k_use_amx(PI_Q4_K, 2); }
 _Static_assert(TOK_BLOCK % K2_TILE == 0, "the AVX2 prefill tiles start at multiples of K2_TILE");
 static int64_t k2_tiles(int64_t n_tok) { return (n_tok + K2_TILE - 1) / K2_TILE; }
 static size_t k2_bytes(int64_t n_tiles, int64_t n_sb) { return (size_t)(n_tiles * n_sb) * sizeof(k2xt); }
+static int64_t k2_tile_base(const int64_t *tok_off, int64_t e) { /* experts: the first tile of expert e */
+    int64_t n = 0;
+    for (int64_t k = 0; k < e; k++) n += k2_tiles(tok_off[k + 1] - tok_off[k]);
+    return n;
+}
 typedef struct {
     int type;
     const block_q8_K *xq;
@@ -970,9 +975,7 @@ static void k2_fill_chunk(void *ctx, int64_t c, int thread_id) { /* c: a tile, o
         k2_fill_range(f, t0, f->n_tok - t0 < K2_TILE ? f->n_tok - t0 : K2_TILE, f->out + c * f->n_sb);
         return;
     }
-    int64_t base = 0;
-    for (int64_t k = 0; k < c; k++) base += k2_tiles(f->tok_off[k + 1] - f->tok_off[k]);
-    k2_fill_range(f, f->tok_off[c], f->tok_off[c + 1] - f->tok_off[c], f->out + base * f->n_sb);
+    k2_fill_range(f, f->tok_off[c], f->tok_off[c + 1] - f->tok_off[c], f->out + k2_tile_base(f->tok_off, c) * f->n_sb);
 }
 #else
 static size_t k2_bytes(int64_t n_tiles, int64_t n_sb) {
@@ -1040,11 +1043,7 @@ static void mk_group_chunk(void *ctx, int64_t chunk, int thread_id) {
     if (j.amx) j.amx_x = (const amx_xsb *)g->amx_x + amx_tile_base(g->tok_off, e) * j.n_sb;
 #endif
 #if defined(MK_AVX2)
-    if (j.k2x) {
-        int64_t base = 0;
-        for (int64_t k = 0; k < e; k++) base += k2_tiles(g->tok_off[k + 1] - g->tok_off[k]);
-        j.k2x += base * j.n_sb;
-    }
+    if (j.k2x) j.k2x += k2_tile_base(g->tok_off, e) * j.n_sb;
 #endif
     mk_chunk(&j, chunk % g->chunks_each, thread_id);
 }

@@ -517,7 +517,8 @@ static inline void k2_fill_tile(const int type, const block_q8_K *x, int64_t n_s
             const block_q8_K *b = t < nt ? x + t * n_sb + i : NULL;
             e->dx[t] = b ? b->d : 0.0f;
             for (int jj = 0; jj < 8; jj++)
-                sp[jj / 2][2 * t + jj % 2] = b && k2_has_min(type) ? (int16_t)(b->bsums[2 * jj] + b->bsums[2 * jj + 1]) : 0;
+                sp[jj / 2][2 * t + jj % 2] =
+                    b && (type == PI_Q4_K || type == PI_Q5_K) ? (int16_t)(b->bsums[2 * jj] + b->bsums[2 * jj + 1]) : 0;
         }
         for (int p = 0; p < 4; p++) e->spair[p] = _mm256_loadu_si256((const __m256i *)sp[p]);
     }
