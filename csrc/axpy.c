@@ -24,6 +24,8 @@
  *     is shared and there is nothing to reduce. Each y element is one fma chain over the live rows in list
  *     order, so a batch gives the bits of a one-part decode of each of its tokens, for any thread count.
  *     Slices are kept >= 1 KB of a row when the thread count allows it and never below 256 B.
+ * BF16 rows take h rounded to bf16 (pi_bf_round, in a scratch copy, before the live list is made), as every BF16
+ * product does (matmul.c): the AXPY over ffn_down_t then multiplies what the dense down projection would.
  * The next row group is software-prefetched in both splits, since the hardware prefetcher cannot guess which
  * row comes next (decode: into L2, see prefetch_tile).
  *
@@ -622,8 +624,15 @@ void pi_axpy_rows(pi_pool *pool, int type, const void *w, int64_t n_cols, const 
 #endif
     /* the panel path's h[t, act[a]]: at most n_tok * n_sel floats, after the live list */
     const size_t hact_bytes = panel ? (size_t)n_tok * (size_t)n_sel * sizeof(float) : 0;
-    uint8_t *scratch = pi_pool_scratch(pool, act_bytes + part_bytes + hact_bytes);
+    /* BF16 rows: h rounded to bf16 (pi_bf_round), as matmul.c rounds a BF16 weight's activations, last */
+    const size_t hbf_bytes = type == PI_BF16 ? (size_t)n_tok * (size_t)n_sel * sizeof(float) : 0;
+    uint8_t *scratch = pi_pool_scratch(pool, act_bytes + part_bytes + hact_bytes + hbf_bytes);
     int32_t *act = (int32_t *)scratch;
+    if (hbf_bytes) {
+        float *hb = (float *)(scratch + act_bytes + part_bytes + hact_bytes);
+        for (int64_t i = 0; i < n_tok * n_sel; i++) hb[i] = pi_bf_round(h[i]);
+        h = hb;
+    }
     /* positions j with some nonzero h[t, j]: flags first (token-major scan of h), then compacted in place */
     int64_t n_act = 0;
     if (n_tok == 1) {

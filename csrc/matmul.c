@@ -3,7 +3,8 @@
  *
  * Variants (chosen at compile time):
  *   - AVX-512 (F + BW + VL): float types 16 lanes with masked column tails (prefill: 4 x 6 tiles in column
- *     blocks sized from L1d, rows_f_kblocked). Q8_0 (with VNNI: the quads, as Q4_0): two blocks per zmm; the
+ *     blocks sized from L1d, rows_f_kblocked; BF16 with AVX512-BF16: vdpbf16ps on bf16-rounded activations, 32
+ *     columns per step, decoded one row at a time). Q8_0 (with VNNI: the quads, as Q4_0): two blocks per zmm; the
  *     f16 scales of a block pair for all rows of a tile convert in one instruction; times the token's two
  *     scales, one permute per (row, token) spreads them over the lanes of each block; Q5_0 the same with
  *     nibble pairs, its fifth bits made a byte mask with one shuffle + one test. Q4_0: quads of four blocks
@@ -54,6 +55,16 @@
 #if defined(MM_AVX512) || defined(MM_AVX2)
 #include <immintrin.h>
 #endif
+/* BF16 weights: the activations are rounded to bf16 first (round to nearest even, pi_f2bf), on every build, as
+ * llama.cpp does for BF16 weights; with AVX512-BF16 the products then run on vdpbf16ps, two per f32 lane and
+ * instruction from the raw weight bytes (no conversion), 32 columns per step (see the BF16 note above
+ * rows_f_kblocked) */
+#if defined(MM_AVX512) && defined(__AVX512BF16__)
+#define BF16_DP 1
+#ifndef BF_RD
+#define BF_RD 1 /* decode rows per tile (see the BF16 note above rows_f_kblocked) */
+#endif
+#endif
 
 #define ROW_BLOCK 16 /* rows per prefill block; also the chunk granularity (16 f32 = one cache line of y) */
 #define TOK_BLOCK 64 /* prefill tokens per pass over a chunk's rows (Q8_0 activations: 64 x ~4.3 KB at K = 4096) */
@@ -74,7 +85,8 @@ typedef struct {
     const uint8_t *w;
     int64_t row_bytes, n_rows, n_cols, n_tok;
     const float *x;      /* float types: f32 [n_tok, n_cols] */
-    int64_t xstride;     /* float types: floats from one token's x to the next (0: n_cols) */
+    int64_t xstride;     /* float types: elements from one token's x (or xb) to the next (0: n_cols) */
+    const uint16_t *xb;  /* BF16 weights where the build has AVX512-BF16: the activations as bf16 (pi_f2bf) */
     int64_t fkb;         /* float-type prefill: columns per block (fkb_for) */
     const int8_t *xq;    /* block types: int8 [n_tok, nbp * 32] quantized activations (AVX-512: Q4_0 quad order, Q5_0 pair order) */
     const float *xd;     /* f32 [n_tok, nbp] block scales */
@@ -784,15 +796,15 @@ static void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
 /* ==== float-type tiles ================================================================================ */
 #if defined(MM_AVX512)
 #define FL 16 /* f32 lanes */
-typedef __mmask16 lanemask;
+typedef __mmask32 lanemask; /* the column tail's lanes: 16 f32 lanes, or 32 bf16 columns (BF16_DP) */
 INLINE fv wf_load(const int type, const void *row, int64_t k, const int tail, lanemask m) {
-    if (type == PI_F32) return tail ? _mm512_maskz_loadu_ps(m, (const float *)row + k) : _mm512_loadu_ps((const float *)row + k);
+    if (type == PI_F32) return tail ? _mm512_maskz_loadu_ps((__mmask16)m, (const float *)row + k) : _mm512_loadu_ps((const float *)row + k);
     const uint16_t *p = (const uint16_t *)row + k;
-    __m256i h = tail ? _mm256_maskz_loadu_epi16(m, p) : _mm256_loadu_si256((const __m256i *)p);
+    __m256i h = tail ? _mm256_maskz_loadu_epi16((__mmask16)m, p) : _mm256_loadu_si256((const __m256i *)p);
     if (type == PI_F16) return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); /* bf16: top half of f32 */
 }
-INLINE fv xf_load(const float *p, const int tail, lanemask m) { return tail ? _mm512_maskz_loadu_ps(m, p) : _mm512_loadu_ps(p); }
+INLINE fv xf_load(const float *p, const int tail, lanemask m) { return tail ? _mm512_maskz_loadu_ps((__mmask16)m, p) : _mm512_loadu_ps(p); }
 INLINE fv fv_fma(fv a, fv b, fv c) { return _mm512_fmadd_ps(a, b, c); }
 #elif defined(MM_AVX2)
 #define FL 8
@@ -829,8 +841,44 @@ static inline float wf_scalar(int type, const void *row, int64_t k) {
 }
 
 #if defined(MM_AVX512) || defined(MM_AVX2)
+/* columns per tile step: one f32 vector, or (BF16_DP) 32 bf16 columns, two per f32 lane */
+INLINE int64_t fstep(const int type) {
+#if defined(BF16_DP)
+    if (type == PI_BF16) return 32;
+#endif
+    (void)type;
+    return FL;
+}
+#if defined(BF16_DP)
+/* BF16 weights on AVX512-BF16: vdpbf16ps adds to f32 lane i the products of columns 2i + 1 and 2i of the step's 32
+ * (each product exact in f32, then two f32 adds in that order); the weights go in as they lie in the row, the
+ * activations come from their bf16 copy j->xb (one register shared by the R rows, as xf_shared) */
+INLINE void tile_b_step(const mm_job *j, const uint8_t **rows, int64_t t0, int64_t k, fv acc[][8], const int R,
+                        const int T, const int tail, lanemask m) {
+    __m512i wv[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        const uint16_t *p = (const uint16_t *)rows[r] + k;
+        wv[r] = tail ? _mm512_maskz_loadu_epi16(m, p) : _mm512_loadu_si512(p);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        const uint16_t *xp = j->xb + (t0 + t) * (j->xstride ? j->xstride : j->n_cols) + k;
+        __m512i xv = tail ? _mm512_maskz_loadu_epi16(m, xp) : _mm512_loadu_si512(xp);
+        if (R > 1) __asm__("" : "+v"(xv));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);
+    }
+}
+#endif
 INLINE void tile_f_step(const mm_job *j, const uint8_t **rows, int64_t t0, int64_t k, fv acc[][8], const int R,
                         const int T, const int type, const int tail, lanemask m) {
+#if defined(BF16_DP)
+    if (type == PI_BF16) {
+        tile_b_step(j, rows, t0, k, acc, R, T, tail, m);
+        return;
+    }
+#endif
     fv wv[4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) wv[r] = wf_load(type, rows[r], k, tail, m);
@@ -867,7 +915,7 @@ INLINE void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
         rows[r] = mm_row(j, r0 + r);
         for (int t = 0; t < T; t++) acc[r][t] = fv_zero();
     }
-    const int64_t K = j->n_cols, kfull = K / FL * FL;
+    const int64_t K = j->n_cols, step = fstep(type), kfull = K / step * step;
     if (T == 1) { /* fetch the next tile's rows at this tile's offset, as the Q4_0 quads do: gathered rows are
                      scattered (+5-12% at 50-95% sparsity, F16 7B shape, cold), and every dense float decode
                      comes here too (measured first for rows past 8192 columns, 4096 x 11008, 2 threads,
@@ -876,13 +924,13 @@ INLINE void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
         const int64_t esz = type == PI_F32 ? 4 : 2;
         const uint8_t *next[4];
         for (int r = 0; r < R; r++) next[r] = mm_row(j, r0 + R + r < j->n_rows ? r0 + R + r : j->n_rows - 1);
-        for (int64_t k = 0; k < kfull; k += FL) {
+        for (int64_t k = 0; k < kfull; k += step) {
             if (!((k * esz) & 63))
                 for (int r = 0; r < R; r++) _mm_prefetch((const char *)next[r] + k * esz, _MM_HINT_T0);
             tile_f_step(j, rows, t0, k, acc, R, T, type, 0, 0);
         }
     } else {
-        for (int64_t k = 0; k < kfull; k += FL) tile_f_step(j, rows, t0, k, acc, R, T, type, 0, 0);
+        for (int64_t k = 0; k < kfull; k += step) tile_f_step(j, rows, t0, k, acc, R, T, type, 0, 0);
     }
 #if defined(MM_AVX512)
     if (kfull < K) tile_f_step(j, rows, t0, kfull, acc, R, T, type, 1, (lanemask)((1u << (K - kfull)) - 1));
@@ -894,7 +942,7 @@ static void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
     for (int r = 0; r < R; r++) {
         const uint8_t *row = mm_row(j, r0 + r);
         for (int t = 0; t < T; t++) {
-            const float *x = j->x + (t0 + t) * j->n_cols;
+            const float *x = j->x + (t0 + t) * (j->xstride ? j->xstride : j->n_cols);
             float s = 0.0f;
             for (int64_t k = 0; k < j->n_cols; k++) s += wf_scalar(type, row, k) * x[k];
             j->y[(t0 + t) * j->n_rows + r0 + r] = s;
@@ -1569,7 +1617,18 @@ TILE_FN(tile_13, 1, 3)
  *     F16/BF16 at 48 KB, measured 0.99-1.03x on the Zen 5 host, 128 tokens, --rounds 6: no gain);
  *   - L2: the ROW_BLOCK rows' blocks (16 x FKB x element size <= 32 KB) and the token block's x slice (132 x FKB
  *     x 4: 264 KB at FKB 512) stay in L2 while the tiles pass them; the whole token block's x only in L3 (see
- *     mm_chunk). */
+ *     mm_chunk).
+ * BF16 on AVX512-BF16 (BF16_DP): the same 4 x 6 tiles and column blocks, each step 32 columns: vdpbf16ps takes a
+ * row's 32 weights as they lie and a token's 32 activations from their bf16 copy (mm_round_bf16), two products
+ * per f32 lane, so a step does twice the multiply-adds of an f32 one for the same loads and no conversion. x is
+ * 2 bytes a column there, so the L1 rule above gives FKB 1024 at 48 KB L1d (512 measured 0.94-0.97x). On the 2-core
+ * Zen 5 host (AVX-512 with VNNI and BF16, 48 KB L1d, 1 MB L2), `bench_prefill_ab.py OLD NEW --types BF16 --shapes
+ * 11008x4096,4096x11008 --threads 2 --n-tok 128 --rounds 5`, wall GMAC/s against the tiles that convert BF16 to
+ * f32: 153.7 -> 249.9 and 144.6 -> 260.8 (new bits: the activations are rounded now). Its decode takes one row at a
+ * time (BF_RD; tile_f's one-token branch prefetches the next row at the offset reached): against the 4-row tiles
+ * converting to f32, `--n-tok 1 --rounds 9 --reps 5`, 11008 x 4096 1.22-1.24x, 4096 x 11008 1.04-1.06x; one row
+ * against two 1.20x at 4096 x 4096 (partly in L3), 0.97x / 1.05x on the others; the dp tiles kept at 4 rows
+ * 0.95-1.05x. */
 #if defined(MM_AVX512)
 #define RPF 4
 #else
@@ -1592,7 +1651,7 @@ INLINE void tile_f_any(const mm_job *j, int64_t r0, int64_t t0, const int R, con
  * (whole groups). */
 INLINE int64_t rows_f_kblocked(const mm_job *j, int64_t rb, int64_t re, int64_t t0, const int type) {
     fv buf[ROW_BLOCK / RPF][RPF][8]; /* [8]: tile_f_store takes acc[][8] */
-    const int64_t ngrp = (re - rb) / RPF, K = j->n_cols, kfull = K / FL * FL;
+    const int64_t ngrp = (re - rb) / RPF, K = j->n_cols, step = fstep(type), kfull = K / step * step;
     for (int64_t p = 0; p < ngrp; p++)
         for (int r = 0; r < RPF; r++)
             for (int t = 0; t < TPF; t++) buf[p][r][t] = fv_zero();
@@ -1605,7 +1664,7 @@ INLINE int64_t rows_f_kblocked(const mm_job *j, int64_t rb, int64_t re, int64_t 
                 rows[r] = mm_row(j, rb + p * RPF + r);
                 for (int t = 0; t < TPF; t++) acc[r][t] = buf[p][r][t];
             }
-            for (int64_t k = kb; k < ke; k += FL) tile_f_step(j, rows, t0, k, acc, RPF, TPF, type, 0, 0);
+            for (int64_t k = kb; k < ke; k += step) tile_f_step(j, rows, t0, k, acc, RPF, TPF, type, 0, 0);
             for (int r = 0; r < RPF; r++)
                 for (int t = 0; t < TPF; t++) buf[p][r][t] = acc[r][t];
         }
@@ -1673,6 +1732,13 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
 #if defined(Q5_ROW_DECODE)
         if (type_kind(j->type) >= K_Q5 && !kind_quad(type_kind(j->type)) && j->stream) {
             q5_decode_rows(j, r, r_end);
+            return;
+        }
+#endif
+#if defined(BF16_DP)
+        if (j->type == PI_BF16) {
+            for (; r + BF_RD <= r_end; r += BF_RD) tile_f(j, r, 0, BF_RD, 1, PI_BF16);
+            for (; r < r_end; r++) tile_f(j, r, 0, 1, 1, PI_BF16);
             return;
         }
 #endif
@@ -1861,9 +1927,86 @@ static void quantize_token(void *ctx, int64_t t, int thread_id) {
     }
 }
 
-/* The activations of j's n_tok tokens, quantized for the block types (into the pool's scratch); float types
- * read x as it is. */
+/* BF16 weights: each activation rounded to bf16 as pi_quantize rounds (nearest even, NaN kept and made quiet),
+ * which is what llama.cpp does to the activations of BF16 weights; with BF16_DP the copy is bf16 (j->xb), else
+ * f32 holding the rounded values (j->x), so every build computes on the same activations. A token's row is
+ * padded by 64 bytes where its length is a multiple of 4 KB (the L1 set conflict described in mm_run). */
+typedef struct { const float *x; int64_t n_cols, xs; uint16_t *xb; float *xf; } bf16_job;
+#if defined(MM_AVX512)
+/* pi_f2bf on 16 lanes: the rounded bits in the low 16 of each 32-bit lane */
+INLINE __m512i bf16_round16(__m512i u) {
+    const __m512i nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    const __mmask16 isnan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                    _mm512_set1_epi32(0x7f800000));
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+    return _mm512_mask_mov_epi32(r, isnan, nan);
+}
+#elif defined(MM_AVX2)
+INLINE __m256i bf16_round8(__m256i u) { /* the same on 8 lanes */
+    const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    const __m256i isnan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    return _mm256_blendv_epi8(r, nan, isnan);
+}
+#endif
+static void bf16_token(void *ctx, int64_t t, int thread_id) {
+    (void)thread_id;
+    const bf16_job *b = ctx;
+    const float *x = b->x + t * b->n_cols;
+    if (b->xb) {
+        uint16_t *o = b->xb + t * b->xs;
+        int64_t k = 0;
+#if defined(MM_AVX512)
+        for (; k + 16 <= b->n_cols; k += 16)
+            _mm256_storeu_si256((__m256i *)(o + k), _mm512_cvtepi32_epi16(bf16_round16(_mm512_loadu_si512(x + k))));
+#endif
+        for (; k < b->n_cols; k++) o[k] = pi_f2bf(x[k]);
+        for (int64_t k = b->n_cols; k < b->xs; k++) o[k] = 0;
+    } else {
+        float *o = b->xf + t * b->xs;
+        int64_t k = 0;
+#if defined(MM_AVX512)
+        for (; k + 16 <= b->n_cols; k += 16)
+            _mm512_storeu_si512(o + k, _mm512_slli_epi32(bf16_round16(_mm512_loadu_si512(x + k)), 16));
+#elif defined(MM_AVX2)
+        for (; k + 8 <= b->n_cols; k += 8)
+            _mm256_storeu_si256((__m256i *)(o + k), _mm256_slli_epi32(bf16_round8(_mm256_loadu_si256((const __m256i *)(x + k))), 16));
+#endif
+        for (; k < b->n_cols; k++) o[k] = pi_bf_round(x[k]);
+        for (k = b->n_cols; k < b->xs; k++) o[k] = 0.0f;
+    }
+}
+static void mm_round_bf16(pi_pool *pool, mm_job *j) {
+#if defined(BF16_DP)
+    const int64_t esz = 2;
+#else
+    const int64_t esz = 4;
+#endif
+    bf16_job b = {.x = j->x, .n_cols = j->n_cols, .xs = j->n_cols + ((j->n_cols * esz) % 4096 ? 0 : 64 / esz)};
+    void *s = pi_pool_scratch(pool, (size_t)(j->n_tok * b.xs * esz));
+#if defined(BF16_DP)
+    b.xb = s;
+    j->xb = b.xb;
+#else
+    b.xf = s;
+    j->x = b.xf;
+#endif
+    j->xstride = b.xs;
+    if (j->n_tok == 1) /* decode: a few microseconds, less than waking the pool */
+        bf16_token(&b, 0, 0);
+    else
+        pi_pool_run(pool, bf16_token, &b, j->n_tok);
+}
+
+/* The activations of j's n_tok tokens, quantized for the block types (into the pool's scratch); BF16 weights get
+ * them rounded to bf16 (mm_round_bf16); F32 and F16 read x as it is. */
 static void mm_quantize(pi_pool *pool, mm_job *j) {
+    if (j->type == PI_BF16) {
+        mm_round_bf16(pool, j);
+        return;
+    }
     if (type_kind(j->type) < 0) return;
     const int64_t nb = j->n_cols / QK;
     int64_t per = BPV; /* blocks per vector step */
@@ -1910,7 +2053,12 @@ static int64_t l1d_bytes(void) {
 /* float-type prefill column block (see the derivation above rows_f_kblocked): the largest power of two in
  * 128..2048 whose TPF tokens' x and RPF weight rows fit in half of L1d */
 static int64_t fkb_for(int type) {
-    const int64_t per_col = TPF * 4 + RPF * (type == PI_F32 ? 4 : 2), budget = l1d_bytes() / 2;
+#if defined(BF16_DP)
+    const int64_t x_size = type == PI_BF16 ? 2 : 4; /* BF16: the activations' bf16 copy */
+#else
+    const int64_t x_size = 4;
+#endif
+    const int64_t per_col = TPF * x_size + RPF * (type == PI_F32 ? 4 : 2), budget = l1d_bytes() / 2;
     int64_t fkb = 2048;
     while (fkb > 128 && fkb * per_col > budget) fkb /= 2;
     return fkb;
@@ -1934,7 +2082,7 @@ static void mm_run(pi_pool *pool, int type, const void *w, int64_t n_cols, const
      * the same column, all at one offset mod 4 KB, so they share L1 sets and evict each other. The tokens' x
      * go to a copy whose rows are 64 bytes longer (measured on 11008 x 4096 F16, 128 tokens, 2 threads). */
     if (type_kind(type) < 0 && n_tok > 1) j.fkb = fkb_for(type);
-    if (type_kind(type) < 0 && n_tok >= TPF && (n_cols * 4) % 4096 == 0) {
+    if ((type == PI_F16 || type == PI_F32) && n_tok >= TPF && (n_cols * 4) % 4096 == 0) { /* BF16: mm_round_bf16 */
         const int64_t xs = n_cols + 16;
         float *xp = pi_pool_scratch(pool, (size_t)(n_tok * xs) * sizeof(float));
         if (xp) {
@@ -1985,7 +2133,8 @@ static void mm_group_chunk(void *ctx, int64_t chunk, int thread_id) {
     j.n_tok = g->tok_off[e + 1] - t0;
     if (j.n_tok <= 0) return;
     j.w += (int64_t)g->experts[e] * j.n_rows * j.row_bytes;
-    j.x += t0 * j.n_cols;
+    j.x += t0 * (j.xstride ? j.xstride : j.n_cols);
+    if (j.xb) j.xb += t0 * j.xstride;
     j.y += t0 * j.n_rows;
     if (j.xq) {
         j.xq += t0 * j.nbp * QK;

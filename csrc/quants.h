@@ -166,6 +166,21 @@ static inline float pi_h2f(uint16_t h) {
 #endif
 }
 
+/* f32 -> bf16 bits, round to nearest even; a NaN stays a NaN, made quiet (pi_quantize's BF16, llama.cpp's). Every
+ * kernel that multiplies a BF16 weight rounds the other factor with it first (matmul.c, axpy.c). */
+static inline uint16_t pi_f2bf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+static inline float pi_bf_round(float f) { /* f rounded to bf16, as an f32 */
+    const uint32_t u = (uint32_t)pi_f2bf(f) << 16;
+    float r;
+    memcpy(&r, &u, 4);
+    return r;
+}
+
 /* IQ4_NL's 16 levels (llama.cpp's non-uniform 4-bit grid, finer near zero) */
 static const int8_t pi_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 

@@ -11,6 +11,8 @@ Deliberate imitations of llama.cpp's arithmetic, which the runtime shares:
 - optionally (act_q8_0=True), the input of every matmul whose weight is Q8_0/Q4_0 is rounded to Q8_0 blocks
   (32 values share one f16 scale amax/127) the way llama.cpp quantizes activations; this isolates the rest
   of the arithmetic so quantized models can be compared tightly too.
+- the input of every matmul whose weight is BF16 is rounded to bf16 (nearest even), the activation type
+  llama.cpp gives BF16 weights.
 """
 from __future__ import annotations
 
@@ -32,6 +34,13 @@ def dequantize(t) -> np.ndarray:
     if t.type == T.BF16:
         return (t.data.astype(np.uint32) << 16).view(np.float32).reshape(t.shape)
     return quants.dequantize(np.asarray(t.data), t.type).reshape(t.shape).astype(np.float32)
+
+
+def bf16_round_trip(x):
+    """x rounded to bf16, nearest even (f32 bits + 0x7fff + the kept lowest bit, top half), back as f32."""
+    u = np.asarray(x, dtype=np.float32).view(np.uint32)
+    r = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return r.view(np.float32)
 
 
 def q8_0_round_trip(x):
@@ -109,6 +118,7 @@ class ReferenceModel:
         self.arch = a = m["general.architecture"]
         self.w = {name: dequantize(t) for name, t in f.tensors.items()}
         self.quantized = {name for name, t in f.tensors.items() if t.type in (T.Q8_0, T.Q4_0)}
+        self.bf16 = {name for name, t in f.tensors.items() if t.type == T.BF16}
         f.close()
         self.n_layer = m[f"{a}.block_count"]
         self.n_embd = m[f"{a}.embedding_length"]
@@ -157,6 +167,8 @@ class ReferenceModel:
         def mm(x, name):  # x [N, K] @ weight.T, with llama.cpp's activation rounding if asked for
             if act_q8_0 and name in self.quantized:
                 x = q8_0_round_trip(x)
+            if name in self.bf16:
+                x = bf16_round_trip(x)
             return x @ w[name].T
 
         tokens = np.asarray(tokens)

@@ -337,6 +337,26 @@ def test_f16_bf16_conversions_exact():
     np.testing.assert_array_equal(cpu.quantize(tie, GGMLType.BF16), np.array([[0x3F80, 0x3F82]], dtype=np.uint16))
 
 
+@pytest.mark.parametrize("n_tok", [1, 7])
+@pytest.mark.parametrize("n_cols", [37, 4096])
+def test_bf16_weights_take_bf16_rounded_activations(kernels, n_tok, n_cols):
+    """BF16 weights multiply activations rounded to bf16 (nearest even), as llama.cpp does, on every build:
+    with weights of 1 and activations 1 + e, each one's rounded value is known, and the sums are exact in f32
+    (small integers and halves), so the result must be that sum bit for bit."""
+    rng = np.random.default_rng(n_cols + n_tok)
+    w = Tensor("w", GGMLType.BF16, (5, n_cols), ref.quantize(np.ones((5, n_cols), np.float32), GGMLType.BF16))
+    # 1 + 2^-9 rounds down to 1, 1 + 3 * 2^-8 (a tie) up to 1 + 2^-6, 1 + 2^-8 (a tie) down to the even 1.0,
+    # 2 - 2^-9 up to 2, -1.5 - 2^-10 to -1.5
+    vals = np.array([1 + 2.0 ** -9, 1 + 3 * 2.0 ** -8, 1 + 2.0 ** -8, 2 - 2.0 ** -9, -1.5 - 2.0 ** -10], np.float32)
+    want_vals = np.array([1.0, 1 + 2.0 ** -6, 1.0, 2.0, -1.5], np.float64)
+    idx = rng.integers(0, len(vals), (n_tok, n_cols))
+    x = vals[idx]
+    want = want_vals[idx].sum(axis=1)  # exact: multiples of 2^-6 far below 2^24 * 2^-6
+    y = kernels.matmul(w, x)
+    np.testing.assert_array_equal(y, np.repeat(want[:, None], 5, axis=1).astype(np.float32))
+    np.testing.assert_array_equal(ref.matmul(w, x), y)
+
+
 @pytest.mark.parametrize("ggml_type", RANDOM_TYPES, ids=lambda t: t.name)
 def test_k_quant_dequantize_is_llama_cpp(ggml_type):
     """gguf's numpy decoder (llama.cpp's layout) and ours give the same f32 values, bit for bit."""

@@ -69,11 +69,11 @@ def reference(w: FFNWeights, variant, x, active, act_param):
     (the predictor's logits are compared with the kernels' separately: a quantized product may move a
     neuron across the threshold)."""
     d = {nm: ref.dequantize(getattr(w, nm)).astype(np.float64) for nm in ("gate", "up", "down_t")}
-    g = d["gate"] @ x
+    g = d["gate"] @ ref.operand(w.gate, x)  # BF16: the inputs rounded to bf16, as every kernel does
     a = np.where(g > act_param, g, 0) if variant == "fatreglu" else np.maximum(g, 0)
-    u = d["up"] @ x
+    u = d["up"] @ ref.operand(w.up, x)
     h = np.where(active, a * (np.maximum(u, 0) if variant == "dreglu" else u), 0)
-    return h @ d["down_t"]
+    return ref.operand(w.down_t, h.astype(np.float32)) @ d["down_t"]
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)

@@ -50,8 +50,9 @@ class _RefWide:
     axpy_tiles over every row with the zeroed x: the zeros add nothing and leave each tile's activation scale
     as it is, so it must equal the wide path's AXPY over the kept rows alone."""
 
-    def __init__(self, mats, cuts, scales, q_split, n_ff, act, kernels, rot=None):
+    def __init__(self, mats, cuts, scales, q_split, n_ff, act, kernels, rot=None, bf16=None):
         self.mats, self.cuts, self.scales, self.q_split, self.n_ff, self.act = mats, cuts, scales, q_split, n_ff, act
+        self.bf16 = bf16 or [False] * 4  # BF16 stored weights: the kept inputs are multiplied rounded to bf16
         self.rot = rot or [None] * 4  # rotation tensors (rows of R^T), applied by the numpy spec's matmul
         self.k = kernels  # the numpy spec's activations (kernels/ref.py), as the model's own ops
         self.kept = np.zeros(4, np.int64)
@@ -69,7 +70,10 @@ class _RefWide:
         if isinstance(self.mats[j], R.Q8Tiles):
             w = self.mats[j]
             return R.axpy_tiles(w, np.arange(w.n_rows, dtype=np.int32), np.where(keep, x, np.float32(0)))
-        return (np.where(keep, x, 0).astype(np.float64) @ self.mats[j].T.astype(np.float64)).astype(np.float32)
+        xk = np.where(keep, x, np.float32(0))
+        if self.bf16[j]:
+            xk = R.bf16_round(xk)
+        return (xk.astype(np.float64) @ self.mats[j].T.astype(np.float64)).astype(np.float32)
 
     def qkv(self, h):
         y = self._proj(0, h)
@@ -108,9 +112,11 @@ def _reference_logits(src, calibrated, tokens):
         with open_gguf(calibrated) as cf:  # the stored transposed weights (the source's values for float types)
             stored = [[_stored(cf.tensors, f"blk.{il}.{n}.weight") for n in W.WIDE_TENSORS] for il in range(c.n_layer)]
             rots = [[cf.tensors.get(f"blk.{il}.{n}_rot.weight") for n in W.INPUTS] for il in range(c.n_layer)]
+            bf16 = [[cf.tensors[f"blk.{il}.{n}.weight"].type == GGMLType.BF16 for n in W.WIDE_TENSORS]
+                    for il in range(c.n_layer)]
         for il, L in enumerate(m.layers):
             r = _RefWide(stored[il], cuts[il], None if cal.col_norms is None else cal.col_norms[il], (nq, nkv, nkv),
-                         c.n_ff, m.ffns[il].variant, m.kernels, rots[il])
+                         c.n_ff, m.ffns[il].variant, m.kernels, rots[il], bf16[il])
             L.wide = r
             refs.append(r)
         m.wide = refs

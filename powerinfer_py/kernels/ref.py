@@ -330,11 +330,23 @@ def _check_x(w: Tensor, x) -> np.ndarray:
     return x2
 
 
+def bf16_round(x) -> np.ndarray:
+    """x rounded to bf16 (nearest even), as f32."""
+    return (_f32_to_bf16(np.asarray(x, np.float32)).astype(np.uint32) << 16).view(np.float32)
+
+
+def operand(w: Tensor, x2: np.ndarray) -> np.ndarray:
+    """x as every kernel multiplies it by w's values (mat-vec, row gather, AXPY): rounded to bf16 for BF16
+    weights (nearest even, as llama.cpp does), else f32 as given."""
+    return bf16_round(x2) if w.type == GGMLType.BF16 else x2
+
+
 def matmul(w: Tensor, x) -> np.ndarray:
-    """y[t, r] = sum_c w[r, c] x[t, c]; x f32 [K] -> [M] or [N, K] -> [N, M]. Float types in f64, then f32.
-    Quantized types: llama.cpp's integer arithmetic (see _matmul_quantized), summed in f64."""
+    """y[t, r] = sum_c w[r, c] x[t, c]; x f32 [K] -> [M] or [N, K] -> [N, M]. Float types in f64, then f32
+    (BF16: on activations rounded to bf16, operand). Quantized types: llama.cpp's integer arithmetic (see
+    _matmul_quantized), summed in f64."""
     ty = check_kernel_type(w.type, w.name)
-    x2 = _check_x(w, x)
+    x2 = operand(w, _check_x(w, x))
     if ty in _FLOAT_DTYPES:
         wf = dequantize(w).reshape(w.n_rows, w.n_cols).astype(np.float64)
         y = x2.astype(np.float64) @ wf.T
@@ -347,7 +359,7 @@ def matmul(w: Tensor, x) -> np.ndarray:
 def matmul_abs_terms(w: Tensor, x) -> np.ndarray:
     """f64 of matmul's shape: the sum of |every term| matmul adds up (for f32 rounding-error bounds)."""
     check_kernel_type(w.type, w.name)
-    x2 = _check_x(w, x)
+    x2 = operand(w, _check_x(w, x))
     if w.type in _FLOAT_DTYPES:
         y = np.abs(x2.astype(np.float64)) @ np.abs(dequantize(w).reshape(w.n_rows, -1).astype(np.float64)).T
     else:
@@ -610,7 +622,8 @@ def check_sparse_h(what: str, h, n_sel: int) -> np.ndarray:
 
 
 def axpy_rows(w: Tensor, rows, h) -> np.ndarray:
-    """y[t, :] = sum_j h[t, j] * w[rows[j], :] over j with h[t, j] != 0, in f64 rounded to f32 once.
+    """y[t, :] = sum_j h[t, j] * w[rows[j], :] over j with h[t, j] != 0, in f64 rounded to f32 once (BF16 rows:
+    h rounded to bf16 first, operand).
     h f32 [n_sel] -> y [n_cols], or [n_tok, n_sel] -> [n_tok, n_cols]. Rows whose h is zero for every token
     take no part (a non-finite weight there does not leak into y)."""
     check_kernel_type(w.type, w.name)
@@ -618,7 +631,7 @@ def axpy_rows(w: Tensor, rows, h) -> np.ndarray:
     if len(w.shape) != 2:
         raise ValueError(f"{what}: the weight must be 2-D, got shape {w.shape}")
     r = check_sparse_rows(what, rows, w.n_rows)
-    h2 = check_sparse_h(what, h, len(r))
+    h2 = operand(w, check_sparse_h(what, h, len(r)))
     keep = (h2 != 0).any(axis=0)
     wd = dequantize(w).reshape(w.n_rows, w.n_cols)[r[keep]].astype(np.float64)
     y = (h2[:, keep].astype(np.float64) @ wd).astype(np.float32)
