@@ -30,9 +30,10 @@
  *   no VNNI:  Q8_0 maddubs(|w|, x * sign(w)); Q4_0 maddubs(nibble, x) plus the -8 * sum(x) correction;
  *             then madd with ones. No int16 saturation: |pairs| <= 2 * 128 * 127.
  * and acc[r][t] += float(dot) * (d_w * d_x), 8 or 16 f32 lanes per accumulator, summed at the end.
- * Decode (n_tok == 1), AVX-512: Q8_0, Q4_0, Q5_0 and F16/BF16 (up to 8192 columns) walk their rows one after
- * another, one sequential stream per thread prefetched ~4 KB ahead (*_decode_rows below; on this code's 2-core
- * Zen 5 host a pure read ran ~33 GB/s as one stream per thread and ~26 as 4-8 interleaved rows). Scattered row
+ * Decode (n_tok == 1), AVX-512: Q8_0, Q4_0 and Q5_0 walk their rows one after another, one sequential stream
+ * per thread prefetched ~4 KB ahead (*_decode_rows below; on this code's 2-core Zen 5 host a pure read ran ~33
+ * GB/s as one stream per thread and ~26 as 4-8 interleaved rows); F16 and F32 take the 4-row one-token float
+ * tiles, BF16 with AVX512-BF16 one row at a time (both prefetch the next rows, see tile_f). Scattered row
  * gathers (pi_matmul_rows) and the other cases use tiles of RD rows (DQ = 8 for the Q4_0 quads; independent FMA
  * chains, one x load per RD rows), each row software-prefetched PF_DIST bytes ahead or, for gathers, the next
  * tile's rows whole: several scattered rows in flight serve a gather better than one stream.
