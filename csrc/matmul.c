@@ -1563,7 +1563,15 @@ static void q5_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
  *     registers and the others in the block buffer: FSEG 128 decode 1.40x / 1.20x (4096 x 11008: 0.76x) but
  *     prefill 0.60-0.77x (the buffer round trip per segment); FSEG 512 prefill 0.89-0.93x and the decode gain
  *     gone (1.00x / 0.93x: four streams 1 KB apart); one chain per quarter row (streams 2 KB apart) decoded
- *     at 0.72-0.82x. */
+ *     at 0.72-0.82x.
+ * One row per tile for F16 too (tile_f with R = 1 over a whole decode, the next row prefetched) was measured on the
+ * Zen 5 host on 2026-12-04 (`bench_prefill_ab.py OLD NEW --types F16 --shapes 4096x4096,11008x4096,4096x11008
+ * --threads 2 --n-tok 1 --rounds 15 --reps 5`, against the 4-row tiles): 0.81x / 1.12x / 1.07x (the first stays in
+ * that host's 32 MB L3 between calls); end to end (`powerinfer bench -m f16.gguf -t 2 -p 16 -n 64 -r 3`, two
+ * alternating rounds, three pairs) 0.97x / 0.92x -> 1.13x / 1.10x, 1.09x / 0.95x -> 1.11x / 1.06x, 1.04x / 1.03x
+ * -> 0.98x / 0.71x. Not taken: one f32 FMA chain carries 32 bytes of F16 per FMA latency (4 cycles), about 30 GB/s
+ * per thread at Zen 5's ~3.7 GHz but 16 on the 2.0 GHz Intel host, where the one-row stream lost to these tiles by
+ * 1.3x (above). BF16's vdpbf16ps chain carries 64 bytes per latency, and BF16 takes one row (see the BF16 note). */
 
 /* ==== tile instances and the row-chunk driver ========================================================= */
 #define TILE_FN(name, R, T)                                                                                  \
@@ -1625,11 +1633,13 @@ TILE_FN(tile_13, 1, 3)
  * 2 bytes a column there, so the L1 rule above gives FKB 1024 at 48 KB L1d (512 measured 0.94-0.97x). On the 2-core
  * Zen 5 host (AVX-512 with VNNI and BF16, 48 KB L1d, 1 MB L2), `bench_prefill_ab.py OLD NEW --types BF16 --shapes
  * 11008x4096,4096x11008 --threads 2 --n-tok 128 --rounds 5`, wall GMAC/s against the tiles that convert BF16 to
- * f32: 153.7 -> 249.9 and 144.6 -> 260.8 (new bits: the activations are rounded now). Its decode takes one row at a
- * time (BF_RD; tile_f's one-token branch prefetches the next row at the offset reached): against the 4-row tiles
- * converting to f32, `--n-tok 1 --rounds 9 --reps 5`, 11008 x 4096 1.22-1.24x, 4096 x 11008 1.04-1.06x; one row
- * against two 1.20x at 4096 x 4096 (partly in L3), 0.97x / 1.05x on the others; the dp tiles kept at 4 rows
- * 0.95-1.05x. */
+ * f32: 153.7 -> 249.9 and 144.6 -> 260.8 (new bits: the activations are rounded now). Its decode takes BF_RD = 1
+ * row per tile (tile_f's one-token branch prefetches the next row at the offset reached): against the 4-row tiles
+ * converting to f32, `--n-tok 1 --rounds 9 --reps 5`, 11008 x 4096 1.24x, 4096 x 11008 1.04x (two rows: 1.22x /
+ * 1.06x; the dp tiles kept at 4 rows: 0.95-1.05x). One row against two: 1.20x at 4096 x 4096 (in the host's L3
+ * between calls), 0.97x / 1.05x on the others; `bench_kernels.py --types BF16 --repeat 9` read 95% / 93% of the
+ * probe with one row, 75% / 94% with two. One chain carries 64 bytes per dp latency: ~20 GB/s per thread even
+ * at 2 GHz (the F16 / BF16 decode note). */
 #if defined(MM_AVX512)
 #define RPF 4
 #else
