@@ -2144,8 +2144,10 @@ static void mm_group_chunk(void *ctx, int64_t chunk, int thread_id) {
     j.n_tok = g->tok_off[e + 1] - t0;
     if (j.n_tok <= 0) return;
     j.w += (int64_t)g->experts[e] * j.n_rows * j.row_bytes;
-    j.x += t0 * (j.xstride ? j.xstride : j.n_cols);
-    if (j.xb) j.xb += t0 * j.xstride;
+    if (j.xb) /* BF16_DP: the bf16 copy (padded rows); x itself is not read */
+        j.xb += t0 * j.xstride;
+    else
+        j.x += t0 * (j.xstride ? j.xstride : j.n_cols);
     j.y += t0 * j.n_rows;
     if (j.xq) {
         j.xq += t0 * j.nbp * QK;

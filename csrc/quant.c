@@ -61,11 +61,6 @@ static inline uint16_t f32_to_f16(float f) {
 #endif
 }
 
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t x = f32_bits(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40); /* NaN, quiet */
-    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
-}
 
 static inline float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
 
@@ -194,7 +189,7 @@ int64_t pi_quantize(int type, const float *src, void *dst, int64_t n_rows, int64
         case PI_F32: memcpy(y, x, (size_t)rs); break;
         case PI_F16: pi_f32_to_f16_row(x, (uint16_t *)y, n_cols); break;
         case PI_BF16:
-            for (int64_t i = 0; i < n_cols; i++) ((uint16_t *)y)[i] = f32_to_bf16(x[i]);
+            for (int64_t i = 0; i < n_cols; i++) ((uint16_t *)y)[i] = pi_f2bf(x[i]); /* quants.h */
             break;
         case PI_Q8_0: quantize_row_q8_0(x, (block_q8_0 *)y, n_cols); break;
         case PI_Q4_0: quantize_row_q4_0(x, (block_q4_0 *)y, n_cols); break;
