@@ -88,6 +88,39 @@ def test_prefill_equals_single_steps(synthetic_model, cpu_kernels, arch, dtype):
     np.testing.assert_allclose(steps, batched, rtol=0, atol=TOL * batched.std())
 
 
+@pytest.mark.parametrize("arch,dtype", [(a, "f32") for a in ARCHS] + [("llama", "q4_0"), ("qwen2", "f16"),
+                                                                    ("gemma3", "bf16"), ("qwen3", "q8_0")])
+def test_last_layer_runs_the_last_row_alone(synthetic_model, cpu_kernels, arch, dtype):
+    """forward() without all_logits runs the last layer past its K/V for the last token only (as llama.cpp's graph
+    does), and its logits are bit for bit the last row of the whole batch's; with an observer on the FFNs (as
+    calibration sets) every layer sees every row again."""
+    model = load_model(synthetic_model(arch, dtype), cpu_kernels)
+    seen = []
+
+    class Spy:  # stands in for each FFN: notes how many rows reach it
+        observer = None
+
+        def __init__(self, il, ffn):
+            self.il, self.ffn = il, ffn
+
+        def __call__(self, x, p=None):
+            seen.append((self.il, x.shape[0]))
+            return self.ffn(x, p)
+
+    model.ffns = [Spy(il, f) for il, f in enumerate(model.ffns)]
+    full = model.forward(TOKENS, model.new_cache(32), all_logits=True)
+    assert seen == [(il, len(TOKENS)) for il in range(len(model.ffns))]
+    seen.clear()
+    last = model.forward(TOKENS, model.new_cache(32))
+    assert seen == [(il, len(TOKENS)) for il in range(len(model.ffns) - 1)] + [(len(model.ffns) - 1, 1)]
+    np.testing.assert_array_equal(last, full[-1])
+    seen.clear()
+    model.ffns[0].observer = lambda *a: None
+    watched = model.forward(TOKENS, model.new_cache(32))
+    assert seen == [(il, len(TOKENS)) for il in range(len(model.ffns))]
+    np.testing.assert_array_equal(watched, full[-1])
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_prefill_in_two_chunks(synthetic_model, cpu_kernels, arch):
     model = load_model(synthetic_model(arch, "f32"), cpu_kernels)

@@ -40,7 +40,7 @@ def mxfp4_file(request, synthetic_model, tmp_path_factory):
 
 def router_margins(path, tokens) -> np.ndarray:
     """Per position, the smallest gap over the layers between the last chosen expert's router logit and the next
-    one's, in our batch forward."""
+    one's, in our batch forward (all_logits: every layer then routes every row)."""
     gaps = []
     with load(path, threads=2) as llm:
         assert llm.conversions == []  # every tensor, the MXFP4 experts included, stays a view on the file
@@ -51,7 +51,7 @@ def router_margins(path, tokens) -> np.ndarray:
                 gaps.append(top[:, f.n_used - 1] - top[:, f.n_used])
                 return route(x, given)
             f.route = route
-        llm.model.forward(np.array(tokens, np.int32), llm.model.new_cache(64))
+        llm.model.forward(np.array(tokens, np.int32), llm.model.new_cache(64), all_logits=True)
     return np.min(gaps, axis=0)
 
 

@@ -259,6 +259,7 @@ class Model:
         plans = self.attn_plans() if n == 1 and temp is None else None  # None: tier 1
         if plans is not None:  # tier 2 or 3
             return self._fused_decode(plans, x, p0, cache, all_logits)
+        last = len(self.layers) - 1 if n > 1 and not all_logits and self._last_row_only() else -1
         for il, (L, (window, rope)) in enumerate(zip(self.layers, self.layer_attention())):
             q, kk, v = self._qkv(L, k.rmsnorm(x, L.attn_norm, eps), n)
             k.rope(q, pos, *rope)
@@ -266,13 +267,29 @@ class Model:
             if temp is not None:
                 q *= temp[:, None, None]
             self._store_kv(cache, il, p0, kk, v)
-            a = k.attention(q, cache.k[il], cache.v[il], p0, window, c.attn_scale, c.attn_softcap)  # [N, H, hd]
-            a = a.reshape(n, c.n_head * c.head_dim)
+            qp = p0
+            if il == last:  # the last layer past its K/V: only the last token's row reaches the logits
+                q, x, qp = np.ascontiguousarray(q[-1:]), x[-1:].copy(), p0 + n - 1
+            a = k.attention(q, cache.k[il], cache.v[il], qp, window, c.attn_scale, c.attn_softcap)  # [N, H, hd]
+            a = a.reshape(x.shape[0], c.n_head * c.head_dim)
             x += self._attn_out(il, L.wide.o(a) if self.wide is not None else k.matmul(L.wo, a))
             x += self._ffn_out(il, self.ffns[il](k.rmsnorm(x, L.ffn_norm, eps), x))
 
         cache.n_past = p0 + n
         return self._head(x, all_logits)
+
+    def _last_row_only(self) -> bool:
+        """Whether forward() without all_logits may run the last layer past its K/V for the last token's row
+        alone, as llama.cpp's graph does: only that row reaches the logits, and the kernels give a row the same
+        bits alone or in a batch (attention, norms, RoPE, and the mat-muls by the one-chain-per-lane rule), so
+        the logits stay bit for bit those of the whole batch while an 8-layer model skips about an eighth of its
+        prompt work. Not while anything counts or watches every layer's rows: the sparsity statistics of the
+        sparse modes and ReLU-family models (their per-layer token counts), and the observers of calibration and
+        profiling (tools/calibrate.py, observe.py, wide_calibrate.py, hybrid/activations.py)."""
+        if self.sparsity is not None:
+            return False
+        return not any(getattr(f, "observer", None) is not None for f in self.ffns) and \
+            not any(getattr(w, "observer", None) is not None for w in (self.wide or ()))
 
     def _embed(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
         """The input rows f32 [N, n_embd] of token ids at positions pos (gemma3 scales them)."""
