@@ -88,8 +88,8 @@ def test_prefill_equals_single_steps(synthetic_model, cpu_kernels, arch, dtype):
     np.testing.assert_allclose(steps, batched, rtol=0, atol=TOL * batched.std())
 
 
-@pytest.mark.parametrize("arch,dtype", [(a, "f32") for a in ARCHS] + [("llama", "q4_0"), ("qwen2", "f16"),
-                                                                    ("gemma3", "bf16"), ("qwen3", "q8_0")])
+@pytest.mark.parametrize("arch,dtype", [(a, "f32") for a in ARCHS + ("gemma2", "smollm3", "olmo2")] + [
+    ("llama", "q4_0"), ("qwen2", "f16"), ("gemma3", "bf16"), ("qwen3", "q8_0")])
 def test_last_layer_runs_the_last_row_alone(synthetic_model, cpu_kernels, arch, dtype):
     """forward() without all_logits runs the last layer past its K/V for the last token only (as llama.cpp's graph
     does), and its logits are bit for bit the last row of the whole batch's; with an observer on the FFNs (as

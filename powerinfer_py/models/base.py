@@ -259,7 +259,7 @@ class Model:
         plans = self.attn_plans() if n == 1 and temp is None else None  # None: tier 1
         if plans is not None:  # tier 2 or 3
             return self._fused_decode(plans, x, p0, cache, all_logits)
-        last = len(self.layers) - 1 if n > 1 and not all_logits and self._last_row_only() else -1
+        last = self._trimmed_layer(n, all_logits)
         for il, (L, (window, rope)) in enumerate(zip(self.layers, self.layer_attention())):
             q, kk, v = self._qkv(L, k.rmsnorm(x, L.attn_norm, eps), n)
             k.rope(q, pos, *rope)
@@ -267,9 +267,7 @@ class Model:
             if temp is not None:
                 q *= temp[:, None, None]
             self._store_kv(cache, il, p0, kk, v)
-            qp = p0
-            if il == last:  # the last layer past its K/V: only the last token's row reaches the logits
-                q, x, qp = np.ascontiguousarray(q[-1:]), x[-1:].copy(), p0 + n - 1
+            q, x, qp = self._past_kv(il, last, q, x, p0)
             a = k.attention(q, cache.k[il], cache.v[il], qp, window, c.attn_scale, c.attn_softcap)  # [N, H, hd]
             a = a.reshape(x.shape[0], c.n_head * c.head_dim)
             x += self._attn_out(il, L.wide.o(a) if self.wide is not None else k.matmul(L.wo, a))
@@ -277,6 +275,19 @@ class Model:
 
         cache.n_past = p0 + n
         return self._head(x, all_logits)
+
+    def _trimmed_layer(self, n: int, all_logits: bool) -> int:
+        """The layer whose rest (past its K/V store) a forward() of n tokens runs for the last row alone: the last
+        one where _last_row_only allows it, else -1 (none)."""
+        return len(self.layers) - 1 if n > 1 and not all_logits and self._last_row_only() else -1
+
+    @staticmethod
+    def _past_kv(il: int, trimmed: int, q: np.ndarray, x: np.ndarray, p0: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """(q, x, position of q's first row) for layer il after its K/V store: the last row of each, at its own
+        position, in the trimmed layer (_trimmed_layer), else q, x and p0 as they are."""
+        if il != trimmed:
+            return q, x, p0
+        return np.ascontiguousarray(q[-1:]), x[-1:].copy(), p0 + x.shape[0] - 1
 
     def _last_row_only(self) -> bool:
         """Whether forward() without all_logits may run the last layer past its K/V for the last token's row

@@ -94,13 +94,15 @@ class Olmo2Model(Model):
         plans = self.attn_plans() if n == 1 else None
         if plans is not None:  # base._fused_decode: the C block, then _ffn_out(ffn(x, x))
             return self._fused_decode(plans, x, p0, cache, all_logits)
+        last = self._trimmed_layer(n, all_logits)  # as base.forward: the last layer past its K/V for one row
         for il, (L, (window, rope)) in enumerate(zip(self.layers, self.layer_attention())):
             q, kk, v = self._qkv(L, x, n)
             k.rope(q, pos, *rope)
             k.rope(kk, pos, *rope)
             self._store_kv(cache, il, p0, kk, v)
-            a = k.attention(q, cache.k[il], cache.v[il], p0, window, c.attn_scale)  # [N, H, hd]
-            x += k.rmsnorm(k.matmul(L.wo, a.reshape(n, c.n_head * c.head_dim)), L.post_attn_norm, eps)
+            q, x, qp = self._past_kv(il, last, q, x, p0)
+            a = k.attention(q, cache.k[il], cache.v[il], qp, window, c.attn_scale)  # [N, H, hd]
+            x += k.rmsnorm(k.matmul(L.wo, a.reshape(x.shape[0], c.n_head * c.head_dim)), L.post_attn_norm, eps)
             # the FFN reads the residual itself (no ffn_norm); the predictor input is that residual too
             x += self._ffn_out(il, self.ffns[il](x, x))
 
