@@ -43,7 +43,10 @@
  * whatever tile it lands in, and is computed by exactly one thread, so results are bit-identical from run
  * to run and across thread counts.
  */
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "quants.h"
@@ -1569,10 +1572,69 @@ static void q5_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
  * --threads 2 --n-tok 1 --rounds 15 --reps 5`, against the 4-row tiles): 0.81x / 1.12x / 1.07x (the first stays in
  * that host's 32 MB L3 between calls); end to end (`powerinfer bench -m f16.gguf -t 2 -p 16 -n 64 -r 3`, two
  * alternating rounds, three pairs) 0.97x / 0.92x -> 1.13x / 1.10x, 1.09x / 0.95x -> 1.11x / 1.06x, 1.04x / 1.03x
- * -> 0.98x / 0.71x. Not taken: one f32 FMA chain carries 32 bytes of F16 per FMA latency (4 cycles), about 30 GB/s
- * per thread at Zen 5's ~3.7 GHz but 16 on the 2.0 GHz Intel host, where the one-row stream lost to these tiles by
- * 1.3x (above). BF16's vdpbf16ps chain carries 64 bytes per latency, and BF16 takes one row (see the BF16 note). */
+ * -> 0.98x / 0.71x. Not taken then: one f32 FMA chain carries 32 bytes of F16 per FMA latency (4 cycles), about 30
+ * GB/s per thread at Zen 5's ~3.7 GHz but 16 on the 2.0 GHz Intel host, where the one-row stream lost to these tiles
+ * by 1.3x (above). Since 2026-12-04 the F16 decode takes one row where a timed FMA chain says one row's stream
+ * is fast enough (f16_rows_init, above the tile instances), and these tiles elsewhere. BF16's vdpbf16ps chain carries 64 bytes per latency, and BF16 takes one row (see the BF16 note). */
 
+/* F16 decode: one row per tile, or RD rows side by side (tile_dec). Either way each row is one FMA chain per lane
+ * in column order, so both give the prefill tiles' bits; they differ in how the rows are read. One row alone is
+ * one contiguous stream per thread, which the 2-core Zen 5 host (AVX-512, ~3.8 GHz) reads fastest:
+ * `bench_prefill_ab.py OLD NEW --types F16 --shapes 11008x4096,4096x11008 --threads 2 --n-tok 1 --rounds 15
+ * --reps 5` 1.16x / 1.05x over four rows (two rows side by side: 0.96x / 0.97x), and in one process, taking turns
+ * of 16 decode tokens (pi_f16_decode_rows switching between them, 10 turns each), an 8-layer 7B-shape F16 file
+ * +10% and the sparse F16 PWRI file +13% in predictor and exact mode. But one row's chain moves one vector of F16
+ * (FL x 2 bytes) per FMA latency: 32 bytes per 4 cycles is ~30 GB/s per thread at 3.8 GHz, enough there, but
+ * ~16 GB/s on a 2.0 GHz core (the 2-core Intel AMX host, where one row per thread lost to four by 1.3x, see the
+ * F16 / BF16 decode note) and ~15 GB/s with 8-lane AVX2 vectors at 3.8 GHz (the AVX2 build on the Zen 5 host:
+ * 0.49x end to end). So the choice follows the one fact that decides it, measured once per process: the time of a
+ * dependent FMA chain (best of 8 runs of 2048 FMAs, ~40 us), from which one row's streaming rate follows; one row
+ * when that is at least F16_ONE_ROW_GBS, a 2-core VM core's share of DRAM bandwidth on the hosts measured (40-60
+ * GB/s for two cores), else RD rows. POWERINFER_F16_DECODE_ROWS=1 or 4 overrides it (benchmarks). */
+#if defined(MM_AVX512) || defined(MM_AVX2)
+#define F16_ONE_ROW_GBS 24.0
+static int f16_decode_rows = RD;
+static pthread_once_t f16_rows_once = PTHREAD_ONCE_INIT;
+static double mono_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+static void f16_rows_init(void) {
+    const char *env = getenv("POWERINFER_F16_DECODE_ROWS");
+    if (env && (atoi(env) == 1 || atoi(env) == RD)) {
+        f16_decode_rows = atoi(env);
+        return;
+    }
+    double best = 1e9;
+    fv a = fv_zero(), b = fv_zero(), c = fv_zero();
+    for (int rep = 0; rep < 8; rep++) {
+        const double t0 = mono_seconds();
+        for (int i = 0; i < 2048; i++) {
+            a = fv_fma(a, b, c);
+            __asm__ volatile("" : "+x"(a)); /* one chain, kept as written */
+        }
+        const double t = (mono_seconds() - t0) / 2048;
+        if (t < best) best = t;
+    }
+    const double gbs = FL * 2 / best / 1e9; /* one row: FL F16 weights per FMA latency */
+    f16_decode_rows = gbs >= F16_ONE_ROW_GBS ? 1 : RD;
+}
+static int f16_rows(void) {
+    pthread_once(&f16_rows_once, f16_rows_init);
+    return f16_decode_rows;
+}
+#endif
+int pi_f16_decode_rows(int set) {
+#if defined(MM_AVX512) || defined(MM_AVX2)
+    f16_rows();
+    if (set == 1 || set == RD) f16_decode_rows = set;
+    return f16_decode_rows;
+#else
+    (void)set;
+    return RD;
+#endif
+}
 /* ==== tile instances and the row-chunk driver ========================================================= */
 #define TILE_FN(name, R, T)                                                                                  \
     static void name(const mm_job *j, int64_t r0, int64_t t0) {                                             \
@@ -1750,6 +1812,12 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
         if (j->type == PI_BF16) {
             for (; r + BF_RD <= r_end; r += BF_RD) tile_f(j, r, 0, BF_RD, 1, PI_BF16);
             for (; r < r_end; r++) tile_f(j, r, 0, 1, 1, PI_BF16);
+            return;
+        }
+#endif
+#if defined(MM_AVX512) || defined(MM_AVX2)
+        if (j->type == PI_F16 && f16_rows() == 1) {
+            for (; r < r_end; r++) tile_f(j, r, 0, 1, 1, PI_F16);
             return;
         }
 #endif

@@ -674,3 +674,44 @@ def test_k_quant_without_amx_gives_decode_bits(ggml_type):
                          env=env, capture_output=True, text=True, timeout=600, cwd=here.parent)
     assert run.returncode == 0, run.stdout[-3000:]
     assert " passed" in run.stdout and " failed" not in run.stdout
+
+
+@pytest.mark.parametrize("rows_per_tile", [1, 4])
+@pytest.mark.parametrize("n_rows,n_cols", [(37, 1029), (203, 32 * 41), (9, 2048)])
+def test_f16_decode_row_choice_keeps_the_bits(kernels, rows_per_tile, n_rows, n_cols):
+    """The F16 decode mat-vec reads one row per tile or four side by side (pi_f16_decode_rows: chosen per process
+    from a timed FMA chain, matmul.c): each row stays one FMA chain per lane in column order, so both give every
+    row the bits of the batched (prefill) product, dense and gathered, with leftover rows and a column tail."""
+    w = make_weight(GGMLType.F16, n_rows, n_cols, seed=31)
+    x = np.random.default_rng(32).standard_normal((5, n_cols), dtype=np.float32)
+    batched = kernels.matmul(w, x)
+    before = cpu.lib.pi_f16_decode_rows(0)
+    try:
+        assert cpu.lib.pi_f16_decode_rows(rows_per_tile) in (rows_per_tile, 1)  # the portable build: one row
+        for t in range(len(x)):
+            np.testing.assert_array_equal(kernels.matmul(w, x[t]), batched[t])
+        rows = np.array([0, 2, 3, n_rows - 5, n_rows - 1], np.int32)
+        np.testing.assert_array_equal(kernels.matmul_rows(w, rows, x[1]), batched[1, rows])
+    finally:
+        cpu.lib.pi_f16_decode_rows(before)
+
+
+def test_f16_decode_rows_variable():
+    """POWERINFER_F16_DECODE_ROWS=1 or 4 fixes the F16 decode's rows per tile for the process (vector builds; the
+    portable build always takes one); other values leave the timed choice."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from powerinfer_py.kernels.cpu import lib; print(lib.pi_f16_decode_rows(0))"
+    got = {}
+    for value in ("1", "4", "7"):
+        run = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, POWERINFER_F16_DECODE_ROWS=value),
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        got[value] = int(run.stdout)
+    before = cpu.lib.pi_f16_decode_rows(0)
+    vector = cpu.lib.pi_f16_decode_rows(4) == 4
+    cpu.lib.pi_f16_decode_rows(before)
+    assert got["1"] == 1 and got["4"] == (4 if vector else 1)
+    assert got["7"] in (1, 4)
