@@ -975,6 +975,93 @@ INLINE void pf_step(const mm_job *j, pf_stream *a, int64_t r1, int64_t step) {
 }
 #endif
 
+/* ==== decode: one row at a time, or several side by side =======================================================
+ * Three decode paths can read their rows one at a time or several side by side: F16 (vector builds: one row,
+ * or RD = 4 in tile_dec), Q8_0 on AVX2 (one row, or 4 in tile_dec; with VNNI Q8_0 decodes one row at a time
+ * already, as quads) and the AVX2 8-block groups (g8_rows: one row, or two sharing the activation loads). Either
+ * way each row is computed by the same operations in the same order, so both give the prefill tiles' bits; they
+ * differ in how the rows are read. One row alone is one contiguous stream per thread, which the 2-core Zen 5 host
+ * reads fastest. Measured there, in one process, the rows switched between turns of 16 greedy decode tokens (9-10
+ * turns each, medians of the paired ratios), 8-layer 7B-shape files:
+ *   - F16, AVX-512: one row 1.10x over four (and the sparse F16 PWRI file of bench_sparse_e2e.py 1.13x in
+ *     predictor and in exact mode); kernel A/B (`bench_prefill_ab.py OLD NEW --types F16 --shapes
+ *     11008x4096,4096x11008 --threads 2 --n-tok 1 --rounds 15 --reps 5`) 1.16x / 1.05x; two rows 0.96x / 0.97x;
+ *   - Q8_0, AVX2 build: one row 1.14x / 1.16x over four (two rows 0.80x, three 0.92x);
+ *   - Q4_0 and Q5_0 files, AVX2 build: one row 1.16x and 1.10x over two.
+ * One row is one dependent chain, though: one FMA per vector of F16 (FL x 2 bytes), per Q8_0 block (34 bytes) or
+ * per 8-block group (144-192 bytes), each waiting for the last. 32 or 34 bytes per 4-cycle FMA latency is ~32
+ * GB/s per thread at 4 GHz, enough there, but ~16 GB/s on a 2.0 GHz core (the 2-core Intel AMX host, where one
+ * F16 row per thread lost to four by 1.3x, see the F16 / BF16 decode note) and for F16 in 8-lane AVX2 vectors
+ * even at 4 GHz (the AVX2 build on the Zen 5 host: 0.49x end to end). So the choice follows the one fact that
+ * decides it, measured once per process: the time of a dependent FMA chain (best of 8 runs of 2048 FMAs, ~40
+ * us), from which each path's one-row streaming rate follows; one row where that is at least ONE_ROW_GBS, about
+ * one of two cores' share of DRAM bandwidth on the hosts measured (40-60 GB/s for two cores), else several.
+ * Scattered gathers (the sparse FFN's rows) keep the AVX2 groups' two rows, whose prefetch looks rows ahead.
+ * POWERINFER_DECODE_ROWS=1 fixes one row for all three, any other number >= 2 the several rows (benchmarks). */
+#if defined(MM_AVX512) || defined(MM_AVX2)
+#define ONE_ROW_GBS 24.0
+enum { DR_F16, DR_Q8, DR_G8, DR_N };
+static int one_row[DR_N];
+static pthread_once_t decode_rows_once = PTHREAD_ONCE_INIT;
+static double mono_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+static void decode_rows_init(void) {
+    const char *env = getenv("POWERINFER_DECODE_ROWS");
+    if (env && atoi(env) >= 1) {
+        for (int i = 0; i < DR_N; i++) one_row[i] = atoi(env) == 1;
+        return;
+    }
+    double best = 1e9; /* seconds per dependent FMA */
+    fv a = fv_zero(), b = fv_zero(), c = fv_zero();
+    for (int rep = 0; rep < 8; rep++) {
+        const double t0 = mono_seconds();
+        for (int i = 0; i < 2048; i++) {
+            a = fv_fma(a, b, c);
+            __asm__ volatile("" : "+x"(a)); /* one chain, kept as written */
+        }
+        const double t = (mono_seconds() - t0) / 2048;
+        if (t < best) best = t;
+    }
+    const double per_fma[DR_N] = {FL * 2, (double)sizeof(block_q8_0), 8 * (double)sizeof(block_q4_0)};
+    for (int i = 0; i < DR_N; i++) one_row[i] = per_fma[i] / best / 1e9 >= ONE_ROW_GBS;
+}
+/* whether decode path `path` (DR_*) reads one row at a time */
+static int decode_one_row(int path) {
+    pthread_once(&decode_rows_once, decode_rows_init);
+    return one_row[path];
+}
+#endif
+/* the DR_* path of a type's decode in this build, or -1 (no choice) */
+static int decode_path(int type) {
+#if defined(MM_AVX512)
+    return type == PI_F16 ? DR_F16 : -1;
+#elif defined(MM_AVX2)
+    if (type == PI_F16) return DR_F16;
+    if (type == PI_Q8_0) return DR_Q8;
+    return type == PI_Q4_0 || type == PI_Q4_1 || type == PI_Q5_0 || type == PI_Q5_1 || type == PI_IQ4_NL ||
+                   type == PI_MXFP4
+               ? DR_G8
+               : -1;
+#else
+    (void)type;
+    return -1;
+#endif
+}
+int pi_decode_rows(int type, int set) {
+    const int path = decode_path(type);
+    if (path < 0) return 0;
+#if defined(MM_AVX512) || defined(MM_AVX2)
+    decode_one_row(path);
+    if (set >= 1) one_row[path] = set == 1;
+    return one_row[path] ? 1 : path == DR_G8 ? 2 : RD;
+#else
+    (void)set;
+    return 0;
+#endif
+}
 /* ==== AVX2: groups of 8 blocks =================================================================================
  * Without AVX-512 the per-block work of the generic tiles (a scalar f16 conversion and broadcast of the weight
  * scale, a convert and an FMA for every block) made decode compute-bound at ~6-7 GB/s per thread for Q4_0/Q5_0.
@@ -1201,7 +1288,8 @@ INLINE void g8_load_tail(wg8 *w, uint8_t *buf, const mm_job *j, int64_t r, const
 INLINE void g8_rows(const mm_job *j, int64_t r0, int64_t r1, const int kind) {
     const int64_t S = kind_size(kind), nb = j->n_cols / QK, ng = nb / GB * GB, rb = j->row_bytes;
     int64_t r = r0;
-    for (; r + 2 <= r1; r += 2) {
+    const int pairs = !j->stream || !decode_one_row(DR_G8); /* one row or two: the note above decode_rows_init */
+    for (; pairs && r + 2 <= r1; r += 2) {
         const uint8_t *row0 = mm_row(j, r), *row1 = mm_row(j, r + 1);
         const int gather = !j->stream && r + G8_AHEAD + 1 < r1;
         const uint8_t *ahead0 = gather ? mm_row(j, r + G8_AHEAD) : NULL, *ahead1 = gather ? mm_row(j, r + G8_AHEAD + 1) : NULL;
@@ -1264,7 +1352,14 @@ INLINE void g8_rows(const mm_job *j, int64_t r0, int64_t r1, const int kind) {
     for (; r < r1; r++) { /* a last odd row */
         const uint8_t *row = mm_row(j, r);
         __m256 acc = _mm256_setzero_ps();
+        int64_t pr = r + G8_PF_DIST / rb, po = G8_PF_DIST % rb, issued = 0;
         for (int64_t b = 0; b < ng; b += GB) {
+            if (j->stream)
+                for (; issued < (b + GB) * S; issued += 64) {
+                    if (pr < r1) _mm_prefetch((const char *)mm_row(j, pr) + po, _MM_HINT_T0);
+                    po += 64;
+                    if (po >= rb) po -= rb, pr++;
+                }
             wg8 w;
             g8_load(&w, row + b * S, kind);
             acc = g8_acc(j, &w, b, acc, kind);
@@ -1575,66 +1670,8 @@ static void q5_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
  * -> 0.98x / 0.71x. Not taken then: one f32 FMA chain carries 32 bytes of F16 per FMA latency (4 cycles), about 30
  * GB/s per thread at Zen 5's ~3.7 GHz but 16 on the 2.0 GHz Intel host, where the one-row stream lost to these tiles
  * by 1.3x (above). Since 2026-12-04 the F16 decode takes one row where a timed FMA chain says one row's stream
- * is fast enough (f16_rows_init, above the tile instances), and these tiles elsewhere. BF16's vdpbf16ps chain carries 64 bytes per latency, and BF16 takes one row (see the BF16 note). */
+ * is fast enough (decode_rows_init, before the AVX2 groups), and these tiles elsewhere. BF16's vdpbf16ps chain carries 64 bytes per latency, and BF16 takes one row (see the BF16 note). */
 
-/* F16 decode: one row per tile, or RD rows side by side (tile_dec). Either way each row is one FMA chain per lane
- * in column order, so both give the prefill tiles' bits; they differ in how the rows are read. One row alone is
- * one contiguous stream per thread, which the 2-core Zen 5 host (AVX-512, ~3.8 GHz) reads fastest:
- * `bench_prefill_ab.py OLD NEW --types F16 --shapes 11008x4096,4096x11008 --threads 2 --n-tok 1 --rounds 15
- * --reps 5` 1.16x / 1.05x over four rows (two rows side by side: 0.96x / 0.97x), and in one process, taking turns
- * of 16 decode tokens (pi_f16_decode_rows switching between them, 10 turns each), an 8-layer 7B-shape F16 file
- * +10% and the sparse F16 PWRI file +13% in predictor and exact mode. But one row's chain moves one vector of F16
- * (FL x 2 bytes) per FMA latency: 32 bytes per 4 cycles is ~30 GB/s per thread at 3.8 GHz, enough there, but
- * ~16 GB/s on a 2.0 GHz core (the 2-core Intel AMX host, where one row per thread lost to four by 1.3x, see the
- * F16 / BF16 decode note) and ~15 GB/s with 8-lane AVX2 vectors at 3.8 GHz (the AVX2 build on the Zen 5 host:
- * 0.49x end to end). So the choice follows the one fact that decides it, measured once per process: the time of a
- * dependent FMA chain (best of 8 runs of 2048 FMAs, ~40 us), from which one row's streaming rate follows; one row
- * when that is at least F16_ONE_ROW_GBS, a 2-core VM core's share of DRAM bandwidth on the hosts measured (40-60
- * GB/s for two cores), else RD rows. POWERINFER_F16_DECODE_ROWS=1 or 4 overrides it (benchmarks). */
-#if defined(MM_AVX512) || defined(MM_AVX2)
-#define F16_ONE_ROW_GBS 24.0
-static int f16_decode_rows = RD;
-static pthread_once_t f16_rows_once = PTHREAD_ONCE_INIT;
-static double mono_seconds(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-static void f16_rows_init(void) {
-    const char *env = getenv("POWERINFER_F16_DECODE_ROWS");
-    if (env && (atoi(env) == 1 || atoi(env) == RD)) {
-        f16_decode_rows = atoi(env);
-        return;
-    }
-    double best = 1e9;
-    fv a = fv_zero(), b = fv_zero(), c = fv_zero();
-    for (int rep = 0; rep < 8; rep++) {
-        const double t0 = mono_seconds();
-        for (int i = 0; i < 2048; i++) {
-            a = fv_fma(a, b, c);
-            __asm__ volatile("" : "+x"(a)); /* one chain, kept as written */
-        }
-        const double t = (mono_seconds() - t0) / 2048;
-        if (t < best) best = t;
-    }
-    const double gbs = FL * 2 / best / 1e9; /* one row: FL F16 weights per FMA latency */
-    f16_decode_rows = gbs >= F16_ONE_ROW_GBS ? 1 : RD;
-}
-static int f16_rows(void) {
-    pthread_once(&f16_rows_once, f16_rows_init);
-    return f16_decode_rows;
-}
-#endif
-int pi_f16_decode_rows(int set) {
-#if defined(MM_AVX512) || defined(MM_AVX2)
-    f16_rows();
-    if (set == 1 || set == RD) f16_decode_rows = set;
-    return f16_decode_rows;
-#else
-    (void)set;
-    return RD;
-#endif
-}
 /* ==== tile instances and the row-chunk driver ========================================================= */
 #define TILE_FN(name, R, T)                                                                                  \
     static void name(const mm_job *j, int64_t r0, int64_t t0) {                                             \
@@ -1816,8 +1853,14 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
         }
 #endif
 #if defined(MM_AVX512) || defined(MM_AVX2)
-        if (j->type == PI_F16 && f16_rows() == 1) {
+        if (j->type == PI_F16 && decode_one_row(DR_F16)) {
             for (; r < r_end; r++) tile_f(j, r, 0, 1, 1, PI_F16);
+            return;
+        }
+#endif
+#if defined(MM_AVX2)
+        if (j->type == PI_Q8_0 && decode_one_row(DR_Q8)) {
+            for (; r < r_end; r++) tile_11(j, r, 0);
             return;
         }
 #endif

@@ -121,11 +121,13 @@ void pi_matmul_experts(pi_pool *pool, int type, const void *w, int64_t n_rows, i
  * kernel's tile permission granted, POWERINFER_AMX not 0), else 0. Those sums then run in another order of f32
  * additions than the AVX-512 tiles' (each path gives decode and prefill the same bits). */
 int pi_k_amx(void);
-/* Rows per tile of the F16 decode mat-vec on vector builds: 1 (one row per thread at a time, one stream) or 4 (four
- * rows side by side), chosen once per process from a timed FMA chain (matmul.c, the note above f16_rows_init) or by
- * POWERINFER_F16_DECODE_ROWS; set = 1 or 4 switches it (benchmarks, tests), 0 only asks. Both give the same bits.
- * Returns the rows in use (1 on the portable build). */
-int pi_f16_decode_rows(int set);
+/* How the decode mat-vec of `type` reads its rows where the build has a choice (F16 on vector builds; Q8_0 and
+ * the Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / MXFP4 groups on AVX2): 1 row at a time (one stream per thread) or
+ * several side by side (4, or 2 for the AVX2 groups), chosen once per process from a timed FMA chain (matmul.c,
+ * the note above decode_rows_init) or by POWERINFER_DECODE_ROWS. set = 1 switches to one row, set >= 2 to
+ * several, 0 only asks (benchmarks, tests). Both give the same bits. Returns the rows in use, 0 where the type
+ * has no choice. */
+int pi_decode_rows(int type, int set);
 
 /* Read-bandwidth probe (bench.c): reads `bytes` bytes of buf on all threads of the pool (a wide sum, so
  * nothing can be skipped) and returns the sum so the compiler keeps the loads. Used by benchmarks to print

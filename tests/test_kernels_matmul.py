@@ -677,41 +677,45 @@ def test_k_quant_without_amx_gives_decode_bits(ggml_type):
 
 
 @pytest.mark.parametrize("rows_per_tile", [1, 4])
-@pytest.mark.parametrize("n_rows,n_cols", [(37, 1029), (203, 32 * 41), (9, 2048)])
-def test_f16_decode_row_choice_keeps_the_bits(kernels, rows_per_tile, n_rows, n_cols):
-    """The F16 decode mat-vec reads one row per tile or four side by side (pi_f16_decode_rows: chosen per process
-    from a timed FMA chain, matmul.c): each row stays one FMA chain per lane in column order, so both give every
-    row the bits of the batched (prefill) product, dense and gathered, with leftover rows and a column tail."""
-    w = make_weight(GGMLType.F16, n_rows, n_cols, seed=31)
+@pytest.mark.parametrize("ggml_type", (GGMLType.F16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.IQ4_NL),
+                         ids=lambda t: t.name)
+@pytest.mark.parametrize("n_rows,n_cols", [(37, 1056), (203, 32 * 41), (9, 4096)])
+def test_decode_row_choice_keeps_the_bits(kernels, ggml_type, rows_per_tile, n_rows, n_cols):
+    """The decode mat-vecs that read one row at a time or several side by side (pi_decode_rows: F16 on vector
+    builds, Q8_0 and the 8-block groups on AVX2; chosen per process from a timed FMA chain, matmul.c) compute each
+    row by the same operations in the same order, so both give every row the bits of the batched (prefill)
+    product, dense and gathered, with leftover rows, a group tail (1056, 1312 columns) and (F16) a column tail."""
+    w = make_weight(ggml_type, n_rows, n_cols, seed=31)
     x = np.random.default_rng(32).standard_normal((5, n_cols), dtype=np.float32)
     batched = kernels.matmul(w, x)
-    before = cpu.lib.pi_f16_decode_rows(0)
+    lib, ty = cpu.lib, int(ggml_type)
+    before = lib.pi_decode_rows(ty, 0)
     try:
-        assert cpu.lib.pi_f16_decode_rows(rows_per_tile) in (rows_per_tile, 1)  # the portable build: one row
+        got = lib.pi_decode_rows(ty, rows_per_tile)
+        assert got == 0 or (got == 1) == (rows_per_tile == 1)  # 0: no choice in this build
         for t in range(len(x)):
             np.testing.assert_array_equal(kernels.matmul(w, x[t]), batched[t])
         rows = np.array([0, 2, 3, n_rows - 5, n_rows - 1], np.int32)
         np.testing.assert_array_equal(kernels.matmul_rows(w, rows, x[1]), batched[1, rows])
     finally:
-        cpu.lib.pi_f16_decode_rows(before)
+        lib.pi_decode_rows(ty, before)
 
 
-def test_f16_decode_rows_variable():
-    """POWERINFER_F16_DECODE_ROWS=1 or 4 fixes the F16 decode's rows per tile for the process (vector builds; the
-    portable build always takes one); other values leave the timed choice."""
+def test_decode_rows_variable():
+    """POWERINFER_DECODE_ROWS=1 fixes one row at a time for the process, 4 (any number >= 2) several (the F16
+    decode on vector builds; the portable build has no choice and answers 0); others leave the timed choice."""
     import os
     import subprocess
     import sys
 
-    code = "from powerinfer_py.kernels.cpu import lib; print(lib.pi_f16_decode_rows(0))"
+    code = "from powerinfer_py.kernels.cpu import lib; print(lib.pi_decode_rows(1, 0))"  # 1: GGML F16
     got = {}
-    for value in ("1", "4", "7"):
-        run = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, POWERINFER_F16_DECODE_ROWS=value),
+    for value in ("1", "4", "x"):
+        run = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, POWERINFER_DECODE_ROWS=value),
                              capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr
         got[value] = int(run.stdout)
-    before = cpu.lib.pi_f16_decode_rows(0)
-    vector = cpu.lib.pi_f16_decode_rows(4) == 4
-    cpu.lib.pi_f16_decode_rows(before)
-    assert got["1"] == 1 and got["4"] == (4 if vector else 1)
-    assert got["7"] in (1, 4)
+    if cpu.lib.pi_decode_rows(int(GGMLType.F16), 0) == 0:
+        assert got == {"1": 0, "4": 0, "x": 0}
+    else:
+        assert got["1"] == 1 and got["4"] == 4 and got["x"] in (1, 4)
