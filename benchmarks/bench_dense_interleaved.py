@@ -28,6 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the source tree, unless installed
 
 from powerinfer_py import load  # noqa: E402
+from powerinfer_py.errors import PowerInferError  # noqa: E402
 from powerinfer_py.tools.bench import BENCH_TEXT, LlamaCppRef, _fit_tokens  # noqa: E402
 
 
@@ -68,9 +69,14 @@ class _LlamaCpp:
 
 def bench_file(path: str, a: argparse.Namespace) -> dict:
     n_ctx = a.n_prompt + a.n_gen + 8
-    ref = _LlamaCpp(path, n_ctx, a.threads, a.n_prompt)
+    ours = _Ours(path, n_ctx, a.threads)  # first: our loader names what is wrong with a bad file
+    try:
+        ref = _LlamaCpp(path, n_ctx, a.threads, a.n_prompt)
+    except BaseException:
+        ours.close()
+        raise
     ids = _fit_tokens(ref.ref.tokenize(BENCH_TEXT, add_bos=False), a.n_prompt, ref.ref.bos_id)
-    engines = [ref, _Ours(path, n_ctx, a.threads)]
+    engines = [ref, ours]
     rates = {e.name: {"prompt": [], "decode": []} for e in engines}
     try:
         for r in range(a.rounds):
@@ -109,7 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{a.rounds} rounds, prompt {a.n_prompt} tokens, {a.n_gen} decode tokens per turn, {a.threads} threads")
     print(f"{'file':32} {'prompt ours / llama.cpp':>26} {'paired':>7} {'decode ours / llama.cpp':>26} {'paired':>7}")
     for f in a.files:
-        r = bench_file(f, a)
+        try:
+            r = bench_file(f, a)
+        except PowerInferError as e:
+            print(f"bench_dense_interleaved.py: {e}", file=sys.stderr)
+            return 1
         (po, pl, pr), (do, dl, dr) = r["prompt"], r["decode"]
         print(f"{Path(f).name:32} {po:12.1f} / {pl:11.1f} {pr:6.2f}x {do:12.2f} / {dl:11.2f} {dr:6.2f}x", flush=True)
     return 0

@@ -1670,7 +1670,8 @@ static void q5_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
  * -> 0.98x / 0.71x. Not taken then: one f32 FMA chain carries 32 bytes of F16 per FMA latency (4 cycles), about 30
  * GB/s per thread at Zen 5's ~3.7 GHz but 16 on the 2.0 GHz Intel host, where the one-row stream lost to these tiles
  * by 1.3x (above). Since 2026-12-04 the F16 decode takes one row where a timed FMA chain says one row's stream
- * is fast enough (decode_rows_init, before the AVX2 groups), and these tiles elsewhere. BF16's vdpbf16ps chain carries 64 bytes per latency, and BF16 takes one row (see the BF16 note). */
+ * is fast enough (decode_rows_init, before the AVX2 groups), and these tiles elsewhere. BF16's vdpbf16ps chain
+ * carries 64 bytes per latency, and BF16 takes one row (see the BF16 note). */
 
 /* ==== tile instances and the row-chunk driver ========================================================= */
 #define TILE_FN(name, R, T)                                                                                  \
@@ -1853,13 +1854,8 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
         }
 #endif
 #if defined(MM_AVX512) || defined(MM_AVX2)
-        if (j->type == PI_F16 && decode_one_row(DR_F16)) {
-            for (; r < r_end; r++) tile_f(j, r, 0, 1, 1, PI_F16);
-            return;
-        }
-#endif
-#if defined(MM_AVX2)
-        if (j->type == PI_Q8_0 && decode_one_row(DR_Q8)) {
+        const int path = decode_path(j->type); /* F16, AVX2 Q8_0: one row at a time (note above decode_rows_init) */
+        if ((path == DR_F16 || path == DR_Q8) && decode_one_row(path)) {
             for (; r < r_end; r++) tile_11(j, r, 0);
             return;
         }
