@@ -1726,7 +1726,18 @@ TILE_FN(tile_13, 1, 3)
  *     F16/BF16 at 48 KB, measured 0.99-1.03x on the Zen 5 host, 128 tokens, --rounds 6: no gain);
  *   - L2: the ROW_BLOCK rows' blocks (16 x FKB x element size <= 32 KB) and the token block's x slice (132 x FKB
  *     x 4: 264 KB at FKB 512) stay in L2 while the tiles pass them; the whole token block's x only in L3 (see
- *     mm_chunk).
+ *     mm_chunk);
+ *   - F16 takes whole rows instead where a tile's TPF tokens' x and RPF rows, whole, fit in half of L2 (TPF x K x 4
+ *     + RPF x K x 2: 128 KB at K = 4096 and 352 KB at 11008 on AVX-512, so with 1 MB of L2 up to K = 16384; with
+ *     512 KB only K = 4096 on AVX2): the tile then streams its rows and x from L2 once, with no accumulator
+ *     buffer between blocks. On the 2-core Zen 5 host (48 KB L1d, 1 MB L2), pi_matmul F16, 2 threads, the two
+ *     rules taking turns call by call in one process (medians of 5-16 rounds): 4096 x 4096 1.09x at 64 tokens,
+ *     1.09x at 200, 1.10x at 512; 11008 x 4096 1.08x at 128, 1.11x at 200; 4096 x 11008 1.08x at 128, 1.10-1.15x
+ *     at 512; 4096 x 14336 1.09x at 256; 1000 x 4000 1.00x; the 8-layer F16 file's prompt 1.04x at 128 tokens and
+ *     1.09x at 512 (same bits). The haswell build there: 1.03x / 1.00x (4096 x 4096 / 4096 x 11008, 512 tokens),
+ *     the file's prompt 1.03x at 128 tokens and 1.05x at 512.
+ *     Not for the others: BF16 (vdpbf16ps moves twice the bytes per instruction) lost at K = 4096 (0.90-0.95x)
+ *     while it gained at 11008, and F32 lost on 1000 x 4000 (0.88x); they keep the L1 rule.
  * BF16 on AVX512-BF16 (BF16_DP): the same 4 x 6 tiles and column blocks, each step 32 columns: vdpbf16ps takes a
  * row's 32 weights as they lie and a token's 32 activations from their bf16 copy (mm_round_bf16), two products
  * per f32 lane, so a step does twice the multiply-adds of an f32 one for the same loads and no conversion. x is
@@ -1754,8 +1765,8 @@ INLINE void tile_f_any(const mm_job *j, int64_t r0, int64_t t0, const int R, con
 /* The RPF x TPF tiles of rows [rb, re) (at most ROW_BLOCK) against tokens t0.., in column blocks of j->fkb: one
  * block of the TPF tokens' x stays in L1 while every row group of the block passes it, and the groups'
  * accumulators wait in a buffer (4 KB AVX2, 8 KB AVX-512) between blocks. Over whole rows the 6 tokens' x is
- * 96 KB at K = 4096 (from L2) and 264 KB at K = 11008, more than an L2 of 512 KB - 1 MB holds beside the rows:
- * that is where the blocks pay. Every lane sees the same fmas in the same order (AVX-512: the masked column
+ * 96 KB at K = 4096 (from L2) and 264 KB at K = 11008, more than an L2 of 512 KB holds beside the rows: that
+ * is where the blocks pay (F16 with 1 MB of L2 does better over whole rows: the L2 bullet above). Every lane sees the same fmas in the same order (AVX-512: the masked column
  * tail last, as in tile_f): the same bits, whatever the block size.
  * `bench_prefill_ab.py OLD NEW --types F16 --n-tok 128 --threads 2` on the AVX2 EPYC (32 KB L1d), three runs:
  * 4096 x 11008 1.08-1.25x, 11008 x 4096 0.98-1.06x (FKB 256 and 1024 no better than 512). Returns the rows done
@@ -2168,15 +2179,31 @@ static int64_t l1d_bytes(void) {
     }
     return cached;
 }
-/* float-type prefill column block (see the derivation above rows_f_kblocked): the largest power of two in
- * 128..2048 whose TPF tokens' x and RPF weight rows fit in half of L1d */
-static int64_t fkb_for(int type) {
+/* The L2 size per core in bytes as the C library reports it (sysconf; 256 KB where it does not know, the
+ * smallest seen beside AVX2), read once. */
+static int64_t l2_bytes(void) {
+    static int64_t cached;
+    if (!cached) {
+        long v = -1;
+#if defined(_SC_LEVEL2_CACHE_SIZE)
+        v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+        cached = v >= 65536 && v <= (1L << 26) ? (int64_t)v : 262144;
+    }
+    return cached;
+}
+/* float-type prefill column block (see the derivation above rows_f_kblocked): F16, whole rows (n_cols) where a
+ * tile's TPF tokens' x and RPF weight rows, whole, fit in half of L2; else the largest power of two in 128..2048
+ * whose TPF tokens' x and RPF weight rows fit in half of L1d */
+static int64_t fkb_for(int type, int64_t n_cols) {
 #if defined(BF16_DP)
     const int64_t x_size = type == PI_BF16 ? 2 : 4; /* BF16: the activations' bf16 copy */
 #else
     const int64_t x_size = 4;
 #endif
-    const int64_t per_col = TPF * x_size + RPF * (type == PI_F32 ? 4 : 2), budget = l1d_bytes() / 2;
+    const int64_t per_col = TPF * x_size + RPF * (type == PI_F32 ? 4 : 2);
+    if (type == PI_F16 && n_cols * per_col <= l2_bytes() / 2) return n_cols;
+    const int64_t budget = l1d_bytes() / 2;
     int64_t fkb = 2048;
     while (fkb > 128 && fkb * per_col > budget) fkb /= 2;
     return fkb;
@@ -2199,7 +2226,7 @@ static void mm_run(pi_pool *pool, int type, const void *w, int64_t n_cols, const
     /* float-type prefill on rows a multiple of 4 KB long: the tiles read RPF weight rows and TPF token rows at
      * the same column, all at one offset mod 4 KB, so they share L1 sets and evict each other. The tokens' x
      * go to a copy whose rows are 64 bytes longer (measured on 11008 x 4096 F16, 128 tokens, 2 threads). */
-    if (type_kind(type) < 0 && n_tok > 1) j.fkb = fkb_for(type);
+    if (type_kind(type) < 0 && n_tok > 1) j.fkb = fkb_for(type, n_cols);
     if ((type == PI_F16 || type == PI_F32) && n_tok >= TPF && (n_cols * 4) % 4096 == 0) { /* BF16: mm_round_bf16 */
         const int64_t xs = n_cols + 16;
         float *xp = pi_pool_scratch(pool, (size_t)(n_tok * xs) * sizeof(float));
@@ -2287,7 +2314,7 @@ void pi_matmul_experts(pi_pool *pool, int type, const void *w, int64_t n_rows, i
                                .n_cols = n_cols, .n_tok = n_tok, .x = x, .y = y, .stream = 1},
                       .experts = experts, .tok_off = tok_off};
 #if defined(MM_AVX512) || defined(MM_AVX2)
-    if (type_kind(type) < 0) g.base.fkb = fkb_for(type); /* the float prefill tiles' column block (mm_run) */
+    if (type_kind(type) < 0) g.base.fkb = fkb_for(type, n_cols); /* the float prefill tiles' column block (mm_run) */
 #endif
     mm_quantize(pool, &g.base);
     const int64_t n_blocks = (n_rows + ROW_BLOCK - 1) / ROW_BLOCK;
