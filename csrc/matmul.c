@@ -1766,8 +1766,9 @@ INLINE void tile_f_any(const mm_job *j, int64_t r0, int64_t t0, const int R, con
  * block of the TPF tokens' x stays in L1 while every row group of the block passes it, and the groups'
  * accumulators wait in a buffer (4 KB AVX2, 8 KB AVX-512) between blocks. Over whole rows the 6 tokens' x is
  * 96 KB at K = 4096 (from L2) and 264 KB at K = 11008, more than an L2 of 512 KB holds beside the rows: that
- * is where the blocks pay (F16 with 1 MB of L2 does better over whole rows: the L2 bullet above). Every lane sees the same fmas in the same order (AVX-512: the masked column
- * tail last, as in tile_f): the same bits, whatever the block size.
+ * is where the blocks pay (F16 with 1 MB of L2 does better over whole rows: the L2 bullet above). Every lane
+ * sees the same fmas in the same order (AVX-512: the masked column tail last, as in tile_f): the same bits,
+ * whatever the block size.
  * `bench_prefill_ab.py OLD NEW --types F16 --n-tok 128 --threads 2` on the AVX2 EPYC (32 KB L1d), three runs:
  * 4096 x 11008 1.08-1.25x, 11008 x 4096 0.98-1.06x (FKB 256 and 1024 no better than 512). Returns the rows done
  * (whole groups). */
@@ -2166,30 +2167,26 @@ static int is_stream(const int32_t *sel, int64_t n) {
 }
 
 #if defined(MM_AVX512) || defined(MM_AVX2)
-/* The L1d size in bytes as the C library reports it (sysconf; 0 or less where it does not know: 32 KB assumed,
- * the smallest seen on x86 hosts with AVX2), read once. */
+/* A cache size in bytes as the C library reports it (sysconf), or `fallback` where it does not know or reports
+ * something outside [lo, hi]. */
+static int64_t cache_bytes(long reported, int64_t lo, int64_t hi, int64_t fallback) {
+    return reported >= lo && reported <= hi ? (int64_t)reported : fallback;
+}
+#if !defined(_SC_LEVEL1_DCACHE_SIZE) || !defined(_SC_LEVEL2_CACHE_SIZE)
+#define CACHE_SYSCONF(name) (-1L)
+#else
+#define CACHE_SYSCONF(name) sysconf(name)
+#endif
+/* L1d, read once: 32 KB where unknown, the smallest seen on x86 hosts with AVX2 */
 static int64_t l1d_bytes(void) {
     static int64_t cached;
-    if (!cached) {
-        long v = -1;
-#if defined(_SC_LEVEL1_DCACHE_SIZE)
-        v = sysconf(_SC_LEVEL1_DCACHE_SIZE);
-#endif
-        cached = v >= 8192 && v <= (1L << 22) ? (int64_t)v : 32768;
-    }
+    if (!cached) cached = cache_bytes(CACHE_SYSCONF(_SC_LEVEL1_DCACHE_SIZE), 8192, 1L << 22, 32768);
     return cached;
 }
-/* The L2 size per core in bytes as the C library reports it (sysconf; 256 KB where it does not know, the
- * smallest seen beside AVX2), read once. */
+/* L2 per core, read once: 256 KB where unknown, the smallest seen beside AVX2 */
 static int64_t l2_bytes(void) {
     static int64_t cached;
-    if (!cached) {
-        long v = -1;
-#if defined(_SC_LEVEL2_CACHE_SIZE)
-        v = sysconf(_SC_LEVEL2_CACHE_SIZE);
-#endif
-        cached = v >= 65536 && v <= (1L << 26) ? (int64_t)v : 262144;
-    }
+    if (!cached) cached = cache_bytes(CACHE_SYSCONF(_SC_LEVEL2_CACHE_SIZE), 65536, 1L << 26, 262144);
     return cached;
 }
 /* float-type prefill column block (see the derivation above rows_f_kblocked): F16, whole rows (n_cols) where a
