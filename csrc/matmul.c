@@ -92,6 +92,7 @@ typedef struct {
     int64_t xstride;     /* float types: elements from one token's x (or xb) to the next (0: n_cols) */
     const uint16_t *xb;  /* BF16 weights where the build has AVX512-BF16: the activations as bf16 (pi_f2bf) */
     int64_t fkb;         /* float-type prefill: columns per block (fkb_for) */
+    int64_t frb;         /* float-type prefill: rows per block, a multiple of ROW_BLOCK (frb_for; 0: ROW_BLOCK) */
     const int8_t *xq;    /* block types: int8 [n_tok, nbp * 32] quantized activations (AVX-512: Q4_0 quad order, Q5_0 pair order) */
     const float *xd;     /* f32 [n_tok, nbp] block scales */
     const int32_t *xc;   /* int32 [n_tok, nbp] correction: -128 * sum(q) (Q8_0, IQ4_NL, VNNI), -8 * sum(q) (Q4_0),
@@ -1730,7 +1731,7 @@ TILE_FN(tile_13, 1, 3)
  *   - F16 takes whole rows instead where a tile's TPF tokens' x and RPF rows, whole, fit in half of L2 (TPF x K x 4
  *     + RPF x K x 2: 128 KB at K = 4096 and 352 KB at 11008 on AVX-512, so with 1 MB of L2 up to K = 16384; with
  *     512 KB only K = 4096 on AVX2): the tile then streams its rows and x from L2 once, with no accumulator
- *     buffer between blocks. On the 2-core Zen 5 host (48 KB L1d, 1 MB L2), pi_matmul F16, 2 threads, the two
+ *     buffer between blocks (and the row blocks grow where L2 holds more rows beside a tile's x: frb_for). On the 2-core Zen 5 host (48 KB L1d, 1 MB L2), pi_matmul F16, 2 threads, the two
  *     rules taking turns call by call in one process (medians of 5-16 rounds): 4096 x 4096 1.09x at 64 tokens,
  *     1.09x at 200, 1.10x at 512; 11008 x 4096 1.08x at 128, 1.11x at 200; 4096 x 11008 1.08x at 128, 1.10-1.15x
  *     at 512; 4096 x 14336 1.09x at 256; 1000 x 4000 1.00x; the 8-layer F16 file's prompt 1.04x at 128 tokens and
@@ -1890,16 +1891,19 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
 #else
     const int64_t tok_block = TOK_BLOCK;
 #endif
+    const int64_t rbs = j->frb > ROW_BLOCK ? j->frb : ROW_BLOCK; /* rows per block (frb_for) */
     for (int64_t tb = 0; tb < j->n_tok; tb += tok_block) {
         const int64_t te = tb + tok_block < j->n_tok ? tb + tok_block : j->n_tok;
-        for (int64_t rb = r_beg; rb < r_end; rb += ROW_BLOCK) {
-            const int64_t re = rb + ROW_BLOCK < r_end ? rb + ROW_BLOCK : r_end;
+        for (int64_t rb = r_beg; rb < r_end; rb += rbs) {
+            const int64_t re = rb + rbs < r_end ? rb + rbs : r_end;
             int64_t t = tb, r;
 #if defined(MM_AVX512) || defined(MM_AVX2)
             if (j->type == PI_F16 || j->type == PI_BF16 || j->type == PI_F32) /* TPF tokens: see rows_f_kblocked */
-                for (; t + TPF <= te; t += TPF) {
-                    for (r = rb + rows_fw(j, rb, re, t); r < re; r++) tile_1t(j, r, t), tile_1t2(j, r, t + TP);
-                }
+                for (; t + TPF <= te; t += TPF)
+                    for (int64_t sb = rb; sb < re; sb += ROW_BLOCK) { /* rows_fw takes at most ROW_BLOCK rows */
+                        const int64_t se = sb + ROW_BLOCK < re ? sb + ROW_BLOCK : re;
+                        for (r = sb + rows_fw(j, sb, se, t); r < se; r++) tile_1t(j, r, t), tile_1t2(j, r, t + TP);
+                    }
 #endif
             for (; t + TP <= te; t += TP) {
                 for (r = rb; r + RP <= re; r += RP) tile_rt(j, r, t);
@@ -2205,6 +2209,22 @@ static int64_t fkb_for(int type, int64_t n_cols) {
     while (fkb > 128 && fkb * per_col > budget) fkb /= 2;
     return fkb;
 }
+
+/* Rows per float prefill block (mm_chunk). Over whole rows (fkb_for gave n_cols) the token tiles pass a block's
+ * rows once each, and each tile's x comes from L3 for the block's first row group and from L2 for the others;
+ * a block of more rows shares that one read among more groups. The block's rows and one tile's x must then stay
+ * in L2 together: ROW_BLOCK x m rows with m x ROW_BLOCK x K x 2 + TPF x K x 4 <= half of L2 (F16). With 1 MB of L2
+ * that is 48 rows at K = 4096 and stays 16 at 11008 (already 616 KB); with 512 KB it stays 16. Measured on the
+ * 2-core Zen 5 host (1 MB L2), 48 rows against 16, 128 tokens, `bench_prefill_ab.py OLD NEW --types F16 --shapes
+ * 4096x4096,11008x4096 --threads 1,2 --n-tok 128 --rounds 9`: 4096 x 4096 1.05x (one thread and two), 11008 x 4096
+ * 1.05x / 1.02x; the 8-layer F16 file's 128-token prompt 1.03-1.04x; the haswell build 1.03x / 1.04x (two threads)
+ * and 1.02x (same bits). Rows of 48 at K = 11008 lost 6%. */
+static int64_t frb_for(int type, int64_t n_cols, int64_t fkb) {
+    if (type != PI_F16 || fkb < n_cols) return ROW_BLOCK;
+    const int64_t room = l2_bytes() / 2 - TPF * n_cols * 4, per_block = ROW_BLOCK * n_cols * 2;
+    const int64_t m = room > 0 ? room / per_block : 0;
+    return (m > 1 ? m : 1) * ROW_BLOCK;
+}
 #endif
 
 /* y [n_tok, n_out] from output row i = weight row (sel ? sel[i] : i); the chunks split the output rows */
@@ -2223,7 +2243,7 @@ static void mm_run(pi_pool *pool, int type, const void *w, int64_t n_cols, const
     /* float-type prefill on rows a multiple of 4 KB long: the tiles read RPF weight rows and TPF token rows at
      * the same column, all at one offset mod 4 KB, so they share L1 sets and evict each other. The tokens' x
      * go to a copy whose rows are 64 bytes longer (measured on 11008 x 4096 F16, 128 tokens, 2 threads). */
-    if (type_kind(type) < 0 && n_tok > 1) j.fkb = fkb_for(type, n_cols);
+    if (type_kind(type) < 0 && n_tok > 1) j.fkb = fkb_for(type, n_cols), j.frb = frb_for(type, n_cols, j.fkb);
     if ((type == PI_F16 || type == PI_F32) && n_tok >= TPF && (n_cols * 4) % 4096 == 0) { /* BF16: mm_round_bf16 */
         const int64_t xs = n_cols + 16;
         float *xp = pi_pool_scratch(pool, (size_t)(n_tok * xs) * sizeof(float));
@@ -2311,7 +2331,8 @@ void pi_matmul_experts(pi_pool *pool, int type, const void *w, int64_t n_rows, i
                                .n_cols = n_cols, .n_tok = n_tok, .x = x, .y = y, .stream = 1},
                       .experts = experts, .tok_off = tok_off};
 #if defined(MM_AVX512) || defined(MM_AVX2)
-    if (type_kind(type) < 0) g.base.fkb = fkb_for(type, n_cols); /* the float prefill tiles' column block (mm_run) */
+    if (type_kind(type) < 0) /* the float prefill tiles' column and row blocks (mm_run) */
+        g.base.fkb = fkb_for(type, n_cols), g.base.frb = frb_for(type, n_cols, g.base.fkb);
 #endif
     mm_quantize(pool, &g.base);
     const int64_t n_blocks = (n_rows + ROW_BLOCK - 1) / ROW_BLOCK;
