@@ -101,8 +101,12 @@ class _ModelJobs:
 def worker(tree: str, spec: dict) -> None:
     """Runs in a child process with `tree` first on sys.path: reads 'KEY REPS' lines, answers JSON lines."""
     sys.path[:0] = [tree, str(Path(tree) / "benchmarks")]
+    import powerinfer_py
+
+    if Path(powerinfer_py.__file__).resolve().parent != Path(tree) / "powerinfer_py":
+        raise SystemExit(f"bench_prefill_ab: {tree} did not provide powerinfer_py ({powerinfer_py.__file__} did)")
     if spec.get("model"):
-        jobs = _ModelJobs(spec["model"], int(spec["threads"].split(",")[0]), spec["n_tok"])
+        jobs = _ModelJobs(spec["model"], spec["threads"], spec["n_tok"])
     else:
         jobs = _MatmulJobs(spec["types"], spec["shapes"], spec["threads"], spec["n_tok"])
     print(json.dumps(list(jobs.jobs)), flush=True)
@@ -140,7 +144,7 @@ def main() -> None:
     ap.add_argument("new")
     ap.add_argument("--types", default="Q4_K,Q5_K,Q6_K")
     ap.add_argument("--shapes", default="4096x4096,4096x11008,11008x4096", help="rows x cols, comma-separated")
-    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--threads", help="thread counts, comma-separated (default 1,2; with --model one count, 2)")
     ap.add_argument("--n-tok", type=int, default=64, help="tokens per matmul")
     ap.add_argument("--model", help="a GGUF file: time its prompt instead of single matmuls")
     ap.add_argument("-p", "--n-prompt", type=int, default=128, help="prompt tokens with --model")
@@ -150,12 +154,17 @@ def main() -> None:
     a = ap.parse_args()
     if a.model:
         a.model = str(Path(a.model).resolve())
-        spec = {"model": a.model, "threads": a.threads if a.threads != "1,2" else "2", "n_tok": a.n_prompt}
+        if a.threads and "," in a.threads:
+            ap.error("--model takes one thread count")
+        spec = {"model": a.model, "threads": int(a.threads or 2), "n_tok": a.n_prompt}
         unit = "tok/s"
     else:
-        spec = {"types": a.types, "shapes": a.shapes, "threads": a.threads, "n_tok": a.n_tok}
+        spec = {"types": a.types, "shapes": a.shapes, "threads": a.threads or "1,2", "n_tok": a.n_tok}
         unit = "GMAC/s"
     trees = [str(Path(a.old).resolve()), str(Path(a.new).resolve())]
+    for tree in trees:
+        if not list((Path(tree) / "powerinfer_py").glob("_pi*.so")):
+            ap.error(f"{tree} holds no built extension (powerinfer_py/_pi*.so): run python csrc/build_ffi.py there")
     workers = []
     try:
         for tree in trees:

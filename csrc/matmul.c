@@ -1731,7 +1731,8 @@ TILE_FN(tile_13, 1, 3)
  *   - F16 takes whole rows instead where a tile's TPF tokens' x and RPF rows, whole, fit in half of L2 (TPF x K x 4
  *     + RPF x K x 2: 128 KB at K = 4096 and 352 KB at 11008 on AVX-512, so with 1 MB of L2 up to K = 16384; with
  *     512 KB only K = 4096 on AVX2): the tile then streams its rows and x from L2 once, with no accumulator
- *     buffer between blocks (and the row blocks grow where L2 holds more rows beside a tile's x: frb_for). On the 2-core Zen 5 host (48 KB L1d, 1 MB L2), pi_matmul F16, 2 threads, the two
+ *     buffer between blocks (and the row blocks grow where L2 holds more rows beside a tile's x: frb_for).
+ *     On the 2-core Zen 5 host (48 KB L1d, 1 MB L2), pi_matmul F16, 2 threads, the two
  *     rules taking turns call by call in one process (medians of 5-16 rounds): 4096 x 4096 1.09x at 64 tokens,
  *     1.09x at 200, 1.10x at 512; 11008 x 4096 1.08x at 128, 1.11x at 200; 4096 x 11008 1.08x at 128, 1.10-1.15x
  *     at 512; 4096 x 14336 1.09x at 256; 1000 x 4000 1.00x; the 8-layer F16 file's prompt 1.04x at 128 tokens and

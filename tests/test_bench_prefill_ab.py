@@ -35,3 +35,9 @@ def test_model_turns_same_tree(tmp_path):
     out = _run("--model", str(path), "-p", "12", "--rounds", "2", "--pause", "0")
     line = next(line for line in out.splitlines() if line.startswith("prompt 12"))
     assert line.endswith("bits: same"), out
+
+
+def test_tree_without_extension_is_refused(tmp_path):
+    out = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), str(ROOT), "--types", "F16", "--shapes",
+                          "16x32", "--rounds", "1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "holds no built extension" in out.stderr, out.stderr
