@@ -50,6 +50,7 @@
 #include <unistd.h>
 
 #include "quants.h"
+#include "matmul_f16p.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
 #define MM_AVX512 1
@@ -2261,6 +2262,9 @@ static void mm_run(pi_pool *pool, int type, const void *w, int64_t n_cols, const
         pi_matmul_k(pool, type, w, n_cols, sel, n_out, x, n_tok, y);
         return;
     }
+    /* F16 prompts of 64 tokens or more on AVX-512 builds: outer-product tiles on converted rows (matmul_f16p.c);
+     * their bits differ from these dot tiles' (another summation order) */
+    if (type == PI_F16 && n_tok > 1 && pi_f16_packed(pool, w, sel, n_out, n_cols, x, n_tok, y)) return;
     mm_job j = {.type = type, .w = w, .row_bytes = pi_row_size(type, n_cols), .n_rows = n_out, .n_cols = n_cols,
                 .n_tok = n_tok, .x = x, .sel = sel, .y = y,
                 .stream = !sel || is_stream(sel, n_out)};

@@ -279,6 +279,42 @@ def test_float_prefill_blocks_give_decode_bits(kernels, ggml_type, n_cols, n_tok
     np.testing.assert_array_equal(kernels.matmul_rows(w, rows, x), want[:, rows])
 
 
+@pytest.mark.parametrize("n_tok", [64, 65, 81, 130])  # whole slivers of 32, a 1-token and a 17-token tail, 5 slivers
+@pytest.mark.parametrize("n_rows, n_cols", [(12, 64), (37, 1029), (25, 4096), (13, 100)])
+def test_f16_outer_product_prefill(kernels, n_tok, n_rows, n_cols):
+    """F16 prompts of 64 tokens or more take the outer-product tiles on AVX-512 builds (csrc/matmul_f16p.c: 12
+    rows x 32 tokens, rows converted to f32 in blocks of 36, a short last panel of zero rows, column tails past
+    the last vector, token tails of one or two vectors). Each output is one sequential FMA chain over the columns
+    (in sub-panels of columns, summed in order), so the error bound is that of a chain of n_cols terms. Gathered
+    (ascending) rows give the dense bits of those rows, and the bits do not depend on the thread count or the run."""
+    w = make_weight(GGMLType.F16, n_rows, n_cols, seed=n_rows + n_tok)
+    x = np.random.default_rng(n_cols).standard_normal((n_tok, n_cols), dtype=np.float32)
+    y = kernels.matmul(w, x)
+    bound = (n_cols + 16) * EPS32 * ref.matmul_abs_terms(w, x) + 1e-30
+    err = np.abs(y.astype(np.float64) - ref.matmul(w, x))
+    assert (err <= bound).all(), f"max err {err.max()}"
+    rows = np.unique(np.array([0, 5, n_rows // 2, n_rows - 1], np.int32))
+    np.testing.assert_array_equal(kernels.matmul_rows(w, rows, x), y[:, rows])
+    k3 = cpu.CpuKernels(3)
+    try:
+        np.testing.assert_array_equal(k3.matmul(w, x), y)
+        np.testing.assert_array_equal(k3.matmul(w, x), y)
+    finally:
+        k3.close()
+
+
+def test_f16_outer_product_prefill_split_rows(kernels):
+    """Where all tokens' packed activations do not fit in half of L3 the rows are converted in several column
+    panels, their sums added in order (kc_for in csrc/matmul_f16p.c): 1100 tokens x 8192 columns are 36 MB of
+    activations, more than half of any L3 this runs on (up to 64 MB)."""
+    w = make_weight(GGMLType.F16, 14, 8192, seed=9)
+    x = np.random.default_rng(10).standard_normal((1100, 8192), dtype=np.float32)
+    y = kernels.matmul(w, x)
+    bound = (8192 + 16) * EPS32 * ref.matmul_abs_terms(w, x) + 1e-30
+    assert (np.abs(y.astype(np.float64) - ref.matmul(w, x)) <= bound).all()
+    np.testing.assert_array_equal(kernels.matmul_rows(w, np.array([2, 13], np.int32), x), y[:, [2, 13]])
+
+
 def test_q8_K_activation_quantization():
     """llama.cpp's Q8_K: iscale = -127 / (first element of largest magnitude, sign kept), q = min(127,
     round-half-even(iscale * x)), d = 1 / iscale, bsums = sums of 16; an all-zero block has d = 0."""
