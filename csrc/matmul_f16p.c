@@ -67,11 +67,11 @@ typedef struct {
     const uint16_t *w;
     const int32_t *sel;
     int64_t n_out, n_cols, n_tok;
-    int64_t kc, kt, pb, n_sliver; /* columns per panel and per sub-panel, row panels per block, slivers of TB tokens */
+    int64_t kc, kt, n_sliver; /* columns per panel and per sub-panel, slivers of TB tokens */
     const float *x;
     float *xp;  /* per column panel: [n_sliver][kc][TB] (pack_x) */
-    float *wp;  /* per thread: [pb][RB][kc], kc rounded up to a whole vector */
-    float *acc; /* per thread: [pb][n_sliver][RB][TB], a block's sums until its last column panel */
+    float *wp;  /* per thread, twice: [PB][RB][kc], kc rounded up to a whole vector */
+    float *acc; /* per thread: [PB][n_sliver][RB][TB], a block's sums until its last column panel */
     float *y;
     int64_t rows_per_chunk; /* a multiple of RB */
 } fp_job;
@@ -103,14 +103,6 @@ static void pack_x(void *ctx, int64_t s, int thread_id) {
     }
 }
 
-/* output row r's weights, columns [k0, k0 + kc), as f32 into d */
-static void pack_row(const fp_job *j, int64_t r, int64_t k0, int64_t kc, float *d) {
-    const uint16_t *src = row_ptr(j, r) + k0;
-    int64_t k = 0;
-    for (; k + VEC <= kc; k += VEC) CVT_STORE(d + k, src + k);
-    for (; k < kc; k++) d[k] = _cvtsh_ss(src[k]);
-}
-
 /* One unit of a chunk's work: a block of row panels (rows [b0, be), np panels) and one column panel (k0, kc).
  * The units go block by block, each block's column panels in order. */
 typedef struct {
@@ -118,9 +110,9 @@ typedef struct {
 } fp_unit;
 
 static int unit_at(const fp_job *j, int64_t b0, int64_t k0, int64_t re, fp_unit *u) {
-    if (k0 >= j->n_cols) b0 = min64(b0 + j->pb * RB, re), k0 = 0;
+    if (k0 >= j->n_cols) b0 = min64(b0 + PB * RB, re), k0 = 0;
     if (b0 >= re) return 0;
-    u->b0 = b0, u->be = min64(b0 + j->pb * RB, re), u->np = (u->be - b0 + RB - 1) / RB;
+    u->b0 = b0, u->be = min64(b0 + PB * RB, re), u->np = (u->be - b0 + RB - 1) / RB;
     u->k0 = k0, u->kc = kc_at(j, k0);
     return 1;
 }
@@ -176,6 +168,15 @@ static void conv_advance(fp_conv *c, int64_t nv) {
     }
 }
 
+/* the rest of the conversion at once (the first block, and what a block's tiles left) */
+static void conv_finish(fp_conv *c) {
+    while (c->row < c->row_end) {
+        const int64_t nv = conv_segment(c, conv_left(c));
+        for (int64_t v = 0; v < nv; v++) CVT_STORE(c->dst + c->col + v * VEC, c->src + c->col + v * VEC);
+        conv_advance(c, nv);
+    }
+}
+
 /* acc[RB][TB] (+)= the panel's RB rows times the sliver's V x VEC tokens over kc columns (V = 2, or 1 for a
  * last sliver of at most VEC tokens); meanwhile `nv` vectors of the conversion cv, one every kc / nv steps, so
  * that their loads from memory overlap the FMAs */
@@ -224,28 +225,19 @@ static void tile_any(const float *wp, int64_t stride, const float *xp, int64_t k
     conv_advance(cv, nv);
 }
 
-/* rows [from, to) of unit u (counted over its whole panels, so the last panel's rows past be are zero) */
-static void pack_rows(const fp_job *j, const fp_unit *u, int64_t from, int64_t to, float *wp) {
-    const int64_t stride = wp_stride(j);
-    for (int64_t i = from; i < to && i < u->np * RB; i++) {
-        const int64_t r = u->b0 + i;
-        float *d = wp + (i / RB) * RB * stride + (i % RB) * stride;
-        if (r >= u->be) memset(d, 0, (size_t)u->kc * sizeof(float));
-        else pack_row(j, r, u->k0, u->kc, d);
-    }
-}
-
 /* chunk: output rows [chunk x rows_per_chunk, ...), unit by unit (see the header). While a unit's tiles run, the
  * next unit's rows are converted into the other weight buffer, a share after each tile. */
 static void fp_chunk(void *ctx, int64_t chunk, int thread_id) {
     const fp_job *j = ctx;
-    const int64_t stride = wp_stride(j), panel_acc = j->n_sliver * RB * TB, wp_size = j->pb * RB * stride;
+    const int64_t stride = wp_stride(j), panel_acc = j->n_sliver * RB * TB, wp_size = PB * RB * stride;
     float *wbuf[2] = {j->wp + (int64_t)thread_id * 2 * wp_size, j->wp + ((int64_t)thread_id * 2 + 1) * wp_size};
-    float *acc = j->acc + (int64_t)thread_id * j->pb * panel_acc;
+    float *acc = j->acc + (int64_t)thread_id * PB * panel_acc;
     const int64_t rb = chunk * j->rows_per_chunk, re = min64(rb + j->rows_per_chunk, j->n_out);
     fp_unit u, n;
     if (!unit_at(j, rb, 0, re, &u)) return;
-    pack_rows(j, &u, 0, u.np * RB, wbuf[0]);
+    fp_conv first = {.j = j, .u = &u, .buf = wbuf[0], .row = 0, .row_end = u.np * RB};
+    conv_row_start(&first);
+    conv_finish(&first);
     for (int cur = 0;; cur ^= 1) {
         const int has_n = unit_next(j, &u, re, &n);
         const int64_t n_sub = (u.kc + j->kt - 1) / j->kt, n_tiles = n_sub * j->n_sliver * u.np;
@@ -263,11 +255,7 @@ static void fp_chunk(void *ctx, int64_t chunk, int thread_id) {
                              u.k0 + c0 > 0, &cv, per_tile);
             }
         }
-        while (cv.row < cv.row_end) { /* what the tiles left */
-            const int64_t nv = conv_segment(&cv, conv_left(&cv));
-            for (int64_t v = 0; v < nv; v++) CVT_STORE(cv.dst + cv.col + v * VEC, cv.src + cv.col + v * VEC);
-            conv_advance(&cv, nv);
-        }
+        conv_finish(&cv); /* what the tiles left */
         if (u.k0 + u.kc >= j->n_cols) /* the block's last column panel: its sums go to y */
             for (int64_t p = 0; p < u.np; p++) { /* acc [sliver][row][token] -> y [token][row] */
                 const int64_t r0 = u.b0 + p * RB, nrow = min64(RB, u.be - r0);
@@ -283,16 +271,26 @@ static void fp_chunk(void *ctx, int64_t chunk, int thread_id) {
     }
 }
 
-/* L3 in bytes (sysconf), or 8 MB where the C library does not say */
+/* a cache size as the C library reports it (sysconf), or `fallback` where it does not know or says something
+ * outside [lo, hi] */
+static int64_t cache_size(long reported, int64_t lo, int64_t hi, int64_t fallback) {
+    return reported >= lo && reported <= hi ? (int64_t)reported : fallback;
+}
+#if defined(_SC_LEVEL2_CACHE_SIZE) && defined(_SC_LEVEL3_CACHE_SIZE)
+#define CACHE_SYSCONF(name) sysconf(name)
+#else
+#define CACHE_SYSCONF(name) (-1L)
+#endif
+/* L3: 8 MB where unknown */
 static int64_t l3_size(void) {
     static int64_t cached;
-    if (!cached) {
-        long v = -1;
-#if defined(_SC_LEVEL3_CACHE_SIZE)
-        v = sysconf(_SC_LEVEL3_CACHE_SIZE);
-#endif
-        cached = v >= (1L << 20) && v <= (1L << 30) ? v : 8L << 20;
-    }
+    if (!cached) cached = cache_size(CACHE_SYSCONF(_SC_LEVEL3_CACHE_SIZE), 1L << 20, 1L << 30, 8L << 20);
+    return cached;
+}
+/* L2 per core: 256 KB where unknown */
+static int64_t l2_size(void) {
+    static int64_t cached;
+    if (!cached) cached = cache_size(CACHE_SYSCONF(_SC_LEVEL2_CACHE_SIZE), 64L << 10, 64L << 20, 256L << 10);
     return cached;
 }
 
@@ -304,19 +302,6 @@ static int64_t kc_for(int64_t n_cols, int64_t n_sliver) {
     if (parts < 1) parts = 1;
     const int64_t kc = ((n_cols + parts - 1) / parts + VEC - 1) / VEC * VEC;
     return min64(kc, n_cols);
-}
-
-/* L2 in bytes (sysconf), or 256 KB where the C library does not say */
-static int64_t l2_size(void) {
-    static int64_t cached;
-    if (!cached) {
-        long v = -1;
-#if defined(_SC_LEVEL2_CACHE_SIZE)
-        v = sysconf(_SC_LEVEL2_CACHE_SIZE);
-#endif
-        cached = v >= (64L << 10) && v <= (64L << 20) ? v : 256L << 10;
-    }
-    return cached;
 }
 
 /* columns per sub-panel: a block's rows (PB x RB x 4 bytes a column) and a sliver's activations (TB x 4) in half
@@ -333,12 +318,11 @@ int pi_f16_packed(pi_pool *pool, const void *w, const int32_t *sel, int64_t n_ou
     fp_job j = {.w = w, .sel = sel, .n_out = n_out, .n_cols = n_cols, .n_tok = n_tok, .x = x, .y = y};
     j.n_sliver = (n_tok + TB - 1) / TB;
     j.kc = kc_for(n_cols, j.n_sliver);
-    j.pb = PB;
     j.kt = kt_for(j.kc);
     const int64_t n_threads = pi_pool_n_threads(pool);
     const size_t xp_bytes = ((size_t)(j.n_sliver * TB * n_cols) * 4 + 63) / 64 * 64;
-    const size_t acc_bytes = (size_t)(n_threads * j.pb * j.n_sliver * RB * TB) * 4;
-    const size_t wp_bytes = (size_t)(n_threads * 2 * j.pb * RB * wp_stride(&j)) * 4;
+    const size_t acc_bytes = (size_t)(n_threads * PB * j.n_sliver * RB * TB) * 4;
+    const size_t wp_bytes = (size_t)(n_threads * 2 * PB * RB * wp_stride(&j)) * 4;
     char *s = pi_pool_scratch(pool, xp_bytes + acc_bytes + wp_bytes);
     if (!s) return 0; /* no memory for the panels: matmul.c's tiles need none */
     j.xp = (float *)s;
