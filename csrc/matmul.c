@@ -72,6 +72,7 @@
 #endif
 
 #define ROW_BLOCK 16 /* rows per prefill block; also the chunk granularity (16 f32 = one cache line of y) */
+#define F16_3X4_MIN_ROWS 9 /* AVX2 F16 prefill: fewest rows in a block of 3 x 4 tiles over long rows (frb_for) */
 #define TOK_BLOCK 64 /* prefill tokens per pass over a chunk's rows (Q8_0 activations: 64 x ~4.3 KB at K = 4096) */
 #define INLINE static inline __attribute__((always_inline))
 /* decode streams each row once: the rows in flight are prefetched this many bytes ahead (the hardware
@@ -93,7 +94,7 @@ typedef struct {
     int64_t xstride;     /* float types: elements from one token's x (or xb) to the next (0: n_cols) */
     const uint16_t *xb;  /* BF16 weights where the build has AVX512-BF16: the activations as bf16 (pi_f2bf) */
     int64_t fkb;         /* float-type prefill: columns per block (fkb_for) */
-    int64_t frb;         /* float-type prefill: rows per block, a multiple of ROW_BLOCK (frb_for; 0: ROW_BLOCK) */
+    int64_t frb;         /* float-type prefill: rows per block (frb_for; 0: ROW_BLOCK) */
     const int8_t *xq;    /* block types: int8 [n_tok, nbp * 32] quantized activations (AVX-512: Q4_0 quad order, Q5_0 pair order) */
     const float *xd;     /* f32 [n_tok, nbp] block scales */
     const int32_t *xc;   /* int32 [n_tok, nbp] correction: -128 * sum(q) (Q8_0, IQ4_NL, VNNI), -8 * sum(q) (Q4_0),
@@ -287,6 +288,7 @@ INLINE float fv_sum(fv v) { return _mm512_reduce_add_ps(v); }
 #elif defined(MM_AVX2)
 #define BPV 1
 #define RD 4
+#define F16_AVX2_RD 2 /* dense F16 decode: rows per tile (the AVX2 note above tile_dec) */
 #define RP 2
 #define TP 4
 typedef __m256i qv;
@@ -1058,6 +1060,9 @@ int pi_decode_rows(int type, int set) {
 #if defined(MM_AVX512) || defined(MM_AVX2)
     decode_one_row(path);
     if (set >= 1) one_row[path] = set == 1;
+#if defined(MM_AVX2)
+    if (path == DR_F16) return one_row[path] ? 1 : F16_AVX2_RD;
+#endif
     return one_row[path] ? 1 : path == DR_G8 ? 2 : RD;
 #else
     (void)set;
@@ -1673,7 +1678,18 @@ static void q5_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
  * GB/s per thread at Zen 5's ~3.7 GHz but 16 on the 2.0 GHz Intel host, where the one-row stream lost to these tiles
  * by 1.3x (above). Since 2026-12-04 the F16 decode takes one row where a timed FMA chain says one row's stream
  * is fast enough (decode_rows_init, before the AVX2 groups), and these tiles elsewhere. BF16's vdpbf16ps chain
- * carries 64 bytes per latency, and BF16 takes one row (see the BF16 note). */
+ * carries 64 bytes per latency, and BF16 takes one row (see the BF16 note).
+ * AVX2, F16: one row's chain carries only 16 bytes per FMA latency there (8 lanes), so the one-row stream is never
+ * chosen, and dense rows go two per tile (F16_AVX2_RD; gathers keep RD = 4, whose next tile is fetched whole). On
+ * the 2-core Zen 5 host the host's bandwidth swings between two states, a read probe of ~45-50 GB/s and one of
+ * ~65-75, and the two row counts trade places between them. In one process, taking turns of 16 greedy decode
+ * tokens with the AVX2 llama.cpp on the 8-layer 7B-shape F16 file (7 rounds, medians of the paired ratios to it,
+ * seven runs, 2026-12-08): in the slower state 2 rows 1.08x / 1.05x / 1.01x llama.cpp where 4 gave 0.96x / 0.97x /
+ * 0.96x; in the faster one 2 rows 1.08x / 1.06x / 1.12x / 1.09x against 4 rows' 1.17x / 1.19x / 1.28x / 1.18x. Two
+ * rows stayed above llama.cpp in every run, four did not, hence two. Also measured, none better in both states:
+ * 3 rows (0.96x-1.19x), 4 rows prefetching 1-2 KB ahead along their own rows instead of the next tile's rows
+ * (1.01x-1.16x), 2 rows prefetching the tile after next (1.01x in the slower state), and no software prefetch at
+ * all (a cold mat-vec then read 62-79% of the probe against 80-91% with it). Same bits either way. */
 
 /* ==== tile instances and the row-chunk driver ========================================================= */
 #define TILE_FN(name, R, T)                                                                                  \
@@ -1696,6 +1712,11 @@ TILE_FN(tile_rt, RP, TP)  /* prefill tile */
 TILE_FN(tile_r1, RP, 1)   /* prefill, leftover tokens */
 TILE_FN(tile_1t, 1, TP)   /* prefill, leftover rows */
 TILE_FN(tile_11, 1, 1)
+#if defined(MM_AVX2)
+/* a function of its own: instantiated inside mm_chunk, it made gcc spill the prefill tiles' sums there (the
+ * 128-token F16 prompt ran at half speed) */
+static void tile_dec_f16(const mm_job *j, int64_t r0) { tile_f(j, r0, 0, F16_AVX2_RD, 1, PI_F16); }
+#endif
 #if TP == 4 /* the 2 or 3 tokens left after the TP-token tiles, in one pass over the rows (see mm_chunk) */
 TILE_FN(tile_r2, RP, 2)
 TILE_FN(tile_r3, RP, 3)
@@ -1822,11 +1843,12 @@ static void tile_1t2(const mm_job *j, int64_t r0, int64_t t0) { tile_f_any(j, r0
 #endif
 
 #if defined(MM_AVX2)
-/* AVX2, F16 over whole rows in blocks of a multiple of 48 rows (frb_for; 1 MB of L2 or more): tiles of
+/* AVX2, F16 over whole rows in blocks of whole 3-row groups (frb_for; 1 MB of L2 or more): tiles of
  * 3 rows x 4 tokens instead of 2 x 6. Both fill the 16 ymm (3 x 4: 12 accumulators + 3 weight vectors + 1 x
  * vector); over whole rows a tile's rows and x stream from L2, and a 3 x 4 step fetches 3 x 16 bytes of weights
  * and 4 x 32 of x for its 12 FMAs where a 2 x 6 one fetches 2 x 16 and 6 x 32 (176 bytes against 224), for one
- * conversion more. The column blocks (x in L1) and 16-row blocks keep 2 x 6. Each output's fmas run in the same
+ * conversion more. The column blocks (x in L1) keep 2 x 6, as do 16-row blocks where not even F16_3X4_MIN_ROWS
+ * rows fit in L2 beside x. Each output's fmas run in the same
  * order either way (tile_f: one pass over the row, then the lane sum and the scalar tail): the same bits. The
  * haswell build on the 2-core Zen 5 host (1 MB L2), `bench_prefill_ab.py OLD NEW --types F16 --shapes
  * 4096x4096,11008x4096,4096x11008 --threads 1,2 --n-tok 128 --rounds 9`: 4096 x 4096 1.04x (one thread) / 1.05x
@@ -1892,6 +1914,10 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
             return;
         }
 #endif
+#if defined(MM_AVX2)
+        if (j->type == PI_F16 && j->stream) /* two rows per tile, not RD: the AVX2 note above tile_dec */
+            for (; r + F16_AVX2_RD <= r_end; r += F16_AVX2_RD) tile_dec_f16(j, r);
+#endif
         for (; r + RD <= r_end; r += RD) tile_dec(j, r, 0);
         for (; r < r_end; r++) tile_11(j, r, 0);
         return;
@@ -1910,7 +1936,7 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
 #else
     const int64_t tok_block = TOK_BLOCK;
 #endif
-    const int64_t rbs = j->frb > ROW_BLOCK ? j->frb : ROW_BLOCK; /* rows per block (frb_for) */
+    const int64_t rbs = j->frb > 0 ? j->frb : ROW_BLOCK; /* rows per block (frb_for) */
     for (int64_t tb = 0; tb < j->n_tok; tb += tok_block) {
         const int64_t te = tb + tok_block < j->n_tok ? tb + tok_block : j->n_tok;
         for (int64_t rb = r_beg; rb < r_end; rb += rbs) {
@@ -2242,13 +2268,25 @@ static int64_t fkb_for(int type, int64_t n_cols) {
  * 2-core Zen 5 host (1 MB L2), 48 rows against 16, 128 tokens, `bench_prefill_ab.py OLD NEW --types F16 --shapes
  * 4096x4096,11008x4096 --threads 1,2 --n-tok 128 --rounds 9`: 4096 x 4096 1.05x (one thread and two), 11008 x 4096
  * 1.05x / 1.02x; the 8-layer F16 file's 128-token prompt 1.03-1.04x; the haswell build 1.03x / 1.04x (two threads)
- * and 1.02x (same bits). Rows of 48 at K = 11008 lost 6%. */
+ * and 1.02x (same bits). Rows of 48 at K = 11008 lost 6%.
+ * AVX2, where not even m = 2 fits (K = 11008 with 1 MB of L2), 16-row blocks would leave the 3 x 4 tiles for the
+ * 2 x 6 ones, ~15% slower per multiply-add there. Such a block is instead as many whole 3-row groups as fit in
+ * half of L2 beside one 3 x 4 tile's x (4 tokens): 15 rows at K = 11008 (at least F16_3X4_MIN_ROWS, else 16 rows
+ * of 2 x 6 as before). The haswell build on the Zen 5 host, `bench_prefill_ab.py OLD NEW --types F16 --shapes
+ * 4096x11008,11008x4096,4096x4096 --threads 1,2 --n-tok 128 --rounds 5`: 4096 x 11008 1.10x (one thread) / 1.08x
+ * (two), the other shapes (unchanged) 0.99-1.03x; blocks of 9 to 36 rows all gained 1.04-1.08x, 18 rows 1.03x
+ * at 512 tokens; the 8-layer F16 file's prompt (`--model f16.gguf`) 1.01x / 1.05x at 128 tokens and 1.01x / 1.06x
+ * at 512 (two runs each; same bits). */
 static int64_t frb_for(int type, int64_t n_cols, int64_t fkb) {
     if (type != PI_F16 || fkb < n_cols) return ROW_BLOCK;
     const int64_t room = l2_bytes() / 2 - TPF * n_cols * 4, per_block = ROW_BLOCK * n_cols * 2;
     int64_t m = room > 0 ? room / per_block : 0;
 #if defined(MM_AVX2)
-    if (m >= 3) m -= m % 3; /* whole 3-row groups for the 3 x 4 tiles (f16_tiles_3x4) */
+    if (m >= 3) return (m - m % 3) * ROW_BLOCK; /* whole 3-row groups for the 3 x 4 tiles (f16_tiles_3x4) */
+    if (m < 2) { /* long rows: as many whole 3-row groups as fit beside one 3 x 4 tile's x (4 tokens) */
+        const int64_t rows = (l2_bytes() / 2 - 4 * n_cols * 4) / (n_cols * 2);
+        if (rows >= F16_3X4_MIN_ROWS) return rows - rows % 3;
+    }
 #endif
     return (m > 1 ? m : 1) * ROW_BLOCK;
 }

@@ -315,6 +315,25 @@ def test_f16_outer_product_prefill_split_rows(kernels):
     np.testing.assert_array_equal(kernels.matmul_rows(w, np.array([2, 13], np.int32), x), y[:, [2, 13]])
 
 
+@pytest.mark.parametrize("n_tok", [9, 26])
+def test_f16_long_rows_prefill_keeps_the_decode_bits(kernels, n_tok):
+    """Long F16 rows (K = 11003: more than 16 rows of them do not fit in half of a 1 MB L2 beside the activations)
+    go through the AVX2 build's 3 x 4 tiles in blocks of whole 3-row groups, the 1-2 rows a chunk leaves over
+    through the 2 x 6 tiles (frb_for in csrc/matmul.c), and on other builds through their own tiles. Under 64
+    tokens every build computes each output as the decode does, one FMA chain in column order, so each token's
+    row of the batch has the bits of its own decode, gathered rows those of the dense rows, and the error bound is
+    that of one chain; 101 rows leave odd counts everywhere, 11003 columns a scalar tail."""
+    w = make_weight(GGMLType.F16, 101, 11003, seed=n_tok)
+    x = np.random.default_rng(n_tok + 1).standard_normal((n_tok, 11003), dtype=np.float32)
+    y = kernels.matmul(w, x)
+    bound = (11003 + 16) * EPS32 * ref.matmul_abs_terms(w, x) + 1e-30
+    assert (np.abs(y.astype(np.float64) - ref.matmul(w, x)) <= bound).all()
+    for t in (0, n_tok // 2, n_tok - 1):
+        np.testing.assert_array_equal(kernels.matmul(w, x[t]), y[t])
+    rows = np.array([1, 2, 50, 99, 100], np.int32)
+    np.testing.assert_array_equal(kernels.matmul_rows(w, rows, x), y[:, rows])
+
+
 def test_q8_K_activation_quantization():
     """llama.cpp's Q8_K: iscale = -127 / (first element of largest magnitude, sign kept), q = min(127,
     round-half-even(iscale * x)), d = 1 / iscale, bsums = sums of 16; an all-zero block has d = 0."""
@@ -739,7 +758,8 @@ def test_decode_row_choice_keeps_the_bits(kernels, ggml_type, rows_per_tile, n_r
 
 def test_decode_rows_variable():
     """POWERINFER_DECODE_ROWS=1 fixes one row at a time for the process, 4 (any number >= 2) several (the F16
-    decode on vector builds; the portable build has no choice and answers 0); others leave the timed choice."""
+    decode on vector builds: 4 rows per tile, 2 on AVX2; the portable build has no choice and answers 0); others
+    leave the timed choice."""
     import os
     import subprocess
     import sys
@@ -754,4 +774,8 @@ def test_decode_rows_variable():
     if cpu.lib.pi_decode_rows(int(GGMLType.F16), 0) == 0:
         assert got == {"1": 0, "4": 0, "x": 0}
     else:
-        assert got["1"] == 1 and got["4"] == 4 and got["x"] in (1, 4)
+        before = cpu.lib.pi_decode_rows(int(GGMLType.F16), 0)
+        several = cpu.lib.pi_decode_rows(int(GGMLType.F16), 4)  # this build's rows per tile when not one
+        cpu.lib.pi_decode_rows(int(GGMLType.F16), 1 if before == 1 else 4)  # back to this process's choice
+        assert several >= 2
+        assert got["1"] == 1 and got["4"] == several and got["x"] in (1, several)
