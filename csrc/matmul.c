@@ -288,7 +288,6 @@ INLINE float fv_sum(fv v) { return _mm512_reduce_add_ps(v); }
 #elif defined(MM_AVX2)
 #define BPV 1
 #define RD 4
-#define F16_AVX2_RD 2 /* dense F16 decode: rows per tile (the AVX2 note above tile_dec) */
 #define RP 2
 #define TP 4
 typedef __m256i qv;
@@ -1006,6 +1005,9 @@ INLINE void pf_step(const mm_job *j, pf_stream *a, int64_t r1, int64_t step) {
 #define ONE_ROW_GBS 24.0
 enum { DR_F16, DR_Q8, DR_G8, DR_N };
 static int one_row[DR_N];
+#if defined(MM_AVX2)
+static int f16_rows = RD; /* dense F16 decode, where not one row: 2 or RD rows per tile (AVX2 note above tile_dec) */
+#endif
 static pthread_once_t decode_rows_once = PTHREAD_ONCE_INIT;
 static double mono_seconds(void) {
     struct timespec t;
@@ -1016,6 +1018,9 @@ static void decode_rows_init(void) {
     const char *env = getenv("POWERINFER_DECODE_ROWS");
     if (env && atoi(env) >= 1) {
         for (int i = 0; i < DR_N; i++) one_row[i] = atoi(env) == 1;
+#if defined(MM_AVX2)
+        f16_rows = atoi(env) == 2 ? 2 : RD;
+#endif
         return;
     }
     double best = 1e9; /* seconds per dependent FMA */
@@ -1031,6 +1036,9 @@ static void decode_rows_init(void) {
     }
     const double per_fma[DR_N] = {FL * 2, (double)sizeof(block_q8_0), 8 * (double)sizeof(block_q4_0)};
     for (int i = 0; i < DR_N; i++) one_row[i] = per_fma[i] / best / 1e9 >= ONE_ROW_GBS;
+#if defined(MM_AVX2)
+    f16_rows = 2 * per_fma[DR_F16] / best / 1e9 >= ONE_ROW_GBS ? 2 : RD; /* two chains stream enough */
+#endif
 }
 /* whether decode path `path` (DR_*) reads one row at a time */
 static int decode_one_row(int path) {
@@ -1061,7 +1069,8 @@ int pi_decode_rows(int type, int set) {
     decode_one_row(path);
     if (set >= 1) one_row[path] = set == 1;
 #if defined(MM_AVX2)
-    if (path == DR_F16) return one_row[path] ? 1 : F16_AVX2_RD;
+    if (path == DR_F16 && set >= 2) f16_rows = set == 2 ? 2 : RD;
+    if (path == DR_F16) return one_row[path] ? 1 : f16_rows;
 #endif
     return one_row[path] ? 1 : path == DR_G8 ? 2 : RD;
 #else
@@ -1680,16 +1689,22 @@ static void q5_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
  * is fast enough (decode_rows_init, before the AVX2 groups), and these tiles elsewhere. BF16's vdpbf16ps chain
  * carries 64 bytes per latency, and BF16 takes one row (see the BF16 note).
  * AVX2, F16: one row's chain carries only 16 bytes per FMA latency there (8 lanes), so the one-row stream is never
- * chosen, and dense rows go two per tile (F16_AVX2_RD; gathers keep RD = 4, whose next tile is fetched whole). On
- * the 2-core Zen 5 host the host's bandwidth swings between two states, a read probe of ~45-50 GB/s and one of
- * ~65-75, and the two row counts trade places between them. In one process, taking turns of 16 greedy decode
- * tokens with the AVX2 llama.cpp on the 8-layer 7B-shape F16 file (7 rounds, medians of the paired ratios to it,
- * seven runs, 2026-12-08): in the slower state 2 rows 1.08x / 1.05x / 1.01x llama.cpp where 4 gave 0.96x / 0.97x /
- * 0.96x; in the faster one 2 rows 1.08x / 1.06x / 1.12x / 1.09x against 4 rows' 1.17x / 1.19x / 1.28x / 1.18x. Two
- * rows stayed above llama.cpp in every run, four did not, hence two. Also measured, none better in both states:
- * 3 rows (0.96x-1.19x), 4 rows prefetching 1-2 KB ahead along their own rows instead of the next tile's rows
- * (1.01x-1.16x), 2 rows prefetching the tile after next (1.01x in the slower state), and no software prefetch at
- * all (a cold mat-vec then read 62-79% of the probe against 80-91% with it). Same bits either way. */
+ * chosen; dense rows go two per tile where two chains carry ONE_ROW_GBS (the same timed chain: ~15 GB/s each on
+ * the Zen 5 host, 8 on a 2 GHz core, which keeps RD = 4 rows), gathers always RD (their next tile is fetched
+ * whole). POWERINFER_DECODE_ROWS=2 fixes two rows, 4 four. Two rows are two streams per thread (and two
+ * prefetched), four are four (and four). The 2-core Zen 5 host's bandwidth swings between two states, a read
+ * probe of ~45-50 GB/s and one of ~65-75, and the two counts trade places between them. In one process, taking
+ * turns of 16 greedy decode tokens with the AVX2 llama.cpp on the 8-layer 7B-shape F16 file after a 6-token
+ * prompt (7 rounds, medians of the paired ratios, 2026-12-08): in the slower state 2 rows 1.08x / 1.05x / 1.01x
+ * llama.cpp where 4 gave 0.96x / 0.97x / 0.96x; in the faster one 2 rows 1.08x / 1.06x / 1.12x / 1.09x against
+ * 4 rows' 1.17x / 1.19x / 1.28x / 1.18x. After 128-token prompts (`bench_dense_interleaved.py -p 128 -n 16`):
+ * 2 rows 0.98x / 0.97x / 1.00x / 1.06x, 4 rows 0.91x / 0.93x / 0.98x and (faster state) 1.18x / 1.16x. So on
+ * this host the two are even on average; two rows keep near or above llama.cpp in the slower state, and halve the
+ * streams per thread, which should count for more where more threads read at once (not measured: no larger
+ * AVX2 host was at hand). Also measured, none better in both states: 3 rows (0.96x-1.19x), 4 rows prefetching
+ * 1-2 KB ahead along their own rows instead of the next tile's rows (1.01x-1.16x), 2 rows prefetching the tile
+ * after next (1.01x in the slower state), and no software prefetch at all (a cold mat-vec then read 62-79% of
+ * the probe against 80-91% with it). Same bits either way. */
 
 /* ==== tile instances and the row-chunk driver ========================================================= */
 #define TILE_FN(name, R, T)                                                                                  \
@@ -1715,7 +1730,7 @@ TILE_FN(tile_11, 1, 1)
 #if defined(MM_AVX2)
 /* a function of its own: instantiated inside mm_chunk, it made gcc spill the prefill tiles' sums there (the
  * 128-token F16 prompt ran at half speed) */
-static void tile_dec_f16(const mm_job *j, int64_t r0) { tile_f(j, r0, 0, F16_AVX2_RD, 1, PI_F16); }
+static void tile_dec_f16(const mm_job *j, int64_t r0) { tile_f(j, r0, 0, 2, 1, PI_F16); }
 #endif
 #if TP == 4 /* the 2 or 3 tokens left after the TP-token tiles, in one pass over the rows (see mm_chunk) */
 TILE_FN(tile_r2, RP, 2)
@@ -1915,8 +1930,8 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
         }
 #endif
 #if defined(MM_AVX2)
-        if (j->type == PI_F16 && j->stream) /* two rows per tile, not RD: the AVX2 note above tile_dec */
-            for (; r + F16_AVX2_RD <= r_end; r += F16_AVX2_RD) tile_dec_f16(j, r);
+        if (j->type == PI_F16 && j->stream && f16_rows == 2) /* two rows per tile: the AVX2 note above tile_dec */
+            for (; r + 2 <= r_end; r += 2) tile_dec_f16(j, r);
 #endif
         for (; r + RD <= r_end; r += RD) tile_dec(j, r, 0);
         for (; r < r_end; r++) tile_11(j, r, 0);
