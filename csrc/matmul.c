@@ -72,6 +72,7 @@
 #endif
 
 #define ROW_BLOCK 16 /* rows per prefill block; also the chunk granularity (16 f32 = one cache line of y) */
+#define FTOK_BLOCK 132 /* float-type prefill: tokens per block (mm_chunk), 22 x TPF */
 #define F16_3X4_MIN_ROWS 9 /* AVX2 F16 prefill: fewest rows in a block of 3 x 4 tiles over long rows (frb_for) */
 #define TOK_BLOCK 64 /* prefill tokens per pass over a chunk's rows (Q8_0 activations: 64 x ~4.3 KB at K = 4096) */
 #define INLINE static inline __attribute__((always_inline))
@@ -923,11 +924,13 @@ INLINE void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
         for (int t = 0; t < T; t++) acc[r][t] = fv_zero();
     }
     const int64_t K = j->n_cols, step = fstep(type), kfull = K / step * step;
-    if (T == 1) { /* fetch the next tile's rows at this tile's offset, as the Q4_0 quads do: gathered rows are
-                     scattered (+5-12% at 50-95% sparsity, F16 7B shape, cold), and every dense float decode
-                     comes here too (measured first for rows past 8192 columns, 4096 x 11008, 2 threads,
-                     `bench_prefill_ab.py --n-tok 1 --rounds 11`, two runs: F16 1.05x / 1.07x, BF16 1.20x /
-                     1.05x wall; same bits; the rest: the F16 / BF16 decode note above tile_dec) */
+    if (T == 1 || t0 % FTOK_BLOCK == 0) {
+        /* fetch the next tile's rows at this tile's offset, as the Q4_0 quads do: gathered rows are scattered
+           (+5-12% at 50-95% sparsity, F16 7B shape, cold), and every dense float decode comes here too (measured
+           first for rows past 8192 columns, 4096 x 11008, 2 threads, `bench_prefill_ab.py --n-tok 1 --rounds
+           11`, two runs: F16 1.05x / 1.07x, BF16 1.20x / 1.05x wall; same bits; the rest: the F16 / BF16
+           decode note above tile_dec). So does a prefill's first token group of a token block, the one that
+           reads the rows from memory (the later groups find them in L2): the note above mm_chunk's blocks. */
         const int64_t esz = type == PI_F32 ? 4 : 2;
         const uint8_t *next[4];
         for (int r = 0; r < R; r++) next[r] = mm_row(j, r0 + R + r < j->n_rows ? r0 + R + r : j->n_rows - 1);
@@ -1796,6 +1799,7 @@ TILE_FN(tile_13, 1, 3)
 #define RPF RP
 #endif
 #define TPF 6
+_Static_assert(FTOK_BLOCK % TPF == 0 && FTOK_BLOCK % 4 == 0, "whole TPF and 3 x 4 token groups per block");
 INLINE void tile_f_any(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T) {
     if (j->type == PI_F16) tile_f(j, r0, t0, R, T, PI_F16);
     else if (j->type == PI_BF16) tile_f(j, r0, t0, R, T, PI_BF16);
@@ -1814,19 +1818,29 @@ INLINE void tile_f_any(const mm_job *j, int64_t r0, int64_t t0, const int R, con
 INLINE int64_t rows_f_kblocked(const mm_job *j, int64_t rb, int64_t re, int64_t t0, const int type) {
     fv buf[ROW_BLOCK / RPF][RPF][8]; /* [8]: tile_f_store takes acc[][8] */
     const int64_t ngrp = (re - rb) / RPF, K = j->n_cols, step = fstep(type), kfull = K / step * step;
+    const int64_t esz = type == PI_F32 ? 4 : 2;
+    const int first = t0 % FTOK_BLOCK == 0; /* the token block's first group: the rows come from memory */
     for (int64_t p = 0; p < ngrp; p++)
         for (int r = 0; r < RPF; r++)
             for (int t = 0; t < TPF; t++) buf[p][r][t] = fv_zero();
     for (int64_t kb = 0; kb < kfull; kb += j->fkb) {
         const int64_t ke = kb + j->fkb < kfull ? kb + j->fkb : kfull;
         for (int64_t p = 0; p < ngrp; p++) {
-            const uint8_t *rows[RPF];
+            const uint8_t *rows[RPF], *next[RPF]; /* next: the rows after this group's, as tile_f fetches them */
             fv acc[RPF][8];
             for (int r = 0; r < RPF; r++) {
                 rows[r] = mm_row(j, rb + p * RPF + r);
+                next[r] = mm_row(j, rb + (p + 1) * RPF + r < j->n_rows ? rb + (p + 1) * RPF + r : j->n_rows - 1);
                 for (int t = 0; t < TPF; t++) acc[r][t] = buf[p][r][t];
             }
-            for (int64_t k = kb; k < ke; k += step) tile_f_step(j, rows, t0, k, acc, RPF, TPF, type, 0, 0);
+            if (first)
+                for (int64_t k = kb; k < ke; k += step) {
+                    if (!((k * esz) & 63))
+                        for (int r = 0; r < RPF; r++) _mm_prefetch((const char *)next[r] + k * esz, _MM_HINT_T0);
+                    tile_f_step(j, rows, t0, k, acc, RPF, TPF, type, 0, 0);
+                }
+            else
+                for (int64_t k = kb; k < ke; k += step) tile_f_step(j, rows, t0, k, acc, RPF, TPF, type, 0, 0);
             for (int r = 0; r < RPF; r++)
                 for (int t = 0; t < TPF; t++) buf[p][r][t] = acc[r][t];
         }
@@ -1945,9 +1959,19 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
      * 2-core Zen 5 host, `bench_prefill_ab.py OLD NEW --types F16,BF16,F32 --shapes 11008x4096,4096x11008
      * --threads 2`, wall GMAC/s against 66: 128 tokens (--rounds 7) F16 1.13x / 1.06x, F32 1.06x / 1.07x, BF16
      * (--rounds 5) 1.04x / 1.13x; 512 tokens (--rounds 3) F16 1.12x / 1.05x, BF16 1.12x / 1.13x. Larger blocks at
-     * 512 tokens lost on the long rows: 264 tokens 1.02x / 0.75x, 528 1.02x / 0.78x; 30 and 42 lost at 128. */
+     * 512 tokens lost on the long rows: 264 tokens 1.02x / 0.75x, 528 1.02x / 0.78x; 30 and 42 lost at 128.
+     * A token block's first group of tokens reads each row block from memory, the later ones from L2; that first
+     * pass over a block prefetches the next tile's rows at its own offset as a decode does (tile_f and
+     * rows_f_kblocked, t0 % FTOK_BLOCK == 0). Short prompts are mostly that pass. `bench_prefill_ab.py OLD NEW
+     * --types F16[,BF16] --shapes 4096x4096,11008x4096,4096x11008 --threads 2 --n-tok N --rounds 5` on the Zen 5
+     * host, wall GMAC/s, same bits: haswell build F16 at 2 tokens 1.33-2.21x, 8 1.14-1.44x, 32 1.10-1.12x, 128
+     * 1.02-1.04x; native F16 (under 64 tokens: these tiles) 1.30-1.68x, 1.22-1.60x and 1.18-1.21x at 2 / 8 / 32,
+     * BF16 0.92-1.06x at 2 (noise), 1.22-1.44x at 8, 1.02-1.13x at 32, 1.03-1.08x at 128. The 8-layer files against
+     * llama.cpp (`bench_dense_interleaved.py FILE -p N -n 4 --rounds 5`): native F16 0.90x -> 1.14x at 16 tokens,
+     * 0.89x -> 1.03x at 32; BF16 0.82x -> 1.17x at 16; the haswell build against the AVX2 llama.cpp F16 0.93x ->
+     * 1.09x at 16, 0.94x -> 1.04x at 32. */
 #if defined(MM_AVX512) || defined(MM_AVX2)
-    const int64_t tok_block = type_kind(j->type) < 0 ? 22 * TPF : TOK_BLOCK;
+    const int64_t tok_block = type_kind(j->type) < 0 ? FTOK_BLOCK : TOK_BLOCK;
 #else
     const int64_t tok_block = TOK_BLOCK;
 #endif
