@@ -692,7 +692,16 @@ INLINE void q8_tile(const mm_job *j, int64_t r0, int64_t t0, const int R, const 
 #pragma GCC unroll 4
         for (int t = 0; t < 4; t++) acc[r][t] = fv_zero();
     float sc[8] __attribute__((aligned(32))); /* sc[4 r + t] = d_w(r) * d_x(t) of the current block */
+    /* a token block's first pass reads the rows from memory: fetch the next tile's rows at this offset meanwhile
+     * (as the float tiles do, the note above mm_chunk's token blocks) */
+    const int first = t0 % TOK_BLOCK == 0;
+    const block_q8_0 *next[2];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++) next[r] = (const block_q8_0 *)mm_row(j, r0 + R + r < j->n_rows ? r0 + R + r : j->n_rows - 1);
     for (int64_t b = 0; b < nb; b++) {
+        if (first)
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(next[r] + b), _MM_HINT_T0);
         wvec wv[2];
 #pragma GCC unroll 2
         for (int r = 0; r < R; r++) wv[r] = w_load_q8(w[r] + b, 1);
