@@ -777,6 +777,12 @@ static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end, int thread_id
             for (int64_t i0 = 0; i0 < n_sb; i0 += SPAN) {
                 const int64_t i1 = i0 + SPAN < n_sb ? i0 + SPAN : n_sb;
                 ktile_fill(&tl, x, n_sb, i0, i1, nt);
+                if (tb == 0) /* the first tile reads the rows from memory: the next block's span meanwhile */
+                    for (int64_t r = rb + RB; r < rb + 2 * RB && r < r_end; r++) {
+                        const int64_t sbb = j->row_bytes / n_sb;
+                        const uint8_t *p = j->w + (j->sel ? j->sel[r] : r) * j->row_bytes + i0 * sbb;
+                        for (int64_t o = 0; o < (i1 - i0) * sbb; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+                    }
                 for (int64_t r = 0; r < nr; r++) {
                     const int64_t o = rb + r;
                     row_span(j->type, j->w + (j->sel ? j->sel[o] : o) * j->row_bytes, x, n_sb, i0, i1, &tl, &a[r], nt);
@@ -825,7 +831,8 @@ static size_t iq_work_bytes(const pi_pool *pool, int type, int64_t n_tok) {
         for (int64_t tb = 0; tb < j->n_tok; tb += TOK_BLOCK) {                                                \
             const int64_t te = tb + TOK_BLOCK < j->n_tok ? tb + TOK_BLOCK : j->n_tok;                         \
             for (int64_t o = r_beg; o < r_end; o++) {                                                         \
-                if (j->sel && o + PF_ROWS < r_end) prefetch_row(j, j->sel[o + PF_ROWS]);                      \
+                if ((j->sel || tb == 0) && o + PF_ROWS < r_end) /* gathers; a dense first pass too */           \
+                    prefetch_row(j, j->sel ? j->sel[o + PF_ROWS] : o + PF_ROWS);                              \
                 const uint8_t *row = j->w + (j->sel ? j->sel[o] : o) * j->row_bytes;                          \
                 int64_t t = tb;                                                                               \
                 for (; t + K2_TILE <= te; t += K2_TILE) /* nt a constant here: a tile without its checks */    \
