@@ -634,6 +634,7 @@ INLINE void tile_quad(const mm_job *j, const uint8_t **rows, int64_t r0, int64_t
     const int gather = T == 1 && j->sel != NULL;
     for (int r = 0; r < R; r++)
         next[r] = mm_row(j, r0 + R + r < j->n_rows ? r0 + R + r : j->n_rows - 1) - (gather ? 0 : j->row_bytes);
+    const int first = T > 1 && t0 % TOK_BLOCK == 0; /* a prefill's first pass: its rows come from memory */
     for (int64_t b = 0; b < nq; b += QB) {
         const int ahead = b * size + PF_DIST >= j->row_bytes;
         for (int r = 0; r < R; r++) {
@@ -642,6 +643,9 @@ INLINE void tile_quad(const mm_job *j, const uint8_t **rows, int64_t r0, int64_t
                 for (int64_t o = 0; o < QB * size; o += 64) _mm_prefetch((const char *)next[r] + b * size + o, _MM_HINT_T0);
             else if (T == 1)
                 _mm_prefetch((const char *)(ahead ? next[r] : rows[r]) + b * size + PF_DIST, _MM_HINT_T0);
+            else if (first) /* the next tile's rows at this offset, as the float tiles (the note above mm_chunk's blocks) */
+                for (int64_t o = 0; o < QB * size; o += 64)
+                    _mm_prefetch((const char *)next[r] + j->row_bytes + b * size + o, _MM_HINT_T0);
         }
         tile_quad_step(j, wp, t0, b, acc, R, T, kind);
     }
