@@ -1975,7 +1975,8 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
      * 512 tokens lost on the long rows: 264 tokens 1.02x / 0.75x, 528 1.02x / 0.78x; 30 and 42 lost at 128.
      * A token block's first group of tokens reads each row block from memory, the later ones from L2; that first
      * pass over a block prefetches the next tile's rows at its own offset as a decode does (tile_f and
-     * rows_f_kblocked, t0 % FTOK_BLOCK == 0). Short prompts are mostly that pass. `bench_prefill_ab.py OLD NEW
+     * rows_f_kblocked at t0 % FTOK_BLOCK == 0; the quantized q8_tile and tile_quad at t0 % TOK_BLOCK == 0; the
+     * K-quants in matmul_k.c). Short prompts are mostly that pass. `bench_prefill_ab.py OLD NEW
      * --types F16[,BF16] --shapes 4096x4096,11008x4096,4096x11008 --threads 2 --n-tok N --rounds 5` on the Zen 5
      * host, wall GMAC/s, same bits: haswell build F16 at 2 tokens 1.33-2.21x, 8 1.14-1.44x, 32 1.10-1.12x, 128
      * 1.02-1.04x; native F16 (under 64 tokens: these tiles) 1.30-1.68x, 1.22-1.60x and 1.18-1.21x at 2 / 8 / 32,
