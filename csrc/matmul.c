@@ -143,6 +143,10 @@ static int type_kind(int type) { /* -1: not one of kind_types (not a 32-element 
     return -1;
 }
 INLINE const uint8_t *mm_row(const mm_job *j, int64_t i) { return j->w + (j->sel ? j->sel[i] : i) * j->row_bytes; }
+/* row i, or the last row past the end: where the tiles prefetch the rows after theirs */
+INLINE const uint8_t *mm_row_or_last(const mm_job *j, int64_t i) {
+    return mm_row(j, i < j->n_rows ? i : j->n_rows - 1);
+}
 
 /* ==== ISA primitives for the block types ============================================================== */
 #if defined(MM_AVX512)
@@ -633,7 +637,7 @@ INLINE void tile_quad(const mm_job *j, const uint8_t **rows, int64_t r0, int64_t
      * next[] holds the next tile's rows themselves then, else the addresses one row before them. */
     const int gather = T == 1 && j->sel != NULL;
     for (int r = 0; r < R; r++)
-        next[r] = mm_row(j, r0 + R + r < j->n_rows ? r0 + R + r : j->n_rows - 1) - (gather ? 0 : j->row_bytes);
+        next[r] = mm_row_or_last(j, r0 + R + r) - (gather ? 0 : j->row_bytes);
     const int first = T > 1 && t0 % TOK_BLOCK == 0; /* a prefill's first pass: its rows come from memory */
     for (int64_t b = 0; b < nq; b += QB) {
         const int ahead = b * size + PF_DIST >= j->row_bytes;
@@ -643,7 +647,7 @@ INLINE void tile_quad(const mm_job *j, const uint8_t **rows, int64_t r0, int64_t
                 for (int64_t o = 0; o < QB * size; o += 64) _mm_prefetch((const char *)next[r] + b * size + o, _MM_HINT_T0);
             else if (T == 1)
                 _mm_prefetch((const char *)(ahead ? next[r] : rows[r]) + b * size + PF_DIST, _MM_HINT_T0);
-            else if (first) /* the next tile's rows at this offset, as the float tiles (the note above mm_chunk's blocks) */
+            else if (first) /* the next tile's rows at this offset (the note above mm_chunk's token blocks) */
                 for (int64_t o = 0; o < QB * size; o += 64)
                     _mm_prefetch((const char *)next[r] + j->row_bytes + b * size + o, _MM_HINT_T0);
         }
@@ -701,7 +705,7 @@ INLINE void q8_tile(const mm_job *j, int64_t r0, int64_t t0, const int R, const 
     const int first = t0 % TOK_BLOCK == 0;
     const block_q8_0 *next[2];
 #pragma GCC unroll 2
-    for (int r = 0; r < R; r++) next[r] = (const block_q8_0 *)mm_row(j, r0 + R + r < j->n_rows ? r0 + R + r : j->n_rows - 1);
+    for (int r = 0; r < R; r++) next[r] = (const block_q8_0 *)mm_row_or_last(j, r0 + R + r);
     for (int64_t b = 0; b < nb; b++) {
         if (first)
 #pragma GCC unroll 2
@@ -753,7 +757,7 @@ INLINE void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
     const int64_t nb = j->n_cols / QK, nfull = nb / BPV * BPV;
 #if defined(MM_AVX512) || defined(MM_AVX2)
     const uint8_t *next[4]; /* decode prefetch as in tile_quad: along the row, then the next tile's row */
-    for (int r = 0; r < R; r++) next[r] = mm_row(j, r0 + R + r < j->n_rows ? r0 + R + r : j->n_rows - 1) - j->row_bytes;
+    for (int r = 0; r < R; r++) next[r] = mm_row_or_last(j, r0 + R + r) - j->row_bytes;
 #endif
     for (int64_t b = 0; b < nfull; b += BPV) {
 #if defined(MM_AVX512) || defined(MM_AVX2)
@@ -946,7 +950,7 @@ INLINE void tile_f(const mm_job *j, int64_t r0, int64_t t0, const int R, const i
            reads the rows from memory (the later groups find them in L2): the note above mm_chunk's blocks. */
         const int64_t esz = type == PI_F32 ? 4 : 2;
         const uint8_t *next[4];
-        for (int r = 0; r < R; r++) next[r] = mm_row(j, r0 + R + r < j->n_rows ? r0 + R + r : j->n_rows - 1);
+        for (int r = 0; r < R; r++) next[r] = mm_row_or_last(j, r0 + R + r);
         for (int64_t k = 0; k < kfull; k += step) {
             if (!((k * esz) & 63))
                 for (int r = 0; r < R; r++) _mm_prefetch((const char *)next[r] + k * esz, _MM_HINT_T0);
@@ -1843,7 +1847,7 @@ INLINE int64_t rows_f_kblocked(const mm_job *j, int64_t rb, int64_t re, int64_t 
             fv acc[RPF][8];
             for (int r = 0; r < RPF; r++) {
                 rows[r] = mm_row(j, rb + p * RPF + r);
-                next[r] = mm_row(j, rb + (p + 1) * RPF + r < j->n_rows ? rb + (p + 1) * RPF + r : j->n_rows - 1);
+                next[r] = mm_row_or_last(j, rb + (p + 1) * RPF + r);
                 for (int t = 0; t < TPF; t++) acc[r][t] = buf[p][r][t];
             }
             if (first)

@@ -764,7 +764,7 @@ static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end, int thread_id
         mk_decode(j, r_beg, r_end);
         return;
     }
-    const int64_t n_sb = j->n_sb;
+    const int64_t n_sb = j->n_sb, sb_bytes = j->row_bytes / n_sb;
     const int64_t n_tiled = j->type == PI_Q6_K ? j->n_tok / KT * KT : j->n_tok;
     kacc a[RB];
     ktile tl;
@@ -779,9 +779,9 @@ static void mk_rows(const mk_job *j, int64_t r_beg, int64_t r_end, int thread_id
                 ktile_fill(&tl, x, n_sb, i0, i1, nt);
                 if (tb == 0) /* the first tile reads the rows from memory: the next block's span meanwhile */
                     for (int64_t r = rb + RB; r < rb + 2 * RB && r < r_end; r++) {
-                        const int64_t sbb = j->row_bytes / n_sb;
-                        const uint8_t *p = j->w + (j->sel ? j->sel[r] : r) * j->row_bytes + i0 * sbb;
-                        for (int64_t o = 0; o < (i1 - i0) * sbb; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+                        const uint8_t *p = j->w + (j->sel ? j->sel[r] : r) * j->row_bytes + i0 * sb_bytes;
+                        for (int64_t o = 0; o < (i1 - i0) * sb_bytes; o += 64)
+                            _mm_prefetch((const char *)p + o, _MM_HINT_T0);
                     }
                 for (int64_t r = 0; r < nr; r++) {
                     const int64_t o = rb + r;
