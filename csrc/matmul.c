@@ -101,6 +101,8 @@ typedef struct {
     const int32_t *xc;   /* int32 [n_tok, nbp] correction: -128 * sum(q) (Q8_0, IQ4_NL, VNNI), -8 * sum(q) (Q4_0),
                             -12 * sum(q) (MXFP4 quads), else 0 */
     const float *xs;     /* f32 [n_tok, nbp] Q4_1/Q5_1: f16(d_x * sum(q)), the term the weight's min m multiplies */
+    const float *xd4;    /* AVX2 Q8_0 prefill (q8_chunk): xd of each group of 4 tokens side by side,
+                            f32 [n_tok / 4 rounded up, nbp, 4] (0 past the last token) */
     int64_t nbp;         /* blocks per token, rounded up to the vector's blocks */
     int64_t rows_per_chunk;
     const int32_t *sel;  /* NULL: output row i is weight row i; else weight row sel[i] (pi_matmul_rows) */
@@ -668,32 +670,39 @@ INLINE void tile_quad(const mm_job *j, const uint8_t **rows, int64_t r0, int64_t
 #endif
 
 #if defined(MM_AVX2)
-/* Q8_0 prefill on AVX2 (R <= 2 rows x T <= 4 tokens). On AVX2 every other 32-element kind prefills through the
- * 8-block groups (g8_chunk), so this is tile_q's only prefill user there. It does tile_q_step's arithmetic for
- * K_Q8, operation for operation per (row, token, block): the integer dot (dot_q), one convert, the scale d_w * d_x
- * as one f32 product and one FMA into the pair's 8-lane accumulator, so the bits are the other tiles' and
- * decode's. What differs is where the work sits:
+/* Q8_0 prefill on AVX2 (R <= 2 rows x T <= 4 tokens; q8_chunk below drives it). On AVX2 every other 32-element
+ * kind prefills through the 8-block groups (g8_chunk). It does tile_q_step's arithmetic for K_Q8, operation for
+ * operation per (row, token, block): the integer dot (dot_q), one convert, the scale d_w * d_x as one f32 product
+ * and one FMA into the pair's 8-lane accumulator, so the bits are the other tiles' and decode's. What differs is
+ * where the work sits. Without VNNI the dot is five vector-ALU operations per (row, token, block): the sign of x
+ * by w, maddubs, madd, convert, FMA; a scratch loop of only those (2 x 4 pairs, operands in L1) ran ~70 GMAC/s
+ * per core on the Zen 5 host, against ~60 for F16's one FMA per multiply-add, so anything else in the loop costs
+ * in proportion:
  *   - the R x T scale products of a block come from one vector multiply, stored to a small buffer that each FMA
  *     reads as a broadcast from memory: a load-port operation. The generic tile's broadcast and multiply per pair
- *     took one of the six vector-ALU operations per (row, token, block) on the two FMA-capable ports, which
- *     bound the loop; llama.cpp's AVX2 Q8_0 GEMM likewise keeps its scale off those ports;
- *   - the per-token activation pointers are formed once per tile (tile_q_step re-derives them from the job,
- *     with a multiply, per token and block) and the accumulators are plain locals (acc[8][4] went to the stack).
+ *     took one of six vector-ALU operations per (row, token, block); llama.cpp's AVX2 Q8_0 GEMM likewise keeps
+ *     its scale off the ALU ports;
+ *   - the multiply's operands are loads too: the rows' scales as f32 (wd: q8_chunk converts a row block's once
+ *     per token block) and the 4 tokens' scales side by side (xd4: j->xd4, written beside the quantized
+ *     activations), where gathering 4 token scales and converting 2 f16 per block had taken ~10 operations;
+ *   - the broadcasts go through one base register (the empty asm): gcc otherwise kept the 8 addresses as
+ *     separate loop invariants and spilled them and the activation pointers, ~10 stack loads per block;
+ *   - the per-token activation pointers are formed once per tile and the accumulators are plain locals.
  * Measured in docs/performance.md ("AVX2 Q8_0 prefill tile"). */
-INLINE void q8_tile(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T) {
+INLINE void q8_tile(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T, const float *wd,
+                    const float *xd4) {
     const int64_t nb = j->n_cols / QK, nbp = j->nbp;
     const block_q8_0 *w[2];
     const int8_t *xq[4];
-    const float *xd[4];
-    const int32_t *xc[4];
+    const int32_t *xc[4]; /* the VNNI correction (dot_q); unused, and not loaded, without VNNI */
 #pragma GCC unroll 2
     for (int r = 0; r < R; r++) w[r] = (const block_q8_0 *)mm_row(j, r0 + r);
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++) {
         xq[t] = j->xq + (t0 + t) * nbp * QK;
-        xd[t] = j->xd + (t0 + t) * nbp;
         xc[t] = j->xc + (t0 + t) * nbp;
     }
+    const float *wd1 = wd + (R - 1) * nb;
     fv acc[2][4]; /* every loop over it unrolled, so that it lives in registers */
 #pragma GCC unroll 2
     for (int r = 0; r < 2; r++)
@@ -713,17 +722,16 @@ INLINE void q8_tile(const mm_job *j, int64_t r0, int64_t t0, const int R, const 
         wvec wv[2];
 #pragma GCC unroll 2
         for (int r = 0; r < R; r++) wv[r] = w_load_q8(w[r] + b, 1);
-        const __m128 dx = _mm_setr_ps(xd[0][b], T > 1 ? xd[1][b] : 0.0f, T > 2 ? xd[2][b] : 0.0f, T > 3 ? xd[3][b] : 0.0f);
-        const uint32_t dd = (uint32_t)w[0][b].d | (R > 1 ? (uint32_t)w[R - 1][b].d << 16 : 0u);
-        const __m256 dw = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dd))),
-                                                   _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
-        _mm256_store_ps(sc, _mm256_mul_ps(dw, _mm256_set_m128(dx, dx)));
+        const __m256 dw = _mm256_set_m128(_mm_broadcast_ss(wd1 + b), _mm_broadcast_ss(wd + b)); /* lanes 4r..4r+3 */
+        _mm256_store_ps(sc, _mm256_mul_ps(dw, _mm256_broadcast_ps((const __m128 *)(xd4 + b * 4))));
+        const float *scp = sc;
+        __asm__("" : "+r"(scp)); /* one base register for the broadcasts (see above) */
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             const qv xv = x_load(xq[t] + b * QK), c = x_corr(xc[t] + b, 0);
 #pragma GCC unroll 2
             for (int r = 0; r < R; r++)
-                acc[r][t] = fv_acc(acc[r][t], dot_q(wv[r], xv, c, 0), _mm256_broadcast_ss(&sc[4 * r + t]));
+                acc[r][t] = fv_acc(acc[r][t], dot_q(wv[r], xv, c, 0), _mm256_broadcast_ss(scp + 4 * r + t));
         }
     }
 #pragma GCC unroll 2
@@ -734,12 +742,6 @@ INLINE void q8_tile(const mm_job *j, int64_t r0, int64_t t0, const int R, const 
 #endif
 
 INLINE void tile_q(const mm_job *j, int64_t r0, int64_t t0, const int R, const int T, const int kind) {
-#if defined(MM_AVX2)
-    if (kind == K_Q8 && T > 1 && R <= 2) {
-        q8_tile(j, r0, t0, R, T);
-        return;
-    }
-#endif
     fv acc[8][4]; /* R <= 4, or <= 8 with T == 1 (quad decode) */
     const uint8_t *rows[8];
     mvec accm[4];
@@ -1906,13 +1908,69 @@ static int f16_tiles_3x4(const mm_job *j, int64_t rb, int64_t re) {
 }
 #endif
 
+#if defined(MM_AVX2)
+/* q8_tile's shapes, each a function of its own (inlined together into one caller, gcc spilled their sums) */
+typedef void q8_tile_fn(const mm_job *j, int64_t r0, int64_t t0, const float *wd, const float *xd4);
+#define Q8_TILE_FN(name, R, T)                                                                                 \
+    static __attribute__((noinline)) void name(const mm_job *j, int64_t r0, int64_t t0, const float *wd,       \
+                                               const float *xd4) {                                               \
+        q8_tile(j, r0, t0, R, T, wd, xd4);                                                                     \
+    }
+Q8_TILE_FN(q8_tile_24, 2, 4)
+Q8_TILE_FN(q8_tile_14, 1, 4)
+Q8_TILE_FN(q8_tile_23, 2, 3)
+Q8_TILE_FN(q8_tile_13, 1, 3)
+Q8_TILE_FN(q8_tile_22, 2, 2)
+Q8_TILE_FN(q8_tile_12, 1, 2)
+#define Q8_WD_MAX_BLOCKS 2048 /* q8_chunk's f32 row scales on the stack: 16 rows x 2048 blocks = 128 KB at most */
+
+/* AVX2 Q8_0 prefill of the rows r_beg..r_end of a chunk: mm_chunk's token and row blocks, each row block's
+ * weight scales converted to f32 once per token block (wd) for q8_tile; the last token of a count 1 mod 4 goes
+ * to the decode tile. The token groups' scales come from j->xd4, or, where a job has none (an expert's tokens
+ * starting off a multiple of 4), are gathered per group and row block into xl (1-3% slower: measured against
+ * j->xd4 on the haswell build, 128 tokens). 0 where it does not apply (decode; rows over Q8_WD_MAX_BLOCKS
+ * blocks, left to the generic tiles). */
+static int q8_chunk(const mm_job *j, int64_t r_beg, int64_t r_end) {
+    const int64_t nb = j->n_cols / QK;
+    if (j->type != PI_Q8_0 || j->n_tok == 1 || nb > Q8_WD_MAX_BLOCKS) return 0;
+    float wd[ROW_BLOCK * nb];
+    float xl[nb * 4] __attribute__((aligned(16)));
+    for (int64_t tb = 0; tb < j->n_tok; tb += TOK_BLOCK) {
+        const int64_t te = tb + TOK_BLOCK < j->n_tok ? tb + TOK_BLOCK : j->n_tok;
+        for (int64_t rb = r_beg; rb < r_end; rb += ROW_BLOCK) {
+            const int64_t re = rb + ROW_BLOCK < r_end ? rb + ROW_BLOCK : r_end;
+            for (int64_t r = rb; r < re; r++) {
+                const block_q8_0 *row = (const block_q8_0 *)mm_row(j, r);
+                for (int64_t b = 0; b < nb; b++) wd[(r - rb) * nb + b] = pi_h2f(row[b].d);
+            }
+            for (int64_t t = tb; t < te; t += 4) {
+                const int64_t left = te - t;
+                if (left == 1) {
+                    for (int64_t r = rb; r < re; r++) tile_q(j, r, t, 1, 1, K_Q8);
+                    break;
+                }
+                const float *x4 = j->xd4 ? j->xd4 + t / 4 * j->nbp * 4 : xl; /* t - tb is a multiple of 4 */
+                if (!j->xd4)
+                    for (int64_t b = 0; b < nb; b++)
+                        for (int k = 0; k < 4; k++) xl[b * 4 + k] = k < left ? j->xd[(t + k) * j->nbp + b] : 0.0f;
+                q8_tile_fn *two = left >= 4 ? q8_tile_24 : left == 3 ? q8_tile_23 : q8_tile_22;
+                q8_tile_fn *one = left >= 4 ? q8_tile_14 : left == 3 ? q8_tile_13 : q8_tile_12;
+                int64_t r = rb;
+                for (; r + 2 <= re; r += 2) two(j, r, t, wd + (r - rb) * nb, x4);
+                if (r < re) one(j, r, t, wd + (r - rb) * nb, x4);
+            }
+        }
+    }
+    return 1;
+}
+#endif
 static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
     (void)thread_id;
     const mm_job *j = ctx;
     const int64_t r_beg = chunk * j->rows_per_chunk;
     const int64_t r_end = r_beg + j->rows_per_chunk < j->n_rows ? r_beg + j->rows_per_chunk : j->n_rows;
 #if defined(MM_AVX2)
-    if (g8_chunk(j, r_beg, r_end)) return;
+    if (g8_chunk(j, r_beg, r_end) || q8_chunk(j, r_beg, r_end)) return;
 #endif
     if (j->n_tok == 1) {
         int64_t r = r_beg;
@@ -2258,12 +2316,24 @@ static void mm_quantize(pi_pool *pool, mm_job *j) {
 #endif
     j->nbp = (nb + per - 1) / per * per;
     const size_t nq = (size_t)(j->n_tok * j->nbp);
-    char *s = pi_pool_scratch(pool, nq * QK + 3 * nq * 4);
+#if defined(MM_AVX2)
+    const size_t n4 = j->type == PI_Q8_0 && j->n_tok > 1 ? (size_t)((j->n_tok + 3) / 4 * 4 * j->nbp) : 0; /* xd4 */
+#else
+    const size_t n4 = 0;
+#endif
+    char *s = pi_pool_scratch(pool, nq * QK + 3 * nq * 4 + n4 * 4);
     j->xq = (const int8_t *)s;
     j->xd = (const float *)(s + nq * QK);
     j->xc = (const int32_t *)(s + nq * QK + nq * 4);
     j->xs = (const float *)(s + nq * QK + 2 * nq * 4);
     pi_pool_run(pool, quantize_token, j, j->n_tok);
+    if (n4) { /* the token groups' scales side by side (q8_tile); a copy of n_tok x nbp floats */
+        float *d4 = (float *)(s + nq * QK + 3 * nq * 4);
+        memset(d4, 0, n4 * 4);
+        for (int64_t t = 0; t < j->n_tok; t++)
+            for (int64_t b = 0; b < j->nbp; b++) d4[(t / 4 * j->nbp + b) * 4 + t % 4] = j->xd[t * j->nbp + b];
+        j->xd4 = d4;
+    }
 }
 
 /* Whether the decode of a selection should read it as one stream (mm_job.stream): rows that are mostly
@@ -2430,6 +2500,7 @@ static void mm_group_chunk(void *ctx, int64_t chunk, int thread_id) {
         j.xd += t0 * j.nbp;
         j.xc += t0 * j.nbp;
         j.xs += t0 * j.nbp;
+        if (j.xd4) j.xd4 = t0 % 4 == 0 ? j.xd4 + t0 / 4 * j.nbp * 4 : NULL; /* q8_chunk: groups of 4 from t0 */
     }
     mm_chunk(&j, chunk % g->chunks_each, thread_id);
 }

@@ -257,6 +257,23 @@ def test_k_quant_prefill_tiles_give_decode_bits(kernels, ggml_type):
     np.testing.assert_array_equal(kernels.matmul_rows(w, rows, x), want[:, rows])
 
 
+@pytest.mark.parametrize("n_rows,n_cols,n_tok", [(37, 96, 66), (37, 160, 69), (3, 2049 * 32, 6)],
+                         ids=["2-left", "1-left", "over-the-scale-buffer"])
+def test_q8_0_prefill_token_blocks_give_decode_bits(kernels, n_rows, n_cols, n_tok):
+    """Q8_0 prefill takes tokens in blocks of 64 and groups of 4 (on AVX2 with each row block's scales converted
+    once per token block, matmul.c q8_chunk; rows of more than 2048 blocks go to the generic tiles): a second
+    token block ending in 2 tokens or 1 token, and rows past that limit, give every (row, token) the bits of the
+    one-token call, dense and gathered."""
+    w = make_weight(GGMLType.Q8_0, n_rows, n_cols, seed=n_tok)
+    x = np.random.default_rng(n_cols).standard_normal((n_tok, n_cols), dtype=np.float32)
+    y = kernels.matmul(w, x)
+    want = np.stack([kernels.matmul(w, x[t]) for t in range(n_tok)])
+    np.testing.assert_array_equal(y, want)
+    assert (np.abs(y.astype(np.float64) - ref.matmul(w, x)) <= error_bound(w, x)).all()
+    rows = np.array([0, 2] + ([17, 18, 33, 36] if n_rows > 36 else []), np.int32)
+    np.testing.assert_array_equal(kernels.matmul_rows(w, rows, x), want[:, rows])
+
+
 @pytest.mark.parametrize("ggml_type", FLOAT_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("n_cols", [1029, 2048])
 @pytest.mark.parametrize("n_tok", [13, 14, 15, 16, 17])

@@ -24,9 +24,11 @@ TOKENS = [1, 5, 300, 301, 7, 88, 42, 260, 9, 100, 200, 33]
 
 @pytest.mark.parametrize("ggml_type", FLOAT_TYPES + BLOCK_TYPES + K_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("n_threads", [1, 2])
-def test_matmul_experts_gives_each_experts_matmul_bits(ggml_type, n_threads):
-    """Groups of 0, 1 and several tokens, repeated and unsorted experts, rows not a multiple of the row block:
-    each group's rows are bit for bit the matmul of its expert's slice, and near the numpy reference."""
+@pytest.mark.parametrize("counts", [(1, 0, 5, 17, 1), (4, 0, 5, 3, 12)], ids=["ragged", "fours"])
+def test_matmul_experts_gives_each_experts_matmul_bits(ggml_type, n_threads, counts):
+    """Groups of 0, 1 and several tokens, starting on and off a multiple of 4 tokens (the AVX2 Q8_0 prefill's
+    token groups), repeated and unsorted experts, rows not a multiple of the row block: each group's rows are
+    bit for bit the matmul of its expert's slice, and near the numpy reference."""
     from powerinfer_py.kernels import ref
     from powerinfer_py.kernels.cpu import CpuKernels
 
@@ -34,7 +36,7 @@ def test_matmul_experts_gives_each_experts_matmul_bits(ggml_type, n_threads):
     flat = make_weight(ggml_type, n_expert * n_rows, n_cols, seed=3)
     w = Tensor("exps", ggml_type, (n_expert, n_rows, n_cols), flat.data.reshape(n_expert, n_rows, -1))
     experts = np.array([3, 0, 4, 1, 3], dtype=np.int32)
-    tok_off = np.array([0, 1, 1, 6, 23, 24], dtype=np.int64)  # 1, 0, 5, 17, 1 tokens
+    tok_off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     x = np.random.default_rng(4).standard_normal((24, n_cols), dtype=np.float32)
     k = CpuKernels(n_threads)
     try:
