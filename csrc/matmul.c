@@ -1028,7 +1028,8 @@ INLINE void pf_step(const mm_job *j, pf_stream *a, int64_t r1, int64_t step) {
 enum { DR_F16, DR_Q8, DR_G8, DR_N };
 static int one_row[DR_N];
 #if defined(MM_AVX2)
-static int f16_rows = RD; /* dense F16 decode, where not one row: 2 or RD rows per tile (AVX2 note above tile_dec) */
+static int f16_rows = RD; /* dense F16 (where not one row) and BF16 decode: 2 or RD rows per tile (AVX2 note above
+                            tile_dec) */
 #endif
 static pthread_once_t decode_rows_once = PTHREAD_ONCE_INIT;
 static double mono_seconds(void) {
@@ -1726,7 +1727,13 @@ static void q5_decode_rows(const mm_job *j, int64_t r0, int64_t r1) {
  * AVX2 host was at hand). Also measured, none better in both states: 3 rows (0.96x-1.19x), 4 rows prefetching
  * 1-2 KB ahead along their own rows instead of the next tile's rows (1.01x-1.16x), 2 rows prefetching the tile
  * after next (1.01x in the slower state), and no software prefetch at all (a cold mat-vec then read 62-79% of
- * the probe against 80-91% with it). Same bits either way. */
+ * the probe against 80-91% with it). Same bits either way.
+ * AVX2, BF16: the same 16 bytes per FMA (8 bf16 widened by a zero-extend and a shift), so dense BF16 rows take
+ * F16's count. The same host in the slower state, the two counts taking turns of 16 tokens with the AVX2
+ * llama.cpp on the 8-layer BF16 file (7 and 9 rounds, 2026-12-08): 2 rows 1.10x / 1.16x llama.cpp, 4 rows 0.93x
+ * / 1.03x; kernel (`bench_prefill_ab.py --types BF16 --n-tok 1 --threads 2 --rounds 11 --reps 5`) 11008 x 4096
+ * 1.07x, 4096 x 11008 1.12x, 4096 x 4096 0.87x (32 MB: partly in L3 between calls, which a model's layers are
+ * not). */
 
 /* ==== tile instances and the row-chunk driver ========================================================= */
 #define TILE_FN(name, R, T)                                                                                  \
@@ -1753,6 +1760,7 @@ TILE_FN(tile_11, 1, 1)
 /* a function of its own: instantiated inside mm_chunk, it made gcc spill the prefill tiles' sums there (the
  * 128-token F16 prompt ran at half speed) */
 static void tile_dec_f16(const mm_job *j, int64_t r0) { tile_f(j, r0, 0, 2, 1, PI_F16); }
+static void tile_dec_bf16(const mm_job *j, int64_t r0) { tile_f(j, r0, 0, 2, 1, PI_BF16); }
 #endif
 #if TP == 4 /* the 2 or 3 tokens left after the TP-token tiles, in one pass over the rows (see mm_chunk) */
 TILE_FN(tile_r2, RP, 2)
@@ -2019,8 +2027,12 @@ static void mm_chunk(void *ctx, int64_t chunk, int thread_id) {
         }
 #endif
 #if defined(MM_AVX2)
-        if (j->type == PI_F16 && j->stream && f16_rows == 2) /* two rows per tile: the AVX2 note above tile_dec */
-            for (; r + 2 <= r_end; r += 2) tile_dec_f16(j, r);
+        if (j->stream && f16_rows == 2) { /* two rows per tile: the AVX2 note above tile_dec */
+            if (j->type == PI_F16)
+                for (; r + 2 <= r_end; r += 2) tile_dec_f16(j, r);
+            else if (j->type == PI_BF16)
+                for (; r + 2 <= r_end; r += 2) tile_dec_bf16(j, r);
+        }
 #endif
         for (; r + RD <= r_end; r += RD) tile_dec(j, r, 0);
         for (; r < r_end; r++) tile_11(j, r, 0);
