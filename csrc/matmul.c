@@ -1757,10 +1757,10 @@ TILE_FN(tile_r1, RP, 1)   /* prefill, leftover tokens */
 TILE_FN(tile_1t, 1, TP)   /* prefill, leftover rows */
 TILE_FN(tile_11, 1, 1)
 #if defined(MM_AVX2)
-/* a function of its own: instantiated inside mm_chunk, it made gcc spill the prefill tiles' sums there (the
- * 128-token F16 prompt ran at half speed) */
-static void tile_dec_f16(const mm_job *j, int64_t r0) { tile_f(j, r0, 0, 2, 1, PI_F16); }
-static void tile_dec_bf16(const mm_job *j, int64_t r0) { tile_f(j, r0, 0, 2, 1, PI_BF16); }
+/* functions of their own, never inlined: instantiated inside mm_chunk, either made gcc spill the prefill tiles'
+ * sums there (the 128-token F16 prompt ran at half speed; with two of them gcc inlined both unless told not to) */
+static __attribute__((noinline)) void tile_dec_f16(const mm_job *j, int64_t r0) { tile_f(j, r0, 0, 2, 1, PI_F16); }
+static __attribute__((noinline)) void tile_dec_bf16(const mm_job *j, int64_t r0) { tile_f(j, r0, 0, 2, 1, PI_BF16); }
 #endif
 #if TP == 4 /* the 2 or 3 tokens left after the TP-token tiles, in one pass over the rows (see mm_chunk) */
 TILE_FN(tile_r2, RP, 2)
