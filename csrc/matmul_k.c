@@ -813,7 +813,12 @@ static size_t iq_work_bytes(const pi_pool *pool, int type, int64_t n_tok) {
 #if defined(MK_AVX2)
 /* Rows r_beg .. r_end - 1 of an AVX2 type (pi_is_k_type), the type a constant: one token each row whole (k2_dot), more
  * tokens TOK_BLOCK at a time per row, in tiles of K2_TILE (the leftover tile smaller); a tile gives each
- * (row, token) the operations of k2_dot, so the same bits */
+ * (row, token) the operations of k2_dot, so the same bits. Each pass over the rows prefetches the row PF_ROWS
+ * ahead: the first reads them from memory, a later token block from L3 or memory (the chunk's rows exceed L2).
+ * Prefetching in the later passes too, against the first only (haswell build on the Zen 5 host, 2026-12-08,
+ * `bench_prefill_ab.py OLD NEW --types Q4_K,Q6_K --shapes 4096x4096,11008x4096,4096x11008 --threads 2 --n-tok
+ * 128 --rounds 5`): 0.98-1.09x, the 8-layer Q4_K_M file's prompt (`--model q4_k_m.gguf --pause 0`) 1.00x at 128
+ * tokens, 1.035x and 1.016x at 512 (same bits). */
 #define K2_ROWS_FN(name, TYPE)                                                                                 \
     static void name(const mk_job *j, int64_t r_beg, int64_t r_end) {                                         \
         if (j->n_tok == 1) {                                                                                  \
@@ -831,7 +836,7 @@ static size_t iq_work_bytes(const pi_pool *pool, int type, int64_t n_tok) {
         for (int64_t tb = 0; tb < j->n_tok; tb += TOK_BLOCK) {                                                \
             const int64_t te = tb + TOK_BLOCK < j->n_tok ? tb + TOK_BLOCK : j->n_tok;                         \
             for (int64_t o = r_beg; o < r_end; o++) {                                                         \
-                if ((j->sel || tb == 0) && o + PF_ROWS < r_end) /* gathers; a dense first pass too */           \
+                if (o + PF_ROWS < r_end) /* every pass: a later token block finds the rows in L3 at best */    \
                     prefetch_row(j, j->sel ? j->sel[o + PF_ROWS] : o + PF_ROWS);                              \
                 const uint8_t *row = j->w + (j->sel ? j->sel[o] : o) * j->row_bytes;                          \
                 int64_t t = tb;                                                                               \
