@@ -110,6 +110,7 @@ static void decode_group(const q8t_job *j, int64_t g, int64_t gn, float *y) {
     }
     const int64_t mn = gn < 0 ? 0 : j->gent[gn + 1] - j->gent[gn];
     for (int64_t e = 0; e < mn; e++) pn[e] = j->q + (int64_t)j->erow[j->gent[gn] + e] * n_cols;
+    (void)pn; /* read only by the vector paths' prefetch */
     int64_t c = 0;
 #if defined(QT_DEC512)
 #define CVT16(ptr) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(ptr))))
