@@ -1086,6 +1086,13 @@ static int decode_path(int type) {
 #endif
 }
 int pi_decode_rows(int type, int set) {
+#if defined(MM_AVX2)
+    if (type == PI_BF16) { /* dense AVX2 BF16 rows take the F16 count, 2 or RD (no one-row path: set = 1 ignored) */
+        decode_one_row(DR_F16);
+        if (set >= 2) f16_rows = set == 2 ? 2 : RD;
+        return f16_rows;
+    }
+#endif
     const int path = decode_path(type);
     if (path < 0) return 0;
 #if defined(MM_AVX512) || defined(MM_AVX2)
@@ -2214,6 +2221,7 @@ static void quantize_token(void *ctx, int64_t t, int thread_id) {
         int32_t s = 0;
         float draw = 0.0f;
         xd[b] = b < nb ? quantize_block(x + b * QK, q, &s, &draw) : 0.0f;
+        if (j->xd4) ((float *)j->xd4)[(t / 4 * j->nbp + b) * 4 + t % 4] = xd[b];
         xc[b] = -corr * s;
         xs[b] = f16_round(draw * (float)s); /* llama.cpp's Q8_1 s: the unrounded d times the sum, as f16 */
 #if defined(MM_AVX512)
@@ -2338,14 +2346,12 @@ static void mm_quantize(pi_pool *pool, mm_job *j) {
     j->xd = (const float *)(s + nq * QK);
     j->xc = (const int32_t *)(s + nq * QK + nq * 4);
     j->xs = (const float *)(s + nq * QK + 2 * nq * 4);
-    pi_pool_run(pool, quantize_token, j, j->n_tok);
-    if (n4) { /* the token groups' scales side by side (q8_tile); a copy of n_tok x nbp floats */
+    if (n4) { /* the token groups' scales side by side (q8_tile), written by quantize_token; 0 past the last token */
         float *d4 = (float *)(s + nq * QK + 3 * nq * 4);
-        memset(d4, 0, n4 * 4);
-        for (int64_t t = 0; t < j->n_tok; t++)
-            for (int64_t b = 0; b < j->nbp; b++) d4[(t / 4 * j->nbp + b) * 4 + t % 4] = j->xd[t * j->nbp + b];
+        memset(d4 + (j->n_tok / 4) * j->nbp * 4, 0, (n4 - (size_t)(j->n_tok / 4 * j->nbp * 4)) * 4);
         j->xd4 = d4;
     }
+    pi_pool_run(pool, quantize_token, j, j->n_tok);
 }
 
 /* Whether the decode of a selection should read it as one stream (mm_job.stream): rows that are mostly

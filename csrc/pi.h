@@ -121,10 +121,11 @@ void pi_matmul_experts(pi_pool *pool, int type, const void *w, int64_t n_rows, i
  * kernel's tile permission granted, POWERINFER_AMX not 0), else 0. Those sums then run in another order of f32
  * additions than the AVX-512 tiles' (each path gives decode and prefill the same bits). */
 int pi_k_amx(void);
-/* How the decode mat-vec of `type` reads its rows where the build has a choice (F16 on vector builds; Q8_0 and
- * the Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / MXFP4 groups on AVX2): 1 row at a time (one stream per thread) or
- * several side by side (4, or 2 for the AVX2 groups), chosen once per process from a timed FMA chain (matmul.c,
- * the note above decode_rows_init) or by POWERINFER_DECODE_ROWS. set = 1 switches to one row, set >= 2 to
+/* How the decode mat-vec of `type` reads its rows where the build has a choice (F16 on vector builds; Q8_0, BF16
+ * and the Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / MXFP4 groups on AVX2): 1 row at a time (one stream per thread) or
+ * several side by side (4, or 2 for the AVX2 groups; AVX2 F16 and BF16 2 or 4, BF16 never one), chosen once per
+ * process from a timed FMA chain (matmul.c, the note above decode_rows_init) or by POWERINFER_DECODE_ROWS.
+ * set = 1 switches to one row (ignored for BF16), set >= 2 to
  * several, 0 only asks (benchmarks, tests). Both give the same bits. Returns the rows in use, 0 where the type
  * has no choice. */
 int pi_decode_rows(int type, int set);
